@@ -1,0 +1,31 @@
+//! Hayate's engine: who is subscribed to what, and how a message reaches them.
+//!
+//! The broker knows no protocol. A front-end (native, MQTT, STOMP, ...) opens a [`Session`]
+//! per connection with an [`Encoder`] that turns deliveries into its own bytes, calls
+//! [`Session::subscribe`] and [`Session::publish`], and runs a writer that drains the
+//! session's [`Outbox`] into its socket.
+//!
+//! # Layout
+//! - [`index`]: [`SubscriptionIndex`], a trie over key-expression segments.
+//! - [`outbox`]: [`Outbox`], the bounded (in bytes) queue of encoded output of one session,
+//!   with `drop` and `block` behaviour, and the [`Encoder`] seam.
+//! - [`batch`]: [`Batch`], one message or many plain messages on one key.
+//! - [`session`]: [`Broker`], [`Session`] and the per-session route cache.
+//!
+//! # Ownership and locks
+//! The [`Broker`] owns the index behind one `RwLock` and a generation counter bumped on every
+//! change. Each [`Session`] is owned by its connection's reader task and keeps a private cache
+//! of routes per key, valid while the generation is unchanged, so the publish path takes no
+//! global lock: it reads one atomic, looks up its own cache and locks each target outbox once
+//! per batch. Lock order: index → outbox; an outbox lock is never held while taking another
+//! lock or awaiting.
+
+pub mod batch;
+pub mod index;
+pub mod outbox;
+pub mod session;
+
+pub use batch::Batch;
+pub use index::SubscriptionIndex;
+pub use outbox::{Encoder, OutBuf, Outbox, Taken};
+pub use session::{Broker, BrokerConfig, BrokerStats, Session, SubscribeError};

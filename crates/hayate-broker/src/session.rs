@@ -1,0 +1,399 @@
+//! The broker, its sessions and the publish path.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+use bytes::Bytes;
+use hayate_core::{Congestion, Key, KeyExpr, Qos};
+
+use crate::Batch;
+use crate::index::{SubKey, SubscriptionIndex};
+use crate::outbox::{Encoder, Offer, Outbox};
+
+/// Engine settings (the server maps its config file onto these).
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// Byte budget of each session's outbox.
+    pub outbox_bytes: usize,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            outbox_bytes: 8 * 1024 * 1024,
+        }
+    }
+}
+
+/// Counters over the broker's life.
+#[derive(Debug, Default)]
+pub struct BrokerStats {
+    /// Sessions opened.
+    pub sessions_opened: AtomicU64,
+    /// Messages dropped for `drop` subscriptions with a full outbox.
+    pub dropped: AtomicU64,
+}
+
+#[derive(Debug)]
+struct SubEntry {
+    outbox: Arc<Outbox>,
+    group: Option<Arc<str>>,
+    congestion: Congestion,
+}
+
+#[derive(Debug, Default)]
+struct Registry {
+    index: SubscriptionIndex,
+    subs: HashMap<SubKey, SubEntry>,
+    /// Round-robin cursor and member count per queue group name.
+    groups: HashMap<Arc<str>, (Arc<AtomicUsize>, usize)>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    registry: RwLock<Registry>,
+    /// Bumped (under the registry write lock) on every subscription change.
+    generation: AtomicU64,
+    next_session: AtomicU64,
+    config: BrokerConfig,
+    stats: BrokerStats,
+}
+
+/// The engine. Cheap to clone: a handle to shared state.
+#[derive(Debug, Clone)]
+pub struct Broker {
+    shared: Arc<Shared>,
+}
+
+impl Default for Broker {
+    fn default() -> Self {
+        Broker::new(BrokerConfig::default())
+    }
+}
+
+/// Why a subscription was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubscribeError {
+    /// The session already has a subscription with this id.
+    #[error("subscription id {0} is already in use")]
+    DuplicateId(u32),
+}
+
+#[derive(Debug, Clone)]
+struct Target {
+    outbox: Arc<Outbox>,
+    sid: u32,
+    congestion: Congestion,
+}
+
+#[derive(Debug)]
+struct Route {
+    fanout: Vec<Target>,
+    groups: Vec<(Arc<AtomicUsize>, Vec<Target>)>,
+}
+
+impl Broker {
+    /// A broker with `config`.
+    pub fn new(config: BrokerConfig) -> Broker {
+        Broker {
+            shared: Arc::new(Shared {
+                registry: RwLock::new(Registry::default()),
+                generation: AtomicU64::new(1),
+                next_session: AtomicU64::new(1),
+                config,
+                stats: BrokerStats::default(),
+            }),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &BrokerConfig {
+        &self.shared.config
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &BrokerStats {
+        &self.shared.stats
+    }
+
+    /// Number of live subscriptions.
+    pub fn subscription_count(&self) -> usize {
+        self.read().subs.len()
+    }
+
+    /// Opens a session whose deliveries are encoded by `encoder`.
+    pub fn open_session(&self, encoder: Box<dyn Encoder>) -> Session {
+        let id = self.shared.next_session.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .stats
+            .sessions_opened
+            .fetch_add(1, Ordering::Relaxed);
+        Session {
+            broker: self.clone(),
+            id,
+            outbox: Arc::new(Outbox::new(self.shared.config.outbox_bytes, encoder)),
+            subs: HashMap::new(),
+            cache: HashMap::default(),
+            cache_generation: 0,
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Registry> {
+        self.shared
+            .registry
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Registry> {
+        self.shared
+            .registry
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn bump(&self) {
+        self.shared.generation.fetch_add(1, Ordering::Release);
+    }
+
+    fn route(&self, key: &Key) -> (u64, Arc<Route>) {
+        let reg = self.read();
+        let generation = self.shared.generation.load(Ordering::Acquire);
+        let mut route = Route {
+            fanout: Vec::new(),
+            groups: Vec::new(),
+        };
+        let mut by_group: Vec<(Arc<str>, Vec<Target>)> = Vec::new();
+        for sk in reg.index.matches(key) {
+            let Some(e) = reg.subs.get(&sk) else { continue };
+            let t = Target {
+                outbox: e.outbox.clone(),
+                sid: sk.1,
+                congestion: e.congestion,
+            };
+            match &e.group {
+                None => route.fanout.push(t),
+                Some(g) => match by_group.iter_mut().find(|(n, _)| n == g) {
+                    Some((_, v)) => v.push(t),
+                    None => by_group.push((g.clone(), vec![t])),
+                },
+            }
+        }
+        for (g, members) in by_group {
+            if let Some((rr, _)) = reg.groups.get(&g) {
+                route.groups.push((rr.clone(), members));
+            }
+        }
+        (generation, Arc::new(route))
+    }
+}
+
+/// One client's presence in the broker: its subscriptions, its outbox and its route cache.
+///
+/// Owned by the connection's reader task. Dropping it removes its subscriptions and closes
+/// its outbox.
+#[derive(Debug)]
+pub struct Session {
+    broker: Broker,
+    id: u64,
+    outbox: Arc<Outbox>,
+    subs: HashMap<u32, (KeyExpr, Option<Arc<str>>)>,
+    cache: HashMap<Bytes, Arc<Route>, foldhash::fast::RandomState>,
+    cache_generation: u64,
+}
+
+const CACHE_LIMIT: usize = 4096;
+
+impl Session {
+    /// The session id (unique for the broker's life).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The session's outbox, for its writer and for control output.
+    pub fn outbox(&self) -> &Arc<Outbox> {
+        &self.outbox
+    }
+
+    /// The broker this session belongs to.
+    pub fn broker(&self) -> &Broker {
+        &self.broker
+    }
+
+    /// Adds subscription `sid` on `expr`, fan-out or in queue `group`.
+    pub fn subscribe(
+        &mut self,
+        sid: u32,
+        expr: KeyExpr,
+        group: Option<&str>,
+        qos: Qos,
+    ) -> Result<(), SubscribeError> {
+        if self.subs.contains_key(&sid) {
+            return Err(SubscribeError::DuplicateId(sid));
+        }
+        let mut reg = self.broker.write();
+        let group: Option<Arc<str>> = group.map(|g| match reg.groups.get_key_value(g) {
+            Some((k, _)) => k.clone(),
+            None => Arc::from(g),
+        });
+        if let Some(g) = &group {
+            reg.groups
+                .entry(g.clone())
+                .or_insert_with(|| (Arc::new(AtomicUsize::new(0)), 0))
+                .1 += 1;
+        }
+        reg.index.insert(&expr, (self.id, sid));
+        reg.subs.insert(
+            (self.id, sid),
+            SubEntry {
+                outbox: self.outbox.clone(),
+                group: group.clone(),
+                congestion: qos.effective_congestion(),
+            },
+        );
+        self.broker.bump();
+        drop(reg);
+        self.subs.insert(sid, (expr, group));
+        Ok(())
+    }
+
+    /// Removes subscription `sid`; returns whether it existed.
+    pub fn unsubscribe(&mut self, sid: u32) -> bool {
+        let Some((expr, group)) = self.subs.remove(&sid) else {
+            return false;
+        };
+        let mut reg = self.broker.write();
+        remove_sub(&mut reg, self.id, sid, &expr, group.as_ref());
+        self.broker.bump();
+        true
+    }
+
+    /// Delivers `batch` to every matching subscription.
+    ///
+    /// Awaits only when a `block` subscriber's outbox is full; drops (and counts) for `drop`
+    /// subscribers. Returns the number of deliveries made (messages × subscribers).
+    pub async fn publish(&mut self, batch: Batch<'_>) -> usize {
+        let route = self.lookup(batch.key());
+        let mut delivered = 0;
+        for t in &route.fanout {
+            delivered += self.deliver(t, batch).await;
+        }
+        for (rr, members) in &route.groups {
+            delivered += self.deliver_group(rr, members, batch).await;
+        }
+        delivered
+    }
+
+    fn lookup(&mut self, key: &Key) -> Arc<Route> {
+        let g = self.broker.shared.generation.load(Ordering::Acquire);
+        if g != self.cache_generation || self.cache.len() >= CACHE_LIMIT {
+            self.cache.clear();
+            self.cache_generation = g;
+        }
+        if let Some(r) = self.cache.get(key.as_shared()) {
+            return r.clone();
+        }
+        let (generation, route) = self.broker.route(key);
+        if generation == self.cache_generation {
+            self.cache.insert(key.as_shared().clone(), route.clone());
+        }
+        route
+    }
+
+    async fn deliver_group(&self, rr: &AtomicUsize, members: &[Target], batch: Batch<'_>) -> usize {
+        // Round-robin per message: consecutive items of a batch go to consecutive members.
+        let n = members.len();
+        let mut delivered = 0;
+        let mut i = 0;
+        while i < batch.len() {
+            let start = rr.fetch_add(1, Ordering::Relaxed);
+            // Skip members whose session is gone.
+            let mut done = false;
+            for k in 0..n {
+                let t = &members[(start + k) % n];
+                if t.outbox.is_closed() {
+                    continue;
+                }
+                delivered += self.deliver(t, batch_item(batch, i)).await;
+                done = true;
+                break;
+            }
+            if !done {
+                break;
+            }
+            i += 1;
+        }
+        delivered
+    }
+
+    async fn deliver(&self, t: &Target, batch: Batch<'_>) -> usize {
+        let mut rest = batch;
+        let mut delivered = 0;
+        loop {
+            let space = t.outbox.wait_space();
+            let took = match t.outbox.offer(t.sid, rest) {
+                Offer::Took(n) => n,
+                Offer::Closed => return delivered,
+            };
+            delivered += took;
+            if took == rest.len() {
+                return delivered;
+            }
+            match t.congestion {
+                Congestion::Drop => {
+                    let lost = (rest.len() - took) as u64;
+                    t.outbox.count_lost(t.sid, lost);
+                    self.broker
+                        .shared
+                        .stats
+                        .dropped
+                        .fetch_add(lost, Ordering::Relaxed);
+                    return delivered;
+                }
+                Congestion::Block => {
+                    rest = rest.slice(took, rest.len());
+                    space.await;
+                }
+            }
+        }
+    }
+}
+
+fn batch_item(batch: Batch<'_>, i: usize) -> Batch<'_> {
+    batch.slice(i, i + 1)
+}
+
+fn remove_sub(
+    reg: &mut Registry,
+    session: u64,
+    sid: u32,
+    expr: &KeyExpr,
+    group: Option<&Arc<str>>,
+) {
+    reg.index.remove(expr, (session, sid));
+    reg.subs.remove(&(session, sid));
+    if let Some(g) = group {
+        if let Some(e) = reg.groups.get_mut(g) {
+            e.1 -= 1;
+            if e.1 == 0 {
+                reg.groups.remove(g);
+            }
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.outbox.close();
+        if self.subs.is_empty() {
+            return;
+        }
+        let mut reg = self.broker.write();
+        for (sid, (expr, group)) in self.subs.drain() {
+            remove_sub(&mut reg, self.id, sid, &expr, group.as_ref());
+        }
+        self.broker.bump();
+    }
+}

@@ -1,0 +1,586 @@
+//! The connection: shared outgoing buffer, writer task, reader task.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::IoSlice;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use hayate_core::{Key, KeyExpr, Message, Qos};
+use hayate_wire::{
+    Frame, Hello, PROTOCOL_VERSION, Sub, Welcome, decode, encode, encode_ping, encode_pub,
+    encode_pub_batch_head, encode_sub,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{Notify, mpsc, oneshot};
+
+use crate::sub::Subscription;
+use crate::{ConnectOptions, Error, Result, SubscribeOptions};
+
+/// The subscription id of this connection's reply inbox.
+const INBOX_SID: u32 = u32::MAX;
+/// A PUB_BATCH is closed once it holds this many bytes.
+const MAX_BATCH: usize = 256 * 1024;
+/// Payloads at least this large are queued by reference, not copied.
+const ZERO_COPY: usize = 64 * 1024;
+/// Largest frame accepted from the server beyond its announced maximum payload.
+const FRAME_SLACK: usize = 128 * 1024;
+
+struct OpenBatch {
+    start: usize,
+    key: Key,
+}
+
+#[derive(Default)]
+struct Out {
+    /// Large payloads queued by reference, each after the tail bytes that precede it.
+    chunks: VecDeque<Bytes>,
+    tail: BytesMut,
+    batch: Option<OpenBatch>,
+    wake_pending: bool,
+    closing: bool,
+}
+
+impl Out {
+    fn len(&self) -> usize {
+        self.tail.len() + self.chunks.iter().map(Bytes::len).sum::<usize>()
+    }
+    fn seal_tail(&mut self) {
+        if !self.tail.is_empty() {
+            let t = self.tail.split().freeze();
+            self.chunks.push_back(t);
+        }
+        self.batch = None;
+    }
+}
+
+struct SubSlot {
+    tx: mpsc::Sender<Vec<Message>>,
+    lost: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Shared state of one connection.
+pub(crate) struct Inner {
+    pub(crate) welcome: Welcome,
+    inbox: String,
+    options: ConnectOptions,
+    out: Mutex<Out>,
+    wake_writer: Notify,
+    space: Notify,
+    subs: Mutex<HashMap<u32, SubSlot>>,
+    next_sid: AtomicU32,
+    requests: Mutex<HashMap<u64, oneshot::Sender<Message>>>,
+    pings: Mutex<HashMap<u64, oneshot::Sender<()>>>,
+    next_token: AtomicU64,
+    closed: AtomicBool,
+    closed_notify: Notify,
+    error: Mutex<Option<Error>>,
+    writer_done: Notify,
+    writer_finished: AtomicBool,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("session", &self.welcome.session)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+type Reader = Box<dyn AsyncRead + Unpin + Send>;
+type Writer = Box<dyn AsyncWrite + Unpin + Send>;
+
+async fn open(addr: &str) -> Result<(Reader, Writer)> {
+    if let Some(path) = addr.strip_prefix("unix:") {
+        let s = tokio::net::UnixStream::connect(path).await?;
+        let (r, w) = s.into_split();
+        return Ok((Box::new(r), Box::new(w)));
+    }
+    let addr = addr.strip_prefix("hayate://").unwrap_or(addr);
+    let s = tokio::net::TcpStream::connect(addr).await?;
+    s.set_nodelay(true)?;
+    let (r, w) = s.into_split();
+    Ok((Box::new(r), Box::new(w)))
+}
+
+pub(crate) async fn connect(addr: &str, options: ConnectOptions) -> Result<Arc<Inner>> {
+    let (mut r, mut w) = open(addr).await?;
+    let mut b = BytesMut::new();
+    encode(
+        &Frame::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            flags: 0,
+            name: options.name.clone(),
+            auth: Bytes::new(),
+        }),
+        &mut b,
+    );
+    w.write_all(&b).await?;
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let welcome = loop {
+        match decode(&mut buf, 1 << 20).map_err(|e| Error::Protocol(e.to_string()))? {
+            Some(Frame::Welcome(w)) => break w,
+            Some(Frame::Err { code, message }) => return Err(Error::Server { code, message }),
+            Some(other) => {
+                return Err(Error::Protocol(format!("expected WELCOME, got {other:?}")));
+            }
+            None => {
+                if r.read_buf(&mut buf).await? == 0 {
+                    return Err(Error::Closed);
+                }
+            }
+        }
+    };
+    let inbox = welcome.inbox.clone();
+    let inner = Arc::new(Inner {
+        welcome,
+        inbox,
+        options,
+        out: Mutex::new(Out::default()),
+        wake_writer: Notify::new(),
+        space: Notify::new(),
+        subs: Mutex::new(HashMap::new()),
+        next_sid: AtomicU32::new(1),
+        requests: Mutex::new(HashMap::new()),
+        pings: Mutex::new(HashMap::new()),
+        next_token: AtomicU64::new(1),
+        closed: AtomicBool::new(false),
+        closed_notify: Notify::new(),
+        error: Mutex::new(None),
+        writer_done: Notify::new(),
+        writer_finished: AtomicBool::new(false),
+    });
+    // The reply inbox, subscribed before anything else is sent.
+    let inbox_expr = KeyExpr::new(&format!("{}/*", inner.inbox))?;
+    inner.queue_frame(|t| {
+        encode_sub(
+            &Sub {
+                sid: INBOX_SID,
+                qos: Qos::RELIABLE,
+                group: None,
+                expr: inbox_expr,
+            },
+            t,
+        )
+    })?;
+    tokio::spawn(write_loop(inner.clone(), w));
+    tokio::spawn(read_loop(inner.clone(), r, buf));
+    Ok(inner)
+}
+
+impl Inner {
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn last_error(&self) -> Option<Error> {
+        lock(&self.error).clone()
+    }
+
+    fn closed_error(&self) -> Error {
+        self.last_error().unwrap_or(Error::Closed)
+    }
+
+    fn wake(&self, out: &mut Out) {
+        if !out.wake_pending {
+            out.wake_pending = true;
+            self.wake_writer.notify_one();
+        }
+    }
+
+    /// Appends a control frame to the outgoing buffer (no back-pressure).
+    fn queue_frame(&self, f: impl FnOnce(&mut BytesMut)) -> Result<()> {
+        let mut out = lock(&self.out);
+        if out.closing || self.is_closed() {
+            return Err(self.closed_error());
+        }
+        out.batch = None;
+        f(&mut out.tail);
+        self.wake(&mut out);
+        Ok(())
+    }
+
+    /// Waits while the outgoing buffer is over its limit.
+    async fn wait_room(&self) -> Result<()> {
+        loop {
+            let room = self.space.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            {
+                let out = lock(&self.out);
+                if self.is_closed() {
+                    return Err(self.closed_error());
+                }
+                if out.len() < self.options.write_buffer {
+                    return Ok(());
+                }
+            }
+            room.await;
+        }
+    }
+
+    fn check_size(&self, size: usize) -> Result<()> {
+        if size as u64 > self.welcome.max_payload {
+            return Err(Error::PayloadTooLarge {
+                size,
+                max: self.welcome.max_payload,
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn publish_plain(&self, key: &Key, payload: Bytes) -> Result<()> {
+        self.check_size(payload.len())?;
+        {
+            let mut out = lock(&self.out);
+            if out.closing || self.is_closed() {
+                return Err(self.closed_error());
+            }
+            let out = &mut *out;
+            if payload.len() >= ZERO_COPY {
+                out.batch = None;
+                encode_pub_batch_head(key, 4 + payload.len(), &mut out.tail);
+                out.tail.put_u32(payload.len() as u32);
+                out.seal_tail();
+                out.chunks.push_back(payload);
+            } else {
+                let extend = match &out.batch {
+                    Some(b) => {
+                        b.key == *key && out.tail.len() - b.start + payload.len() < MAX_BATCH
+                    }
+                    None => false,
+                };
+                if extend {
+                    let start = out.batch.as_ref().map_or(0, |b| b.start);
+                    out.tail.put_u32(payload.len() as u32);
+                    out.tail.extend_from_slice(&payload);
+                    let len = (out.tail.len() - start - 4) as u32;
+                    out.tail[start..start + 4].copy_from_slice(&len.to_be_bytes());
+                } else {
+                    let start = out.tail.len();
+                    encode_pub_batch_head(key, 4 + payload.len(), &mut out.tail);
+                    out.tail.put_u32(payload.len() as u32);
+                    out.tail.extend_from_slice(&payload);
+                    out.batch = Some(OpenBatch {
+                        start,
+                        key: key.clone(),
+                    });
+                }
+            }
+            self.wake(out);
+            if out.tail.len() < self.options.write_buffer && out.chunks.is_empty() {
+                return Ok(());
+            }
+        }
+        self.wait_room().await
+    }
+
+    pub(crate) async fn publish_message(&self, msg: &Message) -> Result<()> {
+        if msg.is_plain() {
+            return self.publish_plain(&msg.key, msg.payload.clone()).await;
+        }
+        self.check_size(msg.payload.len())?;
+        self.queue_frame(|t| encode_pub(msg, t))?;
+        self.wait_room().await
+    }
+
+    pub(crate) fn subscribe(
+        self: &Arc<Self>,
+        expr: KeyExpr,
+        options: SubscribeOptions,
+    ) -> Result<Subscription> {
+        let sid = self.next_sid.fetch_add(1, Ordering::Relaxed);
+        if sid == INBOX_SID {
+            return Err(Error::Protocol("subscription ids exhausted".into()));
+        }
+        let (tx, rx) = mpsc::channel(self.options.subscription_capacity.max(1));
+        let lost = Arc::new(AtomicU64::new(0));
+        lock(&self.subs).insert(
+            sid,
+            SubSlot {
+                tx,
+                lost: lost.clone(),
+            },
+        );
+        let sub = Sub {
+            sid,
+            qos: options.qos,
+            group: options.group,
+            expr,
+        };
+        if let Err(e) = self.queue_frame(|t| encode_sub(&sub, t)) {
+            lock(&self.subs).remove(&sid);
+            return Err(e);
+        }
+        Ok(Subscription {
+            sid,
+            rx,
+            ready: Vec::new().into_iter(),
+            lost,
+            inner: self.clone(),
+        })
+    }
+
+    pub(crate) fn unsubscribe(&self, sid: u32) {
+        if lock(&self.subs).remove(&sid).is_some() {
+            let _ = self.queue_frame(|t| encode(&Frame::Unsub { sid }, t));
+        }
+    }
+
+    pub(crate) async fn request(
+        &self,
+        key: &Key,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> Result<Message> {
+        let token = self.next_token.fetch_add(1, Ordering::Relaxed);
+        let reply_to = Key::new(&format!("{}/{token}", self.inbox))?;
+        let (tx, rx) = oneshot::channel();
+        lock(&self.requests).insert(token, tx);
+        let mut m = Message::new(key.clone(), payload);
+        m.reply_to = Some(reply_to);
+        m.correlation_id = Some(Bytes::copy_from_slice(&token.to_be_bytes()));
+        let res = async {
+            self.publish_message(&m).await?;
+            match tokio::time::timeout(timeout, rx).await {
+                Ok(Ok(reply)) => Ok(reply),
+                Ok(Err(_)) => Err(self.closed_error()),
+                Err(_) => Err(Error::Timeout),
+            }
+        }
+        .await;
+        lock(&self.requests).remove(&token);
+        res
+    }
+
+    pub(crate) async fn flush(&self) -> Result<()> {
+        let token = self.next_token.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.pings).insert(token, tx);
+        if let Err(e) = self.queue_frame(|t| encode_ping(token, t)) {
+            lock(&self.pings).remove(&token);
+            return Err(e);
+        }
+        rx.await.map_err(|_| self.closed_error())
+    }
+
+    pub(crate) async fn close(&self) -> Result<()> {
+        let done = self.writer_done.notified();
+        tokio::pin!(done);
+        done.as_mut().enable();
+        {
+            let mut out = lock(&self.out);
+            if !out.closing && !self.is_closed() {
+                out.batch = None;
+                encode(&Frame::Close, &mut out.tail);
+                out.closing = true;
+                self.wake(&mut out);
+            }
+        }
+        if !self.writer_finished.load(Ordering::Acquire) {
+            done.await;
+        }
+        Ok(())
+    }
+
+    fn fail(&self, err: Option<Error>) {
+        if let Some(e) = err {
+            lock(&self.error).get_or_insert(e);
+        }
+        self.closed.store(true, Ordering::Release);
+        lock(&self.subs).clear();
+        lock(&self.requests).clear();
+        lock(&self.pings).clear();
+        self.space.notify_waiters();
+        self.wake_writer.notify_one();
+        self.closed_notify.notify_waiters();
+    }
+}
+
+async fn write_loop(inner: Arc<Inner>, mut w: Writer) {
+    let mut q: VecDeque<Bytes> = VecDeque::new();
+    let result: std::io::Result<()> = async {
+        loop {
+            let closing = {
+                let mut out = lock(&inner.out);
+                if out.tail.is_empty() && out.chunks.is_empty() {
+                    if out.closing || inner.is_closed() {
+                        return Ok(());
+                    }
+                    out.wake_pending = false;
+                    None
+                } else {
+                    out.seal_tail();
+                    q.append(&mut out.chunks);
+                    out.wake_pending = false;
+                    Some(out.closing)
+                }
+            };
+            match closing {
+                None => {
+                    let notified = inner.wake_writer.notified();
+                    tokio::pin!(notified);
+                    notified.as_mut().enable();
+                    let idle = {
+                        let out = lock(&inner.out);
+                        out.tail.is_empty() && out.chunks.is_empty() && !out.closing
+                    };
+                    if idle && !inner.is_closed() {
+                        notified.await;
+                    }
+                }
+                Some(_) => {
+                    inner.space.notify_waiters();
+                    write_all(&mut w, &mut q).await?;
+                }
+            }
+        }
+    }
+    .await;
+    let _ = w.flush().await;
+    let _ = w.shutdown().await;
+    if let Err(e) = result {
+        inner.fail(Some(e.into()));
+    }
+    inner.writer_finished.store(true, Ordering::Release);
+    inner.writer_done.notify_waiters();
+}
+
+async fn write_all(w: &mut Writer, q: &mut VecDeque<Bytes>) -> std::io::Result<()> {
+    while !q.is_empty() {
+        let n = if q.len() == 1 {
+            w.write(&q[0]).await?
+        } else {
+            let mut iov = [IoSlice::new(&[]); 64];
+            let k = q.len().min(iov.len());
+            for (slot, b) in iov.iter_mut().zip(q.iter()) {
+                *slot = IoSlice::new(b);
+            }
+            w.write_vectored(&iov[..k]).await?
+        };
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        let mut n = n;
+        while n > 0 {
+            let Some(front) = q.front_mut() else { break };
+            if front.len() <= n {
+                n -= front.len();
+                q.pop_front();
+            } else {
+                front.advance(n);
+                n = 0;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Messages decoded from one read, grouped by subscription.
+#[derive(Default)]
+struct Pending {
+    batches: Vec<(u32, Vec<Message>)>,
+}
+
+impl Pending {
+    fn push(&mut self, sid: u32, msgs: impl IntoIterator<Item = Message>) {
+        match self.batches.iter_mut().find(|(s, _)| *s == sid) {
+            Some((_, v)) => v.extend(msgs),
+            None => self.batches.push((sid, msgs.into_iter().collect())),
+        }
+    }
+}
+
+async fn read_loop(inner: Arc<Inner>, mut r: Reader, mut buf: BytesMut) {
+    let max_frame = usize::try_from(inner.welcome.max_payload)
+        .unwrap_or(usize::MAX)
+        .saturating_add(FRAME_SLACK);
+    let mut pending = Pending::default();
+    let err = 'conn: loop {
+        loop {
+            match decode(&mut buf, max_frame) {
+                Ok(Some(frame)) => match frame {
+                    Frame::Msg { sid, msg } => {
+                        if sid == INBOX_SID {
+                            deliver_reply(&inner, msg);
+                        } else {
+                            pending.push(sid, [msg]);
+                        }
+                    }
+                    Frame::MsgBatch { sid, key, payloads } => {
+                        pending.push(
+                            sid,
+                            payloads.into_iter().map(|p| Message::new(key.clone(), p)),
+                        );
+                    }
+                    Frame::Pong(t) => {
+                        if let Some(tx) = lock(&inner.pings).remove(&t) {
+                            let _ = tx.send(());
+                        }
+                    }
+                    Frame::Ping(t) => {
+                        let _ = inner.queue_frame(|b| encode(&Frame::Pong(t), b));
+                    }
+                    Frame::Lost { sid, count } => {
+                        if let Some(s) = lock(&inner.subs).get(&sid) {
+                            s.lost.fetch_add(count, Ordering::Relaxed);
+                        }
+                    }
+                    Frame::Err { code, message } => {
+                        tracing::warn!(code = code.code(), %message, "server error");
+                        if code.is_fatal() {
+                            break 'conn Some(Error::Server { code, message });
+                        }
+                    }
+                    Frame::Close => break 'conn None,
+                    other => {
+                        break 'conn Some(Error::Protocol(format!(
+                            "unexpected frame from server: {other:?}"
+                        )));
+                    }
+                },
+                Ok(None) => break,
+                Err(e) => break 'conn Some(Error::Protocol(e.to_string())),
+            }
+        }
+        // Hand this read's messages to their subscriptions (one channel send each).
+        for (sid, msgs) in pending.batches.drain(..) {
+            let tx = lock(&inner.subs).get(&sid).map(|s| s.tx.clone());
+            if let Some(tx) = tx {
+                // Waiting here is the back-pressure of a slow subscriber.
+                if tx.send(msgs).await.is_err() {
+                    lock(&inner.subs).remove(&sid);
+                }
+            }
+        }
+        if buf.capacity() - buf.len() < 16 * 1024 {
+            buf.reserve(64 * 1024);
+        }
+        match r.read_buf(&mut buf).await {
+            Ok(0) => break None,
+            Ok(_) => {}
+            Err(e) => break Some(e.into()),
+        }
+    };
+    if let Some(e) = &err {
+        tracing::debug!("connection ends: {e}");
+    }
+    inner.fail(err);
+}
+
+fn deliver_reply(inner: &Inner, msg: Message) {
+    let token = msg
+        .key
+        .as_str()
+        .rsplit('/')
+        .next()
+        .and_then(|t| t.parse::<u64>().ok());
+    if let Some(tx) = token.and_then(|t| lock(&inner.requests).remove(&t)) {
+        let _ = tx.send(msg);
+    }
+}

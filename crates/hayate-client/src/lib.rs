@@ -1,0 +1,202 @@
+//! Async Rust client for Hayate's native protocol.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), hayate_client::Error> {
+//! use hayate_client::Client;
+//! use hayate_core::Key;
+//!
+//! let client = Client::connect("127.0.0.1:4700").await?;
+//! let mut sub = client.subscribe("demo/**").await?;
+//! client.publish(&Key::new("demo/x")?, "hello").await?;
+//! let msg = sub.next().await.expect("delivered");
+//! assert_eq!(&msg.payload[..], b"hello");
+//! client.close().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Layout
+//! - [`Client`]: a cheap, cloneable handle. Publishing encodes into a shared outgoing buffer;
+//!   a writer task sends everything buffered in one write, so publishes are batched
+//!   automatically without waiting for a timer (consecutive plain publishes to one key
+//!   share one PUB_BATCH frame). A reader task decodes every frame of each read and hands
+//!   messages to subscriptions a read's worth at a time.
+//! - [`Subscription`]: a stream of [`Message`]s; dropping it unsubscribes.
+//! - Request/reply: [`Client::request`] publishes with a reply-to key under this session's
+//!   inbox (`_inbox/<session>/<token>`) and waits for the reply; [`Client::reply`] answers.
+//! - [`blocking`]: a synchronous wrapper for programs without an async runtime.
+
+pub mod blocking;
+mod conn;
+mod error;
+mod sub;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+pub use error::{Error, Result};
+pub use hayate_core::{Key, KeyExpr, Message, Qos};
+pub use sub::Subscription;
+
+use conn::Inner;
+
+/// Connection settings.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// Client name sent in HELLO.
+    pub name: String,
+    /// Outgoing bytes buffered before `publish` waits for the writer (back-pressure).
+    pub write_buffer: usize,
+    /// How long connecting and the handshake may take.
+    pub connect_timeout: Duration,
+    /// Read batches a subscription buffers before the reader stops reading (back-pressure).
+    pub subscription_capacity: usize,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            name: format!("hayate-client/{}", env!("CARGO_PKG_VERSION")),
+            write_buffer: 4 * 1024 * 1024,
+            connect_timeout: Duration::from_secs(10),
+            subscription_capacity: 64,
+        }
+    }
+}
+
+impl ConnectOptions {
+    /// Sets the client name.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+}
+
+/// Subscription settings.
+#[derive(Debug, Clone, Default)]
+pub struct SubscribeOptions {
+    /// Queue group: each message goes to one member of the group.
+    pub group: Option<String>,
+    /// Reliability and congestion behaviour.
+    pub qos: Qos,
+}
+
+/// A connection to a Hayate broker. Cloning gives another handle to the same connection.
+#[derive(Debug, Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+impl Client {
+    /// Connects to `addr` (`HOST:PORT`, or `unix:PATH`) with default options.
+    pub async fn connect(addr: &str) -> Result<Client> {
+        Client::connect_with(addr, ConnectOptions::default()).await
+    }
+
+    /// Connects with `options`.
+    pub async fn connect_with(addr: &str, options: ConnectOptions) -> Result<Client> {
+        let inner = tokio::time::timeout(options.connect_timeout, conn::connect(addr, options))
+            .await
+            .map_err(|_| Error::Timeout)??;
+        Ok(Client { inner })
+    }
+
+    /// The session id the server assigned.
+    pub fn session_id(&self) -> u64 {
+        self.inner.welcome.session
+    }
+
+    /// The server's name.
+    pub fn server_name(&self) -> &str {
+        &self.inner.welcome.server
+    }
+
+    /// The largest payload the server accepts.
+    pub fn max_payload(&self) -> u64 {
+        self.inner.welcome.max_payload
+    }
+
+    /// Publishes `payload` on `key`. Returns once the message is buffered for sending; waits
+    /// only when the outgoing buffer is full.
+    pub async fn publish(&self, key: &Key, payload: impl Into<Bytes>) -> Result<()> {
+        self.inner.publish_plain(key, payload.into()).await
+    }
+
+    /// Publishes a message with all its metadata (reply-to, correlation id, headers).
+    pub async fn publish_message(&self, msg: &Message) -> Result<()> {
+        self.inner.publish_message(msg).await
+    }
+
+    /// Subscribes to a key expression (fan-out, default QoS: reliable back-pressure).
+    pub async fn subscribe(&self, expr: &str) -> Result<Subscription> {
+        self.subscribe_with(expr, SubscribeOptions::default()).await
+    }
+
+    /// Joins queue group `group` on `expr`: each message goes to one member.
+    pub async fn queue_subscribe(&self, expr: &str, group: &str) -> Result<Subscription> {
+        self.subscribe_with(
+            expr,
+            SubscribeOptions {
+                group: Some(group.to_string()),
+                qos: Qos::default(),
+            },
+        )
+        .await
+    }
+
+    /// Subscribes with explicit options.
+    pub async fn subscribe_with(
+        &self,
+        expr: &str,
+        options: SubscribeOptions,
+    ) -> Result<Subscription> {
+        let expr = KeyExpr::new(expr)?;
+        if let Some(g) = &options.group {
+            if g.is_empty() || g.len() > u16::MAX as usize {
+                return Err(Error::Protocol(
+                    "a queue group name must be 1..=65535 bytes".into(),
+                ));
+            }
+        }
+        self.inner.subscribe(expr, options)
+    }
+
+    /// Sends a request and waits up to `timeout` for its reply.
+    pub async fn request(
+        &self,
+        key: &Key,
+        payload: impl Into<Bytes>,
+        timeout: Duration,
+    ) -> Result<Message> {
+        self.inner.request(key, payload.into(), timeout).await
+    }
+
+    /// Answers `request` by publishing `payload` to its reply-to key, echoing its
+    /// correlation id.
+    pub async fn reply(&self, request: &Message, payload: impl Into<Bytes>) -> Result<()> {
+        let to = request.reply_to.clone().ok_or(Error::NoReplyTo)?;
+        let mut m = Message::new(to, payload);
+        m.correlation_id = request.correlation_id.clone();
+        self.inner.publish_message(&m).await
+    }
+
+    /// Waits until the server has processed everything sent before this call.
+    pub async fn flush(&self) -> Result<()> {
+        self.inner.flush().await
+    }
+
+    /// Closes the connection gracefully: buffered messages are sent first.
+    pub async fn close(&self) -> Result<()> {
+        self.inner.close().await
+    }
+
+    /// True once the connection has ended.
+    pub fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    /// The error that ended the connection, if any.
+    pub fn last_error(&self) -> Option<Error> {
+        self.inner.last_error()
+    }
+}

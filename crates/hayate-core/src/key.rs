@@ -1,0 +1,340 @@
+//! Keys and key expressions.
+//!
+//! A [`Key`] is a `/`-separated UTF-8 name such as `sensors/room1/temp`: no empty segments
+//! (so no leading, trailing or doubled `/`), and no segment that is exactly `*` or `**`.
+//! A [`KeyExpr`] is what a subscription selects: like a key, but a segment may be `*`
+//! (exactly one segment) or `**` (zero or more segments). Other uses of `*` inside a segment
+//! (`a*b`) are rejected in expressions and are ordinary characters in keys.
+
+use std::fmt;
+
+use bytes::Bytes;
+
+/// The longest key or key expression, in bytes (it must fit a 16-bit length on the wire).
+pub const MAX_KEY_LEN: usize = u16::MAX as usize;
+
+/// Why a key or key expression was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The key is empty.
+    #[error("key is empty")]
+    Empty,
+    /// The key is longer than [`MAX_KEY_LEN`].
+    #[error("key is longer than {MAX_KEY_LEN} bytes")]
+    TooLong,
+    /// The key is not valid UTF-8.
+    #[error("key is not valid UTF-8")]
+    NotUtf8,
+    /// The key has an empty segment (leading, trailing or doubled `/`).
+    #[error("key has an empty segment")]
+    EmptySegment,
+    /// A concrete key contains a wildcard segment.
+    #[error("a key may not contain the wildcard segment `{0}`")]
+    Wildcard(&'static str),
+    /// A key expression has `*` inside a segment (`a*b`).
+    #[error("`*` may only be a whole segment (`*` or `**`) in a key expression")]
+    PartialWildcard,
+}
+
+fn check_common(b: &[u8]) -> Result<&str, KeyError> {
+    if b.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if b.len() > MAX_KEY_LEN {
+        return Err(KeyError::TooLong);
+    }
+    let s = std::str::from_utf8(b).map_err(|_| KeyError::NotUtf8)?;
+    if s.split('/').any(str::is_empty) {
+        return Err(KeyError::EmptySegment);
+    }
+    Ok(s)
+}
+
+/// A concrete key, validated on construction. Cheap to clone (reference-counted bytes).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key(Bytes);
+
+impl Key {
+    /// Validates `bytes` as a key without copying them.
+    pub fn from_bytes(bytes: Bytes) -> Result<Key, KeyError> {
+        let s = check_common(&bytes)?;
+        for seg in s.split('/') {
+            if seg == "*" {
+                return Err(KeyError::Wildcard("*"));
+            }
+            if seg == "**" {
+                return Err(KeyError::Wildcard("**"));
+            }
+        }
+        Ok(Key(bytes))
+    }
+
+    /// Validates a string as a key.
+    pub fn new(s: &str) -> Result<Key, KeyError> {
+        Key::from_bytes(Bytes::copy_from_slice(s.as_bytes()))
+    }
+
+    /// Wraps bytes that are already known to be a valid key (for example because they were
+    /// found in a cache of validated keys). Checked in debug builds.
+    pub fn from_validated(bytes: Bytes) -> Key {
+        debug_assert!(Key::from_bytes(bytes.clone()).is_ok());
+        Key(bytes)
+    }
+
+    /// The key as bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The key as shared bytes.
+    pub fn as_shared(&self) -> &Bytes {
+        &self.0
+    }
+
+    /// The key as a string.
+    pub fn as_str(&self) -> &str {
+        // Validated as UTF-8 on construction.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+
+    /// The segments of the key.
+    pub fn segments(&self) -> impl Iterator<Item = &[u8]> {
+        self.0.split(|&b| b == b'/')
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key({:?})", self.as_str())
+    }
+}
+
+impl std::str::FromStr for Key {
+    type Err = KeyError;
+    fn from_str(s: &str) -> Result<Key, KeyError> {
+        Key::new(s)
+    }
+}
+
+/// One segment of a key expression.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Segment {
+    /// Matches exactly this segment.
+    Literal(Box<[u8]>),
+    /// `*`: matches exactly one segment.
+    Star,
+    /// `**`: matches zero or more segments.
+    DoubleStar,
+}
+
+/// A key expression, validated on construction.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct KeyExpr {
+    text: Box<str>,
+    segments: Box<[Segment]>,
+}
+
+impl KeyExpr {
+    /// Parses a key expression.
+    pub fn new(s: &str) -> Result<KeyExpr, KeyError> {
+        Self::from_bytes(s.as_bytes())
+    }
+
+    /// Parses a key expression from bytes.
+    pub fn from_bytes(b: &[u8]) -> Result<KeyExpr, KeyError> {
+        let s = check_common(b)?;
+        let mut segments = Vec::new();
+        for seg in s.split('/') {
+            segments.push(match seg {
+                "*" => Segment::Star,
+                "**" => {
+                    // `**/**` is the same as `**`: keep one, which also bounds matching work.
+                    if segments.last() == Some(&Segment::DoubleStar) {
+                        continue;
+                    }
+                    Segment::DoubleStar
+                }
+                _ if seg.contains('*') => return Err(KeyError::PartialWildcard),
+                _ => Segment::Literal(seg.as_bytes().into()),
+            });
+        }
+        Ok(KeyExpr {
+            text: s.into(),
+            segments: segments.into(),
+        })
+    }
+
+    /// The expression as written.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The parsed segments.
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    /// True if the expression has no wildcard: it selects exactly one key.
+    pub fn is_literal(&self) -> bool {
+        self.segments
+            .iter()
+            .all(|s| matches!(s, Segment::Literal(_)))
+    }
+
+    /// Does this expression select `key`?
+    pub fn matches(&self, key: &Key) -> bool {
+        let segs: Vec<&[u8]> = key.segments().collect();
+        match_segments(&self.segments, &segs)
+    }
+}
+
+/// Glob matching over segments, with backtracking to the last `**` only (linear for the
+/// common cases, never exponential: `**` runs are collapsed at parse time).
+pub fn match_segments(pat: &[Segment], key: &[&[u8]]) -> bool {
+    let (mut p, mut k) = (0usize, 0usize);
+    let mut resume: Option<(usize, usize)> = None;
+    while k < key.len() {
+        match pat.get(p) {
+            Some(Segment::DoubleStar) => {
+                resume = Some((p, k));
+                p += 1;
+                continue;
+            }
+            Some(Segment::Star) => {
+                p += 1;
+                k += 1;
+                continue;
+            }
+            Some(Segment::Literal(l)) if **l == *key[k] => {
+                p += 1;
+                k += 1;
+                continue;
+            }
+            _ => {}
+        }
+        match resume {
+            Some((rp, rk)) => {
+                // Let the last `**` swallow one more segment and retry.
+                resume = Some((rp, rk + 1));
+                p = rp + 1;
+                k = rk + 1;
+            }
+            None => return false,
+        }
+    }
+    pat[p..].iter().all(|s| *s == Segment::DoubleStar)
+}
+
+impl fmt::Display for KeyExpr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl fmt::Debug for KeyExpr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "KeyExpr({:?})", &*self.text)
+    }
+}
+
+impl std::str::FromStr for KeyExpr {
+    type Err = KeyError;
+    fn from_str(s: &str) -> Result<KeyExpr, KeyError> {
+        KeyExpr::new(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn m(expr: &str, key: &str) -> bool {
+        KeyExpr::new(expr).unwrap().matches(&Key::new(key).unwrap())
+    }
+
+    #[test]
+    fn examples() {
+        assert!(m("a/b", "a/b"));
+        assert!(!m("a/b", "a/c"));
+        assert!(m("a/*", "a/b"));
+        assert!(!m("a/*", "a/b/c"));
+        assert!(!m("a/*", "a"));
+        assert!(m("a/**", "a"));
+        assert!(m("a/**", "a/b/c"));
+        assert!(m("**", "x/y"));
+        assert!(m("**/c", "c"));
+        assert!(m("a/**/c", "a/c"));
+        assert!(m("a/**/c", "a/b/b/c"));
+        assert!(!m("a/**/c", "a/b/b/d"));
+        assert!(m("a/**/b/*", "a/x/b/b/y"));
+        assert!(m("*/**/*", "a/b"));
+        assert!(!m("*/**/*", "a"));
+    }
+
+    #[test]
+    fn validation() {
+        assert_eq!(Key::new(""), Err(KeyError::Empty));
+        assert_eq!(Key::new("/a"), Err(KeyError::EmptySegment));
+        assert_eq!(Key::new("a/"), Err(KeyError::EmptySegment));
+        assert_eq!(Key::new("a//b"), Err(KeyError::EmptySegment));
+        assert_eq!(Key::new("a/*"), Err(KeyError::Wildcard("*")));
+        assert_eq!(Key::new("a/**/b"), Err(KeyError::Wildcard("**")));
+        assert!(Key::new("a/b*c").is_ok());
+        assert_eq!(
+            Key::from_bytes(Bytes::from_static(b"\xff")),
+            Err(KeyError::NotUtf8)
+        );
+        assert_eq!(KeyExpr::new("a/b*"), Err(KeyError::PartialWildcard));
+        assert_eq!(KeyExpr::new("a/**/**/b").unwrap().segments().len(), 3);
+        assert_eq!(
+            Key::new(&"a".repeat(MAX_KEY_LEN + 1)),
+            Err(KeyError::TooLong)
+        );
+    }
+
+    /// The naive reference: plain recursion over both lists.
+    fn naive(pat: &[Segment], key: &[&[u8]]) -> bool {
+        match pat.split_first() {
+            None => key.is_empty(),
+            Some((Segment::DoubleStar, rest)) => (0..=key.len()).any(|i| naive(rest, &key[i..])),
+            Some((Segment::Star, rest)) => !key.is_empty() && naive(rest, &key[1..]),
+            Some((Segment::Literal(l), rest)) => {
+                !key.is_empty() && **l == *key[0] && naive(rest, &key[1..])
+            }
+        }
+    }
+
+    fn seg() -> impl Strategy<Value = String> {
+        prop_oneof!["a", "b", "c", "ab"].prop_map(String::from)
+    }
+    fn pat_seg() -> impl Strategy<Value = String> {
+        prop_oneof![3 => seg(), 1 => Just("*".to_string()), 1 => Just("**".to_string())]
+    }
+
+    proptest! {
+        #[test]
+        fn matches_like_naive(
+            pat in proptest::collection::vec(pat_seg(), 1..7),
+            key in proptest::collection::vec(seg(), 1..8),
+        ) {
+            let expr = KeyExpr::new(&pat.join("/")).unwrap();
+            let key = Key::new(&key.join("/")).unwrap();
+            let segs: Vec<&[u8]> = key.segments().collect();
+            prop_assert_eq!(expr.matches(&key), naive(expr.segments(), &segs));
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..40)) {
+            let _ = KeyExpr::from_bytes(&b);
+            let _ = Key::from_bytes(Bytes::from(b));
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! Hayate's core model, shared by every front-end, the broker and the clients.
+//!
+//! # Layout
+//! - [`key`]: [`Key`] (a concrete `/`-separated name) and [`KeyExpr`] (what a subscription
+//!   selects: `*` is one segment, `**` is zero or more) with matching.
+//! - [`message`]: [`Message`] (key, payload as [`bytes::Bytes`], headers, reply-to,
+//!   correlation id).
+//! - [`qos`]: [`Qos`] (reliability and congestion behaviour of a subscription).
+//!
+//! Nothing here does I/O or knows about a protocol: MQTT, STOMP and the native protocol all
+//! translate into these types.
+
+pub mod key;
+pub mod message;
+pub mod qos;
+
+pub use key::{Key, KeyError, KeyExpr};
+pub use message::{Headers, Message};
+pub use qos::{Congestion, Qos, Reliability};
+
+/// The prefix of per-session reply inboxes: `_inbox/<session-id>/...`.
+pub const INBOX_PREFIX: &str = "_inbox";

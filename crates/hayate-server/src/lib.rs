@@ -1,0 +1,23 @@
+//! Hayate's server: listeners and connections, wiring protocol front-ends to the broker.
+//!
+//! # Layout
+//! - [`config`]: [`Config`], the broker's settings as plain serde structs with defaults.
+//! - [`server`]: [`Server`]: binds the configured listeners (TCP, Unix) and runs until a
+//!   shutdown future completes; [`Server::from_listener`] embeds it in a test or a program.
+//! - [`native`]: the native protocol front-end: one reader loop and one writer task per
+//!   connection, and the encoder that turns deliveries into MSG / MSG_BATCH frames.
+//! - [`io`]: vectored writing of queued chunks.
+//!
+//! # The path of a message
+//! socket → reader (`read_buf` into a large buffer; decode *every* frame in it) →
+//! [`hayate_broker::Session::publish`] (cached route per key, no global lock) → each target's
+//! [`hayate_broker::Outbox`] (encoded in the target's protocol under its lock) → the target's
+//! writer task (takes everything queued, one vectored write) → socket.
+
+pub mod config;
+pub mod io;
+pub mod native;
+pub mod server;
+
+pub use config::Config;
+pub use server::Server;

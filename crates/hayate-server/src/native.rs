@@ -1,0 +1,253 @@
+//! The native protocol front-end.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use hayate_broker::{Batch, Broker, Encoder, OutBuf, Outbox, Session, Taken};
+use hayate_core::INBOX_PREFIX;
+use hayate_wire::{
+    ErrorCode, Frame, PROTOCOL_VERSION, Welcome, decode, encode, encode_msg_batch_head,
+    encode_msg_head,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+
+use crate::config::Limits;
+use crate::io::write_chunks;
+
+/// Encodes deliveries as native MSG / MSG_BATCH frames.
+#[derive(Debug, Default)]
+pub struct NativeEncoder;
+
+impl Encoder for NativeEncoder {
+    fn encode(&mut self, sid: u32, batch: Batch<'_>, out: &mut OutBuf) {
+        match batch {
+            Batch::One(m) => {
+                encode_msg_head(sid, m, out.tail());
+                out.put_payload(&m.payload);
+            }
+            Batch::Plain { key, payloads } => {
+                let items: usize = payloads.iter().map(|p| 4 + p.len()).sum();
+                encode_msg_batch_head(sid, key, items, out.tail());
+                for p in payloads {
+                    out.tail().put_u32(p.len() as u32);
+                    out.put_payload(p);
+                }
+            }
+        }
+    }
+
+    fn encode_lost(&mut self, sid: u32, count: u64, out: &mut OutBuf) {
+        encode(&Frame::Lost { sid, count }, out.tail());
+    }
+}
+
+/// Read buffer: start size and the free space kept before each read.
+const READ_BUF: usize = 64 * 1024;
+
+/// Why a connection ended.
+#[derive(Debug)]
+enum End {
+    /// The peer closed (EOF or CLOSE) or the server shut down.
+    Graceful,
+    /// A protocol error was reported to the peer.
+    Error,
+    /// An I/O error.
+    Io,
+}
+
+/// Serves one native-protocol connection until it closes.
+///
+/// The reader runs in the calling task; a writer task drains the session's outbox.
+pub async fn serve<R, W>(
+    mut reader: R,
+    writer: W,
+    broker: Broker,
+    limits: Arc<Limits>,
+    server_name: Arc<str>,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let mut session = broker.open_session(Box::new(NativeEncoder));
+    let outbox = session.outbox().clone();
+    let mut writer_task = tokio::spawn(write_loop(writer, outbox.clone()));
+    let mut buf = BytesMut::with_capacity(READ_BUF);
+    let max_frame = limits.max_frame();
+    let mut welcomed = false;
+    let handshake = tokio::time::sleep(Duration::from_millis(limits.handshake_timeout_ms));
+    tokio::pin!(handshake);
+
+    let end = 'conn: loop {
+        // Decode and handle every complete frame before reading again.
+        loop {
+            match decode(&mut buf, max_frame) {
+                Ok(Some(frame)) => {
+                    match handle(frame, &mut session, &mut welcomed, &limits, &server_name).await {
+                        Ok(true) => {}
+                        Ok(false) => break 'conn End::Graceful,
+                        Err((code, msg)) => {
+                            send_err(&outbox, code, &msg);
+                            break 'conn End::Error;
+                        }
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    send_err(&outbox, e.code(), &e.to_string());
+                    break 'conn End::Error;
+                }
+            }
+        }
+        if buf.capacity() - buf.len() < READ_BUF / 4 {
+            buf.reserve(READ_BUF);
+        }
+        tokio::select! {
+            r = reader.read_buf(&mut buf) => match r {
+                Ok(0) => break End::Graceful,
+                Ok(_) => {}
+                Err(_) => break End::Io,
+            },
+            _ = &mut handshake, if !welcomed => {
+                send_err(&outbox, ErrorCode::Protocol, "no HELLO within the handshake timeout");
+                break End::Error;
+            }
+            _ = &mut writer_task => break End::Io,
+            _ = shutdown.changed() => break End::Graceful,
+        }
+    };
+    tracing::debug!(session = session.id(), ?end, "connection ends");
+    // Dropping the session removes its subscriptions and closes the outbox; the writer then
+    // flushes what is queued (an ERR included) and shuts the socket down.
+    drop(session);
+    outbox.close();
+    if !writer_task.is_finished() {
+        let _ = tokio::time::timeout(Duration::from_secs(5), writer_task).await;
+    }
+}
+
+fn send_err(outbox: &Outbox, code: ErrorCode, message: &str) {
+    tracing::debug!(code = code.code(), message, "protocol error");
+    outbox.push_control(|b| {
+        encode(
+            &Frame::Err {
+                code,
+                message: message.to_string(),
+            },
+            b,
+        )
+    });
+}
+
+type Refusal = (ErrorCode, String);
+
+/// Handles one frame; `Ok(false)` ends the connection gracefully.
+async fn handle(
+    frame: Frame,
+    session: &mut Session,
+    welcomed: &mut bool,
+    limits: &Limits,
+    server_name: &str,
+) -> Result<bool, Refusal> {
+    if !*welcomed {
+        let Frame::Hello(h) = frame else {
+            return Err((ErrorCode::Protocol, "the first frame must be HELLO".into()));
+        };
+        if h.version != PROTOCOL_VERSION {
+            return Err((
+                ErrorCode::UnsupportedVersion,
+                format!(
+                    "protocol version {} is not supported (this server speaks 1)",
+                    h.version
+                ),
+            ));
+        }
+        *welcomed = true;
+        let w = Frame::Welcome(Welcome {
+            version: PROTOCOL_VERSION,
+            session: session.id(),
+            max_payload: limits.max_payload,
+            server: server_name.to_string(),
+            inbox: format!("{INBOX_PREFIX}/{}", session.id()),
+        });
+        session.outbox().push_control(|b| encode(&w, b));
+        return Ok(true);
+    }
+    match frame {
+        Frame::Pub(m) => {
+            check_payload(m.payload.len(), limits)?;
+            session.publish(Batch::One(&m)).await;
+        }
+        Frame::PubBatch { key, payloads } => {
+            for p in &payloads {
+                check_payload(p.len(), limits)?;
+            }
+            session
+                .publish(Batch::Plain {
+                    key: &key,
+                    payloads: &payloads,
+                })
+                .await;
+        }
+        Frame::Sub(s) => {
+            session
+                .subscribe(s.sid, s.expr, s.group.as_deref(), s.qos)
+                .map_err(|e| (ErrorCode::BadSubscription, e.to_string()))?;
+        }
+        Frame::Unsub { sid } => {
+            session.unsubscribe(sid);
+        }
+        Frame::Ping(t) => session
+            .outbox()
+            .push_control(|b| encode(&Frame::Pong(t), b)),
+        Frame::Pong(_) => {}
+        Frame::Close => return Ok(false),
+        Frame::Err { code, message } => {
+            tracing::debug!(code = code.code(), message, "client reported an error");
+            return Ok(false);
+        }
+        Frame::Hello(_) => return Err((ErrorCode::Protocol, "HELLO was already received".into())),
+        Frame::Welcome(_) | Frame::Msg { .. } | Frame::MsgBatch { .. } | Frame::Lost { .. } => {
+            return Err((
+                ErrorCode::Protocol,
+                "a client may not send this frame".into(),
+            ));
+        }
+    }
+    Ok(true)
+}
+
+fn check_payload(len: usize, limits: &Limits) -> Result<(), Refusal> {
+    if len as u64 > limits.max_payload {
+        return Err((
+            ErrorCode::FrameTooLarge,
+            format!(
+                "payload of {len} bytes exceeds max_payload {}",
+                limits.max_payload
+            ),
+        ));
+    }
+    Ok(())
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, outbox: Arc<Outbox>) {
+    let mut q = VecDeque::new();
+    loop {
+        match outbox.take(&mut q).await {
+            Taken::Data => {
+                if write_chunks(&mut w, &mut q).await.is_err() {
+                    outbox.close();
+                    return;
+                }
+            }
+            Taken::Closed => {
+                let _ = w.flush().await;
+                let _ = w.shutdown().await;
+                return;
+            }
+        }
+    }
+}

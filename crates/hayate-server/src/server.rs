@@ -1,0 +1,185 @@
+//! Listeners and the accept loop.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use hayate_broker::{Broker, BrokerConfig};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::config::{Config, Limits};
+use crate::native;
+
+/// A bound listener.
+#[derive(Debug)]
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener, String),
+}
+
+/// A broker with its listeners bound, ready to [`run`](Server::run).
+#[derive(Debug)]
+pub struct Server {
+    broker: Broker,
+    listeners: Vec<Listener>,
+    limits: Arc<Limits>,
+    name: Arc<str>,
+}
+
+impl Server {
+    /// Validates `config` and binds every listener it names.
+    pub async fn bind(config: &Config) -> Result<Server, crate::config::ConfigError> {
+        config.validate()?;
+        let mut listeners = Vec::new();
+        for addr in &config.native.listen {
+            let l = TcpListener::bind(addr).await.map_err(|e| {
+                crate::config::ConfigError::Invalid(format!("cannot listen on {addr}: {e}"))
+            })?;
+            listeners.push(Listener::Tcp(l));
+        }
+        for path in &config.native.unix {
+            // A stale socket file from an earlier run would make bind fail.
+            if std::fs::symlink_metadata(path)
+                .map(|m| {
+                    use std::os::unix::fs::FileTypeExt;
+                    m.file_type().is_socket()
+                })
+                .unwrap_or(false)
+            {
+                let _ = std::fs::remove_file(path);
+            }
+            let l = UnixListener::bind(path).map_err(|e| {
+                crate::config::ConfigError::Invalid(format!("cannot listen on {path}: {e}"))
+            })?;
+            listeners.push(Listener::Unix(l, path.clone()));
+        }
+        Ok(Server::assemble(config, listeners))
+    }
+
+    /// A server on an already-bound TCP listener (tests bind `127.0.0.1:0`).
+    pub fn from_listener(listener: TcpListener, config: &Config) -> Server {
+        Server::assemble(config, vec![Listener::Tcp(listener)])
+    }
+
+    fn assemble(config: &Config, listeners: Vec<Listener>) -> Server {
+        let broker = Broker::new(BrokerConfig {
+            outbox_bytes: usize::try_from(config.limits.outbox_bytes).unwrap_or(usize::MAX),
+        });
+        Server {
+            broker,
+            listeners,
+            limits: Arc::new(config.limits.clone()),
+            name: config.server.name.as_str().into(),
+        }
+    }
+
+    /// The engine (for embedding programs and tests).
+    pub fn broker(&self) -> &Broker {
+        &self.broker
+    }
+
+    /// The bound addresses: `HOST:PORT` for TCP, `unix:PATH` for Unix sockets.
+    pub fn local_addrs(&self) -> Vec<String> {
+        self.listeners
+            .iter()
+            .map(|l| match l {
+                Listener::Tcp(t) => t
+                    .local_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|e| format!("? ({e})")),
+                Listener::Unix(_, p) => format!("unix:{p}"),
+            })
+            .collect()
+    }
+
+    /// Accepts and serves connections until `shutdown` completes, then closes every
+    /// connection (each flushes what it has queued) and returns.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let live = Arc::new(AtomicUsize::new(0));
+        let mut accepts = JoinSet::new();
+        let mut paths = Vec::new();
+        for l in self.listeners {
+            let ctx = Ctx {
+                broker: self.broker.clone(),
+                limits: self.limits.clone(),
+                name: self.name.clone(),
+                stop: stop_rx.clone(),
+                live: live.clone(),
+            };
+            if let Listener::Unix(_, p) = &l {
+                paths.push(p.clone());
+            }
+            accepts.spawn(accept_loop(l, ctx));
+        }
+        shutdown.await;
+        let _ = stop_tx.send(true);
+        accepts.shutdown().await;
+        for p in paths {
+            let _ = std::fs::remove_file(p);
+        }
+        // Give connections a moment to flush and close.
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while live.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Ctx {
+    broker: Broker,
+    limits: Arc<Limits>,
+    name: Arc<str>,
+    stop: watch::Receiver<bool>,
+    live: Arc<AtomicUsize>,
+}
+
+struct LiveGuard(Arc<AtomicUsize>);
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+async fn accept_loop(l: Listener, ctx: Ctx) {
+    loop {
+        let accepted = match &l {
+            Listener::Tcp(t) => t.accept().await.map(|(s, _)| {
+                let _ = s.set_nodelay(true);
+                let (r, w) = s.into_split();
+                (Box::new(r) as Reader, Box::new(w) as Writer)
+            }),
+            Listener::Unix(u, _) => u.accept().await.map(|(s, _)| {
+                let (r, w) = s.into_split();
+                (Box::new(r) as Reader, Box::new(w) as Writer)
+            }),
+        };
+        let (r, w) = match accepted {
+            Ok(rw) => rw,
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if ctx.live.load(Ordering::Acquire) >= ctx.limits.max_connections {
+            tracing::warn!("connection refused: max_connections reached");
+            continue;
+        }
+        ctx.live.fetch_add(1, Ordering::AcqRel);
+        let guard = LiveGuard(ctx.live.clone());
+        let c = ctx.clone();
+        // Detached: a connection outlives the accept loop long enough to flush on shutdown;
+        // `live` counts it until it ends.
+        tokio::spawn(async move {
+            let _guard = guard;
+            native::serve(r, w, c.broker, c.limits, c.name, c.stop).await;
+        });
+    }
+}
+
+type Reader = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
+type Writer = Box<dyn tokio::io::AsyncWrite + Unpin + Send>;

@@ -1,0 +1,197 @@
+//! Frames of the native protocol.
+
+use bytes::Bytes;
+use hayate_core::{Key, KeyExpr, Message, Qos};
+
+/// `"HYT1"`: the first four bytes of every HELLO body.
+pub const MAGIC: u32 = 0x4859_5431;
+/// The protocol version this crate speaks.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Frame type bytes.
+pub(crate) mod ty {
+    pub(crate) const HELLO: u8 = 0x01;
+    pub(crate) const WELCOME: u8 = 0x02;
+    pub(crate) const PUB: u8 = 0x03;
+    pub(crate) const SUB: u8 = 0x04;
+    pub(crate) const UNSUB: u8 = 0x05;
+    pub(crate) const MSG: u8 = 0x06;
+    pub(crate) const PUB_BATCH: u8 = 0x07;
+    pub(crate) const MSG_BATCH: u8 = 0x08;
+    pub(crate) const PING: u8 = 0x09;
+    pub(crate) const PONG: u8 = 0x0A;
+    pub(crate) const LOST: u8 = 0x0B;
+    pub(crate) const ERR: u8 = 0x0C;
+    pub(crate) const CLOSE: u8 = 0x0D;
+}
+
+/// Option flag bits of PUB and MSG.
+pub(crate) mod flag {
+    pub(crate) const REPLY_TO: u8 = 0x01;
+    pub(crate) const CORRELATION: u8 = 0x02;
+    pub(crate) const HEADERS: u8 = 0x04;
+    pub(crate) const ALL: u8 = REPLY_TO | CORRELATION | HEADERS;
+}
+
+/// HELLO: the client's opening frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// Protocol version the client speaks.
+    pub version: u16,
+    /// Reserved, 0.
+    pub flags: u16,
+    /// The client's name, for logs and admin views.
+    pub name: String,
+    /// Opaque authentication data (reserved; empty today).
+    pub auth: Bytes,
+}
+
+/// WELCOME: the server's answer to HELLO.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Welcome {
+    /// Protocol version the server will speak.
+    pub version: u16,
+    /// The session id the server assigned.
+    pub session: u64,
+    /// Largest payload the server accepts.
+    pub max_payload: u64,
+    /// The server's name and version.
+    pub server: String,
+    /// This session's reply-inbox prefix, `_inbox/<session>`.
+    pub inbox: String,
+}
+
+/// SUB: a subscription.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sub {
+    /// Client-chosen subscription id.
+    pub sid: u32,
+    /// Quality of service.
+    pub qos: Qos,
+    /// Queue group, or `None` for fan-out.
+    pub group: Option<String>,
+    /// What to select.
+    pub expr: KeyExpr,
+}
+
+/// A frame of the native protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// Client opening frame.
+    Hello(Hello),
+    /// Server answer to HELLO.
+    Welcome(Welcome),
+    /// Publish one message.
+    Pub(Message),
+    /// Subscribe.
+    Sub(Sub),
+    /// Unsubscribe.
+    Unsub {
+        /// Subscription id.
+        sid: u32,
+    },
+    /// Deliver one message to a subscription.
+    Msg {
+        /// Subscription id.
+        sid: u32,
+        /// The message.
+        msg: Message,
+    },
+    /// Publish many plain messages on one key.
+    PubBatch {
+        /// Key of every message.
+        key: Key,
+        /// Payloads, at least one.
+        payloads: Vec<Bytes>,
+    },
+    /// Deliver many plain messages on one key to a subscription.
+    MsgBatch {
+        /// Subscription id.
+        sid: u32,
+        /// Key of every message.
+        key: Key,
+        /// Payloads, at least one.
+        payloads: Vec<Bytes>,
+    },
+    /// Ping with a token.
+    Ping(u64),
+    /// Answer to a ping.
+    Pong(u64),
+    /// Messages dropped for a subscription since the last report.
+    Lost {
+        /// Subscription id.
+        sid: u32,
+        /// How many were dropped.
+        count: u64,
+    },
+    /// An error; codes below 100 are followed by a close.
+    Err {
+        /// Stable error code.
+        code: ErrorCode,
+        /// Human-readable detail.
+        message: String,
+    },
+    /// Graceful close.
+    Close,
+}
+
+/// Stable error codes of ERR frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// Unknown frame type.
+    UnknownFrame,
+    /// A frame's body does not match its type.
+    Malformed,
+    /// Frame length above the receiver's maximum.
+    FrameTooLarge,
+    /// Frame not allowed in this state.
+    Protocol,
+    /// Duplicate subscription id.
+    BadSubscription,
+    /// Invalid key or key expression.
+    BadKey,
+    /// Unsupported protocol version or magic.
+    UnsupportedVersion,
+    /// Not authorized (reserved).
+    NotAuthorized,
+    /// A code this version does not know.
+    Other(u16),
+}
+
+impl ErrorCode {
+    /// The numeric code on the wire.
+    pub fn code(self) -> u16 {
+        match self {
+            ErrorCode::UnknownFrame => 1,
+            ErrorCode::Malformed => 2,
+            ErrorCode::FrameTooLarge => 3,
+            ErrorCode::Protocol => 4,
+            ErrorCode::BadSubscription => 5,
+            ErrorCode::BadKey => 6,
+            ErrorCode::UnsupportedVersion => 7,
+            ErrorCode::NotAuthorized => 8,
+            ErrorCode::Other(c) => c,
+        }
+    }
+
+    /// The code for a number read from the wire.
+    pub fn from_code(c: u16) -> ErrorCode {
+        match c {
+            1 => ErrorCode::UnknownFrame,
+            2 => ErrorCode::Malformed,
+            3 => ErrorCode::FrameTooLarge,
+            4 => ErrorCode::Protocol,
+            5 => ErrorCode::BadSubscription,
+            6 => ErrorCode::BadKey,
+            7 => ErrorCode::UnsupportedVersion,
+            8 => ErrorCode::NotAuthorized,
+            c => ErrorCode::Other(c),
+        }
+    }
+
+    /// True if the sender closes the connection after this error.
+    pub fn is_fatal(self) -> bool {
+        self.code() < 100
+    }
+}

@@ -1,0 +1,20 @@
+//! Hayate's native binary protocol, version 1 (specified byte by byte in `docs/protocol.md`).
+//!
+//! # Layout
+//! - [`frame`]: the [`Frame`] enum and its parts; [`ErrorCode`], the stable error codes.
+//! - [`codec`]: [`decode`] (check the header, then parse; `Ok(None)` means "read more") and
+//!   [`encode`], plus allocation-free encoders for the hot path ([`encode_pub`],
+//!   [`encode_msg_head`], [`encode_msg_batch_head`], ...).
+//!
+//! The codec is sans-IO: it works on [`bytes::BytesMut`] only and never touches a socket or a
+//! clock. Payloads are decoded as zero-copy slices of the read buffer.
+
+pub mod codec;
+pub mod frame;
+
+pub use codec::{
+    DecodeError, HEADER_LEN, decode, encode, encode_batch_item, encode_msg, encode_msg_batch_head,
+    encode_msg_batch_item_head, encode_msg_head, encode_ping, encode_pub, encode_pub_batch_head,
+    encode_sub,
+};
+pub use frame::{ErrorCode, Frame, Hello, MAGIC, PROTOCOL_VERSION, Sub, Welcome};

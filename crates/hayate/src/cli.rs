@@ -1,0 +1,159 @@
+//! Command-line definitions (see DESIGN.md "Command line": keep them stable).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Default server address for the client commands.
+pub(crate) const DEFAULT_SERVER: &str = "127.0.0.1:4700";
+
+/// Hayate: a fast message broker, its clients and its benchmark tool.
+#[derive(Debug, Parser)]
+#[command(name = "hayate", version, about)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Run the broker (native protocol on 127.0.0.1:4700 by default).
+    Broker(BrokerArgs),
+    /// Publish a message (PAYLOAD, or standard input if omitted).
+    Pub(PubArgs),
+    /// Subscribe to a key expression and print what arrives.
+    Sub(SubArgs),
+    /// Send a request and print the reply.
+    Request(RequestArgs),
+    /// Run an echo service: answer every request with its own payload.
+    Reply(ReplyArgs),
+    /// Measure throughput and latency (of Hayate or a peer such as NATS).
+    Bench(crate::bench::BenchArgs),
+    /// Print the default or the effective configuration.
+    #[command(subcommand)]
+    Config(ConfigCmd),
+}
+
+#[derive(Debug, Args, Default)]
+pub(crate) struct BrokerArgs {
+    /// Configuration file (TOML); see `hayate config default`.
+    #[arg(long)]
+    pub(crate) config: Option<PathBuf>,
+    /// Native protocol TCP address (repeatable; replaces the configured list).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub(crate) listen: Vec<String>,
+    /// Native protocol Unix socket path (repeatable).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) unix: Vec<String>,
+    /// Largest payload accepted, in bytes.
+    #[arg(long, value_name = "BYTES")]
+    pub(crate) max_payload: Option<u64>,
+    /// Byte budget of each session's outbox.
+    #[arg(long, value_name = "BYTES")]
+    pub(crate) outbox_bytes: Option<u64>,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ConfigCmd {
+    /// Print the complete, commented default configuration file.
+    Default,
+    /// Print the effective configuration (file and flags merged).
+    Show(BrokerArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PubArgs {
+    /// Key to publish on, e.g. `demo/x`.
+    pub(crate) key: String,
+    /// Payload (UTF-8 text); read from standard input when omitted.
+    pub(crate) payload: Option<String>,
+    /// How many times to publish it.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) count: u64,
+    /// Broker address (`HOST:PORT` or `unix:PATH`).
+    #[arg(long, env = "HAYATE_SERVER", default_value = DEFAULT_SERVER)]
+    pub(crate) server: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SubArgs {
+    /// Key expression: `*` is one segment, `**` any number.
+    pub(crate) expr: String,
+    /// Join this queue group (each message goes to one member).
+    #[arg(long)]
+    pub(crate) group: Option<String>,
+    /// Exit after this many messages (0 = never).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) count: u64,
+    /// Broker address (`HOST:PORT` or `unix:PATH`).
+    #[arg(long, env = "HAYATE_SERVER", default_value = DEFAULT_SERVER)]
+    pub(crate) server: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RequestArgs {
+    /// Key of the service.
+    pub(crate) key: String,
+    /// Request payload.
+    pub(crate) payload: String,
+    /// How long to wait for the reply (e.g. `500ms`, `2s`).
+    #[arg(long, default_value = "5s")]
+    pub(crate) timeout: String,
+    /// Broker address (`HOST:PORT` or `unix:PATH`).
+    #[arg(long, env = "HAYATE_SERVER", default_value = DEFAULT_SERVER)]
+    pub(crate) server: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ReplyArgs {
+    /// Key expression to serve.
+    pub(crate) expr: String,
+    /// Serve as a member of this queue group (several replicas share the load).
+    #[arg(long)]
+    pub(crate) group: Option<String>,
+    /// Exit after this many replies (0 = never).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) count: u64,
+    /// Broker address (`HOST:PORT` or `unix:PATH`).
+    #[arg(long, env = "HAYATE_SERVER", default_value = DEFAULT_SERVER)]
+    pub(crate) server: String,
+}
+
+/// Parses `250ms`, `2s`, `1.5s`, `1m` or a bare number of seconds.
+pub(crate) fn parse_duration(s: &str) -> anyhow::Result<Duration> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| anyhow::anyhow!("invalid duration {s:?}"))?;
+    let secs = match unit {
+        "ms" => v / 1000.0,
+        "s" => v,
+        "m" => v * 60.0,
+        "us" => v / 1e6,
+        _ => anyhow::bail!("invalid duration unit in {s:?} (use us, ms, s or m)"),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        anyhow::bail!("invalid duration {s:?}");
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("x").is_err());
+        assert!(parse_duration("5h").is_err());
+    }
+}

@@ -1,0 +1,204 @@
+//! The `hayate` command: broker, pub, sub, request, reply, bench, config.
+
+mod bench;
+mod cli;
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use clap::Parser;
+use hayate_client::{Client, Key, SubscribeOptions};
+use hayate_server::{Config, Server};
+
+use cli::{Cli, Command, ConfigCmd};
+
+/// The commented default configuration, printed by `hayate config default`.
+const DEFAULT_CONFIG: &str = include_str!("../default-config.toml");
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Broker(args) => broker(args).await,
+        Command::Pub(a) => publish(a).await,
+        Command::Sub(a) => subscribe(a).await,
+        Command::Request(a) => request(a).await,
+        Command::Reply(a) => reply(a).await,
+        Command::Bench(a) => bench::run(a).await,
+        Command::Config(ConfigCmd::Default) => {
+            print!("{DEFAULT_CONFIG}");
+            Ok(())
+        }
+        Command::Config(ConfigCmd::Show(args)) => {
+            print!("{}", effective_config(&args)?.to_toml());
+            Ok(())
+        }
+    }
+}
+
+fn effective_config(args: &cli::BrokerArgs) -> Result<Config> {
+    let mut config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            Config::from_toml(&text)?
+        }
+        None => Config::default(),
+    };
+    if !args.listen.is_empty() {
+        config.native.listen = args.listen.clone();
+    }
+    if !args.unix.is_empty() {
+        config.native.unix = args.unix.clone();
+    }
+    if let Some(v) = args.max_payload {
+        config.limits.max_payload = v;
+    }
+    if let Some(v) = args.outbox_bytes {
+        config.limits.outbox_bytes = v;
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+async fn broker(args: cli::BrokerArgs) -> Result<()> {
+    let config = effective_config(&args)?;
+    let server = Server::bind(&config).await?;
+    for a in server.local_addrs() {
+        println!("hayate broker: native protocol on {a}");
+    }
+    println!("hayate broker: ready (Ctrl-C to stop)");
+    server.run(shutdown_signal()).await;
+    println!("hayate broker: stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+async fn connect(server: &str, name: &str) -> Result<Client> {
+    Client::connect_with(server, hayate_client::ConnectOptions::default().name(name))
+        .await
+        .with_context(|| format!("cannot connect to {server}"))
+}
+
+async fn publish(a: cli::PubArgs) -> Result<()> {
+    let key = Key::new(&a.key).with_context(|| format!("invalid key {:?}", a.key))?;
+    let payload: Bytes = match a.payload {
+        Some(p) => p.into(),
+        None => {
+            let mut v = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut v)?;
+            v.into()
+        }
+    };
+    let c = connect(&a.server, "hayate-pub").await?;
+    for _ in 0..a.count {
+        c.publish(&key, payload.clone()).await?;
+    }
+    c.flush().await?;
+    c.close().await?;
+    Ok(())
+}
+
+async fn subscribe(a: cli::SubArgs) -> Result<()> {
+    let c = connect(&a.server, "hayate-sub").await?;
+    let mut sub = c
+        .subscribe_with(
+            &a.expr,
+            SubscribeOptions {
+                group: a.group.clone(),
+                qos: Default::default(),
+            },
+        )
+        .await?;
+    c.flush().await?;
+    eprintln!("subscribed to {}", a.expr);
+    let mut n = 0u64;
+    while a.count == 0 || n < a.count {
+        let Some(m) = sub.next().await else {
+            bail!(
+                "connection closed: {}",
+                c.last_error().map(|e| e.to_string()).unwrap_or_default()
+            );
+        };
+        n += 1;
+        println!("{}: {}", m.key, String::from_utf8_lossy(&m.payload));
+    }
+    c.close().await?;
+    Ok(())
+}
+
+async fn request(a: cli::RequestArgs) -> Result<()> {
+    let key = Key::new(&a.key).with_context(|| format!("invalid key {:?}", a.key))?;
+    let c = connect(&a.server, "hayate-request").await?;
+    let timeout = cli::parse_duration(&a.timeout)?;
+    let reply = c.request(&key, a.payload.clone(), timeout).await?;
+    println!("{}", String::from_utf8_lossy(&reply.payload));
+    c.close().await?;
+    Ok(())
+}
+
+async fn reply(a: cli::ReplyArgs) -> Result<()> {
+    let c = connect(&a.server, "hayate-reply").await?;
+    let mut sub = match &a.group {
+        Some(g) => c.queue_subscribe(&a.expr, g).await?,
+        None => c.subscribe(&a.expr).await?,
+    };
+    c.flush().await?;
+    eprintln!("echoing requests on {}", a.expr);
+    let mut n = 0u64;
+    while let Some(m) = sub.next().await {
+        if m.reply_to.is_some() {
+            c.reply(&m, m.payload.clone()).await?;
+            n += 1;
+            if a.count != 0 && n >= a.count {
+                break;
+            }
+        }
+    }
+    c.flush().await?;
+    c.close().await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_config_file_matches_defaults() {
+        let parsed = Config::from_toml(DEFAULT_CONFIG).unwrap();
+        assert_eq!(parsed, Config::default());
+    }
+}

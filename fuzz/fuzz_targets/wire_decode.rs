@@ -1,0 +1,40 @@
+//! Decodes arbitrary bytes as a stream of native frames. Every frame that decodes must
+//! re-encode to exactly the bytes it came from and decode again to an equal frame.
+
+#![no_main]
+
+use bytes::BytesMut;
+use hayate_wire::{HEADER_LEN, decode, encode};
+use libfuzzer_sys::fuzz_target;
+
+const MAX_FRAME: usize = 1 << 20;
+
+fuzz_target!(|data: &[u8]| {
+    let mut buf = BytesMut::from(data);
+    loop {
+        let before = buf.len();
+        match decode(&mut buf, MAX_FRAME) {
+            Ok(Some(frame)) => {
+                let consumed = before - buf.len();
+                assert!(consumed >= HEADER_LEN, "a frame consumes at least its header");
+                let at = data.len() - before;
+
+                let mut again = BytesMut::new();
+                encode(&frame, &mut again);
+                assert_eq!(&again[..], &data[at..at + consumed], "re-encoding differs");
+
+                let decoded = decode(&mut again, MAX_FRAME)
+                    .expect("a re-encoded frame decodes")
+                    .expect("a re-encoded frame is complete");
+                assert_eq!(decoded, frame);
+                assert!(again.is_empty());
+            }
+            Ok(None) => {
+                assert_eq!(buf.len(), before, "Ok(None) consumes nothing");
+                break;
+            }
+            // A decode error closes the connection: nothing after it is read.
+            Err(_) => break,
+        }
+    }
+});
