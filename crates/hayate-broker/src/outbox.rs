@@ -206,6 +206,8 @@ impl Outbox {
             Some((_, c)) => *c += n,
             None => st.lost.push((sid, n)),
         }
+        // The writer encodes the report when it next drains, even if nothing else arrives.
+        self.wake(&mut st);
     }
 
     /// Queues control output (handshake answers, PONG, errors) outside the budget.
