@@ -374,12 +374,12 @@ fn remove_sub(
 ) {
     reg.index.remove(expr, (session, sid));
     reg.subs.remove(&(session, sid));
-    if let Some(g) = group {
-        if let Some(e) = reg.groups.get_mut(g) {
-            e.1 -= 1;
-            if e.1 == 0 {
-                reg.groups.remove(g);
-            }
+    if let Some(g) = group
+        && let Some(e) = reg.groups.get_mut(g)
+    {
+        e.1 -= 1;
+        if e.1 == 0 {
+            reg.groups.remove(g);
         }
     }
 }

@@ -151,12 +151,12 @@ impl Client {
         options: SubscribeOptions,
     ) -> Result<Subscription> {
         let expr = KeyExpr::new(expr)?;
-        if let Some(g) = &options.group {
-            if g.is_empty() || g.len() > u16::MAX as usize {
-                return Err(Error::Protocol(
-                    "a queue group name must be 1..=65535 bytes".into(),
-                ));
-            }
+        if let Some(g) = &options.group
+            && (g.is_empty() || g.len() > u16::MAX as usize)
+        {
+            return Err(Error::Protocol(
+                "a queue group name must be 1..=65535 bytes".into(),
+            ));
         }
         self.inner.subscribe(expr, options)
     }

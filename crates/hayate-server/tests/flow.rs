@@ -1,5 +1,7 @@
 //! Block versus drop under a slow subscriber.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;
@@ -10,6 +12,9 @@ use hayate_client::{Client, ConnectOptions, Key, Qos, SubscribeOptions};
 use hayate_server::Config;
 
 const N: u32 = 20_000;
+/// Enough data (50 MB) that kernel socket buffers and client buffers cannot absorb it all.
+const N_BLOCK: u32 = 50_000;
+const BLOCK_PAYLOAD: usize = 1000;
 
 fn small_outbox() -> Config {
     let mut c = Config::default();
@@ -18,7 +23,11 @@ fn small_outbox() -> Config {
 }
 
 fn payload(i: u32) -> Bytes {
-    let mut v = vec![0u8; 200];
+    sized(i, 200)
+}
+
+fn sized(i: u32, n: usize) -> Bytes {
+    let mut v = vec![0u8; n];
     v[..4].copy_from_slice(&i.to_be_bytes());
     v.into()
 }
@@ -49,8 +58,8 @@ async fn block_loses_nothing_and_holds_the_publisher_back() {
     let p = Client::connect(&b.addr).await.unwrap();
     let key = Key::new("flow/x").unwrap();
     let publisher = tokio::spawn(async move {
-        for i in 0..N {
-            p.publish(&key, payload(i)).await.unwrap();
+        for i in 0..N_BLOCK {
+            p.publish(&key, sized(i, BLOCK_PAYLOAD)).await.unwrap();
         }
         p.flush().await.unwrap();
     });
@@ -59,7 +68,7 @@ async fn block_loses_nothing_and_holds_the_publisher_back() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!publisher.is_finished(), "publisher was not held back");
     within(60, async {
-        for i in 0..N {
+        for i in 0..N_BLOCK {
             let m = sub.next().await.unwrap();
             assert_eq!(seq(&m), i, "out of order or lost");
         }

@@ -1,5 +1,7 @@
 //! Bad input gets ERR and a close; the broker keeps serving everyone else.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use bytes::BytesMut;

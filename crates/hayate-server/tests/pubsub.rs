@@ -1,5 +1,7 @@
 //! End to end through a real broker: fan-out, wildcards, queue groups, request/reply.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;

@@ -2,6 +2,8 @@
 //! then decoded back (whole, or fed in arbitrary pieces), and the hot-path encoders are
 //! checked byte for byte against `encode`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use bytes::{Bytes, BytesMut};
 use hayate_core::{Key, KeyExpr, Message, Qos};
 use hayate_wire::{

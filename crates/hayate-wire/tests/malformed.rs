@@ -1,6 +1,8 @@
 //! Malformed input: each case asserts the exact `DecodeError` and the ERR code it maps to,
 //! and a property checks that arbitrary bytes never panic the decoder.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use bytes::BytesMut;
 use hayate_core::KeyError;
 use hayate_wire::{DecodeError, ErrorCode, Frame, HEADER_LEN, MAGIC, decode, encode};

@@ -1,10 +1,120 @@
-//! `hayate bench`: wired to the hayate-bench crate.
+//! `hayate bench`: command-line front of the hayate-bench crate.
 
-use clap::Args;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use clap::{Args, ValueEnum};
+use hayate_bench::{LatOptions, Record, Target, ThrOptions};
+
+use crate::cli::{DEFAULT_SERVER, parse_duration};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Test {
+    /// Throughput: one publisher back-to-back, one subscriber counting (payload sweep).
+    Thr,
+    /// Latency: ping-pong with one message in flight; half round trip percentiles.
+    Lat,
+    /// The raw TCP limit of the same path (throughput and latency), no broker.
+    Baseline,
+}
 
 #[derive(Debug, Args)]
-pub(crate) struct BenchArgs {}
+pub(crate) struct BenchArgs {
+    /// What to measure.
+    pub(crate) test: Test,
+    /// Hayate broker to measure (`HOST:PORT`), when no --target is given.
+    #[arg(long, env = "HAYATE_SERVER", default_value = DEFAULT_SERVER)]
+    pub(crate) server: String,
+    /// Systems to measure, as URLs: `hayate://HOST:PORT`, `nats://HOST:PORT`. Repeatable:
+    /// every target is measured in the same run, interleaved per payload size.
+    #[arg(long, value_name = "URL")]
+    pub(crate) target: Vec<String>,
+    /// Also measure the raw TCP baseline in the same run (thr and lat).
+    #[arg(long)]
+    pub(crate) baseline: bool,
+    /// Payload sizes: `64,1KiB,64KiB` or a doubling range `8..64MiB`. Default: 8 B to 64 MiB
+    /// (thr), 64 B (lat).
+    #[arg(long)]
+    pub(crate) payload: Option<String>,
+    /// Measuring time per point (e.g. `5s`).
+    #[arg(long, default_value = "5s")]
+    pub(crate) duration: String,
+    /// Warm-up per point.
+    #[arg(long, default_value = "1s")]
+    pub(crate) warmup: String,
+    /// Samples per throughput point (the median is reported after dropping those beyond the
+    /// 1st/99th percentiles).
+    #[arg(long, default_value_t = 10)]
+    pub(crate) samples: usize,
+    /// Write one JSON record per point to this file, and SVG charts beside it.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) json: Option<PathBuf>,
+}
 
-pub(crate) async fn run(_a: BenchArgs) -> anyhow::Result<()> {
-    anyhow::bail!("bench is being wired")
+pub(crate) async fn run(a: BenchArgs) -> Result<()> {
+    let mut targets: Vec<Target> = a
+        .target
+        .iter()
+        .map(|t| Target::parse(t))
+        .collect::<Result<_>>()?;
+    if targets.is_empty() && a.test != Test::Baseline {
+        let server = if a.server.contains("://") {
+            a.server.clone()
+        } else {
+            format!("hayate://{}", a.server)
+        };
+        targets.push(Target::parse(&server)?);
+    }
+    let duration = parse_duration(&a.duration)?;
+    let warmup = parse_duration(&a.warmup)?;
+    if duration < Duration::from_millis(10) {
+        bail!("--duration must be at least 10ms");
+    }
+    let sizes = a
+        .payload
+        .as_deref()
+        .map(hayate_bench::parse_sizes)
+        .transpose()?;
+    let thr_opts = |targets: Vec<Target>, include_baseline| ThrOptions {
+        targets,
+        include_baseline,
+        payloads: sizes.clone().unwrap_or_else(hayate_bench::default_sweep),
+        duration,
+        warmup,
+        samples: a.samples.max(1),
+    };
+    let lat_opts = |targets: Vec<Target>, include_baseline| LatOptions {
+        targets,
+        include_baseline,
+        payload: sizes
+            .as_ref()
+            .and_then(|s| s.first().copied())
+            .unwrap_or(64),
+        duration,
+        warmup,
+    };
+    let records: Vec<Record> = tokio::task::block_in_place(|| -> Result<Vec<Record>> {
+        Ok(match a.test {
+            Test::Thr => hayate_bench::thr(&thr_opts(targets, a.baseline))?,
+            Test::Lat => hayate_bench::lat(&lat_opts(targets, a.baseline))?,
+            Test::Baseline => {
+                let mut r = hayate_bench::baseline_thr(&thr_opts(Vec::new(), true))?;
+                r.extend(hayate_bench::baseline_lat(&lat_opts(Vec::new(), true))?);
+                r
+            }
+        })
+    })?;
+    hayate_bench::print_table(&records);
+    if let Some(path) = &a.json {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        hayate_bench::write_json(path, &records)?;
+        println!("wrote {}", path.display());
+        for f in hayate_bench::write_charts(&path.with_extension(""), &records)? {
+            println!("wrote {}", f.display());
+        }
+    }
+    Ok(())
 }

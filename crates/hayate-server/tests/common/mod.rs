@@ -1,6 +1,6 @@
 //! Test helpers: a broker on 127.0.0.1:0 that stops by itself.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use std::time::Duration;
 

@@ -1,0 +1,217 @@
+//! Client drivers: one connection type over Hayate (`hayate-client`) and NATS (`async-nats`),
+//! so that the harness runs the same code for every system.
+//!
+//! Keys are written Hayate-style (`bench/thr/8`); the NATS driver maps `/` to `.`.
+//!
+//! NATS settings: the subscriber's client-side pending limit (`subscription_capacity`) is raised
+//! (up to 1 Mi messages, bounded by ~256 MiB of payload) so that the client does not drop;
+//! nats-server may still disconnect a slow consumer (its default pending limit is 64 MiB per
+//! connection). Such a disconnect, a client-side slow-consumer drop or a server error is
+//! recorded and fails the point. Payloads above the server's `max_payload` (1 MiB by default;
+//! up to 64 MiB with `max_payload` in the nats-server config) fail the point up front.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use futures::StreamExt;
+
+use crate::target::{System, Target};
+
+/// Client library names, for records.
+pub(crate) fn client_name(system: System) -> &'static str {
+    match system {
+        System::Hayate => concat!("hayate-client ", env!("CARGO_PKG_VERSION")),
+        System::Nats => "async-nats 0.51",
+    }
+}
+
+/// A connection to a target.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Hayate(hayate_client::Client),
+    Nats(NatsConn),
+}
+
+#[derive(Clone)]
+pub(crate) struct NatsConn {
+    client: async_nats::Client,
+    /// The first asynchronous trouble reported by the client (disconnect, slow consumer...).
+    trouble: Arc<Mutex<Option<String>>>,
+}
+
+/// Where to publish: a validated key or subject, made once per point.
+pub(crate) enum Topic {
+    Hayate(hayate_core::Key),
+    Nats(async_nats::Subject),
+}
+
+/// A subscription.
+pub(crate) enum Sub {
+    Hayate(hayate_client::Subscription),
+    Nats(async_nats::Subscriber),
+}
+
+fn nats_subject(key: &str) -> String {
+    key.replace('/', ".")
+}
+
+impl Conn {
+    /// Connects. `expect_payload` sizes the NATS client-side pending limit of subscriptions.
+    pub(crate) async fn connect(
+        target: &Target,
+        name: &str,
+        expect_payload: usize,
+    ) -> anyhow::Result<Conn> {
+        let addr = target.addr();
+        match target.system {
+            System::Hayate => {
+                let opts = hayate_client::ConnectOptions::default().name(name);
+                let c = hayate_client::Client::connect_with(addr.as_str(), opts)
+                    .await
+                    .with_context(|| format!("connecting to {target}"))?;
+                Ok(Conn::Hayate(c))
+            }
+            System::Nats => {
+                let trouble: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+                let t = trouble.clone();
+                let who = name.to_string();
+                let capacity = ((256usize << 20) / (expect_payload + 256)).clamp(1024, 1 << 20);
+                let client = async_nats::ConnectOptions::new()
+                    .name(name)
+                    .subscription_capacity(capacity)
+                    .connection_timeout(Duration::from_secs(5))
+                    .event_callback(move |event| {
+                        let (t, who) = (t.clone(), who.clone());
+                        async move {
+                            use async_nats::Event;
+                            let msg = match event {
+                                Event::Disconnected => {
+                                    "disconnected by nats-server (slow consumer?)".to_string()
+                                }
+                                Event::SlowConsumer(sid) => {
+                                    format!("client-side slow consumer: dropped (sid {sid})")
+                                }
+                                Event::ServerError(e) => format!("nats-server error: {e}"),
+                                Event::ClientError(e) => format!("nats client error: {e}"),
+                                _ => return,
+                            };
+                            let mut slot = t.lock().unwrap_or_else(|e| e.into_inner());
+                            if slot.is_none() {
+                                *slot = Some(format!("{who}: {msg}"));
+                            }
+                        }
+                    })
+                    .connect(format!("nats://{addr}"))
+                    .await
+                    .with_context(|| format!("connecting to {target}"))?;
+                Ok(Conn::Nats(NatsConn { client, trouble }))
+            }
+        }
+    }
+
+    pub(crate) fn topic(&self, key: &str) -> anyhow::Result<Topic> {
+        Ok(match self {
+            Conn::Hayate(_) => Topic::Hayate(hayate_core::Key::new(key)?),
+            Conn::Nats(_) => Topic::Nats(async_nats::Subject::from(nats_subject(key))),
+        })
+    }
+
+    /// Publishes (buffered by the client; awaits when the client applies back-pressure).
+    #[inline]
+    pub(crate) async fn publish(&self, topic: &Topic, payload: Bytes) -> anyhow::Result<()> {
+        match (self, topic) {
+            (Conn::Hayate(c), Topic::Hayate(k)) => c.publish(k, payload).await?,
+            (Conn::Nats(n), Topic::Nats(s)) => n.client.publish(s.clone(), payload).await?,
+            _ => bail!("topic of another system"),
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn subscribe(&self, key: &str) -> anyhow::Result<Sub> {
+        Ok(match self {
+            Conn::Hayate(c) => Sub::Hayate(c.subscribe(key).await?),
+            Conn::Nats(n) => Sub::Nats(n.client.subscribe(nats_subject(key)).await?),
+        })
+    }
+
+    /// A round trip to the server: everything sent before was processed.
+    pub(crate) async fn flush(&self) -> anyhow::Result<()> {
+        match self {
+            Conn::Hayate(c) => c.flush().await?,
+            Conn::Nats(n) => n.client.flush().await?,
+        }
+        Ok(())
+    }
+
+    /// Trouble reported asynchronously by the client (NATS: disconnect, slow consumer;
+    /// Hayate: the error that ended the connection).
+    pub(crate) fn trouble(&self) -> Option<String> {
+        match self {
+            Conn::Hayate(c) => c.last_error().map(|e| format!("connection ended: {e}")),
+            Conn::Nats(n) => n.trouble.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+        }
+    }
+
+    /// The largest payload the server accepts, when it says.
+    pub(crate) fn max_payload(&self) -> Option<usize> {
+        match self {
+            Conn::Hayate(c) => Some(usize::try_from(c.max_payload()).unwrap_or(usize::MAX)),
+            Conn::Nats(n) => Some(n.client.server_info().max_payload),
+        }
+    }
+
+    /// NATS: the server version; Hayate: the server's name (from its welcome).
+    pub(crate) fn server_version(&self) -> Option<String> {
+        match self {
+            Conn::Hayate(c) => Some(c.server_name().to_string()),
+            Conn::Nats(n) => Some(n.client.server_info().version),
+        }
+    }
+
+    /// Flushes and closes, giving up after `timeout`.
+    pub(crate) async fn close(self, timeout: Duration) {
+        let done = match self {
+            Conn::Hayate(c) => tokio::time::timeout(timeout, async move {
+                if let Err(e) = c.close().await {
+                    tracing::debug!("closing hayate connection: {e}");
+                }
+            })
+            .await
+            .is_ok(),
+            Conn::Nats(n) => tokio::time::timeout(timeout, async move {
+                if let Err(e) = n.client.drain().await {
+                    tracing::debug!("draining nats connection: {e}");
+                }
+            })
+            .await
+            .is_ok(),
+        };
+        if !done {
+            tracing::debug!("closing a connection timed out");
+        }
+    }
+}
+
+impl Sub {
+    /// The next message's payload; `None` when the subscription or connection ended.
+    #[inline]
+    pub(crate) async fn next(&mut self) -> Option<Bytes> {
+        match self {
+            Sub::Hayate(s) => s.next().await.map(|m| m.payload),
+            Sub::Nats(s) => s.next().await.map(|m| m.payload),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_keys_to_subjects() {
+        assert_eq!(nats_subject("bench/thr/8"), "bench.thr.8");
+        assert_eq!(nats_subject("bench/ping"), "bench.ping");
+    }
+}

@@ -1,0 +1,259 @@
+//! Latency: ping-pong with one message in flight.
+//!
+//! An echo connection subscribes `bench/ping` and republishes each message to `bench/pong`;
+//! the pinger subscribes `bench/pong`, sends one message, waits for it, repeats. Each half
+//! round trip goes into an HDR histogram (nanoseconds, 3 significant digits).
+//! Warm-up: at least `warmup` and at least [`WARMUP_ROUND_TRIPS`] round trips.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::{BufMut, Bytes, BytesMut};
+use hdrhistogram::Histogram;
+
+use crate::driver::{Conn, Sub, Topic, client_name};
+use crate::size::format_size;
+use crate::target::Target;
+use crate::thr::report_point;
+use crate::{LatOptions, Record, baseline, progress, with_runtime};
+
+/// Minimum warm-up round trips.
+pub(crate) const WARMUP_ROUND_TRIPS: u64 = 1000;
+/// A round trip taking longer than this fails the point.
+const RTT_TIMEOUT: Duration = Duration::from_secs(5);
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs the latency benchmark against each target in turn (then the raw TCP baseline if asked).
+pub fn lat(opts: &LatOptions) -> anyhow::Result<Vec<Record>> {
+    if opts.targets.is_empty() && !opts.include_baseline {
+        bail!("nothing to measure: no target and no baseline");
+    }
+    let pb = progress::bar(opts.targets.len() + usize::from(opts.include_baseline));
+    let out = with_runtime(|rt| {
+        let mut records = Vec::new();
+        for target in &opts.targets {
+            pb.set_message(format!(
+                "{} lat {}",
+                target.system(),
+                format_size(opts.payload)
+            ));
+            let rec = rt.block_on(point(target, opts));
+            report_point(&pb, &rec);
+            records.push(rec);
+            pb.inc(1);
+        }
+        if opts.include_baseline {
+            pb.set_message(format!("tcp lat {}", format_size(opts.payload)));
+            let rec = baseline::lat_point(opts);
+            report_point(&pb, &rec);
+            records.push(rec);
+            pb.inc(1);
+        }
+        Ok(records)
+    });
+    pb.finish_and_clear();
+    out
+}
+
+/// A histogram of half round trips, in nanoseconds (1 ns .. 100 s, 3 significant digits).
+pub(crate) fn new_histogram() -> anyhow::Result<Histogram<u64>> {
+    Ok(Histogram::new_with_bounds(1, 100_000_000_000, 3)?)
+}
+
+/// Records one round trip (its half) into `h`.
+pub(crate) fn record_rtt(h: &mut Histogram<u64>, rtt: Duration) {
+    let half = (rtt.as_nanos() / 2).clamp(1, u128::from(h.high())) as u64;
+    h.saturating_record(half);
+}
+
+/// Fills a latency record from a histogram of half round trips measured over `elapsed`.
+pub(crate) fn finish(rec: &mut Record, result: anyhow::Result<(Histogram<u64>, Duration)>) {
+    match result {
+        Ok((h, elapsed)) if !h.is_empty() => {
+            let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+            rec.p50_us = Some(us(0.5));
+            rec.p99_us = Some(us(0.99));
+            rec.p999_us = Some(us(0.999));
+            rec.samples = h.len() as usize;
+            rec.msgs_per_sec = Some(h.len() as f64 / elapsed.as_secs_f64().max(1e-9));
+        }
+        Ok(_) => rec.error = Some("no round trip measured".to_string()),
+        Err(e) => rec.error = Some(format!("{e:#}")),
+    }
+}
+
+/// A ping payload: `size` bytes, the first 8 (when they fit) carry the sequence number.
+pub(crate) fn ping_payload(buf: &mut BytesMut, size: usize, seq: u64) -> Bytes {
+    buf.clear();
+    if size >= 8 {
+        buf.put_u64(seq);
+        buf.put_bytes(0x5a, size - 8);
+    } else {
+        buf.put_bytes(0x5a, size);
+    }
+    buf.split().freeze()
+}
+
+/// Checks that a pong carries the expected sequence number (when the payload holds one).
+pub(crate) fn check_pong(pong: &[u8], size: usize, seq: u64) -> anyhow::Result<()> {
+    if pong.len() != size {
+        bail!("pong of {} bytes, expected {size}", pong.len());
+    }
+    if size >= 8 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&pong[..8]);
+        let got = u64::from_be_bytes(b);
+        if got != seq {
+            bail!("pong #{got}, expected #{seq}");
+        }
+    }
+    Ok(())
+}
+
+async fn point(target: &Target, opts: &LatOptions) -> Record {
+    let mut rec = Record::new(target.system(), "brokered", "lat", opts.payload);
+    rec.target = target.to_string();
+    rec.client = client_name(target.system).to_string();
+    let result = run(target, opts, &mut rec).await;
+    finish(&mut rec, result);
+    rec
+}
+
+async fn run(
+    target: &Target,
+    opts: &LatOptions,
+    rec: &mut Record,
+) -> anyhow::Result<(Histogram<u64>, Duration)> {
+    let echo = Conn::connect(target, "bench-lat-echo", opts.payload).await?;
+    let pinger = match Conn::connect(target, "bench-lat-ping", opts.payload).await {
+        Ok(c) => c,
+        Err(e) => {
+            echo.close(CLOSE_TIMEOUT).await;
+            return Err(e);
+        }
+    };
+    rec.server_version = pinger.server_version();
+    let result = run_connected(&echo, &pinger, opts).await;
+    pinger.close(CLOSE_TIMEOUT).await;
+    echo.close(CLOSE_TIMEOUT).await;
+    result
+}
+
+async fn run_connected(
+    echo: &Conn,
+    pinger: &Conn,
+    opts: &LatOptions,
+) -> anyhow::Result<(Histogram<u64>, Duration)> {
+    if let Some(max) = pinger.max_payload()
+        && opts.payload > max
+    {
+        bail!(
+            "payload exceeds the server's max_payload of {}",
+            format_size(max)
+        );
+    }
+    let mut pings = echo.subscribe("bench/ping").await?;
+    echo.flush().await?;
+    let echo_task = {
+        let echo = echo.clone();
+        let pong_topic = echo.topic("bench/pong")?;
+        tokio::spawn(async move {
+            while let Some(p) = pings.next().await {
+                if echo.publish(&pong_topic, p).await.is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    let result = async {
+        let mut pongs = pinger.subscribe("bench/pong").await?;
+        pinger.flush().await?;
+        let ping_topic = pinger.topic("bench/ping")?;
+        let mut pp = PingPong {
+            conn: pinger,
+            topic: &ping_topic,
+            pongs: &mut pongs,
+            buf: BytesMut::with_capacity(opts.payload.max(64)),
+            size: opts.payload,
+            seq: 0,
+        };
+        let start = Instant::now();
+        let mut n = 0u64;
+        while n < WARMUP_ROUND_TRIPS || start.elapsed() < opts.warmup {
+            pp.round_trip().await?;
+            n += 1;
+        }
+        let mut h = new_histogram()?;
+        let start = Instant::now();
+        while start.elapsed() < opts.duration {
+            let rtt = pp.round_trip().await?;
+            record_rtt(&mut h, rtt);
+        }
+        let elapsed = start.elapsed();
+        if let Some(t) = pinger.trouble().or_else(|| echo.trouble()) {
+            bail!(t);
+        }
+        Ok((h, elapsed))
+    }
+    .await;
+    echo_task.abort();
+    let _ = echo_task.await;
+    result
+}
+
+struct PingPong<'a> {
+    conn: &'a Conn,
+    topic: &'a Topic,
+    pongs: &'a mut Sub,
+    buf: BytesMut,
+    size: usize,
+    seq: u64,
+}
+
+impl PingPong<'_> {
+    async fn round_trip(&mut self) -> anyhow::Result<Duration> {
+        self.seq += 1;
+        let ping = ping_payload(&mut self.buf, self.size, self.seq);
+        let t0 = Instant::now();
+        self.conn.publish(self.topic, ping).await?;
+        let pong = tokio::time::timeout(RTT_TIMEOUT, self.pongs.next())
+            .await
+            .with_context(|| format!("no pong within {RTT_TIMEOUT:?}"))?
+            .context("the pong subscription ended")?;
+        let rtt = t0.elapsed();
+        check_pong(&pong, self.size, self.seq)?;
+        Ok(rtt)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_carry_sequence_numbers() {
+        let mut buf = BytesMut::new();
+        let p = ping_payload(&mut buf, 64, 7);
+        assert_eq!(p.len(), 64);
+        check_pong(&p, 64, 7).unwrap();
+        assert!(check_pong(&p, 64, 8).is_err());
+        assert!(check_pong(&p[..10], 64, 7).is_err());
+        let p = ping_payload(&mut buf, 4, 7);
+        check_pong(&p, 4, 99).unwrap();
+    }
+
+    #[test]
+    fn histogram_in_microseconds() {
+        let mut h = new_histogram().unwrap();
+        for us in 1..=1000u64 {
+            record_rtt(&mut h, Duration::from_micros(2 * us));
+        }
+        let mut rec = Record::new("x", "raw", "lat", 64);
+        finish(&mut rec, Ok((h, Duration::from_secs(1))));
+        let p50 = rec.p50_us.unwrap();
+        assert!((p50 - 500.0).abs() < 1.0, "{p50}");
+        assert!((rec.p99_us.unwrap() - 990.0).abs() < 1.0);
+        assert_eq!(rec.samples, 1000);
+        assert_eq!(rec.msgs_per_sec, Some(1000.0));
+    }
+}

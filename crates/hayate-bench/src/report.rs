@@ -1,0 +1,205 @@
+//! Reporting: an aligned table on stdout and JSON files.
+
+use std::path::Path;
+
+use anyhow::Context;
+
+use crate::Record;
+use crate::size::{format_bits, format_rate, format_size};
+
+/// Prints the records as aligned tables (throughput, then latency) with the machine they ran
+/// on. `ratio` compares each system with the first one measured at the same payload size.
+pub fn print_table(records: &[Record]) {
+    print!("{}", format_table(records));
+}
+
+/// The text [`print_table`] prints.
+pub fn format_table(records: &[Record]) -> String {
+    let mut out = String::new();
+    if let Some(r) = records.first() {
+        out.push_str(&format!(
+            "machine: {}, {} cores, {}, load {:.2} {:.2} {:.2}\n",
+            r.hostname, r.cores, r.cpu_model, r.loadavg[0], r.loadavg[1], r.loadavg[2]
+        ));
+    }
+    let thr: Vec<&Record> = records.iter().filter(|r| r.test == "thr").collect();
+    if !thr.is_empty() {
+        out.push('\n');
+        out.push_str(&thr_table(&thr));
+    }
+    let lat: Vec<&Record> = records.iter().filter(|r| r.test == "lat").collect();
+    if !lat.is_empty() {
+        out.push('\n');
+        out.push_str(&lat_table(&lat));
+    }
+    out
+}
+
+fn ratio(value: Option<f64>, reference: Option<f64>) -> String {
+    match (value, reference) {
+        (Some(v), Some(r)) if r > 0.0 => format!("x{:.2}", v / r),
+        _ => String::new(),
+    }
+}
+
+fn thr_table(records: &[&Record]) -> String {
+    let headers = [
+        "payload", "system", "msg/s", "bit/s", "ratio", "samples", "error",
+    ];
+    let rows: Vec<Vec<String>> = records
+        .iter()
+        .map(|r| {
+            let reference = records
+                .iter()
+                .find(|o| o.payload_bytes == r.payload_bytes && o.msgs_per_sec.is_some())
+                .and_then(|o| o.msgs_per_sec);
+            vec![
+                format_size(r.payload_bytes),
+                r.label(),
+                r.msgs_per_sec.map(format_rate).unwrap_or_default(),
+                r.bits_per_sec.map(format_bits).unwrap_or_default(),
+                ratio(r.msgs_per_sec, reference),
+                r.samples.to_string(),
+                r.error.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    render(
+        &headers,
+        &rows,
+        &[true, false, true, true, true, true, false],
+    )
+}
+
+fn lat_table(records: &[&Record]) -> String {
+    let headers = [
+        "payload",
+        "system",
+        "p50 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "rt/s",
+        "ratio",
+        "error",
+    ];
+    let us = |v: Option<f64>| v.map(|v| format!("{v:.2}")).unwrap_or_default();
+    let rows: Vec<Vec<String>> = records
+        .iter()
+        .map(|r| {
+            let reference = records
+                .iter()
+                .find(|o| o.payload_bytes == r.payload_bytes && o.p50_us.is_some())
+                .and_then(|o| o.p50_us);
+            vec![
+                format_size(r.payload_bytes),
+                r.label(),
+                us(r.p50_us),
+                us(r.p99_us),
+                us(r.p999_us),
+                r.msgs_per_sec
+                    .map(|v| format!("{v:.0}"))
+                    .unwrap_or_default(),
+                ratio(r.p50_us, reference),
+                r.error.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    render(
+        &headers,
+        &rows,
+        &[true, false, true, true, true, true, true, false],
+    )
+}
+
+/// Renders columns padded to their widest cell; `right[i]` right-aligns column `i`.
+/// Trailing empty columns are trimmed from each line.
+fn render(headers: &[&str], rows: &[Vec<String>], right: &[bool]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            let pad = widths[i].saturating_sub(cell.chars().count());
+            if i > 0 {
+                s.push_str("  ");
+            }
+            if right[i] {
+                s.push_str(&" ".repeat(pad));
+                s.push_str(cell);
+            } else {
+                s.push_str(cell);
+                s.push_str(&" ".repeat(pad));
+            }
+        }
+        let mut s = s.trim_end().to_string();
+        s.push('\n');
+        s
+    };
+    let mut out = line(headers.to_vec());
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+/// Writes the records as a pretty JSON array (creating parent directories).
+pub fn write_json(path: &Path, records: &[Record]) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let json = serde_json::to_string_pretty(records)?;
+    std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(system: &str, mode: &str, test: &str, payload: usize, rate: f64) -> Record {
+        let mut r = Record::new(system, mode, test, payload);
+        r.msgs_per_sec = Some(rate);
+        r.bits_per_sec = Some(rate * payload as f64 * 8.0);
+        r.samples = 8;
+        r
+    }
+
+    #[test]
+    fn table_has_ratios_and_units() {
+        let mut failed = rec("nats", "brokered", "thr", 8, 0.0);
+        failed.msgs_per_sec = None;
+        failed.bits_per_sec = None;
+        failed.error = Some("slow consumer".into());
+        let mut lat = rec("tcp", "raw", "lat", 64, 40_000.0);
+        lat.p50_us = Some(12.5);
+        lat.p99_us = Some(20.0);
+        lat.p999_us = Some(40.0);
+        let t = format_table(&[
+            rec("hayate", "brokered", "thr", 8, 2_000_000.0),
+            failed,
+            rec("tcp", "raw", "thr", 8, 10_000_000.0),
+            lat,
+        ]);
+        assert!(t.contains("2.00M msg/s"), "{t}");
+        assert!(t.contains("x5.00"), "{t}");
+        assert!(t.contains("tcp (raw)"), "{t}");
+        assert!(t.contains("slow consumer"), "{t}");
+        assert!(t.contains("12.50"), "{t}");
+        assert!(t.contains("128 Mbit/s"), "{t}");
+    }
+
+    #[test]
+    fn json_round_trips() {
+        let dir = std::env::temp_dir().join(format!("hayate-bench-json-{}", std::process::id()));
+        let path = dir.join("sub/r.json");
+        let recs = vec![rec("hayate", "brokered", "thr", 64, 1e6)];
+        write_json(&path, &recs).unwrap();
+        let back: Vec<Record> =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(back, recs);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
