@@ -27,5 +27,5 @@ pub mod session;
 
 pub use batch::Batch;
 pub use index::SubscriptionIndex;
-pub use outbox::{Encoder, OutBuf, Outbox, Taken};
+pub use outbox::{Encoder, OutBuf, Outbox, Sink, Taken};
 pub use session::{Broker, BrokerConfig, BrokerStats, Session, SubscribeError};

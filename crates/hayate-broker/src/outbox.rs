@@ -14,8 +14,8 @@
 //! empty, so no message is ever undeliverable because of its size.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
 use tokio::sync::Notify;
@@ -84,6 +84,22 @@ impl OutBuf {
         into.append(&mut self.chunks);
         self.chunk_bytes = 0;
     }
+
+    /// Puts chunks that could not be written back at the front, ahead of anything queued
+    /// since they were taken.
+    fn restore_front(&mut self, left: &mut VecDeque<Bytes>) {
+        while let Some(c) = left.pop_back() {
+            self.chunk_bytes += c.len();
+            self.chunks.push_front(c);
+        }
+    }
+}
+
+/// A socket the outbox can write to without waiting (a non-blocking `writev`), so that the
+/// task that queued data can send it at once instead of waking the session's writer.
+pub trait Sink: Send + Sync + 'static {
+    /// Writes what it can without blocking; `WouldBlock` when nothing can be written now.
+    fn try_write_vectored(&self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize>;
 }
 
 struct State {
@@ -93,7 +109,12 @@ struct State {
     lost: Vec<(u32, u64)>,
     /// The writer has been signalled and has not yet taken the queue.
     wake_pending: bool,
+    /// Someone (the writer task or an inline flush) holds taken data that is not yet fully
+    /// written: nobody else may take, so bytes leave in order.
+    writing: bool,
     closed: bool,
+    /// The socket for inline flushes; dropped on close so the socket can be released.
+    sink: Option<Arc<dyn Sink>>,
 }
 
 /// How much of an offered batch the outbox took.
@@ -142,7 +163,9 @@ impl Outbox {
                 encoder,
                 lost: Vec::new(),
                 wake_pending: false,
+                writing: false,
                 closed: false,
+                sink: None,
             }),
             budget,
             data: Notify::new(),
@@ -168,7 +191,8 @@ impl Outbox {
 
     /// Queues as many items of `batch` (from the front) as fit the budget. Items that do not
     /// fit are left to the caller, who drops them ([`Outbox::count_lost`]) or waits
-    /// ([`Outbox::wait_space`]).
+    /// ([`Outbox::wait_space`]). When the outbox has a sink, the caller must later call
+    /// [`Outbox::try_flush`] (as `Session::flush` does), or the data waits for the next wake.
     pub fn offer(&self, sid: u32, batch: Batch<'_>) -> Offer {
         let mut st = self.lock();
         if st.closed {
@@ -185,16 +209,19 @@ impl Outbox {
             size += c;
             fit += 1;
         }
-        if fit == 0 {
-            return Offer::Took(0);
-        }
         let st = &mut *st;
-        if let Some(i) = st.lost.iter().position(|&(s, _)| s == sid) {
-            let (_, n) = st.lost.swap_remove(i);
-            st.encoder.encode_lost(sid, n, &mut st.buf);
+        if fit > 0 {
+            if let Some(i) = st.lost.iter().position(|&(s, _)| s == sid) {
+                let (_, n) = st.lost.swap_remove(i);
+                st.encoder.encode_lost(sid, n, &mut st.buf);
+            }
+            st.encoder.encode(sid, batch.slice(0, fit), &mut st.buf);
         }
-        st.encoder.encode(sid, batch.slice(0, fit), &mut st.buf);
-        self.wake(st);
+        // With a sink, the publishing session flushes inline after its read
+        // (`Session::flush`), so the writer task is woken only when the outbox is full.
+        if fit < batch.len() || st.sink.is_none() {
+            self.wake(st);
+        }
         Offer::Took(fit)
     }
 
@@ -225,6 +252,7 @@ impl Outbox {
     pub fn close(&self) {
         let mut st = self.lock();
         st.closed = true;
+        st.sink = None;
         st.wake_pending = true;
         drop(st);
         self.data.notify_one();
@@ -244,32 +272,130 @@ impl Outbox {
         self.space.notified()
     }
 
-    /// For the writer: moves everything queued into `into`, waiting until there is something.
+    /// Sets the socket used by [`Outbox::try_flush`]; without one, only the writer writes.
+    pub fn set_sink(&self, sink: Arc<dyn Sink>) {
+        self.lock().sink = Some(sink);
+    }
+
+    fn encode_lost(st: &mut State) {
+        if !st.lost.is_empty() {
+            for (sid, n) in std::mem::take(&mut st.lost) {
+                st.encoder.encode_lost(sid, n, &mut st.buf);
+            }
+        }
+    }
+
+    fn after_take(&self) {
+        if self.has_blocked.swap(false, Ordering::SeqCst) {
+            self.space.notify_waiters();
+        }
+    }
+
+    /// For the writer: waits until there is something to write and nobody else is writing,
+    /// then moves everything queued into `into`. The caller must call [`Outbox::release`]
+    /// once it has written it.
     pub async fn take(&self, into: &mut VecDeque<Bytes>) -> Taken {
         loop {
             {
                 let mut guard = self.lock();
                 let st = &mut *guard;
-                if !st.lost.is_empty() {
-                    for (sid, n) in std::mem::take(&mut st.lost) {
-                        st.encoder.encode_lost(sid, n, &mut st.buf);
+                if !st.writing {
+                    Self::encode_lost(st);
+                    if !st.buf.is_empty() {
+                        st.buf.take_into(into);
+                        st.wake_pending = false;
+                        st.writing = true;
+                        drop(guard);
+                        self.after_take();
+                        return Taken::Data;
                     }
-                }
-                if !st.buf.is_empty() {
-                    st.buf.take_into(into);
-                    st.wake_pending = false;
-                    drop(guard);
-                    if self.has_blocked.swap(false, Ordering::SeqCst) {
-                        self.space.notify_waiters();
+                    if st.closed {
+                        return Taken::Closed;
                     }
-                    return Taken::Data;
-                }
-                if st.closed {
-                    return Taken::Closed;
                 }
                 st.wake_pending = false;
             }
             self.data.notified().await;
+        }
+    }
+
+    /// For the writer: the data from [`Outbox::take`] is written.
+    pub fn release(&self) {
+        let mut st = self.lock();
+        st.writing = false;
+    }
+
+    /// Writes what is queued straight to the sink, without blocking, if nobody else is
+    /// writing. What the socket does not take now is put back and the writer is woken for
+    /// it. `scratch` is the caller's reusable queue (empty on return).
+    pub fn try_flush(&self, scratch: &mut VecDeque<Bytes>) {
+        let sink = {
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            if st.writing || st.closed {
+                return;
+            }
+            let Some(sink) = st.sink.clone() else {
+                return;
+            };
+            Self::encode_lost(st);
+            if st.buf.is_empty() {
+                return;
+            }
+            st.buf.take_into(scratch);
+            st.writing = true;
+            sink
+        };
+        self.after_take();
+        let mut failed = false;
+        while !scratch.is_empty() {
+            let mut iov = [std::io::IoSlice::new(&[]); 64];
+            let k = scratch.len().min(iov.len());
+            for (slot, b) in iov.iter_mut().zip(scratch.iter()) {
+                *slot = std::io::IoSlice::new(b);
+            }
+            match sink.try_write_vectored(&iov[..k]) {
+                Ok(0) => {
+                    failed = true;
+                    break;
+                }
+                Ok(n) => advance(scratch, n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        let mut st = self.lock();
+        st.writing = false;
+        if failed {
+            scratch.clear();
+            st.closed = true;
+            st.sink = None;
+            self.space.notify_waiters();
+        } else if !scratch.is_empty() {
+            st.buf.restore_front(scratch);
+        }
+        // The writer finishes whatever is left (or notices the close).
+        if !st.buf.is_empty() || st.closed {
+            st.wake_pending = false;
+            self.wake(&mut st);
+        }
+    }
+}
+
+/// Drops the first `n` bytes of `q`.
+pub fn advance(q: &mut VecDeque<Bytes>, mut n: usize) {
+    use bytes::Buf;
+    while n > 0 {
+        let Some(front) = q.front_mut() else { return };
+        if front.len() <= n {
+            n -= front.len();
+            q.pop_front();
+        } else {
+            front.advance(n);
+            n = 0;
         }
     }
 }

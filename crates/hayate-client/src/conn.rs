@@ -9,8 +9,8 @@ use std::time::Duration;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use hayate_core::{Key, KeyExpr, Message, Qos};
 use hayate_wire::{
-    Frame, Hello, PROTOCOL_VERSION, Sub, Welcome, decode, encode, encode_ping, encode_pub,
-    encode_pub_batch_head, encode_sub,
+    Frame, Hello, PROTOCOL_VERSION, ReadPlanner, Sub, Welcome, decode, encode, encode_ping,
+    encode_pub, encode_pub_batch_head, encode_sub,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -501,9 +501,15 @@ async fn read_loop(inner: Arc<Inner>, mut r: Reader, mut buf: BytesMut) {
         .unwrap_or(usize::MAX)
         .saturating_add(FRAME_SLACK);
     let mut pending = Pending::default();
+    let mut planner = ReadPlanner::new();
     let err = 'conn: loop {
         loop {
-            match decode(&mut buf, max_frame) {
+            let before = buf.len();
+            let decoded = decode(&mut buf, max_frame);
+            if let Ok(Some(_)) = &decoded {
+                planner.decoded(before - buf.len());
+            }
+            match decoded {
                 Ok(Some(frame)) => match frame {
                     Frame::Msg { sid, msg } => {
                         if sid == INBOX_SID {
@@ -558,10 +564,11 @@ async fn read_loop(inner: Arc<Inner>, mut r: Reader, mut buf: BytesMut) {
                 }
             }
         }
-        if buf.capacity() - buf.len() < 16 * 1024 {
-            buf.reserve(64 * 1024);
-        }
-        match r.read_buf(&mut buf).await {
+        let read = match planner.plan(&mut buf, 64 * 1024) {
+            Some(n) => r.read_buf(&mut (&mut buf).limit(n)).await,
+            None => r.read_buf(&mut buf).await,
+        };
+        match read {
             Ok(0) => break None,
             Ok(_) => {}
             Err(e) => break Some(e.into()),

@@ -8,14 +8,14 @@ use bytes::{BufMut, BytesMut};
 use hayate_broker::{Batch, Broker, Encoder, OutBuf, Outbox, Session, Taken};
 use hayate_core::INBOX_PREFIX;
 use hayate_wire::{
-    ErrorCode, Frame, PROTOCOL_VERSION, Welcome, decode, encode, encode_msg_batch_head,
-    encode_msg_head,
+    ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, decode, encode,
+    encode_msg_batch_head, encode_msg_head,
 };
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncRead;
 use tokio::sync::watch;
 
 use crate::config::Limits;
-use crate::io::write_chunks;
+use crate::io::{WriteHalf, read_some};
 
 /// Encodes deliveries as native MSG / MSG_BATCH frames.
 #[derive(Debug, Default)]
@@ -61,31 +61,35 @@ enum End {
 /// Serves one native-protocol connection until it closes.
 ///
 /// The reader runs in the calling task; a writer task drains the session's outbox.
-pub async fn serve<R, W>(
+pub async fn serve<R>(
     mut reader: R,
-    writer: W,
+    writer: WriteHalf,
     broker: Broker,
     limits: Arc<Limits>,
     server_name: Arc<str>,
     mut shutdown: watch::Receiver<bool>,
 ) where
     R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin + Send + 'static,
 {
     let mut session = broker.open_session(Box::new(NativeEncoder));
     let outbox = session.outbox().clone();
+    let writer = Arc::new(writer);
+    outbox.set_sink(writer.clone());
     let mut writer_task = tokio::spawn(write_loop(writer, outbox.clone()));
     let mut buf = BytesMut::with_capacity(READ_BUF);
     let max_frame = limits.max_frame();
     let mut welcomed = false;
+    let mut planner = ReadPlanner::new();
     let handshake = tokio::time::sleep(Duration::from_millis(limits.handshake_timeout_ms));
     tokio::pin!(handshake);
 
     let end = 'conn: loop {
         // Decode and handle every complete frame before reading again.
         loop {
+            let before = buf.len();
             match decode(&mut buf, max_frame) {
                 Ok(Some(frame)) => {
+                    planner.decoded(before - buf.len());
                     match handle(frame, &mut session, &mut welcomed, &limits, &server_name).await {
                         Ok(true) => {}
                         Ok(false) => break 'conn End::Graceful,
@@ -102,11 +106,11 @@ pub async fn serve<R, W>(
                 }
             }
         }
-        if buf.capacity() - buf.len() < READ_BUF / 4 {
-            buf.reserve(READ_BUF);
-        }
+        // Send what this read produced now, from this task, where the sockets can take it.
+        session.flush();
+        let limit = planner.plan(&mut buf, READ_BUF);
         tokio::select! {
-            r = reader.read_buf(&mut buf) => match r {
+            r = read_some(&mut reader, &mut buf, limit) => match r {
                 Ok(0) => break End::Graceful,
                 Ok(_) => {}
                 Err(_) => break End::Io,
@@ -174,6 +178,7 @@ async fn handle(
             inbox: format!("{INBOX_PREFIX}/{}", session.id()),
         });
         session.outbox().push_control(|b| encode(&w, b));
+        session.touch_own();
         return Ok(true);
     }
     match frame {
@@ -233,19 +238,20 @@ fn check_payload(len: usize, limits: &Limits) -> Result<(), Refusal> {
     Ok(())
 }
 
-async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, outbox: Arc<Outbox>) {
+async fn write_loop(w: Arc<WriteHalf>, outbox: Arc<Outbox>) {
     let mut q = VecDeque::new();
     loop {
         match outbox.take(&mut q).await {
             Taken::Data => {
-                if write_chunks(&mut w, &mut q).await.is_err() {
+                let r = w.write_chunks(&mut q).await;
+                outbox.release();
+                if r.is_err() {
                     outbox.close();
                     return;
                 }
             }
             Taken::Closed => {
-                let _ = w.flush().await;
-                let _ = w.shutdown().await;
+                w.shutdown();
                 return;
             }
         }

@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::config::{Config, Limits};
+use crate::io::WriteHalf;
 use crate::native;
 
 /// A bound listener.
@@ -150,11 +151,11 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
             Listener::Tcp(t) => t.accept().await.map(|(s, _)| {
                 let _ = s.set_nodelay(true);
                 let (r, w) = s.into_split();
-                (Box::new(r) as Reader, Box::new(w) as Writer)
+                (Box::new(r) as Reader, WriteHalf::Tcp(w))
             }),
             Listener::Unix(u, _) => u.accept().await.map(|(s, _)| {
                 let (r, w) = s.into_split();
-                (Box::new(r) as Reader, Box::new(w) as Writer)
+                (Box::new(r) as Reader, WriteHalf::Unix(w))
             }),
         };
         let (r, w) = match accepted {
@@ -182,4 +183,3 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
 }
 
 type Reader = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
-type Writer = Box<dyn tokio::io::AsyncWrite + Unpin + Send>;

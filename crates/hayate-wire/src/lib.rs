@@ -11,6 +11,7 @@
 
 pub mod codec;
 pub mod frame;
+pub mod read;
 
 pub use codec::{
     DecodeError, HEADER_LEN, decode, encode, encode_batch_item, encode_msg, encode_msg_batch_head,
@@ -18,3 +19,4 @@ pub use codec::{
     encode_sub,
 };
 pub use frame::{ErrorCode, Frame, Hello, MAGIC, PROTOCOL_VERSION, Sub, Welcome};
+pub use read::{LARGE_FRAME, ReadPlanner};
