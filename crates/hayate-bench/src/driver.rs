@@ -1,7 +1,14 @@
 //! Client drivers: one connection type over Hayate (`hayate-client`) and NATS (`async-nats`),
 //! so that the harness runs the same code for every system.
 //!
-//! Keys are written Hayate-style (`bench/thr/8`); the NATS driver maps `/` to `.`.
+//! Keys are written Hayate-style (`bench/thr/8`); the NATS driver maps `/` to `.`. Each point
+//! works under its own prefix ([`point_prefix`]), so that a point never sees the messages of
+//! another point or of another benchmark run sharing the server.
+//!
+//! [`Conn::flush`] is a round trip on *that* connection for both systems: Hayate's `flush` is a
+//! PING/PONG; async-nats' `flush` only writes the client's buffer to the socket, so the NATS
+//! driver sends a message to itself through nats-server and waits for it (see
+//! [`NatsConn::round_trip`]). Only then is a subscription known to be active at the server.
 //!
 //! NATS settings: the subscriber's client-side pending limit (`subscription_capacity`) is raised
 //! (up to 1 Mi messages, bounded by ~256 MiB of payload) so that the client does not drop;
@@ -10,6 +17,7 @@
 //! recorded and fails the point. Payloads above the server's `max_payload` (1 MiB by default;
 //! up to 64 MiB with `max_payload` in the nats-server config) fail the point up front.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -55,6 +63,39 @@ pub(crate) enum Sub {
 
 fn nats_subject(key: &str) -> String {
     key.replace('/', ".")
+}
+
+/// How long [`Conn::flush`] waits for its round trip.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A key prefix unique to one point of one process: `bench/<pid>-<n>`.
+pub(crate) fn point_prefix() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "bench/{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+impl NatsConn {
+    /// A round trip through nats-server on this connection: subscribes a fresh inbox, publishes
+    /// one empty message to it and waits for that message. nats-server handles a connection's
+    /// protocol in order, so once the message is back every SUB and PUB sent earlier on this
+    /// connection has been processed (a subscription is registered). `Client::flush` alone
+    /// does not ensure this: it only writes the client's buffer to the socket.
+    async fn round_trip(&self) -> anyhow::Result<()> {
+        let inbox = self.client.new_inbox();
+        let mut probe = self.client.subscribe(inbox.clone()).await?;
+        self.client.publish(inbox, Bytes::new()).await?;
+        self.client.flush().await?;
+        tokio::time::timeout(FLUSH_TIMEOUT, probe.next())
+            .await
+            .with_context(|| format!("no round trip to nats-server within {FLUSH_TIMEOUT:?}"))?
+            .context("the connection ended during a round trip")?;
+        probe.unsubscribe().await?;
+        Ok(())
+    }
 }
 
 impl Conn {
@@ -136,11 +177,12 @@ impl Conn {
         })
     }
 
-    /// A round trip to the server: everything sent before was processed.
+    /// A round trip to the server on this connection: when it returns, the server has
+    /// processed everything sent before (subscriptions are active, publications routed).
     pub(crate) async fn flush(&self) -> anyhow::Result<()> {
         match self {
             Conn::Hayate(c) => c.flush().await?,
-            Conn::Nats(n) => n.client.flush().await?,
+            Conn::Nats(n) => n.round_trip().await?,
         }
         Ok(())
     }
@@ -213,5 +255,13 @@ mod tests {
     fn maps_keys_to_subjects() {
         assert_eq!(nats_subject("bench/thr/8"), "bench.thr.8");
         assert_eq!(nats_subject("bench/ping"), "bench.ping");
+    }
+
+    #[test]
+    fn point_prefixes_are_unique_keys() {
+        let (a, b) = (point_prefix(), point_prefix());
+        assert_ne!(a, b);
+        hayate_core::Key::new(&format!("{a}/ping")).unwrap();
+        assert!(!nats_subject(&a).contains(['/', '*', '>', ' ']));
     }
 }

@@ -1,8 +1,11 @@
 //! Latency: ping-pong with one message in flight.
 //!
-//! An echo connection subscribes `bench/ping` and republishes each message to `bench/pong`;
-//! the pinger subscribes `bench/pong`, sends one message, waits for it, repeats. Each half
-//! round trip goes into an HDR histogram (nanoseconds, 3 significant digits).
+//! An echo connection subscribes `<prefix>/ping` and republishes each message to
+//! `<prefix>/pong`; the pinger subscribes `<prefix>/pong`, sends one message, waits for it,
+//! repeats. Each half round trip goes into an HDR histogram (nanoseconds, 3 significant
+//! digits). Both subscriptions are confirmed by a round trip on their own connection
+//! ([`Conn::flush`]) before the first ping: the echo's subscription lives on another connection
+//! than the pinger's publications, and a ping routed before it is active is lost.
 //! Warm-up: at least `warmup` and at least [`WARMUP_ROUND_TRIPS`] round trips.
 
 use std::time::{Duration, Instant};
@@ -11,7 +14,7 @@ use anyhow::{Context, bail};
 use bytes::{BufMut, Bytes, BytesMut};
 use hdrhistogram::Histogram;
 
-use crate::driver::{Conn, Sub, Topic, client_name};
+use crate::driver::{Conn, Sub, Topic, client_name, point_prefix};
 use crate::size::format_size;
 use crate::target::Target;
 use crate::thr::report_point;
@@ -152,11 +155,14 @@ async fn run_connected(
             format_size(max)
         );
     }
-    let mut pings = echo.subscribe("bench/ping").await?;
+    let prefix = point_prefix();
+    let (ping_key, pong_key) = (format!("{prefix}/ping"), format!("{prefix}/pong"));
+    let mut pings = echo.subscribe(&ping_key).await?;
+    // A round trip on the echo connection: its subscription is active before the first ping.
     echo.flush().await?;
     let echo_task = {
         let echo = echo.clone();
-        let pong_topic = echo.topic("bench/pong")?;
+        let pong_topic = echo.topic(&pong_key)?;
         tokio::spawn(async move {
             while let Some(p) = pings.next().await {
                 if echo.publish(&pong_topic, p).await.is_err() {
@@ -166,9 +172,9 @@ async fn run_connected(
         })
     };
     let result = async {
-        let mut pongs = pinger.subscribe("bench/pong").await?;
+        let mut pongs = pinger.subscribe(&pong_key).await?;
         pinger.flush().await?;
-        let ping_topic = pinger.topic("bench/ping")?;
+        let ping_topic = pinger.topic(&ping_key)?;
         let mut pp = PingPong {
             conn: pinger,
             topic: &ping_topic,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::driver::{Conn, client_name};
+use crate::driver::{Conn, client_name, point_prefix};
 use crate::sampler::{Counter, Tally, sample};
 use crate::size::format_size;
 use crate::target::Target;
@@ -126,8 +126,10 @@ async fn run_connected(
             format_size(max)
         );
     }
-    let key = format!("bench/thr/{payload}");
+    let key = format!("{}/thr/{payload}", point_prefix());
     let mut sub = sub_conn.subscribe(&key).await?;
+    // A round trip on the subscriber's connection: the subscription is active before the
+    // publisher starts.
     sub_conn.flush().await?;
     let topic = pub_conn.topic(&key)?;
     pub_conn.flush().await?;

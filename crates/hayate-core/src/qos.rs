@@ -39,7 +39,8 @@ impl Qos {
         reliability: Reliability::BestEffort,
         congestion: Congestion::Drop,
     };
-    /// Reliable delivery with back-pressure (the default).
+    /// Reliable delivery with back-pressure. (The default, `Qos::default()`, is best-effort
+    /// with back-pressure: nothing is dropped either, but it will not gain acknowledgements.)
     pub const RELIABLE: Qos = Qos {
         reliability: Reliability::Reliable,
         congestion: Congestion::Block,
