@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
+use hayate_core::chunks::{MAX_IOV, advance, fill_iov};
 use tokio::sync::Notify;
 
 use crate::Batch;
@@ -349,11 +350,8 @@ impl Outbox {
         self.after_take();
         let mut failed = false;
         while !scratch.is_empty() {
-            let mut iov = [std::io::IoSlice::new(&[]); 64];
-            let k = scratch.len().min(iov.len());
-            for (slot, b) in iov.iter_mut().zip(scratch.iter()) {
-                *slot = std::io::IoSlice::new(b);
-            }
+            let mut iov = [std::io::IoSlice::new(&[]); MAX_IOV];
+            let k = fill_iov(scratch, &mut iov);
             match sink.try_write_vectored(&iov[..k]) {
                 Ok(0) => {
                     failed = true;
@@ -381,21 +379,6 @@ impl Outbox {
         if !st.buf.is_empty() || st.closed {
             st.wake_pending = false;
             self.wake(&mut st);
-        }
-    }
-}
-
-/// Drops the first `n` bytes of `q`.
-pub fn advance(q: &mut VecDeque<Bytes>, mut n: usize) {
-    use bytes::Buf;
-    while n > 0 {
-        let Some(front) = q.front_mut() else { return };
-        if front.len() <= n {
-            n -= front.len();
-            q.pop_front();
-        } else {
-            front.advance(n);
-            n = 0;
         }
     }
 }

@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
+use hayate_core::chunks::{MAX_IOV, advance, fill_iov};
 use hayate_core::{Key, KeyExpr, Message, Qos};
 use hayate_wire::{
-    Frame, Hello, PROTOCOL_VERSION, ReadPlanner, Sub, Welcome, decode, encode, encode_ping,
-    encode_pub, encode_pub_batch_head, encode_sub,
+    Frame, Hello, PROTOCOL_VERSION, ReadPlanner, Sub, Welcome, check_options, decode, encode,
+    encode_ping, encode_pub, encode_pub_batch_head, encode_sub,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -115,7 +116,7 @@ pub(crate) async fn connect(addr: &str, options: ConnectOptions) -> Result<Arc<I
         &Frame::Hello(Hello {
             version: PROTOCOL_VERSION,
             flags: 0,
-            name: options.name.clone(),
+            name: truncate(&options.name, u16::MAX as usize).to_string(),
             auth: Bytes::new(),
         }),
         &mut b,
@@ -285,6 +286,7 @@ impl Inner {
             return self.publish_plain(&msg.key, msg.payload.clone()).await;
         }
         self.check_size(msg.payload.len())?;
+        check_options(msg).map_err(|e| Error::InvalidMessage(e.into()))?;
         self.queue_frame(|t| encode_pub(msg, t))?;
         self.wait_room().await
     }
@@ -406,38 +408,34 @@ async fn write_loop(inner: Arc<Inner>, mut w: Writer) {
     let mut q: VecDeque<Bytes> = VecDeque::new();
     let result: std::io::Result<()> = async {
         loop {
-            let closing = {
+            let has_data = {
                 let mut out = lock(&inner.out);
+                out.wake_pending = false;
                 if out.tail.is_empty() && out.chunks.is_empty() {
                     if out.closing || inner.is_closed() {
                         return Ok(());
                     }
-                    out.wake_pending = false;
-                    None
+                    false
                 } else {
                     out.seal_tail();
                     q.append(&mut out.chunks);
-                    out.wake_pending = false;
-                    Some(out.closing)
+                    true
                 }
             };
-            match closing {
-                None => {
-                    let notified = inner.wake_writer.notified();
-                    tokio::pin!(notified);
-                    notified.as_mut().enable();
-                    let idle = {
-                        let out = lock(&inner.out);
-                        out.tail.is_empty() && out.chunks.is_empty() && !out.closing
-                    };
-                    if idle && !inner.is_closed() {
-                        notified.await;
-                    }
-                }
-                Some(_) => {
-                    inner.space.notify_waiters();
-                    write_all(&mut w, &mut q).await?;
-                }
+            if has_data {
+                inner.space.notify_waiters();
+                write_all(&mut w, &mut q).await?;
+                continue;
+            }
+            let notified = inner.wake_writer.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let idle = {
+                let out = lock(&inner.out);
+                out.tail.is_empty() && out.chunks.is_empty() && !out.closing
+            };
+            if idle && !inner.is_closed() {
+                notified.await;
             }
         }
     }
@@ -456,27 +454,14 @@ async fn write_all(w: &mut Writer, q: &mut VecDeque<Bytes>) -> std::io::Result<(
         let n = if q.len() == 1 {
             w.write(&q[0]).await?
         } else {
-            let mut iov = [IoSlice::new(&[]); 64];
-            let k = q.len().min(iov.len());
-            for (slot, b) in iov.iter_mut().zip(q.iter()) {
-                *slot = IoSlice::new(b);
-            }
+            let mut iov = [IoSlice::new(&[]); MAX_IOV];
+            let k = fill_iov(q, &mut iov);
             w.write_vectored(&iov[..k]).await?
         };
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
-        let mut n = n;
-        while n > 0 {
-            let Some(front) = q.front_mut() else { break };
-            if front.len() <= n {
-                n -= front.len();
-                q.pop_front();
-            } else {
-                front.advance(n);
-                n = 0;
-            }
-        }
+        advance(q, n);
     }
     Ok(())
 }
@@ -506,8 +491,8 @@ async fn read_loop(inner: Arc<Inner>, mut r: Reader, mut buf: BytesMut) {
         loop {
             let before = buf.len();
             let decoded = decode(&mut buf, max_frame);
-            if let Ok(Some(_)) = &decoded {
-                planner.decoded(before - buf.len());
+            if let Ok(Some(f)) = &decoded {
+                planner.decoded(before - buf.len(), f);
             }
             match decoded {
                 Ok(Some(frame)) => match frame {
@@ -590,4 +575,13 @@ fn deliver_reply(inner: &Inner, msg: Message) {
     if let Some(tx) = token.and_then(|t| lock(&inner.requests).remove(&t)) {
         let _ = tx.send(msg);
     }
+}
+
+/// `s` cut to at most `max` bytes on a character boundary.
+fn truncate(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }

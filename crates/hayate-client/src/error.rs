@@ -30,6 +30,9 @@ pub enum Error {
     /// An invalid key or key expression.
     #[error("invalid key: {0}")]
     Key(#[from] KeyError),
+    /// A message whose options do not fit the protocol (e.g. a header name over 64 KiB).
+    #[error("invalid message: {0}")]
+    InvalidMessage(String),
     /// `reply` was called on a message without a reply-to key.
     #[error("the message has no reply-to key")]
     NoReplyTo,

@@ -4,10 +4,8 @@ use std::collections::VecDeque;
 use std::io::IoSlice;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use hayate_core::chunks::{MAX_IOV, advance, fill_iov};
 use tokio::io::{AsyncRead, AsyncReadExt};
-
-/// Most slices handed to one `writev`.
-const MAX_IOV: usize = 256;
 
 /// Reads into `buf`: at most `limit` bytes when given (see [`hayate_wire::ReadPlanner`]),
 /// otherwise as much as fits.
@@ -60,13 +58,10 @@ impl WriteHalf {
     pub async fn write_chunks(&self, q: &mut VecDeque<Bytes>) -> std::io::Result<()> {
         while !q.is_empty() {
             let mut iov = [IoSlice::new(&[]); MAX_IOV];
-            let k = q.len().min(MAX_IOV);
-            for (slot, b) in iov.iter_mut().zip(q.iter()) {
-                *slot = IoSlice::new(b);
-            }
+            let k = fill_iov(q, &mut iov);
             match hayate_broker::Sink::try_write_vectored(self, &iov[..k]) {
                 Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-                Ok(n) => hayate_broker::outbox::advance(q, n),
+                Ok(n) => advance(q, n),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => self.writable().await?,
                 Err(e) => return Err(e),
             }

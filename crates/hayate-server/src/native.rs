@@ -89,7 +89,7 @@ pub async fn serve<R>(
             let before = buf.len();
             match decode(&mut buf, max_frame) {
                 Ok(Some(frame)) => {
-                    planner.decoded(before - buf.len());
+                    planner.decoded(before - buf.len(), &frame);
                     match handle(frame, &mut session, &mut welcomed, &limits, &server_name).await {
                         Ok(true) => {}
                         Ok(false) => break 'conn End::Graceful,

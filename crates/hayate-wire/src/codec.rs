@@ -360,6 +360,27 @@ fn put_options(out: &mut BytesMut, msg: &Message) {
     }
 }
 
+/// Checks that `msg`'s options fit their wire fields (correlation id up to 65535 bytes, up to
+/// 65535 headers, names up to 65535 bytes, values up to 4 GiB - 1). Encoders assume it.
+pub fn check_options(msg: &Message) -> Result<(), &'static str> {
+    const MAX16: usize = u16::MAX as usize;
+    if msg.correlation_id.as_ref().is_some_and(|c| c.len() > MAX16) {
+        return Err("correlation id longer than 65535 bytes");
+    }
+    if let Some(h) = &msg.headers {
+        if h.len() > MAX16 {
+            return Err("more than 65535 headers");
+        }
+        if h.iter().any(|(k, _)| k.len() > MAX16) {
+            return Err("header name longer than 65535 bytes");
+        }
+        if h.iter().any(|(_, v)| v.len() > u32::MAX as usize) {
+            return Err("header value longer than 4 GiB - 1");
+        }
+    }
+    Ok(())
+}
+
 /// Encodes PUB for `msg` (payload included).
 pub fn encode_pub(msg: &Message, out: &mut BytesMut) {
     let (flags, opt) = options_len(msg);

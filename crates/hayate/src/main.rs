@@ -153,10 +153,18 @@ async fn subscribe(a: cli::SubArgs) -> Result<()> {
             );
         };
         n += 1;
-        println!("{}: {}", m.key, String::from_utf8_lossy(&m.payload));
+        println!("{}: {}", m.key, show_payload(&m.payload));
     }
     c.close().await?;
     Ok(())
+}
+
+/// A payload for the terminal: text as is, binary or very long payloads as their size.
+fn show_payload(p: &[u8]) -> std::borrow::Cow<'_, str> {
+    match std::str::from_utf8(p) {
+        Ok(s) if p.len() <= 64 * 1024 => s.into(),
+        _ => format!("<{} bytes>", p.len()).into(),
+    }
 }
 
 async fn request(a: cli::RequestArgs) -> Result<()> {
@@ -164,7 +172,7 @@ async fn request(a: cli::RequestArgs) -> Result<()> {
     let c = connect(&a.server, "hayate-request").await?;
     let timeout = cli::parse_duration(&a.timeout)?;
     let reply = c.request(&key, a.payload.clone(), timeout).await?;
-    println!("{}", String::from_utf8_lossy(&reply.payload));
+    println!("{}", show_payload(&reply.payload));
     c.close().await?;
     Ok(())
 }
