@@ -60,12 +60,12 @@ impl ReadPlanner {
         if !buf.is_empty() {
             return;
         }
-        if let Some(i) = self.recycle.iter().position(Bytes::is_unique) {
-            if let Ok(mut m) = self.recycle.swap_remove(i).try_into_mut() {
-                m.clear();
-                if m.capacity() > buf.capacity() {
-                    *buf = m;
-                }
+        if let Some(i) = self.recycle.iter().position(Bytes::is_unique)
+            && let Ok(mut m) = self.recycle.swap_remove(i).try_into_mut()
+        {
+            m.clear();
+            if m.capacity() > buf.capacity() {
+                *buf = m;
             }
         }
     }
