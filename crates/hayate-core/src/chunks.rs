@@ -40,7 +40,10 @@ mod tests {
     fn advance_across_chunks() {
         let mut q: VecDeque<Bytes> = [&b"abc"[..], b"de", b"fgh"].map(Bytes::from_static).into();
         advance(&mut q, 4);
-        assert_eq!(q, VecDeque::from([&b"e"[..], b"fgh"].map(Bytes::from_static)));
+        assert_eq!(
+            q,
+            VecDeque::from([&b"e"[..], b"fgh"].map(Bytes::from_static))
+        );
         let mut iov = [IoSlice::new(&[]); 4];
         assert_eq!(fill_iov(&q, &mut iov), 2);
         advance(&mut q, 10);
