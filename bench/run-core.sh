@@ -7,7 +7,8 @@
 # Both servers are stopped on exit, whatever happens. See bench/README.md.
 #
 # Environment: PAYLOADS (default 8..64MiB), DURATION per throughput point (default 3s),
-# LAT_DURATION (default 5s), OUT (the output directory), RUST_LOG (default warn: client
+# LAT_DURATION per latency run (default 2s), LAT_RUNS (default 10: the order of the
+# systems rotates each run and the medians over the runs are reported), OUT (the output directory), RUST_LOG (default warn: client
 # library chatter off; failed points are still reported).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +16,8 @@ ROOT="$(pwd)"
 
 PAYLOADS="${PAYLOADS:-8..64MiB}"
 DURATION="${DURATION:-3s}"
-LAT_DURATION="${LAT_DURATION:-5s}"
+LAT_DURATION="${LAT_DURATION:-2s}"
+LAT_RUNS="${LAT_RUNS:-10}"
 MAX_PAYLOAD=67108864
 HOST="$(uname -n)"
 OUT="${OUT:-bench/results/$(date +%F)-$HOST-core}"
@@ -104,13 +106,13 @@ mkdir -p "$OUT"
     echo "hayate broker: --max-payload $MAX_PAYLOAD"
     echo "nats-server config: $(tr '\n' ';' <"$ROOT/bench/peers/run/nats-$nats_port.conf")"
     echo "thr: hayate bench thr ${targets[*]} --payload $PAYLOADS --duration $DURATION"
-    echo "lat: hayate bench lat ${targets[*]} --duration $LAT_DURATION"
+    echo "lat: hayate bench lat ${targets[*]} --duration $LAT_DURATION --runs $LAT_RUNS"
 } >"$OUT/machine.txt"
 
 echo "== hayate bench thr (payloads $PAYLOADS, $DURATION per point)"
 bench thr "${targets[@]}" --payload "$PAYLOADS" --duration "$DURATION" --json "$OUT/thr.json"
-echo "== hayate bench lat ($LAT_DURATION)"
-bench lat "${targets[@]}" --duration "$LAT_DURATION" --json "$OUT/lat.json"
+echo "== hayate bench lat ($LAT_RUNS runs of $LAT_DURATION, medians over the runs)"
+bench lat "${targets[@]}" --duration "$LAT_DURATION" --runs "$LAT_RUNS" --json "$OUT/lat.json"
 
 failed="$(cat "$OUT/thr.json" "$OUT/lat.json" | grep -c '"error": "' || true)"
 if [[ "$failed" -gt 0 ]]; then

@@ -31,30 +31,64 @@ pub fn lat(opts: &LatOptions) -> anyhow::Result<Vec<Record>> {
     if opts.targets.is_empty() && !opts.include_baseline {
         bail!("nothing to measure: no target and no baseline");
     }
-    let pb = progress::bar(opts.targets.len() + usize::from(opts.include_baseline));
+    let runs = opts.runs.max(1);
+    let systems = opts.targets.len() + usize::from(opts.include_baseline);
+    let pb = progress::bar(systems * runs);
     let out = with_runtime(|rt| {
-        let mut records = Vec::new();
-        for target in &opts.targets {
-            pb.set_message(format!(
-                "{} lat {}",
-                target.system(),
-                format_size(opts.payload)
-            ));
-            let rec = rt.block_on(point(target, opts));
-            report_point(&pb, &rec);
-            records.push(rec);
-            pb.inc(1);
+        // per_system[i]: the records of system i (targets in order, then the baseline).
+        let mut per_system: Vec<Vec<Record>> = vec![Vec::new(); systems];
+        for r in 0..runs {
+            for k in 0..systems {
+                let i = (k + r) % systems;
+                let rec = match opts.targets.get(i) {
+                    Some(target) => {
+                        pb.set_message(format!(
+                            "{} lat {} (run {}/{runs})",
+                            target.system(),
+                            format_size(opts.payload),
+                            r + 1
+                        ));
+                        rt.block_on(point(target, opts))
+                    }
+                    None => {
+                        pb.set_message(format!("tcp lat {}", format_size(opts.payload)));
+                        baseline::lat_point(opts)
+                    }
+                };
+                report_point(&pb, &rec);
+                per_system[i].push(rec);
+                pb.inc(1);
+            }
         }
-        if opts.include_baseline {
-            pb.set_message(format!("tcp lat {}", format_size(opts.payload)));
-            let rec = baseline::lat_point(opts);
-            report_point(&pb, &rec);
-            records.push(rec);
-            pb.inc(1);
-        }
-        Ok(records)
+        Ok(per_system.into_iter().map(merge_runs).collect())
     });
     pb.finish_and_clear();
+    out
+}
+
+/// One record from several runs of one system: each figure is the median over the runs that
+/// succeeded; `samples` is the total of round trips.
+fn merge_runs(mut recs: Vec<Record>) -> Record {
+    if recs.len() == 1 {
+        return recs.remove(0);
+    }
+    let ok: Vec<&Record> = recs.iter().filter(|r| r.error.is_none()).collect();
+    let mut out = recs[0].clone();
+    out.runs = recs.len();
+    if ok.is_empty() {
+        return out;
+    }
+    let med = |f: fn(&Record) -> Option<f64>| {
+        let v: Vec<f64> = ok.iter().filter_map(|r| f(r)).collect();
+        crate::stats::median(&v)
+    };
+    out.error = None;
+    out.p50_us = med(|r| r.p50_us);
+    out.p99_us = med(|r| r.p99_us);
+    out.p999_us = med(|r| r.p999_us);
+    out.msgs_per_sec = med(|r| r.msgs_per_sec);
+    out.samples = ok.iter().map(|r| r.samples).sum();
+    out.runs = ok.len();
     out
 }
 

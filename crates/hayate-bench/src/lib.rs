@@ -79,6 +79,9 @@ pub struct Record {
     pub p999_us: Option<f64>,
     /// Throughput: samples kept after trimming. Latency: round trips measured.
     pub samples: usize,
+    /// Latency: the number of runs whose medians are reported (see `LatOptions::runs`).
+    #[serde(default = "one")]
+    pub runs: usize,
     /// Set when the point failed (slow consumer disconnect, payload too large, timeout...).
     pub error: Option<String>,
     /// Machine host name.
@@ -111,6 +114,7 @@ impl Record {
             p99_us: None,
             p999_us: None,
             samples: 0,
+            runs: 1,
             error: None,
             hostname: m.hostname,
             cores: m.cores,
@@ -173,6 +177,10 @@ pub struct LatOptions {
     pub duration: Duration,
     /// Warm-up: at least this long and at least 1000 round trips.
     pub warmup: Duration,
+    /// Repetitions. With more than one, the systems are measured in a rotating order in each
+    /// run and each percentile reported is the median over the runs: on a noisy machine a
+    /// single run's p50 moves by 2x from one run to the next.
+    pub runs: usize,
 }
 
 impl Default for LatOptions {
@@ -183,6 +191,7 @@ impl Default for LatOptions {
             payload: 64,
             duration: Duration::from_secs(5),
             warmup: Duration::from_secs(1),
+            runs: 1,
         }
     }
 }
@@ -209,4 +218,8 @@ pub(crate) fn with_runtime<R: Send>(
     } else {
         run()
     }
+}
+
+fn one() -> usize {
+    1
 }

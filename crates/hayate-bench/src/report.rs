@@ -79,6 +79,7 @@ fn lat_table(records: &[&Record]) -> String {
         "p99 µs",
         "p99.9 µs",
         "rt/s",
+        "runs",
         "ratio",
         "error",
     ];
@@ -99,6 +100,7 @@ fn lat_table(records: &[&Record]) -> String {
                 r.msgs_per_sec
                     .map(|v| format!("{v:.0}"))
                     .unwrap_or_default(),
+                r.runs.to_string(),
                 ratio(r.p50_us, reference),
                 r.error.clone().unwrap_or_default(),
             ]
@@ -107,7 +109,7 @@ fn lat_table(records: &[&Record]) -> String {
     render(
         &headers,
         &rows,
-        &[true, false, true, true, true, true, true, false],
+        &[true, false, true, true, true, true, true, true, false],
     )
 }
 

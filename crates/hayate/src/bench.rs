@@ -47,6 +47,10 @@ pub(crate) struct BenchArgs {
     /// 1st/99th percentiles).
     #[arg(long, default_value_t = 10)]
     pub(crate) samples: usize,
+    /// Latency: repeat the measurement this many times, rotating the order of the systems,
+    /// and report the median of each percentile over the runs.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) runs: usize,
     /// Write one JSON record per point to this file, and SVG charts beside it.
     #[arg(long, value_name = "FILE")]
     pub(crate) json: Option<PathBuf>,
@@ -93,6 +97,7 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
             .unwrap_or(64),
         duration,
         warmup,
+        runs: a.runs.max(1),
     };
     let records: Vec<Record> = tokio::task::block_in_place(|| -> Result<Vec<Record>> {
         Ok(match a.test {
