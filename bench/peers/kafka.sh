@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# Apache Kafka 4.1 in KRaft mode (one process, broker + controller), a peer Hayate is
+# compared with (see bench/peers/README.md).
+#
+#   bench/peers/kafka.sh install          Kafka's jars (Maven Central, bench/peers/kafka/pom.xml)
+#                                         into bench/peers/bin/kafka-libs/ (~75 s, 93 jars)
+#   bench/peers/kafka.sh start [PORT] [MAX_PAYLOAD]
+#                                         formats a fresh log dir under bench/peers/run/ with a
+#                                         random cluster id and starts Kafka on 127.0.0.1:PORT
+#                                         (default 19092; the KRaft controller on PORT+1) with
+#                                         -Xmx1g, taking record batches of MAX_PAYLOAD bytes
+#                                         plus 64 KiB of headroom (message.max.bytes; default
+#                                         MAX_PAYLOAD 67108864 = 64 MiB, as Hayate and nats.sh);
+#                                         waits until the port accepts connections
+#   bench/peers/kafka.sh stop [PORT]      stops the Kafka started on PORT (default: every Kafka
+#                                         this script started) and waits until it has exited
+#   bench/peers/kafka.sh topic NAME [PORT] [PARTITIONS]
+#                                         creates topic NAME (1 partition by default) on the
+#                                         running Kafka; an existing topic is left as it is
+#   bench/peers/kafka.sh version          the installed Kafka's version
+#
+# server.properties and log4j2.properties beside this script (bench/peers/kafka/) are the
+# templates; start writes a copy with listeners, log.dirs and message.max.bytes rewritten to
+# bench/peers/run/kafka-PORT.properties. The producer and consumer must raise their own
+# limits (message.max.bytes, fetch.max.bytes) to send and fetch payloads above 1 MiB.
+# bench/peers/bin and bench/peers/run are git-ignored.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+PROJECT="$HERE/kafka"
+BIN_DIR="$HERE/bin"
+RUN_DIR="$HERE/run"
+LIBS="$BIN_DIR/kafka-libs"
+KAFKA_VERSION="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$PROJECT/pom.xml")"
+STAMP="$LIBS/.installed-$KAFKA_VERSION"
+HEAP="${KAFKA_HEAP:--Xmx1g}"
+
+die() { echo "kafka.sh: $*" >&2; exit 1; }
+
+install() {
+    [[ -f "$STAMP" ]] && return 0
+    command -v java >/dev/null || die "java is not installed (apt-get install -y default-jre-headless)"
+    command -v mvn >/dev/null || die "mvn is not installed (apt-get install -y maven)"
+    echo "kafka.sh: fetching Kafka $KAFKA_VERSION jars into $LIBS"
+    rm -rf "$LIBS.tmp"
+    mvn -q -f "$PROJECT/pom.xml" dependency:copy-dependencies \
+        -DoutputDirectory="$LIBS.tmp" -DincludeScope=runtime
+    # mvn may leave a target/ beside the pom; it is not part of the repo.
+    rm -rf "$PROJECT/target"
+    ls "$LIBS.tmp"/kafka_2.13-"$KAFKA_VERSION".jar >/dev/null 2>&1 \
+        || die "kafka_2.13-$KAFKA_VERSION.jar missing after mvn"
+    rm -rf "$LIBS"
+    mv "$LIBS.tmp" "$LIBS"
+    touch "$STAMP"
+    echo "kafka.sh: $(ls "$LIBS"/*.jar | wc -l) jars in $LIBS"
+}
+
+# Runs a Java class from Kafka's jars.
+kjava() { java -cp "$LIBS/*" "$@"; }
+
+version() { kjava org.apache.kafka.tools.TopicCommand --version 2>/dev/null | head -n1; }
+
+# True when something accepts TCP connections on 127.0.0.1:$1.
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+start() {
+    local port="${1:-19092}" max_payload="${2:-67108864}"
+    [[ "$port" =~ ^[0-9]+$ ]] || die "bad port: $port"
+    [[ "$max_payload" =~ ^[0-9]+$ ]] || die "MAX_PAYLOAD is a number of bytes, not: $max_payload"
+    local cport=$((port + 1)) max_message=$((max_payload + 65536))
+    install
+    mkdir -p "$RUN_DIR"
+    local pidfile="$RUN_DIR/kafka-$port.pid" props="$RUN_DIR/kafka-$port.properties"
+    local log="$RUN_DIR/kafka-$port.log" data="$RUN_DIR/kafka-$port-data"
+    if [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+        die "already running on port $port (pid $(cat "$pidfile"))"
+    fi
+    port_open "$port" && die "port $port is already in use by another process"
+    port_open "$cport" && die "port $cport (the KRaft controller's) is already in use by another process"
+    {
+        echo "# written by bench/peers/kafka.sh from bench/peers/kafka/server.properties"
+        sed -e "s|^log\.dirs=.*|log.dirs=$data|" \
+            -e "s|^controller\.quorum\.voters=.*|controller.quorum.voters=1@127.0.0.1:$cport|" \
+            -e "s|^listeners=.*|listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport|" \
+            -e "s|^advertised\.listeners=.*|advertised.listeners=PLAINTEXT://127.0.0.1:$port|" \
+            "$PROJECT/server.properties"
+        # A record batch of one message of MAX_PAYLOAD bytes, its key and headers fit; the
+        # default request limit (socket.request.max.bytes, 100 MiB) must hold it too.
+        echo "message.max.bytes=$max_message"
+        echo "replica.fetch.max.bytes=$max_message"
+        if ((max_message + 1048576 > 104857600)); then
+            echo "socket.request.max.bytes=$((max_message + 1048576))"
+        fi
+    } >"$props"
+    # A fresh cluster every start: no topic or offset survives from an earlier run.
+    rm -rf "$data"
+    local cluster
+    cluster="$(kjava kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n1)"
+    [[ -n "$cluster" ]] || die "StorageTool random-uuid printed nothing"
+    kjava -Dlog4j2.configurationFile="$PROJECT/log4j2.properties" \
+        kafka.tools.StorageTool format -t "$cluster" -c "$props" >"$log" 2>&1 \
+        || { cat "$log" >&2; die "formatting $data failed (log above)"; }
+    # setsid: Kafka gets its own process group, so a Ctrl-C in the caller's shell does not
+    # reach it, and stop can find it by its pid alone.
+    setsid java "$HEAP" -Xms256m -Dlog4j2.configurationFile="$PROJECT/log4j2.properties" \
+        -cp "$LIBS/*" kafka.Kafka "$props" >>"$log" 2>&1 </dev/null &
+    local pid=$!
+    echo "$pid" >"$pidfile"
+    local i
+    for ((i = 0; i < 600; i++)); do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            rm -f "$pidfile"
+            cat "$log" >&2
+            die "Kafka exited on start (log above)"
+        fi
+        if port_open "$port"; then
+            echo "kafka.sh: Kafka $KAFKA_VERSION (KRaft) on 127.0.0.1:$port, controller :$cport (pid $pid, message.max.bytes $max_message, log $log)"
+            return 0
+        fi
+        sleep 0.1
+    done
+    stop_one "$pidfile"
+    die "Kafka did not accept connections on port $port within 60s (log: $log)"
+}
+
+stop_one() {
+    local pidfile="$1" pid
+    pid="$(cat "$pidfile" 2>/dev/null || true)"
+    rm -f "$pidfile"
+    [[ "$pid" =~ ^[0-9]+$ ]] || return 0
+    # Only our Kafka: the pid may have been reused since.
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'kafka\.Kafka' || return 0
+    kill "$pid" 2>/dev/null || return 0
+    local i
+    # A controlled shutdown takes a few seconds.
+    for ((i = 0; i < 300; i++)); do
+        kill -0 "$pid" 2>/dev/null || { echo "kafka.sh: stopped pid $pid"; return 0; }
+        sleep 0.1
+    done
+    kill -9 "$pid" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "kafka.sh: killed pid $pid"
+}
+
+stop() {
+    if [[ $# -ge 1 ]]; then
+        stop_one "$RUN_DIR/kafka-$1.pid"
+    else
+        local f
+        for f in "$RUN_DIR"/kafka-*.pid; do
+            [[ -e "$f" ]] && stop_one "$f"
+        done
+    fi
+    return 0
+}
+
+topic() {
+    local name="${1:-}" port="${2:-19092}" partitions="${3:-1}"
+    [[ -n "$name" ]] || die "usage: $0 topic NAME [PORT] [PARTITIONS]"
+    install
+    port_open "$port" || die "no Kafka accepts connections on 127.0.0.1:$port (start it first)"
+    kjava -Dlog4j2.configurationFile="$PROJECT/log4j2.properties" \
+        org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$port" \
+        --create --if-not-exists --topic "$name" \
+        --partitions "$partitions" --replication-factor 1
+}
+
+case "${1:-}" in
+    install) install ;;
+    start) shift; start "$@" ;;
+    stop) shift; stop "$@" ;;
+    topic) shift; topic "$@" ;;
+    version) install >/dev/null; version ;;
+    *) echo "usage: $0 install | start [PORT] [MAX_PAYLOAD] | stop [PORT] | topic NAME [PORT] [PARTITIONS] | version" >&2; exit 2 ;;
+esac

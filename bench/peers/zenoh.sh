@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# zenohd, the Zenoh router, a peer Hayate is compared with (see bench/peers/README.md).
+#
+#   bench/peers/zenoh.sh install          zenohd 1.10.2 into bench/peers/bin/zenoh/bin/: copies
+#                                         an existing one of that version (ZENOHD_BIN, then
+#                                         /work/tools/bin/zenohd, then the PATH) or builds it
+#                                         with `cargo install` (~20 minutes on 2 cores)
+#   bench/peers/zenoh.sh start [PORT]     the router on tcp/127.0.0.1:PORT (default 7447), no
+#                                         multicast scouting; waits until the port accepts
+#                                         connections. Does not build: run install first
+#   bench/peers/zenoh.sh stop [PORT]      stops the router started on PORT (default: every
+#                                         router this script started)
+#   bench/peers/zenoh.sh version          the installed zenohd's version
+#
+# bench/peers/bin and bench/peers/run (pid and log files) are git-ignored. Keep the zenohd
+# build out of CI: it is the longest install of all the peers.
+set -euo pipefail
+
+VERSION=1.10.2
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$HERE/bin/zenoh"
+RUN_DIR="$HERE/run"
+BIN="$ROOT/bin/zenohd"
+
+die() { echo "zenoh.sh: $*" >&2; exit 1; }
+
+# The version a zenohd binary reports ("1.10.2"), or nothing.
+version_of() {
+    { "$1" --version 2>/dev/null || true; } | grep -oE '[0-9]+\.[0-9]+\.[0-9]+' | head -n1
+}
+
+installed() { [[ -x "$BIN" && "$(version_of "$BIN")" == "$VERSION" ]]; }
+
+install() {
+    installed && return 0
+    mkdir -p "$ROOT/bin"
+    local c
+    for c in "${ZENOHD_BIN:-}" /work/tools/bin/zenohd "$(command -v zenohd || true)"; do
+        if [[ -n "$c" && -x "$c" && "$(version_of "$c")" == "$VERSION" ]]; then
+            cp "$c" "$BIN.tmp" && mv "$BIN.tmp" "$BIN"
+            echo "zenoh.sh: zenohd $VERSION copied from $c"
+            return 0
+        fi
+    done
+    command -v cargo >/dev/null || die "zenohd $VERSION not found and cargo is not installed"
+    echo "zenoh.sh: cargo install zenohd --version $VERSION --locked (about 20 minutes on 2 cores)"
+    # A target dir of its own, so that the build does not lock or fill the workspace's.
+    CARGO_TARGET_DIR="$ROOT/target" \
+        cargo install zenohd --version "$VERSION" --locked --root "$ROOT"
+    rm -rf "$ROOT/target"
+    installed || die "$BIN does not report $VERSION"
+}
+
+# True when something accepts TCP connections on 127.0.0.1:$1.
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+start() {
+    local port="${1:-7447}"
+    [[ "$port" =~ ^[0-9]+$ ]] || die "bad port: $port"
+    if [[ ! -x "$BIN" ]]; then
+        die "zenohd is not installed ($BIN missing): run bench/peers/zenoh.sh install first (a cargo build of about 20 minutes on 2 cores)"
+    fi
+    installed || die "$BIN is not zenohd $VERSION (it reports '$(version_of "$BIN")'): run bench/peers/zenoh.sh install"
+    mkdir -p "$RUN_DIR"
+    local pidfile="$RUN_DIR/zenohd-$port.pid" log="$RUN_DIR/zenohd-$port.log"
+    if [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+        die "already running on port $port (pid $(cat "$pidfile"))"
+    fi
+    port_open "$port" && die "port $port is already in use by another process"
+    "$BIN" --no-multicast-scouting -l "tcp/127.0.0.1:$port" >"$log" 2>&1 </dev/null &
+    local pid=$!
+    echo "$pid" >"$pidfile"
+    local i
+    for ((i = 0; i < 200; i++)); do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            rm -f "$pidfile"
+            cat "$log" >&2
+            die "zenohd exited on start (log above)"
+        fi
+        if port_open "$port"; then
+            echo "zenoh.sh: zenohd $VERSION on tcp/127.0.0.1:$port (pid $pid)"
+            return 0
+        fi
+        sleep 0.1
+    done
+    stop_one "$pidfile"
+    die "zenohd did not accept connections on port $port within 20s (log: $log)"
+}
+
+stop_one() {
+    local pidfile="$1" pid
+    pid="$(cat "$pidfile" 2>/dev/null || true)"
+    rm -f "$pidfile"
+    [[ "$pid" =~ ^[0-9]+$ ]] || return 0
+    # Only a zenohd: the pid may have been reused since.
+    grep -q zenohd "/proc/$pid/cmdline" 2>/dev/null || return 0
+    kill "$pid" 2>/dev/null || return 0
+    local i
+    for ((i = 0; i < 50; i++)); do
+        kill -0 "$pid" 2>/dev/null || { echo "zenoh.sh: stopped pid $pid"; return 0; }
+        sleep 0.1
+    done
+    kill -9 "$pid" 2>/dev/null || true
+    echo "zenoh.sh: killed pid $pid"
+}
+
+stop() {
+    if [[ $# -ge 1 ]]; then
+        stop_one "$RUN_DIR/zenohd-$1.pid"
+    else
+        local f
+        for f in "$RUN_DIR"/zenohd-*.pid; do
+            [[ -e "$f" ]] && stop_one "$f"
+        done
+    fi
+    return 0
+}
+
+case "${1:-}" in
+    install) install ;;
+    start) shift; start "$@" ;;
+    stop) shift; stop "$@" ;;
+    version)
+        installed || die "zenohd $VERSION is not installed: run bench/peers/zenoh.sh install (about 20 minutes)"
+        version_of "$BIN" ;;
+    *) echo "usage: $0 install | start [PORT] | stop [PORT] | version" >&2; exit 2 ;;
+esac
