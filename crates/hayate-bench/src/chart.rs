@@ -13,8 +13,10 @@ const SIZE: (u32, u32) = (1000, 650);
 struct Series {
     label: String,
     points: Vec<(f64, f64)>,
-    /// The raw baseline: drawn dashed, in black, as the ideal line.
+    /// The raw baseline (mode "raw") or iperf3 (mode "ideal"): drawn dashed, as a limit.
     ideal: bool,
+    /// Mode "ideal" (iperf3): grey, and it is then *the* ideal line.
+    iperf: bool,
 }
 
 /// Writes `<prefix>-msgs.svg` (msg/s against payload, log-log, one line per system),
@@ -69,7 +71,8 @@ fn thr_series(records: &[Record], value: impl Fn(&Record) -> Option<f64>) -> Vec
                 out.push(Series {
                     label,
                     points: Vec::new(),
-                    ideal: r.mode == "raw",
+                    ideal: r.mode == "raw" || r.mode == "ideal",
+                    iperf: r.mode == "ideal",
                 });
                 out.len() - 1
             }
@@ -163,15 +166,22 @@ fn line_chart(
         .y_label_formatter(&|y| short(y_fmt(*y)))
         .draw()?;
     let mut next_color = 0;
+    let has_iperf = series.iter().any(|s| s.iperf);
     for s in series {
-        let style = if s.ideal {
+        let style = if s.iperf {
+            RGBColor(0x80, 0x80, 0x80)
+        } else if s.ideal {
             BLACK
         } else {
             next_color += 1;
             color(next_color - 1)
         };
-        let label = if s.ideal {
+        let label = if s.iperf {
+            s.label.clone()
+        } else if s.ideal && !has_iperf {
             format!("{} = ideal", s.label)
+        } else if s.ideal {
+            format!("{} = one hop", s.label)
         } else {
             s.label.clone()
         };

@@ -1,5 +1,9 @@
 //! Client drivers: one connection type over Hayate (`hayate-client`) and NATS (`async-nats`),
-//! so that the harness runs the same code for every system.
+//! and, with feature `peers`, MQTT (`rumqttc`, [`mqtt`]), AMQP 0-9-1 (`lapin`, [`amqp`]),
+//! ZeroMQ (`zeromq`, [`zmq`], brokerless: mode "peer-to-peer") and Kafka (`rdkafka`,
+//! [`kafka`]), so that the harness runs the same code for every system. Each peer module's
+//! docs give its method and fairness settings (MQTT QoS 0, AMQP no-ack without confirms,
+//! Kafka linger.ms=0 / batch.size 1 MiB / acks=0, ZeroMQ counts what arrives).
 //!
 //! Keys are written Hayate-style (`bench/thr/8`); the NATS driver maps `/` to `.`. Each point
 //! works under its own prefix ([`point_prefix`]), so that a point never sees the messages of
@@ -27,11 +31,38 @@ use futures::StreamExt;
 
 use crate::target::{System, Target};
 
+#[cfg(feature = "peers")]
+mod amqp;
+#[cfg(feature = "peers")]
+mod kafka;
+#[cfg(feature = "peers")]
+mod mqtt;
+#[cfg(feature = "peers")]
+mod zmq;
+
 /// Client library names, for records.
 pub(crate) fn client_name(system: System) -> &'static str {
     match system {
         System::Hayate => concat!("hayate-client ", env!("CARGO_PKG_VERSION")),
         System::Nats => "async-nats 0.51",
+        #[cfg(feature = "peers")]
+        System::Mqtt => mqtt::CLIENT,
+        #[cfg(feature = "peers")]
+        System::Amqp => amqp::CLIENT,
+        #[cfg(feature = "peers")]
+        System::Zmq => zmq::CLIENT,
+        #[cfg(feature = "peers")]
+        System::Kafka => kafka::CLIENT,
+        #[cfg(not(feature = "peers"))]
+        _ => "(not compiled in)",
+    }
+}
+
+/// The mode recorded for a system: "brokered", or "peer-to-peer" for ZeroMQ (no broker).
+pub(crate) fn mode(system: System) -> &'static str {
+    match system {
+        System::Zmq => "peer-to-peer",
+        _ => "brokered",
     }
 }
 
@@ -40,6 +71,14 @@ pub(crate) fn client_name(system: System) -> &'static str {
 pub(crate) enum Conn {
     Hayate(hayate_client::Client),
     Nats(NatsConn),
+    #[cfg(feature = "peers")]
+    Mqtt(mqtt::MqttConn),
+    #[cfg(feature = "peers")]
+    Amqp(amqp::AmqpConn),
+    #[cfg(feature = "peers")]
+    Zmq(zmq::ZmqConn),
+    #[cfg(feature = "peers")]
+    Kafka(kafka::KafkaConn),
 }
 
 #[derive(Clone)]
@@ -53,12 +92,23 @@ pub(crate) struct NatsConn {
 pub(crate) enum Topic {
     Hayate(hayate_core::Key),
     Nats(async_nats::Subject),
+    /// MQTT topic, AMQP routing key, ZeroMQ topic frame or Kafka topic.
+    #[cfg(feature = "peers")]
+    Peer(String),
 }
 
 /// A subscription.
 pub(crate) enum Sub {
     Hayate(hayate_client::Subscription),
     Nats(async_nats::Subscriber),
+    #[cfg(feature = "peers")]
+    Mqtt(mqtt::MqttSub),
+    #[cfg(feature = "peers")]
+    Amqp(amqp::AmqpSub),
+    #[cfg(feature = "peers")]
+    Zmq(zmq::ZmqSub),
+    #[cfg(feature = "peers")]
+    Kafka(kafka::KafkaSub),
 }
 
 fn nats_subject(key: &str) -> String {
@@ -67,6 +117,9 @@ fn nats_subject(key: &str) -> String {
 
 /// How long [`Conn::flush`] waits for its round trip.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a peer driver waits for its connection to be established.
+#[cfg(feature = "peers")]
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A key prefix unique to one point of one process: `bench/<pid>-<n>`.
 pub(crate) fn point_prefix() -> String {
@@ -149,6 +202,24 @@ impl Conn {
                     .with_context(|| format!("connecting to {target}"))?;
                 Ok(Conn::Nats(NatsConn { client, trouble }))
             }
+            #[cfg(feature = "peers")]
+            System::Mqtt => Ok(Conn::Mqtt(
+                mqtt::MqttConn::connect(target, name, expect_payload, CONNECT_TIMEOUT).await?,
+            )),
+            #[cfg(feature = "peers")]
+            System::Amqp => Ok(Conn::Amqp(
+                amqp::AmqpConn::connect(target, name, expect_payload).await?,
+            )),
+            #[cfg(feature = "peers")]
+            System::Zmq => Ok(Conn::Zmq(
+                zmq::ZmqConn::connect(target, expect_payload).await?,
+            )),
+            #[cfg(feature = "peers")]
+            System::Kafka => Ok(Conn::Kafka(
+                kafka::KafkaConn::connect(target, name, expect_payload).await?,
+            )),
+            #[cfg(not(feature = "peers"))]
+            _ => bail!("{target}: built without the peers feature"),
         }
     }
 
@@ -156,6 +227,14 @@ impl Conn {
         Ok(match self {
             Conn::Hayate(_) => Topic::Hayate(hayate_core::Key::new(key)?),
             Conn::Nats(_) => Topic::Nats(async_nats::Subject::from(nats_subject(key))),
+            #[cfg(feature = "peers")]
+            Conn::Mqtt(_) => Topic::Peer(key.to_string()),
+            #[cfg(feature = "peers")]
+            Conn::Amqp(_) => Topic::Peer(amqp::routing_key(key)),
+            #[cfg(feature = "peers")]
+            Conn::Zmq(z) => Topic::Peer(z.topic(key)?),
+            #[cfg(feature = "peers")]
+            Conn::Kafka(_) => Topic::Peer(kafka::topic_name(key)),
         })
     }
 
@@ -165,6 +244,14 @@ impl Conn {
         match (self, topic) {
             (Conn::Hayate(c), Topic::Hayate(k)) => c.publish(k, payload).await?,
             (Conn::Nats(n), Topic::Nats(s)) => n.client.publish(s.clone(), payload).await?,
+            #[cfg(feature = "peers")]
+            (Conn::Mqtt(c), Topic::Peer(t)) => c.publish(t, payload).await?,
+            #[cfg(feature = "peers")]
+            (Conn::Amqp(c), Topic::Peer(t)) => c.publish(t, payload).await?,
+            #[cfg(feature = "peers")]
+            (Conn::Zmq(c), Topic::Peer(t)) => c.publish(t, payload).await?,
+            #[cfg(feature = "peers")]
+            (Conn::Kafka(c), Topic::Peer(t)) => c.publish(t, payload).await?,
             _ => bail!("topic of another system"),
         }
         Ok(())
@@ -174,6 +261,14 @@ impl Conn {
         Ok(match self {
             Conn::Hayate(c) => Sub::Hayate(c.subscribe(key).await?),
             Conn::Nats(n) => Sub::Nats(n.client.subscribe(nats_subject(key)).await?),
+            #[cfg(feature = "peers")]
+            Conn::Mqtt(c) => Sub::Mqtt(c.subscribe(key).await?),
+            #[cfg(feature = "peers")]
+            Conn::Amqp(c) => Sub::Amqp(c.subscribe(key).await?),
+            #[cfg(feature = "peers")]
+            Conn::Zmq(c) => Sub::Zmq(c.subscribe(key).await?),
+            #[cfg(feature = "peers")]
+            Conn::Kafka(c) => Sub::Kafka(c.subscribe(key).await?),
         })
     }
 
@@ -183,6 +278,14 @@ impl Conn {
         match self {
             Conn::Hayate(c) => c.flush().await?,
             Conn::Nats(n) => n.round_trip().await?,
+            #[cfg(feature = "peers")]
+            Conn::Mqtt(c) => c.flush(FLUSH_TIMEOUT).await?,
+            #[cfg(feature = "peers")]
+            Conn::Amqp(c) => c.flush(FLUSH_TIMEOUT).await?,
+            #[cfg(feature = "peers")]
+            Conn::Zmq(c) => c.flush(FLUSH_TIMEOUT).await?,
+            #[cfg(feature = "peers")]
+            Conn::Kafka(c) => c.flush(FLUSH_TIMEOUT).await?,
         }
         Ok(())
     }
@@ -193,6 +296,14 @@ impl Conn {
         match self {
             Conn::Hayate(c) => c.last_error().map(|e| format!("connection ended: {e}")),
             Conn::Nats(n) => n.trouble.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            #[cfg(feature = "peers")]
+            Conn::Mqtt(c) => c.trouble(),
+            #[cfg(feature = "peers")]
+            Conn::Amqp(c) => c.trouble(),
+            #[cfg(feature = "peers")]
+            Conn::Zmq(c) => c.trouble(),
+            #[cfg(feature = "peers")]
+            Conn::Kafka(c) => c.trouble(),
         }
     }
 
@@ -201,6 +312,8 @@ impl Conn {
         match self {
             Conn::Hayate(c) => Some(usize::try_from(c.max_payload()).unwrap_or(usize::MAX)),
             Conn::Nats(n) => Some(n.client.server_info().max_payload),
+            #[cfg(feature = "peers")]
+            _ => None,
         }
     }
 
@@ -209,6 +322,12 @@ impl Conn {
         match self {
             Conn::Hayate(c) => Some(c.server_name().to_string()),
             Conn::Nats(n) => Some(n.client.server_info().version),
+            #[cfg(feature = "peers")]
+            Conn::Amqp(c) => c.server_version(),
+            #[cfg(feature = "peers")]
+            Conn::Kafka(c) => c.server_version(),
+            #[cfg(feature = "peers")]
+            _ => None,
         }
     }
 
@@ -229,6 +348,14 @@ impl Conn {
             })
             .await
             .is_ok(),
+            #[cfg(feature = "peers")]
+            Conn::Mqtt(c) => tokio::time::timeout(timeout, c.close()).await.is_ok(),
+            #[cfg(feature = "peers")]
+            Conn::Amqp(c) => tokio::time::timeout(timeout, c.close()).await.is_ok(),
+            #[cfg(feature = "peers")]
+            Conn::Zmq(c) => tokio::time::timeout(timeout, c.close()).await.is_ok(),
+            #[cfg(feature = "peers")]
+            Conn::Kafka(c) => tokio::time::timeout(timeout, c.close()).await.is_ok(),
         };
         if !done {
             tracing::debug!("closing a connection timed out");
@@ -243,6 +370,14 @@ impl Sub {
         match self {
             Sub::Hayate(s) => s.next().await.map(|m| m.payload),
             Sub::Nats(s) => s.next().await.map(|m| m.payload),
+            #[cfg(feature = "peers")]
+            Sub::Mqtt(s) => s.next().await,
+            #[cfg(feature = "peers")]
+            Sub::Amqp(s) => s.next().await,
+            #[cfg(feature = "peers")]
+            Sub::Zmq(s) => s.next().await,
+            #[cfg(feature = "peers")]
+            Sub::Kafka(s) => s.next().await,
         }
     }
 }

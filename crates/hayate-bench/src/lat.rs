@@ -14,7 +14,7 @@ use anyhow::{Context, bail};
 use bytes::{BufMut, Bytes, BytesMut};
 use hdrhistogram::Histogram;
 
-use crate::driver::{Conn, Sub, Topic, client_name, point_prefix};
+use crate::driver::{Conn, Sub, Topic, client_name, mode, point_prefix};
 use crate::size::format_size;
 use crate::target::Target;
 use crate::thr::report_point;
@@ -148,7 +148,7 @@ pub(crate) fn check_pong(pong: &[u8], size: usize, seq: u64) -> anyhow::Result<(
 }
 
 async fn point(target: &Target, opts: &LatOptions) -> Record {
-    let mut rec = Record::new(target.system(), "brokered", "lat", opts.payload);
+    let mut rec = Record::new(target.system(), mode(target.system), "lat", opts.payload);
     rec.target = target.to_string();
     rec.client = client_name(target.system).to_string();
     let result = run(target, opts, &mut rec).await;
@@ -207,8 +207,10 @@ async fn run_connected(
     };
     let result = async {
         let mut pongs = pinger.subscribe(&pong_key).await?;
-        pinger.flush().await?;
+        // The topic first: a brokerless driver (ZeroMQ) learns here who publishes pings, and
+        // the flush then confirms the echo's subscription too.
         let ping_topic = pinger.topic(&ping_key)?;
+        pinger.flush().await?;
         let mut pp = PingPong {
             conn: pinger,
             topic: &ping_topic,

@@ -25,7 +25,9 @@
 
 mod baseline;
 mod chart;
+mod compare;
 mod driver;
+mod html;
 mod lat;
 mod machine;
 mod progress;
@@ -42,9 +44,10 @@ use serde::{Deserialize, Serialize};
 
 pub use baseline::{baseline_lat, baseline_thr};
 pub use chart::write_charts;
+pub use compare::{ALL_PEERS, Cleanup, CompareOptions, CompareResult, compare};
 pub use lat::lat;
 pub use machine::MachineInfo;
-pub use report::{format_table, print_table, write_json};
+pub use report::{format_csv, format_table, print_table, write_csv, write_json};
 pub use sampler::MIN_MSGS_PER_SAMPLE;
 pub use size::{default_sweep, format_bits, format_rate, format_size, parse_size, parse_sizes};
 pub use target::{System, Target};

@@ -157,6 +157,63 @@ pub fn write_json(path: &Path, records: &[Record]) -> anyhow::Result<()> {
     std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))
 }
 
+/// The CSV columns, in order: every field of [`Record`].
+const CSV_HEADER: &str = "system,mode,test,target,client,server_version,payload_bytes,\
+msgs_per_sec,bits_per_sec,p50_us,p99_us,p999_us,samples,runs,error,hostname,cores,cpu_model,\
+load1,load5,load15,timestamp";
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// The records as CSV: a header line, then one line per record.
+pub fn format_csv(records: &[Record]) -> String {
+    let num = |v: Option<f64>| v.map(|v| v.to_string()).unwrap_or_default();
+    let mut out = String::from(CSV_HEADER);
+    out.push('\n');
+    for r in records {
+        let cells = [
+            csv_field(&r.system),
+            csv_field(&r.mode),
+            csv_field(&r.test),
+            csv_field(&r.target),
+            csv_field(&r.client),
+            csv_field(r.server_version.as_deref().unwrap_or("")),
+            r.payload_bytes.to_string(),
+            num(r.msgs_per_sec),
+            num(r.bits_per_sec),
+            num(r.p50_us),
+            num(r.p99_us),
+            num(r.p999_us),
+            r.samples.to_string(),
+            r.runs.to_string(),
+            csv_field(r.error.as_deref().unwrap_or("")),
+            csv_field(&r.hostname),
+            r.cores.to_string(),
+            csv_field(&r.cpu_model),
+            r.loadavg[0].to_string(),
+            r.loadavg[1].to_string(),
+            r.loadavg[2].to_string(),
+            r.timestamp.to_string(),
+        ];
+        out.push_str(&cells.join(","));
+        out.push('\n');
+    }
+    out
+}
+
+/// Writes [`format_csv`] to `path` (creating parent directories).
+pub fn write_csv(path: &Path, records: &[Record]) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(path, format_csv(records)).with_context(|| format!("writing {}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,6 +248,24 @@ mod tests {
         assert!(t.contains("slow consumer"), "{t}");
         assert!(t.contains("12.50"), "{t}");
         assert!(t.contains("128 Mbit/s"), "{t}");
+    }
+
+    #[test]
+    fn csv_has_one_row_per_record() {
+        let mut failed = rec("nats", "brokered", "thr", 8, 0.0);
+        failed.msgs_per_sec = None;
+        failed.error = Some("slow consumer, \"disconnected\"".into());
+        let csv = format_csv(&[rec("hayate", "brokered", "thr", 64, 1e6), failed]);
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines.len(), 3);
+        let cols = lines[0].split(',').count();
+        assert_eq!(cols, 22);
+        assert!(lines[1].starts_with("hayate,brokered,thr,,,,64,1000000,512000000,,,,8,1,"));
+        assert!(
+            lines[2].contains(",\"slow consumer, \"\"disconnected\"\"\","),
+            "{}",
+            lines[2]
+        );
     }
 
     #[test]

@@ -11,14 +11,46 @@ pub enum System {
     Hayate,
     /// `nats-server`, through `async-nats`.
     Nats,
+    /// An MQTT 3.1.1 broker (Mosquitto, RabbitMQ's MQTT plugin...), through `rumqttc`
+    /// (feature `peers`).
+    Mqtt,
+    /// An AMQP 0-9-1 broker (RabbitMQ), through `lapin` (feature `peers`).
+    Amqp,
+    /// ZeroMQ PUB/SUB, brokerless, through the pure-Rust `zeromq` crate (feature `peers`).
+    Zmq,
+    /// A Kafka broker, through `rdkafka` (librdkafka; feature `peers`).
+    Kafka,
 }
 
 impl System {
-    /// The name used in records: "hayate", "nats".
+    /// The default name used in records: "hayate", "nats", "mqtt", "amqp", "zmq", "kafka".
     pub fn name(self) -> &'static str {
         match self {
             System::Hayate => "hayate",
             System::Nats => "nats",
+            System::Mqtt => "mqtt",
+            System::Amqp => "amqp",
+            System::Zmq => "zmq",
+            System::Kafka => "kafka",
+        }
+    }
+
+    /// The URL scheme.
+    pub fn scheme(self) -> &'static str {
+        self.name()
+    }
+
+    /// Whether a driver for this system is compiled in (the peers need feature `peers`).
+    pub fn available(self) -> bool {
+        matches!(self, System::Hayate | System::Nats) || cfg!(feature = "peers")
+    }
+
+    /// The query parameters a target URL of this system accepts, besides `name`.
+    fn params(self) -> &'static [&'static str] {
+        match self {
+            System::Mqtt => &["qos"],
+            System::Kafka => &["acks"],
+            _ => &[],
         }
     }
 
@@ -27,11 +59,16 @@ impl System {
         match self {
             System::Hayate => 4700,
             System::Nats => 4222,
+            System::Mqtt => 1883,
+            System::Amqp => 5672,
+            // ZeroMQ is brokerless: the publisher binds; port 0 picks a free port.
+            System::Zmq => 0,
+            System::Kafka => 19092,
         }
     }
 }
 
-/// A server to benchmark: `hayate://HOST:PORT` or `nats://HOST:PORT`.
+/// A server to benchmark: `SCHEME://HOST:PORT[?name=LABEL&...]`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Target {
     /// Which system (and protocol) the server speaks.
@@ -40,11 +77,19 @@ pub struct Target {
     pub host: String,
     /// TCP port.
     pub port: u16,
+    /// The name used in records (`?name=LABEL`; default: the system's name), so that two
+    /// servers speaking one protocol (Mosquitto and RabbitMQ's MQTT plugin) are told apart.
+    pub name: String,
+    /// Other query parameters, in URL order (`qos` for mqtt, `acks` for kafka).
+    pub params: Vec<(String, String)>,
 }
 
 impl Target {
-    /// Parses `SCHEME://HOST[:PORT]`; the scheme is `hayate` or `nats`. A missing port means the
-    /// system's default (hayate 4700, nats 4222). IPv6 hosts go in brackets: `nats://[::1]:4222`.
+    /// Parses `SCHEME://HOST[:PORT][?name=LABEL&KEY=VALUE...]`; the scheme is `hayate`,
+    /// `nats`, `mqtt`, `amqp`, `zmq` or `kafka` (the last four need feature `peers`). A missing
+    /// port means the system's default (hayate 4700, nats 4222, mqtt 1883, amqp 5672, zmq 0 =
+    /// any free port, kafka 19092). IPv6 hosts go in brackets: `nats://[::1]:4222`. Query
+    /// parameters: `name` (any system), `qos=0|1` (mqtt), `acks=0|1|all` (kafka).
     pub fn parse(url: &str) -> anyhow::Result<Target> {
         let url = url.trim();
         let (scheme, rest) = url
@@ -53,8 +98,51 @@ impl Target {
         let system = match scheme.to_ascii_lowercase().as_str() {
             "hayate" => System::Hayate,
             "nats" => System::Nats,
-            other => bail!("target {url:?}: unknown scheme {other:?} (expected hayate or nats)"),
+            "mqtt" => System::Mqtt,
+            "amqp" => System::Amqp,
+            "zmq" | "tcp" => System::Zmq,
+            "kafka" => System::Kafka,
+            other => bail!(
+                "target {url:?}: unknown scheme {other:?} \
+                 (expected hayate, nats, mqtt, amqp, zmq or kafka)"
+            ),
         };
+        if !system.available() {
+            bail!(
+                "target {url:?}: the {} driver is not compiled in \
+                 (build with `--features peers`)",
+                system.name()
+            );
+        }
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let mut name = system.name().to_string();
+        let mut params = Vec::new();
+        for kv in query.unwrap_or("").split('&').filter(|kv| !kv.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .with_context(|| format!("target {url:?}: expected KEY=VALUE, got {kv:?}"))?;
+            if k == "name" {
+                if v.is_empty() {
+                    bail!("target {url:?}: empty name");
+                }
+                name = v.to_string();
+            } else if system.params().contains(&k) {
+                params.push((k.to_string(), v.to_string()));
+            } else {
+                bail!(
+                    "target {url:?}: unknown parameter {k:?} for {} (known: name{})",
+                    system.name(),
+                    system
+                        .params()
+                        .iter()
+                        .map(|p| format!(", {p}"))
+                        .collect::<String>()
+                );
+            }
+        }
         let rest = rest.trim_end_matches('/');
         if rest.is_empty() || rest.contains('/') || rest.contains('@') {
             bail!("target {url:?}: expected SCHEME://HOST:PORT");
@@ -84,12 +172,26 @@ impl Target {
                 .with_context(|| format!("target {url:?}: bad port {p:?}"))?,
             None => system.default_port(),
         };
-        Ok(Target { system, host, port })
+        Ok(Target {
+            system,
+            host,
+            port,
+            name,
+            params,
+        })
     }
 
-    /// The system's name: "hayate", "nats".
-    pub fn system(&self) -> &'static str {
-        self.system.name()
+    /// The name used in records: `?name=` or the system's name ("hayate", "nats", "mqtt"...).
+    pub fn system(&self) -> &str {
+        &self.name
+    }
+
+    /// A query parameter (not `name`).
+    pub fn param(&self, key: &str) -> Option<&str> {
+        self.params
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 
     /// `HOST:PORT` (with brackets around an IPv6 host), as a socket address string.
@@ -104,7 +206,17 @@ impl Target {
 
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}://{}", self.system.name(), self.addr())
+        write!(f, "{}://{}", self.system.scheme(), self.addr())?;
+        let mut sep = '?';
+        if self.name != self.system.name() {
+            write!(f, "?name={}", self.name)?;
+            sep = '&';
+        }
+        for (k, v) in &self.params {
+            write!(f, "{sep}{k}={v}")?;
+            sep = '&';
+        }
+        Ok(())
     }
 }
 
@@ -130,9 +242,38 @@ mod tests {
         assert_eq!(t.to_string(), "nats://localhost:4222");
         let t = Target::parse("nats://[::1]:5000/").unwrap();
         assert_eq!(t.addr(), "[::1]:5000");
-        assert!(Target::parse("mqtt://x:1").is_err());
+        assert!(Target::parse("ftp://x:1").is_err());
+        assert_eq!(
+            Target::parse("mqtt://x:1").is_ok(),
+            cfg!(feature = "peers"),
+            "peers are parsed only with the feature"
+        );
+        let t = Target::parse("nats://127.0.0.1:4222?name=nats-2.15").unwrap();
+        assert_eq!(t.system(), "nats-2.15");
+        assert_eq!(t.to_string(), "nats://127.0.0.1:4222?name=nats-2.15");
+        assert!(Target::parse("nats://h:1?qos=1").is_err());
+        assert!(Target::parse("nats://h:1?name=").is_err());
         assert!(Target::parse("127.0.0.1:4000").is_err());
         assert!(Target::parse("nats://:4222").is_err());
         assert!(Target::parse("nats://h:99999").is_err());
+    }
+
+    #[cfg(feature = "peers")]
+    #[test]
+    fn parses_peer_urls() {
+        let t = Target::parse("mqtt://127.0.0.1:11883?name=rabbitmq-mqtt&qos=1").unwrap();
+        assert_eq!(t.system, System::Mqtt);
+        assert_eq!(t.system(), "rabbitmq-mqtt");
+        assert_eq!(t.param("qos"), Some("1"));
+        assert_eq!(
+            t.to_string(),
+            "mqtt://127.0.0.1:11883?name=rabbitmq-mqtt&qos=1"
+        );
+        assert_eq!(Target::parse("mqtt://h").unwrap().port, 1883);
+        assert_eq!(Target::parse("amqp://h").unwrap().port, 5672);
+        assert_eq!(Target::parse("kafka://h").unwrap().port, 19092);
+        assert_eq!(Target::parse("zmq://127.0.0.1").unwrap().port, 0);
+        assert_eq!(Target::parse("zmq://h:5555").unwrap().system(), "zmq");
+        assert!(Target::parse("amqp://h?qos=1").is_err());
     }
 }

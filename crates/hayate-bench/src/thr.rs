@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::driver::{Conn, client_name, point_prefix};
+use crate::driver::{Conn, client_name, mode, point_prefix};
 use crate::sampler::{Counter, Tally, sample};
 use crate::size::format_size;
 use crate::target::Target;
@@ -82,7 +82,7 @@ pub(crate) fn finish(rec: &mut Record, result: anyhow::Result<Vec<f64>>) {
 }
 
 async fn point(target: &Target, payload: usize, opts: &ThrOptions) -> Record {
-    let mut rec = Record::new(target.system(), "brokered", "thr", payload);
+    let mut rec = Record::new(target.system(), mode(target.system), "thr", payload);
     rec.target = target.to_string();
     rec.client = client_name(target.system).to_string();
     let result = run(target, payload, opts, &mut rec).await;

@@ -17,6 +17,10 @@ pub(crate) enum Test {
     Lat,
     /// The raw TCP limit of the same path (throughput and latency), no broker.
     Baseline,
+    /// Hayate and its peers side by side: starts each peer (bench/peers/*.sh), runs the
+    /// throughput sweep, the 64 B latency, RPC, iperf3 and ddsperf, writes data, charts and an
+    /// HTML report to bench/results/<date>-<host>[-quick]/.
+    Compare,
 }
 
 #[derive(Debug, Args)]
@@ -26,8 +30,10 @@ pub(crate) struct BenchArgs {
     /// Hayate broker to measure (`HOST:PORT`), when no --target is given.
     #[arg(long, env = "HAYATE_SERVER", default_value = DEFAULT_SERVER)]
     pub(crate) server: String,
-    /// Systems to measure, as URLs: `hayate://HOST:PORT`, `nats://HOST:PORT`. Repeatable:
-    /// every target is measured in the same run, interleaved per payload size.
+    /// Systems to measure, as URLs: `hayate://HOST:PORT`, `nats://HOST:PORT`; with the
+    /// `peers` build feature also `mqtt://`, `amqp://`, `zmq://`, `kafka://`; `?name=LABEL`
+    /// names the system in the results. Repeatable: every target is measured in the same
+    /// run, interleaved per payload size.
     #[arg(long, value_name = "URL")]
     pub(crate) target: Vec<String>,
     /// Also measure the raw TCP baseline in the same run (thr and lat).
@@ -54,9 +60,68 @@ pub(crate) struct BenchArgs {
     /// Write one JSON record per point to this file, and SVG charts beside it.
     #[arg(long, value_name = "FILE")]
     pub(crate) json: Option<PathBuf>,
+    /// compare: peers to run, comma-separated (default: all of them; those whose driver is
+    /// not compiled in or whose install fails are reported as skipped).
+    #[arg(long, value_name = "LIST")]
+    pub(crate) peers: Option<String>,
+    /// compare: the quick run (6 payloads, 1 s per point, 3 latency runs).
+    #[arg(long)]
+    pub(crate) quick: bool,
+    /// compare: output directory (default bench/results/<date>-<host>[-quick]).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) out: Option<PathBuf>,
+}
+
+/// The repository root: the first ancestor of the working directory (then of the executable)
+/// that holds `bench/peers`.
+fn repo_root() -> Result<PathBuf> {
+    let mut starts = vec![std::env::current_dir()?];
+    if let Ok(exe) = std::env::current_exe() {
+        starts.push(exe);
+    }
+    for s in starts {
+        if let Some(r) = s.ancestors().find(|d| d.join("bench/peers").is_dir()) {
+            return Ok(r.to_path_buf());
+        }
+    }
+    bail!("bench/peers not found above the working directory: run from the Hayate repository")
+}
+
+async fn compare(a: BenchArgs) -> Result<()> {
+    let opts = hayate_bench::CompareOptions {
+        peers: a.peers.as_deref().map(|p| {
+            p.split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect()
+        }),
+        quick: a.quick,
+        out: a.out,
+        root: repo_root()?,
+        hayate_exe: std::env::current_exe()?,
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+    };
+    let cleanup = hayate_bench::Cleanup::default();
+    let c = cleanup.clone();
+    let job = tokio::task::spawn_blocking(move || hayate_bench::compare(&opts, &c));
+    tokio::select! {
+        r = job => {
+            let r = r??;
+            println!("results in {}", r.out.display());
+            Ok(())
+        }
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("interrupted: stopping the peers");
+            tokio::task::spawn_blocking(move || cleanup.stop_all()).await?;
+            std::process::exit(130);
+        }
+    }
 }
 
 pub(crate) async fn run(a: BenchArgs) -> Result<()> {
+    if a.test == Test::Compare {
+        return compare(a).await;
+    }
     let mut targets: Vec<Target> = a
         .target
         .iter()
@@ -103,7 +168,7 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
         Ok(match a.test {
             Test::Thr => hayate_bench::thr(&thr_opts(targets, a.baseline))?,
             Test::Lat => hayate_bench::lat(&lat_opts(targets, a.baseline))?,
-            Test::Baseline => {
+            Test::Baseline | Test::Compare => {
                 let mut r = hayate_bench::baseline_thr(&thr_opts(Vec::new(), true))?;
                 r.extend(hayate_bench::baseline_lat(&lat_opts(Vec::new(), true))?);
                 r
