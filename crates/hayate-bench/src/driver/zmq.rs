@@ -167,7 +167,11 @@ impl ZmqConn {
         let mut m = ZmqMessage::from(Bytes::copy_from_slice(topic.as_bytes()));
         m.push_back(payload);
         self.socket.lock().await.send(m).await?;
-        if self.sent.fetch_add(1, Ordering::Relaxed) % YIELD_EVERY == 0 {
+        if self
+            .sent
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(YIELD_EVERY)
+        {
             tokio::task::yield_now().await;
         }
         Ok(())
