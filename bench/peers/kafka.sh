@@ -30,6 +30,8 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 PROJECT="$HERE/kafka"
 BIN_DIR="$HERE/bin"
 RUN_DIR="$HERE/run"
+# shellcheck source=lib.sh
+. "$HERE/lib.sh"
 LIBS="$BIN_DIR/kafka-libs"
 KAFKA_VERSION="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$PROJECT/pom.xml")"
 STAMP="$LIBS/.installed-$KAFKA_VERSION"
@@ -61,7 +63,6 @@ kjava() { java -cp "$LIBS/*" "$@"; }
 version() { kjava org.apache.kafka.tools.TopicCommand --version 2>/dev/null | head -n1; }
 
 # True when something accepts TCP connections on 127.0.0.1:$1.
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 start() {
     local port="${1:-19092}" max_payload="${2:-67108864}"
@@ -119,43 +120,11 @@ start() {
         fi
         sleep 0.1
     done
-    stop_one "$pidfile"
+    peer_stop_one "$pidfile" 'kafka\.Kafka' 300
     die "Kafka did not accept connections on port $port within 60s (log: $log)"
 }
 
-stop_one() {
-    local pidfile="$1" pid
-    pid="$(cat "$pidfile" 2>/dev/null || true)"
-    rm -f "$pidfile"
-    [[ "$pid" =~ ^[0-9]+$ ]] || return 0
-    # Only our Kafka: the pid may have been reused since.
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'kafka\.Kafka' || return 0
-    kill "$pid" 2>/dev/null || return 0
-    local i
-    # A controlled shutdown takes a few seconds.
-    for ((i = 0; i < 300; i++)); do
-        kill -0 "$pid" 2>/dev/null || { echo "kafka.sh: stopped pid $pid"; return 0; }
-        sleep 0.1
-    done
-    kill -9 "$pid" 2>/dev/null || true
-    for ((i = 0; i < 50; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    echo "kafka.sh: killed pid $pid"
-}
-
-stop() {
-    if [[ $# -ge 1 ]]; then
-        stop_one "$RUN_DIR/kafka-$1.pid"
-    else
-        local f
-        for f in "$RUN_DIR"/kafka-*.pid; do
-            [[ -e "$f" ]] && stop_one "$f"
-        done
-    fi
-    return 0
-}
+stop() { peer_stop kafka 'kafka\.Kafka' 300 "$@"; }
 
 topic() {
     local name="${1:-}" port="${2:-19092}" partitions="${3:-1}"

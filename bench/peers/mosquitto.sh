@@ -15,6 +15,8 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 RUN_DIR="$HERE/run"
+# shellcheck source=lib.sh
+. "$HERE/lib.sh"
 
 die() { echo "mosquitto.sh: $*" >&2; exit 1; }
 
@@ -34,7 +36,6 @@ install() {
 version() { { mosquitto -h 2>/dev/null || true; } | sed -n 's/^mosquitto version *//p' | head -n1; }
 
 # True when something accepts TCP connections on 127.0.0.1:$1.
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 start() {
     local port="${1:-1883}"
@@ -77,38 +78,11 @@ start() {
         fi
         sleep 0.1
     done
-    stop_one "$pidfile"
+    peer_stop_one "$pidfile" mosquitto 50
     die "mosquitto did not accept connections on port $port within 10s (log: $log)"
 }
 
-stop_one() {
-    local pidfile="$1" pid
-    pid="$(cat "$pidfile" 2>/dev/null || true)"
-    rm -f "$pidfile"
-    [[ "$pid" =~ ^[0-9]+$ ]] || return 0
-    # Only a mosquitto: the pid may have been reused since.
-    grep -q mosquitto "/proc/$pid/cmdline" 2>/dev/null || return 0
-    kill "$pid" 2>/dev/null || return 0
-    local i
-    for ((i = 0; i < 50; i++)); do
-        kill -0 "$pid" 2>/dev/null || { echo "mosquitto.sh: stopped pid $pid"; return 0; }
-        sleep 0.1
-    done
-    kill -9 "$pid" 2>/dev/null || true
-    echo "mosquitto.sh: killed pid $pid"
-}
-
-stop() {
-    if [[ $# -ge 1 ]]; then
-        stop_one "$RUN_DIR/mosquitto-$1.pid"
-    else
-        local f
-        for f in "$RUN_DIR"/mosquitto-*.pid; do
-            [[ -e "$f" ]] && stop_one "$f"
-        done
-    fi
-    return 0
-}
+stop() { peer_stop mosquitto 'mosquitto' 50 "$@"; }
 
 case "${1:-}" in
     install) install ;;

@@ -20,6 +20,8 @@ MODULE=github.com/nats-io/nats-server/v2
 HERE="$(cd "$(dirname "$0")" && pwd)"
 BIN_DIR="$HERE/bin"
 RUN_DIR="$HERE/run"
+# shellcheck source=lib.sh
+. "$HERE/lib.sh"
 BIN="$BIN_DIR/nats-server"
 
 die() { echo "nats.sh: $*" >&2; exit 1; }
@@ -47,7 +49,6 @@ install() {
 }
 
 # True when something accepts TCP connections on 127.0.0.1:$1.
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 start() {
     local port="${1:-4222}" max_payload="${2:-67108864}"
@@ -90,34 +91,7 @@ start() {
     die "nats-server did not accept connections on port $port within 10s (log: $log)"
 }
 
-stop_one() {
-    local pidfile="$1" pid
-    pid="$(cat "$pidfile" 2>/dev/null || true)"
-    rm -f "$pidfile"
-    [[ "$pid" =~ ^[0-9]+$ ]] || return 0
-    # Only a nats-server: the pid may have been reused since.
-    grep -q nats-server "/proc/$pid/cmdline" 2>/dev/null || return 0
-    kill "$pid" 2>/dev/null || return 0
-    local i
-    for ((i = 0; i < 50; i++)); do
-        kill -0 "$pid" 2>/dev/null || { echo "nats.sh: stopped pid $pid"; return 0; }
-        sleep 0.1
-    done
-    kill -9 "$pid" 2>/dev/null || true
-    echo "nats.sh: killed pid $pid"
-}
-
-stop() {
-    if [[ $# -ge 1 ]]; then
-        stop_one "$RUN_DIR/nats-$1.pid"
-    else
-        local f
-        for f in "$RUN_DIR"/nats-*.pid; do
-            [[ -e "$f" ]] && stop_one "$f"
-        done
-    fi
-    return 0
-}
+stop() { peer_stop nats 'nats-server' 50 "$@"; }
 
 case "${1:-}" in
     install) install ;;

@@ -20,6 +20,8 @@ VERSION=1.10.2
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$HERE/bin/zenoh"
 RUN_DIR="$HERE/run"
+# shellcheck source=lib.sh
+. "$HERE/lib.sh"
 BIN="$ROOT/bin/zenohd"
 
 die() { echo "zenoh.sh: $*" >&2; exit 1; }
@@ -52,7 +54,6 @@ install() {
 }
 
 # True when something accepts TCP connections on 127.0.0.1:$1.
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 start() {
     local port="${1:-7447}"
@@ -83,38 +84,11 @@ start() {
         fi
         sleep 0.1
     done
-    stop_one "$pidfile"
+    peer_stop_one "$pidfile" zenohd 50
     die "zenohd did not accept connections on port $port within 20s (log: $log)"
 }
 
-stop_one() {
-    local pidfile="$1" pid
-    pid="$(cat "$pidfile" 2>/dev/null || true)"
-    rm -f "$pidfile"
-    [[ "$pid" =~ ^[0-9]+$ ]] || return 0
-    # Only a zenohd: the pid may have been reused since.
-    grep -q zenohd "/proc/$pid/cmdline" 2>/dev/null || return 0
-    kill "$pid" 2>/dev/null || return 0
-    local i
-    for ((i = 0; i < 50; i++)); do
-        kill -0 "$pid" 2>/dev/null || { echo "zenoh.sh: stopped pid $pid"; return 0; }
-        sleep 0.1
-    done
-    kill -9 "$pid" 2>/dev/null || true
-    echo "zenoh.sh: killed pid $pid"
-}
-
-stop() {
-    if [[ $# -ge 1 ]]; then
-        stop_one "$RUN_DIR/zenohd-$1.pid"
-    else
-        local f
-        for f in "$RUN_DIR"/zenohd-*.pid; do
-            [[ -e "$f" ]] && stop_one "$f"
-        done
-    fi
-    return 0
-}
+stop() { peer_stop zenohd 'zenohd' 50 "$@"; }
 
 case "${1:-}" in
     install) install ;;
