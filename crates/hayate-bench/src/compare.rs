@@ -438,14 +438,28 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
     println!("compare: latency (64 B, {} runs)", lat_opts.runs);
     let mut lat = crate::lat(&lat_opts)?;
 
-    let mut rpc = Vec::new();
+    // RPC: three runs per system in a rotating order (a single pass favours whoever runs
+    // second on this kind of machine), the median of the runs reported.
     let calls = if quick { 5_000 } else { 32_000 };
-    for t in &targets {
-        if matches!(t.system(), "hayate" | "nats") {
-            println!("compare: rpc {} ({calls} calls, concurrency 1)", t.system());
-            rpc.push(rpc_point(t, calls));
+    const RPC_RUNS: usize = 3;
+    let rpc_targets: Vec<&Target> = targets
+        .iter()
+        .filter(|t| matches!(t.system, System::Hayate | System::Nats))
+        .collect();
+    let mut per: Vec<Vec<Record>> = vec![Vec::new(); rpc_targets.len()];
+    for r in 0..RPC_RUNS {
+        for k in 0..rpc_targets.len() {
+            let i = (k + r) % rpc_targets.len();
+            let t = rpc_targets[i];
+            println!(
+                "compare: rpc {} ({calls} calls, concurrency 1, run {}/{RPC_RUNS})",
+                t.system(),
+                r + 1
+            );
+            per[i].push(rpc_point(t, calls));
         }
     }
+    let rpc: Vec<Record> = per.into_iter().map(crate::lat::merge_runs).collect();
 
     let mut iperf_bps = None;
     if active(&peers, "iperf3") {

@@ -68,7 +68,7 @@ pub fn lat(opts: &LatOptions) -> anyhow::Result<Vec<Record>> {
 
 /// One record from several runs of one system: each figure is the median over the runs that
 /// succeeded; `samples` is the total of round trips.
-fn merge_runs(mut recs: Vec<Record>) -> Record {
+pub(crate) fn merge_runs(mut recs: Vec<Record>) -> Record {
     if recs.len() == 1 {
         return recs.remove(0);
     }
