@@ -364,8 +364,10 @@ impl Session {
     async fn deliver(&mut self, t: &Target, batch: Batch<'_>) -> usize {
         let mut rest = batch;
         let mut delivered = 0;
+        // Registered for a space notification only once an offer has failed (the common
+        // path, where everything fits, neither registers nor makes the writer notify).
+        let mut space = None;
         loop {
-            let space = t.outbox.wait_space();
             let took = match t.outbox.offer(t.sid, rest) {
                 Offer::Took(n) => n,
                 Offer::Closed => return delivered,
@@ -393,7 +395,13 @@ impl Session {
                 }
                 Congestion::Block => {
                     rest = rest.slice(took, rest.len());
-                    space.await;
+                    match space.take() {
+                        // Register, then offer again: room made after this offer failed
+                        // but before registering would otherwise be missed.
+                        None => space = Some(t.outbox.wait_space()),
+                        // Registered before the offer that just failed: wait.
+                        Some(s) => s.await,
+                    }
                 }
             }
         }
