@@ -19,29 +19,19 @@ use hdrhistogram::Histogram;
 
 use crate::lat::{self, WARMUP_ROUND_TRIPS};
 use crate::sampler::{Counter, Tally, sample};
-use crate::size::format_size;
-use crate::thr::{self, report_point};
-use crate::{LatOptions, Record, ThrOptions, progress, with_runtime};
+use crate::thr;
+use crate::{LatOptions, Record, ThrOptions};
 
 const BATCH_BYTES: usize = 256 * 1024;
 const COPY_MAX_FRAME: usize = 4 * 1024;
 
 /// Raw TCP throughput at each of `opts.payloads` (`opts.targets` is ignored).
 pub fn baseline_thr(opts: &ThrOptions) -> anyhow::Result<Vec<Record>> {
-    let pb = progress::bar(opts.payloads.len());
-    let out = with_runtime(|rt| {
-        let mut records = Vec::new();
-        for &payload in &opts.payloads {
-            pb.set_message(format!("tcp thr {}", format_size(payload)));
-            let rec = rt.block_on(thr_point(payload, opts));
-            report_point(&pb, &rec);
-            records.push(rec);
-            pb.inc(1);
-        }
-        Ok(records)
-    });
-    pb.finish_and_clear();
-    out
+    crate::thr(&ThrOptions {
+        targets: Vec::new(),
+        include_baseline: true,
+        ..opts.clone()
+    })
 }
 
 /// Raw TCP ping-pong latency (`opts.targets` is ignored).

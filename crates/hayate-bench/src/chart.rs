@@ -294,12 +294,7 @@ fn lat_chart(path: &Path, records: &[Record]) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
-    fn rec(system: &str, mode: &str, test: &str, payload: usize, rate: f64) -> Record {
-        let mut r = Record::new(system, mode, test, payload);
-        r.msgs_per_sec = Some(rate);
-        r.bits_per_sec = Some(rate * payload as f64 * 8.0);
-        r
-    }
+    use crate::test_record as rec;
 
     #[test]
     fn writes_svg_charts() {

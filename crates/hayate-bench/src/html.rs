@@ -391,12 +391,7 @@ fn rpc_table(rpc: &[Record], peers: &[PeerRow]) -> String {
 mod tests {
     use super::*;
 
-    fn rec(system: &str, mode: &str, test: &str, payload: usize, rate: f64) -> Record {
-        let mut r = Record::new(system, mode, test, payload);
-        r.msgs_per_sec = Some(rate);
-        r.bits_per_sec = Some(rate * payload as f64 * 8.0);
-        r
-    }
+    use crate::test_record as rec;
 
     #[test]
     fn page_has_the_tables() {

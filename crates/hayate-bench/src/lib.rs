@@ -226,3 +226,19 @@ pub(crate) fn with_runtime<R: Send>(
 fn one() -> usize {
     1
 }
+
+/// A throughput-style record for unit tests.
+#[cfg(test)]
+pub(crate) fn test_record(
+    system: &str,
+    mode: &str,
+    test: &str,
+    payload: usize,
+    rate: f64,
+) -> Record {
+    let mut r = Record::new(system, mode, test, payload);
+    r.msgs_per_sec = Some(rate);
+    r.bits_per_sec = Some(rate * payload as f64 * 8.0);
+    r.samples = 8;
+    r
+}

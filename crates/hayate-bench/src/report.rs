@@ -150,11 +150,16 @@ fn render(headers: &[&str], rows: &[Vec<String>], right: &[bool]) -> String {
 
 /// Writes the records as a pretty JSON array (creating parent directories).
 pub fn write_json(path: &Path, records: &[Record]) -> anyhow::Result<()> {
+    let json = serde_json::to_string_pretty(records)?;
+    write_file(path, json + "\n")
+}
+
+/// Writes `contents` to `path`, creating its parent directories.
+pub(crate) fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> anyhow::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let json = serde_json::to_string_pretty(records)?;
-    std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))
+    std::fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
 }
 
 /// The CSV columns, in order: every field of [`Record`].
@@ -208,23 +213,14 @@ pub fn format_csv(records: &[Record]) -> String {
 
 /// Writes [`format_csv`] to `path` (creating parent directories).
 pub fn write_csv(path: &Path, records: &[Record]) -> anyhow::Result<()> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    std::fs::write(path, format_csv(records)).with_context(|| format!("writing {}", path.display()))
+    write_file(path, format_csv(records))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn rec(system: &str, mode: &str, test: &str, payload: usize, rate: f64) -> Record {
-        let mut r = Record::new(system, mode, test, payload);
-        r.msgs_per_sec = Some(rate);
-        r.bits_per_sec = Some(rate * payload as f64 * 8.0);
-        r.samples = 8;
-        r
-    }
+    use crate::test_record as rec;
 
     #[test]
     fn table_has_ratios_and_units() {

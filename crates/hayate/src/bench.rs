@@ -177,9 +177,6 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
     })?;
     hayate_bench::print_table(&records);
     if let Some(path) = &a.json {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
-        }
         hayate_bench::write_json(path, &records)?;
         println!("wrote {}", path.display());
         for f in hayate_bench::write_charts(&path.with_extension(""), &records)? {
