@@ -73,10 +73,7 @@ start() {
     mkdir -p "$RUN_DIR"
     local pidfile="$RUN_DIR/kafka-$port.pid" props="$RUN_DIR/kafka-$port.properties"
     local log="$RUN_DIR/kafka-$port.log" data="$RUN_DIR/kafka-$port-data"
-    if [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-        die "already running on port $port (pid $(cat "$pidfile"))"
-    fi
-    port_open "$port" && die "port $port is already in use by another process"
+    peer_check_free "$pidfile" "$port"
     port_open "$cport" && die "port $cport (the KRaft controller's) is already in use by another process"
     {
         echo "# written by bench/peers/kafka.sh from bench/peers/kafka/server.properties"
@@ -107,21 +104,8 @@ start() {
         -cp "$LIBS/*" kafka.Kafka "$props" >>"$log" 2>&1 </dev/null &
     local pid=$!
     echo "$pid" >"$pidfile"
-    local i
-    for ((i = 0; i < 600; i++)); do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            rm -f "$pidfile"
-            cat "$log" >&2
-            die "Kafka exited on start (log above)"
-        fi
-        if port_open "$port"; then
-            echo "kafka.sh: Kafka $KAFKA_VERSION (KRaft) on 127.0.0.1:$port, controller :$cport (pid $pid, message.max.bytes $max_message, log $log)"
-            return 0
-        fi
-        sleep 0.1
-    done
-    peer_stop_one "$pidfile" 'kafka\.Kafka' 300
-    die "Kafka did not accept connections on port $port within 60s (log: $log)"
+    peer_wait_up Kafka "$pid" "$pidfile" "$port" 60 'kafka\.Kafka' 300 "$log"
+    echo "kafka.sh: Kafka $KAFKA_VERSION (KRaft) on 127.0.0.1:$port, controller :$cport (pid $pid, message.max.bytes $max_message, log $log)"
 }
 
 stop() { peer_stop kafka 'kafka\.Kafka' 300 "$@"; }

@@ -42,3 +42,36 @@ peer_stop() {
     fi
     return 0
 }
+
+# peer_check_free PIDFILE PORT: fails if our instance already runs there or the port is taken.
+peer_check_free() {
+    local pidfile="$1" port="$2"
+    if [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+        echo "$PEER_SH: already running on port $port (pid $(cat "$pidfile"))" >&2
+        exit 1
+    fi
+    if port_open "$port"; then
+        echo "$PEER_SH: port $port is already in use by another process" >&2
+        exit 1
+    fi
+}
+
+# peer_wait_up NAME PID PIDFILE PORT SECONDS PATTERN STOP_TENTHS LOG: waits until the process
+# PID (recorded in PIDFILE) accepts connections on PORT; if it exits or is not up within SECONDS,
+# shows or names its LOG, stops it and exits with an error.
+peer_wait_up() {
+    local name="$1" pid="$2" pidfile="$3" port="$4" secs="$5" pattern="$6" stop="$7" log="$8" i
+    for ((i = 0; i < secs * 10; i++)); do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            rm -f "$pidfile"
+            cat "$log" >&2
+            echo "$PEER_SH: $name exited on start (log above)" >&2
+            exit 1
+        fi
+        port_open "$port" && return 0
+        sleep 0.1
+    done
+    peer_stop_one "$pidfile" "$pattern" "$stop"
+    echo "$PEER_SH: $name did not accept connections on port $port within ${secs}s (log: $log)" >&2
+    exit 1
+}

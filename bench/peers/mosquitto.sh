@@ -43,10 +43,7 @@ start() {
     install
     mkdir -p "$RUN_DIR"
     local pidfile="$RUN_DIR/mosquitto-$port.pid" conf="$RUN_DIR/mosquitto-$port.conf" log="$RUN_DIR/mosquitto-$port.log"
-    if [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-        die "already running on port $port (pid $(cat "$pidfile"))"
-    fi
-    port_open "$port" && die "port $port is already in use by another process"
+    peer_check_free "$pidfile" "$port"
     # max_queued_messages/bytes 0: no limit on what is queued for a slow subscriber (the
     # default of 1000 messages would drop under a back-to-back publisher). The broker logs to
     # stderr, which goes to the log file.
@@ -65,21 +62,8 @@ start() {
     mosquitto -c "$conf" >"$log" 2>&1 </dev/null &
     local pid=$!
     echo "$pid" >"$pidfile"
-    local i
-    for ((i = 0; i < 100; i++)); do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            rm -f "$pidfile"
-            cat "$log" >&2
-            die "mosquitto exited on start (log above)"
-        fi
-        if port_open "$port"; then
-            echo "mosquitto.sh: mosquitto $(version) on 127.0.0.1:$port (pid $pid)"
-            return 0
-        fi
-        sleep 0.1
-    done
-    peer_stop_one "$pidfile" mosquitto 50
-    die "mosquitto did not accept connections on port $port within 10s (log: $log)"
+    peer_wait_up mosquitto "$pid" "$pidfile" "$port" 10 'mosquitto' 50 "$log"
+    echo "mosquitto.sh: mosquitto $(version) on 127.0.0.1:$port (pid $pid)"
 }
 
 stop() { peer_stop mosquitto 'mosquitto' 50 "$@"; }

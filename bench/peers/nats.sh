@@ -57,10 +57,7 @@ start() {
     install
     mkdir -p "$RUN_DIR"
     local pidfile="$RUN_DIR/nats-$port.pid" conf="$RUN_DIR/nats-$port.conf" log="$RUN_DIR/nats-$port.log"
-    if [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-        die "already running on port $port (pid $(cat "$pidfile"))"
-    fi
-    port_open "$port" && die "port $port is already in use by another process"
+    peer_check_free "$pidfile" "$port"
     # nats-server cuts a subscriber off as a slow consumer once max_pending (64 MiB by
     # default) is queued for it, so with 64 MiB payloads a single queued message would do:
     # allow four payloads in flight, as Hayate's outbox does in effect for large messages.
@@ -73,22 +70,8 @@ start() {
     "$BIN" -c "$conf" >"$log" 2>&1 &
     local pid=$!
     echo "$pid" >"$pidfile"
-    local i
-    for ((i = 0; i < 100; i++)); do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            rm -f "$pidfile"
-            cat "$log" >&2
-            die "nats-server exited on start (log above)"
-        fi
-        if port_open "$port"; then
-            echo "nats.sh: nats-server $VERSION on 127.0.0.1:$port (pid $pid, max_payload $max_payload)"
-            return 0
-        fi
-        sleep 0.1
-    done
-    kill "$pid" 2>/dev/null || true
-    rm -f "$pidfile"
-    die "nats-server did not accept connections on port $port within 10s (log: $log)"
+    peer_wait_up nats-server "$pid" "$pidfile" "$port" 10 'nats-server' 50 "$log"
+    echo "nats.sh: nats-server $VERSION on 127.0.0.1:$port (pid $pid, max_payload $max_payload)"
 }
 
 stop() { peer_stop nats 'nats-server' 50 "$@"; }

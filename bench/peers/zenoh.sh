@@ -64,28 +64,12 @@ start() {
     installed || die "$BIN is not zenohd $VERSION (it reports '$(version_of "$BIN")'): run bench/peers/zenoh.sh install"
     mkdir -p "$RUN_DIR"
     local pidfile="$RUN_DIR/zenohd-$port.pid" log="$RUN_DIR/zenohd-$port.log"
-    if [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-        die "already running on port $port (pid $(cat "$pidfile"))"
-    fi
-    port_open "$port" && die "port $port is already in use by another process"
+    peer_check_free "$pidfile" "$port"
     "$BIN" --no-multicast-scouting -l "tcp/127.0.0.1:$port" >"$log" 2>&1 </dev/null &
     local pid=$!
     echo "$pid" >"$pidfile"
-    local i
-    for ((i = 0; i < 200; i++)); do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            rm -f "$pidfile"
-            cat "$log" >&2
-            die "zenohd exited on start (log above)"
-        fi
-        if port_open "$port"; then
-            echo "zenoh.sh: zenohd $VERSION on tcp/127.0.0.1:$port (pid $pid)"
-            return 0
-        fi
-        sleep 0.1
-    done
-    peer_stop_one "$pidfile" zenohd 50
-    die "zenohd did not accept connections on port $port within 20s (log: $log)"
+    peer_wait_up zenohd "$pid" "$pidfile" "$port" 20 'zenohd' 50 "$log"
+    echo "zenoh.sh: zenohd $VERSION on tcp/127.0.0.1:$port (pid $pid)"
 }
 
 stop() { peer_stop zenohd 'zenohd' 50 "$@"; }
