@@ -284,7 +284,7 @@ impl Session {
         let route = self.lookup(batch.key());
         let mut delivered = 0;
         for t in &route.fanout {
-            delivered += self.deliver(t, batch).await;
+            delivered += self.deliver(t, batch).await.0;
         }
         for (rr, members) in &route.groups {
             delivered += self.deliver_group(rr, members, batch).await;
@@ -342,16 +342,17 @@ impl Session {
         let mut i = 0;
         while i < batch.len() {
             let start = rr.fetch_add(1, Ordering::Relaxed);
-            // Skip members whose session is gone.
+            // The next member whose session is still open takes it (one outbox lock per
+            // member tried: the offer itself reports a closed session).
             let mut done = false;
             for k in 0..n {
                 let t = &members[(start + k) % n];
-                if t.outbox.is_closed() {
-                    continue;
+                let (n_delivered, closed) = self.deliver(t, batch_item(batch, i)).await;
+                delivered += n_delivered;
+                if !closed {
+                    done = true;
+                    break;
                 }
-                delivered += self.deliver(t, batch_item(batch, i)).await;
-                done = true;
-                break;
             }
             if !done {
                 break;
@@ -361,7 +362,9 @@ impl Session {
         delivered
     }
 
-    async fn deliver(&mut self, t: &Target, batch: Batch<'_>) -> usize {
+    /// Offers `batch` to one target; returns the number delivered and whether the target's
+    /// session turned out to be closed (nothing more was delivered to it).
+    async fn deliver(&mut self, t: &Target, batch: Batch<'_>) -> (usize, bool) {
         let mut rest = batch;
         let mut delivered = 0;
         // Registered for a space notification only once an offer has failed (the common
@@ -370,14 +373,14 @@ impl Session {
         loop {
             let took = match t.outbox.offer(t.sid, rest) {
                 Offer::Took(n) => n,
-                Offer::Closed => return delivered,
+                Offer::Closed => return (delivered, true),
             };
             delivered += took;
             if took > 0 {
                 self.touch(&t.outbox);
             }
             if took == rest.len() {
-                return delivered;
+                return (delivered, false);
             }
             // The outbox is full: its writer must run (offer woke it). Send what this
             // session queued elsewhere before possibly waiting.
@@ -391,7 +394,7 @@ impl Session {
                         .stats
                         .dropped
                         .fetch_add(lost, Ordering::Relaxed);
-                    return delivered;
+                    return (delivered, false);
                 }
                 Congestion::Block => {
                     rest = rest.slice(took, rest.len());
