@@ -36,11 +36,25 @@ pub fn write_charts(prefix: &Path, records: &[Record]) -> anyhow::Result<Vec<Pat
     let msgs = thr_series(records, |r| r.msgs_per_sec);
     if !msgs.is_empty() {
         let p = path("-msgs.svg");
-        line_chart(&p, "Throughput (messages)", "msg/s", &msgs, format_rate)?;
+        line_chart(
+            &p,
+            "Throughput (messages)",
+            "msg/s",
+            &msgs,
+            format_rate,
+            &PAYLOAD_AXIS,
+        )?;
         written.push(p);
         let p = path("-bits.svg");
         let bits = thr_series(records, |r| r.bits_per_sec);
-        line_chart(&p, "Throughput (payload bits)", "bit/s", &bits, format_bits)?;
+        line_chart(
+            &p,
+            "Throughput (payload bits)",
+            "bit/s",
+            &bits,
+            format_bits,
+            &PAYLOAD_AXIS,
+        )?;
         written.push(p);
     }
     if records
@@ -51,7 +65,137 @@ pub fn write_charts(prefix: &Path, records: &[Record]) -> anyhow::Result<Vec<Pat
         lat_chart(&p, records)?;
         written.push(p);
     }
+    let rpc: Vec<&Record> = records
+        .iter()
+        .filter(|r| r.test == "rpc" && r.msgs_per_sec.is_some())
+        .collect();
+    if !rpc.is_empty() {
+        let p = path("-rpc.svg");
+        rpc_bars(&p, &rpc)?;
+        written.push(p);
+        let series = rpc_series(&rpc);
+        if series.iter().any(|s| s.points.len() > 1) {
+            let p = path("-rpc-concurrency.svg");
+            line_chart(
+                &p,
+                "RPC calls per second against concurrency",
+                "calls/s",
+                &series,
+                format_rate,
+                &XAxis {
+                    desc: "concurrency (callers, one call in flight each)",
+                    fmt: |v| format!("{v:.0}"),
+                },
+            )?;
+            written.push(p);
+        }
+    }
     Ok(written)
+}
+
+/// The concurrency-1 figure of each system (its point with the most calls), in first
+/// appearance order.
+fn rpc_sequential<'a>(rpc: &[&'a Record]) -> Vec<&'a Record> {
+    let mut out: Vec<&Record> = Vec::new();
+    for r in rpc.iter().filter(|r| r.concurrency.unwrap_or(1) == 1) {
+        match out.iter().position(|o| o.label() == r.label()) {
+            Some(i) if out[i].samples < r.samples => out[i] = r,
+            Some(_) => {}
+            None => out.push(r),
+        }
+    }
+    out
+}
+
+/// One series per system: calls/s against concurrency (concurrency 1: the point with the most
+/// calls).
+fn rpc_series(rpc: &[&Record]) -> Vec<Series> {
+    let seq = rpc_sequential(rpc);
+    let mut out: Vec<Series> = Vec::new();
+    for r in rpc
+        .iter()
+        .filter(|r| r.concurrency.unwrap_or(1) > 1)
+        .copied()
+        .chain(seq.iter().copied())
+    {
+        let Some(v) = r.msgs_per_sec else { continue };
+        let label = r.label();
+        let idx = match out.iter().position(|s| s.label == label) {
+            Some(i) => i,
+            None => {
+                out.push(Series {
+                    label,
+                    points: Vec::new(),
+                    ideal: false,
+                    iperf: false,
+                });
+                out.len() - 1
+            }
+        };
+        out[idx].points.push((r.concurrency.unwrap_or(1) as f64, v));
+    }
+    for s in &mut out {
+        s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    out
+}
+
+/// Calls per second at concurrency 1, one bar per system.
+fn rpc_bars(path: &Path, rpc: &[&Record]) -> anyhow::Result<()> {
+    let seq = rpc_sequential(rpc);
+    let n = seq.len().max(1) as u32;
+    let top = seq
+        .iter()
+        .filter_map(|r| r.msgs_per_sec)
+        .fold(0.0_f64, f64::max)
+        * 1.15;
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "RPC at concurrency 1 (calls per second, higher is better)",
+            ("sans-serif", 24),
+        )
+        .margin(15)
+        .x_label_area_size(60)
+        .y_label_area_size(90)
+        .build_cartesian_2d((0u32..n).into_segmented(), 0.0..top.max(1.0))?;
+    let labels: Vec<String> = seq.iter().map(|r| r.label()).collect();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_desc("system")
+        .y_desc("calls/s")
+        .x_labels(n as usize)
+        .x_label_style(("sans-serif", 12))
+        .x_label_formatter(&|v| {
+            let i = match v {
+                SegmentValue::Exact(i) | SegmentValue::CenterOf(i) => *i,
+                SegmentValue::Last => n,
+            };
+            labels.get(i as usize).cloned().unwrap_or_default()
+        })
+        .y_label_formatter(&|y| short(format_rate(*y)))
+        .draw()?;
+    for (i, r) in seq.iter().enumerate() {
+        let Some(v) = r.msgs_per_sec else { continue };
+        let style = color(i).filled();
+        let i = i as u32;
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [
+                (SegmentValue::Exact(i), 0.0),
+                (SegmentValue::Exact(i + 1), v),
+            ],
+            style,
+        )))?;
+        chart.draw_series(std::iter::once(Text::new(
+            format_rate(v),
+            (SegmentValue::CenterOf(i), v * 1.02 + top * 0.01),
+            ("sans-serif", 13),
+        )))?;
+    }
+    root.present()?;
+    Ok(())
 }
 
 /// One series per system label (first-appearance order), points sorted by payload.
@@ -123,12 +267,24 @@ fn color(i: usize) -> RGBColor {
     COLORS[i % COLORS.len()]
 }
 
+/// The x axis of a line chart: its description and the label of a power of two.
+struct XAxis {
+    desc: &'static str,
+    fmt: fn(f64) -> String,
+}
+
+const PAYLOAD_AXIS: XAxis = XAxis {
+    desc: "payload",
+    fmt: |v| format_size(v as usize),
+};
+
 fn line_chart(
     path: &Path,
     title: &str,
     y_desc: &str,
     series: &[Series],
     y_fmt: fn(f64) -> String,
+    x_axis: &XAxis,
 ) -> anyhow::Result<()> {
     // x is log2(payload) on a linear axis so that ticks fall on powers of two.
     let xs = series
@@ -153,12 +309,12 @@ fn line_chart(
         .build_cartesian_2d(x0..x1, (y0..y1).log_scale())?;
     chart
         .configure_mesh()
-        .x_desc("payload")
+        .x_desc(x_axis.desc)
         .y_desc(y_desc)
         .x_labels(14)
         .x_label_formatter(&|x| {
             if (x - x.round()).abs() < 1e-6 && *x >= 0.0 {
-                format_size(2f64.powf(x.round()) as usize)
+                (x_axis.fmt)(2f64.powf(x.round()))
             } else {
                 String::new()
             }

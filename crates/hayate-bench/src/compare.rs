@@ -14,12 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use bytes::Bytes;
-use futures::StreamExt;
 
 use crate::html::{self, Page, PeerRow};
 use crate::size::format_size;
-use crate::{LatOptions, MachineInfo, Record, System, Target, ThrOptions, with_runtime};
+use crate::{LatOptions, MachineInfo, Record, Target, ThrOptions};
 
 /// The largest payload of the sweep; every broker is configured to accept it.
 const MAX_PAYLOAD: usize = 64 << 20;
@@ -50,6 +48,8 @@ pub const ALL_PEERS: &[&str] = &[
     "rabbitmq-stomp",
     "rabbitmq-mqtt",
     "kafka",
+    "zenoh",
+    "zenoh-p2p",
     "zmq",
     "ddsperf",
     "iperf3",
@@ -111,7 +111,8 @@ fn spec(name: &str) -> Option<Spec> {
             Some("rabbitmq"),
             Some("stomp://127.0.0.1:61613?name=rabbitmq-stomp"),
             None,
-            "STOMP 1.2 plugin, ack auto",
+            "STOMP 1.2 plugin, /topic/ destinations (amq.topic), ack auto; RPC by \
+             temp-queue reply-to",
         ),
         "rabbitmq-mqtt" => s(
             "rabbitmq-mqtt",
@@ -133,14 +134,23 @@ fn spec(name: &str) -> Option<Spec> {
             Some("zmq://127.0.0.1:0"),
             None,
             "brokerless PUB/SUB over TCP loopback; PUB drops past the high-water mark, the \
-             subscriber counts what arrives",
+             subscriber counts what arrives; RPC by REQ/REP",
         ),
         "zenoh" => s(
             "zenoh",
             Some("zenoh"),
             Some("zenoh://127.0.0.1:{port}"),
             Some(0),
-            "zenohd router, client mode, reliable, congestion control Block",
+            "zenohd router (no multicast scouting), sessions in client mode; reliable, \
+             congestion control Block, automatic batching",
+        ),
+        "zenoh-p2p" => s(
+            "zenoh-p2p",
+            None,
+            Some("zenoh://127.0.0.1:0?mode=peer&name=zenoh-p2p"),
+            None,
+            "brokerless: two peer sessions, one listening on loopback and one connecting; \
+             reliable, congestion control Block, automatic batching; RPC by get/queryable",
         ),
         "ddsperf" => s(
             "ddsperf",
@@ -363,17 +373,7 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
     let machine_start = MachineInfo::current();
     let names: Vec<String> = match &opts.peers {
         Some(p) => p.clone(),
-        // rabbitmq-stomp only when a STOMP driver exists.
-        None => ALL_PEERS
-            .iter()
-            .filter(|p| {
-                **p != "rabbitmq-stomp"
-                    || spec(p)
-                        .and_then(|s| s.url)
-                        .is_some_and(|u| Target::parse(u).is_ok())
-            })
-            .map(|s| s.to_string())
-            .collect(),
+        None => ALL_PEERS.iter().map(|s| s.to_string()).collect(),
     };
     let mut peers = Vec::new();
     let mut started = Vec::new();
@@ -438,28 +438,24 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
     println!("compare: latency (64 B, {} runs)", lat_opts.runs);
     let mut lat = crate::lat(&lat_opts)?;
 
-    // RPC: three runs per system in a rotating order (a single pass favours whoever runs
-    // second on this kind of machine), the median of the runs reported.
-    let calls = if quick { 5_000 } else { 32_000 };
-    const RPC_RUNS: usize = 3;
-    let rpc_targets: Vec<&Target> = targets
-        .iter()
-        .filter(|t| matches!(t.system, System::Hayate | System::Nats))
-        .collect();
-    let mut per: Vec<Vec<Record>> = vec![Vec::new(); rpc_targets.len()];
-    for r in 0..RPC_RUNS {
-        for k in 0..rpc_targets.len() {
-            let i = (k + r) % rpc_targets.len();
-            let t = rpc_targets[i];
-            println!(
-                "compare: rpc {} ({calls} calls, concurrency 1, run {}/{RPC_RUNS})",
-                t.system(),
-                r + 1
-            );
-            per[i].push(rpc_point(t, calls));
-        }
-    }
-    let rpc: Vec<Record> = per.into_iter().map(crate::lat::merge_runs).collect();
+    // RPC at concurrency 1 for every target: three runs per system in a rotating order (a
+    // single pass favours whoever runs second on this kind of machine), medians reported.
+    let calls = if quick { 2_000 } else { 32_000 };
+    let rpc_opts = crate::RpcOptions {
+        targets: targets.clone(),
+        points: vec![crate::RpcPoint {
+            calls,
+            concurrency: 1,
+        }],
+        runs: 3,
+        max_time: Duration::from_secs(if quick { 10 } else { 60 }),
+        call_timeout: Duration::from_secs(10),
+    };
+    println!(
+        "compare: rpc ({calls} calls at concurrency 1, 3 rotated runs, at most {} s each)",
+        rpc_opts.max_time.as_secs()
+    );
+    let rpc = crate::rpc(&rpc_opts)?;
 
     let mut iperf_bps = None;
     if active(&peers, "iperf3") {
@@ -521,6 +517,9 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
     for f in crate::write_charts(&out.join("lat"), &lat)? {
         charts.push(f);
     }
+    for f in crate::write_charts(&out.join("rpc"), &rpc)? {
+        charts.push(f);
+    }
     let mut svgs = Vec::new();
     for f in &charts {
         let name = f
@@ -563,8 +562,11 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
         (
             "rpc".to_string(),
             format!(
-                "{calls} sequential requests (concurrency 1): the client sends a number, the \
-                 server adds 1, every reply is checked"
+                "{calls} sequential requests (concurrency 1; a run stops after {} s, the calls \
+                 made so far count): the client sends a number, the server adds 1, every \
+                 reply is checked; 3 rotated runs, medians. Each system's own request/reply \
+                 (see the client column)",
+                rpc_opts.max_time.as_secs()
             ),
         ),
     ];
@@ -891,117 +893,6 @@ fn after<'a>(words: &[&'a str], key: &str) -> Option<&'a str> {
     words.get(i + 1).copied()
 }
 
-/// RPC at concurrency 1: `calls` sequential requests, each a number that the server returns
-/// plus one; every reply is checked. Hayate and NATS only.
-fn rpc_point(target: &Target, calls: u64) -> Record {
-    let mut r = Record::new(target.system(), "brokered", "rpc", 0);
-    r.target = target.to_string();
-    let res = with_runtime(|rt| {
-        rt.block_on(async {
-            tokio::time::timeout(Duration::from_secs(300), rpc_run(target, calls))
-                .await
-                .context("rpc: timed out after 300 s")?
-        })
-    });
-    match res {
-        Ok((client, version, elapsed)) => {
-            r.client = client;
-            r.server_version = Some(version);
-            r.msgs_per_sec = Some(calls as f64 / elapsed.as_secs_f64());
-            r.p50_us = Some(elapsed.as_secs_f64() * 1e6 / calls as f64);
-            r.samples = calls as usize;
-        }
-        Err(e) => r.error = Some(format!("{e:#}")),
-    }
-    r
-}
-
-fn check_reply(i: u64, reply: &[u8]) -> anyhow::Result<()> {
-    let got: u64 = std::str::from_utf8(reply)?.parse()?;
-    if got != i + 1 {
-        bail!("rpc: request {i} got {got}, expected {}", i + 1);
-    }
-    Ok(())
-}
-
-fn add_one(req: &[u8]) -> Bytes {
-    let n: u64 = std::str::from_utf8(req)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(u64::MAX - 1);
-    Bytes::from((n + 1).to_string())
-}
-
-async fn rpc_run(target: &Target, calls: u64) -> anyhow::Result<(String, String, Duration)> {
-    let subject = format!("bench.rpc.{}", std::process::id());
-    match target.system {
-        System::Hayate => {
-            let key_s = subject.replace('.', "/");
-            let server = hayate_client::Client::connect(&target.addr()).await?;
-            let client = hayate_client::Client::connect(&target.addr()).await?;
-            let mut sub = server.subscribe(&key_s).await?;
-            server.flush().await?;
-            let srv = server.clone();
-            let task = tokio::spawn(async move {
-                while let Some(m) = sub.next().await {
-                    if srv.reply(&m, add_one(&m.payload)).await.is_err() {
-                        break;
-                    }
-                }
-            });
-            let key = hayate_core::Key::new(&key_s)?;
-            let t = Instant::now();
-            for i in 0..calls {
-                let m = client
-                    .request(&key, Bytes::from(i.to_string()), Duration::from_secs(5))
-                    .await?;
-                check_reply(i, &m.payload)?;
-            }
-            let elapsed = t.elapsed();
-            let version = client.server_name().to_string();
-            task.abort();
-            let _ = client.close().await;
-            let _ = server.close().await;
-            Ok((
-                concat!("hayate-client ", env!("CARGO_PKG_VERSION")).into(),
-                version,
-                elapsed,
-            ))
-        }
-        System::Nats => {
-            let url = format!("nats://{}", target.addr());
-            let server = async_nats::connect(&url).await?;
-            let client = async_nats::connect(&url).await?;
-            let mut sub = server.subscribe(subject.clone()).await?;
-            server.flush().await?;
-            let srv = server.clone();
-            let task = tokio::spawn(async move {
-                while let Some(m) = sub.next().await {
-                    if let Some(reply) = m.reply
-                        && srv.publish(reply, add_one(&m.payload)).await.is_err()
-                    {
-                        break;
-                    }
-                }
-            });
-            // A round trip on the server connection so that its SUB is registered.
-            let _ = client.request(subject.clone(), Bytes::from("0")).await;
-            let t = Instant::now();
-            for i in 0..calls {
-                let m = client
-                    .request(subject.clone(), Bytes::from(i.to_string()))
-                    .await?;
-                check_reply(i, &m.payload)?;
-            }
-            let elapsed = t.elapsed();
-            let version = client.server_info().version;
-            task.abort();
-            Ok(("async-nats 0.51".into(), version, elapsed))
-        }
-        other => bail!("rpc: not implemented for {}", other.name()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1049,13 +940,6 @@ mod tests {
         assert_eq!(date_string(0), "1970-01-01");
         assert_eq!(date_string(1_795_323_242), "2026-11-22");
         assert_eq!(date_string(951_782_400), "2000-02-29");
-    }
-
-    #[test]
-    fn rpc_arithmetic() {
-        assert_eq!(&add_one(b"41")[..], b"42");
-        check_reply(41, b"42").unwrap();
-        assert!(check_reply(41, b"41").is_err());
     }
 
     #[test]

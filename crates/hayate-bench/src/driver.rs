@@ -32,19 +32,28 @@ use futures::StreamExt;
 use crate::target::{System, Target};
 
 #[cfg(feature = "peers")]
-mod amqp;
+pub(crate) mod amqp;
 #[cfg(feature = "peers")]
 mod kafka;
 #[cfg(feature = "peers")]
 mod mqtt;
+pub(crate) mod stomp;
 #[cfg(feature = "peers")]
-mod zmq;
+pub(crate) mod zenoh;
+#[cfg(feature = "peers")]
+pub(crate) mod zmq;
+
+#[cfg(feature = "peers")]
+pub(crate) use zenoh::check_params as zenoh_check_params;
 
 /// Client library names, for records.
 pub(crate) fn client_name(system: System) -> &'static str {
     match system {
         System::Hayate => concat!("hayate-client ", env!("CARGO_PKG_VERSION")),
         System::Nats => "async-nats 0.51",
+        System::Stomp => stomp::CLIENT,
+        #[cfg(feature = "peers")]
+        System::Zenoh => zenoh::CLIENT,
         #[cfg(feature = "peers")]
         System::Mqtt => mqtt::CLIENT,
         #[cfg(feature = "peers")]
@@ -58,19 +67,12 @@ pub(crate) fn client_name(system: System) -> &'static str {
     }
 }
 
-/// The mode recorded for a system: "brokered", or "peer-to-peer" for ZeroMQ (no broker).
-pub(crate) fn mode(system: System) -> &'static str {
-    match system {
-        System::Zmq => "peer-to-peer",
-        _ => "brokered",
-    }
-}
-
 /// A connection to a target.
 #[derive(Clone)]
 pub(crate) enum Conn {
     Hayate(hayate_client::Client),
     Nats(NatsConn),
+    Stomp(stomp::StompConn),
     #[cfg(feature = "peers")]
     Mqtt(mqtt::MqttConn),
     #[cfg(feature = "peers")]
@@ -79,6 +81,8 @@ pub(crate) enum Conn {
     Zmq(zmq::ZmqConn),
     #[cfg(feature = "peers")]
     Kafka(kafka::KafkaConn),
+    #[cfg(feature = "peers")]
+    Zenoh(zenoh::ZenohConn),
 }
 
 #[derive(Clone)]
@@ -92,15 +96,18 @@ pub(crate) struct NatsConn {
 pub(crate) enum Topic {
     Hayate(hayate_core::Key),
     Nats(async_nats::Subject),
-    /// MQTT topic, AMQP routing key, ZeroMQ topic frame or Kafka topic.
-    #[cfg(feature = "peers")]
+    /// STOMP destination, MQTT topic, AMQP routing key, ZeroMQ topic frame or Kafka topic.
     Peer(String),
+    /// A declared Zenoh publisher.
+    #[cfg(feature = "peers")]
+    Zenoh(Arc<::zenoh::pubsub::Publisher<'static>>),
 }
 
 /// A subscription.
 pub(crate) enum Sub {
     Hayate(hayate_client::Subscription),
     Nats(async_nats::Subscriber),
+    Stomp(stomp::StompSub),
     #[cfg(feature = "peers")]
     Mqtt(mqtt::MqttSub),
     #[cfg(feature = "peers")]
@@ -109,6 +116,8 @@ pub(crate) enum Sub {
     Zmq(zmq::ZmqSub),
     #[cfg(feature = "peers")]
     Kafka(kafka::KafkaSub),
+    #[cfg(feature = "peers")]
+    Zenoh(zenoh::ZenohSub),
 }
 
 fn nats_subject(key: &str) -> String {
@@ -118,7 +127,6 @@ fn nats_subject(key: &str) -> String {
 /// How long [`Conn::flush`] waits for its round trip.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a peer driver waits for its connection to be established.
-#[cfg(feature = "peers")]
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A key prefix unique to one point of one process: `bench/<pid>-<n>`.
@@ -202,6 +210,11 @@ impl Conn {
                     .with_context(|| format!("connecting to {target}"))?;
                 Ok(Conn::Nats(NatsConn { client, trouble }))
             }
+            System::Stomp => Ok(Conn::Stomp(
+                stomp::StompConn::connect(target, name, CONNECT_TIMEOUT).await?,
+            )),
+            #[cfg(feature = "peers")]
+            System::Zenoh => Ok(Conn::Zenoh(zenoh::ZenohConn::connect(target).await?)),
             #[cfg(feature = "peers")]
             System::Mqtt => Ok(Conn::Mqtt(
                 mqtt::MqttConn::connect(target, name, expect_payload, CONNECT_TIMEOUT).await?,
@@ -223,10 +236,13 @@ impl Conn {
         }
     }
 
-    pub(crate) fn topic(&self, key: &str) -> anyhow::Result<Topic> {
+    pub(crate) async fn topic(&self, key: &str) -> anyhow::Result<Topic> {
         Ok(match self {
             Conn::Hayate(_) => Topic::Hayate(hayate_core::Key::new(key)?),
             Conn::Nats(_) => Topic::Nats(async_nats::Subject::from(nats_subject(key))),
+            Conn::Stomp(_) => Topic::Peer(stomp::topic_destination(key)),
+            #[cfg(feature = "peers")]
+            Conn::Zenoh(z) => Topic::Zenoh(z.publisher(key).await?),
             #[cfg(feature = "peers")]
             Conn::Mqtt(_) => Topic::Peer(key.to_string()),
             #[cfg(feature = "peers")]
@@ -244,6 +260,9 @@ impl Conn {
         match (self, topic) {
             (Conn::Hayate(c), Topic::Hayate(k)) => c.publish(k, payload).await?,
             (Conn::Nats(n), Topic::Nats(s)) => n.client.publish(s.clone(), payload).await?,
+            (Conn::Stomp(c), Topic::Peer(t)) => c.publish(t, payload).await?,
+            #[cfg(feature = "peers")]
+            (Conn::Zenoh(c), Topic::Zenoh(p)) => c.publish(p, payload).await?,
             #[cfg(feature = "peers")]
             (Conn::Mqtt(c), Topic::Peer(t)) => c.publish(t, payload).await?,
             #[cfg(feature = "peers")]
@@ -261,6 +280,9 @@ impl Conn {
         Ok(match self {
             Conn::Hayate(c) => Sub::Hayate(c.subscribe(key).await?),
             Conn::Nats(n) => Sub::Nats(n.client.subscribe(nats_subject(key)).await?),
+            Conn::Stomp(c) => Sub::Stomp(c.subscribe(key).await?),
+            #[cfg(feature = "peers")]
+            Conn::Zenoh(c) => Sub::Zenoh(c.subscribe(key).await?),
             #[cfg(feature = "peers")]
             Conn::Mqtt(c) => Sub::Mqtt(c.subscribe(key).await?),
             #[cfg(feature = "peers")]
@@ -278,6 +300,9 @@ impl Conn {
         match self {
             Conn::Hayate(c) => c.flush().await?,
             Conn::Nats(n) => n.round_trip().await?,
+            Conn::Stomp(c) => c.flush(FLUSH_TIMEOUT).await?,
+            #[cfg(feature = "peers")]
+            Conn::Zenoh(c) => c.flush(FLUSH_TIMEOUT).await?,
             #[cfg(feature = "peers")]
             Conn::Mqtt(c) => c.flush(FLUSH_TIMEOUT).await?,
             #[cfg(feature = "peers")]
@@ -296,6 +321,9 @@ impl Conn {
         match self {
             Conn::Hayate(c) => c.last_error().map(|e| format!("connection ended: {e}")),
             Conn::Nats(n) => n.trouble.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            Conn::Stomp(c) => c.trouble(),
+            #[cfg(feature = "peers")]
+            Conn::Zenoh(c) => c.trouble(),
             #[cfg(feature = "peers")]
             Conn::Mqtt(c) => c.trouble(),
             #[cfg(feature = "peers")]
@@ -312,7 +340,6 @@ impl Conn {
         match self {
             Conn::Hayate(c) => Some(usize::try_from(c.max_payload()).unwrap_or(usize::MAX)),
             Conn::Nats(n) => Some(n.client.server_info().max_payload),
-            #[cfg(feature = "peers")]
             _ => None,
         }
     }
@@ -322,6 +349,7 @@ impl Conn {
         match self {
             Conn::Hayate(c) => Some(c.server_name().to_string()),
             Conn::Nats(n) => Some(n.client.server_info().version),
+            Conn::Stomp(c) => c.server_version(),
             #[cfg(feature = "peers")]
             Conn::Amqp(c) => c.server_version(),
             #[cfg(feature = "peers")]
@@ -348,6 +376,9 @@ impl Conn {
             })
             .await
             .is_ok(),
+            Conn::Stomp(c) => tokio::time::timeout(timeout, c.close()).await.is_ok(),
+            #[cfg(feature = "peers")]
+            Conn::Zenoh(c) => tokio::time::timeout(timeout, c.close()).await.is_ok(),
             #[cfg(feature = "peers")]
             Conn::Mqtt(c) => tokio::time::timeout(timeout, c.close()).await.is_ok(),
             #[cfg(feature = "peers")]
@@ -370,6 +401,9 @@ impl Sub {
         match self {
             Sub::Hayate(s) => s.next().await.map(|m| m.payload),
             Sub::Nats(s) => s.next().await.map(|m| m.payload),
+            Sub::Stomp(s) => s.next().await,
+            #[cfg(feature = "peers")]
+            Sub::Zenoh(s) => s.next().await,
             #[cfg(feature = "peers")]
             Sub::Mqtt(s) => s.next().await,
             #[cfg(feature = "peers")]

@@ -348,19 +348,20 @@ fn lat_table(lat: &[Record]) -> String {
 
 fn rpc_table(rpc: &[Record], peers: &[PeerRow]) -> String {
     let mut h = String::from(
-        "<table><tr><th>system</th><th>calls/s</th><th>µs per call</th><th>calls</th>\
-         <th>client</th><th>note</th></tr>\n",
+        "<table><tr><th>system</th><th>calls/s</th><th>p50 µs per call</th>\
+         <th>p99 µs</th><th>calls</th><th>client (method)</th><th>note</th></tr>\n",
     );
     for r in rpc {
         let _ = writeln!(
             h,
             "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
-             <td>{}</td><td{}>{}</td></tr>",
+             <td class=\"n\">{}</td><td>{}</td><td{}>{}</td></tr>",
             esc(&r.label()),
             r.msgs_per_sec
                 .map(|v| format!("{v:.0}"))
                 .unwrap_or_default(),
             us(r.p50_us),
+            us(r.p99_us),
             r.samples,
             esc(&r.client),
             if r.error.is_some() {

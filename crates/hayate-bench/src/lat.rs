@@ -14,7 +14,7 @@ use anyhow::{Context, bail};
 use bytes::{BufMut, Bytes, BytesMut};
 use hdrhistogram::Histogram;
 
-use crate::driver::{Conn, Sub, Topic, client_name, mode, point_prefix};
+use crate::driver::{Conn, Sub, Topic, client_name, point_prefix};
 use crate::size::format_size;
 use crate::target::Target;
 use crate::thr::report_point;
@@ -148,7 +148,7 @@ pub(crate) fn check_pong(pong: &[u8], size: usize, seq: u64) -> anyhow::Result<(
 }
 
 async fn point(target: &Target, opts: &LatOptions) -> Record {
-    let mut rec = Record::new(target.system(), mode(target.system), "lat", opts.payload);
+    let mut rec = Record::new(target.system(), target.mode(), "lat", opts.payload);
     rec.target = target.to_string();
     rec.client = client_name(target.system).to_string();
     let result = run(target, opts, &mut rec).await;
@@ -196,7 +196,7 @@ async fn run_connected(
     echo.flush().await?;
     let echo_task = {
         let echo = echo.clone();
-        let pong_topic = echo.topic(&pong_key)?;
+        let pong_topic = echo.topic(&pong_key).await?;
         tokio::spawn(async move {
             while let Some(p) = pings.next().await {
                 if echo.publish(&pong_topic, p).await.is_err() {
@@ -209,7 +209,7 @@ async fn run_connected(
         let mut pongs = pinger.subscribe(&pong_key).await?;
         // The topic first: a brokerless driver (ZeroMQ) learns here who publishes pings, and
         // the flush then confirms the echo's subscription too.
-        let ping_topic = pinger.topic(&ping_key)?;
+        let ping_topic = pinger.topic(&ping_key).await?;
         pinger.flush().await?;
         let mut pp = PingPong {
             conn: pinger,

@@ -32,6 +32,7 @@ mod lat;
 mod machine;
 mod progress;
 mod report;
+mod rpc;
 mod sampler;
 mod size;
 pub mod stats;
@@ -48,6 +49,7 @@ pub use compare::{ALL_PEERS, Cleanup, CompareOptions, CompareResult, compare};
 pub use lat::lat;
 pub use machine::MachineInfo;
 pub use report::{format_csv, format_table, print_table, write_csv, write_json};
+pub use rpc::{RpcOptions, RpcPoint, default_points as default_rpc_points, rpc};
 pub use sampler::MIN_MSGS_PER_SAMPLE;
 pub use size::{default_sweep, format_bits, format_rate, format_size, parse_size, parse_sizes};
 pub use target::{System, Target};
@@ -60,7 +62,7 @@ pub struct Record {
     pub system: String,
     /// "brokered" (through a broker) or "raw" (the TCP baseline).
     pub mode: String,
-    /// "thr" or "lat".
+    /// "thr", "lat" or "rpc".
     pub test: String,
     /// The target URL (empty for the baseline).
     pub target: String,
@@ -85,6 +87,11 @@ pub struct Record {
     /// Latency: the number of runs whose medians are reported (see `LatOptions::runs`).
     #[serde(default = "one")]
     pub runs: usize,
+    /// RPC only: callers with one request in flight each. For RPC records `msgs_per_sec` is
+    /// calls per second, `samples` the calls made and the percentiles are whole call times
+    /// (round trips, not halves).
+    #[serde(default)]
+    pub concurrency: Option<usize>,
     /// Set when the point failed (slow consumer disconnect, payload too large, timeout...).
     pub error: Option<String>,
     /// Machine host name.
@@ -118,6 +125,7 @@ impl Record {
             p999_us: None,
             samples: 0,
             runs: 1,
+            concurrency: None,
             error: None,
             hostname: m.hostname,
             cores: m.cores,

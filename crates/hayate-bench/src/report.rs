@@ -32,7 +32,64 @@ pub fn format_table(records: &[Record]) -> String {
         out.push('\n');
         out.push_str(&lat_table(&lat));
     }
+    let rpc: Vec<&Record> = records.iter().filter(|r| r.test == "rpc").collect();
+    if !rpc.is_empty() {
+        out.push('\n');
+        out.push_str(&rpc_table(&rpc));
+    }
     out
+}
+
+/// RPC: calls/s and whole-call percentiles; `ratio` compares calls/s with the first system
+/// measured at the same concurrency.
+fn rpc_table(records: &[&Record]) -> String {
+    let headers = [
+        "callers",
+        "system",
+        "calls",
+        "calls/s",
+        "p50 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "ratio",
+        "client",
+        "error",
+    ];
+    let us = |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or_default();
+    let rows: Vec<Vec<String>> = records
+        .iter()
+        .map(|r| {
+            let reference = records
+                .iter()
+                .find(|o| {
+                    o.concurrency == r.concurrency
+                        && o.msgs_per_sec.is_some()
+                        && (r.concurrency.unwrap_or(1) > 1 || o.samples == r.samples)
+                })
+                .and_then(|o| o.msgs_per_sec);
+            vec![
+                r.concurrency.unwrap_or(1).to_string(),
+                r.label(),
+                r.samples.to_string(),
+                r.msgs_per_sec
+                    .map(|v| format!("{v:.0}"))
+                    .unwrap_or_default(),
+                us(r.p50_us),
+                us(r.p99_us),
+                us(r.p999_us),
+                ratio(r.msgs_per_sec, reference),
+                r.client.clone(),
+                r.error.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    render(
+        &headers,
+        &rows,
+        &[
+            true, false, true, true, true, true, true, true, false, false,
+        ],
+    )
 }
 
 fn ratio(value: Option<f64>, reference: Option<f64>) -> String {

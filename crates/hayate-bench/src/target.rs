@@ -20,6 +20,12 @@ pub enum System {
     Zmq,
     /// A Kafka broker, through `rdkafka` (librdkafka; feature `peers`).
     Kafka,
+    /// A STOMP 1.2 broker (RabbitMQ's STOMP plugin...), through the `hayate-stomp` codec
+    /// (always compiled in).
+    Stomp,
+    /// Zenoh: a client of the `zenohd` router (`?mode=client`, the default) or brokerless
+    /// peer to peer (`?mode=peer`), through the `zenoh` crate (feature `peers`).
+    Zenoh,
 }
 
 impl System {
@@ -32,6 +38,8 @@ impl System {
             System::Amqp => "amqp",
             System::Zmq => "zmq",
             System::Kafka => "kafka",
+            System::Stomp => "stomp",
+            System::Zenoh => "zenoh",
         }
     }
 
@@ -42,7 +50,7 @@ impl System {
 
     /// Whether a driver for this system is compiled in (the peers need feature `peers`).
     pub fn available(self) -> bool {
-        matches!(self, System::Hayate | System::Nats) || cfg!(feature = "peers")
+        matches!(self, System::Hayate | System::Nats | System::Stomp) || cfg!(feature = "peers")
     }
 
     /// The query parameters a target URL of this system accepts, besides `name`.
@@ -50,6 +58,7 @@ impl System {
         match self {
             System::Mqtt => &["qos"],
             System::Kafka => &["acks"],
+            System::Zenoh => &["mode", "express"],
             _ => &[],
         }
     }
@@ -64,6 +73,8 @@ impl System {
             // ZeroMQ is brokerless: the publisher binds; port 0 picks a free port.
             System::Zmq => 0,
             System::Kafka => 19092,
+            System::Stomp => 61613,
+            System::Zenoh => 7447,
         }
     }
 }
@@ -86,10 +97,11 @@ pub struct Target {
 
 impl Target {
     /// Parses `SCHEME://HOST[:PORT][?name=LABEL&KEY=VALUE...]`; the scheme is `hayate`,
-    /// `nats`, `mqtt`, `amqp`, `zmq` or `kafka` (the last four need feature `peers`). A missing
-    /// port means the system's default (hayate 4700, nats 4222, mqtt 1883, amqp 5672, zmq 0 =
-    /// any free port, kafka 19092). IPv6 hosts go in brackets: `nats://[::1]:4222`. Query
-    /// parameters: `name` (any system), `qos=0|1` (mqtt), `acks=0|1|all` (kafka).
+    /// `nats`, `stomp`, `mqtt`, `amqp`, `zmq`, `kafka` or `zenoh` (the last five need feature
+    /// `peers`). A missing port means the system's default (hayate 4700, nats 4222, stomp
+    /// 61613, mqtt 1883, amqp 5672, zmq 0 = any free port, kafka 19092, zenoh 7447). IPv6 hosts
+    /// go in brackets: `nats://[::1]:4222`. Query parameters: `name` (any system), `qos=0|1`
+    /// (mqtt), `acks=0|1|all` (kafka), `mode=client|peer` and `express=0|1` (zenoh).
     pub fn parse(url: &str) -> anyhow::Result<Target> {
         let url = url.trim();
         let (scheme, rest) = url
@@ -102,9 +114,11 @@ impl Target {
             "amqp" => System::Amqp,
             "zmq" | "tcp" => System::Zmq,
             "kafka" => System::Kafka,
+            "stomp" => System::Stomp,
+            "zenoh" => System::Zenoh,
             other => bail!(
                 "target {url:?}: unknown scheme {other:?} \
-                 (expected hayate, nats, mqtt, amqp, zmq or kafka)"
+                 (expected hayate, nats, mqtt, amqp, zmq, kafka, stomp or zenoh)"
             ),
         };
         if !system.available() {
@@ -172,13 +186,27 @@ impl Target {
                 .with_context(|| format!("target {url:?}: bad port {p:?}"))?,
             None => system.default_port(),
         };
-        Ok(Target {
+        let t = Target {
             system,
             host,
             port,
             name,
             params,
-        })
+        };
+        #[cfg(feature = "peers")]
+        if system == System::Zenoh {
+            crate::driver::zenoh_check_params(&t).with_context(|| format!("target {url:?}"))?;
+        }
+        Ok(t)
+    }
+
+    /// How the system is reached: "brokered", or "peer-to-peer" (ZeroMQ, Zenoh `mode=peer`).
+    pub fn mode(&self) -> &'static str {
+        match self.system {
+            System::Zmq => "peer-to-peer",
+            System::Zenoh if self.param("mode") == Some("peer") => "peer-to-peer",
+            _ => "brokered",
+        }
     }
 
     /// The name used in records: `?name=` or the system's name ("hayate", "nats", "mqtt"...).
@@ -243,6 +271,11 @@ mod tests {
         let t = Target::parse("nats://[::1]:5000/").unwrap();
         assert_eq!(t.addr(), "[::1]:5000");
         assert!(Target::parse("ftp://x:1").is_err());
+        let t = Target::parse("stomp://127.0.0.1?name=rabbitmq-stomp").unwrap();
+        assert_eq!(
+            (t.system, t.port, t.mode()),
+            (System::Stomp, 61613, "brokered")
+        );
         assert_eq!(
             Target::parse("mqtt://x:1").is_ok(),
             cfg!(feature = "peers"),
@@ -275,5 +308,10 @@ mod tests {
         assert_eq!(Target::parse("zmq://127.0.0.1").unwrap().port, 0);
         assert_eq!(Target::parse("zmq://h:5555").unwrap().system(), "zmq");
         assert!(Target::parse("amqp://h?qos=1").is_err());
+        let t = Target::parse("zenoh://127.0.0.1?mode=peer&name=zenoh-p2p").unwrap();
+        assert_eq!((t.port, t.mode()), (7447, "peer-to-peer"));
+        assert_eq!(Target::parse("zenoh://h:1").unwrap().mode(), "brokered");
+        assert!(Target::parse("zenoh://h:1?mode=router").is_err());
+        assert!(Target::parse("zenoh://h:1?express=2").is_err());
     }
 }

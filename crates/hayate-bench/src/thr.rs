@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::driver::{Conn, client_name, mode, point_prefix};
+use crate::driver::{Conn, client_name, point_prefix};
 use crate::sampler::{Counter, Tally, sample};
 use crate::size::format_size;
 use crate::target::Target;
@@ -82,7 +82,7 @@ pub(crate) fn finish(rec: &mut Record, result: anyhow::Result<Vec<f64>>) {
 }
 
 async fn point(target: &Target, payload: usize, opts: &ThrOptions) -> Record {
-    let mut rec = Record::new(target.system(), mode(target.system), "thr", payload);
+    let mut rec = Record::new(target.system(), target.mode(), "thr", payload);
     rec.target = target.to_string();
     rec.client = client_name(target.system).to_string();
     let result = run(target, payload, opts, &mut rec).await;
@@ -131,7 +131,7 @@ async fn run_connected(
     // A round trip on the subscriber's connection: the subscription is active before the
     // publisher starts.
     sub_conn.flush().await?;
-    let topic = pub_conn.topic(&key)?;
+    let topic = pub_conn.topic(&key).await?;
     pub_conn.flush().await?;
 
     let counter = Counter::new();

@@ -17,6 +17,10 @@ pub(crate) enum Test {
     Lat,
     /// The raw TCP limit of the same path (throughput and latency), no broker.
     Baseline,
+    /// Request/reply by rpc-bench's method: the client sends a number, the server answers with
+    /// the number plus one, every reply checked. Default points: 32k..512k calls at
+    /// concurrency 1, then 10k calls at concurrency 4..64 (see --calls, --concurrency).
+    Rpc,
     /// Hayate and its peers side by side: starts each peer (bench/peers/*.sh), runs the
     /// throughput sweep, the 64 B latency, RPC, iperf3 and ddsperf, writes data, charts and an
     /// HTML report to bench/results/<date>-<host>[-quick]/.
@@ -30,10 +34,11 @@ pub(crate) struct BenchArgs {
     /// Hayate broker to measure (`HOST:PORT`), when no --target is given.
     #[arg(long, env = "HAYATE_SERVER", default_value = DEFAULT_SERVER)]
     pub(crate) server: String,
-    /// Systems to measure, as URLs: `hayate://HOST:PORT`, `nats://HOST:PORT`; with the
-    /// `peers` build feature also `mqtt://`, `amqp://`, `zmq://`, `kafka://`; `?name=LABEL`
-    /// names the system in the results. Repeatable: every target is measured in the same
-    /// run, interleaved per payload size.
+    /// Systems to measure, as URLs: `hayate://HOST:PORT`, `nats://HOST:PORT`,
+    /// `stomp://HOST:PORT`; with the `peers` build feature also `mqtt://`, `amqp://`,
+    /// `zmq://`, `kafka://`, `zenoh://` (`?mode=peer` for brokerless); `?name=LABEL` names the
+    /// system in the results. Repeatable: every target is measured in the same run,
+    /// interleaved per point.
     #[arg(long, value_name = "URL")]
     pub(crate) target: Vec<String>,
     /// Also measure the raw TCP baseline in the same run (thr and lat).
@@ -53,13 +58,27 @@ pub(crate) struct BenchArgs {
     /// 1st/99th percentiles).
     #[arg(long, default_value_t = 10)]
     pub(crate) samples: usize,
-    /// Latency: repeat the measurement this many times, rotating the order of the systems,
-    /// and report the median of each percentile over the runs.
+    /// Latency and RPC: repeat the measurement this many times, rotating the order of the
+    /// systems, and report the median of each figure over the runs.
     #[arg(long, default_value_t = 1)]
     pub(crate) runs: usize,
     /// Write one JSON record per point to this file, and SVG charts beside it.
     #[arg(long, value_name = "FILE")]
     pub(crate) json: Option<PathBuf>,
+    /// rpc: total calls of the concurrency-1 points, comma-separated (`32k,64k` or plain
+    /// numbers). Default 32k,64k,128k,256k,512k.
+    #[arg(long, value_name = "LIST")]
+    pub(crate) calls: Option<String>,
+    /// rpc: concurrencies measured with --concurrent-calls calls each, comma-separated.
+    /// Default 4,8,16,32,64; `none` for none.
+    #[arg(long, value_name = "LIST")]
+    pub(crate) concurrency: Option<String>,
+    /// rpc: total calls of each point with concurrency above 1.
+    #[arg(long, default_value = "10k")]
+    pub(crate) concurrent_calls: String,
+    /// rpc: a point stops after this long; the calls made so far count.
+    #[arg(long, default_value = "120s")]
+    pub(crate) max_time: String,
     /// compare: peers to run, comma-separated (default: all of them; those whose driver is
     /// not compiled in or whose install fails are reported as skipped).
     #[arg(long, value_name = "LIST")]
@@ -118,6 +137,74 @@ async fn compare(a: BenchArgs) -> Result<()> {
     }
 }
 
+/// `32k` -> 32000, `1m` -> 1000000, `500` -> 500.
+fn parse_count(s: &str) -> Result<u64> {
+    let s = s.trim().to_ascii_lowercase();
+    let (num, mult) = if let Some(n) = s.strip_suffix('k') {
+        (n, 1_000)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 1_000_000)
+    } else {
+        (s.as_str(), 1)
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| anyhow::anyhow!("bad count {s:?} (expected e.g. 500, 32k, 1m)"))?;
+    match n.checked_mul(mult) {
+        Some(v) if v > 0 => Ok(v),
+        _ => bail!("bad count {s:?}: must be between 1 and 2^64"),
+    }
+}
+
+fn parse_list<T>(s: &str, f: impl Fn(&str) -> Result<T>) -> Result<Vec<T>> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(f)
+        .collect()
+}
+
+fn rpc_points(a: &BenchArgs) -> Result<Vec<hayate_bench::RpcPoint>> {
+    let defaults = hayate_bench::default_rpc_points();
+    let mut points = match &a.calls {
+        Some(c) => parse_list(c, parse_count)?
+            .into_iter()
+            .map(|calls| hayate_bench::RpcPoint {
+                calls,
+                concurrency: 1,
+            })
+            .collect(),
+        None => defaults
+            .iter()
+            .filter(|p| p.concurrency == 1)
+            .copied()
+            .collect::<Vec<_>>(),
+    };
+    let calls = parse_count(&a.concurrent_calls)?;
+    let conc: Vec<usize> = match a.concurrency.as_deref() {
+        Some("none") => Vec::new(),
+        Some(c) => parse_list(c, |x| {
+            let n: usize = x
+                .parse()
+                .map_err(|_| anyhow::anyhow!("bad concurrency {x:?}"))?;
+            if n == 0 || n > 4096 {
+                bail!("concurrency must be 1..4096, not {n}");
+            }
+            Ok(n)
+        })?,
+        None => defaults
+            .iter()
+            .filter(|p| p.concurrency > 1)
+            .map(|p| p.concurrency)
+            .collect(),
+    };
+    points.extend(
+        conc.into_iter()
+            .map(|concurrency| hayate_bench::RpcPoint { calls, concurrency }),
+    );
+    Ok(points)
+}
+
 pub(crate) async fn run(a: BenchArgs) -> Result<()> {
     if a.test == Test::Compare {
         return compare(a).await;
@@ -168,6 +255,13 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
         Ok(match a.test {
             Test::Thr => hayate_bench::thr(&thr_opts(targets, a.baseline))?,
             Test::Lat => hayate_bench::lat(&lat_opts(targets, a.baseline))?,
+            Test::Rpc => hayate_bench::rpc(&hayate_bench::RpcOptions {
+                targets,
+                points: rpc_points(&a)?,
+                runs: a.runs.max(1),
+                max_time: parse_duration(&a.max_time)?,
+                call_timeout: Duration::from_secs(10),
+            })?,
             Test::Baseline | Test::Compare => {
                 let mut r = hayate_bench::baseline_thr(&thr_opts(Vec::new(), true))?;
                 r.extend(hayate_bench::baseline_lat(&lat_opts(Vec::new(), true))?);
@@ -184,4 +278,23 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_and_lists() {
+        assert_eq!(parse_count("32k").unwrap(), 32_000);
+        assert_eq!(parse_count("1M").unwrap(), 1_000_000);
+        assert_eq!(parse_count(" 500 ").unwrap(), 500);
+        assert!(parse_count("0").is_err());
+        assert!(parse_count("x").is_err());
+        assert!(parse_count("99999999999999999999k").is_err());
+        assert_eq!(
+            parse_list("4, 8,,16", |s| Ok(s.len())).unwrap(),
+            vec![1, 1, 2]
+        );
+    }
 }

@@ -18,8 +18,11 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(
+                    "info,async_nats=warn,zenoh=warn,lapin=warn,rumqttc=warn,rdkafka=warn",
+                )
+            }),
         )
         .with_writer(std::io::stderr)
         .init();

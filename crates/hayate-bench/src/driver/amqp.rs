@@ -235,3 +235,139 @@ impl AmqpSub {
         }
     }
 }
+
+/// RabbitMQ's pseudo-queue for direct reply-to.
+const REPLY_TO: &str = "amq.rabbitmq.reply-to";
+
+async fn rpc_channel(target: &Target, name: &str) -> anyhow::Result<(Connection, Channel)> {
+    let uri = format!("amqp://guest:guest@{}/%2f", target.addr());
+    let props = ConnectionProperties::default().with_connection_name(name.into());
+    let conn = Connection::connect(&uri, props)
+        .await
+        .with_context(|| format!("connecting to {target}"))?;
+    let channel = conn.create_channel().await?;
+    Ok((conn, channel))
+}
+
+/// The RPC server: consumes a queue (auto-ack) and publishes each answer to the request's
+/// `reply_to` through the default exchange, with the request's correlation id.
+pub(crate) struct RpcServer {
+    conn: Connection,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RpcServer {
+    pub(crate) async fn start(
+        target: &Target,
+        queue: &str,
+        handler: fn(&[u8]) -> Bytes,
+    ) -> anyhow::Result<RpcServer> {
+        let (conn, channel) = rpc_channel(target, "bench-rpc-server").await?;
+        channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    auto_delete: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        let mut consumer = channel
+            .basic_consume(
+                queue.into(),
+                "".into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..BasicConsumeOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        let task = tokio::spawn(async move {
+            while let Some(Ok(d)) = consumer.next().await {
+                let Some(reply_to) = d.properties.reply_to().clone() else {
+                    continue;
+                };
+                let mut props = BasicProperties::default();
+                if let Some(id) = d.properties.correlation_id().clone() {
+                    props = props.with_correlation_id(id);
+                }
+                let answer = handler(&d.data);
+                let sent = channel
+                    .basic_publish(
+                        "".into(),
+                        reply_to,
+                        BasicPublishOptions::default(),
+                        &answer,
+                        props,
+                    )
+                    .await;
+                if sent.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(RpcServer { conn, task })
+    }
+
+    pub(crate) async fn close(self) {
+        self.task.abort();
+        let _ = self.conn.close(200, "bye".into()).await;
+    }
+}
+
+/// An RPC caller: consumes `amq.rabbitmq.reply-to` (no-ack, as RabbitMQ requires) and
+/// publishes each request to the server's queue with `reply_to` set to it.
+pub(crate) struct RpcCaller {
+    conn: Connection,
+    channel: Channel,
+    replies: lapin::Consumer,
+    queue: String,
+}
+
+impl RpcCaller {
+    pub(crate) async fn connect(target: &Target, queue: &str) -> anyhow::Result<RpcCaller> {
+        let (conn, channel) = rpc_channel(target, "bench-rpc-caller").await?;
+        let replies = channel
+            .basic_consume(
+                REPLY_TO.into(),
+                "".into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..BasicConsumeOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(RpcCaller {
+            conn,
+            channel,
+            replies,
+            queue: queue.to_string(),
+        })
+    }
+
+    pub(crate) async fn call(&mut self, req: &[u8]) -> anyhow::Result<Bytes> {
+        self.channel
+            .basic_publish(
+                "".into(),
+                self.queue.as_str().into(),
+                BasicPublishOptions::default(),
+                req,
+                BasicProperties::default().with_reply_to(REPLY_TO.into()),
+            )
+            .await?;
+        let d = self
+            .replies
+            .next()
+            .await
+            .context("amqp: the reply consumer ended")??;
+        Ok(Bytes::from(d.data))
+    }
+
+    pub(crate) async fn close(self) {
+        let _ = self.conn.close(200, "bye".into()).await;
+    }
+}

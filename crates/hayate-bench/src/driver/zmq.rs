@@ -304,3 +304,50 @@ impl ZmqSub {
         self.0.recv().await
     }
 }
+
+/// The RPC server: a REP socket bound on the target's host (a free port) answering each
+/// request with `handler`. Returns its endpoint and its task.
+pub(crate) async fn rpc_serve(
+    target: &Target,
+    handler: fn(&[u8]) -> Bytes,
+) -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
+    let host = if target.host.contains(':') {
+        format!("[{}]", target.host)
+    } else {
+        target.host.clone()
+    };
+    let mut rep = zeromq::RepSocket::new();
+    let endpoint = rep
+        .bind(&format!("tcp://{host}:{}", target.port))
+        .await
+        .with_context(|| format!("binding a REP socket on {host}"))?
+        .to_string();
+    let task = tokio::spawn(async move {
+        while let Ok(m) = rep.recv().await {
+            let answer = handler(m.get(0).map(|b| &b[..]).unwrap_or(&[]));
+            if rep.send(ZmqMessage::from(answer)).await.is_err() {
+                break;
+            }
+        }
+    });
+    Ok((endpoint, task))
+}
+
+/// An RPC caller: a REQ socket connected to the server's REP.
+pub(crate) struct RpcCaller(zeromq::ReqSocket);
+
+impl RpcCaller {
+    pub(crate) async fn connect(endpoint: &str) -> anyhow::Result<RpcCaller> {
+        let mut s = zeromq::ReqSocket::new();
+        s.connect(endpoint)
+            .await
+            .with_context(|| format!("connecting a REQ socket to {endpoint}"))?;
+        Ok(RpcCaller(s))
+    }
+
+    pub(crate) async fn call(&mut self, req: Bytes) -> anyhow::Result<Bytes> {
+        self.0.send(ZmqMessage::from(req)).await?;
+        let m = self.0.recv().await?;
+        m.get(0).cloned().context("zmq: empty reply")
+    }
+}

@@ -1,0 +1,680 @@
+//! RPC: request/reply over each system, by rpc-bench's method (the seeds' NewtMQ benchmark).
+//! The client sends a number, the server answers with the number plus one, and every reply is
+//! checked. A point is `calls` requests made by `concurrency` callers, each with its own
+//! connection and one request in flight; the server is one connection handling requests one
+//! by one. Reported: calls per second over the whole point and the percentiles of the call
+//! time (a full round trip, not a half).
+//!
+//! Each system does request/reply its own way (the method is recorded in the client field):
+//! - Hayate: `Client::request`, replies to the requester's inbox (`_inbox/...`).
+//! - NATS: `Client::request` (a reply subject per request, on the client's inbox prefix).
+//! - STOMP (RabbitMQ): a temp-queue: `SEND /queue/<name>` with `reply-to:/temp-queue/rpc`;
+//!   the server sends its reply to the (rewritten) `reply-to` destination.
+//! - AMQP (RabbitMQ): direct reply-to (`amq.rabbitmq.reply-to`).
+//! - ZeroMQ: REQ/REP, brokerless (one REQ socket per caller, one REP socket serving them).
+//! - Zenoh: `get` on the server's queryable (through the router, or peer to peer).
+//! - MQTT and Kafka have no request/reply of their own here: "pub/sub request-reply", each
+//!   caller subscribes to a reply topic of its own and sends `"<caller> <n>"` to the request
+//!   topic; the server publishes the answer to that caller's reply topic (what MQTT 3.1.1
+//!   applications do; MQTT 5's response-topic property carries the same information).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use futures::StreamExt;
+use hdrhistogram::Histogram;
+
+use crate::driver::{Conn, Sub, Topic, point_prefix};
+use crate::target::{System, Target};
+use crate::{Record, with_runtime};
+
+/// One RPC point: `calls` requests in all, by `concurrency` callers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RpcPoint {
+    /// Requests in all.
+    pub calls: u64,
+    /// Callers, each with one request in flight.
+    pub concurrency: usize,
+}
+
+/// Settings of an RPC run.
+#[derive(Debug, Clone)]
+pub struct RpcOptions {
+    /// Systems, in this order (rotated between runs).
+    pub targets: Vec<Target>,
+    /// The points, in order.
+    pub points: Vec<RpcPoint>,
+    /// Repetitions of each point (rotated order; medians reported).
+    pub runs: usize,
+    /// A point stops early after this long (slow systems): the calls made so far count.
+    pub max_time: Duration,
+    /// How long one call may take before the point fails.
+    pub call_timeout: Duration,
+}
+
+impl Default for RpcOptions {
+    fn default() -> Self {
+        RpcOptions {
+            targets: Vec::new(),
+            points: default_points(),
+            runs: 1,
+            max_time: Duration::from_secs(120),
+            call_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// rpc-bench's points: 32k, 64k, 128k, 256k and 512k calls at concurrency 1, then 10k calls at
+/// concurrency 4, 8, 16, 32 and 64.
+pub fn default_points() -> Vec<RpcPoint> {
+    let mut v: Vec<RpcPoint> = [32u64, 64, 128, 256, 512]
+        .iter()
+        .map(|k| RpcPoint {
+            calls: k * 1000,
+            concurrency: 1,
+        })
+        .collect();
+    v.extend([4, 8, 16, 32, 64].iter().map(|&c| RpcPoint {
+        calls: 10_000,
+        concurrency: c,
+    }));
+    v
+}
+
+/// Runs every point for every target (`runs` times, rotating the order of the targets) and
+/// returns one record per (point, target): the median of each figure over the runs.
+pub fn rpc(opts: &RpcOptions) -> anyhow::Result<Vec<Record>> {
+    let pb = crate::progress::bar(opts.points.len() * opts.targets.len() * opts.runs.max(1));
+    let mut out = Vec::new();
+    for point in &opts.points {
+        let n = opts.targets.len();
+        let mut per: Vec<Vec<Record>> = vec![Vec::new(); n];
+        for r in 0..opts.runs.max(1) {
+            for k in 0..n {
+                let i = (k + r) % n;
+                let t = &opts.targets[i];
+                pb.set_message(format!(
+                    "{} {} calls x{}",
+                    t.system(),
+                    point.calls,
+                    point.concurrency
+                ));
+                per[i].push(rpc_point(t, *point, opts));
+                pb.inc(1);
+            }
+        }
+        out.extend(per.into_iter().map(crate::lat::merge_runs));
+    }
+    pb.finish_and_clear();
+    Ok(out)
+}
+
+/// One point on one target, in a runtime of its own.
+pub(crate) fn rpc_point(target: &Target, point: RpcPoint, opts: &RpcOptions) -> Record {
+    let mut r = Record::new(target.system(), method_mode(target), "rpc", 0);
+    r.target = target.to_string();
+    r.concurrency = Some(point.concurrency);
+    let limit = opts.max_time + opts.call_timeout + Duration::from_secs(60);
+    let res = with_runtime(|rt| {
+        rt.block_on(async {
+            tokio::time::timeout(limit, run(target, point, opts))
+                .await
+                .with_context(|| format!("rpc: timed out after {limit:?}"))?
+        })
+    });
+    match res {
+        Ok(o) => {
+            r.client = o.client;
+            r.server_version = o.version;
+            let secs = o.elapsed.as_secs_f64();
+            r.msgs_per_sec = Some(o.calls as f64 / secs);
+            let us = |q: f64| o.hist.value_at_quantile(q) as f64 / 1000.0;
+            r.p50_us = Some(us(0.5));
+            r.p99_us = Some(us(0.99));
+            r.p999_us = Some(us(0.999));
+            r.samples = o.calls as usize;
+            if o.calls < point.calls {
+                tracing::info!(
+                    "rpc {}: stopped after {} of {} calls ({:?})",
+                    target.system(),
+                    o.calls,
+                    point.calls,
+                    opts.max_time
+                );
+            }
+        }
+        Err(e) => r.error = Some(format!("{e:#}")),
+    }
+    r
+}
+
+/// "brokered", or "peer-to-peer" for ZeroMQ and Zenoh in peer mode.
+fn method_mode(target: &Target) -> &'static str {
+    target.mode()
+}
+
+/// The server's answer: the number plus one (garbage in: `u64::MAX`, which no check accepts).
+pub(crate) fn add_one(req: &[u8]) -> Bytes {
+    let n: u64 = std::str::from_utf8(req)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(u64::MAX - 1);
+    Bytes::from((n + 1).to_string())
+}
+
+/// Checks that `reply` answers request `i`.
+pub(crate) fn check_reply(i: u64, reply: &[u8]) -> anyhow::Result<()> {
+    let got: u64 = std::str::from_utf8(reply)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("rpc: request {i} got a reply that is not a number: {reply:?}"))?;
+    if got != i + 1 {
+        bail!("rpc: request {i} got {got}, expected {}", i + 1);
+    }
+    Ok(())
+}
+
+#[cfg_attr(not(feature = "peers"), allow(dead_code))]
+/// The pub/sub request-reply server's answer to `"<caller> <n>"`: `(caller, n + 1)`.
+fn pubsub_answer(req: &[u8]) -> Option<(u64, Bytes)> {
+    let s = std::str::from_utf8(req).ok()?;
+    let (caller, n) = s.split_once(' ')?;
+    Some((caller.parse().ok()?, add_one(n.as_bytes())))
+}
+
+struct Outcome {
+    client: String,
+    version: Option<String>,
+    calls: u64,
+    elapsed: Duration,
+    hist: Histogram<u64>,
+}
+
+/// The serving side of a point; stopped by [`Server::stop`].
+#[cfg_attr(not(feature = "peers"), allow(dead_code))]
+struct Server {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    conns: Vec<Conn>,
+    /// Where callers find the server (ZeroMQ's endpoint; Zenoh peer mode's listener).
+    endpoint: Option<String>,
+    #[cfg(feature = "peers")]
+    amqp: Option<crate::driver::amqp::RpcServer>,
+    #[cfg(feature = "peers")]
+    zenoh: Option<::zenoh::Session>,
+}
+
+impl Server {
+    fn new() -> Server {
+        Server {
+            tasks: Vec::new(),
+            conns: Vec::new(),
+            endpoint: None,
+            #[cfg(feature = "peers")]
+            amqp: None,
+            #[cfg(feature = "peers")]
+            zenoh: None,
+        }
+    }
+
+    async fn stop(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        for c in self.conns {
+            c.close(Duration::from_secs(5)).await;
+        }
+        #[cfg(feature = "peers")]
+        if let Some(a) = self.amqp {
+            a.close().await;
+        }
+        #[cfg(feature = "peers")]
+        if let Some(z) = self.zenoh {
+            let _ = z.close().await;
+        }
+    }
+}
+
+/// One caller: a connection with one request in flight.
+#[cfg_attr(not(feature = "peers"), allow(dead_code))]
+enum Caller {
+    Hayate(hayate_client::Client, hayate_core::Key),
+    Nats(async_nats::Client, async_nats::Subject),
+    Stomp(
+        crate::driver::stomp::StompConn,
+        crate::driver::stomp::StompSub,
+        String,
+    ),
+    PubSub {
+        conn: Conn,
+        topic: Topic,
+        replies: Sub,
+        id: u64,
+    },
+    #[cfg(feature = "peers")]
+    Amqp(crate::driver::amqp::RpcCaller),
+    #[cfg(feature = "peers")]
+    Zmq(crate::driver::zmq::RpcCaller),
+    #[cfg(feature = "peers")]
+    Zenoh(::zenoh::Session, String),
+}
+
+impl Caller {
+    async fn call(&mut self, n: u64, timeout: Duration) -> anyhow::Result<Bytes> {
+        let req = Bytes::from(n.to_string());
+        let fut = async {
+            Ok(match self {
+                Caller::Hayate(c, k) => c.request(k, req, timeout).await?.payload,
+                Caller::Nats(c, s) => c.request(s.clone(), req).await?.payload,
+                Caller::Stomp(c, replies, dest) => {
+                    c.send(dest, &[("reply-to", "/temp-queue/rpc")], &req)
+                        .await?;
+                    replies
+                        .next_frame()
+                        .await
+                        .context("stomp: the connection ended")?
+                        .body
+                }
+                Caller::PubSub {
+                    conn,
+                    topic,
+                    replies,
+                    id,
+                } => {
+                    let mut p = id.to_string().into_bytes();
+                    p.push(b' ');
+                    p.extend_from_slice(&req);
+                    conn.publish(topic, Bytes::from(p)).await?;
+                    replies
+                        .next()
+                        .await
+                        .context("the reply subscription ended")?
+                }
+                #[cfg(feature = "peers")]
+                Caller::Amqp(c) => c.call(&req).await?,
+                #[cfg(feature = "peers")]
+                Caller::Zmq(c) => c.call(req).await?,
+                #[cfg(feature = "peers")]
+                Caller::Zenoh(s, key) => {
+                    crate::driver::zenoh::rpc_call(s, key, req, timeout).await?
+                }
+            })
+        };
+        tokio::time::timeout(timeout, fut)
+            .await
+            .with_context(|| format!("rpc: no reply to request {n} within {timeout:?}"))?
+    }
+
+    async fn close(self) {
+        let t = Duration::from_secs(5);
+        match self {
+            Caller::Hayate(c, _) => {
+                let _ = tokio::time::timeout(t, c.close()).await;
+            }
+            Caller::Nats(..) => {}
+            Caller::Stomp(c, _, _) => {
+                let _ = tokio::time::timeout(t, c.close()).await;
+            }
+            Caller::PubSub { conn, .. } => conn.close(t).await,
+            #[cfg(feature = "peers")]
+            Caller::Amqp(c) => c.close().await,
+            #[cfg(feature = "peers")]
+            Caller::Zmq(_) => {}
+            #[cfg(feature = "peers")]
+            Caller::Zenoh(s, _) => {
+                let _ = s.close().await;
+            }
+        }
+    }
+}
+
+/// The client library and request/reply method, for records.
+fn client_label(system: System) -> String {
+    let (lib, how) = match system {
+        System::Hayate => (crate::driver::client_name(system), "request, inbox reply"),
+        System::Nats => (crate::driver::client_name(system), "request/reply"),
+        System::Stomp => (crate::driver::client_name(system), "temp-queue reply-to"),
+        System::Amqp => (crate::driver::client_name(system), "direct reply-to"),
+        System::Zmq => (crate::driver::client_name(system), "REQ/REP"),
+        System::Zenoh => (crate::driver::client_name(system), "get/queryable"),
+        System::Mqtt | System::Kafka => (
+            crate::driver::client_name(system),
+            "pub/sub request-reply, a reply topic per caller",
+        ),
+    };
+    format!("{lib} ({how})")
+}
+
+async fn start_server(target: &Target, prefix: &str) -> anyhow::Result<Server> {
+    let mut server = Server::new();
+    let key = format!("{prefix}/req");
+    match target.system {
+        System::Hayate => {
+            let c = hayate_client::Client::connect(&target.addr()).await?;
+            let mut sub = c.subscribe(&key).await?;
+            c.flush().await?;
+            let srv = c.clone();
+            server.tasks.push(tokio::spawn(async move {
+                while let Some(m) = sub.next().await {
+                    if srv.reply(&m, add_one(&m.payload)).await.is_err() {
+                        break;
+                    }
+                }
+            }));
+            server.conns.push(Conn::Hayate(c));
+        }
+        System::Nats => {
+            let c = async_nats::connect(format!("nats://{}", target.addr())).await?;
+            let mut sub = c.subscribe(key.replace('/', ".")).await?;
+            c.flush().await?;
+            let srv = c.clone();
+            server.tasks.push(tokio::spawn(async move {
+                while let Some(m) = sub.next().await {
+                    if let Some(reply) = m.reply
+                        && srv.publish(reply, add_one(&m.payload)).await.is_err()
+                    {
+                        break;
+                    }
+                }
+            }));
+            let _ = c.flush().await;
+        }
+        System::Stomp => {
+            let Conn::Stomp(c) = Conn::connect(target, "bench-rpc-server", 64).await? else {
+                bail!("stomp: unexpected connection kind");
+            };
+            let mut sub = c.subscribe_destination(&stomp_queue(prefix)).await?;
+            c.flush(Duration::from_secs(10)).await?;
+            let srv = c.clone();
+            server.tasks.push(tokio::spawn(async move {
+                while let Some(f) = sub.next_frame().await {
+                    let Some(reply_to) = f.get("reply-to") else {
+                        continue;
+                    };
+                    let mut headers = Vec::new();
+                    if let Some(id) = f.get("correlation-id") {
+                        headers.push(("correlation-id", id));
+                    }
+                    if srv
+                        .send(reply_to, &headers, &add_one(&f.body))
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            }));
+            server.conns.push(Conn::Stomp(c));
+        }
+        #[cfg(feature = "peers")]
+        System::Amqp => {
+            server.amqp = Some(
+                crate::driver::amqp::RpcServer::start(target, &amqp_queue(prefix), add_one).await?,
+            );
+        }
+        #[cfg(feature = "peers")]
+        System::Zmq => {
+            let (endpoint, task) = crate::driver::zmq::rpc_serve(target, add_one).await?;
+            server.endpoint = Some(endpoint);
+            server.tasks.push(task);
+        }
+        #[cfg(feature = "peers")]
+        System::Zenoh => {
+            let (session, endpoint) = crate::driver::zenoh::open_server(target).await?;
+            let task =
+                crate::driver::zenoh::rpc_serve(session.clone(), key.clone(), add_one).await?;
+            server.tasks.push(task);
+            server.endpoint = endpoint;
+            server.zenoh = Some(session);
+        }
+        #[cfg(feature = "peers")]
+        System::Mqtt | System::Kafka => {
+            let conn = Conn::connect(target, "bench-rpc-server", 64).await?;
+            let mut sub = conn.subscribe(&key).await?;
+            conn.flush().await?;
+            let srv = conn.clone();
+            let prefix = prefix.to_string();
+            server.tasks.push(tokio::spawn(async move {
+                let mut topics: std::collections::HashMap<u64, Topic> =
+                    std::collections::HashMap::new();
+                while let Some(req) = sub.next().await {
+                    let Some((caller, answer)) = pubsub_answer(&req) else {
+                        continue;
+                    };
+                    if let std::collections::hash_map::Entry::Vacant(e) = topics.entry(caller) {
+                        match srv.topic(&format!("{prefix}/rep/{caller}")).await {
+                            Ok(t) => {
+                                e.insert(t);
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    if srv.publish(&topics[&caller], answer).await.is_err() {
+                        break;
+                    }
+                }
+            }));
+            server.conns.push(conn);
+        }
+        #[cfg(not(feature = "peers"))]
+        other => bail!("rpc: the {} driver is not compiled in", other.name()),
+    }
+    Ok(server)
+}
+
+fn stomp_queue(prefix: &str) -> String {
+    format!("/queue/{}", prefix.replace('/', "."))
+}
+
+#[cfg(feature = "peers")]
+fn amqp_queue(prefix: &str) -> String {
+    format!("{}.rpc", prefix.replace('/', "."))
+}
+
+#[cfg_attr(not(feature = "peers"), allow(unused_variables))]
+async fn connect_caller(
+    target: &Target,
+    prefix: &str,
+    server: &Server,
+    id: u64,
+) -> anyhow::Result<Caller> {
+    let key = format!("{prefix}/req");
+    Ok(match target.system {
+        System::Hayate => {
+            let c = hayate_client::Client::connect(&target.addr()).await?;
+            Caller::Hayate(c, hayate_core::Key::new(&key)?)
+        }
+        System::Nats => {
+            let c = async_nats::connect(format!("nats://{}", target.addr())).await?;
+            Caller::Nats(c, async_nats::Subject::from(key.replace('/', ".")))
+        }
+        System::Stomp => {
+            let Conn::Stomp(c) = Conn::connect(target, &format!("bench-rpc-{id}"), 64).await?
+            else {
+                bail!("stomp: unexpected connection kind");
+            };
+            // Replies to a temp-queue come with `subscription:/temp-queue/rpc`.
+            let replies = c.listen("/temp-queue/rpc");
+            Caller::Stomp(c, replies, stomp_queue(prefix))
+        }
+        #[cfg(feature = "peers")]
+        System::Amqp => Caller::Amqp(
+            crate::driver::amqp::RpcCaller::connect(target, &amqp_queue(prefix)).await?,
+        ),
+        #[cfg(feature = "peers")]
+        System::Zmq => {
+            let ep = server
+                .endpoint
+                .as_deref()
+                .context("zmq: no server endpoint")?;
+            Caller::Zmq(crate::driver::zmq::RpcCaller::connect(ep).await?)
+        }
+        #[cfg(feature = "peers")]
+        System::Zenoh => {
+            let s = crate::driver::zenoh::open_client(target, server.endpoint.as_deref()).await?;
+            Caller::Zenoh(s, key)
+        }
+        #[cfg(feature = "peers")]
+        System::Mqtt | System::Kafka => {
+            let conn = Conn::connect(target, &format!("bench-rpc-{id}"), 64).await?;
+            let replies = conn.subscribe(&format!("{prefix}/rep/{id}")).await?;
+            conn.flush().await?;
+            let topic = conn.topic(&key).await?;
+            Caller::PubSub {
+                conn,
+                topic,
+                replies,
+                id,
+            }
+        }
+        #[cfg(not(feature = "peers"))]
+        other => bail!("rpc: the {} driver is not compiled in", other.name()),
+    })
+}
+
+async fn run(target: &Target, point: RpcPoint, opts: &RpcOptions) -> anyhow::Result<Outcome> {
+    if point.concurrency == 0 || point.calls == 0 {
+        bail!("rpc: calls and concurrency must be at least 1");
+    }
+    let prefix = point_prefix();
+    let server = start_server(target, &prefix).await?;
+    let result = run_callers(target, &prefix, &server, point, opts).await;
+    server.stop().await;
+    result
+}
+
+async fn run_callers(
+    target: &Target,
+    prefix: &str,
+    server: &Server,
+    point: RpcPoint,
+    opts: &RpcOptions,
+) -> anyhow::Result<Outcome> {
+    let mut callers = Vec::with_capacity(point.concurrency);
+    for id in 0..point.concurrency as u64 {
+        let mut c = connect_caller(target, prefix, server, id).await?;
+        // Warm-up and readiness: a first call must succeed (the server's subscription or
+        // queryable has reached the caller's side). Retried for up to 10 s.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let probe = u64::MAX / 2;
+            match c.call(probe, Duration::from_secs(1)).await {
+                Ok(r) if check_reply(probe, &r).is_ok() => break,
+                Ok(r) => bail!("rpc: warm-up call got {r:?}"),
+                Err(e) if Instant::now() > deadline => {
+                    return Err(e.context("rpc: the server never answered"));
+                }
+                // A reply that was late for the probe could arrive with the next call:
+                // reconnect to start clean.
+                Err(_) => {
+                    c.close().await;
+                    c = connect_caller(target, prefix, server, id).await?;
+                }
+            }
+        }
+        for i in 0..20 {
+            let r = c.call(i, opts.call_timeout).await?;
+            check_reply(i, &r)?;
+        }
+        callers.push(c);
+    }
+    let next = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let stop_at = t0 + opts.max_time;
+    let mut tasks = Vec::new();
+    for mut c in callers {
+        let next = next.clone();
+        let timeout = opts.call_timeout;
+        let calls = point.calls;
+        tasks.push(tokio::spawn(async move {
+            let mut hist = crate::lat::new_histogram()?;
+            let mut done = 0u64;
+            let res: anyhow::Result<()> = async {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= calls || Instant::now() > stop_at {
+                        return Ok(());
+                    }
+                    let t = Instant::now();
+                    let r = c.call(i, timeout).await?;
+                    let el = t.elapsed();
+                    check_reply(i, &r)?;
+                    hist.saturating_record((el.as_nanos() as u64).max(1));
+                    done += 1;
+                }
+            }
+            .await;
+            c.close().await;
+            res.map(|()| (hist, done))
+        }));
+    }
+    let mut hist = crate::lat::new_histogram()?;
+    let mut calls = 0;
+    let mut elapsed = Duration::ZERO;
+    let mut first_err = None;
+    for t in tasks {
+        match t.await.context("rpc caller task")? {
+            Ok((h, d)) => {
+                hist.add(&h)?;
+                calls += d;
+            }
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+        elapsed = t0.elapsed().max(elapsed);
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    let version = match &server.conns.first() {
+        Some(c) => c.server_version(),
+        None => None,
+    };
+    Ok(Outcome {
+        client: client_label(target.system),
+        version,
+        calls,
+        elapsed,
+        hist,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arithmetic_and_checks() {
+        assert_eq!(&add_one(b"41")[..], b"42");
+        check_reply(41, b"42").unwrap();
+        assert!(check_reply(41, b"41").is_err());
+        assert!(check_reply(41, b"x").is_err());
+        assert_eq!(pubsub_answer(b"3 41"), Some((3, Bytes::from("42"))));
+        assert_eq!(pubsub_answer(b"41"), None);
+        assert_eq!(pubsub_answer(b"x 41"), None);
+    }
+
+    #[test]
+    fn default_points_follow_rpc_bench() {
+        let p = default_points();
+        assert_eq!(p.len(), 10);
+        assert_eq!(
+            p[0],
+            RpcPoint {
+                calls: 32_000,
+                concurrency: 1
+            }
+        );
+        assert_eq!(p[4].calls, 512_000);
+        assert_eq!(
+            p[9],
+            RpcPoint {
+                calls: 10_000,
+                concurrency: 64
+            }
+        );
+    }
+}
