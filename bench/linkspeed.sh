@@ -1,13 +1,33 @@
 #!/usr/bin/env bash
-# Hayate vs NATS over a rate-limited link (shared/BENCH.md, "Link speed"): the broker and the
-# clients live in two network namespaces joined by a veth pair, and both ends of the pair are
-# shaped with `tc ... tbf` to each rate in turn (100 Mbit/s, 1 Gbit/s, 10 Gbit/s). Per rate it
-# starts a Hayate broker and nats-server in the broker namespace, measures the achievable TCP
-# line with iperf3 (if installed), runs one `hayate bench thr` payload sweep with both targets
-# from the client namespace, and stops the servers. At the end it prints a table of msg/s,
-# payload bit/s and link utilisation and writes, to bench/results/<date>-<host>-linkspeed/:
+# Hayate and its peers over a rate-limited link (shared/BENCH.md, "Link speed"): the brokers and
+# the clients live in two network namespaces joined by a veth pair, and both ends of the pair
+# are shaped with `tc ... tbf` to each rate in turn (100 Mbit/s, 1 Gbit/s, 10 Gbit/s). Per rate
+# it starts every system's server in the broker namespace, listening on the veth address
+# (Hayate's broker, nats-server, Mosquitto, zenohd, one RabbitMQ node for AMQP 0-9-1 and STOMP,
+# Kafka in KRaft mode), measures the achievable TCP line with iperf3 (if installed), runs one
+# `hayate bench thr` payload sweep over all the systems from the client namespace, and stops
+# the servers. At the end it prints a table of msg/s, payload bit/s and link utilisation per
+# link, payload and system and writes, to bench/results/<date>-<host>-linkspeed/:
 #   thr-<rate>.json (the `hayate bench thr` records), iperf3-<rate>[-bidir].json,
 #   tc-<rate>.txt (qdisc statistics, cumulative), linkspeed.csv, linkspeed.md, machine.txt
+#
+# Systems (SYSTEMS, in this order by default) and the targets measured:
+#   hayate          hayate://BRK:4700                    hayate broker --max-payload 64 MiB
+#   nats            nats://BRK:4222                      nats-server, as bench/peers/nats.sh
+#   mosquitto       mqtt://BRK:1883?name=mosquitto       MQTT QoS 0; config as mosquitto.sh
+#   zenoh           zenoh://BRK:7447                     zenohd router, sessions in client mode
+#   rabbitmq        amqp://BRK:5672?name=rabbitmq        AMQP 0-9-1  } one node, started with
+#   rabbitmq-stomp  stomp://BRK:61613?name=rabbitmq-stomp  STOMP     } bench/peers/rabbitmq.sh
+#   kafka           kafka://BRK:19092                    KRaft, started with bench/peers/kafka.sh
+# The mqtt, amqp, zenoh and kafka drivers are only in a binary built with the peers feature
+# (`cargo build --release -p hayate --features hayate/peers`); without them those systems are
+# skipped with a note (on the terminal, in machine.txt and in the report), and so is a system
+# whose server is not installed (the peers' install verbs: bench/peers/README.md). RabbitMQ and
+# Kafka run through their scripts inside the broker namespace with PEER_HOST set to the veth
+# address (`ip netns exec NS env PEER_HOST=10.77.0.1 bench/peers/rabbitmq.sh start`): their
+# run files are then their own, apart from any default instance on the machine's 127.0.0.1,
+# and epmd, the Erlang distribution port and the namespace's loopback stay inside the
+# namespace. A server that does not come up at some rate is noted and its points skipped there.
 #
 # Utilisation: publisher and subscriber are both in the client namespace, so every message
 # crosses the link twice, client -> broker and broker -> client, i.e. once in each direction
@@ -16,17 +36,21 @@
 # overhead alone keeps it below ~95% with a 1500-byte MTU; iperf3 shows that ceiling).
 #
 # Needs root (CAP_NET_ADMIN) for `ip netns` and `tc`; without it, prints "skipped" and exits 0.
-# Cleans up on exit whatever happens: stops the servers it started, deletes both namespaces
-# (which removes the veth pair).
+# Cleans up on exit whatever happens: stops the servers it started (RabbitMQ and Kafka with
+# their scripts' stop), deletes both namespaces (which removes the veth pair, and kills
+# whatever still runs in them).
 #
-# Environment: RATES (default "100mbit 1gbit 10gbit", tc units: kbit/mbit/gbit are 10^3/10^6/
-# 10^9 bit/s), PAYLOADS (default 64,1KiB,16KiB,256KiB,1MiB), DURATION per point (default 2s),
-# IPERF_TIME seconds (default 3), OUT (the output directory), RUST_LOG (default warn).
-# Does not build: run `cargo build --release -p hayate` first.
+# Environment: SYSTEMS (default "hayate nats mosquitto zenoh rabbitmq rabbitmq-stomp kafka"),
+# RATES (default "100mbit 1gbit 10gbit", tc units: kbit/mbit/gbit are 10^3/10^6/10^9 bit/s),
+# PAYLOADS (default 64,1KiB,16KiB,256KiB,1MiB), DURATION per point (default 2s), IPERF_TIME
+# seconds (default 3), OUT (the output directory), RUST_LOG (default warn).
+# Does not build: run `cargo build --release -p hayate --features hayate/peers` first (without
+# the feature: Hayate, NATS and RabbitMQ's STOMP only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
 
+SYSTEMS="${SYSTEMS:-hayate nats mosquitto zenoh rabbitmq rabbitmq-stomp kafka}"
 RATES="${RATES:-100mbit 1gbit 10gbit}"
 PAYLOADS="${PAYLOADS:-64,1KiB,16KiB,256KiB,1MiB}"
 DURATION="${DURATION:-2s}"
@@ -45,19 +69,95 @@ BRK_IP=10.77.0.1
 CLI_IP=10.77.0.2
 HAYATE_PORT=4700
 NATS_PORT=4222
+MOSQUITTO_PORT=1883
+ZENOH_PORT=7447
+AMQP_PORT=5672          # RabbitMQ's listeners (rabbitmq.sh start AMQP STOMP MQTT); its MQTT
+STOMP_PORT=61613        # plugin listens too, unmeasured here
+RABBIT_MQTT_PORT=11883
+KAFKA_PORT=19092        # and the KRaft controller on 19093
 IPERF_PORT=5201
+RABBITMQ_SH="$ROOT/bench/peers/rabbitmq.sh"
+KAFKA_SH="$ROOT/bench/peers/kafka.sh"
 
 die() { echo "linkspeed.sh: $*" >&2; exit 1; }
 
-[[ -x "$BIN" ]] || die "$BIN not found: cargo build --release -p hayate"
-NATS_BIN=""
-for c in "$ROOT/bench/peers/bin/nats-server" /work/tools/bin/nats-server; do
-    if [[ -x "$c" ]]; then NATS_BIN="$c"; break; fi
+[[ -x "$BIN" ]] || die "$BIN not found: cargo build --release -p hayate --features hayate/peers"
+
+# The target URL of a system (the broker namespace's address); false for an unknown name.
+target_of() {
+    case "$1" in
+        hayate) echo "hayate://$BRK_IP:$HAYATE_PORT" ;;
+        nats) echo "nats://$BRK_IP:$NATS_PORT" ;;
+        mosquitto) echo "mqtt://$BRK_IP:$MOSQUITTO_PORT?name=mosquitto" ;;
+        zenoh) echo "zenoh://$BRK_IP:$ZENOH_PORT" ;;
+        rabbitmq) echo "amqp://$BRK_IP:$AMQP_PORT?name=rabbitmq" ;;
+        rabbitmq-stomp) echo "stomp://$BRK_IP:$STOMP_PORT?name=rabbitmq-stomp" ;;
+        kafka) echo "kafka://$BRK_IP:$KAFKA_PORT" ;;
+        *) return 1 ;;
+    esac
+}
+wanted=()
+for s in $SYSTEMS; do
+    target_of "$s" >/dev/null || die "unknown system: $s (known: hayate nats mosquitto zenoh rabbitmq rabbitmq-stomp kafka)"
+    [[ " ${wanted[*]} " == *" $s "* ]] || wanted+=("$s")
 done
-if [[ -z "$NATS_BIN" ]]; then
-    "$ROOT/bench/peers/nats.sh" install
-    NATS_BIN="$ROOT/bench/peers/bin/nats-server"
+((${#wanted[@]})) || die "SYSTEMS is empty"
+
+# Which systems can run: the driver is compiled in and the server installed. Each one that
+# cannot is skipped with a note (notes also go to machine.txt and the report).
+systems=()         # the systems measured, in SYSTEMS order
+notes=()           # "system: why it is not measured"
+rate_notes=()      # "system at RATE: why it is not measured there"
+skip() { notes+=("$1: $2"); echo "linkspeed.sh: skipping $1: $2"; }
+PEERS_BUILD=""     # whether the binary has the peers' drivers (asked only if one is wanted)
+if [[ " ${wanted[*]} " =~ \ (mosquitto|zenoh|rabbitmq|kafka)\  ]]; then
+    # Target::parse refuses a driver that is not compiled in; otherwise this only fails to
+    # connect. (Output captured first: with pipefail, `... | grep -q` would see the exit status.)
+    probe="$(timeout 60 "$BIN" bench thr --target zenoh://127.0.0.1:1 --duration 10ms --payload 8 2>&1 || true)"
+    if [[ "$probe" == *"not compiled in"* ]]; then PEERS_BUILD=no; else PEERS_BUILD=yes; fi
 fi
+NATS_BIN="" MOSQUITTO_BIN="" ZENOHD_BIN=""
+for s in "${wanted[@]}"; do
+    driver=""
+    case "$s" in
+        mosquitto) driver=mqtt ;;
+        zenoh) driver=zenoh ;;
+        rabbitmq) driver=amqp ;;
+        kafka) driver=kafka ;;
+    esac
+    if [[ -n "$driver" && "$PEERS_BUILD" == no ]]; then
+        skip "$s" "the $driver driver is not compiled in (cargo build --release -p hayate --features hayate/peers)"
+        continue
+    fi
+    case "$s" in
+        nats)
+            for c in "$ROOT/bench/peers/bin/nats-server" /work/tools/bin/nats-server; do
+                if [[ -x "$c" ]]; then NATS_BIN="$c"; break; fi
+            done
+            if [[ -z "$NATS_BIN" ]]; then
+                "$ROOT/bench/peers/nats.sh" install
+                NATS_BIN="$ROOT/bench/peers/bin/nats-server"
+            fi ;;
+        mosquitto)
+            MOSQUITTO_BIN="$(command -v mosquitto || true)"
+            [[ -z "$MOSQUITTO_BIN" && -x /usr/sbin/mosquitto ]] && MOSQUITTO_BIN=/usr/sbin/mosquitto
+            [[ -n "$MOSQUITTO_BIN" ]] || { skip "$s" "mosquitto is not installed (bench/peers/mosquitto.sh install)"; continue; } ;;
+        zenoh)
+            ZENOHD_BIN="$ROOT/bench/peers/bin/zenoh/bin/zenohd"
+            [[ -x "$ZENOHD_BIN" ]] || { skip "$s" "zenohd is not installed (bench/peers/zenoh.sh install: a cargo build of ~20 minutes)"; continue; } ;;
+        rabbitmq | rabbitmq-stomp)
+            [[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]] || { skip "$s" "rabbitmq-server is not installed (bench/peers/rabbitmq.sh install)"; continue; } ;;
+        kafka)
+            if ! command -v java >/dev/null || ! compgen -G "$ROOT/bench/peers/bin/kafka-libs/.installed-*" >/dev/null; then
+                skip "$s" "Kafka is not installed (java, and bench/peers/kafka.sh install)"
+                continue
+            fi ;;
+    esac
+    systems+=("$s")
+done
+((${#systems[@]})) || die "none of the systems ($SYSTEMS) can be measured (notes above)"
+# True when system $1 is measured in this run.
+measured() { [[ " ${systems[*]} " == *" $1 "* ]]; }
 HAVE_IPERF=0
 command -v iperf3 >/dev/null && HAVE_IPERF=1
 command -v python3 >/dev/null || die "python3 is needed for the report"
@@ -81,6 +181,7 @@ for r in $RATES; do rate_bps "$r" >/dev/null; done
 # --- cleanup ------------------------------------------------------------------------------
 tmp="$(mktemp -d)"
 pids=()            # servers started by this script
+scripts=()         # peer scripts whose `start` ran (rabbitmq, kafka): stopped with their `stop`
 bench_pid=""
 ns_made=()
 cleanup() {
@@ -101,6 +202,15 @@ cleanup() {
 }
 stop_servers() {
     local p i
+    # Through the scripts, in the namespace they were started in, with the same PEER_HOST: they
+    # find their own run files (never a default instance's) and stop only what they started.
+    for p in "${scripts[@]}"; do
+        case "$p" in
+            rabbitmq) in_brk env PEER_HOST="$BRK_IP" "$RABBITMQ_SH" stop || true ;;
+            kafka) in_brk env PEER_HOST="$BRK_IP" "$KAFKA_SH" stop "$KAFKA_PORT" || true ;;
+        esac
+    done
+    scripts=()
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${pids[@]}"; do
         for ((i = 0; i < 50; i++)); do
@@ -137,17 +247,25 @@ in_brk() { ip netns exec "$BRK_NS" "$@"; }
 in_cli() { ip netns exec "$CLI_NS" "$@"; }
 # True when the broker namespace accepts TCP connections on $1, tried from the client side.
 port_open() { in_cli bash -c "exec 3<>/dev/tcp/$BRK_IP/$1" 2>/dev/null; }
-wait_port() {   # PORT PID NAME LOG
-    local i
-    for ((i = 0; i < 200; i++)); do
-        kill -0 "$2" 2>/dev/null || { cat "$4" >&2; die "$3 exited on start (log above)"; }
+# PORT PID NAME LOG [SECONDS, default 10]: waits until the server PID accepts connections on
+# PORT; false, with its log shown, if it exits or is not up in time.
+wait_port() {
+    local i secs="${5:-10}"
+    for ((i = 0; i < secs * 20; i++)); do
+        if ! kill -0 "$2" 2>/dev/null; then
+            cat "$4" >&2
+            echo "linkspeed.sh: $3 exited on start (log above)" >&2
+            return 1
+        fi
         port_open "$1" && return 0
         sleep 0.05
     done
     cat "$4" >&2
-    die "$3 did not accept connections on $BRK_IP:$1 within 10s"
+    echo "linkspeed.sh: $3 did not accept connections on $BRK_IP:$1 within ${secs}s" >&2
+    return 1
 }
-# Runs a benchmark as a waited-for child, so that a signal is handled at once. Background
+# Runs a benchmark (or a peer script's start) as a waited-for child, so that a signal is
+# handled at once. Background
 # processes are started with `ip netns exec` itself (which execs the command, so $! is its pid),
 # not through in_brk/in_cli (a backgrounded function would be a subshell).
 run_child() {
@@ -197,22 +315,85 @@ nats_conf="$tmp/nats.conf"
     echo "max_payload: $MAX_PAYLOAD"
     echo "max_pending: $((MAX_PAYLOAD * 4))"
 } >"$nats_conf"
+mosquitto_conf="$tmp/mosquitto.conf"
+# As bench/peers/mosquitto.sh (shared/peers/mosquitto.conf), on the veth address: no
+# persistence, no limit on what is queued for a slow subscriber (the default of 1000 messages
+# would drop under a back-to-back publisher). Started as root, it drops to the mosquitto user
+# after binding.
+{
+    echo "# written by bench/linkspeed.sh from shared/peers/mosquitto.conf"
+    echo "listener $MOSQUITTO_PORT $BRK_IP"
+    echo "allow_anonymous true"
+    echo "persistence false"
+    echo "max_queued_messages 0"
+    echo "max_queued_bytes 0"
+    echo "log_dest stderr"
+    echo "log_type error"
+    echo "log_type warning"
+    echo "log_type notice"
+} >"$mosquitto_conf"
 
+down=" "           # the systems whose server did not come up at the current rate
+# Marks systems as not measured at RATE: their server did not start.
+server_down() {
+    local rate="$1" s
+    shift
+    for s in "$@"; do
+        measured "$s" || continue
+        down+="$s "
+        rate_notes+=("$s at $rate: its server did not start")
+        echo "linkspeed.sh: $s is not measured at $rate: its server did not start" >&2
+    done
+}
+
+# Starts the servers of the measured systems in the broker namespace. Hayate, NATS and iperf3
+# must come up (or the run ends); a peer that does not is noted and skipped at this rate.
 start_servers() {
-    local log
-    log="$tmp/hayate.log"
-    ip netns exec "$BRK_NS" "$BIN" broker --listen "$BRK_IP:$HAYATE_PORT" --max-payload "$MAX_PAYLOAD" >"$log" 2>&1 &
-    pids+=($!)
-    wait_port "$HAYATE_PORT" "${pids[-1]}" "hayate broker" "$log"
-    log="$tmp/nats.log"
-    ip netns exec "$BRK_NS" "$NATS_BIN" -c "$nats_conf" -a "$BRK_IP" -p "$NATS_PORT" >"$log" 2>&1 &
-    pids+=($!)
-    wait_port "$NATS_PORT" "${pids[-1]}" "nats-server" "$log"
+    local rate="$1" log
+    down=" "
+    if measured hayate; then
+        log="$tmp/hayate.log"
+        ip netns exec "$BRK_NS" "$BIN" broker --listen "$BRK_IP:$HAYATE_PORT" --max-payload "$MAX_PAYLOAD" >"$log" 2>&1 &
+        pids+=($!)
+        wait_port "$HAYATE_PORT" "${pids[-1]}" "hayate broker" "$log" || exit 1
+    fi
+    if measured nats; then
+        log="$tmp/nats.log"
+        ip netns exec "$BRK_NS" "$NATS_BIN" -c "$nats_conf" -a "$BRK_IP" -p "$NATS_PORT" >"$log" 2>&1 &
+        pids+=($!)
+        wait_port "$NATS_PORT" "${pids[-1]}" "nats-server" "$log" || exit 1
+    fi
+    if measured mosquitto; then
+        log="$tmp/mosquitto.log"
+        ip netns exec "$BRK_NS" "$MOSQUITTO_BIN" -c "$mosquitto_conf" >"$log" 2>&1 </dev/null &
+        pids+=($!)
+        wait_port "$MOSQUITTO_PORT" "${pids[-1]}" "mosquitto" "$log" || server_down "$rate" mosquitto
+    fi
+    if measured zenoh; then
+        # As bench/peers/zenoh.sh, on the veth address.
+        log="$tmp/zenohd.log"
+        ip netns exec "$BRK_NS" "$ZENOHD_BIN" --no-multicast-scouting -l "tcp/$BRK_IP:$ZENOH_PORT" >"$log" 2>&1 </dev/null &
+        pids+=($!)
+        wait_port "$ZENOH_PORT" "${pids[-1]}" "zenohd" "$log" 20 || server_down "$rate" zenoh
+    fi
+    if measured rabbitmq || measured rabbitmq-stomp; then
+        # One node for both; the script waits until AMQP, STOMP and MQTT accept connections
+        # (on a loaded 2-core machine: ~25 s). Registered for stop before it starts, so that an
+        # interrupted start is stopped too.
+        scripts+=(rabbitmq)
+        run_child ip netns exec "$BRK_NS" env PEER_HOST="$BRK_IP" "$RABBITMQ_SH" start "$AMQP_PORT" "$STOMP_PORT" "$RABBIT_MQTT_PORT" \
+            || server_down "$rate" rabbitmq rabbitmq-stomp
+    fi
+    if measured kafka; then
+        scripts+=(kafka)
+        run_child ip netns exec "$BRK_NS" env PEER_HOST="$BRK_IP" "$KAFKA_SH" start "$KAFKA_PORT" "$MAX_PAYLOAD" \
+            || server_down "$rate" kafka
+    fi
     if ((HAVE_IPERF)); then
         log="$tmp/iperf3.log"
         ip netns exec "$BRK_NS" iperf3 -s -B "$BRK_IP" -p "$IPERF_PORT" >"$log" 2>&1 &
         pids+=($!)
-        wait_port "$IPERF_PORT" "${pids[-1]}" "iperf3 -s" "$log"
+        wait_port "$IPERF_PORT" "${pids[-1]}" "iperf3 -s" "$log" || exit 1
     fi
 }
 
@@ -223,8 +404,20 @@ mkdir -p "$OUT"
     echo "nproc: $(nproc)"
     echo "cpu: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)"
     echo "loadavg at start: $(cat /proc/loadavg)"
-    echo "nats-server: $("$NATS_BIN" --version 2>/dev/null | head -n1) ($NATS_BIN)"
     echo "hayate: $("$BIN" --version 2>/dev/null || echo unknown)"
+    if [[ -n "$PEERS_BUILD" ]]; then
+        echo "peers drivers (mqtt, amqp, zenoh, kafka) in $BIN: $([[ "$PEERS_BUILD" == yes ]] && echo "compiled in" || echo "not compiled in")"
+    fi
+    echo "systems asked (SYSTEMS): ${wanted[*]}"
+    echo "systems measured: ${systems[*]}"
+    for note in "${notes[@]}"; do echo "skipped: $note"; done
+    measured nats && echo "nats-server: $("$NATS_BIN" --version 2>/dev/null | head -n1) ($NATS_BIN)"
+    measured mosquitto && echo "mosquitto: $({ "$MOSQUITTO_BIN" -h 2>/dev/null || true; } | sed -n 's/^mosquitto version *//p' | head -n1) ($MOSQUITTO_BIN)"
+    measured zenoh && echo "zenohd: $("$ZENOHD_BIN" --version 2>/dev/null | head -n1) ($ZENOHD_BIN)"
+    if measured rabbitmq || measured rabbitmq-stomp; then
+        echo "rabbitmq: $("$RABBITMQ_SH" version 2>/dev/null || echo unknown)"
+    fi
+    measured kafka && echo "kafka: $("$KAFKA_SH" version 2>/dev/null || echo unknown) (KRaft; java: $(java -version 2>&1 | head -n1))"
     echo "iperf3: $( ((HAVE_IPERF)) && iperf3 --version | head -n1 || echo 'not installed')"
     echo "git rev-parse HEAD: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
     if [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
@@ -233,9 +426,17 @@ mkdir -p "$OUT"
     echo "link: veth $BRK_NS/$BRK_IF $BRK_IP <-> $CLI_NS/$CLI_IF $CLI_IP, mtu $(ip -n "$BRK_NS" -o link show "$BRK_IF" | sed -n 's/.* mtu \([0-9]*\).*/\1/p')"
     echo "shaping: tc qdisc replace dev <each veth end> root tbf rate <RATE> burst max(64KiB, 1 ms at RATE) latency 20ms"
     echo "rates: $RATES"
-    echo "hayate broker: hayate broker --listen $BRK_IP:$HAYATE_PORT --max-payload $MAX_PAYLOAD (broker namespace)"
-    echo "nats-server config: $(tr '\n' ';' <"$nats_conf")"
-    echo "thr (client namespace): hayate bench thr --target hayate://$BRK_IP:$HAYATE_PORT --target nats://$BRK_IP:$NATS_PORT --payload $PAYLOADS --duration $DURATION"
+    echo "servers (broker namespace):"
+    measured hayate && echo "  hayate broker --listen $BRK_IP:$HAYATE_PORT --max-payload $MAX_PAYLOAD"
+    measured nats && echo "  nats-server -c <config> -a $BRK_IP -p $NATS_PORT; config: $(tr '\n' ';' <"$nats_conf")"
+    measured mosquitto && echo "  mosquitto -c <config>; config: $(grep -v '^#' "$mosquitto_conf" | tr '\n' ';')"
+    measured zenoh && echo "  zenohd --no-multicast-scouting -l tcp/$BRK_IP:$ZENOH_PORT"
+    if measured rabbitmq || measured rabbitmq-stomp; then
+        echo "  PEER_HOST=$BRK_IP bench/peers/rabbitmq.sh start $AMQP_PORT $STOMP_PORT $RABBIT_MQTT_PORT (one node; loopback_users.guest = false; epmd and distribution on the namespace's 127.0.0.1)"
+    fi
+    measured kafka && echo "  PEER_HOST=$BRK_IP bench/peers/kafka.sh start $KAFKA_PORT $MAX_PAYLOAD (KRaft, controller on $((KAFKA_PORT + 1)))"
+    echo "thr (client namespace), one process per system and payload: hayate bench thr --target URL --payload P --duration $DURATION --json F, URL one of:"
+    for s in "${systems[@]}"; do echo "  $s: $(target_of "$s")"; done
     echo "iperf3 (client namespace): iperf3 -c $BRK_IP -t $IPERF_TIME -J, and the same with --bidir"
 } >"$OUT/machine.txt"
 
@@ -243,7 +444,7 @@ for rate in $RATES; do
     echo
     echo "=== link $rate"
     shape "$rate"
-    start_servers
+    start_servers "$rate"
     if ((HAVE_IPERF)); then
         echo "== iperf3 ($IPERF_TIME s, one way, client -> broker)"
         run_child ip netns exec "$CLI_NS" iperf3 -c "$BRK_IP" -p "$IPERF_PORT" -t "$IPERF_TIME" -J >"$OUT/iperf3-$rate.json" \
@@ -257,23 +458,30 @@ for rate in $RATES; do
     # between: when a point ends, a client that buffers its publications (async-nats queues
     # thousands of them) would otherwise keep the link busy well into the next point (seen:
     # Hayate 1 MiB at 100 Mbit/s measured at half the line right after NATS 256 KiB). The
-    # first system alternates per payload.
+    # first system rotates per payload (systems in SYSTEMS order, starting one further on each
+    # payload).
     rm -rf "$tmp/points" && mkdir -p "$tmp/points"
     n=0
+    k=0
     for payload in ${PAYLOADS//,/ }; do
-        systems=("hayate://$BRK_IP:$HAYATE_PORT" "nats://$BRK_IP:$NATS_PORT")
-        ((n % 2)) && systems=("${systems[1]}" "${systems[0]}")
-        for target in "${systems[@]}"; do
+        order=("${systems[@]:k}" "${systems[@]:0:k}")
+        k=$(((k + 1) % ${#systems[@]}))
+        for s in "${order[@]}"; do
+            [[ "$down" == *" $s "* ]] && continue
             wait_idle "$rate"
             n=$((n + 1))
-            run_child ip netns exec "$CLI_NS" "$BIN" bench thr --target "$target" \
+            run_child ip netns exec "$CLI_NS" "$BIN" bench thr --target "$(target_of "$s")" \
                 --payload "$payload" --duration "$DURATION" --json "$tmp/points/$(printf %03d $n).json" \
-                >"$tmp/point.log" 2>&1 || echo "hayate bench thr exited with an error:"
+                >"$tmp/point.log" 2>&1 || echo "hayate bench thr ($s) exited with an error:"
             # The result row, and any warning (e.g. a publisher that did not stop in time).
-            sed -nE 's/\x1b\[[0-9;]*m//g; /^ *[0-9.]+ (B|KiB|MiB) +(hayate|nats) |WARN|ERROR|rror:/p' "$tmp/point.log"
+            sed -nE 's/\x1b\[[0-9;]*m//g; /^ *[0-9.]+ (B|KiB|MiB) +[a-z0-9_-]+ |WARN|ERROR|rror:/p' "$tmp/point.log"
         done
     done
-    jq -s 'add' "$tmp"/points/*.json >"$OUT/thr-$rate.json"
+    if compgen -G "$tmp/points/*.json" >/dev/null; then
+        jq -s 'add' "$tmp"/points/*.json >"$OUT/thr-$rate.json"
+    else
+        echo "[]" >"$OUT/thr-$rate.json"
+    fi
     wait_idle "$rate"
     stop_servers
     # qdisc statistics (drops, overlimits); `tc qdisc replace` keeps the counters, so they
@@ -281,16 +489,29 @@ for rate in $RATES; do
     in_brk tc -s qdisc show dev "$BRK_IF" >"$OUT/tc-$rate.txt"
     in_cli tc -s qdisc show dev "$CLI_IF" >>"$OUT/tc-$rate.txt"
 done
-echo "loadavg at end: $(cat /proc/loadavg)" >>"$OUT/machine.txt"
+{
+    for note in "${rate_notes[@]}"; do echo "not started: $note"; done
+    echo "loadavg at end: $(cat /proc/loadavg)"
+} >>"$OUT/machine.txt"
 
 # --- report -----------------------------------------------------------------------------------
 rates_bps=""
 for rate in $RATES; do rates_bps+="$rate=$(rate_bps "$rate") "; done
-python3 - "$OUT" "$rates_bps" <<'EOF'
+python3 - "$OUT" "$rates_bps" "${systems[*]}" "$(printf '%s\n' "${notes[@]}" "${rate_notes[@]}")" <<'EOF'
 import json, os, sys
 
 out, rates = sys.argv[1], [r.split("=") for r in sys.argv[2].split()]
-SYSTEMS = [("hayate", "Hayate"), ("nats", "NATS")]
+# The systems measured, in SYSTEMS order, and why others (or some rates) were not.
+systems, notes = sys.argv[3].split(), [n for n in sys.argv[4].split("\n") if n]
+NAMES = {
+    "hayate": "Hayate",
+    "nats": "NATS",
+    "mosquitto": "Mosquitto (MQTT QoS 0)",
+    "zenoh": "Zenoh (zenohd, client)",
+    "rabbitmq": "RabbitMQ (AMQP 0-9-1)",
+    "rabbitmq-stomp": "RabbitMQ (STOMP)",
+    "kafka": "Kafka (KRaft)",
+}
 
 def size(n):
     for unit, f in (("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -346,17 +567,17 @@ for rate, bps in rates:
         ms = "" if m is None else f"{m:.1f}"
         bs = "" if b is None else f"{b:.0f}"
         csv.append(f"{rate},{bps},{r['system']},{r['payload_bytes']},{ms},{bs},{u},{e}")
+    # One row per payload and system (a column group per system would be too wide).
     for p in sorted({p for (_, p) in by}):
-        cells = []
-        for s, _ in SYSTEMS:
+        for s in systems + sorted({s for (s, _) in by} - set(systems)):
             r = by.get((s, p))
             if r is None:
-                cells += ["", "", ""]
-            elif r.get("error"):
-                cells += ["error", "", ""]
+                cells = ["not run", "", ""]
+            elif r.get("error") or r.get("msgs_per_sec") is None:
+                cells = ["error", "", ""]
             else:
-                cells += [f"{r['msgs_per_sec']:,.0f}", mbit(r["bits_per_sec"]), pct(r["bits_per_sec"], bps)]
-        md.append(f"| {rate} | {size(p)} | " + " | ".join(cells) + " |")
+                cells = [f"{r['msgs_per_sec']:,.0f}", mbit(r["bits_per_sec"]), pct(r["bits_per_sec"], bps)]
+            md.append(f"| {rate} | {size(p)} | {NAMES.get(s, s)} | " + " | ".join(cells) + " |")
 
 with open(os.path.join(out, "linkspeed.csv"), "w") as f:
     f.write("\n".join(csv) + "\n")
@@ -364,9 +585,11 @@ with open(os.path.join(out, "linkspeed.csv"), "w") as f:
 lines = [
     "Payload throughput through the broker over the shaped link (utilisation = payload bit/s / link rate, per direction):",
     "",
-    "| Link | Payload | Hayate msg/s | Hayate Mbit/s | Hayate util % | NATS msg/s | NATS Mbit/s | NATS util % |",
-    "|---|---:|---:|---:|---:|---:|---:|---:|",
+    "| Link | Payload | System | msg/s | Mbit/s | util % |",
+    "|---|---:|---|---:|---:|---:|",
 ] + md
+if notes:
+    lines += ["", "Not measured:", ""] + [f"- {n}" for n in notes]
 if iperf_rows:
     lines += [
         "",

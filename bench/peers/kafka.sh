@@ -7,7 +7,8 @@
 #   bench/peers/kafka.sh start [PORT] [MAX_PAYLOAD]
 #                                         formats a fresh log dir under bench/peers/run/ with a
 #                                         random cluster id and starts Kafka on 127.0.0.1:PORT
-#                                         (default 19092; the KRaft controller on PORT+1) with
+#                                         (or PEER_HOST, below; default PORT 19092; the KRaft
+#                                         controller on PORT+1) with
 #                                         -Xmx1g, taking record batches of MAX_PAYLOAD bytes
 #                                         plus 64 KiB of headroom (message.max.bytes; default
 #                                         MAX_PAYLOAD 67108864 = 64 MiB, as Hayate and nats.sh);
@@ -24,12 +25,27 @@
 # bench/peers/run/kafka-PORT.properties. The producer and consumer must raise their own
 # limits (message.max.bytes, fetch.max.bytes) to send and fetch payloads above 1 MiB.
 # bench/peers/bin and bench/peers/run are git-ignored.
+#
+# PEER_HOST (an IPv4 address, default 127.0.0.1): the address of the listeners, the advertised
+# listener, the controller quorum voter and the readiness checks (start, topic), e.g. a veth
+# address inside a network namespace (bench/linkspeed.sh: `ip netns exec NS env
+# PEER_HOST=10.77.0.1 bench/peers/kafka.sh start`; `stop` with the same PEER_HOST). Any
+# address but 127.0.0.1 keeps its properties, data, pid and log files in
+# bench/peers/run/kafka-host-<address>/ instead of bench/peers/run/, so that its start and stop
+# never meet a default Kafka's files (nor the other way round).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 PROJECT="$HERE/kafka"
 BIN_DIR="$HERE/bin"
-RUN_DIR="$HERE/run"
+PEER_HOST="${PEER_HOST:-127.0.0.1}"
+if [[ "$PEER_HOST" == 127.0.0.1 ]]; then
+    RUN_DIR="$HERE/run"
+else
+    [[ "$PEER_HOST" =~ ^[0-9]{1,3}(\.[0-9]{1,3}){3}$ ]] \
+        || { echo "kafka.sh: PEER_HOST must be an IPv4 address, not: $PEER_HOST" >&2; exit 1; }
+    RUN_DIR="$HERE/run/kafka-host-$PEER_HOST"
+fi
 # shellcheck source=lib.sh
 . "$HERE/lib.sh"
 LIBS="$BIN_DIR/kafka-libs"
@@ -62,7 +78,9 @@ kjava() { java -cp "$LIBS/*" "$@"; }
 
 version() { kjava org.apache.kafka.tools.TopicCommand --version 2>/dev/null | head -n1; }
 
-# True when something accepts TCP connections on 127.0.0.1:$1.
+# True when something accepts TCP connections on $PEER_HOST:$1 (replaces lib.sh's, which asks
+# 127.0.0.1; peer_check_free and peer_wait_up call this one).
+port_open() { (exec 3<>"/dev/tcp/$PEER_HOST/$1") 2>/dev/null; }
 
 start() {
     local port="${1:-19092}" max_payload="${2:-67108864}"
@@ -78,9 +96,9 @@ start() {
     {
         echo "# written by bench/peers/kafka.sh from bench/peers/kafka/server.properties"
         sed -e "s|^log\.dirs=.*|log.dirs=$data|" \
-            -e "s|^controller\.quorum\.voters=.*|controller.quorum.voters=1@127.0.0.1:$cport|" \
-            -e "s|^listeners=.*|listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport|" \
-            -e "s|^advertised\.listeners=.*|advertised.listeners=PLAINTEXT://127.0.0.1:$port|" \
+            -e "s|^controller\.quorum\.voters=.*|controller.quorum.voters=1@$PEER_HOST:$cport|" \
+            -e "s|^listeners=.*|listeners=PLAINTEXT://$PEER_HOST:$port,CONTROLLER://$PEER_HOST:$cport|" \
+            -e "s|^advertised\.listeners=.*|advertised.listeners=PLAINTEXT://$PEER_HOST:$port|" \
             "$PROJECT/server.properties"
         # A record batch of one message of MAX_PAYLOAD bytes, its key and headers fit; the
         # default request limit (socket.request.max.bytes, 100 MiB) must hold it too.
@@ -105,7 +123,7 @@ start() {
     local pid=$!
     echo "$pid" >"$pidfile"
     peer_wait_up Kafka "$pid" "$pidfile" "$port" 60 'kafka\.Kafka' 300 "$log"
-    echo "kafka.sh: Kafka $KAFKA_VERSION (KRaft) on 127.0.0.1:$port, controller :$cport (pid $pid, message.max.bytes $max_message, log $log)"
+    echo "kafka.sh: Kafka $KAFKA_VERSION (KRaft) on $PEER_HOST:$port, controller :$cport (pid $pid, message.max.bytes $max_message, log $log)"
 }
 
 stop() { peer_stop kafka 'kafka\.Kafka' 300 "$@"; }
@@ -114,9 +132,9 @@ topic() {
     local name="${1:-}" port="${2:-19092}" partitions="${3:-1}"
     [[ -n "$name" ]] || die "usage: $0 topic NAME [PORT] [PARTITIONS]"
     install
-    port_open "$port" || die "no Kafka accepts connections on 127.0.0.1:$port (start it first)"
+    port_open "$port" || die "no Kafka accepts connections on $PEER_HOST:$port (start it first)"
     kjava -Dlog4j2.configurationFile="$PROJECT/log4j2.properties" \
-        org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$port" \
+        org.apache.kafka.tools.TopicCommand --bootstrap-server "$PEER_HOST:$port" \
         --create --if-not-exists --topic "$name" \
         --partitions "$partitions" --replication-factor 1
 }

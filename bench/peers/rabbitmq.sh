@@ -4,7 +4,8 @@
 #
 #   bench/peers/rabbitmq.sh install       rabbitmq-server from Debian (~20 s)
 #   bench/peers/rabbitmq.sh start [AMQP_PORT [STOMP_PORT [MQTT_PORT]]]
-#                                         one node, rabbit@localhost, on 127.0.0.1 only:
+#                                         one node, rabbit@localhost, on 127.0.0.1 only
+#                                         (or PEER_HOST, below):
 #                                         AMQP 5672, STOMP 61613, MQTT 11883 by default
 #                                         (Erlang distribution 25672, epmd 4369); a fresh
 #                                         database every start; waits until all three ports
@@ -19,13 +20,33 @@
 # would switch to the rabbitmq user, who cannot write there), from /usr/lib/rabbitmq/bin.
 # The default user guest/guest may log in from loopback only, which is where the clients are.
 # STOMP clients must send `host:/` (or no host header): RabbitMQ reads the host as a vhost.
+#
+# PEER_HOST (an IPv4 address, default 127.0.0.1): the address of the AMQP, STOMP and MQTT
+# listeners and of the readiness checks, e.g. a veth address inside a network namespace
+# (bench/linkspeed.sh: `ip netns exec NS env PEER_HOST=10.77.0.1 bench/peers/rabbitmq.sh
+# start`, and `stop` the same way, in the same namespace). epmd and the Erlang distribution stay
+# on 127.0.0.1, the namespace's own loopback. Any address but 127.0.0.1 gets a node of its own,
+# rabbit-<a-b-c-d>@localhost, with its own run directory bench/peers/run/rabbitmq-<address>/
+# (hence its own Erlang cookie) and pid file run/rabbitmq-<address>.pid: it never meets a
+# default node, not even one running at the same time in another namespace. Its guest may log
+# in from other hosts (loopback_users.guest = false): its clients are not on its loopback.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 RUN_DIR="$HERE/run"
-RDIR="$RUN_DIR/rabbitmq"
 RBIN=/usr/lib/rabbitmq/bin
-NODE=rabbit@localhost
+PEER_HOST="${PEER_HOST:-127.0.0.1}"
+if [[ "$PEER_HOST" == 127.0.0.1 ]]; then
+    RDIR="$RUN_DIR/rabbitmq"
+    PIDFILE="$RUN_DIR/rabbitmq.pid"
+    NODE=rabbit@localhost
+else
+    [[ "$PEER_HOST" =~ ^[0-9]{1,3}(\.[0-9]{1,3}){3}$ ]] \
+        || { echo "rabbitmq.sh: PEER_HOST must be an IPv4 address, not: $PEER_HOST" >&2; exit 1; }
+    RDIR="$RUN_DIR/rabbitmq-$PEER_HOST"
+    PIDFILE="$RUN_DIR/rabbitmq-$PEER_HOST.pid"
+    NODE="rabbit-${PEER_HOST//./-}@localhost"
+fi
 
 die() { echo "rabbitmq.sh: $*" >&2; exit 1; }
 
@@ -54,7 +75,7 @@ rabbit_env() {
     export RABBITMQ_CONFIG_FILE="$RDIR/rabbitmq.conf"
     export RABBITMQ_ENABLED_PLUGINS_FILE="$RDIR/enabled_plugins"
     export RABBITMQ_NODENAME="$NODE"
-    export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+    export RABBITMQ_NODE_IP_ADDRESS="$PEER_HOST"
     export RABBITMQ_DIST_PORT=25672
     export ERL_EPMD_ADDRESS=127.0.0.1
     export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
@@ -66,14 +87,17 @@ rabbit_env() {
 
 ctl() { rabbit_env; "$RBIN/rabbitmqctl" "$@"; }
 
-# True when something accepts TCP connections on 127.0.0.1:$1.
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# True when something accepts TCP connections on $2:$1 (default $PEER_HOST).
+port_open() { (exec 3<>"/dev/tcp/${2:-$PEER_HOST}/$1") 2>/dev/null; }
 
-# The pids of the running epmd processes, one a line.
+# The pids of the running epmd processes in this network namespace, one a line (an epmd of
+# another namespace serves other nodes: never ours to stop).
 epmd_pids() {
-    local d
+    local d ns
+    ns="$(readlink /proc/self/ns/net)"
     for d in /proc/[0-9]*; do
-        [[ "$(cat "$d/comm" 2>/dev/null)" == epmd ]] && echo "${d#/proc/}"
+        [[ "$(cat "$d/comm" 2>/dev/null)" == epmd ]] || continue
+        [[ "$(readlink "$d/ns/net" 2>/dev/null)" == "$ns" ]] && echo "${d#/proc/}"
     done
     return 0
 }
@@ -85,13 +109,14 @@ start() {
     done
     install
     mkdir -p "$RUN_DIR"
-    local pidfile="$RUN_DIR/rabbitmq.pid" log="$RDIR/console.log"
+    local pidfile="$PIDFILE" log="$RDIR/console.log"
     if [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
         die "already running (pid $(cat "$pidfile")); bench/peers/rabbitmq.sh stop first"
     fi
-    for p in "$amqp" "$stomp" "$mqtt" 25672; do
+    for p in "$amqp" "$stomp" "$mqtt"; do
         port_open "$p" && die "port $p is already in use by another process"
     done
+    port_open 25672 127.0.0.1 && die "port 25672 (Erlang distribution) is already in use by another process"
     # A fresh node every start: no queue, vhost or message survives from an earlier run.
     rm -rf "$RDIR"
     mkdir -p "$RDIR/home" "$RDIR/mnesia" "$RDIR/log"
@@ -99,10 +124,14 @@ start() {
     echo "[rabbitmq_stomp,rabbitmq_mqtt]." >"$RDIR/enabled_plugins"
     {
         echo "# written by bench/peers/rabbitmq.sh from shared/peers/rabbitmq.conf"
-        echo "listeners.tcp.default = 127.0.0.1:$amqp"
-        echo "stomp.listeners.tcp.1 = 127.0.0.1:$stomp"
-        echo "mqtt.listeners.tcp.1 = 127.0.0.1:$mqtt"
-        echo "loopback_users.guest = true"
+        echo "listeners.tcp.default = $PEER_HOST:$amqp"
+        echo "stomp.listeners.tcp.1 = $PEER_HOST:$stomp"
+        echo "mqtt.listeners.tcp.1 = $PEER_HOST:$mqtt"
+        if [[ "$PEER_HOST" == 127.0.0.1 ]]; then
+            echo "loopback_users.guest = true"
+        else
+            echo "loopback_users.guest = false"
+        fi
     } >"$RDIR/rabbitmq.conf"
     # Which epmd runs before the node starts: an epmd that does is not ours to stop.
     local before
@@ -137,7 +166,7 @@ start() {
         stop
         die "RabbitMQ did not accept connections on ports $amqp, $stomp and $mqtt within 120s (log: $log)"
     fi
-    echo "rabbitmq.sh: RabbitMQ $(version) on 127.0.0.1: AMQP $amqp, STOMP $stomp, MQTT $mqtt (pid $pid, logs $RDIR/log)"
+    echo "rabbitmq.sh: RabbitMQ $(version) on $PEER_HOST: AMQP $amqp, STOMP $stomp, MQTT $mqtt (pid $pid, logs $RDIR/log)"
 }
 
 # Waits up to $2 tenths of a second for pid $1 to exit; false if it is still there.
@@ -151,7 +180,7 @@ wait_gone() {
 }
 
 stop() {
-    local pidfile="$RUN_DIR/rabbitmq.pid" pid beam=""
+    local pidfile="$PIDFILE" pid beam=""
     pid="$(cat "$pidfile" 2>/dev/null || true)"
     [[ -f "$RDIR/beam.pid" ]] && beam="$(cat "$RDIR/beam.pid")"
     if [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null; then

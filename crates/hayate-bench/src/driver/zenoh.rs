@@ -303,11 +303,6 @@ impl ZenohConn {
             tracing::debug!("closing a zenoh session: {e}");
         }
     }
-
-    /// The underlying session (RPC uses queryables and gets).
-    pub(crate) fn session(&self) -> &zenoh::Session {
-        &self.session
-    }
 }
 
 impl ZenohSub {
