@@ -28,8 +28,8 @@ pub(crate) enum Command {
     Request(RequestArgs),
     /// Run an echo service: answer every request with its own payload.
     Reply(ReplyArgs),
-    /// Measure throughput and latency (of Hayate or a peer such as NATS).
-    Bench(crate::bench::BenchArgs),
+    /// Measure throughput, latency and RPC (of Hayate or a peer such as NATS).
+    Bench(Box<crate::bench::BenchArgs>),
     /// Print the default or the effective configuration.
     #[command(subcommand)]
     Config(ConfigCmd),

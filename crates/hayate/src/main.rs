@@ -39,7 +39,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Sub(a) => subscribe(a).await,
         Command::Request(a) => request(a).await,
         Command::Reply(a) => reply(a).await,
-        Command::Bench(a) => bench::run(a).await,
+        Command::Bench(a) => bench::run(*a).await,
         Command::Config(ConfigCmd::Default) => {
             print!("{DEFAULT_CONFIG}");
             Ok(())
