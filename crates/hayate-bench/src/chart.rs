@@ -140,15 +140,12 @@ fn rpc_series(rpc: &[&Record]) -> Vec<Series> {
     out
 }
 
-/// Calls per second at concurrency 1, one bar per system.
+/// Calls per second at concurrency 1, one bar per system (log scale: brokerless systems in
+/// the same process are an order of magnitude apart from brokers).
 fn rpc_bars(path: &Path, rpc: &[&Record]) -> anyhow::Result<()> {
     let seq = rpc_sequential(rpc);
     let n = seq.len().max(1) as u32;
-    let top = seq
-        .iter()
-        .filter_map(|r| r.msgs_per_sec)
-        .fold(0.0_f64, f64::max)
-        * 1.15;
+    let (y0, y1) = log_bounds(seq.iter().filter_map(|r| r.msgs_per_sec));
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
@@ -159,7 +156,7 @@ fn rpc_bars(path: &Path, rpc: &[&Record]) -> anyhow::Result<()> {
         .margin(15)
         .x_label_area_size(60)
         .y_label_area_size(90)
-        .build_cartesian_2d((0u32..n).into_segmented(), 0.0..top.max(1.0))?;
+        .build_cartesian_2d((0u32..n).into_segmented(), (y0 / 2.0..y1 * 1.5).log_scale())?;
     let labels: Vec<String> = seq.iter().map(|r| r.label()).collect();
     chart
         .configure_mesh()
@@ -183,14 +180,14 @@ fn rpc_bars(path: &Path, rpc: &[&Record]) -> anyhow::Result<()> {
         let i = i as u32;
         chart.draw_series(std::iter::once(Rectangle::new(
             [
-                (SegmentValue::Exact(i), 0.0),
+                (SegmentValue::Exact(i), y0 / 2.0),
                 (SegmentValue::Exact(i + 1), v),
             ],
             style,
         )))?;
         chart.draw_series(std::iter::once(Text::new(
             format_rate(v),
-            (SegmentValue::CenterOf(i), v * 1.02 + top * 0.01),
+            (SegmentValue::CenterOf(i), v * 1.08),
             ("sans-serif", 13),
         )))?;
     }

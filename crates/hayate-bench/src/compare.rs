@@ -440,7 +440,7 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
 
     // RPC at concurrency 1 for every target: three runs per system in a rotating order (a
     // single pass favours whoever runs second on this kind of machine), medians reported.
-    let calls = if quick { 2_000 } else { 32_000 };
+    let calls = if quick { 5_000 } else { 32_000 };
     let rpc_opts = crate::RpcOptions {
         targets: targets.clone(),
         points: vec![crate::RpcPoint {

@@ -20,7 +20,7 @@ fn main() -> Result<()> {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
                 tracing_subscriber::EnvFilter::new(
-                    "info,async_nats=warn,zenoh=warn,lapin=warn,rumqttc=warn,rdkafka=warn",
+                    "info,async_nats=warn,zenoh=error,zeromq=warn,lapin=warn,rumqttc=warn,rdkafka=warn",
                 )
             }),
         )
