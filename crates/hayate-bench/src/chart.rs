@@ -119,20 +119,9 @@ fn rpc_series(rpc: &[&Record]) -> Vec<Series> {
         .chain(seq.iter().copied())
     {
         let Some(v) = r.msgs_per_sec else { continue };
-        let label = r.label();
-        let idx = match out.iter().position(|s| s.label == label) {
-            Some(i) => i,
-            None => {
-                out.push(Series {
-                    label,
-                    points: Vec::new(),
-                    ideal: false,
-                    iperf: false,
-                });
-                out.len() - 1
-            }
-        };
-        out[idx].points.push((r.concurrency.unwrap_or(1) as f64, v));
+        series_of(&mut out, r)
+            .points
+            .push((r.concurrency.unwrap_or(1) as f64, v));
     }
     for s in &mut out {
         s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -205,25 +194,33 @@ fn thr_series(records: &[Record], value: impl Fn(&Record) -> Option<f64>) -> Vec
         if r.payload_bytes == 0 {
             continue;
         }
-        let label = r.label();
-        let idx = match out.iter().position(|s| s.label == label) {
-            Some(i) => i,
-            None => {
-                out.push(Series {
-                    label,
-                    points: Vec::new(),
-                    ideal: r.mode == "raw" || r.mode == "ideal",
-                    iperf: r.mode == "ideal",
-                });
-                out.len() - 1
-            }
-        };
-        out[idx].points.push((r.payload_bytes as f64, v));
+        series_of(&mut out, r)
+            .points
+            .push((r.payload_bytes as f64, v));
     }
     for s in &mut out {
         s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
     }
     out
+}
+
+/// The series of `r`'s label in `out`, appended (empty) on first use; the raw baseline (mode
+/// "raw") and iperf3 (mode "ideal") are ideal lines.
+fn series_of<'a>(out: &'a mut Vec<Series>, r: &Record) -> &'a mut Series {
+    let label = r.label();
+    let i = match out.iter().position(|s| s.label == label) {
+        Some(i) => i,
+        None => {
+            out.push(Series {
+                label,
+                points: Vec::new(),
+                ideal: r.mode == "raw" || r.mode == "ideal",
+                iperf: r.mode == "ideal",
+            });
+            out.len() - 1
+        }
+    };
+    &mut out[i]
 }
 
 /// A log range covering `values`, widened so that a single value still makes a range.

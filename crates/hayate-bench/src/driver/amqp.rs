@@ -65,11 +65,7 @@ impl AmqpConn {
         name: &str,
         expect_payload: usize,
     ) -> anyhow::Result<AmqpConn> {
-        let uri = format!("amqp://guest:guest@{}/%2f", target.addr());
-        let props = ConnectionProperties::default().with_connection_name(name.into());
-        let conn = Connection::connect(&uri, props)
-            .await
-            .with_context(|| format!("connecting to {target}"))?;
+        let conn = connect(target, name).await?;
         let trouble: Arc<Mutex<Option<String>>> = Arc::default();
         {
             let (trouble, who) = (trouble.clone(), name.to_string());
@@ -239,12 +235,17 @@ impl AmqpSub {
 /// RabbitMQ's pseudo-queue for direct reply-to.
 const REPLY_TO: &str = "amq.rabbitmq.reply-to";
 
-async fn rpc_channel(target: &Target, name: &str) -> anyhow::Result<(Connection, Channel)> {
+/// Connects as guest/guest to the default vhost.
+async fn connect(target: &Target, name: &str) -> anyhow::Result<Connection> {
     let uri = format!("amqp://guest:guest@{}/%2f", target.addr());
     let props = ConnectionProperties::default().with_connection_name(name.into());
-    let conn = Connection::connect(&uri, props)
+    Connection::connect(&uri, props)
         .await
-        .with_context(|| format!("connecting to {target}"))?;
+        .with_context(|| format!("connecting to {target}"))
+}
+
+async fn rpc_channel(target: &Target, name: &str) -> anyhow::Result<(Connection, Channel)> {
+    let conn = connect(target, name).await?;
     let channel = conn.create_channel().await?;
     Ok((conn, channel))
 }
