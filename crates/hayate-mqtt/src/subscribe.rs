@@ -107,6 +107,18 @@ impl Subscription {
     }
 }
 
+/// What SUBSCRIBE and UNSUBSCRIBE must have before they are encoded: a packet id other than
+/// 0 and at least one filter.
+fn check_request(kind: PacketType, packet_id: u16, no_filters: bool) -> Result<(), EncodeError> {
+    if packet_id == 0 {
+        return Err(DecodeError::ZeroPacketId(kind).into());
+    }
+    if no_filters {
+        return Err(DecodeError::NoTopicFilters(kind).into());
+    }
+    Ok(())
+}
+
 /// Checks a topic filter, and that a shared subscription does not ask for No Local.
 fn check_filter(filter: &str, no_local: bool) -> Result<(), DecodeError> {
     if !valid_topic_filter(filter) {
@@ -167,12 +179,11 @@ impl Subscribe {
     }
 
     pub(crate) fn body_len(&self, version: ProtocolVersion) -> Result<usize, EncodeError> {
-        if self.packet_id == 0 {
-            return Err(DecodeError::ZeroPacketId(PacketType::Subscribe).into());
-        }
-        if self.subscriptions.is_empty() {
-            return Err(DecodeError::NoTopicFilters(PacketType::Subscribe).into());
-        }
+        check_request(
+            PacketType::Subscribe,
+            self.packet_id,
+            self.subscriptions.is_empty(),
+        )?;
         let mut n = 2 + properties_len(&self.properties, version, "SUBSCRIBE properties")?;
         for s in &self.subscriptions {
             if !version.is_v5() && s.options != SubscriptionOptions::new(s.options.qos) {
@@ -309,12 +320,11 @@ impl Unsubscribe {
     }
 
     pub(crate) fn body_len(&self, version: ProtocolVersion) -> Result<usize, EncodeError> {
-        if self.packet_id == 0 {
-            return Err(DecodeError::ZeroPacketId(PacketType::Unsubscribe).into());
-        }
-        if self.filters.is_empty() {
-            return Err(DecodeError::NoTopicFilters(PacketType::Unsubscribe).into());
-        }
+        check_request(
+            PacketType::Unsubscribe,
+            self.packet_id,
+            self.filters.is_empty(),
+        )?;
         let mut n = 2 + properties_len(&self.properties, version, "UNSUBSCRIBE properties")?;
         for filter in &self.filters {
             check_filter(filter, false)?;

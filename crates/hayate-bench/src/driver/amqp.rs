@@ -26,7 +26,7 @@ use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, ExchangeDeclareOptions, QueueBindOptions,
     QueueDeclareOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 
 use crate::target::Target;
@@ -141,19 +141,7 @@ impl AmqpConn {
     }
 
     pub(crate) async fn subscribe(&self, key: &str) -> anyhow::Result<AmqpSub> {
-        let queue = self
-            .channel
-            .queue_declare(
-                "".into(),
-                QueueDeclareOptions {
-                    exclusive: true,
-                    auto_delete: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
-        let qname = queue.name().clone();
+        let qname = private_queue(&self.channel, "").await?;
         self.channel
             .queue_bind(
                 qname.clone(),
@@ -163,19 +151,7 @@ impl AmqpConn {
                 FieldTable::default(),
             )
             .await?;
-        let consumer = self
-            .channel
-            .basic_consume(
-                qname,
-                "".into(),
-                BasicConsumeOptions {
-                    no_ack: true,
-                    exclusive: true,
-                    ..BasicConsumeOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
+        let consumer = consume_no_ack(&self.channel, qname, true).await?;
         Ok(AmqpSub(consumer))
     }
 
@@ -232,6 +208,42 @@ impl AmqpSub {
     }
 }
 
+/// Declares an exclusive, auto-delete queue (`name` empty: server-named); returns its name.
+async fn private_queue(channel: &Channel, name: &str) -> lapin::Result<ShortString> {
+    let q = channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                auto_delete: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    Ok(q.name().clone())
+}
+
+/// Consumes `queue` with automatic acknowledgement (no_ack: the best-effort setting).
+async fn consume_no_ack(
+    channel: &Channel,
+    queue: ShortString,
+    exclusive: bool,
+) -> lapin::Result<lapin::Consumer> {
+    channel
+        .basic_consume(
+            queue,
+            "".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                exclusive,
+                ..BasicConsumeOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+}
+
 /// RabbitMQ's pseudo-queue for direct reply-to.
 const REPLY_TO: &str = "amq.rabbitmq.reply-to";
 
@@ -264,28 +276,8 @@ impl RpcServer {
         handler: fn(&[u8]) -> Bytes,
     ) -> anyhow::Result<RpcServer> {
         let (conn, channel) = rpc_channel(target, "bench-rpc-server").await?;
-        channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    exclusive: true,
-                    auto_delete: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
-        let mut consumer = channel
-            .basic_consume(
-                queue.into(),
-                "".into(),
-                BasicConsumeOptions {
-                    no_ack: true,
-                    ..BasicConsumeOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
+        let queue = private_queue(&channel, queue).await?;
+        let mut consumer = consume_no_ack(&channel, queue, false).await?;
         let task = tokio::spawn(async move {
             while let Some(Ok(d)) = consumer.next().await {
                 let Some(reply_to) = d.properties.reply_to().clone() else {
@@ -331,17 +323,7 @@ pub(crate) struct RpcCaller {
 impl RpcCaller {
     pub(crate) async fn connect(target: &Target, queue: &str) -> anyhow::Result<RpcCaller> {
         let (conn, channel) = rpc_channel(target, "bench-rpc-caller").await?;
-        let replies = channel
-            .basic_consume(
-                REPLY_TO.into(),
-                "".into(),
-                BasicConsumeOptions {
-                    no_ack: true,
-                    ..BasicConsumeOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
+        let replies = consume_no_ack(&channel, REPLY_TO.into(), false).await?;
         Ok(RpcCaller {
             conn,
             channel,
