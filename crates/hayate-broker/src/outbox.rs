@@ -31,10 +31,17 @@ pub const ZERO_COPY_THRESHOLD: usize = 16 * 1024;
 /// This is the seam between the broker and the protocol front-ends: the native protocol
 /// writes MSG / MSG_BATCH frames, MQTT will write PUBLISH packets, STOMP MESSAGE frames.
 pub trait Encoder: Send + 'static {
-    /// Encodes the delivery of every item of `batch` to subscription `sid`.
-    fn encode(&mut self, sid: u32, batch: Batch<'_>, out: &mut OutBuf);
+    /// Encodes the delivery of every item of `batch` to subscription `sid`; `origin` is the
+    /// id of the publishing session (for MQTT's no-local). An encoder may also hold a
+    /// delivery back (flow control, an offline session) or skip it.
+    fn encode(&mut self, sid: u32, batch: Batch<'_>, origin: u64, out: &mut OutBuf);
     /// Tells subscription `sid` that `count` messages were dropped for it.
     fn encode_lost(&mut self, sid: u32, count: u64, out: &mut OutBuf);
+    /// Bytes of deliveries the encoder holds back (not yet in the outbox), counted against
+    /// the outbox's budget.
+    fn held(&self) -> usize {
+        0
+    }
 }
 
 /// Encoded output: a queue of chunks plus a contiguous tail for small writes.
@@ -116,6 +123,9 @@ struct State {
     closed: bool,
     /// The socket for inline flushes; dropped on close so the socket can be released.
     sink: Option<Arc<dyn Sink>>,
+    /// Bumped by [`Outbox::detach`]: a writer or inline flush of an earlier epoch writes to
+    /// a connection that is gone and must not touch the queue again.
+    epoch: u64,
 }
 
 /// How much of an offered batch the outbox took.
@@ -167,6 +177,7 @@ impl Outbox {
                 writing: false,
                 closed: false,
                 sink: None,
+                epoch: 0,
             }),
             budget,
             data: Notify::new(),
@@ -194,12 +205,12 @@ impl Outbox {
     /// fit are left to the caller, who drops them ([`Outbox::count_lost`]) or waits
     /// ([`Outbox::wait_space`]). When the outbox has a sink, the caller must later call
     /// [`Outbox::try_flush`] (as `Session::flush` does), or the data waits for the next wake.
-    pub fn offer(&self, sid: u32, batch: Batch<'_>) -> Offer {
+    pub fn offer(&self, sid: u32, origin: u64, batch: Batch<'_>) -> Offer {
         let mut st = self.lock();
         if st.closed {
             return Offer::Closed;
         }
-        let queued = st.buf.len();
+        let queued = st.buf.len() + st.encoder.held();
         let mut fit = 0;
         let mut size = 0;
         while fit < batch.len() {
@@ -216,7 +227,8 @@ impl Outbox {
                 let (_, n) = st.lost.swap_remove(i);
                 st.encoder.encode_lost(sid, n, &mut st.buf);
             }
-            st.encoder.encode(sid, batch.slice(0, fit), &mut st.buf);
+            st.encoder
+                .encode(sid, batch.slice(0, fit), origin, &mut st.buf);
         }
         // With a sink, the publishing session flushes inline after its read
         // (`Session::flush`), so the writer task is woken only when the outbox is full.
@@ -246,6 +258,68 @@ impl Outbox {
         }
         f(st.buf.tail());
         self.wake(&mut st);
+    }
+
+    /// Runs `f` on the queue under the outbox's lock, then wakes the writer and any
+    /// publisher blocked on a full outbox. For output that depends on the encoder's state
+    /// (an MQTT session releasing held messages when an acknowledgement frees its window):
+    /// `f` may lock that state (lock order: outbox, then encoder state).
+    pub fn push_output(&self, f: impl FnOnce(&mut OutBuf)) {
+        let mut st = self.lock();
+        if st.closed {
+            return;
+        }
+        f(&mut st.buf);
+        if !st.buf.is_empty() {
+            self.wake(&mut st);
+        }
+        drop(st);
+        self.after_take();
+    }
+
+    /// [`Outbox::push_output`] for a reader answering its own client: the writer is not
+    /// woken when the outbox has a sink, because the caller sends the output itself with
+    /// [`Session::touch_own`](crate::Session::touch_own) and
+    /// [`Session::flush`](crate::Session::flush) at the end of its read.
+    pub fn push_reply(&self, f: impl FnOnce(&mut OutBuf)) {
+        let mut st = self.lock();
+        if st.closed {
+            return;
+        }
+        f(&mut st.buf);
+        if st.sink.is_none() && !st.buf.is_empty() {
+            self.wake(&mut st);
+        }
+        drop(st);
+        self.after_take();
+    }
+
+    /// Detaches the outbox from its connection without closing it: what is queued is
+    /// discarded (it belonged to that connection's byte stream), the sink is dropped and
+    /// the current writer sees [`Taken::Closed`]. Offers are still accepted (the encoder
+    /// decides what to keep for a later connection, as an offline MQTT session does).
+    /// `f` runs under the lock, so the encoder's state changes atomically with the
+    /// detachment. Returns the new epoch, for the next writer.
+    pub fn detach(&self, f: impl FnOnce()) -> u64 {
+        let mut st = self.lock();
+        st.epoch += 1;
+        st.buf = OutBuf::default();
+        st.lost.clear();
+        st.sink = None;
+        st.writing = false;
+        st.wake_pending = false;
+        f();
+        let epoch = st.epoch;
+        drop(st);
+        self.data.notify_waiters();
+        self.space.notify_waiters();
+        epoch
+    }
+
+    /// The current epoch (see [`Outbox::detach`]); a writer passes it to
+    /// [`Outbox::take`] and [`Outbox::release`].
+    pub fn epoch(&self) -> u64 {
+        self.lock().epoch
     }
 
     /// Closes the outbox: nothing more is accepted; the writer drains what is queued, then
@@ -295,11 +369,14 @@ impl Outbox {
     /// For the writer: waits until there is something to write and nobody else is writing,
     /// then moves everything queued into `into`. The caller must call [`Outbox::release`]
     /// once it has written it.
-    pub async fn take(&self, into: &mut VecDeque<Bytes>) -> Taken {
+    pub async fn take(&self, into: &mut VecDeque<Bytes>, epoch: u64) -> Taken {
         loop {
             {
                 let mut guard = self.lock();
                 let st = &mut *guard;
+                if st.epoch != epoch {
+                    return Taken::Closed;
+                }
                 if !st.writing {
                     Self::encode_lost(st);
                     if !st.buf.is_empty() {
@@ -321,16 +398,18 @@ impl Outbox {
     }
 
     /// For the writer: the data from [`Outbox::take`] is written.
-    pub fn release(&self) {
+    pub fn release(&self, epoch: u64) {
         let mut st = self.lock();
-        st.writing = false;
+        if st.epoch == epoch {
+            st.writing = false;
+        }
     }
 
     /// Writes what is queued straight to the sink, without blocking, if nobody else is
     /// writing. What the socket does not take now is put back and the writer is woken for
     /// it. `scratch` is the caller's reusable queue (empty on return).
     pub fn try_flush(&self, scratch: &mut VecDeque<Bytes>) {
-        let sink = {
+        let (sink, epoch) = {
             let mut guard = self.lock();
             let st = &mut *guard;
             if st.writing || st.closed {
@@ -345,7 +424,7 @@ impl Outbox {
             }
             st.buf.take_into(scratch);
             st.writing = true;
-            sink
+            (sink, st.epoch)
         };
         self.after_take();
         let mut failed = false;
@@ -366,10 +445,16 @@ impl Outbox {
             }
         }
         let mut st = self.lock();
+        if st.epoch != epoch {
+            // Detached meanwhile: the rest belonged to the old connection.
+            scratch.clear();
+            return;
+        }
         st.writing = false;
         if failed {
+            // The connection is broken: its writer fails too and ends it. The outbox stays
+            // open (a persistent session outlives its connection).
             scratch.clear();
-            st.closed = true;
             st.sink = None;
             self.space.notify_waiters();
         } else if !scratch.is_empty() {

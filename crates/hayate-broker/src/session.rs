@@ -371,7 +371,7 @@ impl Session {
         // path, where everything fits, neither registers nor makes the writer notify).
         let mut space = None;
         loop {
-            let took = match t.outbox.offer(t.sid, rest) {
+            let took = match t.outbox.offer(t.sid, self.id, rest) {
                 Offer::Took(n) => n,
                 Offer::Closed => return (delivered, true),
             };

@@ -17,7 +17,7 @@ pub mod message;
 pub mod qos;
 
 pub use key::{Key, KeyError, KeyExpr};
-pub use message::{Headers, Message};
+pub use message::{Attrs, Guarantee, Headers, Message};
 pub use qos::{Congestion, Qos, Reliability};
 
 /// The prefix of per-session reply inboxes: `_inbox/<session-id>/...`.

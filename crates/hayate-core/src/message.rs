@@ -1,5 +1,7 @@
 //! Messages.
 
+use std::time::Instant;
+
 use bytes::Bytes;
 
 use crate::Key;
@@ -23,6 +25,34 @@ pub struct Message {
     pub correlation_id: Option<Bytes>,
     /// Application headers.
     pub headers: Option<Headers>,
+    /// Delivery attributes some protocols carry (MQTT QoS, retain, expiry, ...).
+    pub attrs: Attrs,
+}
+
+/// The delivery guarantee a publisher asked for (MQTT's QoS of a PUBLISH).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Guarantee {
+    /// At most once (MQTT QoS 0).
+    AtMostOnce = 0,
+    /// At least once (MQTT QoS 1).
+    AtLeastOnce = 1,
+    /// Exactly once (MQTT QoS 2).
+    ExactlyOnce = 2,
+}
+
+/// Delivery attributes of a message. All default to "not stated"; the native protocol does
+/// not carry them yet, MQTT does (and STOMP's content-type travels as a header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Attrs {
+    /// What the publisher asked for; `None` (native, STOMP) = whatever the subscription
+    /// was granted.
+    pub guarantee: Option<Guarantee>,
+    /// Published with MQTT's retain flag (shown to retain-as-published subscribers).
+    pub retain: bool,
+    /// The payload is declared UTF-8 text (MQTT payload format indicator 1).
+    pub utf8: bool,
+    /// When the message expires: it is not delivered after this instant.
+    pub expires: Option<Instant>,
 }
 
 impl Message {
@@ -34,11 +64,15 @@ impl Message {
             reply_to: None,
             correlation_id: None,
             headers: None,
+            attrs: Attrs::default(),
         }
     }
 
     /// True when the message carries nothing but a key and a payload.
     pub fn is_plain(&self) -> bool {
-        self.reply_to.is_none() && self.correlation_id.is_none() && self.headers.is_none()
+        self.reply_to.is_none()
+            && self.correlation_id.is_none()
+            && self.headers.is_none()
+            && self.attrs == Attrs::default()
     }
 }

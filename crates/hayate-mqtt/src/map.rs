@@ -74,6 +74,23 @@ pub fn topic_to_key(topic: &str) -> Result<Key, MapError> {
     r.map_err(|e| MapError::Topic(topic.to_string(), e.to_string()))
 }
 
+/// [`topic_to_key`] for a topic in a read buffer: a plain topic becomes its key without a
+/// copy (the key shares the buffer).
+pub fn topic_bytes_to_key(topic: &crate::ByteStr) -> Result<Key, MapError> {
+    let t = topic.as_str();
+    let plain = !t.is_empty()
+        && !t.contains(['%', '*'])
+        && !t.starts_with('/')
+        && !t.ends_with('/')
+        && !t.contains("//");
+    if plain {
+        Key::from_bytes(topic.as_shared().clone())
+            .map_err(|e| MapError::Topic(t.to_string(), e.to_string()))
+    } else {
+        topic_to_key(t)
+    }
+}
+
 /// The MQTT topic name of a Hayate key.
 pub fn key_to_topic(key: &str) -> Cow<'_, str> {
     if !key.contains('%') {

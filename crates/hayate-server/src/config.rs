@@ -5,6 +5,10 @@ use serde::{Deserialize, Serialize};
 
 /// The default native-protocol address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:4700";
+/// The default MQTT address.
+pub const DEFAULT_MQTT_LISTEN: &str = "127.0.0.1:1883";
+/// The default MQTT-over-WebSocket address.
+pub const DEFAULT_MQTT_WS_LISTEN: &str = "127.0.0.1:8083";
 
 /// All broker settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -14,6 +18,10 @@ pub struct Config {
     pub server: ServerSection,
     /// Native protocol listeners.
     pub native: NativeSection,
+    /// MQTT listeners and settings.
+    pub mqtt: MqttSection,
+    /// Who may connect (MQTT, STOMP; the native protocol later).
+    pub auth: AuthSection,
     /// Limits.
     pub limits: Limits,
 }
@@ -24,12 +32,87 @@ pub struct Config {
 pub struct ServerSection {
     /// Name reported to clients in WELCOME.
     pub name: String,
+    /// Where state that survives a restart is kept (MQTT persistent sessions and retained
+    /// messages); created when first needed. Empty: nothing is kept.
+    pub data_dir: String,
 }
 
 impl Default for ServerSection {
     fn default() -> Self {
         ServerSection {
             name: format!("hayate/{}", env!("CARGO_PKG_VERSION")),
+            data_dir: "hayate-data".into(),
+        }
+    }
+}
+
+/// `[mqtt]`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MqttSection {
+    /// TCP addresses for MQTT 3.1, 3.1.1 and 5.0 (empty: no MQTT listener).
+    pub listen: Vec<String>,
+    /// TCP addresses for MQTT over WebSocket (subprotocol `mqtt`, any path).
+    pub ws: Vec<String>,
+    /// Largest MQTT packet accepted, in bytes (advertised to 5.0 clients); larger ones
+    /// close the connection (5.0: DISCONNECT 0x95).
+    pub max_packet_size: u32,
+    /// Most QoS 2 PUBLISHes a client may have unreleased at once (the server's Receive
+    /// Maximum).
+    pub receive_maximum: u16,
+    /// Most QoS 1 and 2 deliveries unacknowledged by a client at once (lowered further by
+    /// the client's Receive Maximum).
+    pub max_inflight: u16,
+    /// Most QoS 1 and 2 messages waiting for a session beyond its in-flight window
+    /// (online or offline); further ones are dropped and counted.
+    pub max_queued_messages: usize,
+    /// Highest topic alias a client may use (0: none).
+    pub topic_alias_maximum: u16,
+    /// Longest keep alive, in seconds, a client may ask for; a 5.0 client asking more (or
+    /// 0) is told this one (Server Keep Alive). 0: no limit.
+    pub max_keep_alive: u16,
+    /// Longest session expiry interval, in seconds, a session may ask for.
+    pub max_session_expiry: u32,
+    /// Period of the `$SYS/broker/...` statistics, in seconds (0: off).
+    pub sys_interval_secs: u64,
+    /// Period of saving persistent sessions and retained messages to `server.data_dir`, in
+    /// seconds (0: only at shutdown).
+    pub autosave_secs: u64,
+}
+
+impl Default for MqttSection {
+    fn default() -> Self {
+        MqttSection {
+            listen: vec![DEFAULT_MQTT_LISTEN.to_string()],
+            ws: vec![DEFAULT_MQTT_WS_LISTEN.to_string()],
+            max_packet_size: hayate_mqtt::MAX_PACKET_SIZE,
+            receive_maximum: 1024,
+            max_inflight: 1024,
+            max_queued_messages: 100_000,
+            topic_alias_maximum: 1024,
+            max_keep_alive: 0,
+            max_session_expiry: u32::MAX,
+            sys_interval_secs: 10,
+            autosave_secs: 60,
+        }
+    }
+}
+
+/// `[auth]`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthSection {
+    /// Whether clients without a user name may connect.
+    pub allow_anonymous: bool,
+    /// Users and their passwords (`name = "password"`).
+    pub users: std::collections::BTreeMap<String, String>,
+}
+
+impl Default for AuthSection {
+    fn default() -> Self {
+        AuthSection {
+            allow_anonymous: true,
+            users: Default::default(),
         }
     }
 }
@@ -134,9 +217,25 @@ impl Config {
                 "limits.max_connections must be at least 1".into(),
             ));
         }
-        if self.native.listen.is_empty() && self.native.unix.is_empty() {
+        if self.native.listen.is_empty()
+            && self.native.unix.is_empty()
+            && self.mqtt.listen.is_empty()
+            && self.mqtt.ws.is_empty()
+        {
             return Err(ConfigError::Invalid(
-                "no listener: set native.listen or native.unix".into(),
+                "no listener: set native.listen, native.unix, mqtt.listen or mqtt.ws".into(),
+            ));
+        }
+        let m = &self.mqtt;
+        if m.max_packet_size < 128 || m.max_packet_size > hayate_mqtt::MAX_PACKET_SIZE {
+            return Err(ConfigError::Invalid(format!(
+                "mqtt.max_packet_size must be between 128 and {} bytes",
+                hayate_mqtt::MAX_PACKET_SIZE
+            )));
+        }
+        if m.receive_maximum == 0 || m.max_inflight == 0 {
+            return Err(ConfigError::Invalid(
+                "mqtt.receive_maximum and mqtt.max_inflight must be at least 1".into(),
             ));
         }
         Ok(())

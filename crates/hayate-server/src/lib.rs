@@ -14,10 +14,13 @@
 //! [`hayate_broker::Outbox`] (encoded in the target's protocol under its lock) → the target's
 //! writer task (takes everything queued, one vectored write) → socket.
 
+pub mod auth;
 pub mod config;
 pub mod io;
+pub mod mqtt;
 pub mod native;
 pub mod server;
+pub mod ws;
 
 pub use config::Config;
-pub use server::Server;
+pub use server::{Protocol, Server};

@@ -22,7 +22,7 @@ use crate::io::{WriteHalf, read_some};
 pub struct NativeEncoder;
 
 impl Encoder for NativeEncoder {
-    fn encode(&mut self, sid: u32, batch: Batch<'_>, out: &mut OutBuf) {
+    fn encode(&mut self, sid: u32, batch: Batch<'_>, _origin: u64, out: &mut OutBuf) {
         match batch {
             Batch::One(m) => {
                 encode_msg_head(sid, m, out.tail());
@@ -75,7 +75,7 @@ pub async fn serve<R>(
     let outbox = session.outbox().clone();
     let writer = Arc::new(writer);
     outbox.set_sink(writer.clone());
-    let mut writer_task = tokio::spawn(write_loop(writer, outbox.clone()));
+    let mut writer_task = tokio::spawn(write_loop(writer, outbox.clone(), outbox.epoch()));
     let mut buf = BytesMut::with_capacity(READ_BUF);
     let max_frame = limits.max_frame();
     let mut welcomed = false;
@@ -238,15 +238,17 @@ fn check_payload(len: usize, limits: &Limits) -> Result<(), Refusal> {
     Ok(())
 }
 
-async fn write_loop(w: Arc<WriteHalf>, outbox: Arc<Outbox>) {
+/// Drains `outbox` into `w` until the outbox closes or is detached from this connection
+/// (its epoch changes), then shuts the socket's write side down.
+pub(crate) async fn write_loop(w: Arc<WriteHalf>, outbox: Arc<Outbox>, epoch: u64) {
     let mut q = VecDeque::new();
     loop {
-        match outbox.take(&mut q).await {
+        match outbox.take(&mut q, epoch).await {
             Taken::Data => {
                 let r = w.write_chunks(&mut q).await;
-                outbox.release();
+                outbox.release(epoch);
                 if r.is_err() {
-                    outbox.close();
+                    // The reader sees this task end and ends the connection.
                     return;
                 }
             }

@@ -9,14 +9,38 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::auth::ConfigAuth;
 use crate::config::{Config, Limits};
 use crate::io::WriteHalf;
-use crate::native;
+use crate::mqtt::Mqtt;
+use crate::{mqtt, native, ws};
+
+/// The protocol a listener speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// Hayate's native protocol.
+    Native,
+    /// MQTT 3.1, 3.1.1 and 5.0 over TCP.
+    Mqtt,
+    /// MQTT over WebSocket.
+    MqttWs,
+}
+
+impl Protocol {
+    /// How the broker names it in its startup lines (`hayate broker: mqtt on ...`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Protocol::Native => "native protocol",
+            Protocol::Mqtt => "mqtt",
+            Protocol::MqttWs => "mqtt over websocket",
+        }
+    }
+}
 
 /// A bound listener.
 #[derive(Debug)]
 enum Listener {
-    Tcp(TcpListener),
+    Tcp(TcpListener, Protocol),
     Unix(UnixListener, String),
 }
 
@@ -27,6 +51,13 @@ pub struct Server {
     listeners: Vec<Listener>,
     limits: Arc<Limits>,
     name: Arc<str>,
+    mqtt: Arc<Mqtt>,
+}
+
+async fn bind_tcp(addr: &str) -> Result<TcpListener, crate::config::ConfigError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| crate::config::ConfigError::Invalid(format!("cannot listen on {addr}: {e}")))
 }
 
 impl Server {
@@ -35,10 +66,13 @@ impl Server {
         config.validate()?;
         let mut listeners = Vec::new();
         for addr in &config.native.listen {
-            let l = TcpListener::bind(addr).await.map_err(|e| {
-                crate::config::ConfigError::Invalid(format!("cannot listen on {addr}: {e}"))
-            })?;
-            listeners.push(Listener::Tcp(l));
+            listeners.push(Listener::Tcp(bind_tcp(addr).await?, Protocol::Native));
+        }
+        for addr in &config.mqtt.listen {
+            listeners.push(Listener::Tcp(bind_tcp(addr).await?, Protocol::Mqtt));
+        }
+        for addr in &config.mqtt.ws {
+            listeners.push(Listener::Tcp(bind_tcp(addr).await?, Protocol::MqttWs));
         }
         for path in &config.native.unix {
             // A stale socket file from an earlier run would make bind fail.
@@ -59,21 +93,39 @@ impl Server {
         Ok(Server::assemble(config, listeners))
     }
 
-    /// A server on an already-bound TCP listener (tests bind `127.0.0.1:0`).
+    /// A server on an already-bound native-protocol TCP listener (tests bind
+    /// `127.0.0.1:0`).
     pub fn from_listener(listener: TcpListener, config: &Config) -> Server {
-        Server::assemble(config, vec![Listener::Tcp(listener)])
+        Server::assemble(config, vec![Listener::Tcp(listener, Protocol::Native)])
+    }
+
+    /// A server on already-bound TCP listeners, each with its protocol.
+    pub fn from_listeners(listeners: Vec<(TcpListener, Protocol)>, config: &Config) -> Server {
+        let l = listeners
+            .into_iter()
+            .map(|(l, p)| Listener::Tcp(l, p))
+            .collect();
+        Server::assemble(config, l)
     }
 
     fn assemble(config: &Config, listeners: Vec<Listener>) -> Server {
         let broker = Broker::new(BrokerConfig {
             outbox_bytes: usize::try_from(config.limits.outbox_bytes).unwrap_or(usize::MAX),
         });
+        let auth = Arc::new(ConfigAuth::new(&config.auth));
+        let mqtt = Mqtt::new(broker.clone(), config, auth);
         Server {
             broker,
             listeners,
             limits: Arc::new(config.limits.clone()),
             name: config.server.name.as_str().into(),
+            mqtt,
         }
+    }
+
+    /// The MQTT front-end's shared state (statistics, saving).
+    pub fn mqtt(&self) -> &Arc<Mqtt> {
+        &self.mqtt
     }
 
     /// The engine (for embedding programs and tests).
@@ -81,16 +133,28 @@ impl Server {
         &self.broker
     }
 
-    /// The bound addresses: `HOST:PORT` for TCP, `unix:PATH` for Unix sockets.
+    /// The bound native-protocol addresses: `HOST:PORT` for TCP, `unix:PATH` for Unix
+    /// sockets.
     pub fn local_addrs(&self) -> Vec<String> {
+        self.bound()
+            .into_iter()
+            .filter(|(p, _)| *p == Protocol::Native)
+            .map(|(_, a)| a)
+            .collect()
+    }
+
+    /// Every bound address with its protocol.
+    pub fn bound(&self) -> Vec<(Protocol, String)> {
         self.listeners
             .iter()
             .map(|l| match l {
-                Listener::Tcp(t) => t
-                    .local_addr()
-                    .map(|a| a.to_string())
-                    .unwrap_or_else(|e| format!("? ({e})")),
-                Listener::Unix(_, p) => format!("unix:{p}"),
+                Listener::Tcp(t, p) => (
+                    *p,
+                    t.local_addr()
+                        .map(|a| a.to_string())
+                        .unwrap_or_else(|e| format!("? ({e})")),
+                ),
+                Listener::Unix(_, p) => (Protocol::Native, format!("unix:{p}")),
             })
             .collect()
     }
@@ -102,6 +166,7 @@ impl Server {
         let live = Arc::new(AtomicUsize::new(0));
         let mut accepts = JoinSet::new();
         let mut paths = Vec::new();
+        let background = tokio::spawn(self.mqtt.clone().background(stop_rx.clone()));
         for l in self.listeners {
             let ctx = Ctx {
                 broker: self.broker.clone(),
@@ -109,6 +174,7 @@ impl Server {
                 name: self.name.clone(),
                 stop: stop_rx.clone(),
                 live: live.clone(),
+                mqtt: self.mqtt.clone(),
             };
             if let Listener::Unix(_, p) = &l {
                 paths.push(p.clone());
@@ -126,6 +192,10 @@ impl Server {
         while live.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
+        let _ = background.await;
+        // Persistent MQTT sessions are parked by now: save them with the retained messages.
+        let m = self.mqtt.clone();
+        let _ = tokio::task::spawn_blocking(move || m.save()).await;
     }
 }
 
@@ -136,6 +206,7 @@ struct Ctx {
     name: Arc<str>,
     stop: watch::Receiver<bool>,
     live: Arc<AtomicUsize>,
+    mqtt: Arc<Mqtt>,
 }
 
 struct LiveGuard(Arc<AtomicUsize>);
@@ -148,17 +219,16 @@ impl Drop for LiveGuard {
 async fn accept_loop(l: Listener, ctx: Ctx) {
     loop {
         let accepted = match &l {
-            Listener::Tcp(t) => t.accept().await.map(|(s, _)| {
+            Listener::Tcp(t, p) => t.accept().await.map(|(s, _)| {
                 let _ = s.set_nodelay(true);
-                let (r, w) = s.into_split();
-                (Box::new(r) as Reader, WriteHalf::Tcp(w))
+                (Stream::Tcp(s), *p)
             }),
-            Listener::Unix(u, _) => u.accept().await.map(|(s, _)| {
-                let (r, w) = s.into_split();
-                (Box::new(r) as Reader, WriteHalf::Unix(w))
-            }),
+            Listener::Unix(u, _) => u
+                .accept()
+                .await
+                .map(|(s, _)| (Stream::Unix(s), Protocol::Native)),
         };
-        let (r, w) = match accepted {
+        let (stream, proto) = match accepted {
             Ok(rw) => rw,
             Err(e) => {
                 tracing::warn!("accept failed: {e}");
@@ -177,9 +247,44 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
         // `live` counts it until it ends.
         tokio::spawn(async move {
             let _guard = guard;
-            native::serve(r, w, c.broker, c.limits, c.name, c.stop).await;
+            let stream = match (proto, stream) {
+                (Protocol::MqttWs, Stream::Tcp(s)) => {
+                    let max = c.mqtt.cfg.max_packet_size as usize;
+                    match ws::accept(s, "mqtt", max.saturating_add(1024)).await {
+                        Ok(u) => Stream::Unix(u),
+                        Err(e) => {
+                            tracing::debug!("websocket handshake failed: {e}");
+                            return;
+                        }
+                    }
+                }
+                (_, s) => s,
+            };
+            let (r, w) = match stream {
+                Stream::Tcp(s) => {
+                    let (r, w) = s.into_split();
+                    (Box::new(r) as Reader, WriteHalf::Tcp(w))
+                }
+                Stream::Unix(s) => {
+                    let (r, w) = s.into_split();
+                    (Box::new(r) as Reader, WriteHalf::Unix(w))
+                }
+            };
+            match proto {
+                Protocol::Native => {
+                    native::serve(r, w, c.broker, c.limits, c.name, c.stop).await;
+                }
+                Protocol::Mqtt | Protocol::MqttWs => {
+                    mqtt::conn::serve(r, w, c.mqtt, c.stop).await;
+                }
+            }
         });
     }
+}
+
+enum Stream {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
 }
 
 type Reader = Box<dyn tokio::io::AsyncRead + Unpin + Send>;

@@ -171,6 +171,8 @@ async fn unix_socket_listener_works() {
     let mut config = hayate_server::Config::default();
     config.native.listen.clear();
     config.native.unix = vec![path.display().to_string()];
+    config.mqtt.listen.clear();
+    config.mqtt.ws.clear();
     let server = hayate_server::Server::bind(&config).await.unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let h = tokio::spawn(server.run(async {

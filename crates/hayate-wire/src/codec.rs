@@ -214,6 +214,7 @@ fn options(b: &mut Body, flags: u8, key: Key) -> Result<Message, DecodeError> {
         reply_to,
         correlation_id,
         headers,
+        attrs: Default::default(),
     })
 }
 

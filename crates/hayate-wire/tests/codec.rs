@@ -64,6 +64,7 @@ fn message() -> impl Strategy<Value = Message> {
                 reply_to,
                 correlation_id,
                 headers,
+                attrs: Default::default(),
             },
         )
 }
@@ -391,6 +392,7 @@ fn every_frame_type_round_trips() {
         reply_to: Some(Key::new("_inbox/1/r").expect("valid")),
         correlation_id: Some(Bytes::from_static(b"c1")),
         headers: Some(vec![("h".into(), Bytes::from_static(b"v"))]),
+        attrs: Default::default(),
     };
     let frames = vec![
         Frame::Hello(Hello {

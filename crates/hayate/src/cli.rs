@@ -46,6 +46,16 @@ pub(crate) struct BrokerArgs {
     /// Native protocol Unix socket path (repeatable).
     #[arg(long, value_name = "PATH")]
     pub(crate) unix: Vec<String>,
+    /// MQTT TCP address (repeatable; replaces the configured list; `off` for none).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub(crate) mqtt: Vec<String>,
+    /// MQTT-over-WebSocket TCP address (repeatable; replaces the configured list; `off`
+    /// for none).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub(crate) ws: Vec<String>,
+    /// Data directory (persistent MQTT sessions, retained messages).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) data: Option<String>,
     /// Largest payload accepted, in bytes.
     #[arg(long, value_name = "BYTES")]
     pub(crate) max_payload: Option<u64>,

@@ -66,6 +66,15 @@ fn effective_config(args: &cli::BrokerArgs) -> Result<Config> {
     if !args.unix.is_empty() {
         config.native.unix = args.unix.clone();
     }
+    if !args.mqtt.is_empty() {
+        config.mqtt.listen = listen_list(&args.mqtt);
+    }
+    if !args.ws.is_empty() {
+        config.mqtt.ws = listen_list(&args.ws);
+    }
+    if let Some(d) = &args.data {
+        config.server.data_dir = d.clone();
+    }
     if let Some(v) = args.max_payload {
         config.limits.max_payload = v;
     }
@@ -76,11 +85,20 @@ fn effective_config(args: &cli::BrokerArgs) -> Result<Config> {
     Ok(config)
 }
 
+/// A listener flag's values; `off` alone means none.
+fn listen_list(v: &[String]) -> Vec<String> {
+    if v.len() == 1 && v[0] == "off" {
+        Vec::new()
+    } else {
+        v.to_vec()
+    }
+}
+
 async fn broker(args: cli::BrokerArgs) -> Result<()> {
     let config = effective_config(&args)?;
     let server = Server::bind(&config).await?;
-    for a in server.local_addrs() {
-        println!("hayate broker: native protocol on {a}");
+    for (proto, a) in server.bound() {
+        println!("hayate broker: {} on {a}", proto.label());
     }
     println!("hayate broker: ready (Ctrl-C to stop)");
     server.run(shutdown_signal()).await;

@@ -1,0 +1,717 @@
+//! One MQTT connection: CONNECT, then packets until DISCONNECT, an error, a keep-alive
+//! timeout, a takeover or shutdown.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use hayate_broker::{Batch, Session};
+use hayate_core::{Guarantee, Message};
+use hayate_mqtt::map::{filter_to_expr, topic_bytes_to_key};
+use hayate_mqtt::{
+    Ack, ByteStr, ConnAck, DecodeError, Disconnect, Packet, PayloadFormat, ProtocolVersion,
+    Publish, QoS, ReasonCode, RetainHandling, SubAck, Subscribe, UnsubAck, Unsubscribe, Will,
+    decode, decode_connect, encode, shared_subscription,
+};
+use tokio::io::AsyncRead;
+use tokio::sync::{mpsc, watch};
+
+use super::out::{Link, SubInfo, lock, put_packet};
+use super::{CONTENT_TYPE, Mqtt, MqttSession, PendingWill};
+use crate::auth::AuthError;
+use crate::io::{WriteHalf, read_some};
+use crate::native::write_loop;
+
+const READ_BUF: usize = 64 * 1024;
+
+/// A refusal: the reason code and a reason string (sent to 5.0 clients).
+type Fail = (ReasonCode, String);
+
+fn fail(code: ReasonCode, msg: impl Into<String>) -> Fail {
+    (code, msg.into())
+}
+
+/// Why the connection ends.
+#[derive(Debug)]
+enum End {
+    /// DISCONNECT from the client; `true` = 0x04, publish the will.
+    Disconnect(bool),
+    /// A protocol error: tell a 5.0 client, publish the will.
+    Error(ReasonCode, String),
+    /// No packet within 1.5 times the keep alive.
+    KeepAlive,
+    /// EOF or an I/O error.
+    Closed,
+    /// Another connection took the session over.
+    TakenOver(super::Handover),
+    /// The server is shutting down.
+    Shutdown,
+}
+
+/// The connection's settings and per-connection state.
+struct Conn<'a> {
+    mqtt: &'a Mqtt,
+    version: ProtocolVersion,
+    /// Topic aliases the client set (alias → topic).
+    aliases: HashMap<u16, ByteStr>,
+    /// Session expiry interval (seconds; `u32::MAX` never).
+    expiry: u32,
+    /// Send reason strings (5.0 Request Problem Information).
+    problem_info: bool,
+}
+
+/// Serves one MQTT connection until it closes.
+pub async fn serve<R>(
+    mut reader: R,
+    writer: WriteHalf,
+    mqtt: Arc<Mqtt>,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    R: AsyncRead + Unpin,
+{
+    let writer = Arc::new(writer);
+    let mut buf = BytesMut::with_capacity(READ_BUF);
+    let max_packet = mqtt.cfg.max_packet_size;
+
+    // CONNECT, within the handshake timeout.
+    let connect = {
+        let deadline = tokio::time::sleep(mqtt.handshake_timeout);
+        tokio::pin!(deadline);
+        loop {
+            match decode_connect(&mut buf, max_packet) {
+                Ok(Some(c)) => break c,
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::debug!("mqtt: bad CONNECT: {e}");
+                    if matches!(e, DecodeError::UnsupportedProtocolVersion { .. }) {
+                        // The 3.1.1 CONNACK "unacceptable protocol version" (rc 1), which
+                        // every version reads.
+                        let mut q = std::collections::VecDeque::from([Bytes::from_static(&[
+                            0x20, 2, 0, 1,
+                        ])]);
+                        let _ = writer.write_chunks(&mut q).await;
+                    }
+                    writer.shutdown();
+                    return;
+                }
+            }
+            tokio::select! {
+                r = read_some(&mut reader, &mut buf, None) => match r {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                },
+                _ = &mut deadline => {
+                    writer.shutdown();
+                    return;
+                }
+                _ = shutdown.changed() => return,
+            }
+        }
+    };
+    let version = connect.protocol_version;
+
+    // Authentication and the client identifier.
+    let w = &writer;
+    let refuse = |code: ReasonCode| async move {
+        let mut out = BytesMut::new();
+        let code = if version.is_v5() {
+            Some(code)
+        } else {
+            code.to_v3_connack().map(|_| code)
+        };
+        if let Some(code) = code
+            && encode(
+                &Packet::ConnAck(Box::new(ConnAck::new(code))),
+                version,
+                &mut out,
+            )
+            .is_ok()
+        {
+            let mut q = std::collections::VecDeque::from([out.freeze()]);
+            let _ = w.write_chunks(&mut q).await;
+        }
+        w.shutdown();
+    };
+    if connect.properties.authentication_method.is_some() {
+        refuse(ReasonCode::BadAuthenticationMethod).await;
+        return;
+    }
+    if let Err(e) = mqtt.auth.authenticate(
+        "mqtt",
+        connect.username.as_deref(),
+        connect.password.as_deref(),
+    ) {
+        refuse(match e {
+            AuthError::NotAuthorized => ReasonCode::NotAuthorized,
+            AuthError::BadCredentials => ReasonCode::BadUserNameOrPassword,
+        })
+        .await;
+        return;
+    }
+    let mut assigned = None;
+    let client_id = if connect.client_id.is_empty() {
+        if !version.is_v5() && !connect.clean_start {
+            refuse(ReasonCode::ClientIdentifierNotValid).await;
+            return;
+        }
+        let id = format!("hayate-{:016x}", rand_id());
+        assigned = Some(id.clone());
+        id
+    } else {
+        connect.client_id.as_str().to_string()
+    };
+    let will = match will_message(connect.will.as_ref()) {
+        Ok(w) => w,
+        Err(_) => {
+            refuse(ReasonCode::TopicNameInvalid).await;
+            return;
+        }
+    };
+    let expiry = if version.is_v5() {
+        connect
+            .properties
+            .session_expiry_interval
+            .unwrap_or(0)
+            .min(mqtt.cfg.max_session_expiry)
+    } else if connect.clean_start {
+        0
+    } else {
+        u32::MAX
+    };
+
+    // The session: new, parked, or taken over from another connection.
+    let conn_id = mqtt.next_conn();
+    let (kick_tx, mut kick_rx) = mpsc::unbounded_channel();
+    let prior = mqtt.acquire(&client_id, conn_id, kick_tx).await;
+    let (mut ms, present) = match prior {
+        Some(s) if !connect.clean_start => (s, true),
+        other => {
+            drop(other);
+            (mqtt.new_session(), false)
+        }
+    };
+    mqtt.set_info(&client_id, conn_id, ms.out.clone(), version, expiry);
+    mqtt.stats.connected.fetch_add(1, Ordering::Relaxed);
+    mqtt.stats.connections.fetch_add(1, Ordering::Relaxed);
+
+    // CONNACK, then what the session has in flight and held.
+    let mut keep_alive = connect.keep_alive;
+    let mut ack = ConnAck::new(ReasonCode::Success);
+    ack.session_present = present;
+    if version.is_v5() {
+        let max_ka = mqtt.cfg.max_keep_alive;
+        if max_ka > 0 && (keep_alive == 0 || keep_alive > max_ka) {
+            keep_alive = max_ka;
+            ack.properties.server_keep_alive = Some(max_ka);
+        }
+        let p = &mut ack.properties;
+        p.receive_maximum = Some(mqtt.cfg.receive_maximum);
+        p.maximum_packet_size = Some(max_packet);
+        p.topic_alias_maximum = Some(mqtt.cfg.topic_alias_maximum);
+        p.assigned_client_identifier = assigned.map(ByteStr::from);
+        if connect.properties.session_expiry_interval.unwrap_or(0) != expiry {
+            p.session_expiry_interval = Some(expiry);
+        }
+    }
+    let link = Link::new(
+        version,
+        connect.properties.receive_maximum.unwrap_or(u16::MAX),
+        connect
+            .properties
+            .maximum_packet_size
+            .unwrap_or(hayate_mqtt::MAX_PACKET_SIZE),
+        connect.properties.topic_alias_maximum.unwrap_or(0),
+    );
+    let outbox = ms.session.outbox().clone();
+    outbox.set_sink(writer.clone());
+    let epoch = outbox.epoch();
+    let mut writer_task = tokio::spawn(write_loop(writer.clone(), outbox.clone(), epoch));
+    outbox.push_reply(|o| {
+        put_packet(&Packet::ConnAck(Box::new(ack)), version, o);
+        lock(&ms.out).go_online(link, o);
+    });
+    ms.session.touch_own();
+    ms.session.flush();
+    tracing::debug!(client_id, ?version, present, "mqtt: connected");
+
+    let mut conn = Conn {
+        mqtt: &mqtt,
+        version,
+        aliases: HashMap::new(),
+        expiry,
+        problem_info: connect
+            .properties
+            .request_problem_information
+            .unwrap_or(true),
+    };
+    let ka = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
+    let idle = tokio::time::sleep(ka.unwrap_or(Duration::from_secs(86_400)));
+    tokio::pin!(idle);
+
+    let end = 'conn: loop {
+        loop {
+            match decode(&mut buf, version, max_packet) {
+                Ok(Some(p)) => match conn.handle(p, &mut ms).await {
+                    Ok(None) => {}
+                    Ok(Some(end)) => break 'conn end,
+                    Err((code, msg)) => break 'conn End::Error(code, msg),
+                },
+                Ok(None) => break,
+                Err(e) => break 'conn End::Error(e.reason_code(), e.to_string()),
+            }
+        }
+        ms.session.flush();
+        tokio::select! {
+            r = read_some(&mut reader, &mut buf, None) => match r {
+                Ok(0) | Err(_) => break End::Closed,
+                Ok(_) => {
+                    if let Some(ka) = ka {
+                        idle.as_mut().reset(tokio::time::Instant::now() + ka);
+                    }
+                }
+            },
+            _ = &mut idle, if ka.is_some() => break End::KeepAlive,
+            _ = &mut writer_task => break End::Closed,
+            h = kick_rx.recv() => match h {
+                Some(h) => break End::TakenOver(h),
+                None => break End::Closed,
+            },
+            _ = shutdown.changed() => break End::Shutdown,
+        }
+    };
+    tracing::debug!(client_id, ?end, "mqtt: connection ends");
+    mqtt.stats.connected.fetch_sub(1, Ordering::Relaxed);
+
+    // A last word to a 5.0 client.
+    let last = match &end {
+        End::Error(code, msg) => Some((*code, msg.clone())),
+        End::KeepAlive => Some((ReasonCode::KeepAliveTimeout, "keep alive timeout".into())),
+        End::TakenOver(_) => Some((ReasonCode::SessionTakenOver, "session taken over".into())),
+        End::Shutdown => Some((
+            ReasonCode::ServerShuttingDown,
+            "server shutting down".into(),
+        )),
+        End::Disconnect(_) | End::Closed => None,
+    };
+    if let Some((code, msg)) = last
+        && version.is_v5()
+    {
+        let mut d = Disconnect::new(code);
+        if conn.problem_info && !msg.is_empty() {
+            d.properties.reason_string = Some(truncate(&msg).into());
+        }
+        outbox.push_reply(|o| put_packet(&Packet::Disconnect(d), version, o));
+        ms.session.touch_own();
+        ms.session.flush();
+    }
+    let publish_will = !matches!(end, End::Disconnect(false) | End::Shutdown);
+    let expiry = conn.expiry;
+
+    // The will: now, or after its delay if the session outlives the connection.
+    let mut parked_will = None;
+    if publish_will && let Some((msg, delay)) = will {
+        if delay == 0 || expiry == 0 {
+            mqtt.publish_from(&mut ms.session, &msg).await;
+        } else if !matches!(end, End::TakenOver(_)) {
+            parked_will = Some(PendingWill {
+                due: Instant::now() + Duration::from_secs(u64::from(delay.min(expiry))),
+                msg,
+            });
+        }
+    }
+
+    let persistent = expiry > 0 || matches!(end, End::TakenOver(_));
+    if persistent {
+        // Keep the subscriptions; hold deliveries for the next connection.
+        outbox.detach(|| lock(&ms.out).go_offline());
+    } else {
+        outbox.close();
+    }
+    if !writer_task.is_finished() {
+        let _ = tokio::time::timeout(Duration::from_secs(5), &mut writer_task).await;
+    }
+    let dropped = match end {
+        End::TakenOver(to) => to.send(Some(ms)).err().flatten(),
+        _ => mqtt.release(&client_id, conn_id, &mut kick_rx, ms, expiry, parked_will),
+    };
+    drop(dropped);
+}
+
+/// Reason strings are capped (a reason string may not make a packet too large).
+fn truncate(s: &str) -> &str {
+    let mut n = s.len().min(200);
+    while !s.is_char_boundary(n) {
+        n -= 1;
+    }
+    &s[..n]
+}
+
+/// A random-enough identifier for assigned client ids.
+fn rand_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish()
+}
+
+fn guarantee(q: QoS) -> Guarantee {
+    match q {
+        QoS::AtMostOnce => Guarantee::AtMostOnce,
+        QoS::AtLeastOnce => Guarantee::AtLeastOnce,
+        QoS::ExactlyOnce => Guarantee::ExactlyOnce,
+    }
+}
+
+/// The will as a message, with its delay in seconds.
+fn will_message(w: Option<&Will>) -> Result<Option<(Message, u32)>, Fail> {
+    let Some(w) = w else { return Ok(None) };
+    let p = &w.properties;
+    let msg = build_message(
+        &w.topic,
+        w.payload.clone(),
+        w.qos,
+        w.retain,
+        Meta {
+            utf8: p.payload_format_indicator == Some(PayloadFormat::Utf8),
+            expiry: p.message_expiry_interval,
+            content_type: p.content_type.as_ref(),
+            response_topic: p.response_topic.as_ref(),
+            correlation: p.correlation_data.as_ref(),
+            user: &p.user_properties,
+        },
+    )?;
+    Ok(Some((msg, p.will_delay_interval.unwrap_or(0))))
+}
+
+/// The MQTT 5.0 properties a message keeps.
+struct Meta<'a> {
+    utf8: bool,
+    expiry: Option<u32>,
+    content_type: Option<&'a ByteStr>,
+    response_topic: Option<&'a ByteStr>,
+    correlation: Option<&'a Bytes>,
+    user: &'a [(ByteStr, ByteStr)],
+}
+
+fn build_message(
+    topic: &ByteStr,
+    payload: Bytes,
+    qos: QoS,
+    retain: bool,
+    meta: Meta<'_>,
+) -> Result<Message, Fail> {
+    let key =
+        topic_bytes_to_key(topic).map_err(|e| fail(ReasonCode::TopicNameInvalid, e.to_string()))?;
+    let mut msg = Message::new(key, payload);
+    msg.attrs.guarantee = Some(guarantee(qos));
+    msg.attrs.retain = retain;
+    msg.attrs.utf8 = meta.utf8;
+    msg.attrs.expires = meta
+        .expiry
+        .map(|s| Instant::now() + Duration::from_secs(u64::from(s)));
+    if let Some(r) = meta.response_topic {
+        msg.reply_to = Some(
+            topic_bytes_to_key(r).map_err(|e| fail(ReasonCode::TopicNameInvalid, e.to_string()))?,
+        );
+    }
+    msg.correlation_id = meta.correlation.cloned();
+    if meta.content_type.is_some() || !meta.user.is_empty() {
+        let mut h = Vec::with_capacity(meta.user.len() + 1);
+        if let Some(ct) = meta.content_type {
+            h.push((CONTENT_TYPE.to_string(), ct.as_shared().clone()));
+        }
+        for (k, v) in meta.user {
+            h.push((k.as_str().to_string(), v.as_shared().clone()));
+        }
+        msg.headers = Some(h);
+    }
+    Ok(msg)
+}
+
+impl Conn<'_> {
+    /// Handles one packet: `Ok(Some(end))` ends the connection.
+    async fn handle(&mut self, p: Packet, ms: &mut MqttSession) -> Result<Option<End>, Fail> {
+        let v = self.version;
+        match p {
+            Packet::Publish(p) => self.publish(p, ms).await?,
+            Packet::PubAck(a) => {
+                let out = ms.out.clone();
+                ms.session.outbox().push_reply(|o| {
+                    lock(&out).puback(a.packet_id, o);
+                });
+                ms.session.touch_own();
+            }
+            Packet::PubRec(a) => {
+                let out = ms.out.clone();
+                ms.session.outbox().push_reply(|o| {
+                    lock(&out).pubrec(a.packet_id, a.reason_code.is_error(), o);
+                });
+                ms.session.touch_own();
+            }
+            Packet::PubComp(a) => {
+                let out = ms.out.clone();
+                ms.session.outbox().push_reply(|o| {
+                    lock(&out).pubcomp(a.packet_id, o);
+                });
+                ms.session.touch_own();
+            }
+            Packet::PubRel(a) => {
+                let known = lock(&ms.out).incoming.remove(&a.packet_id);
+                let ack = if known || !v.is_v5() {
+                    Ack::new(a.packet_id)
+                } else {
+                    Ack::with_reason(a.packet_id, ReasonCode::PacketIdentifierNotFound)
+                };
+                self.reply(ms, &Packet::PubComp(ack));
+            }
+            Packet::Subscribe(s) => self.subscribe(s, ms)?,
+            Packet::Unsubscribe(u) => self.unsubscribe(u, ms),
+            Packet::PingReq => self.reply(ms, &Packet::PingResp),
+            Packet::Disconnect(d) => {
+                if let Some(e) = d.properties.session_expiry_interval {
+                    if self.expiry == 0 && e > 0 {
+                        return Err(fail(
+                            ReasonCode::ProtocolError,
+                            "session expiry set on DISCONNECT after 0 on CONNECT",
+                        ));
+                    }
+                    self.expiry = e.min(self.mqtt.cfg.max_session_expiry);
+                }
+                return Ok(Some(End::Disconnect(
+                    d.reason_code == ReasonCode::DisconnectWithWillMessage,
+                )));
+            }
+            Packet::Connect(_) => {
+                return Err(fail(ReasonCode::ProtocolError, "second CONNECT"));
+            }
+            Packet::Auth(_) => {
+                return Err(fail(
+                    ReasonCode::ProtocolError,
+                    "AUTH without an authentication method",
+                ));
+            }
+            other => {
+                return Err(fail(
+                    ReasonCode::ProtocolError,
+                    format!("a client may not send {}", other.packet_type().name()),
+                ));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Queues a control packet for this client (sent at the end of the read).
+    fn reply(&self, ms: &mut MqttSession, p: &Packet) {
+        let v = self.version;
+        ms.session.outbox().push_reply(|o| put_packet(p, v, o));
+        ms.session.touch_own();
+    }
+
+    async fn publish(&mut self, p: Publish, ms: &mut MqttSession) -> Result<(), Fail> {
+        let v = self.version;
+        let topic = match p.properties.topic_alias {
+            Some(a) => {
+                if a == 0 || a > self.mqtt.cfg.topic_alias_maximum {
+                    return Err(fail(
+                        ReasonCode::TopicAliasInvalid,
+                        format!("topic alias {a} is out of range"),
+                    ));
+                }
+                if p.topic.is_empty() {
+                    match self.aliases.get(&a) {
+                        Some(t) => t.clone(),
+                        None => {
+                            return Err(fail(
+                                ReasonCode::ProtocolError,
+                                format!("topic alias {a} was never set"),
+                            ));
+                        }
+                    }
+                } else {
+                    // Copied: an alias outlives the read buffer the topic is in.
+                    let t = ByteStr::from(p.topic.as_str());
+                    self.aliases.insert(a, t.clone());
+                    t
+                }
+            }
+            None if p.topic.is_empty() => {
+                return Err(fail(ReasonCode::ProtocolError, "empty topic name"));
+            }
+            None => p.topic.clone(),
+        };
+        let pr = &p.properties;
+        let msg = build_message(
+            &topic,
+            p.payload.clone(),
+            p.qos,
+            p.retain,
+            Meta {
+                utf8: pr.payload_format_indicator == Some(PayloadFormat::Utf8),
+                expiry: pr.message_expiry_interval,
+                content_type: pr.content_type.as_ref(),
+                response_topic: pr.response_topic.as_ref(),
+                correlation: pr.correlation_data.as_ref(),
+                user: &pr.user_properties,
+            },
+        )?;
+        self.mqtt.stats.received.fetch_add(1, Ordering::Relaxed);
+        // Clients may not publish into the broker's own `$SYS` tree; acknowledged, dropped.
+        let sys = topic.as_str().starts_with("$SYS/") || topic.as_str() == "$SYS";
+        match (p.qos, p.packet_id) {
+            (QoS::AtMostOnce, _) => {
+                if !sys {
+                    self.route(&msg, &mut ms.session).await;
+                }
+            }
+            (QoS::AtLeastOnce, Some(pid)) => {
+                if !sys {
+                    self.route(&msg, &mut ms.session).await;
+                }
+                self.reply(ms, &Packet::PubAck(Ack::new(pid)));
+            }
+            (QoS::ExactlyOnce, Some(pid)) => {
+                let first = {
+                    let mut st = lock(&ms.out);
+                    if st.incoming.contains(&pid) {
+                        false
+                    } else if st.incoming.len() >= usize::from(self.mqtt.cfg.receive_maximum) {
+                        return Err(fail(
+                            ReasonCode::ReceiveMaximumExceeded,
+                            "too many QoS 2 messages unreleased",
+                        ));
+                    } else {
+                        st.incoming.insert(pid);
+                        true
+                    }
+                };
+                if first && !sys {
+                    self.route(&msg, &mut ms.session).await;
+                }
+                self.reply(ms, &Packet::PubRec(Ack::new(pid)));
+            }
+            (_, None) => {
+                return Err(fail(ReasonCode::ProtocolError, "QoS > 0 without packet id"));
+            }
+        }
+        let _ = v;
+        Ok(())
+    }
+
+    async fn route(&self, msg: &Message, session: &mut Session) {
+        if msg.attrs.retain {
+            self.mqtt.retain(msg);
+        }
+        session.publish(Batch::One(msg)).await;
+    }
+
+    fn subscribe(&mut self, s: Subscribe, ms: &mut MqttSession) -> Result<(), Fail> {
+        let v = self.version;
+        let sub_id = s.properties.subscription_identifier;
+        let mut codes = Vec::with_capacity(s.subscriptions.len());
+        let mut retained = Vec::new();
+        for sub in &s.subscriptions {
+            let o = sub.options;
+            let (group, filter) = match shared_subscription(&sub.filter) {
+                Some(sh) => (Some(sh.group), sh.filter),
+                None => (None, sub.filter.as_str()),
+            };
+            if group.is_some() && o.no_local {
+                return Err(fail(
+                    ReasonCode::ProtocolError,
+                    "no local on a shared subscription",
+                ));
+            }
+            let Ok(expr) = filter_to_expr(filter) else {
+                codes.push(if v.is_v5() {
+                    ReasonCode::TopicFilterInvalid
+                } else {
+                    ReasonCode::UnspecifiedError
+                });
+                continue;
+            };
+            let skip_dollar = filter.starts_with('+') || filter.starts_with('#');
+            let info = SubInfo {
+                filter: sub.filter.as_str().to_string(),
+                qos: o.qos,
+                no_local: o.no_local,
+                retain_as_published: o.retain_as_published,
+                retain_handling: o.retain_handling,
+                id: sub_id,
+                skip_dollar,
+            };
+            let existed = ms.filters.get(sub.filter.as_str()).copied();
+            let sid = match existed {
+                Some(sid) => {
+                    lock(&ms.out).subs.insert(sid, info);
+                    sid
+                }
+                None => {
+                    let sid = ms.next_sid;
+                    ms.next_sid += 1;
+                    // Options first: a delivery may arrive as soon as the broker knows.
+                    lock(&ms.out).subs.insert(sid, info);
+                    if let Err(e) =
+                        ms.session
+                            .subscribe(sid, expr.clone(), group, hayate_core::Qos::default())
+                    {
+                        lock(&ms.out).subs.remove(&sid);
+                        tracing::warn!("mqtt: subscribe failed: {e}");
+                        codes.push(ReasonCode::UnspecifiedError);
+                        continue;
+                    }
+                    ms.filters.insert(sub.filter.as_str().to_string(), sid);
+                    sid
+                }
+            };
+            codes.push(ReasonCode::granted(o.qos));
+            let send_retained = group.is_none()
+                && match o.retain_handling {
+                    RetainHandling::SendAtSubscribe => true,
+                    RetainHandling::SendAtSubscribeIfNew => existed.is_none(),
+                    RetainHandling::DoNotSend => false,
+                };
+            if send_retained {
+                retained.push((sid, self.mqtt.retained_matching(&expr, skip_dollar)));
+            }
+        }
+        self.reply(ms, &Packet::SubAck(SubAck::new(s.packet_id, codes)));
+        if retained.iter().any(|(_, m)| !m.is_empty()) {
+            let out = ms.out.clone();
+            ms.session.outbox().push_reply(|o| {
+                let mut st = lock(&out);
+                for (sid, msgs) in &retained {
+                    for m in msgs {
+                        st.deliver(*sid, &m.key, &m.payload, Some(m), 0, true, o);
+                    }
+                }
+            });
+            ms.session.touch_own();
+        }
+        Ok(())
+    }
+
+    fn unsubscribe(&mut self, u: Unsubscribe, ms: &mut MqttSession) {
+        let mut codes = Vec::with_capacity(u.filters.len());
+        for f in &u.filters {
+            match ms.filters.remove(f.as_str()) {
+                Some(sid) => {
+                    ms.session.unsubscribe(sid);
+                    lock(&ms.out).subs.remove(&sid);
+                    codes.push(ReasonCode::Success);
+                }
+                None => codes.push(ReasonCode::NoSubscriptionExisted),
+            }
+        }
+        if !self.version.is_v5() {
+            codes.clear();
+        }
+        self.reply(ms, &Packet::UnsubAck(UnsubAck::new(u.packet_id, codes)));
+    }
+}

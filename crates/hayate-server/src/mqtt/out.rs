@@ -1,0 +1,612 @@
+//! The outbound half of an MQTT session: deliveries from the broker become PUBLISH packets.
+//!
+//! [`MqttOut`] is the session's delivery state: its subscriptions' options, packet
+//! identifiers, the in-flight window (QoS 1 and 2 deliveries not yet acknowledged), the
+//! messages held back behind the window or while the client is offline, and the topic
+//! aliases of the current connection. It lives as long as the MQTT session (across
+//! reconnections) and is shared by
+//! - [`MqttEncoder`], the session outbox's [`Encoder`]: publishers' tasks call it under the
+//!   outbox lock for every delivery;
+//! - the connection's reader, which hands it acknowledgements through
+//!   [`Outbox::push_output`](hayate_broker::Outbox::push_output) (so also under the outbox
+//!   lock: lock order outbox, then this state; never the other way).
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use bytes::Bytes;
+use hayate_broker::{Batch, Encoder, OutBuf};
+use hayate_core::{Guarantee, Key, Message};
+use hayate_mqtt::map::key_to_topic;
+use hayate_mqtt::{
+    Ack, Packet, PayloadFormat, ProtocolVersion, PublishHead, PublishProperties, QoS,
+    RetainHandling, encode, encode_publish_head,
+};
+
+/// The delivery state, shared between the encoder and the connection.
+pub(crate) type SharedOut = Arc<Mutex<MqttOut>>;
+
+/// Locks the delivery state (a panic elsewhere cannot leave it worse than losing the
+/// session, so poisoning is ignored).
+pub(crate) fn lock(out: &SharedOut) -> MutexGuard<'_, MqttOut> {
+    out.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// One MQTT subscription's options (keyed by its broker subscription id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SubInfo {
+    /// The filter as subscribed (with `$share/group/` for a shared subscription).
+    pub(crate) filter: String,
+    /// The granted QoS.
+    pub(crate) qos: QoS,
+    pub(crate) no_local: bool,
+    pub(crate) retain_as_published: bool,
+    pub(crate) retain_handling: RetainHandling,
+    /// The subscription identifier (5.0).
+    pub(crate) id: Option<u32>,
+    /// The filter starts with a wildcard: it must not match `$` topics (MQTT 4.7.2).
+    pub(crate) skip_dollar: bool,
+}
+
+/// A QoS 1 or 2 delivery, waiting or in flight.
+#[derive(Debug, Clone)]
+pub(crate) struct Queued {
+    pub(crate) msg: Message,
+    pub(crate) qos: QoS,
+    pub(crate) retain: bool,
+    pub(crate) sub_id: Option<u32>,
+}
+
+impl Queued {
+    fn cost(&self) -> usize {
+        self.msg.payload.len() + self.msg.key.as_bytes().len() + 32
+    }
+}
+
+/// Where a delivery in flight stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stage {
+    /// PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2).
+    Sent,
+    /// PUBREL sent; waiting for PUBCOMP (QoS 2).
+    Released,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Inflight {
+    pub(crate) pid: u16,
+    pub(crate) item: Queued,
+    pub(crate) stage: Stage,
+}
+
+/// The current connection's parameters, while the client is online.
+#[derive(Debug)]
+pub(crate) struct Link {
+    pub(crate) version: ProtocolVersion,
+    /// The client's Receive Maximum (65,535 when it sent none).
+    pub(crate) receive_max: u16,
+    /// The client's Maximum Packet Size.
+    pub(crate) max_packet: u32,
+    /// The client's Topic Alias Maximum.
+    pub(crate) alias_max: u16,
+    aliases: HashMap<Bytes, u16>,
+}
+
+impl Link {
+    pub(crate) fn new(
+        version: ProtocolVersion,
+        receive_max: u16,
+        max_packet: u32,
+        alias_max: u16,
+    ) -> Link {
+        Link {
+            version,
+            receive_max,
+            max_packet,
+            alias_max: if version.is_v5() { alias_max } else { 0 },
+            aliases: HashMap::new(),
+        }
+    }
+}
+
+/// The delivery state of one MQTT session.
+#[derive(Debug)]
+pub(crate) struct MqttOut {
+    /// The broker session id (deliveries from it are "local").
+    pub(crate) session_id: u64,
+    /// Subscriptions by broker subscription id.
+    pub(crate) subs: HashMap<u32, SubInfo>,
+    link: Option<Link>,
+    next_pid: u16,
+    seq: u64,
+    inflight: BTreeMap<u64, Inflight>,
+    pids: HashMap<u16, u64>,
+    pending: VecDeque<Queued>,
+    pending_bytes: usize,
+    max_queued: usize,
+    max_inflight: u16,
+    /// Packet ids of inbound QoS 2 PUBLISHes received and not yet released (PUBREL).
+    pub(crate) incoming: HashSet<u16>,
+    /// QoS 1 and 2 messages dropped because the queue was full.
+    pub(crate) dropped: u64,
+    /// PUBLISH packets sent.
+    pub(crate) sent: u64,
+    empty: PublishProperties,
+}
+
+fn qos_of(g: Guarantee) -> QoS {
+    match g {
+        Guarantee::AtMostOnce => QoS::AtMostOnce,
+        Guarantee::AtLeastOnce => QoS::AtLeastOnce,
+        Guarantee::ExactlyOnce => QoS::ExactlyOnce,
+    }
+}
+
+/// Remaining whole seconds until `at` (rounded up, at least 1).
+fn remaining_secs(at: Instant, now: Instant) -> u32 {
+    let d = at.saturating_duration_since(now);
+    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    u32::try_from(s.max(1)).unwrap_or(u32::MAX)
+}
+
+/// The 5.0 properties of a delivery (`None` when there are none: the common case).
+fn delivery_properties(
+    msg: Option<&Message>,
+    sub_id: Option<u32>,
+    now: Option<Instant>,
+) -> Option<PublishProperties> {
+    let has_meta = msg.is_some_and(|m| !m.is_plain());
+    if !has_meta && sub_id.is_none() {
+        return None;
+    }
+    let mut p = PublishProperties::default();
+    if let Some(id) = sub_id {
+        p.subscription_identifiers.push(id);
+    }
+    if let Some(m) = msg {
+        if m.attrs.utf8 {
+            p.payload_format_indicator = Some(PayloadFormat::Utf8);
+        }
+        if let (Some(at), Some(now)) = (m.attrs.expires, now) {
+            p.message_expiry_interval = Some(remaining_secs(at, now));
+        }
+        if let Some(r) = &m.reply_to {
+            p.response_topic = Some(key_to_topic(r.as_str()).as_ref().into());
+        }
+        if let Some(c) = &m.correlation_id {
+            p.correlation_data = Some(c.clone());
+        }
+        if let Some(h) = &m.headers {
+            for (name, value) in h {
+                let Ok(v) = std::str::from_utf8(value) else {
+                    continue; // MQTT user properties are UTF-8 only
+                };
+                if name == super::CONTENT_TYPE {
+                    p.content_type = Some(v.into());
+                } else {
+                    p.user_properties.push((name.as_str().into(), v.into()));
+                }
+            }
+        }
+    }
+    Some(p)
+}
+
+/// Writes one PUBLISH; false when it could not be sent (larger than the client accepts,
+/// or not encodable) and nothing was written.
+#[allow(clippy::too_many_arguments)]
+fn write_publish(
+    link: &mut Link,
+    empty: &PublishProperties,
+    key: &Key,
+    payload: &Bytes,
+    msg: Option<&Message>,
+    qos: QoS,
+    retain: bool,
+    packet_id: Option<u16>,
+    dup: bool,
+    sub_id: Option<u32>,
+    out: &mut OutBuf,
+) -> bool {
+    let v5 = link.version.is_v5();
+    let now = msg.and_then(|m| m.attrs.expires).map(|_| Instant::now());
+    let mut props = if v5 {
+        delivery_properties(msg, sub_id, now)
+    } else {
+        None
+    };
+    let full_topic = key_to_topic(key.as_str());
+    let mut topic: &str = &full_topic;
+    if link.alias_max > 0 {
+        let p = props.get_or_insert_with(PublishProperties::default);
+        if let Some(&a) = link.aliases.get(key.as_shared()) {
+            p.topic_alias = Some(a);
+            topic = "";
+        } else if link.aliases.len() < usize::from(link.alias_max) {
+            let a = u16::try_from(link.aliases.len() + 1).unwrap_or(u16::MAX);
+            link.aliases.insert(key.as_shared().clone(), a);
+            p.topic_alias = Some(a);
+        }
+    }
+    let head = PublishHead {
+        dup,
+        qos,
+        retain,
+        topic,
+        packet_id,
+        properties: props.as_ref().unwrap_or(empty),
+    };
+    let tail = out.tail();
+    let start = tail.len();
+    if encode_publish_head(&head, payload.len(), link.version, tail).is_err() {
+        tail.truncate(start);
+        return false;
+    }
+    let size = tail.len() - start + payload.len();
+    if size > link.max_packet as usize {
+        // "The Server MUST NOT send packets exceeding Maximum Packet Size to the Client";
+        // it discards them as if sent (3.1.2.11.4).
+        tail.truncate(start);
+        if let Some(a) = head.properties.topic_alias
+            && !topic.is_empty()
+        {
+            // The alias was never announced: forget it.
+            link.aliases.retain(|_, v| *v != a);
+        }
+        return false;
+    }
+    out.put_payload(payload);
+    true
+}
+
+impl MqttOut {
+    pub(crate) fn new(session_id: u64, max_queued: usize, max_inflight: u16) -> MqttOut {
+        MqttOut {
+            session_id,
+            subs: HashMap::new(),
+            link: None,
+            next_pid: 1,
+            seq: 0,
+            inflight: BTreeMap::new(),
+            pids: HashMap::new(),
+            pending: VecDeque::new(),
+            pending_bytes: 0,
+            max_queued,
+            max_inflight,
+            incoming: HashSet::new(),
+            dropped: 0,
+            sent: 0,
+            empty: PublishProperties::default(),
+        }
+    }
+
+    /// Whether a connection is attached.
+    pub(crate) fn is_online(&self) -> bool {
+        self.link.is_some()
+    }
+
+    /// The version of the attached connection.
+    pub(crate) fn version(&self) -> Option<ProtocolVersion> {
+        self.link.as_ref().map(|l| l.version)
+    }
+
+    fn window(&self) -> usize {
+        match &self.link {
+            Some(l) => usize::from(l.receive_max.min(self.max_inflight)),
+            None => 0,
+        }
+    }
+
+    /// One delivery to subscription `sid`. `force_retain` marks a retained message sent
+    /// because of a new subscription.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn deliver(
+        &mut self,
+        sid: u32,
+        key: &Key,
+        payload: &Bytes,
+        msg: Option<&Message>,
+        origin: u64,
+        force_retain: bool,
+        out: &mut OutBuf,
+    ) {
+        let Some(sub) = self.subs.get(&sid) else {
+            return;
+        };
+        if sub.skip_dollar && key.as_bytes().first() == Some(&b'$') {
+            return;
+        }
+        if sub.no_local && origin == self.session_id {
+            return;
+        }
+        let attrs = msg.map(|m| m.attrs).unwrap_or_default();
+        if let Some(at) = attrs.expires
+            && Instant::now() >= at
+        {
+            return;
+        }
+        let qos = match attrs.guarantee {
+            Some(g) => sub.qos.min(qos_of(g)),
+            None => sub.qos,
+        };
+        let retain = force_retain || (sub.retain_as_published && attrs.retain);
+        let sub_id = sub.id;
+        if qos == QoS::AtMostOnce {
+            if let Some(link) = &mut self.link
+                && write_publish(
+                    link,
+                    &self.empty,
+                    key,
+                    payload,
+                    msg,
+                    qos,
+                    retain,
+                    None,
+                    false,
+                    sub_id,
+                    out,
+                )
+            {
+                self.sent += 1;
+            }
+            return;
+        }
+        let msg = match msg {
+            Some(m) => m.clone(),
+            None => Message::new(key.clone(), payload.clone()),
+        };
+        self.enqueue(
+            Queued {
+                msg,
+                qos,
+                retain,
+                sub_id,
+            },
+            out,
+        );
+    }
+
+    /// Queues a QoS 1 or 2 delivery (restored from disk, or from [`MqttOut::deliver`]).
+    pub(crate) fn enqueue(&mut self, q: Queued, out: &mut OutBuf) {
+        if self.pending.is_empty() && self.inflight.len() < self.window() {
+            self.send_new(q, out);
+        } else if self.pending.len() >= self.max_queued {
+            self.dropped += 1;
+        } else {
+            self.pending_bytes += q.cost();
+            self.pending.push_back(q);
+        }
+    }
+
+    /// Restores a delivery that was in flight when the state was saved.
+    pub(crate) fn restore_inflight(&mut self, pid: u16, item: Queued, stage: Stage) {
+        if pid == 0 || self.pids.contains_key(&pid) {
+            return;
+        }
+        self.seq += 1;
+        self.pids.insert(pid, self.seq);
+        self.inflight
+            .insert(self.seq, Inflight { pid, item, stage });
+    }
+
+    fn alloc_pid(&mut self) -> u16 {
+        loop {
+            let p = self.next_pid;
+            self.next_pid = self.next_pid.checked_add(1).unwrap_or(1);
+            if !self.pids.contains_key(&p) {
+                return p;
+            }
+        }
+    }
+
+    fn send_new(&mut self, q: Queued, out: &mut OutBuf) {
+        if self.link.is_none() {
+            return;
+        }
+        if let Some(at) = q.msg.attrs.expires
+            && Instant::now() >= at
+        {
+            return;
+        }
+        let pid = self.alloc_pid();
+        let Some(link) = &mut self.link else {
+            return;
+        };
+        if write_publish(
+            link,
+            &self.empty,
+            &q.msg.key,
+            &q.msg.payload,
+            Some(&q.msg),
+            q.qos,
+            q.retain,
+            Some(pid),
+            false,
+            q.sub_id,
+            out,
+        ) {
+            self.sent += 1;
+            self.seq += 1;
+            self.pids.insert(pid, self.seq);
+            self.inflight.insert(
+                self.seq,
+                Inflight {
+                    pid,
+                    item: q,
+                    stage: Stage::Sent,
+                },
+            );
+        }
+    }
+
+    /// Moves held messages into the window while it has room.
+    fn fill(&mut self, out: &mut OutBuf) {
+        while self.inflight.len() < self.window() {
+            let Some(q) = self.pending.pop_front() else {
+                break;
+            };
+            self.pending_bytes -= q.cost();
+            self.send_new(q, out);
+        }
+    }
+
+    fn remove(&mut self, pid: u16) {
+        if let Some(seq) = self.pids.remove(&pid) {
+            self.inflight.remove(&seq);
+        }
+    }
+
+    fn stage_of(&self, pid: u16) -> Option<(QoS, Stage)> {
+        let seq = self.pids.get(&pid)?;
+        let f = self.inflight.get(seq)?;
+        Some((f.item.qos, f.stage))
+    }
+
+    /// PUBACK from the client; false if `pid` was not a QoS 1 delivery in flight.
+    pub(crate) fn puback(&mut self, pid: u16, out: &mut OutBuf) -> bool {
+        if self.stage_of(pid) != Some((QoS::AtLeastOnce, Stage::Sent)) {
+            return false;
+        }
+        self.remove(pid);
+        self.fill(out);
+        true
+    }
+
+    /// PUBREC from the client: answers PUBREL (with 0x92 if `pid` is unknown), or ends
+    /// the exchange when the client refused the message.
+    pub(crate) fn pubrec(&mut self, pid: u16, refused: bool, out: &mut OutBuf) {
+        let Some(version) = self.version() else {
+            return;
+        };
+        match self.stage_of(pid) {
+            Some((QoS::ExactlyOnce, Stage::Sent | Stage::Released)) if refused => {
+                self.remove(pid);
+                self.fill(out);
+            }
+            Some((QoS::ExactlyOnce, _)) => {
+                if let Some(seq) = self.pids.get(&pid)
+                    && let Some(f) = self.inflight.get_mut(seq)
+                {
+                    f.stage = Stage::Released;
+                }
+                put_packet(&Packet::PubRel(Ack::new(pid)), version, out);
+            }
+            _ if refused => {}
+            _ => {
+                let reason = hayate_mqtt::ReasonCode::PacketIdentifierNotFound;
+                let ack = if version.is_v5() {
+                    Ack::with_reason(pid, reason)
+                } else {
+                    Ack::new(pid)
+                };
+                put_packet(&Packet::PubRel(ack), version, out);
+            }
+        }
+    }
+
+    /// PUBCOMP from the client; false if `pid` was not released.
+    pub(crate) fn pubcomp(&mut self, pid: u16, out: &mut OutBuf) -> bool {
+        if self.stage_of(pid) != Some((QoS::ExactlyOnce, Stage::Released)) {
+            return false;
+        }
+        self.remove(pid);
+        self.fill(out);
+        true
+    }
+
+    /// Attaches a connection: re-sends every delivery in flight (PUBLISH with DUP, or
+    /// PUBREL), then fills the window from the held messages.
+    pub(crate) fn go_online(&mut self, link: Link, out: &mut OutBuf) {
+        self.link = Some(link);
+        let Some(link) = &mut self.link else {
+            return;
+        };
+        let mut unsendable = Vec::new();
+        for f in self.inflight.values() {
+            match f.stage {
+                Stage::Sent => {
+                    let q = &f.item;
+                    if write_publish(
+                        link,
+                        &self.empty,
+                        &q.msg.key,
+                        &q.msg.payload,
+                        Some(&q.msg),
+                        q.qos,
+                        q.retain,
+                        Some(f.pid),
+                        true,
+                        q.sub_id,
+                        out,
+                    ) {
+                        self.sent += 1;
+                    } else {
+                        unsendable.push(f.pid);
+                    }
+                }
+                Stage::Released => {
+                    put_packet(&Packet::PubRel(Ack::new(f.pid)), link.version, out);
+                }
+            }
+        }
+        for pid in unsendable {
+            self.remove(pid);
+        }
+        self.fill(out);
+    }
+
+    /// Detaches the connection: from now on QoS 0 deliveries are dropped and QoS 1 and 2
+    /// ones are held (up to the queue limit) for the next connection.
+    pub(crate) fn go_offline(&mut self) {
+        self.link = None;
+    }
+
+    /// Deliveries in flight, in order.
+    pub(crate) fn inflight(&self) -> impl Iterator<Item = &Inflight> {
+        self.inflight.values()
+    }
+
+    /// Held deliveries, in order.
+    pub(crate) fn pending(&self) -> impl Iterator<Item = &Queued> {
+        self.pending.iter()
+    }
+}
+
+/// Appends a control packet (acknowledgements, CONNACK, ...) in `version`.
+pub(crate) fn put_packet(p: &Packet, version: ProtocolVersion, out: &mut OutBuf) {
+    if let Err(e) = encode(p, version, out.tail()) {
+        tracing::warn!("cannot encode {:?}: {e}", p.packet_type());
+    }
+}
+
+/// The [`Encoder`] of an MQTT session's outbox.
+#[derive(Debug)]
+pub(crate) struct MqttEncoder {
+    pub(crate) out: SharedOut,
+}
+
+impl Encoder for MqttEncoder {
+    fn encode(&mut self, sid: u32, batch: Batch<'_>, origin: u64, out: &mut OutBuf) {
+        let mut st = lock(&self.out);
+        match batch {
+            Batch::One(m) => st.deliver(sid, &m.key, &m.payload, Some(m), origin, false, out),
+            Batch::Plain { key, payloads } => {
+                for p in payloads {
+                    st.deliver(sid, key, p, None, origin, false, out);
+                }
+            }
+        }
+    }
+
+    fn encode_lost(&mut self, _sid: u32, count: u64, _out: &mut OutBuf) {
+        // MQTT has no way to tell a subscriber; count it.
+        lock(&self.out).dropped += count;
+    }
+
+    fn held(&self) -> usize {
+        let st = lock(&self.out);
+        if st.is_online() { st.pending_bytes } else { 0 }
+    }
+}
