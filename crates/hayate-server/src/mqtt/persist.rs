@@ -170,7 +170,11 @@ pub(crate) fn save(mqtt: &Mqtt, dir: &Path) -> Result<Option<(usize, usize)>, Pe
     let mut b = BytesMut::new();
     b.put_slice(MAGIC);
     let mut retained = 0;
-    for m in locked(&mqtt.retained).all() {
+    // `$SYS` messages are the broker's own, regenerated after a restart.
+    for m in locked(&mqtt.retained)
+        .all()
+        .filter(|m| !m.key.as_str().starts_with("$SYS/"))
+    {
         b.put_u8(b'R');
         put_message(&mut b, m, now);
         retained += 1;

@@ -22,7 +22,9 @@ impl Drop for TestBroker {
     }
 }
 
-pub async fn start(config: Config) -> TestBroker {
+pub async fn start(mut config: Config) -> TestBroker {
+    // Tests keep nothing on disk.
+    config.server.data_dir.clear();
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let server = Server::from_listener(l, &config);
     let addr = server.local_addrs()[0].clone();
