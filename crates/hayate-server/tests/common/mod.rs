@@ -4,14 +4,30 @@
 
 use std::time::Duration;
 
-use hayate_server::{Config, Server};
+use hayate_server::{Config, Protocol, Server};
 use tokio::sync::oneshot;
 
 /// A running broker; dropping it shuts the broker down.
 pub struct TestBroker {
+    /// Native protocol address.
     pub addr: String,
+    /// MQTT address.
+    pub mqtt: String,
     pub broker: hayate_broker::Broker,
     stop: Option<oneshot::Sender<()>>,
+    run: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TestBroker {
+    /// Stops the broker and waits until it has finished (and saved its state).
+    pub async fn shutdown(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(h) = self.run.take() {
+            let _ = h.await;
+        }
+    }
 }
 
 impl Drop for TestBroker {
@@ -22,21 +38,28 @@ impl Drop for TestBroker {
     }
 }
 
+/// A broker with a native and an MQTT listener on ephemeral ports. Unless the config names
+/// its own data directory, nothing is kept on disk.
 pub async fn start(mut config: Config) -> TestBroker {
-    // Tests keep nothing on disk.
-    config.server.data_dir.clear();
+    if config.server.data_dir == Config::default().server.data_dir {
+        config.server.data_dir.clear();
+    }
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server = Server::from_listener(l, &config);
+    let m = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mqtt = m.local_addr().unwrap().to_string();
+    let server = Server::from_listeners(vec![(l, Protocol::Native), (m, Protocol::Mqtt)], &config);
     let addr = server.local_addrs()[0].clone();
     let broker = server.broker().clone();
     let (tx, rx) = oneshot::channel();
-    tokio::spawn(server.run(async {
+    let run = tokio::spawn(server.run(async {
         let _ = rx.await;
     }));
     TestBroker {
         addr,
+        mqtt,
         broker,
         stop: Some(tx),
+        run: Some(run),
     }
 }
 

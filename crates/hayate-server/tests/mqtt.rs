@@ -1,0 +1,335 @@
+//! MQTT end to end with rumqttc (a client nobody here wrote) and with raw packets from our
+//! codec: QoS levels, cross-protocol routing, shared subscriptions, wills, persistence
+//! across a restart, and bad input. The paho-mqtt and mosquitto suites in tests/interop
+//! cover the rest of the behaviour list.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use common::{start, start_default, within};
+use hayate_client::{Client, Key};
+use hayate_mqtt::{Connect, Packet, ProtocolVersion, ReasonCode, Will, decode, encode};
+use rumqttc::{AsyncClient, Event, MqttOptions, QoS};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+/// A received PUBLISH: topic, payload, QoS.
+type Got = (String, Bytes, QoS);
+
+/// A rumqttc client whose event loop runs in a task; publishes arrive on the channel.
+/// Returns once the CONNACK is in (with its session-present flag).
+async fn client(
+    addr: &str,
+    id: &str,
+    clean: bool,
+) -> (AsyncClient, mpsc::UnboundedReceiver<Got>, bool) {
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let mut o = MqttOptions::new(id, host, port.parse().unwrap());
+    o.set_keep_alive(Duration::from_secs(10))
+        .set_clean_session(clean);
+    let (c, mut el) = AsyncClient::new(o, 1000);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (ctx, crx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let mut ctx = Some(ctx);
+        loop {
+            match el.poll().await {
+                Ok(Event::Incoming(rumqttc::Packet::ConnAck(a))) => {
+                    if let Some(t) = ctx.take() {
+                        let _ = t.send(a.session_present);
+                    }
+                }
+                Ok(Event::Incoming(rumqttc::Packet::Publish(p))) => {
+                    let _ = tx.send((p.topic.clone(), p.payload.clone(), p.qos));
+                }
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+    });
+    let present = within(10, crx).await.unwrap();
+    (c, rx, present)
+}
+
+/// Subscribes and waits until the broker has processed it (a round trip on a private
+/// topic through the same connection).
+async fn sub(c: &AsyncClient, rx: &mut mpsc::UnboundedReceiver<Got>, filter: &str, qos: QoS) {
+    c.subscribe(filter, qos).await.unwrap();
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let probe = format!("probe/{n}");
+    c.subscribe(&probe, QoS::AtMostOnce).await.unwrap();
+    c.publish(&probe, QoS::AtMostOnce, false, "p")
+        .await
+        .unwrap();
+    within(10, async {
+        loop {
+            let (t, _, _) = rx.recv().await.unwrap();
+            if t == probe {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+async fn recv(rx: &mut mpsc::UnboundedReceiver<Got>) -> Got {
+    within(10, rx.recv()).await.unwrap()
+}
+
+#[tokio::test]
+async fn qos_levels_round_trip_at_the_lower_qos() {
+    let b = start_default().await;
+    let (s, mut srx, _) = client(&b.mqtt, "sub-q", true).await;
+    sub(&s, &mut srx, "q/#", QoS::ExactlyOnce).await;
+    let (s1, mut s1rx, _) = client(&b.mqtt, "sub-q1", true).await;
+    sub(&s1, &mut s1rx, "q/+", QoS::AtLeastOnce).await;
+    let (p, _prx, _) = client(&b.mqtt, "pub-q", true).await;
+    for (i, q) in [QoS::AtMostOnce, QoS::AtLeastOnce, QoS::ExactlyOnce]
+        .into_iter()
+        .enumerate()
+    {
+        p.publish(format!("q/{i}"), q, false, vec![i as u8; 100])
+            .await
+            .unwrap();
+        let (t, pl, got) = recv(&mut srx).await;
+        assert_eq!(
+            (t.as_str(), &pl[..], got),
+            (&*format!("q/{i}"), &[i as u8; 100][..], q)
+        );
+        let (_, _, got1) = recv(&mut s1rx).await;
+        assert_eq!(
+            got1,
+            if q == QoS::ExactlyOnce {
+                QoS::AtLeastOnce
+            } else {
+                q
+            }
+        );
+    }
+}
+
+#[tokio::test]
+async fn mqtt_and_native_clients_see_each_other() {
+    let b = start_default().await;
+    let native = Client::connect(&b.addr).await.unwrap();
+    let mut ns = native.subscribe("x/**").await.unwrap();
+    native.flush().await.unwrap();
+    let (m, mut mrx, _) = client(&b.mqtt, "cross", true).await;
+    sub(&m, &mut mrx, "x/+", QoS::AtLeastOnce).await;
+
+    m.publish("x/from-mqtt", QoS::AtLeastOnce, false, "hello native")
+        .await
+        .unwrap();
+    let got = within(10, ns.next()).await.unwrap();
+    assert_eq!(got.key.as_str(), "x/from-mqtt");
+    assert_eq!(&got.payload[..], b"hello native");
+
+    native
+        .publish(&Key::new("x/from-native").unwrap(), "hello mqtt")
+        .await
+        .unwrap();
+    native.flush().await.unwrap();
+    loop {
+        let (t, pl, q) = recv(&mut mrx).await;
+        if t == "x/from-native" {
+            // A native message has no QoS of its own: it goes at the subscription's.
+            assert_eq!((&pl[..], q), (&b"hello mqtt"[..], QoS::AtLeastOnce));
+            break;
+        }
+    }
+}
+
+#[tokio::test]
+async fn shared_subscription_gives_each_message_to_one_member() {
+    let b = start_default().await;
+    let (a, mut arx, _) = client(&b.mqtt, "share-a", true).await;
+    sub(&a, &mut arx, "$share/g/work/#", QoS::AtLeastOnce).await;
+    let (c, mut crx, _) = client(&b.mqtt, "share-c", true).await;
+    sub(&c, &mut crx, "$share/g/work/#", QoS::AtLeastOnce).await;
+    let (p, _prx, _) = client(&b.mqtt, "share-p", true).await;
+    for i in 0..100u32 {
+        p.publish(
+            "work/job",
+            QoS::AtLeastOnce,
+            false,
+            i.to_be_bytes().to_vec(),
+        )
+        .await
+        .unwrap();
+    }
+    let mut seen = std::collections::HashSet::new();
+    let (mut na, mut nc) = (0, 0);
+    within(20, async {
+        while seen.len() < 100 {
+            tokio::select! {
+                Some((_, pl, _)) = arx.recv() => { na += 1; assert!(seen.insert(pl)); }
+                Some((_, pl, _)) = crx.recv() => { nc += 1; assert!(seen.insert(pl)); }
+            }
+        }
+    })
+    .await;
+    assert_eq!(na + nc, 100);
+    assert!(na > 0 && nc > 0, "both members get work: {na} / {nc}");
+}
+
+/// Raw MQTT over TCP with our codec.
+struct Raw {
+    s: TcpStream,
+    buf: BytesMut,
+    v: ProtocolVersion,
+}
+
+impl Raw {
+    async fn connect(addr: &str, c: Connect) -> Raw {
+        let v = c.protocol_version;
+        let mut r = Raw {
+            s: TcpStream::connect(addr).await.unwrap(),
+            buf: BytesMut::new(),
+            v,
+        };
+        r.send(&Packet::Connect(Box::new(c))).await;
+        match r.next().await {
+            Some(Packet::ConnAck(a)) => assert_eq!(a.reason_code, ReasonCode::Success),
+            other => panic!("expected CONNACK, got {other:?}"),
+        }
+        r
+    }
+
+    async fn send(&mut self, p: &Packet) {
+        let mut b = BytesMut::new();
+        encode(p, self.v, &mut b).unwrap();
+        self.s.write_all(&b).await.unwrap();
+    }
+
+    /// The next packet, or `None` at end of stream.
+    async fn next(&mut self) -> Option<Packet> {
+        within(10, async {
+            loop {
+                if let Some(p) = decode(&mut self.buf, self.v, u32::MAX).unwrap() {
+                    return Some(p);
+                }
+                if self.s.read_buf(&mut self.buf).await.unwrap_or(0) == 0 {
+                    return None;
+                }
+            }
+        })
+        .await
+    }
+}
+
+#[tokio::test]
+async fn malformed_input_closes_only_that_connection() {
+    let b = start_default().await;
+    let mut bad = Raw::connect(&b.mqtt, Connect::new(ProtocolVersion::V5, "bad")).await;
+    // Packet type 0 is reserved.
+    bad.s.write_all(&[0x00, 0x00]).await.unwrap();
+    match bad.next().await {
+        Some(Packet::Disconnect(d)) => assert_eq!(d.reason_code, ReasonCode::MalformedPacket),
+        other => panic!("expected DISCONNECT, got {other:?}"),
+    }
+    assert!(bad.next().await.is_none(), "the connection is closed");
+
+    // A second CONNECT is a protocol error.
+    let mut twice = Raw::connect(&b.mqtt, Connect::new(ProtocolVersion::V5, "twice")).await;
+    twice
+        .send(&Packet::Connect(Box::new(Connect::new(
+            ProtocolVersion::V5,
+            "twice",
+        ))))
+        .await;
+    match twice.next().await {
+        Some(Packet::Disconnect(d)) => assert_eq!(d.reason_code, ReasonCode::ProtocolError),
+        other => panic!("expected DISCONNECT, got {other:?}"),
+    }
+
+    // Others carry on.
+    let (s, mut srx, _) = client(&b.mqtt, "good", true).await;
+    sub(&s, &mut srx, "ok", QoS::AtMostOnce).await;
+    s.publish("ok", QoS::AtMostOnce, false, "fine")
+        .await
+        .unwrap();
+    assert_eq!(&recv(&mut srx).await.1[..], b"fine");
+}
+
+#[tokio::test]
+async fn will_is_published_when_the_connection_drops() {
+    let b = start_default().await;
+    let (s, mut srx, _) = client(&b.mqtt, "watcher", true).await;
+    sub(&s, &mut srx, "status/#", QoS::AtLeastOnce).await;
+    let mut c = Connect::new(ProtocolVersion::V3_1_1, "dying");
+    c.will = Some(Will::new("status/dying", "gone"));
+    let raw = Raw::connect(&b.mqtt, c).await;
+    drop(raw);
+    let (t, pl, _) = recv(&mut srx).await;
+    assert_eq!((t.as_str(), &pl[..]), ("status/dying", &b"gone"[..]));
+
+    // A clean DISCONNECT discards the will.
+    let mut c = Connect::new(ProtocolVersion::V3_1_1, "polite");
+    c.will = Some(Will::new("status/polite", "gone"));
+    let mut raw = Raw::connect(&b.mqtt, c).await;
+    raw.send(&Packet::Disconnect(hayate_mqtt::Disconnect::new(
+        ReasonCode::Success,
+    )))
+    .await;
+    assert!(raw.next().await.is_none());
+    s.publish("status/marker", QoS::AtLeastOnce, false, "m")
+        .await
+        .unwrap();
+    let (t, _, _) = recv(&mut srx).await;
+    assert_eq!(t, "status/marker", "no will after a clean DISCONNECT");
+}
+
+#[tokio::test]
+async fn persistent_session_and_retained_survive_a_restart() {
+    let dir = std::env::temp_dir().join(format!("hayate-mqtt-restart-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut config = hayate_server::Config::default();
+    config.server.data_dir = dir.display().to_string();
+
+    let b = start(config.clone()).await;
+    let (s, mut srx, present) = client(&b.mqtt, "keeper", false).await;
+    assert!(!present);
+    sub(&s, &mut srx, "keep/#", QoS::AtLeastOnce).await;
+    s.disconnect().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (p, _prx, _) = client(&b.mqtt, "sender", true).await;
+    for i in 0..5u8 {
+        p.publish("keep/x", QoS::AtLeastOnce, false, vec![i])
+            .await
+            .unwrap();
+    }
+    p.publish("keep/retained", QoS::AtLeastOnce, true, "r")
+        .await
+        .unwrap();
+    p.disconnect().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    b.shutdown().await;
+
+    let b = start(config).await;
+    let (_s, mut srx, present) = client(&b.mqtt, "keeper", false).await;
+    assert!(present, "the session survived the restart");
+    let mut got = Vec::new();
+    while got.len() < 6 {
+        let (t, pl, _) = recv(&mut srx).await;
+        got.push((t, pl));
+    }
+    for i in 0..5u8 {
+        assert!(
+            got.contains(&("keep/x".to_string(), Bytes::from(vec![i]))),
+            "{got:?}"
+        );
+    }
+    assert!(got.contains(&("keep/retained".to_string(), Bytes::from_static(b"r"))));
+    let (n, mut nrx, _) = client(&b.mqtt, "newcomer", true).await;
+    n.subscribe("keep/retained", QoS::AtMostOnce).await.unwrap();
+    let (t, pl, _) = recv(&mut nrx).await;
+    assert_eq!((t.as_str(), &pl[..]), ("keep/retained", &b"r"[..]));
+    b.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
