@@ -436,6 +436,8 @@ fn remove_sub(
 
 impl Drop for Session {
     fn drop(&mut self) {
+        // Deliveries this session made since its last flush still have to leave.
+        self.flush();
         self.outbox.close();
         if self.subs.is_empty() {
             return;

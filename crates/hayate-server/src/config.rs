@@ -5,6 +5,10 @@ use serde::{Deserialize, Serialize};
 
 /// The default native-protocol address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:4700";
+/// The largest MQTT packet size a broker can advertise: the protocol's largest remaining
+/// length (clients such as paho refuse a Maximum Packet Size above it, although the whole
+/// packet may be 5 bytes longer).
+pub const MQTT_MAX_PACKET: u32 = hayate_mqtt::MAX_VAR_INT;
 /// The default MQTT address.
 pub const DEFAULT_MQTT_LISTEN: &str = "127.0.0.1:1883";
 /// The default MQTT-over-WebSocket address.
@@ -85,7 +89,7 @@ impl Default for MqttSection {
         MqttSection {
             listen: vec![DEFAULT_MQTT_LISTEN.to_string()],
             ws: vec![DEFAULT_MQTT_WS_LISTEN.to_string()],
-            max_packet_size: hayate_mqtt::MAX_PACKET_SIZE,
+            max_packet_size: MQTT_MAX_PACKET,
             receive_maximum: 1024,
             max_inflight: 1024,
             max_queued_messages: 100_000,
@@ -227,10 +231,9 @@ impl Config {
             ));
         }
         let m = &self.mqtt;
-        if m.max_packet_size < 128 || m.max_packet_size > hayate_mqtt::MAX_PACKET_SIZE {
+        if m.max_packet_size < 128 || m.max_packet_size > MQTT_MAX_PACKET {
             return Err(ConfigError::Invalid(format!(
-                "mqtt.max_packet_size must be between 128 and {} bytes",
-                hayate_mqtt::MAX_PACKET_SIZE
+                "mqtt.max_packet_size must be between 128 and {MQTT_MAX_PACKET} bytes"
             )));
         }
         if m.receive_maximum == 0 || m.max_inflight == 0 {

@@ -281,6 +281,8 @@ pub async fn serve<R>(
             _ = shutdown.changed() => break End::Shutdown,
         }
     };
+    // Deliveries made by the packets handled last still have to leave.
+    ms.session.flush();
     tracing::debug!(client_id, ?end, "mqtt: connection ends");
     mqtt.stats.connected.fetch_sub(1, Ordering::Relaxed);
 
