@@ -37,11 +37,6 @@ pub trait Encoder: Send + 'static {
     fn encode(&mut self, sid: u32, batch: Batch<'_>, origin: u64, out: &mut OutBuf);
     /// Tells subscription `sid` that `count` messages were dropped for it.
     fn encode_lost(&mut self, sid: u32, count: u64, out: &mut OutBuf);
-    /// Bytes of deliveries the encoder holds back (not yet in the outbox), counted against
-    /// the outbox's budget.
-    fn held(&self) -> usize {
-        0
-    }
 }
 
 /// Encoded output: a queue of chunks plus a contiguous tail for small writes.
@@ -155,6 +150,9 @@ pub struct Outbox {
     /// Wakes publishers blocked on a full outbox.
     space: Notify,
     has_blocked: AtomicBool,
+    /// A connection takes the output (see [`Outbox::detach`]); queue groups prefer
+    /// attached members.
+    attached: AtomicBool,
 }
 
 impl std::fmt::Debug for Outbox {
@@ -183,6 +181,7 @@ impl Outbox {
             data: Notify::new(),
             space: Notify::new(),
             has_blocked: AtomicBool::new(false),
+            attached: AtomicBool::new(true),
         }
     }
 
@@ -210,7 +209,10 @@ impl Outbox {
         if st.closed {
             return Offer::Closed;
         }
-        let queued = st.buf.len() + st.encoder.held();
+        // What an encoder holds back (an MQTT session behind its in-flight window) does not
+        // count: only the session's own reader can free it (acknowledgements), and that
+        // reader may be the publisher waiting here. Encoders bound what they hold.
+        let queued = st.buf.len();
         let mut fit = 0;
         let mut size = 0;
         while fit < batch.len() {
@@ -308,6 +310,7 @@ impl Outbox {
         st.sink = None;
         st.writing = false;
         st.wake_pending = false;
+        self.attached.store(false, Ordering::Release);
         f();
         let epoch = st.epoch;
         drop(st);
@@ -350,6 +353,18 @@ impl Outbox {
     /// Sets the socket used by [`Outbox::try_flush`]; without one, only the writer writes.
     pub fn set_sink(&self, sink: Arc<dyn Sink>) {
         self.lock().sink = Some(sink);
+        self.attached.store(true, Ordering::Release);
+    }
+
+    /// False from [`Outbox::detach`] until a connection sets its sink again.
+    pub fn is_attached(&self) -> bool {
+        self.attached.load(Ordering::Acquire)
+    }
+
+    /// Bytes queued and not yet taken by a writer, and whether a write is under way.
+    pub fn backlog(&self) -> (usize, bool) {
+        let st = self.lock();
+        (st.buf.len(), st.writing)
     }
 
     fn encode_lost(st: &mut State) {

@@ -240,9 +240,15 @@ impl Session {
             return Err(SubscribeError::DuplicateId(sid));
         }
         let mut reg = self.broker.write();
-        let group: Option<Arc<str>> = group.map(|g| match reg.groups.get_key_value(g) {
-            Some((k, _)) => k.clone(),
-            None => Arc::from(g),
+        // A queue group is a name *and* an expression (as NATS queue groups are per subject
+        // and MQTT shared subscriptions per share name and filter): `g` on `a/**` and `g`
+        // on `a/b` are two groups, and a message matching both goes to a member of each.
+        let group: Option<Arc<str>> = group.map(|g| {
+            let id = format!("{g}\u{0}{}", expr.as_str());
+            match reg.groups.get_key_value(id.as_str()) {
+                Some((k, _)) => k.clone(),
+                None => Arc::from(id),
+            }
         });
         if let Some(g) = &group {
             reg.groups
@@ -343,10 +349,16 @@ impl Session {
         while i < batch.len() {
             let start = rr.fetch_add(1, Ordering::Relaxed);
             // The next member whose session is still open takes it (one outbox lock per
-            // member tried: the offer itself reports a closed session).
+            // member tried: the offer itself reports a closed session). Members with a
+            // connection come first; a detached one (an offline MQTT session) only when no
+            // member is connected.
             let mut done = false;
+            let any_attached = members.iter().any(|t| t.outbox.is_attached());
             for k in 0..n {
                 let t = &members[(start + k) % n];
+                if any_attached && !t.outbox.is_attached() {
+                    continue;
+                }
                 let (n_delivered, closed) = self.deliver(t, batch_item(batch, i)).await;
                 delivered += n_delivered;
                 if !closed {

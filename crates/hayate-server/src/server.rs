@@ -192,7 +192,7 @@ impl Server {
         while live.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
-        let _ = background.await;
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), background).await;
         // Persistent MQTT sessions are parked by now: save them with the retained messages.
         let m = self.mqtt.clone();
         let _ = tokio::task::spawn_blocking(move || m.save()).await;

@@ -58,6 +58,7 @@ struct Conn<'a> {
     aliases: HashMap<u16, ByteStr>,
     /// Session expiry interval (seconds; `u32::MAX` never).
     expiry: u32,
+    expiry_at_connect: u32,
     /// Send reason strings (5.0 Request Problem Information).
     problem_info: bool,
 }
@@ -178,19 +179,25 @@ pub async fn serve<R>(
     } else if connect.clean_start {
         0
     } else {
-        u32::MAX
+        // 3.1.1 sessions never expire, unless the configuration caps them.
+        mqtt.cfg.max_session_expiry
     };
 
     // The session: new, parked, or taken over from another connection.
     let conn_id = mqtt.next_conn();
     let (kick_tx, mut kick_rx) = mpsc::unbounded_channel();
-    let prior = mqtt.acquire(&client_id, conn_id, kick_tx).await;
+    let (prior, prior_will) = mqtt.acquire(&client_id, conn_id, kick_tx).await;
     let (mut ms, present) = match prior {
         Some(s) if !connect.clean_start => (s, true),
-        other => {
-            drop(other);
+        Some(mut old) => {
+            // A clean start ends the old session now: its delayed will is due now.
+            if let Some(w) = prior_will {
+                mqtt.publish_will(&mut old.session, &w.msg).await;
+            }
+            drop(old);
             (mqtt.new_session(), false)
         }
+        None => (mqtt.new_session(), false),
     };
     mqtt.set_info(&client_id, conn_id, ms.out.clone(), version, expiry);
     mqtt.stats.connected.fetch_add(1, Ordering::Relaxed);
@@ -241,6 +248,7 @@ pub async fn serve<R>(
         version,
         aliases: HashMap::new(),
         expiry,
+        expiry_at_connect: expiry,
         problem_info: connect
             .properties
             .request_problem_information
@@ -315,7 +323,7 @@ pub async fn serve<R>(
     let mut parked_will = None;
     if publish_will && let Some((msg, delay)) = will {
         if delay == 0 || expiry == 0 {
-            mqtt.publish_from(&mut ms.session, &msg).await;
+            mqtt.publish_will(&mut ms.session, &msg).await;
         } else if !matches!(end, End::TakenOver(_)) {
             parked_will = Some(PendingWill {
                 due: Instant::now() + Duration::from_secs(u64::from(delay.min(expiry))),
@@ -326,6 +334,15 @@ pub async fn serve<R>(
 
     let persistent = expiry > 0 || matches!(end, End::TakenOver(_));
     if persistent {
+        // Let the writer send what is queued (a last DISCONNECT) before detaching, which
+        // discards it; not for long: the client may have stopped reading.
+        for _ in 0..100 {
+            match outbox.backlog() {
+                (0, false) => break,
+                _ if writer_task.is_finished() => break,
+                _ => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        }
         // Keep the subscriptions; hold deliveries for the next connection.
         outbox.detach(|| lock(&ms.out).go_offline());
     } else {
@@ -333,6 +350,10 @@ pub async fn serve<R>(
     }
     if !writer_task.is_finished() {
         let _ = tokio::time::timeout(Duration::from_secs(5), &mut writer_task).await;
+    }
+    if expiry != conn.expiry_at_connect {
+        // Changed by the DISCONNECT: what is saved must say so.
+        mqtt.set_info(&client_id, conn_id, ms.out.clone(), version, expiry);
     }
     let dropped = match end {
         End::TakenOver(to) => to.send(Some(ms)).err().flatten(),
@@ -486,9 +507,8 @@ impl Conn<'_> {
                     }
                     self.expiry = e.min(self.mqtt.cfg.max_session_expiry);
                 }
-                return Ok(Some(End::Disconnect(
-                    d.reason_code == ReasonCode::DisconnectWithWillMessage,
-                )));
+                // Only a normal disconnection (0x00) deletes the will (MQTT-3.1.2-8).
+                return Ok(Some(End::Disconnect(d.reason_code != ReasonCode::Success)));
             }
             Packet::Connect(_) => {
                 return Err(fail(ReasonCode::ProtocolError, "second CONNECT"));
@@ -565,7 +585,7 @@ impl Conn<'_> {
         )?;
         self.mqtt.stats.received.fetch_add(1, Ordering::Relaxed);
         // Clients may not publish into the broker's own `$SYS` tree; acknowledged, dropped.
-        let sys = topic.as_str().starts_with("$SYS/") || topic.as_str() == "$SYS";
+        let sys = super::is_sys(topic.as_str());
         match (p.qos, p.packet_id) {
             (QoS::AtMostOnce, _) => {
                 if !sys {

@@ -51,6 +51,11 @@ use crate::auth::Authenticator;
 use crate::config::{Config, MqttSection};
 use out::{MqttEncoder, MqttOut, SharedOut};
 
+/// Whether `topic` is in the broker's own `$SYS` tree.
+pub(crate) fn is_sys(topic: &str) -> bool {
+    topic == "$SYS" || topic.starts_with("$SYS/")
+}
+
 /// The header that carries an MQTT 5.0 content type (as STOMP's `content-type`).
 pub const CONTENT_TYPE: &str = "content-type";
 
@@ -202,7 +207,21 @@ impl Mqtt {
                     tracing::info!("mqtt: restored {s} sessions and {r} retained messages");
                 }
                 Ok(_) => {}
-                Err(e) => tracing::warn!("mqtt: cannot load saved state: {e}"),
+                Err(e) => {
+                    // Keep the file for inspection rather than overwrite it at the next save.
+                    let aside = dir.join(format!(
+                        "mqtt.state.bad-{}",
+                        std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map(|d| d.as_secs())
+                            .unwrap_or(0)
+                    ));
+                    let _ = std::fs::rename(dir.join("mqtt.state"), &aside);
+                    tracing::warn!(
+                        "mqtt: cannot load saved state ({e}); moved it to {}",
+                        aside.display()
+                    );
+                }
             }
         }
         mqtt
@@ -239,7 +258,7 @@ impl Mqtt {
         client_id: &str,
         conn: u64,
         kick: mpsc::UnboundedSender<Handover>,
-    ) -> Option<MqttSession> {
+    ) -> (Option<MqttSession>, Option<PendingWill>) {
         let me = Online { conn, kick };
         let handover = {
             let mut reg = locked(&self.registry);
@@ -258,15 +277,22 @@ impl Mqtt {
                         Some(rx)
                     }
                 }
-                None => return e.parked.take().map(|p| p.session),
+                None => {
+                    return match e.parked.take() {
+                        Some(p) => (Some(p.session), p.will),
+                        None => (None, None),
+                    };
+                }
             }
         };
-        let rx = handover?;
+        let Some(rx) = handover else {
+            return (None, None);
+        };
         match tokio::time::timeout(Duration::from_secs(5), rx).await {
-            Ok(Ok(s)) => s,
+            Ok(Ok(s)) => (s, None),
             _ => {
                 tracing::warn!(client_id, "mqtt: session takeover timed out");
-                None
+                (None, None)
             }
         }
     }
@@ -416,6 +442,16 @@ impl Mqtt {
         session.flush();
     }
 
+    /// Publishes a will, unless it names the broker's own `$SYS` tree (which clients may
+    /// not publish to).
+    pub(crate) async fn publish_will(&self, session: &mut Session, msg: &Message) {
+        if is_sys(msg.key.as_str()) {
+            tracing::debug!("mqtt: will on {} not published", msg.key.as_str());
+            return;
+        }
+        self.publish_from(session, msg).await;
+    }
+
     async fn publish_sys(&self, session: &mut Session) {
         let reg_count = locked(&self.registry).len();
         let retained = locked(&self.retained).len();
@@ -470,13 +506,16 @@ impl Mqtt {
             let now = Instant::now();
             let (wills, ended) = self.sweep(now);
             drop(ended);
+            // A subscriber that does not read must not stop this loop: a publication that
+            // waits for room longer than this is abandoned.
+            let patience = Duration::from_secs(2);
             for w in &wills {
-                self.publish_from(&mut session, w).await;
+                let _ = tokio::time::timeout(patience, self.publish_will(&mut session, w)).await;
             }
             let sys = self.cfg.sys_interval_secs;
             if sys > 0 && last_sys.is_none_or(|t| now.duration_since(t).as_secs() >= sys) {
                 last_sys = Some(now);
-                self.publish_sys(&mut session).await;
+                let _ = tokio::time::timeout(patience * 2, self.publish_sys(&mut session)).await;
             }
             let every = self.cfg.autosave_secs;
             if every > 0 && now.duration_since(last_save).as_secs() >= every {

@@ -59,12 +59,6 @@ pub(crate) struct Queued {
     pub(crate) sub_id: Option<u32>,
 }
 
-impl Queued {
-    fn cost(&self) -> usize {
-        self.msg.payload.len() + self.msg.key.as_bytes().len() + 32
-    }
-}
-
 /// Where a delivery in flight stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stage {
@@ -124,7 +118,7 @@ pub(crate) struct MqttOut {
     inflight: BTreeMap<u64, Inflight>,
     pids: HashMap<u16, u64>,
     pending: VecDeque<Queued>,
-    pending_bytes: usize,
+    /// Most messages held (0: no limit).
     max_queued: usize,
     max_inflight: u16,
     /// Packet ids of inbound QoS 2 PUBLISHes received and not yet released (PUBREL).
@@ -219,6 +213,8 @@ fn write_publish(
     };
     let full_topic = key_to_topic(key.as_str());
     let mut topic: &str = &full_topic;
+    // A new alias is remembered only once the packet that announces it is written.
+    let mut new_alias = None;
     if link.alias_max > 0 {
         let p = props.get_or_insert_with(PublishProperties::default);
         if let Some(&a) = link.aliases.get(key.as_shared()) {
@@ -226,8 +222,8 @@ fn write_publish(
             topic = "";
         } else if link.aliases.len() < usize::from(link.alias_max) {
             let a = u16::try_from(link.aliases.len() + 1).unwrap_or(u16::MAX);
-            link.aliases.insert(key.as_shared().clone(), a);
             p.topic_alias = Some(a);
+            new_alias = Some(a);
         }
     }
     let head = PublishHead {
@@ -249,15 +245,12 @@ fn write_publish(
         // "The Server MUST NOT send packets exceeding Maximum Packet Size to the Client";
         // it discards them as if sent (3.1.2.11.4).
         tail.truncate(start);
-        if let Some(a) = head.properties.topic_alias
-            && !topic.is_empty()
-        {
-            // The alias was never announced: forget it.
-            link.aliases.retain(|_, v| *v != a);
-        }
         return false;
     }
     out.put_payload(payload);
+    if let Some(a) = new_alias {
+        link.aliases.insert(key.as_shared().clone(), a);
+    }
     true
 }
 
@@ -272,7 +265,6 @@ impl MqttOut {
             inflight: BTreeMap::new(),
             pids: HashMap::new(),
             pending: VecDeque::new(),
-            pending_bytes: 0,
             max_queued,
             max_inflight,
             incoming: HashSet::new(),
@@ -280,11 +272,6 @@ impl MqttOut {
             sent: 0,
             empty: PublishProperties::default(),
         }
-    }
-
-    /// Whether a connection is attached.
-    pub(crate) fn is_online(&self) -> bool {
-        self.link.is_some()
     }
 
     /// The version of the attached connection.
@@ -372,10 +359,9 @@ impl MqttOut {
     pub(crate) fn enqueue(&mut self, q: Queued, out: &mut OutBuf) {
         if self.pending.is_empty() && self.inflight.len() < self.window() {
             self.send_new(q, out);
-        } else if self.pending.len() >= self.max_queued {
+        } else if self.max_queued > 0 && self.pending.len() >= self.max_queued {
             self.dropped += 1;
         } else {
-            self.pending_bytes += q.cost();
             self.pending.push_back(q);
         }
     }
@@ -447,7 +433,6 @@ impl MqttOut {
             let Some(q) = self.pending.pop_front() else {
                 break;
             };
-            self.pending_bytes -= q.cost();
             self.send_new(q, out);
         }
     }
@@ -520,6 +505,23 @@ impl MqttOut {
     /// PUBREL), then fills the window from the held messages.
     pub(crate) fn go_online(&mut self, link: Link, out: &mut OutBuf) {
         self.link = Some(link);
+        // The client's new Receive Maximum may be lower than what was in flight: the
+        // excess goes back to the front of the held messages (sent again later, with new
+        // packet ids).
+        let window = self.window();
+        while self.inflight.len() > window {
+            let Some((&seq, f)) = self.inflight.iter().next_back() else {
+                break;
+            };
+            if f.stage == Stage::Released {
+                break;
+            }
+            let pid = f.pid;
+            if let Some(f) = self.inflight.remove(&seq) {
+                self.pids.remove(&pid);
+                self.pending.push_front(f.item);
+            }
+        }
         let Some(link) = &mut self.link else {
             return;
         };
@@ -603,10 +605,5 @@ impl Encoder for MqttEncoder {
     fn encode_lost(&mut self, _sid: u32, count: u64, _out: &mut OutBuf) {
         // MQTT has no way to tell a subscriber; count it.
         lock(&self.out).dropped += count;
-    }
-
-    fn held(&self) -> usize {
-        let st = lock(&self.out);
-        if st.is_online() { st.pending_bytes } else { 0 }
     }
 }
