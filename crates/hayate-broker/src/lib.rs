@@ -28,4 +28,4 @@ pub mod session;
 pub use batch::Batch;
 pub use index::SubscriptionIndex;
 pub use outbox::{Encoder, OutBuf, Outbox, Sink, Taken};
-pub use session::{Broker, BrokerConfig, BrokerStats, Session, SubscribeError};
+pub use session::{Backlog, Broker, BrokerConfig, BrokerStats, Session, SubscribeError};

@@ -252,6 +252,20 @@ impl Outbox {
         self.wake(&mut st);
     }
 
+    /// Delivers `batch` to subscription `sid` whatever the budget (a queue's backlog
+    /// handed to a new member, which must not be lost nor block the subscriber). False if
+    /// the outbox is closed.
+    pub fn force(&self, sid: u32, origin: u64, batch: Batch<'_>) -> bool {
+        let mut st = self.lock();
+        if st.closed {
+            return false;
+        }
+        let st = &mut *st;
+        st.encoder.encode(sid, batch, origin, &mut st.buf);
+        self.wake(st);
+        true
+    }
+
     /// Queues control output (handshake answers, PONG, errors) outside the budget.
     pub fn push_control(&self, f: impl FnOnce(&mut BytesMut)) {
         let mut st = self.lock();

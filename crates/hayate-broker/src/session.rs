@@ -46,8 +46,67 @@ struct SubEntry {
 struct Registry {
     index: SubscriptionIndex,
     subs: HashMap<SubKey, SubEntry>,
-    /// Round-robin cursor and member count per queue group name.
+    /// Round-robin cursor and member count per queue group (id: name, NUL, expression).
     groups: HashMap<Arc<str>, (Arc<AtomicUsize>, usize)>,
+    /// Declared queues: groups whose messages wait while they have no member.
+    queues: HashMap<Arc<str>, (KeyExpr, Arc<Backlog>)>,
+}
+
+/// Messages waiting for a declared queue's first member, oldest first, at most `limit`.
+#[derive(Debug)]
+pub struct Backlog {
+    q: std::sync::Mutex<VecDeque<hayate_core::Message>>,
+    limit: usize,
+    dropped: AtomicU64,
+}
+
+impl Backlog {
+    fn push(&self, batch: Batch<'_>) {
+        let mut q = self
+            .q
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for i in 0..batch.len() {
+            if q.len() >= self.limit {
+                self.dropped
+                    .fetch_add((batch.len() - i) as u64, Ordering::Relaxed);
+                return;
+            }
+            q.push_back(batch.message(i));
+        }
+    }
+
+    fn take(&self) -> VecDeque<hayate_core::Message> {
+        std::mem::take(
+            &mut *self
+                .q
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// Messages waiting.
+    pub fn len(&self) -> usize {
+        self.q
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+
+    /// True if no message waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Messages dropped because the backlog was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+/// The registry id of queue group `name` on `expr`.
+fn group_id(name: &str, expr: &KeyExpr) -> String {
+    format!("{name}\u{0}{}", expr.as_str())
 }
 
 #[derive(Debug)]
@@ -84,14 +143,24 @@ pub enum SubscribeError {
 #[derive(Debug, Clone)]
 struct Target {
     outbox: Arc<Outbox>,
+    session: u64,
     sid: u32,
     congestion: Congestion,
 }
 
 #[derive(Debug)]
+struct GroupRoute {
+    id: Arc<str>,
+    rr: Arc<AtomicUsize>,
+    members: Vec<Target>,
+}
+
+#[derive(Debug)]
 struct Route {
     fanout: Vec<Target>,
-    groups: Vec<(Arc<AtomicUsize>, Vec<Target>)>,
+    groups: Vec<GroupRoute>,
+    /// Declared queues matching the key that have no member now.
+    backlogs: Vec<Arc<Backlog>>,
 }
 
 impl Broker {
@@ -121,6 +190,25 @@ impl Broker {
     /// Number of live subscriptions.
     pub fn subscription_count(&self) -> usize {
         self.read().subs.len()
+    }
+
+    /// Declares queue group `name` on `expr`: while it has no member, matching messages
+    /// wait (at most `limit`) and go to the first member that subscribes. Idempotent;
+    /// returns the queue's backlog.
+    pub fn declare_queue(&self, name: &str, expr: &KeyExpr, limit: usize) -> Arc<Backlog> {
+        let id = group_id(name, expr);
+        let mut reg = self.write();
+        if let Some((_, b)) = reg.queues.get(id.as_str()) {
+            return b.clone();
+        }
+        let b = Arc::new(Backlog {
+            q: Default::default(),
+            limit,
+            dropped: AtomicU64::new(0),
+        });
+        reg.queues.insert(Arc::from(id), (expr.clone(), b.clone()));
+        self.bump();
+        b
     }
 
     /// Opens a session whose deliveries are encoded by `encoder`.
@@ -166,12 +254,14 @@ impl Broker {
         let mut route = Route {
             fanout: Vec::new(),
             groups: Vec::new(),
+            backlogs: Vec::new(),
         };
         let mut by_group: Vec<(Arc<str>, Vec<Target>)> = Vec::new();
         for sk in reg.index.matches(key) {
             let Some(e) = reg.subs.get(&sk) else { continue };
             let t = Target {
                 outbox: e.outbox.clone(),
+                session: sk.0,
                 sid: sk.1,
                 congestion: e.congestion,
             };
@@ -183,9 +273,18 @@ impl Broker {
                 },
             }
         }
+        for (id, expr, backlog) in reg.queues.iter().map(|(id, (e, b))| (id, e, b)) {
+            if expr.matches(key) && !by_group.iter().any(|(g, _)| g == id) {
+                route.backlogs.push(backlog.clone());
+            }
+        }
         for (g, members) in by_group {
             if let Some((rr, _)) = reg.groups.get(&g) {
-                route.groups.push((rr.clone(), members));
+                route.groups.push(GroupRoute {
+                    id: g,
+                    rr: rr.clone(),
+                    members,
+                });
             }
         }
         (generation, Arc::new(route))
@@ -244,7 +343,7 @@ impl Session {
         // and MQTT shared subscriptions per share name and filter): `g` on `a/**` and `g`
         // on `a/b` are two groups, and a message matching both goes to a member of each.
         let group: Option<Arc<str>> = group.map(|g| {
-            let id = format!("{g}\u{0}{}", expr.as_str());
+            let id = group_id(g, &expr);
             match reg.groups.get_key_value(id.as_str()) {
                 Some((k, _)) => k.clone(),
                 None => Arc::from(id),
@@ -265,10 +364,67 @@ impl Session {
                 congestion: qos.effective_congestion(),
             },
         );
+        // A declared queue's waiting messages go to its first member, before anything
+        // routed after this change (still under the write lock).
+        let mut drained = false;
+        if let Some(g) = &group
+            && let Some((_, backlog)) = reg.queues.get(g)
+        {
+            for m in backlog.take() {
+                self.outbox.force(sid, 0, Batch::One(&m));
+                drained = true;
+            }
+        }
         self.broker.bump();
         drop(reg);
+        if drained {
+            self.touch_own();
+        }
         self.subs.insert(sid, (expr, group));
         Ok(())
+    }
+
+    /// Gives `msg` back to queue group `group` on `expr`: it goes to another member than
+    /// this session (round-robin), to this session's own membership when it is the only
+    /// member, or to the queue's backlog when there is no member (a NACK, or a message
+    /// left unacknowledged by a consumer that went away). Returns whether it was placed.
+    pub async fn requeue(
+        &mut self,
+        group: &str,
+        expr: &KeyExpr,
+        msg: &hayate_core::Message,
+    ) -> bool {
+        let id = group_id(group, expr);
+        let route = self.lookup(&msg.key);
+        if let Some(g) = route.groups.iter().find(|g| &*g.id == id.as_str()) {
+            let others: Vec<Target> = g
+                .members
+                .iter()
+                .filter(|t| t.session != self.id)
+                .cloned()
+                .collect();
+            let members = if others.is_empty() {
+                g.members.clone()
+            } else {
+                others
+            };
+            if self.deliver_group(&g.rr, &members, Batch::One(msg)).await > 0 {
+                return true;
+            }
+        }
+        let backlog = self
+            .broker
+            .read()
+            .queues
+            .get(id.as_str())
+            .map(|(_, b)| b.clone());
+        match backlog {
+            Some(b) => {
+                b.push(Batch::One(msg));
+                true
+            }
+            None => false,
+        }
     }
 
     /// Removes subscription `sid`; returns whether it existed.
@@ -292,8 +448,11 @@ impl Session {
         for t in &route.fanout {
             delivered += self.deliver(t, batch).await.0;
         }
-        for (rr, members) in &route.groups {
-            delivered += self.deliver_group(rr, members, batch).await;
+        for g in &route.groups {
+            delivered += self.deliver_group(&g.rr, &g.members, batch).await;
+        }
+        for b in &route.backlogs {
+            b.push(batch);
         }
         delivered
     }

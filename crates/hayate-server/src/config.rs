@@ -11,6 +11,8 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:4700";
 pub const MQTT_MAX_PACKET: u32 = hayate_mqtt::MAX_VAR_INT;
 /// The default MQTT address.
 pub const DEFAULT_MQTT_LISTEN: &str = "127.0.0.1:1883";
+/// The default STOMP address.
+pub const DEFAULT_STOMP_LISTEN: &str = "127.0.0.1:61613";
 /// The default MQTT-over-WebSocket address.
 pub const DEFAULT_MQTT_WS_LISTEN: &str = "127.0.0.1:8083";
 
@@ -24,6 +26,8 @@ pub struct Config {
     pub native: NativeSection,
     /// MQTT listeners and settings.
     pub mqtt: MqttSection,
+    /// STOMP listeners and settings.
+    pub stomp: StompSection,
     /// Who may connect (MQTT, STOMP; the native protocol later).
     pub auth: AuthSection,
     /// Limits.
@@ -98,6 +102,36 @@ impl Default for MqttSection {
             max_session_expiry: u32::MAX,
             sys_interval_secs: 10,
             autosave_secs: 60,
+        }
+    }
+}
+
+/// `[stomp]`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StompSection {
+    /// TCP addresses for STOMP 1.0, 1.1 and 1.2 (empty: no STOMP listener).
+    pub listen: Vec<String>,
+    /// Heart-beat interval in milliseconds the server offers to send and wants to receive
+    /// (negotiated with the client's `heart-beat` header; 0: none). A client silent for
+    /// twice its negotiated interval is disconnected.
+    pub heart_beat_ms: u32,
+    /// Messages a `/queue/` keeps while it has no consumer; further ones are dropped.
+    pub queue_max_backlog: usize,
+    /// Largest frame body accepted, in bytes; larger frames get an ERROR and a close.
+    pub max_frame_size: usize,
+    /// Most headers in one frame.
+    pub max_headers: usize,
+}
+
+impl Default for StompSection {
+    fn default() -> Self {
+        StompSection {
+            listen: vec![DEFAULT_STOMP_LISTEN.to_string()],
+            heart_beat_ms: 10_000,
+            queue_max_backlog: 10_000,
+            max_frame_size: 64 * 1024 * 1024,
+            max_headers: 128,
         }
     }
 }
@@ -225,9 +259,12 @@ impl Config {
             && self.native.unix.is_empty()
             && self.mqtt.listen.is_empty()
             && self.mqtt.ws.is_empty()
+            && self.stomp.listen.is_empty()
         {
             return Err(ConfigError::Invalid(
-                "no listener: set native.listen, native.unix, mqtt.listen or mqtt.ws".into(),
+                "no listener: set native.listen, native.unix, mqtt.listen, mqtt.ws or \
+                 stomp.listen"
+                    .into(),
             ));
         }
         let m = &self.mqtt;

@@ -20,6 +20,7 @@ pub mod io;
 pub mod mqtt;
 pub mod native;
 pub mod server;
+pub mod stomp;
 pub mod ws;
 
 pub use config::Config;

@@ -13,7 +13,8 @@ use crate::auth::ConfigAuth;
 use crate::config::{Config, Limits};
 use crate::io::WriteHalf;
 use crate::mqtt::Mqtt;
-use crate::{mqtt, native, ws};
+use crate::stomp::Stomp;
+use crate::{mqtt, native, stomp, ws};
 
 /// The protocol a listener speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +25,8 @@ pub enum Protocol {
     Mqtt,
     /// MQTT over WebSocket.
     MqttWs,
+    /// STOMP 1.0, 1.1 and 1.2 over TCP.
+    Stomp,
 }
 
 impl Protocol {
@@ -33,6 +36,7 @@ impl Protocol {
             Protocol::Native => "native protocol",
             Protocol::Mqtt => "mqtt",
             Protocol::MqttWs => "mqtt over websocket",
+            Protocol::Stomp => "stomp",
         }
     }
 }
@@ -52,6 +56,7 @@ pub struct Server {
     limits: Arc<Limits>,
     name: Arc<str>,
     mqtt: Arc<Mqtt>,
+    stomp: Arc<Stomp>,
 }
 
 async fn bind_tcp(addr: &str) -> Result<TcpListener, crate::config::ConfigError> {
@@ -73,6 +78,9 @@ impl Server {
         }
         for addr in &config.mqtt.ws {
             listeners.push(Listener::Tcp(bind_tcp(addr).await?, Protocol::MqttWs));
+        }
+        for addr in &config.stomp.listen {
+            listeners.push(Listener::Tcp(bind_tcp(addr).await?, Protocol::Stomp));
         }
         for path in &config.native.unix {
             // A stale socket file from an earlier run would make bind fail.
@@ -113,13 +121,15 @@ impl Server {
             outbox_bytes: usize::try_from(config.limits.outbox_bytes).unwrap_or(usize::MAX),
         });
         let auth = Arc::new(ConfigAuth::new(&config.auth));
-        let mqtt = Mqtt::new(broker.clone(), config, auth);
+        let mqtt = Mqtt::new(broker.clone(), config, auth.clone());
+        let stomp = Stomp::new(broker.clone(), config, auth);
         Server {
             broker,
             listeners,
             limits: Arc::new(config.limits.clone()),
             name: config.server.name.as_str().into(),
             mqtt,
+            stomp,
         }
     }
 
@@ -175,6 +185,7 @@ impl Server {
                 stop: stop_rx.clone(),
                 live: live.clone(),
                 mqtt: self.mqtt.clone(),
+                stomp: self.stomp.clone(),
             };
             if let Listener::Unix(_, p) = &l {
                 paths.push(p.clone());
@@ -207,6 +218,7 @@ struct Ctx {
     stop: watch::Receiver<bool>,
     live: Arc<AtomicUsize>,
     mqtt: Arc<Mqtt>,
+    stomp: Arc<Stomp>,
 }
 
 struct LiveGuard(Arc<AtomicUsize>);
@@ -276,6 +288,9 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
                 }
                 Protocol::Mqtt | Protocol::MqttWs => {
                     mqtt::conn::serve(r, w, c.mqtt, c.stop).await;
+                }
+                Protocol::Stomp => {
+                    stomp::conn::serve(r, w, c.stomp, c.stop).await;
                 }
             }
         });

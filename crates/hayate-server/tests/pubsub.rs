@@ -173,6 +173,7 @@ async fn unix_socket_listener_works() {
     config.native.unix = vec![path.display().to_string()];
     config.mqtt.listen.clear();
     config.mqtt.ws.clear();
+    config.stomp.listen.clear();
     let server = hayate_server::Server::bind(&config).await.unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let h = tokio::spawn(server.run(async {

@@ -53,6 +53,9 @@ pub(crate) struct BrokerArgs {
     /// for none).
     #[arg(long, value_name = "HOST:PORT")]
     pub(crate) ws: Vec<String>,
+    /// STOMP TCP address (repeatable; replaces the configured list; `off` for none).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub(crate) stomp: Vec<String>,
     /// Data directory (persistent MQTT sessions, retained messages).
     #[arg(long, value_name = "DIR")]
     pub(crate) data: Option<String>,

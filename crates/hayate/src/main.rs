@@ -72,6 +72,9 @@ fn effective_config(args: &cli::BrokerArgs) -> Result<Config> {
     if !args.ws.is_empty() {
         config.mqtt.ws = listen_list(&args.ws);
     }
+    if !args.stomp.is_empty() {
+        config.stomp.listen = listen_list(&args.stomp);
+    }
     if let Some(d) = &args.data {
         config.server.data_dir = d.clone();
     }

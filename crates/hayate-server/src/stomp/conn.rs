@@ -1,0 +1,639 @@
+//! One STOMP connection: CONNECT (or STOMP), then frames until DISCONNECT, an error, a
+//! heart-beat timeout or shutdown.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use hayate_broker::{Batch, Session};
+use hayate_core::{INBOX_PREFIX, Key, KeyExpr, Message, Qos};
+use hayate_stomp::{Command, Frame, Item, Limits, Version, decode, encode};
+use tokio::io::AsyncRead;
+use tokio::sync::watch;
+
+use super::Stomp;
+use super::out::{AckMode, Kind, StompEncoder, StompOut, Sub, lock};
+use crate::io::{WriteHalf, read_some};
+use crate::native::write_loop;
+
+const READ_BUF: usize = 64 * 1024;
+
+/// A refusal: the ERROR frame's `message` header and body.
+#[derive(Debug)]
+struct Refusal {
+    message: String,
+    detail: String,
+}
+
+fn refuse(message: impl Into<String>, detail: impl Into<String>) -> Refusal {
+    Refusal {
+        message: message.into(),
+        detail: detail.into(),
+    }
+}
+
+/// Per-connection state.
+struct Conn<'a> {
+    stomp: &'a Stomp,
+    out: Arc<Mutex<StompOut>>,
+    connected: bool,
+    version: Version,
+    /// Subscription ids → broker subscription ids.
+    ids: HashMap<String, u32>,
+    next_sid: u32,
+    /// The broker subscription of the temp-queues, once one is used.
+    temp_sid: Option<u32>,
+    /// Open transactions: their buffered SEND, ACK and NACK frames.
+    tx: HashMap<String, Vec<Frame>>,
+    /// Queues this connection declared (to avoid asking the broker again).
+    declared: std::collections::HashSet<String>,
+    /// Negotiated heart-beats: how often to send, how long to wait for the client.
+    send_every: Option<Duration>,
+    recv_timeout: Option<Duration>,
+}
+
+/// Serves one STOMP connection until it closes.
+pub async fn serve<R>(
+    mut reader: R,
+    writer: WriteHalf,
+    stomp: Arc<Stomp>,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    R: AsyncRead + Unpin,
+{
+    let limits = Limits {
+        max_headers: stomp.cfg.max_headers,
+        max_header_bytes: 64 * 1024,
+        max_body: stomp.cfg.max_frame_size,
+    };
+    let out = Arc::new(Mutex::new(StompOut::new(String::new())));
+    let mut session = stomp
+        .broker
+        .open_session(Box::new(StompEncoder { out: out.clone() }));
+    lock(&out).temp_prefix = format!("{INBOX_PREFIX}/{}/", session.id());
+    let outbox = session.outbox().clone();
+    let writer = Arc::new(writer);
+    outbox.set_sink(writer.clone());
+    let mut writer_task = tokio::spawn(write_loop(writer, outbox.clone(), outbox.epoch()));
+    let mut c = Conn {
+        stomp: &stomp,
+        out: out.clone(),
+        connected: false,
+        version: Version::V1_0,
+        ids: HashMap::new(),
+        next_sid: 1,
+        temp_sid: None,
+        tx: HashMap::new(),
+        declared: Default::default(),
+        send_every: None,
+        recv_timeout: None,
+    };
+    let mut buf = BytesMut::with_capacity(READ_BUF);
+    // Until CONNECT: the handshake timeout; then the client's heart-beat, if any.
+    let quiet = tokio::time::sleep(stomp.handshake_timeout);
+    tokio::pin!(quiet);
+    let mut beat = tokio::time::interval(Duration::from_secs(3600));
+    let mut beating = false;
+
+    let result: Result<(), Refusal> = 'conn: loop {
+        loop {
+            match decode(&mut buf, c.version, &limits) {
+                Ok(Some(Item::HeartBeat)) => {}
+                Ok(Some(Item::Frame(f))) => {
+                    let receipt = f.get("receipt").map(str::to_string);
+                    match c.handle(f, &mut session).await {
+                        Ok(go_on) => {
+                            if let Some(r) = receipt {
+                                c.reply(
+                                    &mut session,
+                                    Frame::new(Command::Receipt).header("receipt-id", &r),
+                                );
+                            }
+                            if !go_on {
+                                break 'conn Ok(());
+                            }
+                        }
+                        Err(mut e) => {
+                            if let Some(r) = receipt {
+                                e.detail = format!("{}\n(receipt {r})", e.detail);
+                            }
+                            break 'conn Err(e);
+                        }
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => break 'conn Err(refuse("malformed frame", e.to_string())),
+            }
+        }
+        if c.connected && !beating {
+            beating = true;
+            if let Some(every) = c.send_every {
+                beat = tokio::time::interval(every);
+                beat.reset();
+            }
+            match c.recv_timeout {
+                Some(t) => quiet.as_mut().reset(tokio::time::Instant::now() + t),
+                None => quiet
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + Duration::from_secs(86_400 * 365)),
+            }
+        }
+        session.flush();
+        tokio::select! {
+            r = read_some(&mut reader, &mut buf, None) => match r {
+                Ok(0) | Err(_) => break Ok(()),
+                Ok(_) => {
+                    if let Some(t) = c.recv_timeout.filter(|_| c.connected) {
+                        quiet.as_mut().reset(tokio::time::Instant::now() + t);
+                    }
+                }
+            },
+            _ = &mut quiet => {
+                break if c.connected {
+                    Err(refuse("heart-beat timeout", "nothing received within twice the negotiated heart-beat interval"))
+                } else {
+                    Err(refuse("no CONNECT", "no CONNECT frame within the handshake timeout"))
+                };
+            }
+            _ = beat.tick(), if c.send_every.is_some() && beating => {
+                outbox.push_control(|b| b.extend_from_slice(b"\n"));
+            }
+            _ = &mut writer_task => break Ok(()),
+            _ = shutdown.changed() => break Err(refuse("server shutting down", "")),
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(message = e.message, "stomp: error");
+        let mut f = Frame::new(Command::Error)
+            .header("message", &e.message)
+            .header("content-type", "text/plain");
+        if !e.detail.is_empty() {
+            f = f.body(Bytes::from(e.detail.into_bytes()));
+        }
+        let v = c.version;
+        outbox.push_control(|b| encode(&f, v, b));
+    }
+    // Messages left unacknowledged go back to their queues.
+    let left: Vec<(Option<(String, KeyExpr)>, Message)> = {
+        let mut st = lock(&out);
+        let un = st.take_unacked(None);
+        un.into_iter()
+            .map(|u| (queue_of(&st, u.sid), u.msg))
+            .collect()
+    };
+    requeue(&mut session, left).await;
+    session.flush();
+    drop(session);
+    outbox.close();
+    if !writer_task.is_finished() {
+        let _ = tokio::time::timeout(Duration::from_secs(5), writer_task).await;
+    }
+}
+
+fn queue_of(st: &StompOut, sid: u32) -> Option<(String, KeyExpr)> {
+    match &st.subs.get(&sid)?.kind {
+        Kind::Queue { name, expr } => Some((name.clone(), expr.clone())),
+        _ => None,
+    }
+}
+
+/// Gives messages back to their queues (topic messages are dropped).
+async fn requeue(session: &mut Session, items: Vec<(Option<(String, KeyExpr)>, Message)>) {
+    for (q, msg) in items {
+        if let Some((name, expr)) = q {
+            session.requeue(&name, &expr, &msg).await;
+        }
+    }
+}
+
+/// Headers of a SEND that are the frame's, not the message's.
+fn is_frame_header(name: &str) -> bool {
+    matches!(
+        name,
+        "destination"
+            | "content-length"
+            | "receipt"
+            | "transaction"
+            | "reply-to"
+            | "correlation-id"
+            | "message-id"
+            | "subscription"
+            | "ack"
+    )
+}
+
+impl Conn<'_> {
+    fn reply(&self, session: &mut Session, f: Frame) {
+        let v = self.version;
+        session.outbox().push_reply(|o| encode(&f, v, o.tail()));
+        session.touch_own();
+    }
+
+    /// Handles one frame; `Ok(false)` ends the connection (DISCONNECT).
+    async fn handle(&mut self, f: Frame, session: &mut Session) -> Result<bool, Refusal> {
+        if !self.connected {
+            return match f.command {
+                Command::Connect | Command::Stomp => {
+                    self.connect(&f, session)?;
+                    Ok(true)
+                }
+                other => Err(refuse(
+                    "not connected",
+                    format!(
+                        "the first frame must be CONNECT or STOMP, not {}",
+                        other.as_str()
+                    ),
+                )),
+            };
+        }
+        match f.command {
+            Command::Send | Command::Ack | Command::Nack if f.get("transaction").is_some() => {
+                let t = f.get("transaction").unwrap_or_default().to_string();
+                match self.tx.get_mut(&t) {
+                    Some(frames) => frames.push(f),
+                    None => {
+                        return Err(refuse(
+                            "unknown transaction",
+                            format!("no transaction {t:?} was begun"),
+                        ));
+                    }
+                }
+            }
+            Command::Send => self.send(&f, session).await?,
+            Command::Subscribe => self.subscribe(&f, session)?,
+            Command::Unsubscribe => self.unsubscribe(&f, session).await?,
+            Command::Ack => self.ack(&f, session, false).await?,
+            Command::Nack => self.ack(&f, session, true).await?,
+            Command::Begin => {
+                let t = tx_name(&f)?;
+                if self.tx.contains_key(&t) {
+                    return Err(refuse(
+                        "transaction exists",
+                        format!("transaction {t:?} was already begun"),
+                    ));
+                }
+                self.tx.insert(t, Vec::new());
+            }
+            Command::Commit => {
+                let t = tx_name(&f)?;
+                let Some(frames) = self.tx.remove(&t) else {
+                    return Err(refuse(
+                        "unknown transaction",
+                        format!("no transaction {t:?} was begun"),
+                    ));
+                };
+                for f in frames {
+                    match f.command {
+                        Command::Send => self.send(&f, session).await?,
+                        Command::Ack => self.ack(&f, session, false).await?,
+                        Command::Nack => self.ack(&f, session, true).await?,
+                        _ => {}
+                    }
+                }
+            }
+            Command::Abort => {
+                let t = tx_name(&f)?;
+                if self.tx.remove(&t).is_none() {
+                    return Err(refuse(
+                        "unknown transaction",
+                        format!("no transaction {t:?} was begun"),
+                    ));
+                }
+            }
+            Command::Disconnect => return Ok(false),
+            Command::Connect | Command::Stomp => {
+                return Err(refuse("already connected", "a second CONNECT"));
+            }
+            other => {
+                return Err(refuse(
+                    "unexpected frame",
+                    format!("a client may not send {}", other.as_str()),
+                ));
+            }
+        }
+        Ok(true)
+    }
+
+    fn connect(&mut self, f: &Frame, session: &mut Session) -> Result<(), Refusal> {
+        let version = match f.get("accept-version") {
+            None => Version::V1_0,
+            Some(a) => match Version::parse_accept(a) {
+                Some(v) => v,
+                None => {
+                    return Err(refuse(
+                        "unsupported protocol version",
+                        format!("the client accepts {a:?}; this server speaks 1.0, 1.1 and 1.2"),
+                    ));
+                }
+            },
+        };
+        let login = f.get("login");
+        let passcode = f.get("passcode").map(str::as_bytes);
+        if self
+            .stomp
+            .auth
+            .authenticate("stomp", login, passcode)
+            .is_err()
+        {
+            return Err(refuse("access refused", "bad login or passcode"));
+        }
+        let (cx, cy) = match f.get("heart-beat") {
+            None => (0, 0),
+            Some(h) => parse_heart_beat(h).ok_or_else(|| {
+                refuse(
+                    "malformed heart-beat",
+                    format!("heart-beat {h:?} is not two numbers"),
+                )
+            })?,
+        };
+        let s = self.stomp.cfg.heart_beat_ms;
+        let (sx, sy) = (s, s);
+        if version >= Version::V1_1 {
+            if sx > 0 && cy > 0 {
+                self.send_every = Some(Duration::from_millis(u64::from(sx.max(cy))));
+            }
+            if cx > 0 && sy > 0 {
+                self.recv_timeout = Some(Duration::from_millis(2 * u64::from(cx.max(sy))));
+            }
+        }
+        self.version = version;
+        lock(&self.out).version = version;
+        self.connected = true;
+        let mut r = Frame::new(Command::Connected)
+            .header("version", version.as_str())
+            .header("server", &self.stomp.server_name)
+            .header("session", &session.id().to_string());
+        if version >= Version::V1_1 {
+            r = r.header("heart-beat", &format!("{sx},{sy}"));
+        }
+        self.reply(session, r);
+        Ok(())
+    }
+
+    /// The key a SEND destination names.
+    fn send_key(&mut self, dest: &str, session: &mut Session) -> Result<Key, Refusal> {
+        let key = |k: &str| {
+            Key::new(k).map_err(|e| refuse("invalid destination", format!("{dest:?}: {e}")))
+        };
+        if let Some(k) = dest.strip_prefix("/topic/") {
+            key(k)
+        } else if let Some(q) = dest.strip_prefix("/queue/") {
+            let k = key(q)?;
+            self.declare(q, session)?;
+            Ok(k)
+        } else if let Some(t) = dest.strip_prefix("/temp-queue/") {
+            self.temp_key(t, session)
+        } else {
+            Err(refuse(
+                "unknown destination",
+                format!(
+                    "{dest:?}: destinations are /topic/<key>, /queue/<name> or /temp-queue/<name>"
+                ),
+            ))
+        }
+    }
+
+    /// Declares queue `name` (messages wait for a consumer), once per connection. Inbox
+    /// keys are not queues.
+    fn declare(&mut self, name: &str, session: &mut Session) -> Result<(), Refusal> {
+        if name.starts_with(INBOX_PREFIX) || self.declared.contains(name) {
+            return Ok(());
+        }
+        let expr = KeyExpr::new(name)
+            .map_err(|e| refuse("invalid destination", format!("/queue/{name}: {e}")))?;
+        session
+            .broker()
+            .declare_queue(name, &expr, self.stomp.cfg.queue_max_backlog);
+        self.declared.insert(name.to_string());
+        Ok(())
+    }
+
+    /// The key of this connection's temp-queue `name`, subscribing the temp-queues first.
+    fn temp_key(&mut self, name: &str, session: &mut Session) -> Result<Key, Refusal> {
+        let prefix = lock(&self.out).temp_prefix.clone();
+        let k = Key::new(&format!("{prefix}{name}"))
+            .map_err(|e| refuse("invalid destination", format!("/temp-queue/{name}: {e}")))?;
+        if self.temp_sid.is_none() {
+            let sid = self.next_sid;
+            self.next_sid += 1;
+            lock(&self.out).subs.insert(
+                sid,
+                Sub {
+                    id: String::new(),
+                    destination: String::new(),
+                    ack: AckMode::Auto,
+                    kind: Kind::Temp,
+                },
+            );
+            let expr = KeyExpr::new(&format!("{prefix}**"))
+                .map_err(|e| refuse("internal error", e.to_string()))?;
+            session
+                .subscribe(sid, expr, None, Qos::default())
+                .map_err(|e| refuse("internal error", e.to_string()))?;
+            self.temp_sid = Some(sid);
+        }
+        Ok(k)
+    }
+
+    async fn send(&mut self, f: &Frame, session: &mut Session) -> Result<(), Refusal> {
+        let dest = f
+            .get("destination")
+            .ok_or_else(|| refuse("missing destination", "SEND needs a destination header"))?;
+        let key = self.send_key(dest, session)?;
+        let mut msg = Message::new(key, f.body.clone());
+        if let Some(r) = f.get("reply-to") {
+            msg.reply_to = Some(if let Some(t) = r.strip_prefix("/temp-queue/") {
+                self.temp_key(t, session)?
+            } else if let Some(k) = r
+                .strip_prefix("/queue/")
+                .or_else(|| r.strip_prefix("/topic/"))
+            {
+                Key::new(k).map_err(|e| refuse("invalid reply-to", format!("{r:?}: {e}")))?
+            } else {
+                return Err(refuse(
+                    "invalid reply-to",
+                    format!("{r:?}: use /temp-queue/<name>, /queue/<name> or /topic/<key>"),
+                ));
+            });
+        }
+        if let Some(c) = f.get("correlation-id") {
+            msg.correlation_id = Some(Bytes::copy_from_slice(c.as_bytes()));
+        }
+        let mut headers: Vec<(String, Bytes)> = Vec::new();
+        for (k, v) in &f.headers {
+            // The first of repeated headers wins (STOMP 1.2).
+            if !is_frame_header(k) && !headers.iter().any(|(n, _)| n == k) {
+                headers.push((k.clone(), Bytes::copy_from_slice(v.as_bytes())));
+            }
+        }
+        if !headers.is_empty() {
+            msg.headers = Some(headers);
+        }
+        session.publish(Batch::One(&msg)).await;
+        Ok(())
+    }
+
+    fn subscribe(&mut self, f: &Frame, session: &mut Session) -> Result<(), Refusal> {
+        let dest = f.get("destination").ok_or_else(|| {
+            refuse(
+                "missing destination",
+                "SUBSCRIBE needs a destination header",
+            )
+        })?;
+        let id = match f.get("id") {
+            Some(id) => id.to_string(),
+            None if self.version == Version::V1_0 => dest.to_string(),
+            None => return Err(refuse("missing id", "SUBSCRIBE needs an id header")),
+        };
+        if self.ids.contains_key(&id) {
+            return Err(refuse(
+                "duplicate subscription",
+                format!("subscription id {id:?} is in use"),
+            ));
+        }
+        let ack = match f.get("ack").unwrap_or("auto") {
+            "auto" => AckMode::Auto,
+            "client" => AckMode::Client,
+            "client-individual" => AckMode::ClientIndividual,
+            a => {
+                return Err(refuse(
+                    "invalid ack mode",
+                    format!("ack {a:?}: use auto, client or client-individual"),
+                ));
+            }
+        };
+        let (expr, kind, group) = if let Some(e) = dest.strip_prefix("/topic/") {
+            let expr = KeyExpr::new(e)
+                .map_err(|e| refuse("invalid destination", format!("{dest:?}: {e}")))?;
+            (expr, Kind::Topic, None)
+        } else if let Some(q) = dest.strip_prefix("/queue/") {
+            Key::new(q).map_err(|e| refuse("invalid destination", format!("{dest:?}: {e}")))?;
+            self.declare(q, session)?;
+            let expr = KeyExpr::new(q)
+                .map_err(|e| refuse("invalid destination", format!("{dest:?}: {e}")))?;
+            (
+                expr.clone(),
+                Kind::Queue {
+                    name: q.to_string(),
+                    expr,
+                },
+                Some(q.to_string()),
+            )
+        } else if let Some(t) = dest.strip_prefix("/temp-queue/") {
+            self.temp_key(t, session)?;
+            lock(&self.out).temp_ids.insert(t.to_string(), id.clone());
+            if let Some(sid) = self.temp_sid {
+                self.ids.insert(id, sid);
+            }
+            return Ok(());
+        } else {
+            return Err(refuse(
+                "unknown destination",
+                format!(
+                    "{dest:?}: destinations are /topic/<expr>, /queue/<name> or /temp-queue/<name>"
+                ),
+            ));
+        };
+        let sid = self.next_sid;
+        self.next_sid += 1;
+        // Options first: the queue's waiting messages are delivered by `subscribe`.
+        lock(&self.out).subs.insert(
+            sid,
+            Sub {
+                id: id.clone(),
+                destination: dest.to_string(),
+                ack,
+                kind,
+            },
+        );
+        if let Err(e) = session.subscribe(sid, expr, group.as_deref(), Qos::default()) {
+            lock(&self.out).subs.remove(&sid);
+            return Err(refuse("subscribe failed", e.to_string()));
+        }
+        self.ids.insert(id, sid);
+        Ok(())
+    }
+
+    async fn unsubscribe(&mut self, f: &Frame, session: &mut Session) -> Result<(), Refusal> {
+        let id = f
+            .get("id")
+            .or_else(|| {
+                f.get("destination")
+                    .filter(|_| self.version == Version::V1_0)
+            })
+            .ok_or_else(|| refuse("missing id", "UNSUBSCRIBE needs an id header"))?;
+        let Some(sid) = self.ids.remove(id) else {
+            return Err(refuse(
+                "unknown subscription",
+                format!("no subscription {id:?}"),
+            ));
+        };
+        if Some(sid) == self.temp_sid {
+            lock(&self.out).temp_ids.retain(|_, v| v != id);
+            return Ok(());
+        }
+        session.unsubscribe(sid);
+        let left: Vec<_> = {
+            let mut st = lock(&self.out);
+            let q = queue_of(&st, sid);
+            let un = st.take_unacked(Some(sid));
+            st.subs.remove(&sid);
+            un.into_iter().map(|u| (q.clone(), u.msg)).collect()
+        };
+        requeue(session, left).await;
+        Ok(())
+    }
+
+    async fn ack(&mut self, f: &Frame, session: &mut Session, nack: bool) -> Result<(), Refusal> {
+        let name = if self.version == Version::V1_2 {
+            "id"
+        } else {
+            "message-id"
+        };
+        let id = f.get(name).ok_or_else(|| {
+            refuse(
+                "missing id",
+                format!(
+                    "{} needs an {name} header",
+                    if nack { "NACK" } else { "ACK" }
+                ),
+            )
+        })?;
+        let Ok(n) = id.parse::<u64>() else {
+            return Err(refuse(
+                "unknown message",
+                format!("{name} {id:?} was not delivered here"),
+            ));
+        };
+        let settled: Vec<_> = {
+            let mut st = lock(&self.out);
+            match st.settle(n) {
+                Some(v) => v
+                    .into_iter()
+                    .map(|u| (queue_of(&st, u.sid), u.msg))
+                    .collect(),
+                // Already settled (a cumulative ACK covered it) or never delivered.
+                None => Vec::new(),
+            }
+        };
+        if nack {
+            requeue(session, settled).await;
+        }
+        Ok(())
+    }
+}
+
+fn tx_name(f: &Frame) -> Result<String, Refusal> {
+    f.get("transaction").map(str::to_string).ok_or_else(|| {
+        refuse(
+            "missing transaction",
+            format!("{} needs a transaction header", f.command.as_str()),
+        )
+    })
+}
+
+fn parse_heart_beat(h: &str) -> Option<(u32, u32)> {
+    let (a, b) = h.split_once(',')?;
+    Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+}

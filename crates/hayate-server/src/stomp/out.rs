@@ -1,0 +1,259 @@
+//! The outbound half of a STOMP connection: deliveries become MESSAGE frames, and messages
+//! of `client` / `client-individual` subscriptions are remembered until acknowledged.
+//!
+//! [`StompOut`] is shared by the outbox's [`StompEncoder`] (under the outbox lock) and the
+//! connection's reader (ACK, NACK, SUBSCRIBE, UNSUBSCRIBE), as MQTT's delivery state is;
+//! lock order: outbox, then this state.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::BufMut;
+use hayate_broker::{Batch, Encoder, OutBuf};
+use hayate_core::{Key, KeyExpr, Message};
+use hayate_stomp::{Version, encode_message_head};
+
+/// Shared delivery state.
+pub(crate) type SharedOut = Arc<Mutex<StompOut>>;
+
+pub(crate) fn lock(out: &SharedOut) -> MutexGuard<'_, StompOut> {
+    out.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// How a subscription's messages are acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AckMode {
+    Auto,
+    /// Cumulative: an ACK covers every earlier message of the subscription.
+    Client,
+    ClientIndividual,
+}
+
+/// What a subscription is attached to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `/topic/<expr>`: fan-out.
+    Topic,
+    /// `/queue/<name>`: one member of the queue group `name` on `expr`.
+    Queue { name: String, expr: KeyExpr },
+    /// The connection's temp-queues (`/temp-queue/<name>`), all on one inbox subscription.
+    Temp,
+}
+
+/// One subscription.
+#[derive(Debug, Clone)]
+pub(crate) struct Sub {
+    /// The client's subscription id.
+    pub(crate) id: String,
+    /// The destination as subscribed (for MESSAGE frames of queues).
+    pub(crate) destination: String,
+    pub(crate) ack: AckMode,
+    pub(crate) kind: Kind,
+}
+
+/// A delivered message waiting for ACK or NACK.
+#[derive(Debug, Clone)]
+pub(crate) struct Unacked {
+    pub(crate) sid: u32,
+    pub(crate) msg: Message,
+}
+
+/// The delivery state of one STOMP connection.
+#[derive(Debug)]
+pub(crate) struct StompOut {
+    pub(crate) version: Version,
+    /// Subscriptions by broker subscription id.
+    pub(crate) subs: HashMap<u32, Sub>,
+    /// The key prefix of this connection's temp-queues (`_inbox/<session>/`).
+    pub(crate) temp_prefix: String,
+    /// Subscription id shown for each temp-queue the client subscribed to explicitly.
+    pub(crate) temp_ids: HashMap<String, String>,
+    next_msg: u64,
+    /// Messages of client-ack subscriptions, by message number.
+    pub(crate) unacked: BTreeMap<u64, Unacked>,
+}
+
+/// The STOMP destination a key is shown as in a `reply-to` header.
+pub(crate) fn reply_destination(key: &Key) -> String {
+    format!("/queue/{}", key.as_str())
+}
+
+impl StompOut {
+    pub(crate) fn new(temp_prefix: String) -> StompOut {
+        StompOut {
+            version: Version::V1_0,
+            subs: HashMap::new(),
+            temp_prefix,
+            temp_ids: HashMap::new(),
+            next_msg: 1,
+            unacked: BTreeMap::new(),
+        }
+    }
+
+    fn deliver(
+        &mut self,
+        sid: u32,
+        key: &Key,
+        payload: &bytes::Bytes,
+        msg: Option<&Message>,
+        out: &mut OutBuf,
+    ) {
+        let Some(sub) = self.subs.get(&sid) else {
+            return;
+        };
+        let n = self.next_msg;
+        self.next_msg += 1;
+        let message_id = n.to_string();
+        let (destination, subscription): (String, String) = match &sub.kind {
+            Kind::Topic => (format!("/topic/{}", key.as_str()), sub.id.clone()),
+            Kind::Queue { .. } => (sub.destination.clone(), sub.id.clone()),
+            Kind::Temp => {
+                let name = key
+                    .as_str()
+                    .strip_prefix(self.temp_prefix.as_str())
+                    .unwrap_or(key.as_str());
+                let dest = format!("/temp-queue/{name}");
+                let id = self
+                    .temp_ids
+                    .get(name)
+                    .cloned()
+                    .unwrap_or_else(|| dest.clone());
+                (dest, id)
+            }
+        };
+        write_message(
+            &destination,
+            &subscription,
+            &message_id,
+            sub.ack,
+            msg,
+            payload,
+            self.version,
+            out,
+        );
+        if sub.ack != AckMode::Auto {
+            let msg = match msg {
+                Some(m) => m.clone(),
+                None => Message::new(key.clone(), payload.clone()),
+            };
+            self.unacked.insert(n, Unacked { sid, msg });
+        }
+    }
+
+    /// The unacknowledged messages an ACK or NACK of message `n` covers (removed).
+    pub(crate) fn settle(&mut self, n: u64) -> Option<Vec<Unacked>> {
+        let sid = self.unacked.get(&n)?.sid;
+        let mode = self
+            .subs
+            .get(&sid)
+            .map_or(AckMode::ClientIndividual, |s| s.ack);
+        if mode == AckMode::Client {
+            let covered: Vec<u64> = self
+                .unacked
+                .range(..=n)
+                .filter(|(_, u)| u.sid == sid)
+                .map(|(k, _)| *k)
+                .collect();
+            Some(
+                covered
+                    .into_iter()
+                    .filter_map(|k| self.unacked.remove(&k))
+                    .collect(),
+            )
+        } else {
+            self.unacked.remove(&n).map(|u| vec![u])
+        }
+    }
+
+    /// Every unacknowledged message of subscription `sid` (all when `None`), removed.
+    pub(crate) fn take_unacked(&mut self, sid: Option<u32>) -> Vec<Unacked> {
+        let keys: Vec<u64> = self
+            .unacked
+            .iter()
+            .filter(|(_, u)| sid.is_none_or(|s| u.sid == s))
+            .map(|(k, _)| *k)
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| self.unacked.remove(&k))
+            .collect()
+    }
+}
+
+/// Writes one MESSAGE frame.
+#[allow(clippy::too_many_arguments)]
+fn write_message(
+    destination: &str,
+    subscription: &str,
+    message_id: &str,
+    ack: AckMode,
+    msg: Option<&Message>,
+    payload: &bytes::Bytes,
+    version: Version,
+    out: &mut OutBuf,
+) {
+    let mut owned: Vec<(String, String)> = Vec::new();
+    if ack != AckMode::Auto && version == Version::V1_2 {
+        owned.push(("ack".into(), message_id.to_string()));
+    }
+    if let Some(m) = msg {
+        if let Some(r) = &m.reply_to {
+            owned.push(("reply-to".into(), reply_destination(r)));
+        }
+        if let Some(c) = &m.correlation_id {
+            owned.push((
+                "correlation-id".into(),
+                String::from_utf8_lossy(c).into_owned(),
+            ));
+        }
+        if let Some(h) = &m.headers {
+            for (k, v) in h {
+                if let Ok(v) = std::str::from_utf8(v)
+                    && !matches!(
+                        k.as_str(),
+                        "destination" | "subscription" | "message-id" | "content-length" | "ack"
+                    )
+                {
+                    owned.push((k.clone(), v.to_string()));
+                }
+            }
+        }
+    }
+    let headers: Vec<(&str, &str)> = owned
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    encode_message_head(
+        destination,
+        subscription,
+        message_id,
+        &headers,
+        payload.len(),
+        version,
+        out.tail(),
+    );
+    out.put_payload(payload);
+    out.tail().put_u8(0);
+}
+
+/// The [`Encoder`] of a STOMP connection's outbox.
+#[derive(Debug)]
+pub(crate) struct StompEncoder {
+    pub(crate) out: SharedOut,
+}
+
+impl Encoder for StompEncoder {
+    fn encode(&mut self, sid: u32, batch: Batch<'_>, _origin: u64, out: &mut OutBuf) {
+        let mut st = lock(&self.out);
+        match batch {
+            Batch::One(m) => st.deliver(sid, &m.key, &m.payload, Some(m), out),
+            Batch::Plain { key, payloads } => {
+                for p in payloads {
+                    st.deliver(sid, key, p, None, out);
+                }
+            }
+        }
+    }
+
+    fn encode_lost(&mut self, _sid: u32, _count: u64, _out: &mut OutBuf) {}
+}
