@@ -13,6 +13,8 @@ pub struct TestBroker {
     pub addr: String,
     /// MQTT address.
     pub mqtt: String,
+    /// STOMP address.
+    pub stomp: String,
     pub broker: hayate_broker::Broker,
     stop: Option<oneshot::Sender<()>>,
     run: Option<tokio::task::JoinHandle<()>>,
@@ -38,7 +40,7 @@ impl Drop for TestBroker {
     }
 }
 
-/// A broker with a native and an MQTT listener on ephemeral ports. Unless the config names
+/// A broker with native, MQTT and STOMP listeners on ephemeral ports. Unless the config names
 /// its own data directory, nothing is kept on disk.
 pub async fn start(mut config: Config) -> TestBroker {
     if config.server.data_dir == Config::default().server.data_dir {
@@ -47,7 +49,16 @@ pub async fn start(mut config: Config) -> TestBroker {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let m = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mqtt = m.local_addr().unwrap().to_string();
-    let server = Server::from_listeners(vec![(l, Protocol::Native), (m, Protocol::Mqtt)], &config);
+    let st = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let stomp = st.local_addr().unwrap().to_string();
+    let server = Server::from_listeners(
+        vec![
+            (l, Protocol::Native),
+            (m, Protocol::Mqtt),
+            (st, Protocol::Stomp),
+        ],
+        &config,
+    );
     let addr = server.local_addrs()[0].clone();
     let broker = server.broker().clone();
     let (tx, rx) = oneshot::channel();
@@ -57,6 +68,7 @@ pub async fn start(mut config: Config) -> TestBroker {
     TestBroker {
         addr,
         mqtt,
+        stomp,
         broker,
         stop: Some(tx),
         run: Some(run),

@@ -1,0 +1,360 @@
+//! STOMP end to end over raw frames (our codec as the client): queues with backlog and
+//! redelivery, transactions, temp-queue request/reply, receipts, errors, heart-beats and
+//! routing to and from the native protocol. stomp.py covers the same list in tests/interop.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use common::{start, start_default, within};
+use hayate_client::{Client, Key};
+use hayate_stomp::{Command, Frame, Item, Limits, Version, decode, encode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+struct Stomp {
+    s: TcpStream,
+    buf: BytesMut,
+}
+
+impl Stomp {
+    async fn connect(addr: &str) -> Stomp {
+        Stomp::connect_with(addr, &[]).await
+    }
+
+    async fn connect_with(addr: &str, extra: &[(&str, &str)]) -> Stomp {
+        let mut c = Stomp {
+            s: TcpStream::connect(addr).await.unwrap(),
+            buf: BytesMut::new(),
+        };
+        let mut f = Frame::new(Command::Connect)
+            .header("accept-version", "1.2")
+            .header("host", "test");
+        for (k, v) in extra {
+            f = f.header(k, v);
+        }
+        c.send(f).await;
+        let r = c.next().await.expect("CONNECTED");
+        assert_eq!(r.command, Command::Connected, "{r:?}");
+        assert_eq!(r.get("version"), Some("1.2"));
+        c
+    }
+
+    async fn send(&mut self, f: Frame) {
+        let mut b = BytesMut::new();
+        encode(&f, Version::V1_2, &mut b);
+        self.s.write_all(&b).await.unwrap();
+    }
+
+    /// The next frame (heart-beats skipped), `None` at end of stream.
+    async fn next(&mut self) -> Option<Frame> {
+        within(10, async {
+            loop {
+                match decode(&mut self.buf, Version::V1_2, &Limits::default()).unwrap() {
+                    Some(Item::Frame(f)) => return Some(f),
+                    Some(Item::HeartBeat) => continue,
+                    None => {}
+                }
+                if self.s.read_buf(&mut self.buf).await.unwrap_or(0) == 0 {
+                    return None;
+                }
+            }
+        })
+        .await
+    }
+
+    /// Sends `f` with a receipt and waits for the RECEIPT: everything before it was handled.
+    async fn sync(&mut self, f: Frame) {
+        self.send(f.header("receipt", "sync")).await;
+        let r = self.next().await.expect("RECEIPT");
+        assert_eq!(r.command, Command::Receipt, "{r:?}");
+        assert_eq!(r.get("receipt-id"), Some("sync"));
+    }
+
+    async fn subscribe(&mut self, id: &str, dest: &str, ack: &str) {
+        self.sync(
+            Frame::new(Command::Subscribe)
+                .header("id", id)
+                .header("destination", dest)
+                .header("ack", ack),
+        )
+        .await;
+    }
+
+    async fn publish(&mut self, dest: &str, body: &str) {
+        self.send(
+            Frame::new(Command::Send)
+                .header("destination", dest)
+                .body(body.to_string()),
+        )
+        .await;
+    }
+
+    /// Nothing arrives within `ms` milliseconds.
+    async fn quiet(&mut self, ms: u64) {
+        let r = tokio::time::timeout(Duration::from_millis(ms), self.next()).await;
+        assert!(r.is_err(), "unexpected frame: {r:?}");
+    }
+}
+
+fn body(f: &Frame) -> &str {
+    std::str::from_utf8(&f.body).unwrap()
+}
+
+#[tokio::test]
+async fn queue_keeps_messages_until_a_consumer_and_redelivers_nacks() {
+    let b = start_default().await;
+    let mut p = Stomp::connect(&b.stomp).await;
+    // Sent before any consumer: they wait in the queue.
+    p.publish("/queue/jobs", "j1").await;
+    p.sync(
+        Frame::new(Command::Send)
+            .header("destination", "/queue/jobs")
+            .body("j2"),
+    )
+    .await;
+
+    let mut a = Stomp::connect(&b.stomp).await;
+    a.send(
+        Frame::new(Command::Subscribe)
+            .header("id", "s")
+            .header("destination", "/queue/jobs")
+            .header("ack", "client-individual"),
+    )
+    .await;
+    let m1 = a.next().await.unwrap();
+    let m2 = a.next().await.unwrap();
+    assert_eq!((body(&m1), body(&m2)), ("j1", "j2"));
+    assert_eq!(m1.get("destination"), Some("/queue/jobs"));
+
+    // A second consumer; a NACK from the first sends the message to it.
+    let mut c = Stomp::connect(&b.stomp).await;
+    c.subscribe("s", "/queue/jobs", "client-individual").await;
+    a.sync(Frame::new(Command::Nack).header("id", m1.get("ack").unwrap()))
+        .await;
+    let again = c.next().await.unwrap();
+    assert_eq!(body(&again), "j1");
+    // j2 is unacknowledged when its consumer goes away: it goes to the other one.
+    drop(a);
+    let again = c.next().await.unwrap();
+    assert_eq!(body(&again), "j2");
+    c.sync(Frame::new(Command::Ack).header("id", again.get("ack").unwrap()))
+        .await;
+}
+
+#[tokio::test]
+async fn queue_consumers_share_the_work() {
+    let b = start_default().await;
+    let mut a = Stomp::connect(&b.stomp).await;
+    a.subscribe("1", "/queue/share", "auto").await;
+    let mut c = Stomp::connect(&b.stomp).await;
+    c.subscribe("1", "/queue/share", "auto").await;
+    let mut p = Stomp::connect(&b.stomp).await;
+    for i in 0..10 {
+        p.publish("/queue/share", &i.to_string()).await;
+    }
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        got.push(body(&a.next().await.unwrap()).to_string());
+        got.push(body(&c.next().await.unwrap()).to_string());
+    }
+    got.sort_by_key(|s| s.parse::<u32>().unwrap());
+    assert_eq!(got, (0..10).map(|i| i.to_string()).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn transactions_take_effect_at_commit_only() {
+    let b = start_default().await;
+    let mut s = Stomp::connect(&b.stomp).await;
+    s.subscribe("t", "/topic/tx/*", "auto").await;
+    let mut p = Stomp::connect(&b.stomp).await;
+    p.send(Frame::new(Command::Begin).header("transaction", "t1"))
+        .await;
+    p.send(
+        Frame::new(Command::Send)
+            .header("destination", "/topic/tx/a")
+            .header("transaction", "t1")
+            .body("in t1"),
+    )
+    .await;
+    p.send(Frame::new(Command::Begin).header("transaction", "t2"))
+        .await;
+    p.send(
+        Frame::new(Command::Send)
+            .header("destination", "/topic/tx/a")
+            .header("transaction", "t2")
+            .body("in t2"),
+    )
+    .await;
+    p.sync(Frame::new(Command::Abort).header("transaction", "t2"))
+        .await;
+    s.quiet(200).await;
+    p.sync(Frame::new(Command::Commit).header("transaction", "t1"))
+        .await;
+    assert_eq!(body(&s.next().await.unwrap()), "in t1");
+    s.quiet(200).await;
+
+    // An unknown transaction is an error, and the connection closes.
+    p.send(Frame::new(Command::Commit).header("transaction", "nope"))
+        .await;
+    let e = p.next().await.unwrap();
+    assert_eq!(e.command, Command::Error);
+    assert_eq!(e.get("message"), Some("unknown transaction"));
+    assert!(p.next().await.is_none());
+}
+
+#[tokio::test]
+async fn temp_queue_request_reply_reaches_only_the_requester() {
+    let b = start_default().await;
+    let mut server = Stomp::connect(&b.stomp).await;
+    server.subscribe("svc", "/queue/svc", "auto").await;
+    let mut r1 = Stomp::connect(&b.stomp).await;
+    let mut r2 = Stomp::connect(&b.stomp).await;
+    for (r, n) in [(&mut r1, "1"), (&mut r2, "2")] {
+        r.send(
+            Frame::new(Command::Send)
+                .header("destination", "/queue/svc")
+                .header("reply-to", "/temp-queue/answers")
+                .header("correlation-id", n)
+                .body(n.to_string()),
+        )
+        .await;
+    }
+    for _ in 0..2 {
+        let req = server.next().await.unwrap();
+        let to = req.get("reply-to").unwrap().to_string();
+        assert!(to.starts_with("/queue/_inbox/"), "{to}");
+        server.publish(&to, &format!("{}+1", body(&req))).await;
+    }
+    for (r, n) in [(&mut r1, "1"), (&mut r2, "2")] {
+        let m = r.next().await.unwrap();
+        assert_eq!(body(&m), format!("{n}+1"));
+        assert_eq!(m.get("subscription"), Some("/temp-queue/answers"));
+        r.quiet(100).await;
+    }
+}
+
+#[tokio::test]
+async fn stomp_and_native_clients_see_each_other() {
+    let b = start_default().await;
+    let native = Client::connect(&b.addr).await.unwrap();
+    let mut ns = native.subscribe("x/**").await.unwrap();
+    native.flush().await.unwrap();
+    let mut s = Stomp::connect(&b.stomp).await;
+    s.subscribe("x", "/topic/x/*", "auto").await;
+    s.send(
+        Frame::new(Command::Send)
+            .header("destination", "/topic/x/from-stomp")
+            .header("content-type", "text/plain")
+            .body("hi native"),
+    )
+    .await;
+    let m = within(10, ns.next()).await.unwrap();
+    assert_eq!(
+        (m.key.as_str(), &m.payload[..]),
+        ("x/from-stomp", &b"hi native"[..])
+    );
+    // STOMP's own message comes back to it too (fan-out), with its header.
+    let own = s.next().await.unwrap();
+    assert_eq!(own.get("content-type"), Some("text/plain"));
+
+    native
+        .publish(&Key::new("x/from-native").unwrap(), "hi stomp")
+        .await
+        .unwrap();
+    native.flush().await.unwrap();
+    let m = s.next().await.unwrap();
+    assert_eq!(
+        (m.get("destination"), body(&m)),
+        (Some("/topic/x/from-native"), "hi stomp")
+    );
+
+    // A native request answered over STOMP: the reply-to is the native inbox.
+    let mut svc = Stomp::connect(&b.stomp).await;
+    svc.subscribe("svc", "/topic/svc/echo", "auto").await;
+    let req = tokio::spawn(async move {
+        native
+            .request(
+                &Key::new("svc/echo").unwrap(),
+                "ping",
+                Duration::from_secs(5),
+            )
+            .await
+    });
+    let m = svc.next().await.unwrap();
+    let to = m.get("reply-to").unwrap().to_string();
+    svc.publish(&to, "pong").await;
+    let reply = within(10, req).await.unwrap().unwrap();
+    assert_eq!(&reply.payload[..], b"pong");
+}
+
+#[tokio::test]
+async fn malformed_frames_get_an_error_and_a_close() {
+    let b = start_default().await;
+    let mut s = Stomp::connect(&b.stomp).await;
+    s.s.write_all(b"BOGUS\n\n\0").await.unwrap();
+    let e = s.next().await.unwrap();
+    assert_eq!(e.command, Command::Error);
+    assert!(e.get("message").is_some());
+    assert!(s.next().await.is_none());
+
+    // A frame before CONNECT.
+    let mut raw = TcpStream::connect(&b.stomp).await.unwrap();
+    raw.write_all(b"SEND\ndestination:/topic/a\n\nx\0")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    within(10, raw.read_to_end(&mut out)).await.unwrap();
+    assert!(
+        out.starts_with(b"ERROR\n"),
+        "{:?}",
+        String::from_utf8_lossy(&out)
+    );
+
+    // Others carry on.
+    let mut ok = Stomp::connect(&b.stomp).await;
+    ok.subscribe("1", "/topic/ok", "auto").await;
+    ok.publish("/topic/ok", "fine").await;
+    assert_eq!(body(&ok.next().await.unwrap()), "fine");
+}
+
+#[tokio::test]
+async fn silent_client_is_dropped_after_twice_its_heart_beat() {
+    let mut config = hayate_server::Config::default();
+    config.stomp.heart_beat_ms = 200;
+    let b = start(config).await;
+    let mut s = Stomp::connect_with(&b.stomp, &[("heart-beat", "200,0")]).await;
+    let started = std::time::Instant::now();
+    let e = s.next().await.unwrap();
+    assert_eq!(e.command, Command::Error);
+    assert_eq!(e.get("message"), Some("heart-beat timeout"));
+    assert!(s.next().await.is_none());
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn bad_credentials_are_refused() {
+    let mut config = hayate_server::Config::default();
+    config.auth.allow_anonymous = false;
+    config.auth.users.insert("alice".into(), "secret".into());
+    let b = start(config).await;
+    let _ok = Stomp::connect_with(&b.stomp, &[("login", "alice"), ("passcode", "secret")]).await;
+    let mut raw = TcpStream::connect(&b.stomp).await.unwrap();
+    raw.write_all(b"CONNECT\naccept-version:1.2\nlogin:alice\npasscode:wrong\n\n\0")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    within(10, raw.read_to_end(&mut out)).await.unwrap();
+    assert!(
+        out.starts_with(b"ERROR\n"),
+        "{:?}",
+        String::from_utf8_lossy(&out)
+    );
+}
