@@ -334,17 +334,13 @@ impl Inner {
         }
     }
 
-    pub(crate) async fn request(
-        &self,
-        key: &Key,
-        payload: Bytes,
-        timeout: Duration,
-    ) -> Result<Message> {
+    /// Sends `m` as a request (its reply-to and correlation id are replaced by this
+    /// connection's) and waits up to `timeout` for the reply.
+    pub(crate) async fn request(&self, mut m: Message, timeout: Duration) -> Result<Message> {
         let token = self.next_token.fetch_add(1, Ordering::Relaxed);
         let reply_to = Key::new(&format!("{}/{token}", self.inbox))?;
         let (tx, rx) = oneshot::channel();
         lock(&self.requests).insert(token, tx);
-        let mut m = Message::new(key.clone(), payload);
         m.reply_to = Some(reply_to);
         m.correlation_id = Some(Bytes::copy_from_slice(&token.to_be_bytes()));
         let res = async {

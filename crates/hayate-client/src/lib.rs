@@ -23,11 +23,15 @@
 //! - [`Subscription`]: a stream of [`Message`]s; dropping it unsubscribes.
 //! - Request/reply: [`Client::request`] publishes with a reply-to key under this session's
 //!   inbox (`_inbox/<session>/<token>`) and waits for the reply; [`Client::reply`] answers.
+//! - [`rpc`]: an RPC layer in the style of oslo.messaging on top of request/reply and queue
+//!   groups: [`Client::call`], [`Client::cast`], [`Client::fanout`] and [`Client::serve`]
+//!   (wire convention in `docs/rpc.md`).
 //! - [`blocking`]: a synchronous wrapper for programs without an async runtime.
 
 pub mod blocking;
 mod conn;
 mod error;
+pub mod rpc;
 mod sub;
 
 use std::sync::Arc;
@@ -168,7 +172,16 @@ impl Client {
         payload: impl Into<Bytes>,
         timeout: Duration,
     ) -> Result<Message> {
-        self.inner.request(key, payload.into(), timeout).await
+        self.inner
+            .request(Message::new(key.clone(), payload), timeout)
+            .await
+    }
+
+    /// Sends `msg` (with its headers) as a request and waits up to `timeout` for its reply.
+    /// The message's reply-to key and correlation id are replaced by this connection's
+    /// inbox key and a fresh token.
+    pub async fn request_message(&self, msg: Message, timeout: Duration) -> Result<Message> {
+        self.inner.request(msg, timeout).await
     }
 
     /// Answers `request` by publishing `payload` to its reply-to key, echoing its
