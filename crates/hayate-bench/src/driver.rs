@@ -1,9 +1,11 @@
-//! Client drivers: one connection type over Hayate (`hayate-client`) and NATS (`async-nats`),
-//! and, with feature `peers`, MQTT (`rumqttc`, [`mqtt`]), AMQP 0-9-1 (`lapin`, [`amqp`]),
-//! ZeroMQ (`zeromq`, [`zmq`], brokerless: mode "peer-to-peer") and Kafka (`rdkafka`,
-//! [`kafka`]), so that the harness runs the same code for every system. Each peer module's
-//! docs give its method and fairness settings (MQTT QoS 0, AMQP no-ack without confirms,
-//! Kafka linger.ms=0 / batch.size 1 MiB / acks=0, ZeroMQ counts what arrives).
+//! Client drivers: one connection type over Hayate (`hayate-client`), NATS (`async-nats`),
+//! STOMP ([`stomp`], over the workspace's `hayate-stomp` codec) and MQTT ([`mqttc`], over the
+//! workspace's `hayate-mqtt` codec), and, with feature `peers`, MQTT through `rumqttc`
+//! ([`mqtt`], `mqtt://...?client=rumqttc`), AMQP 0-9-1 (`lapin`, [`amqp`]), ZeroMQ
+//! (`zeromq`, [`zmq`], brokerless: mode "peer-to-peer"), Kafka (`rdkafka`, [`kafka`]) and
+//! Zenoh, so that the harness runs the same code for every system. Each peer module's docs
+//! give its method and fairness settings (MQTT QoS 0, AMQP no-ack without confirms, Kafka
+//! linger.ms=0 / batch.size 1 MiB / acks=0, ZeroMQ counts what arrives).
 //!
 //! Keys are written Hayate-style (`bench/thr/8`); the NATS driver maps `/` to `.`. Each point
 //! works under its own prefix ([`point_prefix`]), so that a point never sees the messages of
@@ -37,6 +39,7 @@ pub(crate) mod amqp;
 mod kafka;
 #[cfg(feature = "peers")]
 mod mqtt;
+pub(crate) mod mqttc;
 pub(crate) mod stomp;
 #[cfg(feature = "peers")]
 pub(crate) mod zenoh;
@@ -46,16 +49,26 @@ pub(crate) mod zmq;
 #[cfg(feature = "peers")]
 pub(crate) use zenoh::check_params as zenoh_check_params;
 
-/// Client library names, for records.
-pub(crate) fn client_name(system: System) -> &'static str {
-    match system {
+/// Whether an `mqtt://` target asks for the `rumqttc` driver (`?client=rumqttc`).
+#[cfg(feature = "peers")]
+fn wants_rumqttc(target: &Target) -> bool {
+    target.param("client") == Some("rumqttc")
+}
+
+/// The client library used for a target, for records.
+pub(crate) fn client_name(target: &Target) -> &'static str {
+    match target.system {
         System::Hayate => concat!("hayate-client ", env!("CARGO_PKG_VERSION")),
         System::Nats => "async-nats 0.51",
         System::Stomp => stomp::CLIENT,
         #[cfg(feature = "peers")]
         System::Zenoh => zenoh::CLIENT,
         #[cfg(feature = "peers")]
-        System::Mqtt => mqtt::CLIENT,
+        System::Mqtt if wants_rumqttc(target) => mqtt::CLIENT,
+        System::Mqtt => match mqttc::version(target) {
+            Ok(v) if v.is_v5() => mqttc::CLIENT_V5,
+            _ => mqttc::CLIENT,
+        },
         #[cfg(feature = "peers")]
         System::Amqp => amqp::CLIENT,
         #[cfg(feature = "peers")]
@@ -73,8 +86,9 @@ pub(crate) enum Conn {
     Hayate(hayate_client::Client),
     Nats(NatsConn),
     Stomp(stomp::StompConn),
+    Mqtt(mqttc::MqttConn),
     #[cfg(feature = "peers")]
-    Mqtt(mqtt::MqttConn),
+    Rumqttc(mqtt::MqttConn),
     #[cfg(feature = "peers")]
     Amqp(amqp::AmqpConn),
     #[cfg(feature = "peers")]
@@ -108,8 +122,9 @@ pub(crate) enum Sub {
     Hayate(hayate_client::Subscription),
     Nats(async_nats::Subscriber),
     Stomp(stomp::StompSub),
+    Mqtt(mqttc::MqttSub),
     #[cfg(feature = "peers")]
-    Mqtt(mqtt::MqttSub),
+    Rumqttc(mqtt::MqttSub),
     #[cfg(feature = "peers")]
     Amqp(amqp::AmqpSub),
     #[cfg(feature = "peers")]
@@ -216,8 +231,11 @@ impl Conn {
             #[cfg(feature = "peers")]
             System::Zenoh => Ok(Conn::Zenoh(zenoh::ZenohConn::connect(target).await?)),
             #[cfg(feature = "peers")]
-            System::Mqtt => Ok(Conn::Mqtt(
+            System::Mqtt if wants_rumqttc(target) => Ok(Conn::Rumqttc(
                 mqtt::MqttConn::connect(target, name, expect_payload, CONNECT_TIMEOUT).await?,
+            )),
+            System::Mqtt => Ok(Conn::Mqtt(
+                mqttc::MqttConn::connect(target, name, expect_payload, CONNECT_TIMEOUT).await?,
             )),
             #[cfg(feature = "peers")]
             System::Amqp => Ok(Conn::Amqp(
@@ -243,8 +261,9 @@ impl Conn {
             Conn::Stomp(_) => Topic::Peer(stomp::topic_destination(key)),
             #[cfg(feature = "peers")]
             Conn::Zenoh(z) => Topic::Zenoh(z.publisher(key).await?),
-            #[cfg(feature = "peers")]
             Conn::Mqtt(_) => Topic::Peer(key.to_string()),
+            #[cfg(feature = "peers")]
+            Conn::Rumqttc(_) => Topic::Peer(key.to_string()),
             #[cfg(feature = "peers")]
             Conn::Amqp(_) => Topic::Peer(amqp::routing_key(key)),
             #[cfg(feature = "peers")]
@@ -263,8 +282,9 @@ impl Conn {
             (Conn::Stomp(c), Topic::Peer(t)) => c.publish(t, payload).await?,
             #[cfg(feature = "peers")]
             (Conn::Zenoh(c), Topic::Zenoh(p)) => c.publish(p, payload).await?,
-            #[cfg(feature = "peers")]
             (Conn::Mqtt(c), Topic::Peer(t)) => c.publish(t, payload).await?,
+            #[cfg(feature = "peers")]
+            (Conn::Rumqttc(c), Topic::Peer(t)) => c.publish(t, payload).await?,
             #[cfg(feature = "peers")]
             (Conn::Amqp(c), Topic::Peer(t)) => c.publish(t, payload).await?,
             #[cfg(feature = "peers")]
@@ -283,8 +303,9 @@ impl Conn {
             Conn::Stomp(c) => Sub::Stomp(c.subscribe(key).await?),
             #[cfg(feature = "peers")]
             Conn::Zenoh(c) => Sub::Zenoh(c.subscribe(key).await?),
-            #[cfg(feature = "peers")]
             Conn::Mqtt(c) => Sub::Mqtt(c.subscribe(key).await?),
+            #[cfg(feature = "peers")]
+            Conn::Rumqttc(c) => Sub::Rumqttc(c.subscribe(key).await?),
             #[cfg(feature = "peers")]
             Conn::Amqp(c) => Sub::Amqp(c.subscribe(key).await?),
             #[cfg(feature = "peers")]
@@ -303,8 +324,9 @@ impl Conn {
             Conn::Stomp(c) => c.flush(FLUSH_TIMEOUT).await?,
             #[cfg(feature = "peers")]
             Conn::Zenoh(c) => c.flush(FLUSH_TIMEOUT).await?,
-            #[cfg(feature = "peers")]
             Conn::Mqtt(c) => c.flush(FLUSH_TIMEOUT).await?,
+            #[cfg(feature = "peers")]
+            Conn::Rumqttc(c) => c.flush(FLUSH_TIMEOUT).await?,
             #[cfg(feature = "peers")]
             Conn::Amqp(c) => c.flush(FLUSH_TIMEOUT).await?,
             #[cfg(feature = "peers")]
@@ -324,8 +346,9 @@ impl Conn {
             Conn::Stomp(c) => c.trouble(),
             #[cfg(feature = "peers")]
             Conn::Zenoh(c) => c.trouble(),
-            #[cfg(feature = "peers")]
             Conn::Mqtt(c) => c.trouble(),
+            #[cfg(feature = "peers")]
+            Conn::Rumqttc(c) => c.trouble(),
             #[cfg(feature = "peers")]
             Conn::Amqp(c) => c.trouble(),
             #[cfg(feature = "peers")]
@@ -354,7 +377,6 @@ impl Conn {
             Conn::Amqp(c) => c.server_version(),
             #[cfg(feature = "peers")]
             Conn::Kafka(c) => c.server_version(),
-            #[cfg(feature = "peers")]
             _ => None,
         }
     }
@@ -379,8 +401,9 @@ impl Conn {
             Conn::Stomp(c) => tokio::time::timeout(timeout, c.close()).await.is_ok(),
             #[cfg(feature = "peers")]
             Conn::Zenoh(c) => tokio::time::timeout(timeout, c.close()).await.is_ok(),
-            #[cfg(feature = "peers")]
             Conn::Mqtt(c) => tokio::time::timeout(timeout, c.close()).await.is_ok(),
+            #[cfg(feature = "peers")]
+            Conn::Rumqttc(c) => tokio::time::timeout(timeout, c.close()).await.is_ok(),
             #[cfg(feature = "peers")]
             Conn::Amqp(c) => tokio::time::timeout(timeout, c.close()).await.is_ok(),
             #[cfg(feature = "peers")]
@@ -404,8 +427,9 @@ impl Sub {
             Sub::Stomp(s) => s.next().await,
             #[cfg(feature = "peers")]
             Sub::Zenoh(s) => s.next().await,
-            #[cfg(feature = "peers")]
             Sub::Mqtt(s) => s.next().await,
+            #[cfg(feature = "peers")]
+            Sub::Rumqttc(s) => s.next().await,
             #[cfg(feature = "peers")]
             Sub::Amqp(s) => s.next().await,
             #[cfg(feature = "peers")]

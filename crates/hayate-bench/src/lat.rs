@@ -150,7 +150,7 @@ pub(crate) fn check_pong(pong: &[u8], size: usize, seq: u64) -> anyhow::Result<(
 async fn point(target: &Target, opts: &LatOptions) -> Record {
     let mut rec = Record::new(target.system(), target.mode(), "lat", opts.payload);
     rec.target = target.to_string();
-    rec.client = client_name(target.system).to_string();
+    rec.client = client_name(target).to_string();
     let result = run(target, opts, &mut rec).await;
     finish(&mut rec, result);
     rec

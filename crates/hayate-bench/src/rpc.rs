@@ -177,7 +177,6 @@ pub(crate) fn check_reply(i: u64, reply: &[u8]) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[cfg_attr(not(feature = "peers"), allow(dead_code))]
 /// The pub/sub request-reply server's answer to `"<caller> <n>"`: `(caller, n + 1)`.
 fn pubsub_answer(req: &[u8]) -> Option<(u64, Bytes)> {
     let s = std::str::from_utf8(req).ok()?;
@@ -238,7 +237,6 @@ impl Server {
 }
 
 /// One caller: a connection with one request in flight.
-#[cfg_attr(not(feature = "peers"), allow(dead_code))]
 enum Caller {
     Hayate(hayate_client::Client, hayate_core::Key),
     Nats(async_nats::Client, async_nats::Subject),
@@ -331,20 +329,72 @@ impl Caller {
 }
 
 /// The client library and request/reply method, for records.
-fn client_label(system: System) -> String {
-    let (lib, how) = match system {
-        System::Hayate => (crate::driver::client_name(system), "request, inbox reply"),
-        System::Nats => (crate::driver::client_name(system), "request/reply"),
-        System::Stomp => (crate::driver::client_name(system), "temp-queue reply-to"),
-        System::Amqp => (crate::driver::client_name(system), "direct reply-to"),
-        System::Zmq => (crate::driver::client_name(system), "REQ/REP"),
-        System::Zenoh => (crate::driver::client_name(system), "get/queryable"),
-        System::Mqtt | System::Kafka => (
-            crate::driver::client_name(system),
-            "pub/sub request-reply, a reply topic per caller",
-        ),
+fn client_label(target: &Target) -> String {
+    let how = match target.system {
+        System::Hayate => "request, inbox reply",
+        System::Nats => "request/reply",
+        System::Stomp => "temp-queue reply-to",
+        System::Amqp => "direct reply-to",
+        System::Zmq => "REQ/REP",
+        System::Zenoh => "get/queryable",
+        System::Mqtt | System::Kafka => "pub/sub request-reply, a reply topic per caller",
     };
-    format!("{lib} ({how})")
+    format!("{} ({how})", crate::driver::client_name(target))
+}
+
+/// The server of pub/sub request-reply (MQTT, Kafka): answers `"<caller> <n>"` on
+/// `<prefix>/rep/<caller>`.
+async fn start_pubsub_server(
+    target: &Target,
+    key: &str,
+    prefix: &str,
+    server: &mut Server,
+) -> anyhow::Result<()> {
+    let conn = Conn::connect(target, "bench-rpc-server", 64).await?;
+    let mut sub = conn.subscribe(key).await?;
+    conn.flush().await?;
+    let srv = conn.clone();
+    let prefix = prefix.to_string();
+    server.tasks.push(tokio::spawn(async move {
+        let mut topics: std::collections::HashMap<u64, Topic> = std::collections::HashMap::new();
+        while let Some(req) = sub.next().await {
+            let Some((caller, answer)) = pubsub_answer(&req) else {
+                continue;
+            };
+            if let std::collections::hash_map::Entry::Vacant(e) = topics.entry(caller) {
+                match srv.topic(&format!("{prefix}/rep/{caller}")).await {
+                    Ok(t) => {
+                        e.insert(t);
+                    }
+                    Err(_) => break,
+                }
+            }
+            if srv.publish(&topics[&caller], answer).await.is_err() {
+                break;
+            }
+        }
+    }));
+    server.conns.push(conn);
+    Ok(())
+}
+
+/// A caller of pub/sub request-reply (MQTT, Kafka), with its reply topic subscribed.
+async fn connect_pubsub_caller(
+    target: &Target,
+    key: &str,
+    prefix: &str,
+    id: u64,
+) -> anyhow::Result<Caller> {
+    let conn = Conn::connect(target, &format!("bench-rpc-{id}"), 64).await?;
+    let replies = conn.subscribe(&format!("{prefix}/rep/{id}")).await?;
+    conn.flush().await?;
+    let topic = conn.topic(key).await?;
+    Ok(Caller::PubSub {
+        conn,
+        topic,
+        replies,
+        id,
+    })
 }
 
 async fn start_server(target: &Target, prefix: &str) -> anyhow::Result<Server> {
@@ -429,35 +479,9 @@ async fn start_server(target: &Target, prefix: &str) -> anyhow::Result<Server> {
             server.endpoint = endpoint;
             server.zenoh = Some(session);
         }
+        System::Mqtt => start_pubsub_server(target, &key, prefix, &mut server).await?,
         #[cfg(feature = "peers")]
-        System::Mqtt | System::Kafka => {
-            let conn = Conn::connect(target, "bench-rpc-server", 64).await?;
-            let mut sub = conn.subscribe(&key).await?;
-            conn.flush().await?;
-            let srv = conn.clone();
-            let prefix = prefix.to_string();
-            server.tasks.push(tokio::spawn(async move {
-                let mut topics: std::collections::HashMap<u64, Topic> =
-                    std::collections::HashMap::new();
-                while let Some(req) = sub.next().await {
-                    let Some((caller, answer)) = pubsub_answer(&req) else {
-                        continue;
-                    };
-                    if let std::collections::hash_map::Entry::Vacant(e) = topics.entry(caller) {
-                        match srv.topic(&format!("{prefix}/rep/{caller}")).await {
-                            Ok(t) => {
-                                e.insert(t);
-                            }
-                            Err(_) => break,
-                        }
-                    }
-                    if srv.publish(&topics[&caller], answer).await.is_err() {
-                        break;
-                    }
-                }
-            }));
-            server.conns.push(conn);
-        }
+        System::Kafka => start_pubsub_server(target, &key, prefix, &mut server).await?,
         #[cfg(not(feature = "peers"))]
         other => bail!("rpc: the {} driver is not compiled in", other.name()),
     }
@@ -516,19 +540,9 @@ async fn connect_caller(
             let s = crate::driver::zenoh::open_client(target, server.endpoint.as_deref()).await?;
             Caller::Zenoh(s, key)
         }
+        System::Mqtt => connect_pubsub_caller(target, &key, prefix, id).await?,
         #[cfg(feature = "peers")]
-        System::Mqtt | System::Kafka => {
-            let conn = Conn::connect(target, &format!("bench-rpc-{id}"), 64).await?;
-            let replies = conn.subscribe(&format!("{prefix}/rep/{id}")).await?;
-            conn.flush().await?;
-            let topic = conn.topic(&key).await?;
-            Caller::PubSub {
-                conn,
-                topic,
-                replies,
-                id,
-            }
-        }
+        System::Kafka => connect_pubsub_caller(target, &key, prefix, id).await?,
         #[cfg(not(feature = "peers"))]
         other => bail!("rpc: the {} driver is not compiled in", other.name()),
     })
@@ -634,7 +648,7 @@ async fn run_callers(
         None => None,
     };
     Ok(Outcome {
-        client: client_label(target.system),
+        client: client_label(target),
         version,
         calls,
         elapsed,

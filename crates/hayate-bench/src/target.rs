@@ -11,8 +11,9 @@ pub enum System {
     Hayate,
     /// `nats-server`, through `async-nats`.
     Nats,
-    /// An MQTT 3.1.1 broker (Mosquitto, RabbitMQ's MQTT plugin...), through `rumqttc`
-    /// (feature `peers`).
+    /// An MQTT 3.1.1 or 5.0 broker (Mosquitto, RabbitMQ's MQTT plugin, Hayate's MQTT
+    /// listener...), through the `hayate-mqtt` codec (always compiled in), or through
+    /// `rumqttc` with `?client=rumqttc` (feature `peers`).
     Mqtt,
     /// An AMQP 0-9-1 broker (RabbitMQ), through `lapin` (feature `peers`).
     Amqp,
@@ -50,13 +51,16 @@ impl System {
 
     /// Whether a driver for this system is compiled in (the peers need feature `peers`).
     pub fn available(self) -> bool {
-        matches!(self, System::Hayate | System::Nats | System::Stomp) || cfg!(feature = "peers")
+        matches!(
+            self,
+            System::Hayate | System::Nats | System::Stomp | System::Mqtt
+        ) || cfg!(feature = "peers")
     }
 
     /// The query parameters a target URL of this system accepts, besides `name`.
     fn params(self) -> &'static [&'static str] {
         match self {
-            System::Mqtt => &["qos"],
+            System::Mqtt => &["qos", "version", "client"],
             System::Kafka => &["acks"],
             System::Zenoh => &["mode", "express"],
             _ => &[],
@@ -97,11 +101,12 @@ pub struct Target {
 
 impl Target {
     /// Parses `SCHEME://HOST[:PORT][?name=LABEL&KEY=VALUE...]`; the scheme is `hayate`,
-    /// `nats`, `stomp`, `mqtt`, `amqp`, `zmq`, `kafka` or `zenoh` (the last five need feature
+    /// `nats`, `stomp`, `mqtt`, `amqp`, `zmq`, `kafka` or `zenoh` (the last four need feature
     /// `peers`). A missing port means the system's default (hayate 4700, nats 4222, stomp
     /// 61613, mqtt 1883, amqp 5672, zmq 0 = any free port, kafka 19092, zenoh 7447). IPv6 hosts
-    /// go in brackets: `nats://[::1]:4222`. Query parameters: `name` (any system), `qos=0|1`
-    /// (mqtt), `acks=0|1|all` (kafka), `mode=client|peer` and `express=0|1` (zenoh).
+    /// go in brackets: `nats://[::1]:4222`. Query parameters: `name` (any system), `qos=0|1`,
+    /// `version=3.1.1|5` and `client=hayate|rumqttc` (mqtt; rumqttc needs feature `peers`),
+    /// `acks=0|1|all` (kafka), `mode=client|peer` and `express=0|1` (zenoh).
     pub fn parse(url: &str) -> anyhow::Result<Target> {
         let url = url.trim();
         let (scheme, rest) = url
@@ -193,6 +198,18 @@ impl Target {
             name,
             params,
         };
+        if system == System::Mqtt {
+            match t.param("client") {
+                None | Some("hayate") => {}
+                Some("rumqttc") if cfg!(feature = "peers") => {}
+                Some("rumqttc") => bail!(
+                    "target {url:?}: the rumqttc driver is not compiled in \
+                     (build with `--features peers`)"
+                ),
+                Some(c) => bail!("target {url:?}: unknown mqtt client {c:?} (hayate or rumqttc)"),
+            }
+            crate::driver::mqttc::version(&t).with_context(|| format!("target {url:?}"))?;
+        }
         #[cfg(feature = "peers")]
         if system == System::Zenoh {
             crate::driver::zenoh_check_params(&t).with_context(|| format!("target {url:?}"))?;
@@ -277,10 +294,18 @@ mod tests {
             (System::Stomp, 61613, "brokered")
         );
         assert_eq!(
-            Target::parse("mqtt://x:1").is_ok(),
+            Target::parse("amqp://x:1").is_ok(),
             cfg!(feature = "peers"),
             "peers are parsed only with the feature"
         );
+        let t = Target::parse("mqtt://x:1?qos=1&version=5").unwrap();
+        assert_eq!((t.system, t.param("version")), (System::Mqtt, Some("5")));
+        assert!(Target::parse("mqtt://x:1?client=hayate").is_ok());
+        assert_eq!(
+            Target::parse("mqtt://x:1?client=rumqttc").is_ok(),
+            cfg!(feature = "peers")
+        );
+        assert!(Target::parse("mqtt://x:1?client=paho").is_err());
         let t = Target::parse("nats://127.0.0.1:4222?name=nats-2.15").unwrap();
         assert_eq!(t.system(), "nats-2.15");
         assert_eq!(t.to_string(), "nats://127.0.0.1:4222?name=nats-2.15");

@@ -84,7 +84,7 @@ pub(crate) fn finish(rec: &mut Record, result: anyhow::Result<Vec<f64>>) {
 async fn point(target: &Target, payload: usize, opts: &ThrOptions) -> Record {
     let mut rec = Record::new(target.system(), target.mode(), "thr", payload);
     rec.target = target.to_string();
-    rec.client = client_name(target.system).to_string();
+    rec.client = client_name(target).to_string();
     let result = run(target, payload, opts, &mut rec).await;
     finish(&mut rec, result);
     rec

@@ -1,4 +1,6 @@
-//! MQTT 3.1.1 driver (`mqtt://HOST:PORT`, default 1883), through `rumqttc`.
+//! MQTT 3.1.1 driver through `rumqttc` (feature `peers`), selected with
+//! `mqtt://HOST:PORT?client=rumqttc`; the default `mqtt://` driver is [`super::mqttc`] (over
+//! the workspace's `hayate-mqtt` codec), which uses far less CPU per message.
 //!
 //! - Topics: a key `a/b` is the MQTT topic `a/b` as is.
 //! - QoS 0 by default (the seeds' setting: best-effort, as fast as the broker goes); `?qos=1`
@@ -61,6 +63,11 @@ impl MqttConn {
             "1" => QoS::AtLeastOnce,
             q => bail!("mqtt: qos={q} is not supported (0 or 1)"),
         };
+        if let Some(v) = target.param("version")
+            && !matches!(v, "3.1.1" | "4")
+        {
+            bail!("mqtt: the rumqttc driver speaks MQTT 3.1.1 only (version={v})");
+        }
         let id = format!(
             "{name}-{}-{}",
             std::process::id(),
