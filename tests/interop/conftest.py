@@ -1,11 +1,15 @@
-"""Broker launcher for the MQTT interop suite.
+"""Broker launcher for the MQTT and STOMP interop suites.
 
 `INTEROP_BROKER=hayate` (default) runs `$HAYATE_BIN` (default `target/debug/hayate` under the
-repository root); `INTEROP_BROKER=mosquitto` runs `mosquitto` (from PATH or /usr/sbin). Every
-broker binds 127.0.0.1 on an ephemeral port, uses a temporary data directory, and is stopped at
-the end of the test whatever happened. Broker settings are given in Hayate's configuration
-names (see `SETTINGS`); for Mosquitto they are translated, and a test asking for a setting that
-Mosquitto has no equivalent for is skipped.
+repository root); `INTEROP_BROKER=mosquitto` runs `mosquitto` (from PATH or /usr/sbin), for the
+MQTT tests only; `INTEROP_BROKER=rabbitmq` uses RabbitMQ's STOMP plugin, for the STOMP tests
+only. Every Hayate or Mosquitto broker binds 127.0.0.1 on an ephemeral port, uses a temporary
+data directory, and is stopped at the end of the test whatever happened. RabbitMQ is slow to
+start (~15 s): one node (`bench/peers/rabbitmq.sh start`, STOMP on 127.0.0.1:61613 or
+`$INTEROP_RABBITMQ_STOMP_PORT`) serves the whole session, tests keep apart by unique destination
+names, and it is stopped at the end unless it was already running. Broker settings are given in
+Hayate's configuration names (see `SETTINGS`); for Mosquitto they are translated, and a test
+asking for a setting that the other broker has no equivalent for is skipped.
 """
 
 from __future__ import annotations
@@ -25,12 +29,19 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+os.environ.setdefault("STOMP_SKIP_HOSTNAME_SCAN", "1")  # stomp.py: no DNS look-ups at import
+
 from helpers import MqttClient  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 KIND = os.environ.get("INTEROP_BROKER", "hayate").strip().lower()
-if KIND not in ("hayate", "mosquitto"):
-    raise SystemExit(f"INTEROP_BROKER must be hayate or mosquitto, not {KIND!r}")
+if KIND not in ("hayate", "mosquitto", "rabbitmq"):
+    raise SystemExit(f"INTEROP_BROKER must be hayate, mosquitto or rabbitmq, not {KIND!r}")
+MQTT_KINDS = ("hayate", "mosquitto")
+STOMP_KINDS = ("hayate", "rabbitmq")
+# Hayate's STOMP front-end is being written: its tests run against Hayate only with
+# INTEROP_STOMP=1 until it is ready (scripts/test-all runs this suite). Then make "1" the default.
+STOMP_ON_HAYATE = os.environ.get("INTEROP_STOMP", "1") == "1"
 
 # Hayate setting -> (TOML section, Mosquitto option or None, is a Mosquitto listener option).
 SETTINGS = {
@@ -44,9 +55,13 @@ SETTINGS = {
     "sys_interval_secs": ("mqtt", "sys_interval", False),
     "allow_anonymous": ("auth", "allow_anonymous", False),
     "users": ("auth", "password_file", False),
+    # STOMP (Hayate only; see RABBITMQ_SETTINGS for what the RabbitMQ mode does with them).
+    "heart_beat_ms": ("stomp", None, False),
+    "queue_max_backlog": ("stomp", None, False),
+    "max_frame_size": ("stomp", None, False),
 }
 
-LINE = re.compile(r"(mqtt over websocket|mqtt|native protocol) on (\S+)")
+LINE = re.compile(r"(mqtt over websocket|mqtt|native protocol|stomp) on (\S+)")
 START_TIMEOUT = 15.0
 
 
@@ -85,11 +100,15 @@ def toml_value(v) -> str:
 
 
 class Broker:
-    """One broker process; `restart()` keeps the data directory (and, for Mosquitto, the port)."""
+    """One broker process; `restart()` keeps the data directory (and, for Mosquitto, the port).
 
-    def __init__(self, kind: str, settings: dict, tmp: Path):
+    `protocols` (Hayate): the listeners wanted besides the native protocol, among "mqtt", "ws"
+    and "stomp"; the others are turned off."""
+
+    def __init__(self, kind: str, settings: dict, tmp: Path, protocols=("mqtt", "ws")):
         self.kind = kind
         self.settings = dict(settings)
+        self.protocols = tuple(protocols)
         self.tmp = tmp
         self.data_dir = tmp / "data"
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -97,6 +116,7 @@ class Broker:
         self.port: int | None = None          # MQTT over TCP
         self.ws_port: int | None = None       # MQTT over WebSocket (path /mqtt)
         self.native_port: int | None = None   # Hayate's native protocol
+        self.stomp_port: int | None = None    # STOMP (Hayate)
         self.proc: subprocess.Popen | None = None
         self.runs = 0
         self.config: Path | None = None
@@ -191,15 +211,17 @@ class Broker:
             wait_port(self.host, self.port, self.proc, START_TIMEOUT, self.log)
             wait_port(self.host, self.ws_port, self.proc, START_TIMEOUT, self.log)
             return self
-        cmd = [str(self.bin), "broker", "--listen", "127.0.0.1:0", "--mqtt", "127.0.0.1:0",
-               "--ws", "127.0.0.1:0", "--data", str(self.data_dir)]
+        cmd = [str(self.bin), "broker", "--listen", "127.0.0.1:0"]
+        for proto in ("mqtt", "ws", "stomp"):
+            cmd += [f"--{proto}", "127.0.0.1:0" if proto in self.protocols else "off"]
+        cmd += ["--data", str(self.data_dir)]
         if self.config:
             cmd += ["--config", str(self.config)]
         self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      cwd=self.tmp)
         logf.close()
         deadline = time.monotonic() + START_TIMEOUT
-        self.port = self.ws_port = self.native_port = None
+        self.port = self.ws_port = self.native_port = self.stomp_port = None
         while True:
             text = self.log.read_text(errors="replace")
             for what, addr in LINE.findall(text):
@@ -208,16 +230,19 @@ class Broker:
                     self.port = port
                 elif what == "mqtt over websocket":
                     self.ws_port = port
+                elif what == "stomp":
+                    self.stomp_port = port
                 else:
                     self.native_port = port
-            if "ready" in text and self.port:
+            wanted = {"mqtt": self.port, "ws": self.ws_port, "stomp": self.stomp_port}
+            if "ready" in text and all(wanted[p] for p in self.protocols):
                 break
             if self.proc.poll() is not None:
                 raise RuntimeError(f"hayate exited with {self.proc.returncode}:\n{tail(self.log)}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"hayate not ready within {START_TIMEOUT}s:\n{tail(self.log)}")
             time.sleep(0.02)
-        for port in (self.port, self.ws_port, self.native_port):
+        for port in (self.port, self.ws_port, self.native_port, self.stomp_port):
             if port:
                 wait_port(self.host, port, self.proc, START_TIMEOUT, self.log)
         return self
@@ -256,6 +281,8 @@ def make_broker(tmp_path_factory, request):
     brokers: list[Broker] = []
 
     def make(**settings) -> Broker:
+        if KIND not in MQTT_KINDS:
+            pytest.skip(f"the MQTT tests run against {' or '.join(MQTT_KINDS)}, not {KIND}")
         tmp = Path(tempfile.mkdtemp(prefix=f"{KIND}-", dir=tmp_path_factory.getbasetemp()))
         b = Broker(KIND, settings, tmp)
         brokers.append(b)
@@ -296,6 +323,186 @@ def mqtt(request):
         c.close()
 
 
+# -- STOMP ----------------------------------------------------------------------------------
+
+# Hayate's STOMP settings the RabbitMQ mode accepts, and why it may ignore them; a test asking
+# for any other setting is skipped there.
+RABBITMQ_SETTINGS = {
+    # RabbitMQ has no server-side heart-beat setting: it answers the client's `heart-beat` with
+    # its own values (whole seconds, at least 1000 ms); the heart-beat tests read CONNECTED.
+    "heart_beat_ms": "RabbitMQ negotiates from the client's heart-beat",
+}
+
+
+def port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+class RabbitMQ:
+    """The session's RabbitMQ node (STOMP plugin), started through bench/peers/rabbitmq.sh."""
+
+    SCRIPT = REPO / "bench/peers/rabbitmq.sh"
+
+    def __init__(self):
+        self.host = "127.0.0.1"
+        self.port = int(os.environ.get("INTEROP_RABBITMQ_STOMP_PORT", "61613"))
+        self.started = False
+
+    def _server_header(self) -> str:
+        from stompraw import RawStomp
+        try:
+            with RawStomp(self.host, self.port) as r:
+                f = r.connect(version="1.2", login="guest", passcode="guest", host="/")
+                return f.get("server", "")
+        except Exception as e:  # noqa: BLE001
+            return f"(no answer: {e})"
+
+    def start(self) -> None:
+        if port_open(self.host, self.port):
+            server = self._server_header()
+            if not server.startswith("RabbitMQ"):
+                raise RuntimeError(f"127.0.0.1:{self.port} is taken by something else than RabbitMQ: {server}")
+            return  # a node someone else started: use it, leave it running
+        r = subprocess.run([str(self.SCRIPT), "start", "5672", str(self.port), "11883"],
+                           capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+        if r.returncode != 0:
+            raise RuntimeError(f"{self.SCRIPT} start failed:\n{r.stdout}\n{r.stderr}")
+        self.started = True
+
+    def stop(self) -> None:
+        if self.started:
+            subprocess.run([str(self.SCRIPT), "stop"], capture_output=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+            self.started = False
+
+    def alive(self) -> bool:
+        return port_open(self.host, self.port)
+
+
+class StompServer:
+    """What a STOMP test talks to: a Hayate broker of its own, or the session's RabbitMQ.
+
+    `login`/`passcode`: the credentials clients use by default (None: anonymous). `native_port`,
+    `mqtt_port` and `bin` exist for Hayate only."""
+
+    def __init__(self, kind: str, host: str, port: int, login=None, passcode=None,
+                 broker: Broker | None = None, node: RabbitMQ | None = None):
+        self.kind = kind
+        self.host = host
+        self.port = port
+        self.login = login
+        self.passcode = passcode
+        self.broker = broker
+        self.node = node
+        self.native_port = broker.native_port if broker else None
+        self.mqtt_port = broker.port if broker else None
+        self.bin = broker.bin if broker else None
+
+    def alive(self) -> bool:
+        return self.broker.alive() if self.broker else self.node.alive()
+
+    def topic(self, *parts: str) -> str:
+        """A /topic/ destination of several segments: Hayate separates them with `/` (`/topic/a/b`
+        is the key `a/b`), RabbitMQ with `.` (an AMQP topic routing key; it refuses `/`)."""
+        return "/topic/" + ("/" if self.kind == "hayate" else ".").join(parts)
+
+    def pattern(self, *parts: str) -> str:
+        """A /topic/ subscription with wildcards: `*` one segment, `**` any number (RabbitMQ: `#`)."""
+        if self.kind == "hayate":
+            return "/topic/" + "/".join(parts)
+        return "/topic/" + ".".join("#" if p == "**" else p for p in parts)
+
+    def __repr__(self):
+        return f"StompServer({self.kind} {self.host}:{self.port})"
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_node():
+    node = RabbitMQ()
+    node.start()
+    yield node
+    node.stop()
+
+
+@pytest.fixture
+def make_stomp_server(tmp_path_factory, request):
+    """Factory: `make_stomp_server(heart_beat_ms=500, ..., mqtt=False)` gives a STOMP server with
+    those settings: a Hayate broker of the test's own (with an MQTT listener too if `mqtt`), or
+    the session's RabbitMQ."""
+    brokers: list[Broker] = []
+
+    def make(mqtt: bool = False, **settings) -> StompServer:
+        if KIND == "rabbitmq":
+            for key in settings:
+                if key not in RABBITMQ_SETTINGS:
+                    pytest.skip(f"RabbitMQ has no equivalent of {key}")
+            if mqtt:
+                pytest.skip("cross-protocol test: Hayate only")
+            node = request.getfixturevalue("rabbitmq_node")
+            return StompServer("rabbitmq", node.host, node.port, login="guest", passcode="guest", node=node)
+        if KIND != "hayate":
+            pytest.skip(f"the STOMP tests run against {' or '.join(STOMP_KINDS)}, not {KIND}")
+        tmp = Path(tempfile.mkdtemp(prefix=f"{KIND}-stomp-", dir=tmp_path_factory.getbasetemp()))
+        b = Broker(KIND, settings, tmp, protocols=("stomp", "mqtt") if mqtt else ("stomp",))
+        brokers.append(b)
+        b.start()
+        return StompServer("hayate", b.host, b.stomp_port, broker=b)
+
+    yield make
+    for b in brokers:
+        was_alive = b.alive() or b.proc is None
+        b.stop(graceful=False)
+        rep = getattr(request.node, "rep_call", None)
+        if rep is not None and rep.failed:
+            print(f"--- {b.kind} log ({b.log}) ---\n{tail(b.log, 60)}")
+        elif not was_alive:
+            print(f"--- {b.kind} died during the test ---\n{tail(b.log, 60)}")
+
+
+@pytest.fixture
+def stomp_server(make_stomp_server) -> StompServer:
+    return make_stomp_server()
+
+
+@pytest.fixture
+def stomp():
+    """Factory for connected stomp.py clients: `stomp(server, version="1.2", ...)` (see
+    stomphelpers.StompClient); all are torn down at the end of the test."""
+    from stomphelpers import StompClient
+    made = []
+
+    def make(server: StompServer, version: str = "1.2", connect: bool = True, **kw):
+        c = StompClient(server, version=version, **kw)
+        made.append(c)
+        if connect:
+            c.connect()
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+@pytest.fixture
+def raw_stomp():
+    """Factory for raw STOMP sockets: `raw_stomp(server)` (stompraw.RawStomp), closed at the end."""
+    from stompraw import RawStomp
+    made = []
+
+    def make(server: StompServer):
+        r = RawStomp(server.host, server.port)
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.close()
+
+
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
@@ -308,13 +515,22 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if KIND == "hayate":
-        return
-    skip = pytest.mark.skip(reason="Hayate-only test")
+    skip_hayate = pytest.mark.skip(reason="Hayate-only test")
+    skip_mqtt = pytest.mark.skip(reason=f"MQTT tests run against {' or '.join(MQTT_KINDS)}")
+    skip_stomp = pytest.mark.skip(reason=f"STOMP tests run against {' or '.join(STOMP_KINDS)}")
+    skip_stomp_hayate = pytest.mark.skip(reason="STOMP tests against Hayate need INTEROP_STOMP=1 (for now)")
     for item in items:
-        if "hayate_only" in item.keywords:
-            item.add_marker(skip)
+        name = item.path.name
+        if name.startswith("test_mqtt_") and KIND not in MQTT_KINDS:
+            item.add_marker(skip_mqtt)
+        elif name.startswith("test_stomp_") and KIND not in STOMP_KINDS:
+            item.add_marker(skip_stomp)
+        elif name.startswith("test_stomp_") and KIND == "hayate" and not STOMP_ON_HAYATE:
+            item.add_marker(skip_stomp_hayate)
+        elif "hayate_only" in item.keywords and KIND != "hayate":
+            item.add_marker(skip_hayate)
 
 
 def pytest_report_header(config):
-    return f"interop broker: {KIND}"
+    stomp = " (STOMP tests off: INTEROP_STOMP=1 turns them on)" if KIND == "hayate" and not STOMP_ON_HAYATE else ""
+    return f"interop broker: {KIND}{stomp}"

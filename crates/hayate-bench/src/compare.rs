@@ -7,6 +7,7 @@
 //! (JSON, CSV), the charts and a self-contained HTML page. Every process it started is stopped
 //! at the end, also on error ([`Cleanup`] is shared with the caller for Ctrl-C).
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -42,6 +43,8 @@ pub struct CompareOptions {
 /// Every peer `compare` knows, in report order.
 pub const ALL_PEERS: &[&str] = &[
     "hayate",
+    "hayate-mqtt",
+    "hayate-stomp",
     "nats",
     "mosquitto",
     "rabbitmq",
@@ -83,6 +86,22 @@ fn spec(name: &str) -> Option<Spec> {
             Some(0),
             "hayate broker --max-payload 67108864; hayate-client default subscription \
              (reliable, congestion Block: back-pressure reaches the publisher, nothing dropped)",
+        ),
+        "hayate-mqtt" => s(
+            "hayate-mqtt",
+            None,
+            Some("mqtt://127.0.0.1:{port}?name=hayate-mqtt"),
+            Some(0),
+            "the same hayate broker's MQTT listener; MQTT 3.1.1 QoS 0, clean session, the \
+             hayate-mqtt client (as for Mosquitto)",
+        ),
+        "hayate-stomp" => s(
+            "hayate-stomp",
+            None,
+            Some("stomp://127.0.0.1:{port}?name=hayate-stomp"),
+            Some(0),
+            "the same hayate broker's STOMP listener; /topic/ destinations, ack auto; RPC by \
+             temp-queue reply-to (as for RabbitMQ STOMP)",
         ),
         "nats" => s(
             "nats",
@@ -248,10 +267,39 @@ fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
-/// Spawns `hayate broker` on a kernel-chosen port and returns its address.
-fn start_hayate(exe: &Path, cleanup: &Cleanup) -> anyhow::Result<String> {
+/// The listeners of the hayate broker this comparison started: protocol label → address.
+static HAYATE: Mutex<Option<HashMap<String, String>>> = Mutex::new(None);
+
+/// The address of the started hayate broker's `label` listener (`native protocol`, `mqtt`,
+/// `stomp`), starting the broker on first use.
+fn hayate_addr(exe: &Path, cleanup: &Cleanup, label: &str) -> anyhow::Result<String> {
+    let mut h = HAYATE.lock().unwrap_or_else(|e| e.into_inner());
+    if h.is_none() {
+        *h = Some(start_hayate(exe, cleanup)?);
+    }
+    h.as_ref()
+        .and_then(|m| m.get(label).cloned())
+        .with_context(|| format!("the hayate broker reported no {label} listener"))
+}
+
+/// Spawns `hayate broker` with its native, MQTT and STOMP listeners on kernel-chosen ports
+/// (no WebSocket, nothing kept on disk) and returns their addresses by protocol label.
+fn start_hayate(exe: &Path, cleanup: &Cleanup) -> anyhow::Result<HashMap<String, String>> {
     let mut child = Command::new(exe)
-        .args(["broker", "--listen", "127.0.0.1:0", "--max-payload"])
+        .args([
+            "broker",
+            "--listen",
+            "127.0.0.1:0",
+            "--mqtt",
+            "127.0.0.1:0",
+            "--stomp",
+            "127.0.0.1:0",
+            "--ws",
+            "off",
+            "--data",
+            "",
+            "--max-payload",
+        ])
         .arg(MAX_PAYLOAD.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -262,14 +310,19 @@ fn start_hayate(exe: &Path, cleanup: &Cleanup) -> anyhow::Result<String> {
     cleanup.push(Running::Child("hayate broker".into(), child));
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        let mut found = HashMap::new();
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(a) = line.split("native protocol on ").nth(1) {
-                let _ = tx.send(a.trim().to_string());
+            if line.contains("ready") {
+                let _ = tx.send(std::mem::take(&mut found));
+            } else if let Some(rest) = line.strip_prefix("hayate broker: ")
+                && let Some((label, addr)) = rest.split_once(" on ")
+            {
+                found.insert(label.to_string(), addr.trim().to_string());
             }
         }
     });
     rx.recv_timeout(Duration::from_secs(10))
-        .context("the hayate broker did not report its address within 10 s")
+        .context("the hayate broker did not report its addresses within 10 s")
 }
 
 /// A peer as it went: its target (if measured by the harness) or why it was skipped.
@@ -297,10 +350,21 @@ fn prepare(
             anyhow::anyhow!("driver not compiled in (build with the `peers` feature): {e}")
         })?;
     }
-    if spec.name == "hayate" {
-        let addr = start_hayate(&opts.hayate_exe, cleanup)?;
-        println!("compare: hayate broker on {addr}");
-        let t = Target::parse(&format!("hayate://{addr}"))?;
+    if let Some(label) = match spec.name {
+        "hayate" => Some("native protocol"),
+        "hayate-mqtt" => Some("mqtt"),
+        "hayate-stomp" => Some("stomp"),
+        _ => None,
+    } {
+        let addr = hayate_addr(&opts.hayate_exe, cleanup, label)?;
+        println!("compare: hayate broker, {label} on {addr}");
+        let url = match spec.url {
+            Some(u) if spec.name != "hayate" => {
+                u.replace("127.0.0.1:{port}", &addr).replace("{port}", "")
+            }
+            _ => format!("hayate://{addr}"),
+        };
+        let t = Target::parse(&url)?;
         return Ok((Some(t), format!("hayate {}", env!("CARGO_PKG_VERSION"))));
     }
     let Some(script) = spec.script else {

@@ -386,13 +386,14 @@ impl Session {
 
     /// Gives `msg` back to queue group `group` on `expr`: it goes to another member than
     /// this session (round-robin), to this session's own membership when it is the only
-    /// member, or to the queue's backlog when there is no member (a NACK, or a message
-    /// left unacknowledged by a consumer that went away). Returns whether it was placed.
+    /// member and `may_return` (a NACK), or else to the queue's backlog (a message left
+    /// unacknowledged by a consumer that is going away). Returns whether it was placed.
     pub async fn requeue(
         &mut self,
         group: &str,
         expr: &KeyExpr,
         msg: &hayate_core::Message,
+        may_return: bool,
     ) -> bool {
         let id = group_id(group, expr);
         let route = self.lookup(&msg.key);
@@ -403,12 +404,13 @@ impl Session {
                 .filter(|t| t.session != self.id)
                 .cloned()
                 .collect();
-            let members = if others.is_empty() {
+            let members = if others.is_empty() && may_return {
                 g.members.clone()
             } else {
                 others
             };
-            if self.deliver_group(&g.rr, &members, Batch::One(msg)).await > 0 {
+            if !members.is_empty() && self.deliver_group(&g.rr, &members, Batch::One(msg)).await > 0
+            {
                 return true;
             }
         }

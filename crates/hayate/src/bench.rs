@@ -35,7 +35,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, env = "HAYATE_SERVER", default_value = DEFAULT_SERVER)]
     pub(crate) server: String,
     /// Systems to measure, as URLs: `hayate://HOST:PORT`, `nats://HOST:PORT`,
-    /// `stomp://HOST:PORT`; with the `peers` build feature also `mqtt://`, `amqp://`,
+    /// `stomp://HOST:PORT`, `mqtt://HOST:PORT`; with the `peers` build feature also `amqp://`,
     /// `zmq://`, `kafka://`, `zenoh://` (`?mode=peer` for brokerless); `?name=LABEL` names the
     /// system in the results. Repeatable: every target is measured in the same run,
     /// interleaved per point.

@@ -24,12 +24,15 @@ const READ_BUF: usize = 64 * 1024;
 struct Refusal {
     message: String,
     detail: String,
+    /// Extra headers of the ERROR frame.
+    headers: Vec<(&'static str, &'static str)>,
 }
 
 fn refuse(message: impl Into<String>, detail: impl Into<String>) -> Refusal {
     Refusal {
         message: message.into(),
         detail: detail.into(),
+        headers: Vec::new(),
     }
 }
 
@@ -168,6 +171,9 @@ pub async fn serve<R>(
         let mut f = Frame::new(Command::Error)
             .header("message", &e.message)
             .header("content-type", "text/plain");
+        for (k, v) in &e.headers {
+            f = f.header(k, v);
+        }
         if !e.detail.is_empty() {
             f = f.body(Bytes::from(e.detail.into_bytes()));
         }
@@ -182,7 +188,7 @@ pub async fn serve<R>(
             .map(|u| (queue_of(&st, u.sid), u.msg))
             .collect()
     };
-    requeue(&mut session, left).await;
+    requeue(&mut session, left, false).await;
     session.flush();
     drop(session);
     outbox.close();
@@ -198,11 +204,16 @@ fn queue_of(st: &StompOut, sid: u32) -> Option<(String, KeyExpr)> {
     }
 }
 
-/// Gives messages back to their queues (topic messages are dropped).
-async fn requeue(session: &mut Session, items: Vec<(Option<(String, KeyExpr)>, Message)>) {
+/// Gives messages back to their queues (topic messages are dropped). `may_return`: this
+/// connection may get them again (a NACK), not when it is going away.
+async fn requeue(
+    session: &mut Session,
+    items: Vec<(Option<(String, KeyExpr)>, Message)>,
+    may_return: bool,
+) {
     for (q, msg) in items {
         if let Some((name, expr)) = q {
-            session.requeue(&name, &expr, &msg).await;
+            session.requeue(&name, &expr, &msg, may_return).await;
         }
     }
 }
@@ -321,10 +332,13 @@ impl Conn<'_> {
             Some(a) => match Version::parse_accept(a) {
                 Some(v) => v,
                 None => {
-                    return Err(refuse(
+                    let mut e = refuse(
                         "unsupported protocol version",
                         format!("the client accepts {a:?}; this server speaks 1.0, 1.1 and 1.2"),
-                    ));
+                    );
+                    // STOMP 1.2: the ERROR lists the versions the server supports.
+                    e.headers.push(("version", "1.0,1.1,1.2"));
+                    return Err(e);
                 }
             },
         };
@@ -458,7 +472,7 @@ impl Conn<'_> {
             });
         }
         if let Some(c) = f.get("correlation-id") {
-            msg.correlation_id = Some(Bytes::copy_from_slice(c.as_bytes()));
+            msg.correlation_id = Some(super::out::correlation_bytes(c));
         }
         let mut headers: Vec<(String, Bytes)> = Vec::new();
         for (k, v) in &f.headers {
@@ -581,7 +595,7 @@ impl Conn<'_> {
             st.subs.remove(&sid);
             un.into_iter().map(|u| (q.clone(), u.msg)).collect()
         };
-        requeue(session, left).await;
+        requeue(session, left, false).await;
         Ok(())
     }
 
@@ -618,7 +632,7 @@ impl Conn<'_> {
             }
         };
         if nack {
-            requeue(session, settled).await;
+            requeue(session, settled, true).await;
         }
         Ok(())
     }

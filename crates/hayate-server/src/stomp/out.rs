@@ -180,6 +180,49 @@ impl StompOut {
     }
 }
 
+/// Whether a header name or value can be written in `version`: a NUL ends a frame and
+/// cannot be escaped; 1.0 cannot escape line ends either.
+fn header_safe(v: &str, version: Version) -> bool {
+    !v.contains('\0') && (version.escapes() || !v.contains(['\n', '\r']))
+}
+
+/// A correlation id as a header value: as it is when it is printable text, otherwise
+/// `hex:` and its bytes in hex (a native client's ids are binary). A SEND's `hex:`
+/// correlation id is turned back into bytes ([`correlation_bytes`]).
+pub(crate) fn correlation_header(c: &[u8], version: Version) -> String {
+    match std::str::from_utf8(c) {
+        Ok(s)
+            if header_safe(s, version)
+                && !s.starts_with("hex:")
+                && !s.contains(|ch: char| ch.is_control()) =>
+        {
+            s.to_string()
+        }
+        _ => {
+            let mut h = String::with_capacity(4 + 2 * c.len());
+            h.push_str("hex:");
+            for b in c {
+                h.push_str(&format!("{b:02x}"));
+            }
+            h
+        }
+    }
+}
+
+/// The bytes of a SEND's `correlation-id` header (see [`correlation_header`]).
+pub(crate) fn correlation_bytes(h: &str) -> bytes::Bytes {
+    if let Some(hex) = h.strip_prefix("hex:")
+        && hex.len() % 2 == 0
+        && let Some(v) = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+            .collect::<Option<Vec<u8>>>()
+    {
+        return bytes::Bytes::from(v);
+    }
+    bytes::Bytes::copy_from_slice(h.as_bytes())
+}
+
 /// Writes one MESSAGE frame.
 #[allow(clippy::too_many_arguments)]
 fn write_message(
@@ -201,14 +244,13 @@ fn write_message(
             owned.push(("reply-to".into(), reply_destination(r)));
         }
         if let Some(c) = &m.correlation_id {
-            owned.push((
-                "correlation-id".into(),
-                String::from_utf8_lossy(c).into_owned(),
-            ));
+            owned.push(("correlation-id".into(), correlation_header(c, version)));
         }
         if let Some(h) = &m.headers {
             for (k, v) in h {
                 if let Ok(v) = std::str::from_utf8(v)
+                    && header_safe(v, version)
+                    && header_safe(k, version)
                     && !matches!(
                         k.as_str(),
                         "destination" | "subscription" | "message-id" | "content-length" | "ack"
