@@ -333,3 +333,35 @@ async fn persistent_session_and_retained_survive_a_restart() {
     b.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn delayed_will_on_takeover_is_published_only_if_the_new_connection_starts_clean() {
+    let b = start_default().await;
+    let (s, mut srx, _) = client(&b.mqtt, "will-watcher", true).await;
+    sub(&s, &mut srx, "wills/#", QoS::AtLeastOnce).await;
+    let connect = |clean: bool, topic: &str| {
+        let mut c = Connect::new(ProtocolVersion::V5, "taken");
+        c.clean_start = clean;
+        c.properties.session_expiry_interval = Some(300);
+        let mut w = Will::new(topic, "gone");
+        w.properties.will_delay_interval = Some(60);
+        c.will = Some(w);
+        c
+    };
+    // Resumed by the new connection: the delayed will is cancelled.
+    let mut first = Raw::connect(&b.mqtt, connect(true, "wills/resumed")).await;
+    let _second = Raw::connect(&b.mqtt, connect(false, "wills/clean")).await;
+    match first.next().await {
+        Some(Packet::Disconnect(d)) => assert_eq!(d.reason_code, ReasonCode::SessionTakenOver),
+        other => panic!("expected DISCONNECT 0x8E, got {other:?}"),
+    }
+    // Taken over by a clean start: the old session ends, its will is due now.
+    let _third = Raw::connect(&b.mqtt, connect(true, "wills/never")).await;
+    let (t, pl, _) = recv(&mut srx).await;
+    assert_eq!((t.as_str(), &pl[..]), ("wills/clean", &b"gone"[..]));
+    s.publish("wills/marker", QoS::AtLeastOnce, false, "m")
+        .await
+        .unwrap();
+    let (t, _, _) = recv(&mut srx).await;
+    assert_eq!(t, "wills/marker", "no other will was published");
+}

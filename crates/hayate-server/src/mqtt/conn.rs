@@ -324,7 +324,8 @@ pub async fn serve<R>(
     if publish_will && let Some((msg, delay)) = will {
         if delay == 0 || expiry == 0 {
             mqtt.publish_will(&mut ms.session, &msg).await;
-        } else if !matches!(end, End::TakenOver(_)) {
+        } else {
+            // Parked with the session, or handed over with it on a takeover.
             parked_will = Some(PendingWill {
                 due: Instant::now() + Duration::from_secs(u64::from(delay.min(expiry))),
                 msg,
@@ -356,7 +357,7 @@ pub async fn serve<R>(
         mqtt.set_info(&client_id, conn_id, ms.out.clone(), version, expiry);
     }
     let dropped = match end {
-        End::TakenOver(to) => to.send(Some(ms)).err().flatten(),
+        End::TakenOver(to) => to.send((Some(ms), parked_will)).err().and_then(|(s, _)| s),
         _ => mqtt.release(&client_id, conn_id, &mut kick_rx, ms, expiry, parked_will),
     };
     drop(dropped);

@@ -76,7 +76,9 @@ pub(crate) struct PendingWill {
     pub(crate) msg: Message,
 }
 
-type Handover = oneshot::Sender<Option<MqttSession>>;
+/// Where a connection that is taken over sends its session, with its will if that waits
+/// for a delay (published by the new connection if it starts clean, dropped otherwise).
+type Handover = oneshot::Sender<(Option<MqttSession>, Option<PendingWill>)>;
 
 #[derive(Debug)]
 struct Online {
@@ -289,7 +291,7 @@ impl Mqtt {
             return (None, None);
         };
         match tokio::time::timeout(Duration::from_secs(5), rx).await {
-            Ok(Ok(s)) => (s, None),
+            Ok(Ok(handed)) => handed,
             _ => {
                 tracing::warn!(client_id, "mqtt: session takeover timed out");
                 (None, None)
@@ -330,7 +332,7 @@ impl Mqtt {
         // A takeover asked under this lock cannot be missed.
         if let Ok(to) = kick.try_recv() {
             drop(reg);
-            return to.send(Some(session)).err().flatten();
+            return to.send((Some(session), will)).err().and_then(|(s, _)| s);
         }
         let Some(e) = reg.get_mut(client_id) else {
             return Some(session);
