@@ -254,6 +254,30 @@ fn write_publish(
     true
 }
 
+/// Writes a QoS 1 or 2 delivery with packet id `pid` (`dup` on a re-send).
+fn write_queued(
+    link: &mut Link,
+    empty: &PublishProperties,
+    q: &Queued,
+    pid: u16,
+    dup: bool,
+    out: &mut OutBuf,
+) -> bool {
+    write_publish(
+        link,
+        empty,
+        &q.msg.key,
+        &q.msg.payload,
+        Some(&q.msg),
+        q.qos,
+        q.retain,
+        Some(pid),
+        dup,
+        q.sub_id,
+        out,
+    )
+}
+
 impl MqttOut {
     pub(crate) fn new(session_id: u64, max_queued: usize, max_inflight: u16) -> MqttOut {
         MqttOut {
@@ -400,19 +424,7 @@ impl MqttOut {
         let Some(link) = &mut self.link else {
             return;
         };
-        if write_publish(
-            link,
-            &self.empty,
-            &q.msg.key,
-            &q.msg.payload,
-            Some(&q.msg),
-            q.qos,
-            q.retain,
-            Some(pid),
-            false,
-            q.sub_id,
-            out,
-        ) {
+        if write_queued(link, &self.empty, &q, pid, false, out) {
             self.sent += 1;
             self.seq += 1;
             self.pids.insert(pid, self.seq);
@@ -529,20 +541,7 @@ impl MqttOut {
         for f in self.inflight.values() {
             match f.stage {
                 Stage::Sent => {
-                    let q = &f.item;
-                    if write_publish(
-                        link,
-                        &self.empty,
-                        &q.msg.key,
-                        &q.msg.payload,
-                        Some(&q.msg),
-                        q.qos,
-                        q.retain,
-                        Some(f.pid),
-                        true,
-                        q.sub_id,
-                        out,
-                    ) {
+                    if write_queued(link, &self.empty, &f.item, f.pid, true, out) {
                         self.sent += 1;
                     } else {
                         unsendable.push(f.pid);
