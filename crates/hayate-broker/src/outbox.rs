@@ -276,25 +276,11 @@ impl Outbox {
         self.wake(&mut st);
     }
 
-    /// Runs `f` on the queue under the outbox's lock, then wakes the writer and any
-    /// publisher blocked on a full outbox. For output that depends on the encoder's state
-    /// (an MQTT session releasing held messages when an acknowledgement frees its window):
-    /// `f` may lock that state (lock order: outbox, then encoder state).
-    pub fn push_output(&self, f: impl FnOnce(&mut OutBuf)) {
-        let mut st = self.lock();
-        if st.closed {
-            return;
-        }
-        f(&mut st.buf);
-        if !st.buf.is_empty() {
-            self.wake(&mut st);
-        }
-        drop(st);
-        self.after_take();
-    }
-
-    /// [`Outbox::push_output`] for a reader answering its own client: the writer is not
-    /// woken when the outbox has a sink, because the caller sends the output itself with
+    /// Runs `f` on the queue under the outbox's lock, for a reader answering its own client
+    /// with output that depends on the encoder's state (an MQTT session releasing held
+    /// messages when an acknowledgement frees its window): `f` may lock that state (lock
+    /// order: outbox, then encoder state). Publishers blocked on a full outbox are woken.
+    /// The writer is not woken when the outbox has a sink, because the caller sends the output itself with
     /// [`Session::touch_own`](crate::Session::touch_own) and
     /// [`Session::flush`](crate::Session::flush) at the end of its read.
     pub fn push_reply(&self, f: impl FnOnce(&mut OutBuf)) {

@@ -58,14 +58,18 @@ fn segment_to_level(seg: &str) -> Cow<'_, str> {
     Cow::Owned(seg.replace("%2A", "*").replace("%25", "%"))
 }
 
-/// The Hayate key of an MQTT topic name (no wildcards; validated by the codec).
-pub fn topic_to_key(topic: &str) -> Result<Key, MapError> {
-    let plain = !topic.is_empty()
+/// Whether `topic` is its own key: no empty level, no `%` or `*` to escape.
+fn is_plain(topic: &str) -> bool {
+    !topic.is_empty()
         && !topic.contains(['%', '*'])
         && !topic.starts_with('/')
         && !topic.ends_with('/')
-        && !topic.contains("//");
-    let r = if plain {
+        && !topic.contains("//")
+}
+
+/// The Hayate key of an MQTT topic name (no wildcards; validated by the codec).
+pub fn topic_to_key(topic: &str) -> Result<Key, MapError> {
+    let r = if is_plain(topic) {
         Key::new(topic)
     } else {
         let mapped: Vec<Cow<'_, str>> = topic.split('/').map(level_to_segment).collect();
@@ -78,12 +82,7 @@ pub fn topic_to_key(topic: &str) -> Result<Key, MapError> {
 /// copy (the key shares the buffer).
 pub fn topic_bytes_to_key(topic: &crate::ByteStr) -> Result<Key, MapError> {
     let t = topic.as_str();
-    let plain = !t.is_empty()
-        && !t.contains(['%', '*'])
-        && !t.starts_with('/')
-        && !t.ends_with('/')
-        && !t.contains("//");
-    if plain {
+    if is_plain(t) {
         Key::from_bytes(topic.as_shared().clone())
             .map_err(|e| MapError::Topic(t.to_string(), e.to_string()))
     } else {

@@ -24,4 +24,10 @@ pub mod stomp;
 pub mod ws;
 
 pub use config::Config;
+
+/// Locks `m`, ignoring poisoning: a panic while a front-end's state was locked cannot leave
+/// it worse than losing that connection, and the rest of the broker carries on.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 pub use server::{Protocol, Server};

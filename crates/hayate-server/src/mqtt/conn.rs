@@ -538,7 +538,6 @@ impl Conn<'_> {
     }
 
     async fn publish(&mut self, p: Publish, ms: &mut MqttSession) -> Result<(), Fail> {
-        let v = self.version;
         let topic = match p.properties.topic_alias {
             Some(a) => {
                 if a == 0 || a > self.mqtt.cfg.topic_alias_maximum {
@@ -623,7 +622,6 @@ impl Conn<'_> {
                 return Err(fail(ReasonCode::ProtocolError, "QoS > 0 without packet id"));
             }
         }
-        let _ = v;
         Ok(())
     }
 

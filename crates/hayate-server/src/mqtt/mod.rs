@@ -38,7 +38,7 @@ pub mod persist;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -172,9 +172,7 @@ impl std::fmt::Debug for Mqtt {
     }
 }
 
-fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use crate::lock as locked;
 
 /// An encoder for the front-end's own publishing session: it is never subscribed.
 #[derive(Debug)]

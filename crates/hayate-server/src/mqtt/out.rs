@@ -8,11 +8,11 @@
 //! - [`MqttEncoder`], the session outbox's [`Encoder`]: publishers' tasks call it under the
 //!   outbox lock for every delivery;
 //! - the connection's reader, which hands it acknowledgements through
-//!   [`Outbox::push_output`](hayate_broker::Outbox::push_output) (so also under the outbox
+//!   [`Outbox::push_reply`](hayate_broker::Outbox::push_reply) (so also under the outbox
 //!   lock: lock order outbox, then this state; never the other way).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -27,12 +27,7 @@ use hayate_mqtt::{
 /// The delivery state, shared between the encoder and the connection.
 pub(crate) type SharedOut = Arc<Mutex<MqttOut>>;
 
-/// Locks the delivery state (a panic elsewhere cannot leave it worse than losing the
-/// session, so poisoning is ignored).
-pub(crate) fn lock(out: &SharedOut) -> MutexGuard<'_, MqttOut> {
-    out.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+pub(crate) use crate::lock;
 
 /// One MQTT subscription's options (keyed by its broker subscription id).
 #[derive(Debug, Clone, PartialEq, Eq)]

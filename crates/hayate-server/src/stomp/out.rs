@@ -6,7 +6,8 @@
 //! lock order: outbox, then this state.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::fmt::Write;
+use std::sync::{Arc, Mutex};
 
 use bytes::BufMut;
 use hayate_broker::{Batch, Encoder, OutBuf};
@@ -16,10 +17,7 @@ use hayate_stomp::{Version, encode_message_head};
 /// Shared delivery state.
 pub(crate) type SharedOut = Arc<Mutex<StompOut>>;
 
-pub(crate) fn lock(out: &SharedOut) -> MutexGuard<'_, StompOut> {
-    out.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+pub(crate) use crate::lock;
 
 /// How a subscription's messages are acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +70,9 @@ pub(crate) struct StompOut {
     next_msg: u64,
     /// Messages of client-ack subscriptions, by message number.
     pub(crate) unacked: BTreeMap<u64, Unacked>,
+    /// Reused for each MESSAGE's `message-id` and `destination`.
+    id_buf: String,
+    dest_buf: String,
 }
 
 /// The STOMP destination a key is shown as in a `reply-to` header.
@@ -88,6 +89,8 @@ impl StompOut {
             temp_ids: HashMap::new(),
             next_msg: 1,
             unacked: BTreeMap::new(),
+            id_buf: String::new(),
+            dest_buf: String::new(),
         }
     }
 
@@ -104,27 +107,36 @@ impl StompOut {
         };
         let n = self.next_msg;
         self.next_msg += 1;
-        let message_id = n.to_string();
-        let (destination, subscription): (String, String) = match &sub.kind {
-            Kind::Topic => (format!("/topic/{}", key.as_str()), sub.id.clone()),
-            Kind::Queue { .. } => (sub.destination.clone(), sub.id.clone()),
+        // Built in buffers kept across deliveries: no allocation per message.
+        let mut message_id = std::mem::take(&mut self.id_buf);
+        message_id.clear();
+        let _ = write!(message_id, "{n}");
+        let mut dest = std::mem::take(&mut self.dest_buf);
+        dest.clear();
+        let (destination, subscription): (&str, &str) = match &sub.kind {
+            Kind::Topic => {
+                dest.push_str("/topic/");
+                dest.push_str(key.as_str());
+                (&dest, &sub.id)
+            }
+            Kind::Queue { .. } => (&sub.destination, &sub.id),
             Kind::Temp => {
                 let name = key
                     .as_str()
                     .strip_prefix(self.temp_prefix.as_str())
                     .unwrap_or(key.as_str());
-                let dest = format!("/temp-queue/{name}");
+                dest.push_str("/temp-queue/");
+                dest.push_str(name);
                 let id = self
                     .temp_ids
                     .get(name)
-                    .cloned()
-                    .unwrap_or_else(|| dest.clone());
-                (dest, id)
+                    .map_or(dest.as_str(), String::as_str);
+                (&dest, id)
             }
         };
         write_message(
-            &destination,
-            &subscription,
+            destination,
+            subscription,
             &message_id,
             sub.ack,
             msg,
@@ -132,7 +144,10 @@ impl StompOut {
             self.version,
             out,
         );
-        if sub.ack != AckMode::Auto {
+        let ack = sub.ack;
+        self.id_buf = message_id;
+        self.dest_buf = dest;
+        if ack != AckMode::Auto {
             let msg = match msg {
                 Some(m) => m.clone(),
                 None => Message::new(key.clone(), payload.clone()),
@@ -235,6 +250,7 @@ fn write_message(
     version: Version,
     out: &mut OutBuf,
 ) {
+    // Empty (no allocation) for the common message with no header of its own.
     let mut owned: Vec<(String, String)> = Vec::new();
     if ack != AckMode::Auto && version == Version::V1_2 {
         owned.push(("ack".into(), message_id.to_string()));
