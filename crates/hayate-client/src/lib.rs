@@ -26,11 +26,14 @@
 //! - [`rpc`]: an RPC layer in the style of oslo.messaging on top of request/reply and queue
 //!   groups: [`Client::call`], [`Client::cast`], [`Client::fanout`] and [`Client::serve`]
 //!   (wire convention in `docs/rpc.md`).
+//! - [`peer`]: [`peer::PeerServer`], a listener that answers clients directly, peer to
+//!   peer, without a broker hop ([`rpc::serve_peer`] for RPC).
 //! - [`blocking`]: a synchronous wrapper for programs without an async runtime.
 
 pub mod blocking;
 mod conn;
 mod error;
+pub mod peer;
 pub mod rpc;
 mod sub;
 

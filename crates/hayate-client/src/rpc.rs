@@ -59,6 +59,7 @@ use hayate_core::{Key, Message};
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
+use crate::peer::{PeerOptions, PeerServer};
 use crate::{Client, Error};
 
 /// First segment of every RPC key.
@@ -429,14 +430,29 @@ impl Client {
         Fut: Future<Output = Result<Bytes, E>> + Send + 'static,
         E: fmt::Display + 'static,
     {
-        let topic_key = spec.topic_key()?;
-        let server_key = spec.server_key().map_err(|_| {
-            RpcError::InvalidTarget(format!(
-                "a server of topic {:?} needs a valid server name, got {:?}",
-                spec.topic, spec.server
-            ))
-        })?;
-        let fanout_key = spec.fanout_key()?;
+        self.serve_with(spec, ServeOptions::default(), handler)
+            .await
+    }
+
+    /// [`serve`](Client::serve) with options: with [`ServeOptions::direct`], the server also
+    /// accepts direct (peer-to-peer) calls on its own listener, with the same handler.
+    pub async fn serve_with<F, Fut, E>(
+        &self,
+        spec: &Target,
+        options: ServeOptions,
+        handler: F,
+    ) -> Result<RpcServer, RpcError>
+    where
+        F: Fn(String, Bytes) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Bytes, E>> + Send + 'static,
+        E: fmt::Display + 'static,
+    {
+        let [topic_key, server_key, fanout_key] = serve_keys(spec)?;
+        let handler = Arc::new(handler);
+        let direct = match &options.direct {
+            Some(addr) => Some(peer_listener(addr, spec, handler.clone()).await?),
+            None => None,
+        };
         let subs = vec![
             self.queue_subscribe(topic_key.as_str(), topic_key.as_str())
                 .await?,
@@ -450,12 +466,77 @@ impl Client {
             client: self.clone(),
             spec: spec.clone(),
         });
-        let task = tokio::spawn(serve_loop(ctx, Arc::new(handler), subs, stop_rx));
+        let task = tokio::spawn(serve_loop(ctx, handler, subs, stop_rx));
         Ok(RpcServer {
             stop: Some(stop_tx),
             task: Some(task),
+            direct,
         })
     }
+}
+
+/// Options of [`Client::serve_with`].
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// Also listen on this address (`HOST:PORT`, port 0 for a free one) for direct calls:
+    /// a caller that connects a [`Client`] to [`RpcServer::direct_addr`] calls this server
+    /// without the broker hop (see [`crate::peer`]).
+    pub direct: Option<String>,
+}
+
+/// Serves `spec` (as [`Client::serve`] does) to callers that connect directly to `addr`
+/// (`HOST:PORT`, port 0 for a free one), without a broker: peer to peer. A caller connects
+/// an ordinary [`Client`] to [`PeerServer::local_addr`] and uses [`Client::call`],
+/// [`Client::cast`] and [`Client::fanout`] on it as usual; version and namespace checks and
+/// error replies are the same as through a broker.
+pub async fn serve_peer<F, Fut, E>(
+    addr: &str,
+    spec: &Target,
+    handler: F,
+) -> Result<PeerServer, RpcError>
+where
+    F: Fn(String, Bytes) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Bytes, E>> + Send + 'static,
+    E: fmt::Display + 'static,
+{
+    serve_keys(spec)?;
+    peer_listener(addr, spec, Arc::new(handler)).await
+}
+
+/// The keys a server of `spec` serves: topic, server (a server name is required), fan-out.
+fn serve_keys(spec: &Target) -> Result<[Key; 3], RpcError> {
+    let server_key = spec.server_key().map_err(|_| {
+        RpcError::InvalidTarget(format!(
+            "a server of topic {:?} needs a valid server name, got {:?}",
+            spec.topic, spec.server
+        ))
+    })?;
+    Ok([spec.topic_key()?, server_key, spec.fanout_key()?])
+}
+
+async fn peer_listener<F, Fut, E>(
+    addr: &str,
+    spec: &Target,
+    handler: Arc<F>,
+) -> Result<PeerServer, RpcError>
+where
+    F: Fn(String, Bytes) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Bytes, E>> + Send + 'static,
+    E: fmt::Display + 'static,
+{
+    let keys = serve_keys(spec)?;
+    let exprs: Vec<&str> = keys.iter().map(Key::as_str).collect();
+    let spec = Arc::new(spec.clone());
+    let options = PeerOptions {
+        name: format!("hayate-peer rpc {}", spec.topic),
+        ..PeerOptions::default()
+    };
+    Ok(PeerServer::bind_with(addr, &exprs, options, move |m| {
+        let spec = spec.clone();
+        let handler = handler.clone();
+        async move { answer(&spec, &*handler, m).await }
+    })
+    .await?)
 }
 
 /// A running RPC server. Dropping it stops serving (requests already being handled still
@@ -464,13 +545,22 @@ impl Client {
 pub struct RpcServer {
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
+    direct: Option<PeerServer>,
 }
 
 impl RpcServer {
-    /// Stops serving: leaves the topic, server and fan-out subscriptions, then waits until
-    /// the requests being handled are answered.
+    /// The address of the direct listener, when [`ServeOptions::direct`] asked for one.
+    pub fn direct_addr(&self) -> Option<std::net::SocketAddr> {
+        self.direct.as_ref().map(PeerServer::local_addr)
+    }
+
+    /// Stops serving: leaves the topic, server and fan-out subscriptions, closes the direct
+    /// listener, then waits until the requests being handled are answered.
     pub async fn close(mut self) {
         self.stop.take();
+        if let Some(d) = self.direct.take() {
+            d.close().await;
+        }
         if let Some(t) = self.task.take() {
             let _ = t.await;
         }
@@ -479,7 +569,7 @@ impl RpcServer {
 
 impl Drop for RpcServer {
     fn drop(&mut self) {
-        // Dropping the sender ends the serve loop.
+        // Dropping the sender ends the serve loop (and dropping `direct` its listener).
         self.stop.take();
     }
 }
@@ -609,7 +699,23 @@ where
     Fut: Future<Output = Result<Bytes, E>> + Send + 'static,
     E: fmt::Display + 'static,
 {
-    let outcome = match accept(&ctx.spec, &m) {
+    let Some(reply) = answer(&ctx.spec, &*handler, m).await else {
+        return;
+    };
+    if let Err(e) = ctx.client.publish_message(&reply).await {
+        tracing::debug!("RPC reply not sent: {e}");
+    }
+}
+
+/// Checks request `m` against `spec`, runs the handler and returns the reply to send (to the
+/// request's reply-to key), or `None` for a cast or fan-out (whose failure is logged).
+async fn answer<F, Fut, E>(spec: &Target, handler: &F, m: Message) -> Option<Message>
+where
+    F: Fn(String, Bytes) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Bytes, E>> + Send + 'static,
+    E: fmt::Display + 'static,
+{
+    let outcome = match accept(spec, &m) {
         Ok(method) => {
             let run = AssertUnwindSafe(handler(method, m.payload.clone())).catch_unwind();
             match run.await {
@@ -622,10 +728,10 @@ where
     };
     let Some(reply_to) = m.reply_to.clone() else {
         if let Err(r) = outcome {
-            tracing::warn!(topic = %ctx.spec.topic, key = %m.key, kind = r.kind,
+            tracing::warn!(topic = %spec.topic, key = %m.key, kind = r.kind,
                 "RPC cast failed: {}", r.message);
         }
-        return;
+        return None;
     };
     let mut reply = match outcome {
         Ok(payload) => {
@@ -649,10 +755,8 @@ where
             r
         }
     };
-    reply.correlation_id = m.correlation_id.clone();
-    if let Err(e) = ctx.client.publish_message(&reply).await {
-        tracing::debug!("RPC reply not sent: {e}");
-    }
+    reply.correlation_id = m.correlation_id;
+    Some(reply)
 }
 
 #[cfg(test)]

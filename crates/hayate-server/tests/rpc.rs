@@ -460,3 +460,41 @@ async fn the_wire_convention_is_as_documented() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_server_answers_through_the_broker_and_directly() {
+    use hayate_client::rpc::ServeOptions;
+    let b = start_default().await;
+    let sc = Client::connect(&b.addr).await.unwrap();
+    let spec = Target::new("both").server("s1");
+    let server = sc
+        .serve_with(
+            &spec,
+            ServeOptions {
+                direct: Some("127.0.0.1:0".into()),
+            },
+            |_m: String, p: Bytes| async move { Ok::<_, String>(p) },
+        )
+        .await
+        .unwrap();
+    let direct = server.direct_addr().expect("a direct listener");
+    let via_broker = Client::connect(&b.addr).await.unwrap();
+    let peer = Client::connect(&direct.to_string()).await.unwrap();
+    within(10, async {
+        let t = Target::new("both");
+        assert_eq!(&via_broker.call(&t, "m", "b", T).await.unwrap()[..], b"b");
+        assert_eq!(&peer.call(&t, "m", "d", T).await.unwrap()[..], b"d");
+        server.close().await;
+        // Both ways are closed.
+        assert!(matches!(
+            via_broker
+                .call(&t, "m", "b", Duration::from_millis(300))
+                .await,
+            Err(RpcError::Timeout) | Err(RpcError::Client(_))
+        ));
+        while !peer.is_closed() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}

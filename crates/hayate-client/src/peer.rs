@@ -1,0 +1,403 @@
+//! Peer to peer: serving requests to clients that connect directly, without a broker hop.
+//!
+//! A [`PeerServer`] listens on a TCP address and speaks the native protocol's server side to
+//! ordinary [`Client`](crate::Client)s: `Client::connect(peer_addr)` works as it does with a
+//! broker (HELLO/WELCOME, subscriptions, PING, CLOSE). A message published on a key that the
+//! server serves (one of its key expressions) goes to the handler; the message the handler
+//! returns — the reply to the request's `reply_to` — goes back on the same connection, to each
+//! of that connection's subscriptions that matches its key (a client's reply inbox does).
+//! Publications on other keys, and replies nobody on the connection subscribed to, are
+//! dropped, as a broker with no other subscriber would drop them.
+//!
+//! Why: brokered request/reply crosses four sockets per call (caller → broker → server →
+//! broker → caller); a direct call crosses two. On one host, or when the server's address
+//! is known, a direct connection halves the hops. The price: no queue group spreads the
+//! load (a caller talks to the one server it connected to), and nothing is buffered while the
+//! server is away. [`crate::rpc::serve_peer`] and [`crate::rpc::ServeOptions::direct`] put
+//! the RPC layer on top.
+//!
+//! Requests on one connection are handled concurrently (their handler futures are polled by
+//! the connection's task, without a task per request); replies go out as they complete, all
+//! replies that are ready written at once. Malformed input gets an ERR frame and the
+//! connection is closed; the listener and the other connections carry on.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use futures::FutureExt;
+use futures::stream::{FuturesUnordered, StreamExt};
+use hayate_core::{INBOX_PREFIX, KeyExpr, Message};
+use hayate_wire::{
+    ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, check_options, decode, encode,
+    encode_msg,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::{Error, Result};
+
+/// What a handler returns: the reply to send, if any.
+pub type Reply = Pin<Box<dyn Future<Output = Option<Message>> + Send>>;
+
+type Handler = Arc<dyn Fn(Message) -> Reply + Send + Sync>;
+
+/// Read buffer: start size and the free space kept before each read.
+const READ_BUF: usize = 64 * 1024;
+
+/// Settings of a [`PeerServer`].
+#[derive(Debug, Clone)]
+pub struct PeerOptions {
+    /// The server name sent in WELCOME.
+    pub name: String,
+    /// The largest payload accepted (and announced in WELCOME).
+    pub max_payload: u64,
+    /// How long a new connection may take to send HELLO.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for PeerOptions {
+    fn default() -> Self {
+        PeerOptions {
+            name: "hayate-peer".into(),
+            max_payload: 64 * 1024 * 1024,
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+struct Shared {
+    exprs: Vec<KeyExpr>,
+    handler: Handler,
+    options: PeerOptions,
+    next_id: AtomicU64,
+}
+
+/// A listener serving requests directly (see the [module](self) documentation). Dropping it
+/// stops accepting and ends its connections; [`close`](PeerServer::close) also waits until
+/// the requests in hand are answered.
+#[derive(Debug)]
+pub struct PeerServer {
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl PeerServer {
+    /// Listens on `addr` (`HOST:PORT`; port 0 picks a free one) and serves the keys matching
+    /// any of `exprs` with `handler`, with default [`PeerOptions`].
+    pub async fn bind<F, Fut>(addr: &str, exprs: &[&str], handler: F) -> Result<PeerServer>
+    where
+        F: Fn(Message) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Option<Message>> + Send + 'static,
+    {
+        PeerServer::bind_with(addr, exprs, PeerOptions::default(), handler).await
+    }
+
+    /// [`bind`](PeerServer::bind) with explicit options.
+    pub async fn bind_with<F, Fut>(
+        addr: &str,
+        exprs: &[&str],
+        options: PeerOptions,
+        handler: F,
+    ) -> Result<PeerServer>
+    where
+        F: Fn(Message) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Option<Message>> + Send + 'static,
+    {
+        let exprs = exprs
+            .iter()
+            .map(|e| KeyExpr::new(e))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        if options.max_payload == 0 || options.max_payload > u64::from(u32::MAX) {
+            return Err(Error::Protocol(
+                "max_payload must be between 1 and 4 GiB".into(),
+            ));
+        }
+        let listener = TcpListener::bind(addr.strip_prefix("hayate://").unwrap_or(addr)).await?;
+        let local = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            exprs,
+            handler: Arc::new(move |m| Box::pin(handler(m)) as Reply),
+            options,
+            next_id: AtomicU64::new(1),
+        });
+        let (stop, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(accept_loop(listener, shared, stop_rx));
+        Ok(PeerServer {
+            addr: local,
+            stop,
+            task: Some(task),
+        })
+    }
+
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting, stops reading requests, answers those in hand and closes every
+    /// connection.
+    pub async fn close(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for PeerServer {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => {
+                    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+                    conns.spawn(serve_conn(s, id, shared.clone(), stop.clone()));
+                }
+                Err(e) => {
+                    // Out of descriptors and the like: wait a little rather than spin.
+                    tracing::warn!("peer listener: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            _ = stop.changed() => break,
+        }
+    }
+    drop(listener);
+    while conns.join_next().await.is_some() {}
+}
+
+/// One connection's state, apart from the socket.
+struct Conn {
+    id: u64,
+    welcomed: bool,
+    subs: Vec<(u32, KeyExpr)>,
+    out: BytesMut,
+}
+
+/// What the reader does after a frame.
+enum Next {
+    Continue,
+    /// Stop reading (CLOSE, or an error already reported with ERR).
+    Stop,
+}
+
+async fn serve_conn(
+    stream: TcpStream,
+    id: u64,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    let (mut r, mut w) = stream.into_split();
+    let mut c = Conn {
+        id,
+        welcomed: false,
+        subs: Vec::new(),
+        out: BytesMut::new(),
+    };
+    let mut buf = BytesMut::with_capacity(READ_BUF);
+    let mut planner = ReadPlanner::new();
+    let mut running: FuturesUnordered<Reply> = FuturesUnordered::new();
+    let max_frame = usize::try_from(shared.options.max_payload)
+        .unwrap_or(usize::MAX)
+        .saturating_add(64 * 1024);
+    let handshake = tokio::time::sleep(shared.options.handshake_timeout);
+    tokio::pin!(handshake);
+    let mut reading = true;
+    loop {
+        // Every complete frame of the buffer, then every reply already available, then one
+        // write for all of it.
+        while reading {
+            let before = buf.len();
+            match decode(&mut buf, max_frame) {
+                Ok(Some(frame)) => {
+                    planner.decoded(before - buf.len(), &frame);
+                    if let Next::Stop = on_frame(frame, &mut c, &shared, &mut running) {
+                        reading = false;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    refuse(&mut c, e.code(), &e.to_string());
+                    reading = false;
+                }
+            }
+        }
+        while let Some(Some(done)) = running.next().now_or_never() {
+            route(&mut c, done);
+        }
+        if !c.out.is_empty() {
+            if w.write_all(&c.out).await.is_err() {
+                return;
+            }
+            c.out.clear();
+        }
+        if !reading {
+            // Answer what is in hand, then close.
+            match running.next().await {
+                Some(done) => route(&mut c, done),
+                None => break,
+            }
+            continue;
+        }
+        let limit = planner.plan(&mut buf, READ_BUF);
+        tokio::select! {
+            n = async {
+                match limit {
+                    Some(n) => r.read_buf(&mut (&mut buf).limit(n)).await,
+                    None => r.read_buf(&mut buf).await,
+                }
+            } => match n {
+                Ok(0) | Err(_) => reading = false,
+                Ok(_) => {}
+            },
+            Some(done) = running.next(), if !running.is_empty() => route(&mut c, done),
+            _ = &mut handshake, if !c.welcomed => {
+                refuse(&mut c, ErrorCode::Protocol, "no HELLO within the handshake timeout");
+                reading = false;
+            }
+            _ = stop.changed() => reading = false,
+        }
+    }
+    let _ = w.shutdown().await;
+}
+
+/// Queues an ERR frame (the caller stops reading and closes after writing it).
+fn refuse(c: &mut Conn, code: ErrorCode, message: &str) {
+    tracing::debug!(
+        conn = c.id,
+        code = code.code(),
+        message,
+        "peer: protocol error"
+    );
+    encode(
+        &Frame::Err {
+            code,
+            message: message.to_string(),
+        },
+        &mut c.out,
+    );
+}
+
+fn on_frame(
+    frame: Frame,
+    c: &mut Conn,
+    shared: &Shared,
+    running: &mut FuturesUnordered<Reply>,
+) -> Next {
+    if !c.welcomed {
+        let Frame::Hello(h) = frame else {
+            refuse(c, ErrorCode::Protocol, "the first frame must be HELLO");
+            return Next::Stop;
+        };
+        if h.version != PROTOCOL_VERSION {
+            refuse(
+                c,
+                ErrorCode::UnsupportedVersion,
+                &format!(
+                    "protocol version {} is not supported (this peer speaks {PROTOCOL_VERSION})",
+                    h.version
+                ),
+            );
+            return Next::Stop;
+        }
+        c.welcomed = true;
+        let w = Frame::Welcome(Welcome {
+            version: PROTOCOL_VERSION,
+            session: c.id,
+            max_payload: shared.options.max_payload,
+            server: shared.options.name.clone(),
+            inbox: format!("{INBOX_PREFIX}/{}", c.id),
+        });
+        encode(&w, &mut c.out);
+        return Next::Continue;
+    }
+    let served = |k: &hayate_core::Key| shared.exprs.iter().any(|e| e.matches(k));
+    match frame {
+        Frame::Pub(m) => {
+            if let Some(refusal) = too_large(m.payload.len(), shared) {
+                refuse(c, ErrorCode::FrameTooLarge, &refusal);
+                return Next::Stop;
+            }
+            if served(&m.key) {
+                running.push((shared.handler)(m));
+            }
+        }
+        Frame::PubBatch { key, payloads } => {
+            if let Some(refusal) = payloads.iter().find_map(|p| too_large(p.len(), shared)) {
+                refuse(c, ErrorCode::FrameTooLarge, &refusal);
+                return Next::Stop;
+            }
+            if served(&key) {
+                for p in payloads {
+                    running.push((shared.handler)(Message::new(key.clone(), p)));
+                }
+            }
+        }
+        Frame::Sub(s) => {
+            // One connection, so a queue group has one member: a plain subscription.
+            c.subs.retain(|(sid, _)| *sid != s.sid);
+            c.subs.push((s.sid, s.expr));
+        }
+        Frame::Unsub { sid } => c.subs.retain(|(s, _)| *s != sid),
+        Frame::Ping(t) => encode(&Frame::Pong(t), &mut c.out),
+        Frame::Pong(_) => {}
+        Frame::Close => return Next::Stop,
+        Frame::Err { code, message } => {
+            tracing::debug!(
+                conn = c.id,
+                code = code.code(),
+                message,
+                "peer: client error"
+            );
+            return Next::Stop;
+        }
+        Frame::Hello(_) => {
+            refuse(c, ErrorCode::Protocol, "HELLO was already received");
+            return Next::Stop;
+        }
+        Frame::Welcome(_) | Frame::Msg { .. } | Frame::MsgBatch { .. } | Frame::Lost { .. } => {
+            refuse(c, ErrorCode::Protocol, "a client may not send this frame");
+            return Next::Stop;
+        }
+    }
+    Next::Continue
+}
+
+fn too_large(len: usize, shared: &Shared) -> Option<String> {
+    (len as u64 > shared.options.max_payload).then(|| {
+        format!(
+            "payload of {len} bytes exceeds max_payload {}",
+            shared.options.max_payload
+        )
+    })
+}
+
+/// Sends a handler's reply to each subscription of the connection that matches its key.
+fn route(c: &mut Conn, reply: Option<Message>) {
+    let Some(m) = reply else { return };
+    if let Err(e) = check_options(&m) {
+        tracing::warn!(conn = c.id, key = %m.key, "peer: reply not sent: {e}");
+        return;
+    }
+    for (sid, expr) in &c.subs {
+        if expr.matches(&m.key) {
+            encode_msg(*sid, &m, &mut c.out);
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! Peer-to-peer serving: a `PeerServer` answers ordinary clients that connect to it directly
+//! (no broker), the RPC layer on top of it (`rpc::serve_peer`), and bad input.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use hayate_client::peer::PeerServer;
+use hayate_client::rpc::{self, RpcError, Target, Version};
+use hayate_client::{Client, Key, Message};
+use hayate_wire::{ErrorCode, Frame, decode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const T: Duration = Duration::from_secs(5);
+
+async fn within<F: std::future::Future>(secs: u64, f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(secs), f)
+        .await
+        .expect("the test took too long")
+}
+
+/// A peer serving `svc/**`: the reply is the payload with `+1` appended, or, for a payload
+/// that is a number of milliseconds prefixed with `sleep:`, that payload after the sleep.
+/// Counts the messages it handles.
+async fn adder() -> (PeerServer, Arc<AtomicUsize>) {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let s = seen.clone();
+    let server = PeerServer::bind("127.0.0.1:0", &["svc/**"], move |m: Message| {
+        s.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let to = m.reply_to.clone()?;
+            let text = String::from_utf8_lossy(&m.payload).into_owned();
+            if let Some(ms) = text.strip_prefix("sleep:") {
+                tokio::time::sleep(Duration::from_millis(ms.parse().unwrap())).await;
+            }
+            let mut r = Message::new(to, format!("{text}+1"));
+            r.correlation_id = m.correlation_id.clone();
+            Some(r)
+        }
+    })
+    .await
+    .unwrap();
+    (server, seen)
+}
+
+#[tokio::test]
+async fn a_client_calls_a_peer_directly() {
+    let (server, seen) = adder().await;
+    let c = Client::connect(&server.local_addr().to_string())
+        .await
+        .unwrap();
+    within(10, async {
+        let k = Key::new("svc/add").unwrap();
+        for i in 0..100 {
+            let r = c.request(&k, i.to_string(), T).await.unwrap();
+            assert_eq!(r.payload, Bytes::from(format!("{i}+1")));
+        }
+        // A key the peer does not serve reaches nobody: the request times out.
+        let other = Key::new("elsewhere/x").unwrap();
+        assert!(
+            c.request(&other, "x", Duration::from_millis(200))
+                .await
+                .is_err()
+        );
+        // A publish without reply-to reaches the handler and gets no answer.
+        c.publish(&k, "cast").await.unwrap();
+        c.flush().await.unwrap();
+        let r = c.request(&k, "last", T).await.unwrap();
+        assert_eq!(&r.payload[..], b"last+1");
+        assert_eq!(seen.load(Ordering::SeqCst), 102);
+    })
+    .await;
+    c.close().await.unwrap();
+    server.close().await;
+}
+
+#[tokio::test]
+async fn requests_on_one_connection_are_handled_concurrently() {
+    let (server, _) = adder().await;
+    let c = Client::connect(&server.local_addr().to_string())
+        .await
+        .unwrap();
+    let k = Key::new("svc/slow").unwrap();
+    within(10, async {
+        let start = Instant::now();
+        let calls = [400u64, 10, 200, 300].map(|ms| {
+            let c = c.clone();
+            let k = k.clone();
+            tokio::spawn(async move { c.request(&k, format!("sleep:{ms}"), T).await })
+        });
+        let mut got = Vec::new();
+        for (i, h) in calls.into_iter().enumerate() {
+            got.push((i, h.await.unwrap().unwrap().payload));
+        }
+        let took = start.elapsed();
+        assert_eq!(got[0].1, Bytes::from("sleep:400+1"));
+        assert_eq!(got[1].1, Bytes::from("sleep:10+1"));
+        assert_eq!(got[3].1, Bytes::from("sleep:300+1"));
+        // One after another they would take 910 ms.
+        assert!(took < Duration::from_millis(800), "took {took:?}");
+    })
+    .await;
+    server.close().await;
+}
+
+fn frame(f: &Frame) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    hayate_wire::encode(f, &mut b);
+    b.to_vec()
+}
+
+/// Reads frames until the peer closes; returns them.
+async fn read_all(s: &mut tokio::net::TcpStream) -> Vec<Frame> {
+    let mut buf = BytesMut::new();
+    let mut out = Vec::new();
+    loop {
+        while let Some(f) = decode(&mut buf, 1 << 20).unwrap() {
+            out.push(f);
+        }
+        if s.read_buf(&mut buf).await.unwrap() == 0 {
+            return out;
+        }
+    }
+}
+
+#[tokio::test]
+async fn bad_input_gets_an_error_and_a_close_and_the_peer_carries_on() {
+    let (server, _) = adder().await;
+    let addr = server.local_addr();
+    within(10, async {
+        // Not the protocol at all.
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let frames = read_all(&mut s).await;
+        assert!(
+            matches!(frames.last(), Some(Frame::Err { .. })),
+            "{frames:?}"
+        );
+        // A valid frame, but not HELLO first.
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(&frame(&Frame::Ping(7))).await.unwrap();
+        let frames = read_all(&mut s).await;
+        match frames.as_slice() {
+            [Frame::Err { code, message }] => {
+                assert_eq!(*code, ErrorCode::Protocol);
+                assert!(message.contains("HELLO"), "{message}");
+            }
+            other => panic!("expected one ERR, got {other:?}"),
+        }
+        // A frame only a server may send, after a good handshake.
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let hello = Frame::Hello(hayate_wire::Hello {
+            version: hayate_wire::PROTOCOL_VERSION,
+            flags: 0,
+            name: "raw".into(),
+            auth: Bytes::new(),
+        });
+        let lost = Frame::Lost { sid: 1, count: 1 };
+        s.write_all(&[frame(&hello), frame(&lost)].concat())
+            .await
+            .unwrap();
+        let frames = read_all(&mut s).await;
+        assert!(
+            matches!(frames.first(), Some(Frame::Welcome(_))),
+            "{frames:?}"
+        );
+        assert!(
+            matches!(frames.last(), Some(Frame::Err { .. })),
+            "{frames:?}"
+        );
+        // The listener still serves.
+        let c = Client::connect(&addr.to_string()).await.unwrap();
+        let r = c
+            .request(&Key::new("svc/a").unwrap(), "1", T)
+            .await
+            .unwrap();
+        assert_eq!(&r.payload[..], b"1+1");
+    })
+    .await;
+    server.close().await;
+}
+
+#[tokio::test]
+async fn closing_the_peer_ends_its_connections() {
+    let (server, _) = adder().await;
+    let addr = server.local_addr().to_string();
+    let c = Client::connect(&addr).await.unwrap();
+    within(10, async {
+        server.close().await;
+        while !c.is_closed() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(Client::connect(&addr).await.is_err());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn rpc_over_a_direct_connection() {
+    let spec = Target::new("calc").server("p1").version(Version::new(1, 2));
+    let casts = Arc::new(AtomicUsize::new(0));
+    let n = casts.clone();
+    let server = rpc::serve_peer("127.0.0.1:0", &spec, move |method: String, p: Bytes| {
+        let n = n.clone();
+        async move {
+            match method.as_str() {
+                "echo" => Ok(p),
+                "count" => {
+                    n.fetch_add(1, Ordering::SeqCst);
+                    Ok(Bytes::new())
+                }
+                other => Err(format!("unknown method {other}")),
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let c = Client::connect(&server.local_addr().to_string())
+        .await
+        .unwrap();
+    within(10, async {
+        let t = Target::new("calc");
+        assert_eq!(&c.call(&t, "echo", "hi", T).await.unwrap()[..], b"hi");
+        let named = Target::new("calc").server("p1");
+        assert_eq!(&c.call(&named, "echo", "n", T).await.unwrap()[..], b"n");
+        match c.call(&t, "nope", "", T).await {
+            Err(RpcError::Remote { message }) => assert_eq!(message, "unknown method nope"),
+            other => panic!("expected a remote error, got {other:?}"),
+        }
+        match c
+            .call(&t.clone().version(Version::new(1, 3)), "echo", "", T)
+            .await
+        {
+            Err(RpcError::UnsupportedVersion { requested, server }) => {
+                assert_eq!(requested, Version::new(1, 3));
+                assert_eq!(server, Version::new(1, 2));
+            }
+            other => panic!("expected unsupported version, got {other:?}"),
+        }
+        assert!(matches!(
+            c.call(&t.clone().namespace("ns"), "echo", "", T).await,
+            Err(RpcError::NamespaceMismatch { .. })
+        ));
+        c.cast(&t, "count", "").await.unwrap();
+        c.fanout(&t, "count", "").await.unwrap();
+        c.flush().await.unwrap();
+        // The calls above are answered in order after the casts were handled.
+        c.call(&t, "echo", "", T).await.unwrap();
+        assert_eq!(casts.load(Ordering::SeqCst), 2);
+    })
+    .await;
+    server.close().await;
+}
