@@ -131,6 +131,11 @@ pub(crate) struct ReplyArgs {
     /// Broker address (`HOST:PORT` or `unix:PATH`).
     #[arg(long, env = "HAYATE_SERVER", default_value = DEFAULT_SERVER)]
     pub(crate) server: String,
+    /// Serve peer to peer instead of through a broker: listen on this address (`HOST:PORT`,
+    /// port 0 for a free one) for clients that connect directly (`hayate request --server`
+    /// with the address printed at start).
+    #[arg(long, value_name = "HOST:PORT", conflicts_with = "group")]
+    pub(crate) direct: Option<String>,
 }
 
 /// Parses `250ms`, `2s`, `1.5s`, `1m` or a bare number of seconds.

@@ -6,7 +6,7 @@ mod cli;
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use clap::Parser;
-use hayate_client::{Client, Key, SubscribeOptions};
+use hayate_client::{Client, Key, Message, SubscribeOptions};
 use hayate_server::{Config, Server};
 
 use cli::{Cli, Command, ConfigCmd};
@@ -202,6 +202,9 @@ async fn request(a: cli::RequestArgs) -> Result<()> {
 }
 
 async fn reply(a: cli::ReplyArgs) -> Result<()> {
+    if let Some(addr) = &a.direct {
+        return reply_direct(addr, &a.expr, a.count).await;
+    }
     let c = connect(&a.server, "hayate-reply").await?;
     let mut sub = match &a.group {
         Some(g) => c.queue_subscribe(&a.expr, g).await?,
@@ -221,6 +224,40 @@ async fn reply(a: cli::ReplyArgs) -> Result<()> {
     }
     c.flush().await?;
     c.close().await?;
+    Ok(())
+}
+
+/// The echo service peer to peer: a [`PeerServer`](hayate_client::peer::PeerServer) on
+/// `addr`, until `count` replies (0 = until Ctrl-C).
+async fn reply_direct(addr: &str, expr: &str, count: u64) -> Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let answered = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(tokio::sync::Notify::new());
+    let (n, d) = (answered.clone(), done.clone());
+    let server = hayate_client::peer::PeerServer::bind(addr, &[expr], move |m: Message| {
+        let (n, d) = (n.clone(), d.clone());
+        async move {
+            let mut r = Message::new(m.reply_to?, m.payload);
+            r.correlation_id = m.correlation_id;
+            if n.fetch_add(1, Ordering::SeqCst) + 1 == count {
+                d.notify_one();
+            }
+            Some(r)
+        }
+    })
+    .await
+    .with_context(|| format!("listening on {addr}"))?;
+    eprintln!(
+        "echoing requests on {expr} directly at {}",
+        server.local_addr()
+    );
+    tokio::select! {
+        _ = done.notified() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    // Each connection writes the replies in hand before it closes.
+    server.close().await;
     Ok(())
 }
 
