@@ -153,7 +153,7 @@ fn spec(name: &str) -> Option<Spec> {
             Some("zmq://127.0.0.1:0"),
             None,
             "brokerless PUB/SUB over TCP loopback; PUB drops past the high-water mark, the \
-             subscriber counts what arrives; RPC by REQ/REP",
+             subscriber counts what arrives; RPC by REQ callers and a ROUTER server",
         ),
         "zenoh" => s(
             "zenoh",
@@ -514,6 +514,8 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
         runs: 3,
         max_time: Duration::from_secs(if quick { 10 } else { 60 }),
         call_timeout: Duration::from_secs(10),
+        // As rpc-bench: each point's server is a child process (`hayate bench rpc-server`).
+        server: crate::ServerPlacement::Child(opts.hayate_exe.clone()),
     };
     println!(
         "compare: rpc ({calls} calls at concurrency 1, 3 rotated runs, at most {} s each)",
@@ -628,8 +630,9 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
             format!(
                 "{calls} sequential requests (concurrency 1; a run stops after {} s, the calls \
                  made so far count): the client sends a number, the server adds 1, every \
-                 reply is checked; 3 rotated runs, medians. Each system's own request/reply \
-                 (see the client column)",
+                 reply is checked; the server runs in a child process (`hayate bench \
+                 rpc-server`), the callers in the benchmark's; 3 rotated runs, medians. Each \
+                 system's own request/reply (see the client column)",
                 rpc_opts.max_time.as_secs()
             ),
         ),

@@ -3,7 +3,8 @@
 //! workspace's `hayate-mqtt` codec), and, with feature `peers`, MQTT through `rumqttc`
 //! ([`mqtt`], `mqtt://...?client=rumqttc`), AMQP 0-9-1 (`lapin`, [`amqp`]), ZeroMQ
 //! (`zeromq`, [`zmq`], brokerless: mode "peer-to-peer"), Kafka (`rdkafka`, [`kafka`]) and
-//! Zenoh, so that the harness runs the same code for every system. Each peer module's docs
+//! Zenoh, so that the harness runs the same code for every system. gRPC (`tonic`, [`grpc`],
+//! feature `peers`) has no connection here: it is measured by `bench rpc` only. Each peer module's docs
 //! give its method and fairness settings (MQTT QoS 0, AMQP no-ack without confirms, Kafka
 //! linger.ms=0 / batch.size 1 MiB / acks=0, ZeroMQ counts what arrives).
 //!
@@ -35,6 +36,8 @@ use crate::target::{System, Target};
 
 #[cfg(feature = "peers")]
 pub(crate) mod amqp;
+#[cfg(feature = "peers")]
+pub(crate) mod grpc;
 #[cfg(feature = "peers")]
 mod kafka;
 #[cfg(feature = "peers")]
@@ -75,6 +78,8 @@ pub(crate) fn client_name(target: &Target) -> &'static str {
         System::Zmq => zmq::CLIENT,
         #[cfg(feature = "peers")]
         System::Kafka => kafka::CLIENT,
+        #[cfg(feature = "peers")]
+        System::Grpc => grpc::CLIENT,
         #[cfg(not(feature = "peers"))]
         _ => "(not compiled in)",
     }
@@ -139,6 +144,17 @@ fn nats_subject(key: &str) -> String {
     key.replace('/', ".")
 }
 
+/// Why a `grpc://` target has no connection (thr, lat).
+pub(crate) const GRPC_RPC_ONLY: &str = "not supported: gRPC is only measured by bench rpc";
+
+/// Fails when a target is `grpc://`: thr and lat do not measure gRPC.
+pub(crate) fn refuse_rpc_only(targets: &[Target]) -> anyhow::Result<()> {
+    if let Some(t) = targets.iter().find(|t| t.system == System::Grpc) {
+        bail!("{t}: {GRPC_RPC_ONLY}");
+    }
+    Ok(())
+}
+
 /// How long [`Conn::flush`] waits for its round trip.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a peer driver waits for its connection to be established.
@@ -183,6 +199,7 @@ impl Conn {
     ) -> anyhow::Result<Conn> {
         let addr = target.addr();
         match target.system {
+            System::Grpc => bail!("{target}: {GRPC_RPC_ONLY}"),
             System::Hayate => {
                 let opts = hayate_client::ConnectOptions::default().name(name);
                 let c = hayate_client::Client::connect_with(addr.as_str(), opts)

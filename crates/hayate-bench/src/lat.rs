@@ -31,6 +31,7 @@ pub fn lat(opts: &LatOptions) -> anyhow::Result<Vec<Record>> {
     if opts.targets.is_empty() && !opts.include_baseline {
         bail!("nothing to measure: no target and no baseline");
     }
+    crate::driver::refuse_rpc_only(&opts.targets)?;
     let runs = opts.runs.max(1);
     let systems = opts.targets.len() + usize::from(opts.include_baseline);
     let pb = progress::bar(systems * runs);

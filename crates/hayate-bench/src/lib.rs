@@ -49,7 +49,10 @@ pub use compare::{ALL_PEERS, Cleanup, CompareOptions, CompareResult, compare};
 pub use lat::lat;
 pub use machine::MachineInfo;
 pub use report::{format_csv, format_table, print_table, write_csv, write_json};
-pub use rpc::{RpcOptions, RpcPoint, default_points as default_rpc_points, rpc};
+pub use rpc::{
+    RpcOptions, RpcPoint, ServerPlacement, default_points as default_rpc_points, rpc,
+    serve_rpc_point,
+};
 pub use sampler::MIN_MSGS_PER_SAMPLE;
 pub use size::{default_sweep, format_bits, format_rate, format_size, parse_size, parse_sizes};
 pub use target::{System, Target};

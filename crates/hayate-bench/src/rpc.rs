@@ -5,19 +5,41 @@
 //! by one. Reported: calls per second over the whole point and the percentiles of the call
 //! time (a full round trip, not a half).
 //!
+//! # Where the server runs
+//! As in rpc-bench, the serving side runs in a program of its own: with
+//! [`ServerPlacement::Child`] (what `hayate bench rpc` uses) each point starts a child
+//! process, `EXE bench rpc-server --target URL --prefix PREFIX` (the same executable; it calls
+//! [`serve_rpc_point`]), which starts the server of that system (the subscription, queryable,
+//! ROUTER socket or gRPC server below), writes one JSON line to its stdout (the endpoint the
+//! callers need, for ZeroMQ, gRPC and Zenoh peer mode, and the server version when known) and
+//! serves until its stdin closes. The callers run in the benchmark's process; when they are
+//! done the child's stdin is closed, it stops its server and exits (killed if it has not
+//! within 10 s, and killed at once if the point fails or times out). A brokerless call
+//! therefore crosses a process boundary, as a brokered one does (twice). With
+//! [`ServerPlacement::InProcess`] (`--server-in-process`, the method before) the server runs
+//! on the callers' Tokio runtime. The client field of each record says which was used
+//! (`...; server in a child process` or `...; server in-process`).
+//!
+//! # Request/reply of each system
 //! Each system does request/reply its own way (the method is recorded in the client field):
 //! - Hayate: `Client::request`, replies to the requester's inbox (`_inbox/...`).
 //! - NATS: `Client::request` (a reply subject per request, on the client's inbox prefix).
 //! - STOMP (RabbitMQ): a temp-queue: `SEND /queue/<name>` with `reply-to:/temp-queue/rpc`;
 //!   the server sends its reply to the (rewritten) `reply-to` destination.
 //! - AMQP (RabbitMQ): direct reply-to (`amq.rabbitmq.reply-to`).
-//! - ZeroMQ: REQ/REP, brokerless (one REQ socket per caller, one REP socket serving them).
+//! - ZeroMQ: brokerless, one REQ socket per caller and one ROUTER socket serving them all,
+//!   answering each request to the identity it came from (REQ -> ROUTER).
+//! - gRPC: brokerless, unary calls through tonic (one HTTP/2 connection per caller, one
+//!   server); see [`crate::driver::grpc`].
 //! - Zenoh: `get` on the server's queryable (through the router, or peer to peer).
 //! - MQTT and Kafka have no request/reply of their own here: "pub/sub request-reply", each
 //!   caller subscribes to a reply topic of its own and sends `"<caller> <n>"` to the request
 //!   topic; the server publishes the answer to that caller's reply topic (what MQTT 3.1.1
 //!   applications do; MQTT 5's response-topic property carries the same information).
 
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -26,6 +48,8 @@ use anyhow::{Context, bail};
 use bytes::Bytes;
 use futures::StreamExt;
 use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
 use crate::driver::{Conn, Sub, Topic, point_prefix};
 use crate::target::{System, Target};
@@ -53,6 +77,8 @@ pub struct RpcOptions {
     pub max_time: Duration,
     /// How long one call may take before the point fails.
     pub call_timeout: Duration,
+    /// Where the serving side of each point runs.
+    pub server: ServerPlacement,
 }
 
 impl Default for RpcOptions {
@@ -63,6 +89,27 @@ impl Default for RpcOptions {
             runs: 1,
             max_time: Duration::from_secs(120),
             call_timeout: Duration::from_secs(10),
+            server: ServerPlacement::InProcess,
+        }
+    }
+}
+
+/// Where the serving side of an RPC point runs (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerPlacement {
+    /// In the benchmark's process, on the callers' Tokio runtime.
+    InProcess,
+    /// In a child process per point: this executable, run as
+    /// `EXE bench rpc-server --target URL --prefix PREFIX`, must call [`serve_rpc_point`].
+    Child(PathBuf),
+}
+
+impl ServerPlacement {
+    /// How records say it, after the method in the client field.
+    fn label(&self) -> &'static str {
+        match self {
+            ServerPlacement::InProcess => "server in-process",
+            ServerPlacement::Child(_) => "server in a child process",
         }
     }
 }
@@ -125,9 +172,9 @@ pub(crate) fn rpc_point(target: &Target, point: RpcPoint, opts: &RpcOptions) -> 
                 .with_context(|| format!("rpc: timed out after {limit:?}"))?
         })
     });
+    r.client = client_label(target, &opts.server);
     match res {
         Ok(o) => {
-            r.client = o.client;
             r.server_version = o.version;
             let secs = o.elapsed.as_secs_f64();
             r.msgs_per_sec = Some(o.calls as f64 / secs);
@@ -185,7 +232,6 @@ fn pubsub_answer(req: &[u8]) -> Option<(u64, Bytes)> {
 }
 
 struct Outcome {
-    client: String,
     version: Option<String>,
     calls: u64,
     elapsed: Duration,
@@ -216,6 +262,11 @@ impl Server {
             #[cfg(feature = "peers")]
             zenoh: None,
         }
+    }
+
+    /// The server's version, when its connection says (Hayate, STOMP, MQTT, Kafka).
+    fn version(&self) -> Option<String> {
+        self.conns.first().and_then(Conn::server_version)
     }
 
     async fn stop(self) {
@@ -256,6 +307,8 @@ enum Caller {
     #[cfg(feature = "peers")]
     Zmq(crate::driver::zmq::RpcCaller),
     #[cfg(feature = "peers")]
+    Grpc(crate::driver::grpc::RpcCaller),
+    #[cfg(feature = "peers")]
     Zenoh(::zenoh::Session, String),
 }
 
@@ -295,6 +348,8 @@ impl Caller {
                 #[cfg(feature = "peers")]
                 Caller::Zmq(c) => c.call(req).await?,
                 #[cfg(feature = "peers")]
+                Caller::Grpc(c) => c.call(req).await?,
+                #[cfg(feature = "peers")]
                 Caller::Zenoh(s, key) => {
                     crate::driver::zenoh::rpc_call(s, key, req, timeout).await?
                 }
@@ -319,7 +374,7 @@ impl Caller {
             #[cfg(feature = "peers")]
             Caller::Amqp(c) => c.close().await,
             #[cfg(feature = "peers")]
-            Caller::Zmq(_) => {}
+            Caller::Zmq(_) | Caller::Grpc(_) => {}
             #[cfg(feature = "peers")]
             Caller::Zenoh(s, _) => {
                 let _ = s.close().await;
@@ -328,18 +383,24 @@ impl Caller {
     }
 }
 
-/// The client library and request/reply method, for records.
-fn client_label(target: &Target) -> String {
+/// The client library and request/reply method, and where the server ran, for records:
+/// `"tonic 0.14 (unary); server in a child process"`.
+fn client_label(target: &Target, server: &ServerPlacement) -> String {
     let how = match target.system {
         System::Hayate => "request, inbox reply",
         System::Nats => "request/reply",
         System::Stomp => "temp-queue reply-to",
         System::Amqp => "direct reply-to",
-        System::Zmq => "REQ/REP",
+        System::Zmq => "REQ -> ROUTER",
+        System::Grpc => "unary",
         System::Zenoh => "get/queryable",
         System::Mqtt | System::Kafka => "pub/sub request-reply, a reply topic per caller",
     };
-    format!("{} ({how})", crate::driver::client_name(target))
+    format!(
+        "{} ({how}); {}",
+        crate::driver::client_name(target),
+        server.label()
+    )
 }
 
 /// The server of pub/sub request-reply (MQTT, Kafka): answers `"<caller> <n>"` on
@@ -471,6 +532,12 @@ async fn start_server(target: &Target, prefix: &str) -> anyhow::Result<Server> {
             server.tasks.push(task);
         }
         #[cfg(feature = "peers")]
+        System::Grpc => {
+            let (endpoint, task) = crate::driver::grpc::rpc_serve(target, add_one).await?;
+            server.endpoint = Some(endpoint);
+            server.tasks.push(task);
+        }
+        #[cfg(feature = "peers")]
         System::Zenoh => {
             let (session, endpoint) = crate::driver::zenoh::open_server(target).await?;
             let task =
@@ -501,7 +568,7 @@ fn amqp_queue(prefix: &str) -> String {
 async fn connect_caller(
     target: &Target,
     prefix: &str,
-    server: &Server,
+    endpoint: Option<&str>,
     id: u64,
 ) -> anyhow::Result<Caller> {
     let key = format!("{prefix}/req");
@@ -529,15 +596,17 @@ async fn connect_caller(
         ),
         #[cfg(feature = "peers")]
         System::Zmq => {
-            let ep = server
-                .endpoint
-                .as_deref()
-                .context("zmq: no server endpoint")?;
+            let ep = endpoint.context("zmq: no server endpoint")?;
             Caller::Zmq(crate::driver::zmq::RpcCaller::connect(ep).await?)
         }
         #[cfg(feature = "peers")]
+        System::Grpc => {
+            let ep = endpoint.context("grpc: no server endpoint")?;
+            Caller::Grpc(crate::driver::grpc::RpcCaller::connect(ep).await?)
+        }
+        #[cfg(feature = "peers")]
         System::Zenoh => {
-            let s = crate::driver::zenoh::open_client(target, server.endpoint.as_deref()).await?;
+            let s = crate::driver::zenoh::open_client(target, endpoint).await?;
             Caller::Zenoh(s, key)
         }
         System::Mqtt => connect_pubsub_caller(target, &key, prefix, id).await?,
@@ -553,22 +622,230 @@ async fn run(target: &Target, point: RpcPoint, opts: &RpcOptions) -> anyhow::Res
         bail!("rpc: calls and concurrency must be at least 1");
     }
     let prefix = point_prefix();
-    let server = start_server(target, &prefix).await?;
-    let result = run_callers(target, &prefix, &server, point, opts).await;
-    server.stop().await;
-    result
+    match &opts.server {
+        ServerPlacement::InProcess => {
+            let server = start_server(target, &prefix).await?;
+            let result = run_callers(target, &prefix, server.endpoint.as_deref(), point, opts)
+                .await
+                .map(|mut o| {
+                    o.version = server.version();
+                    o
+                });
+            server.stop().await;
+            result
+        }
+        ServerPlacement::Child(exe) => {
+            // Dropped on an error or a timeout of the point: the child is killed.
+            let server = ChildServer::start(ChildServer::command(exe, target, &prefix)).await?;
+            let result = run_callers(
+                target,
+                &prefix,
+                server.ready.endpoint.as_deref(),
+                point,
+                opts,
+            )
+            .await
+            .map(|mut o| {
+                o.version = server.ready.version.clone();
+                o
+            });
+            server.stop().await;
+            result
+        }
+    }
+}
+
+/// What `bench rpc-server` writes on its one line of stdout, as JSON.
+#[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
+struct ReadyLine {
+    /// Where the callers find the server (ZeroMQ, gRPC, Zenoh peer mode).
+    #[serde(default)]
+    endpoint: Option<String>,
+    /// The server's version, when known.
+    #[serde(default)]
+    version: Option<String>,
+    /// Set (and nothing served) when the server could not start.
+    #[serde(default)]
+    error: Option<String>,
+}
+
+/// How long a child server may take to start (Kafka creates a topic).
+const CHILD_READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a child server may take to stop after its stdin closed, before it is killed.
+const CHILD_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The serving side of a point in a child process. Dropped without [`ChildServer::stop`] (an
+/// error, a timeout, a panic), it kills the child.
+struct ChildServer {
+    child: Option<tokio::process::Child>,
+    /// Closing it tells the child to stop.
+    stdin: Option<tokio::process::ChildStdin>,
+    ready: ReadyLine,
+}
+
+impl ChildServer {
+    /// `EXE bench rpc-server --target URL --prefix PREFIX`.
+    fn command(exe: &Path, target: &Target, prefix: &str) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(exe);
+        cmd.args(["bench", "rpc-server", "--target"])
+            .arg(target.to_string())
+            .args(["--prefix", prefix]);
+        cmd
+    }
+
+    /// Starts `cmd` (stdin and stdout piped, stderr inherited) and waits for its ready line.
+    async fn start(mut cmd: tokio::process::Command) -> anyhow::Result<ChildServer> {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| {
+                format!(
+                    "rpc: starting the server process {}",
+                    cmd.as_std().get_program().to_string_lossy()
+                )
+            })?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take();
+        let mut server = ChildServer {
+            child: Some(child),
+            stdin,
+            ready: ReadyLine::default(),
+        };
+        let mut lines = tokio::io::BufReader::new(stdout.context("rpc: no server stdout")?).lines();
+        let line = tokio::time::timeout(CHILD_READY_TIMEOUT, async {
+            loop {
+                match lines.next_line().await? {
+                    Some(l) if l.trim_start().starts_with('{') => return anyhow::Ok(Some(l)),
+                    Some(l) => eprintln!("rpc server: {l}"),
+                    None => return Ok(None),
+                }
+            }
+        })
+        .await
+        .with_context(|| {
+            format!("rpc: the server process was not ready within {CHILD_READY_TIMEOUT:?}")
+        })??;
+        let Some(line) = line else {
+            let status = match server.child.as_mut() {
+                Some(c) => tokio::time::timeout(Duration::from_secs(5), c.wait())
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .map(|s| s.to_string()),
+                None => None,
+            };
+            bail!(
+                "rpc: the server process ended before it was ready ({})",
+                status.unwrap_or_else(|| "still running".into())
+            );
+        };
+        server.ready = serde_json::from_str(&line)
+            .with_context(|| format!("rpc: the server process said {line:?}"))?;
+        if let Some(e) = &server.ready.error {
+            bail!("rpc server: {e}");
+        }
+        Ok(server)
+    }
+
+    /// Closes the child's stdin and waits for it to exit (killed after a timeout).
+    async fn stop(mut self) {
+        drop(self.stdin.take());
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        match tokio::time::timeout(CHILD_STOP_TIMEOUT, child.wait()).await {
+            Ok(Ok(s)) if s.success() => {}
+            Ok(Ok(s)) => tracing::warn!("rpc: the server process ended with {s}"),
+            Ok(Err(e)) => tracing::warn!("rpc: waiting for the server process: {e}"),
+            Err(_) => {
+                tracing::warn!(
+                    "rpc: the server process did not stop within {CHILD_STOP_TIMEOUT:?}: killed"
+                );
+                let _ = child.kill().await;
+            }
+        }
+    }
+}
+
+impl Drop for ChildServer {
+    fn drop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        // Killed and reaped here when possible (kill_on_drop would also kill it, but leave
+        // reaping to the runtime).
+        let _ = child.start_kill();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            match child.try_wait() {
+                Ok(Some(_)) | Err(_) => return,
+                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+        tracing::warn!("rpc: the server process was killed but has not exited yet");
+    }
+}
+
+/// The serving side of one RPC point, in this process: what `hayate bench rpc-server
+/// --target URL --prefix PREFIX` runs (see [`ServerPlacement::Child`]). Starts the server of
+/// `target` under the key prefix `prefix`, writes one JSON line to stdout
+/// (`{"endpoint":...,"version":...,"error":null}`; `error` set when the server could not
+/// start), then serves until stdin is closed (or reaches its end) and stops the server.
+pub fn serve_rpc_point(target: &Target, prefix: &str) -> anyhow::Result<()> {
+    if !target.system.available() {
+        bail!(
+            "rpc: the {} driver is not compiled in",
+            target.system.name()
+        );
+    }
+    with_runtime(|rt| {
+        rt.block_on(async {
+            let started = start_server(target, prefix).await;
+            let ready = match &started {
+                Ok(s) => ReadyLine {
+                    endpoint: s.endpoint.clone(),
+                    version: s.version(),
+                    error: None,
+                },
+                Err(e) => ReadyLine {
+                    error: Some(format!("{e:#}")),
+                    ..ReadyLine::default()
+                },
+            };
+            {
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "{}", serde_json::to_string(&ready)?)?;
+                out.flush()?;
+            }
+            let server = started?;
+            // Serve until the parent closes stdin (or ends: its end of the pipe closes too).
+            let mut stdin = tokio::io::stdin();
+            let mut buf = [0u8; 256];
+            loop {
+                match stdin.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+            server.stop().await;
+            Ok(())
+        })
+    })
 }
 
 async fn run_callers(
     target: &Target,
     prefix: &str,
-    server: &Server,
+    endpoint: Option<&str>,
     point: RpcPoint,
     opts: &RpcOptions,
 ) -> anyhow::Result<Outcome> {
     let mut callers = Vec::with_capacity(point.concurrency);
     for id in 0..point.concurrency as u64 {
-        let mut c = connect_caller(target, prefix, server, id).await?;
+        let mut c = connect_caller(target, prefix, endpoint, id).await?;
         // Warm-up and readiness: a first call must succeed (the server's subscription or
         // queryable has reached the caller's side). Retried for up to 10 s.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -584,7 +861,7 @@ async fn run_callers(
                 // reconnect to start clean.
                 Err(_) => {
                     c.close().await;
-                    c = connect_caller(target, prefix, server, id).await?;
+                    c = connect_caller(target, prefix, endpoint, id).await?;
                 }
             }
         }
@@ -643,13 +920,8 @@ async fn run_callers(
     if let Some(e) = first_err {
         return Err(e);
     }
-    let version = match &server.conns.first() {
-        Some(c) => c.server_version(),
-        None => None,
-    };
     Ok(Outcome {
-        client: client_label(target),
-        version,
+        version: None,
         calls,
         elapsed,
         hist,
@@ -669,6 +941,95 @@ mod tests {
         assert_eq!(pubsub_answer(b"3 41"), Some((3, Bytes::from("42"))));
         assert_eq!(pubsub_answer(b"41"), None);
         assert_eq!(pubsub_answer(b"x 41"), None);
+    }
+
+    /// Runs a child server that is `sh -c SCRIPT`.
+    #[cfg(unix)]
+    async fn sh_server(script: &str) -> anyhow::Result<ChildServer> {
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.arg("-c").arg(script);
+        ChildServer::start(cmd).await
+    }
+
+    #[cfg(unix)]
+    fn gone(pid: u32) -> bool {
+        !Path::new(&format!("/proc/{pid}")).exists()
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn child_servers_are_stopped_or_killed() {
+        with_runtime(|rt| {
+            rt.block_on(async {
+                // Dropped (an error or a timeout of the point): killed and reaped at once.
+                let s = sh_server(
+                    "echo 'a log line'; \
+                     echo '{\"endpoint\":\"tcp://127.0.0.1:1\",\"version\":\"v1\"}'; \
+                     exec sleep 600",
+                )
+                .await?;
+                assert_eq!(s.ready.endpoint.as_deref(), Some("tcp://127.0.0.1:1"));
+                assert_eq!(s.ready.version.as_deref(), Some("v1"));
+                let pid = s.child.as_ref().and_then(|c| c.id()).context("pid")?;
+                assert!(!gone(pid));
+                drop(s);
+                assert!(gone(pid), "the dropped child {pid} still exists");
+
+                // stop(): the child ends when its stdin closes.
+                let s = sh_server("echo '{}'; cat >/dev/null").await?;
+                assert_eq!(s.ready, ReadyLine::default());
+                let pid = s.child.as_ref().and_then(|c| c.id()).context("pid")?;
+                let t = Instant::now();
+                s.stop().await;
+                assert!(gone(pid));
+                assert!(t.elapsed() < CHILD_STOP_TIMEOUT);
+
+                // A server that could not start says why.
+                let e = sh_server("echo '{\"error\":\"no broker here\"}'; exit 1")
+                    .await
+                    .err()
+                    .context("an error")?;
+                assert!(format!("{e:#}").contains("no broker here"), "{e:#}");
+                // One that ends without a word.
+                let e = sh_server("exit 3").await.err().context("an error")?;
+                assert!(
+                    format!("{e:#}").contains("ended before it was ready"),
+                    "{e:#}"
+                );
+                Ok(())
+            })
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn ready_line_is_json() {
+        let r = ReadyLine {
+            endpoint: Some("http://127.0.0.1:5000".into()),
+            version: None,
+            error: None,
+        };
+        let s = serde_json::to_string(&r).unwrap();
+        assert!(!s.contains('\n'));
+        assert_eq!(serde_json::from_str::<ReadyLine>(&s).unwrap(), r);
+        assert_eq!(
+            serde_json::from_str::<ReadyLine>("{}").unwrap(),
+            ReadyLine::default()
+        );
+    }
+
+    #[test]
+    fn records_say_where_the_server_ran() {
+        let t = Target::parse("hayate://127.0.0.1:4700").unwrap();
+        assert_eq!(
+            client_label(&t, &ServerPlacement::Child(PathBuf::from("hayate"))),
+            concat!(
+                "hayate-client ",
+                env!("CARGO_PKG_VERSION"),
+                " (request, inbox reply); server in a child process"
+            )
+        );
+        assert!(client_label(&t, &ServerPlacement::InProcess).ends_with("; server in-process"));
     }
 
     #[test]

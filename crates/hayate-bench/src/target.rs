@@ -27,6 +27,9 @@ pub enum System {
     /// Zenoh: a client of the `zenohd` router (`?mode=client`, the default) or brokerless
     /// peer to peer (`?mode=peer`), through the `zenoh` crate (feature `peers`).
     Zenoh,
+    /// gRPC unary calls over HTTP/2, no broker, through `tonic` (feature `peers`): the
+    /// no-broker reference of `bench rpc` only (thr and lat refuse it).
+    Grpc,
 }
 
 impl System {
@@ -41,6 +44,7 @@ impl System {
             System::Kafka => "kafka",
             System::Stomp => "stomp",
             System::Zenoh => "zenoh",
+            System::Grpc => "grpc",
         }
     }
 
@@ -79,6 +83,8 @@ impl System {
             System::Kafka => 19092,
             System::Stomp => 61613,
             System::Zenoh => 7447,
+            // gRPC is served by the benchmark itself: port 0 picks a free port.
+            System::Grpc => 0,
         }
     }
 }
@@ -102,8 +108,9 @@ pub struct Target {
 impl Target {
     /// Parses `SCHEME://HOST[:PORT][?name=LABEL&KEY=VALUE...]`; the scheme is `hayate`,
     /// `nats`, `stomp`, `mqtt`, `amqp`, `zmq`, `kafka` or `zenoh` (the last four need feature
-    /// `peers`). A missing port means the system's default (hayate 4700, nats 4222, stomp
-    /// 61613, mqtt 1883, amqp 5672, zmq 0 = any free port, kafka 19092, zenoh 7447). IPv6 hosts
+    /// `peers`), or `grpc` (feature `peers`, `bench rpc` only). A missing port means the
+    /// system's default (hayate 4700, nats 4222, stomp 61613, mqtt 1883, amqp 5672, zmq 0 = any
+    /// free port, kafka 19092, zenoh 7447, grpc 0 = any free port). IPv6 hosts
     /// go in brackets: `nats://[::1]:4222`. Query parameters: `name` (any system), `qos=0|1`,
     /// `version=3.1.1|5` and `client=hayate|rumqttc` (mqtt; rumqttc needs feature `peers`),
     /// `acks=0|1|all` (kafka), `mode=client|peer` and `express=0|1` (zenoh).
@@ -121,9 +128,10 @@ impl Target {
             "kafka" => System::Kafka,
             "stomp" => System::Stomp,
             "zenoh" => System::Zenoh,
+            "grpc" => System::Grpc,
             other => bail!(
                 "target {url:?}: unknown scheme {other:?} \
-                 (expected hayate, nats, mqtt, amqp, zmq, kafka, stomp or zenoh)"
+                 (expected hayate, nats, mqtt, amqp, zmq, kafka, stomp, zenoh or grpc)"
             ),
         };
         if !system.available() {
@@ -217,10 +225,11 @@ impl Target {
         Ok(t)
     }
 
-    /// How the system is reached: "brokered", or "peer-to-peer" (ZeroMQ, Zenoh `mode=peer`).
+    /// How the system is reached: "brokered", or "peer-to-peer" (ZeroMQ, gRPC, Zenoh
+    /// `mode=peer`).
     pub fn mode(&self) -> &'static str {
         match self.system {
-            System::Zmq => "peer-to-peer",
+            System::Zmq | System::Grpc => "peer-to-peer",
             System::Zenoh if self.param("mode") == Some("peer") => "peer-to-peer",
             _ => "brokered",
         }
@@ -298,6 +307,7 @@ mod tests {
             cfg!(feature = "peers"),
             "peers are parsed only with the feature"
         );
+        assert_eq!(Target::parse("grpc://x:0").is_ok(), cfg!(feature = "peers"));
         let t = Target::parse("mqtt://x:1?qos=1&version=5").unwrap();
         assert_eq!((t.system, t.param("version")), (System::Mqtt, Some("5")));
         assert!(Target::parse("mqtt://x:1?client=hayate").is_ok());
@@ -338,5 +348,12 @@ mod tests {
         assert_eq!(Target::parse("zenoh://h:1").unwrap().mode(), "brokered");
         assert!(Target::parse("zenoh://h:1?mode=router").is_err());
         assert!(Target::parse("zenoh://h:1?express=2").is_err());
+        let t = Target::parse("grpc://127.0.0.1").unwrap();
+        assert_eq!(
+            (t.system, t.port, t.mode()),
+            (System::Grpc, 0, "peer-to-peer")
+        );
+        assert_eq!(t.to_string(), "grpc://127.0.0.1:0");
+        assert!(Target::parse("grpc://h:1?mode=peer").is_err());
     }
 }

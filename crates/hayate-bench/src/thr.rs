@@ -22,6 +22,7 @@ pub fn thr(opts: &ThrOptions) -> anyhow::Result<Vec<Record>> {
     if opts.targets.is_empty() && !opts.include_baseline {
         anyhow::bail!("nothing to measure: no target and no baseline");
     }
+    crate::driver::refuse_rpc_only(&opts.targets)?;
     let per_payload = opts.targets.len() + usize::from(opts.include_baseline);
     let pb = progress::bar(opts.payloads.len() * per_payload);
     let out = with_runtime(|rt| {

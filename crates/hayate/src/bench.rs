@@ -19,8 +19,13 @@ pub(crate) enum Test {
     Baseline,
     /// Request/reply by rpc-bench's method: the client sends a number, the server answers with
     /// the number plus one, every reply checked. Default points: 32k..512k calls at
-    /// concurrency 1, then 10k calls at concurrency 4..64 (see --calls, --concurrency).
+    /// concurrency 1, then 10k calls at concurrency 4..64 (see --calls, --concurrency). Each
+    /// point's server runs in a child process (see --server-in-process).
     Rpc,
+    /// The serving side of one rpc point (run by `bench rpc` as a child process): serves
+    /// --target under --prefix, prints one JSON line, serves until stdin closes.
+    #[value(hide = true)]
+    RpcServer,
     /// Hayate and its peers side by side: starts each peer (bench/peers/*.sh), runs the
     /// throughput sweep, the 64 B latency, RPC, iperf3 and ddsperf, writes data, charts and an
     /// HTML report to bench/results/<date>-<host>[-quick]/.
@@ -36,9 +41,10 @@ pub(crate) struct BenchArgs {
     pub(crate) server: String,
     /// Systems to measure, as URLs: `hayate://HOST:PORT`, `nats://HOST:PORT`,
     /// `stomp://HOST:PORT`, `mqtt://HOST:PORT`; with the `peers` build feature also `amqp://`,
-    /// `zmq://`, `kafka://`, `zenoh://` (`?mode=peer` for brokerless); `?name=LABEL` names the
-    /// system in the results. Repeatable: every target is measured in the same run,
-    /// interleaved per point.
+    /// `zmq://`, `kafka://`, `zenoh://` (`?mode=peer` for brokerless) and, for rpc only,
+    /// `grpc://` (a tonic server started by the benchmark; port 0 = a free port);
+    /// `?name=LABEL` names the system in the results. Repeatable: every target is measured in
+    /// the same run, interleaved per point.
     #[arg(long, value_name = "URL")]
     pub(crate) target: Vec<String>,
     /// Also measure the raw TCP baseline in the same run (thr and lat).
@@ -79,6 +85,14 @@ pub(crate) struct BenchArgs {
     /// rpc: a point stops after this long; the calls made so far count.
     #[arg(long, default_value = "120s")]
     pub(crate) max_time: String,
+    /// rpc: run each point's server in this process, on the callers' runtime (the method
+    /// before; recorded as "server in-process"). By default it runs in a child process
+    /// (this executable), as rpc-bench runs its server as a program of its own.
+    #[arg(long)]
+    pub(crate) server_in_process: bool,
+    /// rpc-server: the key prefix of the point (given by `bench rpc`).
+    #[arg(long, hide = true)]
+    pub(crate) prefix: Option<String>,
     /// compare: peers to run, comma-separated (default: all of them; those whose driver is
     /// not compiled in or whose install fails are reported as skipped).
     #[arg(long, value_name = "LIST")]
@@ -205,9 +219,24 @@ fn rpc_points(a: &BenchArgs) -> Result<Vec<hayate_bench::RpcPoint>> {
     Ok(points)
 }
 
+/// `bench rpc-server --target URL --prefix PREFIX`: the child process of one rpc point.
+fn rpc_server(a: &BenchArgs) -> Result<()> {
+    let [target] = a.target.as_slice() else {
+        bail!("rpc-server: exactly one --target");
+    };
+    let target = Target::parse(target)?;
+    let Some(prefix) = a.prefix.as_deref() else {
+        bail!("rpc-server: --prefix is required");
+    };
+    tokio::task::block_in_place(|| hayate_bench::serve_rpc_point(&target, prefix))
+}
+
 pub(crate) async fn run(a: BenchArgs) -> Result<()> {
     if a.test == Test::Compare {
         return compare(a).await;
+    }
+    if a.test == Test::RpcServer {
+        return rpc_server(&a);
     }
     let mut targets: Vec<Target> = a
         .target
@@ -261,8 +290,13 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
                 runs: a.runs.max(1),
                 max_time: parse_duration(&a.max_time)?,
                 call_timeout: Duration::from_secs(10),
+                server: if a.server_in_process {
+                    hayate_bench::ServerPlacement::InProcess
+                } else {
+                    hayate_bench::ServerPlacement::Child(std::env::current_exe()?)
+                },
             })?,
-            Test::Baseline | Test::Compare => {
+            Test::Baseline | Test::Compare | Test::RpcServer => {
                 let mut r = hayate_bench::baseline_thr(&thr_opts(Vec::new(), true))?;
                 r.extend(hayate_bench::baseline_lat(&lat_opts(Vec::new(), true))?);
                 r

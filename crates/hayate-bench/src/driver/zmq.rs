@@ -305,8 +305,16 @@ impl ZmqSub {
     }
 }
 
-/// The RPC server: a REP socket bound on the target's host (a free port) answering each
-/// request with `handler`. Returns its endpoint and its task.
+/// The RPC server: a ROUTER socket bound on the target's HOST:PORT (port 0: a free port)
+/// answering each request with `handler`, sent back to the identity it came from. A REQ
+/// caller's request arrives as `[identity, "", body]` (the envelope, its empty delimiter, the
+/// body); the answer goes out as `[identity, "", answer]`. A REP socket is locked in
+/// receive/answer steps with one current requester, and the `zeromq` crate's REP returns an
+/// error from `recv` when a caller's connection fails; ROUTER fair-queues the requests of all
+/// callers with their identities and the server addresses each answer itself, so concurrent
+/// callers are served, and one that goes away costs only its own answers (a failed send is
+/// skipped). Requests are answered one at a time, in arrival order. Returns its endpoint and
+/// its task.
 pub(crate) async fn rpc_serve(
     target: &Target,
     handler: fn(&[u8]) -> Bytes,
@@ -316,24 +324,41 @@ pub(crate) async fn rpc_serve(
     } else {
         target.host.clone()
     };
-    let mut rep = zeromq::RepSocket::new();
-    let endpoint = rep
+    let mut router = zeromq::RouterSocket::new();
+    let endpoint = router
         .bind(&format!("tcp://{host}:{}", target.port))
         .await
-        .with_context(|| format!("binding a REP socket on {host}"))?
+        .with_context(|| format!("binding a ROUTER socket on {host}:{}", target.port))?
         .to_string();
     let task = tokio::spawn(async move {
-        while let Ok(m) = rep.recv().await {
-            let answer = handler(m.get(0).map(|b| &b[..]).unwrap_or(&[]));
-            if rep.send(ZmqMessage::from(answer)).await.is_err() {
-                break;
+        while let Ok(m) = router.recv().await {
+            let Some(reply) = router_reply(m, handler) else {
+                continue; // no envelope: not from a REQ socket
+            };
+            if let Err(e) = router.send(reply).await {
+                tracing::debug!("zmq: an answer was not sent (its caller is gone?): {e}");
             }
         }
     });
     Ok((endpoint, task))
 }
 
-/// An RPC caller: a REQ socket connected to the server's REP.
+/// The answer to a request received by a ROUTER: the request's envelope (the frames up to and
+/// including the first empty one: the identity, then the delimiter) followed by
+/// `handler(body)`. `None` when there is no delimiter or no body.
+fn router_reply(m: ZmqMessage, handler: fn(&[u8]) -> Bytes) -> Option<ZmqMessage> {
+    let mut frames = m.into_vecdeque();
+    let delim = frames.iter().position(|f| f.is_empty())?;
+    let answer = handler(frames.get(delim + 1)?);
+    frames.truncate(delim + 1);
+    let mut reply = ZmqMessage::from(answer);
+    for f in frames.into_iter().rev() {
+        reply.push_front(f);
+    }
+    Some(reply)
+}
+
+/// An RPC caller: a REQ socket connected to the server's ROUTER.
 pub(crate) struct RpcCaller(zeromq::ReqSocket);
 
 impl RpcCaller {
@@ -349,5 +374,64 @@ impl RpcCaller {
         self.0.send(ZmqMessage::from(req)).await?;
         let m = self.0.recv().await?;
         m.get(0).cloned().context("zmq: empty reply")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_answers_to_the_envelope() {
+        let mut m = ZmqMessage::from(Bytes::from_static(b"41"));
+        m.push_front(Bytes::new());
+        m.push_front(Bytes::from_static(b"\x00id"));
+        let r = router_reply(m, crate::rpc::add_one).unwrap().into_vec();
+        assert_eq!(
+            r,
+            vec![
+                Bytes::from_static(b"\x00id"),
+                Bytes::new(),
+                Bytes::from_static(b"42")
+            ]
+        );
+        assert!(
+            router_reply(
+                ZmqMessage::from(Bytes::from_static(b"41")),
+                crate::rpc::add_one
+            )
+            .is_none()
+        );
+    }
+
+    #[test]
+    fn req_callers_share_one_router() {
+        crate::with_runtime(|rt| {
+            rt.block_on(async {
+                let t = Target::parse("zmq://127.0.0.1:0")?;
+                let (ep, task) = rpc_serve(&t, crate::rpc::add_one).await?;
+                let mut callers = Vec::new();
+                for _ in 0..4 {
+                    callers.push(RpcCaller::connect(&ep).await?);
+                }
+                let mut calls = Vec::new();
+                for (k, mut c) in callers.into_iter().enumerate() {
+                    calls.push(tokio::spawn(async move {
+                        for i in 0..50u64 {
+                            let n = k as u64 * 1000 + i;
+                            let r = c.call(Bytes::from(n.to_string())).await?;
+                            crate::rpc::check_reply(n, &r)?;
+                        }
+                        anyhow::Ok(())
+                    }));
+                }
+                for c in calls {
+                    c.await??;
+                }
+                task.abort();
+                Ok(())
+            })
+        })
+        .unwrap();
     }
 }
