@@ -22,7 +22,10 @@
 //!
 //! # Request/reply of each system
 //! Each system does request/reply its own way (the method is recorded in the client field):
-//! - Hayate: `Client::request`, replies to the requester's inbox (`_inbox/...`).
+//! - Hayate: `Client::request`, replies to the requester's inbox (`_inbox/...`); through
+//!   the broker, or with `hayate://HOST?mode=peer` peer to peer: the server is a
+//!   `hayate_client::peer::PeerServer` on HOST (a free port) and each caller connects its
+//!   `Client` to it directly (two sockets crossed per call instead of four).
 //! - NATS: `Client::request` (a reply subject per request, on the client's inbox prefix).
 //! - STOMP (RabbitMQ): a temp-queue: `SEND /queue/<name>` with `reply-to:/temp-queue/rpc`;
 //!   the server sends its reply to the (rewritten) `reply-to` destination.
@@ -243,8 +246,11 @@ struct Outcome {
 struct Server {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     conns: Vec<Conn>,
-    /// Where callers find the server (ZeroMQ's endpoint; Zenoh peer mode's listener).
+    /// Where callers find the server (ZeroMQ's endpoint; Zenoh peer mode's listener; the
+    /// Hayate peer's address).
     endpoint: Option<String>,
+    /// Hayate peer to peer: the direct listener.
+    peer: Option<hayate_client::peer::PeerServer>,
     #[cfg(feature = "peers")]
     amqp: Option<crate::driver::amqp::RpcServer>,
     #[cfg(feature = "peers")]
@@ -257,6 +263,7 @@ impl Server {
             tasks: Vec::new(),
             conns: Vec::new(),
             endpoint: None,
+            peer: None,
             #[cfg(feature = "peers")]
             amqp: None,
             #[cfg(feature = "peers")]
@@ -272,6 +279,9 @@ impl Server {
     async fn stop(self) {
         for t in &self.tasks {
             t.abort();
+        }
+        if let Some(p) = self.peer {
+            p.close().await;
         }
         for c in self.conns {
             c.close(Duration::from_secs(5)).await;
@@ -387,6 +397,7 @@ impl Caller {
 /// `"tonic 0.14 (unary); server in a child process"`.
 fn client_label(target: &Target, server: &ServerPlacement) -> String {
     let how = match target.system {
+        System::Hayate if target.mode() == "peer-to-peer" => "request, direct to a PeerServer",
         System::Hayate => "request, inbox reply",
         System::Nats => "request/reply",
         System::Stomp => "temp-queue reply-to",
@@ -462,6 +473,26 @@ async fn start_server(target: &Target, prefix: &str) -> anyhow::Result<Server> {
     let mut server = Server::new();
     let key = format!("{prefix}/req");
     match target.system {
+        System::Hayate if target.mode() == "peer-to-peer" => {
+            // Direct: a PeerServer on the target's host (a free port) that callers connect to.
+            let host = if target.host.contains(':') {
+                format!("[{}]", target.host)
+            } else {
+                target.host.clone()
+            };
+            let peer = hayate_client::peer::PeerServer::bind(
+                &format!("{host}:0"),
+                &[&key],
+                |m: hayate_core::Message| async move {
+                    let mut r = hayate_core::Message::new(m.reply_to?, add_one(&m.payload));
+                    r.correlation_id = m.correlation_id;
+                    Some(r)
+                },
+            )
+            .await?;
+            server.endpoint = Some(peer.local_addr().to_string());
+            server.peer = Some(peer);
+        }
         System::Hayate => {
             let c = hayate_client::Client::connect(&target.addr()).await?;
             let mut sub = c.subscribe(&key).await?;
@@ -574,7 +605,11 @@ async fn connect_caller(
     let key = format!("{prefix}/req");
     Ok(match target.system {
         System::Hayate => {
-            let c = hayate_client::Client::connect(&target.addr()).await?;
+            let addr = match endpoint {
+                Some(ep) => ep.to_string(),
+                None => target.addr(),
+            };
+            let c = hayate_client::Client::connect(&addr).await?;
             Caller::Hayate(c, hayate_core::Key::new(&key)?)
         }
         System::Nats => {

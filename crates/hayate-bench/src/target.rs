@@ -64,6 +64,7 @@ impl System {
     /// The query parameters a target URL of this system accepts, besides `name`.
     fn params(self) -> &'static [&'static str] {
         match self {
+            System::Hayate => &["mode"],
             System::Mqtt => &["qos", "version", "client"],
             System::Kafka => &["acks"],
             System::Zenoh => &["mode", "express"],
@@ -113,7 +114,9 @@ impl Target {
     /// free port, kafka 19092, zenoh 7447, grpc 0 = any free port). IPv6 hosts
     /// go in brackets: `nats://[::1]:4222`. Query parameters: `name` (any system), `qos=0|1`,
     /// `version=3.1.1|5` and `client=hayate|rumqttc` (mqtt; rumqttc needs feature `peers`),
-    /// `acks=0|1|all` (kafka), `mode=client|peer` and `express=0|1` (zenoh).
+    /// `acks=0|1|all` (kafka), `mode=client|peer` and `express=0|1` (zenoh), `mode=peer`
+    /// (hayate, `bench rpc` only: the server is a `PeerServer` that callers reach directly;
+    /// HOST is where it listens, the port is ignored).
     pub fn parse(url: &str) -> anyhow::Result<Target> {
         let url = url.trim();
         let (scheme, rest) = url
@@ -206,6 +209,12 @@ impl Target {
             name,
             params,
         };
+        if system == System::Hayate {
+            match t.param("mode") {
+                None | Some("broker") | Some("peer") => {}
+                Some(m) => bail!("target {url:?}: unknown hayate mode {m:?} (broker or peer)"),
+            }
+        }
         if system == System::Mqtt {
             match t.param("client") {
                 None | Some("hayate") => {}
@@ -230,7 +239,7 @@ impl Target {
     pub fn mode(&self) -> &'static str {
         match self.system {
             System::Zmq | System::Grpc => "peer-to-peer",
-            System::Zenoh if self.param("mode") == Some("peer") => "peer-to-peer",
+            System::Zenoh | System::Hayate if self.param("mode") == Some("peer") => "peer-to-peer",
             _ => "brokered",
         }
     }
@@ -355,5 +364,9 @@ mod tests {
         );
         assert_eq!(t.to_string(), "grpc://127.0.0.1:0");
         assert!(Target::parse("grpc://h:1?mode=peer").is_err());
+        let t = Target::parse("hayate://127.0.0.1:0?mode=peer&name=hayate-p2p").unwrap();
+        assert_eq!((t.system(), t.mode()), ("hayate-p2p", "peer-to-peer"));
+        assert_eq!(Target::parse("hayate://h").unwrap().mode(), "brokered");
+        assert!(Target::parse("hayate://h?mode=router").is_err());
     }
 }
