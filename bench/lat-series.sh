@@ -26,6 +26,7 @@ for ((r = 0; r < RUNS; r++)); do
     [[ ${#EXTRA[@]} -gt 0 ]] || EXTRA=(--duration 2s --warmup 1s --payload 64)
     "$HAYATE" bench lat "${args[@]}" --runs 1 "${EXTRA[@]}" --json "$OUT/$(printf 'run-%03d.json' "$r")" >/dev/null 2>&1 \
         || echo "lat-series: run $r failed" >&2
+    rm -f "$OUT"/run-*-lat.svg   # one chart per run is noise; summary.md is the result
     printf '.' >&2
 done
 echo >&2
