@@ -54,6 +54,8 @@ pub const ALL_PEERS: &[&str] = &[
     "zenoh",
     "zenoh-p2p",
     "zmq",
+    "hayate-p2p",
+    "grpc",
     "ddsperf",
     "iperf3",
 ];
@@ -68,6 +70,8 @@ struct Spec {
     /// Port passed to `start` (0: a free port chosen here; `None`: no argument).
     port: Option<u16>,
     settings: &'static str,
+    /// Measured by the RPC benchmark only (request/reply systems without pub/sub here).
+    rpc_only: bool,
 }
 
 fn spec(name: &str) -> Option<Spec> {
@@ -77,6 +81,7 @@ fn spec(name: &str) -> Option<Spec> {
         url,
         port,
         settings,
+        rpc_only: false,
     };
     Some(match name {
         "hayate" => s(
@@ -171,6 +176,28 @@ fn spec(name: &str) -> Option<Spec> {
             "brokerless: two peer sessions, one listening on loopback and one connecting; \
              reliable, congestion control Block, automatic batching; RPC by get/queryable",
         ),
+        "hayate-p2p" => Spec {
+            rpc_only: true,
+            ..s(
+                "hayate-p2p",
+                None,
+                Some("hayate://127.0.0.1:0?mode=peer&name=hayate-p2p"),
+                None,
+                "RPC only: Hayate peer to peer, no broker: the server is a PeerServer \
+                 (hayate-client) on a free loopback port, each caller connects its Client to it",
+            )
+        },
+        "grpc" => Spec {
+            rpc_only: true,
+            ..s(
+                "grpc",
+                None,
+                Some("grpc://127.0.0.1:0"),
+                None,
+                "RPC only: gRPC unary calls (tonic), the no-broker reference; one HTTP/2 \
+                 connection per caller",
+            )
+        },
         "ddsperf" => s(
             "ddsperf",
             Some("cyclonedds"),
@@ -368,9 +395,14 @@ fn prepare(
         return Ok((Some(t), format!("hayate {}", env!("CARGO_PKG_VERSION"))));
     }
     let Some(script) = spec.script else {
-        // Brokerless, in-process.
+        // Brokerless: in the bench process for thr/lat, a child process for RPC.
         let url = spec.url.unwrap_or_default();
-        return Ok((Some(Target::parse(url)?), "in-process".into()));
+        let version = match spec.name {
+            "hayate-p2p" => format!("hayate {}", env!("CARGO_PKG_VERSION")),
+            "grpc" => crate::driver::client_name(&Target::parse(url)?).to_string(),
+            _ => "brokerless".into(),
+        };
+        return Ok((Some(Target::parse(url)?), version));
     };
     let path = script_path(&opts.root, script);
     if !path.exists() {
@@ -469,7 +501,12 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
             .iter()
             .any(|p| p.spec.name == n && p.skipped.is_none())
     };
-    let targets: Vec<Target> = peers.iter().filter_map(|p| p.target.clone()).collect();
+    let rpc_targets: Vec<Target> = peers.iter().filter_map(|p| p.target.clone()).collect();
+    let targets: Vec<Target> = peers
+        .iter()
+        .filter(|p| !p.spec.rpc_only)
+        .filter_map(|p| p.target.clone())
+        .collect();
 
     let quick = opts.quick;
     let payloads: Vec<usize> = if quick {
@@ -506,7 +543,7 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
     // single pass favours whoever runs second on this kind of machine), medians reported.
     let calls = if quick { 5_000 } else { 32_000 };
     let rpc_opts = crate::RpcOptions {
-        targets: targets.clone(),
+        targets: rpc_targets.clone(),
         points: vec![crate::RpcPoint {
             calls,
             concurrency: 1,
