@@ -17,9 +17,11 @@
 //! the RPC layer on top.
 //!
 //! Requests on one connection are handled concurrently (their handler futures are polled by
-//! the connection's task, without a task per request); replies go out as they complete, all
-//! replies that are ready written at once. Malformed input gets an ERR frame and the
-//! connection is closed; the listener and the other connections carry on.
+//! the connection's task, without a task per request), at most
+//! [`PeerOptions::max_in_flight`] at a time (a pipelining caller beyond that waits, its
+//! requests unread); replies go out as they complete, all those ready in one write. Malformed
+//! input gets an ERR frame and the connection is closed; the listener and the other
+//! connections carry on.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -60,6 +62,9 @@ pub struct PeerOptions {
     pub max_payload: u64,
     /// How long a new connection may take to send HELLO.
     pub handshake_timeout: Duration,
+    /// Requests of one connection being handled at once; past it the connection's further
+    /// requests wait, unread, until one is answered (back-pressure on a pipelining caller).
+    pub max_in_flight: usize,
 }
 
 impl Default for PeerOptions {
@@ -68,6 +73,7 @@ impl Default for PeerOptions {
             name: "hayate-peer".into(),
             max_payload: 64 * 1024 * 1024,
             handshake_timeout: Duration::from_secs(10),
+            max_in_flight: 4096,
         }
     }
 }
@@ -119,6 +125,9 @@ impl PeerServer {
             return Err(Error::Protocol(
                 "max_payload must be between 1 and 4 GiB".into(),
             ));
+        }
+        if options.max_in_flight == 0 {
+            return Err(Error::Protocol("max_in_flight must be at least 1".into()));
         }
         let listener = TcpListener::bind(addr.strip_prefix("hayate://").unwrap_or(addr)).await?;
         let local = listener.local_addr()?;
@@ -218,11 +227,12 @@ async fn serve_conn(
         .saturating_add(64 * 1024);
     let handshake = tokio::time::sleep(shared.options.handshake_timeout);
     tokio::pin!(handshake);
+    let max_in_flight = shared.options.max_in_flight;
     let mut reading = true;
     loop {
-        // Every complete frame of the buffer, then every reply already available, then one
-        // write for all of it.
-        while reading {
+        // Every complete frame of the buffer (up to the in-flight limit), then every reply
+        // already available, then one write for all of it.
+        while reading && running.len() < max_in_flight {
             let before = buf.len();
             match decode(&mut buf, max_frame) {
                 Ok(Some(frame)) => {
@@ -252,6 +262,13 @@ async fn serve_conn(
             match running.next().await {
                 Some(done) => route(&mut c, done),
                 None => break,
+            }
+            continue;
+        }
+        if running.len() >= max_in_flight {
+            // Full: no more requests until one is answered.
+            if let Some(done) = running.next().await {
+                route(&mut c, done);
             }
             continue;
         }

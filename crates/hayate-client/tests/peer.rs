@@ -254,3 +254,54 @@ async fn rpc_over_a_direct_connection() {
     .await;
     server.close().await;
 }
+
+#[tokio::test]
+async fn a_pipelining_caller_is_held_to_the_in_flight_limit() {
+    use hayate_client::peer::PeerOptions;
+    let now = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let (n, m) = (now.clone(), most.clone());
+    let options = PeerOptions {
+        max_in_flight: 3,
+        ..PeerOptions::default()
+    };
+    let server = PeerServer::bind_with("127.0.0.1:0", &["svc/**"], options, move |req: Message| {
+        let (n, m) = (n.clone(), m.clone());
+        async move {
+            let running = n.fetch_add(1, Ordering::SeqCst) + 1;
+            m.fetch_max(running, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            n.fetch_sub(1, Ordering::SeqCst);
+            let mut r = Message::new(req.reply_to.clone()?, req.payload.clone());
+            r.correlation_id = req.correlation_id.clone();
+            Some(r)
+        }
+    })
+    .await
+    .unwrap();
+    let c = Client::connect(&server.local_addr().to_string())
+        .await
+        .unwrap();
+    within(20, async {
+        let k = Key::new("svc/x").unwrap();
+        let calls: Vec<_> = (0..30)
+            .map(|i| {
+                let (c, k) = (c.clone(), k.clone());
+                tokio::spawn(async move { c.request(&k, i.to_string(), T).await })
+            })
+            .collect();
+        for (i, h) in calls.into_iter().enumerate() {
+            assert_eq!(
+                h.await.unwrap().unwrap().payload,
+                Bytes::from(i.to_string())
+            );
+        }
+    })
+    .await;
+    let most = most.load(Ordering::SeqCst);
+    assert!(
+        (2..=3).contains(&most),
+        "at most {most} requests were handled at once"
+    );
+    server.close().await;
+}
