@@ -782,6 +782,13 @@ impl ChildServer {
         if let Some(e) = &server.ready.error {
             bail!("rpc server: {e}");
         }
+        // Keep reading the child's stdout (to stderr): a closed pipe would fail its next
+        // write.
+        tokio::spawn(async move {
+            while let Ok(Some(l)) = lines.next_line().await {
+                eprintln!("rpc server: {l}");
+            }
+        });
         Ok(server)
     }
 
@@ -932,8 +939,10 @@ async fn run_callers(
                 }
             }
             .await;
+            // The point's time ends with the last call, not with the connection's close.
+            let end = t0.elapsed();
             c.close().await;
-            res.map(|()| (hist, done))
+            res.map(|()| (hist, done, end))
         }));
     }
     let mut hist = crate::lat::new_histogram()?;
@@ -942,15 +951,15 @@ async fn run_callers(
     let mut first_err = None;
     for t in tasks {
         match t.await.context("rpc caller task")? {
-            Ok((h, d)) => {
+            Ok((h, d, end)) => {
                 hist.add(&h)?;
                 calls += d;
+                elapsed = elapsed.max(end);
             }
             Err(e) => {
                 first_err.get_or_insert(e);
             }
         }
-        elapsed = t0.elapsed().max(elapsed);
     }
     if let Some(e) = first_err {
         return Err(e);

@@ -23,6 +23,7 @@
 //! input gets an ERR frame and the connection is closed; the listener and the other
 //! connections carry on.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -39,9 +40,11 @@ use hayate_wire::{
     encode_msg,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::{Error, Result};
 
@@ -65,6 +68,9 @@ pub struct PeerOptions {
     /// Requests of one connection being handled at once; past it the connection's further
     /// requests wait, unread, until one is answered (back-pressure on a pipelining caller).
     pub max_in_flight: usize,
+    /// How long a closing connection (the server closing, or the caller sending CLOSE or
+    /// going away) may take to answer the requests in hand and write the replies.
+    pub drain_timeout: Duration,
 }
 
 impl Default for PeerOptions {
@@ -74,6 +80,7 @@ impl Default for PeerOptions {
             max_payload: 64 * 1024 * 1024,
             handshake_timeout: Duration::from_secs(10),
             max_in_flight: 4096,
+            drain_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -187,7 +194,12 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch
         }
     }
     drop(listener);
-    while conns.join_next().await.is_some() {}
+    // Each connection gives itself drain_timeout (+ LINGER) to finish; this is a backstop.
+    let all = async { while conns.join_next().await.is_some() {} };
+    let bound = shared.options.drain_timeout + LINGER + Duration::from_secs(1);
+    if tokio::time::timeout(bound, all).await.is_err() {
+        conns.abort_all();
+    }
 }
 
 /// One connection's state, apart from the socket.
@@ -196,6 +208,10 @@ struct Conn {
     welcomed: bool,
     subs: Vec<(u32, KeyExpr)>,
     out: BytesMut,
+    /// Requests decoded but not started (the rest of a PUB_BATCH past the in-flight limit).
+    queued: VecDeque<Message>,
+    /// An ERR was sent: close without answering what is in hand.
+    refused: bool,
 }
 
 /// What the reader does after a frame.
@@ -204,6 +220,10 @@ enum Next {
     /// Stop reading (CLOSE, or an error already reported with ERR).
     Stop,
 }
+
+/// How long a closed connection reads (and discards) what the caller still sends, so that
+/// closing with unread input does not reset the connection and lose the last replies.
+const LINGER: Duration = Duration::from_secs(1);
 
 async fn serve_conn(
     stream: TcpStream,
@@ -218,6 +238,8 @@ async fn serve_conn(
         welcomed: false,
         subs: Vec::new(),
         out: BytesMut::new(),
+        queued: VecDeque::new(),
+        refused: false,
     };
     let mut buf = BytesMut::with_capacity(READ_BUF);
     let mut planner = ReadPlanner::new();
@@ -228,11 +250,25 @@ async fn serve_conn(
     let handshake = tokio::time::sleep(shared.options.handshake_timeout);
     tokio::pin!(handshake);
     let max_in_flight = shared.options.max_in_flight;
+    let drain = shared.options.drain_timeout;
     let mut reading = true;
+    // Set once the connection stops reading: the end of its grace period.
+    let mut deadline: Option<Instant> = None;
     loop {
-        // Every complete frame of the buffer (up to the in-flight limit), then every reply
-        // already available, then one write for all of it.
-        while reading && running.len() < max_in_flight {
+        // Start queued requests, then decode every complete frame of the buffer, both up to
+        // the in-flight limit; then collect every reply already available and write it all
+        // at once.
+        while running.len() < max_in_flight
+            && let Some(m) = c.queued.pop_front()
+        {
+            running.push((shared.handler)(m));
+        }
+        let mut held = false;
+        while reading {
+            if running.len() + c.queued.len() >= max_in_flight {
+                held = true;
+                break;
+            }
             let before = buf.len();
             match decode(&mut buf, max_frame) {
                 Ok(Some(frame)) => {
@@ -248,26 +284,48 @@ async fn serve_conn(
                 }
             }
         }
+        if !reading && deadline.is_none() {
+            deadline = Some(Instant::now() + drain);
+        }
+        if c.refused {
+            // After an ERR the connection closes at once (protocol.md); replies in hand are
+            // dropped.
+            running = FuturesUnordered::new();
+            c.queued.clear();
+        }
         while let Some(Some(done)) = running.next().now_or_never() {
             route(&mut c, done);
         }
-        if !c.out.is_empty() {
-            if w.write_all(&c.out).await.is_err() {
-                return;
-            }
-            c.out.clear();
+        if !c.out.is_empty()
+            && !write_out(&mut w, &mut c.out, &mut stop, &mut deadline, drain).await
+        {
+            return;
         }
-        if !reading {
-            // Answer what is in hand, then close.
-            match running.next().await {
-                Some(done) => route(&mut c, done),
-                None => break,
+        if !reading || held {
+            if running.is_empty() && c.queued.is_empty() {
+                if reading {
+                    continue; // held by queued work that just finished: decode again
+                }
+                break;
             }
-            continue;
-        }
-        if running.len() >= max_in_flight {
-            // Full: no more requests until one is answered.
-            if let Some(done) = running.next().await {
+            if running.is_empty() {
+                continue; // start queued requests
+            }
+            // Answer what is in hand (before reading more, or before closing).
+            let done = match deadline {
+                Some(d) => match tokio::time::timeout_at(d, running.next()).await {
+                    Ok(done) => done,
+                    Err(_) => break,
+                },
+                None => tokio::select! {
+                    done = running.next() => done,
+                    _ = stop.changed() => {
+                        reading = false;
+                        continue;
+                    }
+                },
+            };
+            if let Some(done) = done {
                 route(&mut c, done);
             }
             continue;
@@ -292,10 +350,48 @@ async fn serve_conn(
         }
     }
     let _ = w.shutdown().await;
+    // Drain what the caller still sends until it closes (or briefly), so that the close
+    // does not reset the connection with replies still in flight.
+    let _ = tokio::time::timeout(LINGER, async {
+        let mut sink = [0u8; 4096];
+        while matches!(r.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
+
+/// Writes all of `out`. Gives up (false) on an error or, once the server is stopping, at
+/// `deadline` (a caller that does not read must not hold a stopping server).
+async fn write_out(
+    w: &mut OwnedWriteHalf,
+    out: &mut BytesMut,
+    stop: &mut watch::Receiver<bool>,
+    deadline: &mut Option<Instant>,
+    drain: Duration,
+) -> bool {
+    while !out.is_empty() {
+        let r = match *deadline {
+            Some(d) => match tokio::time::timeout_at(d, w.write_buf(out)).await {
+                Ok(r) => r,
+                Err(_) => return false,
+            },
+            None => tokio::select! {
+                r = w.write_buf(out) => r,
+                _ = stop.changed() => {
+                    *deadline = Some(Instant::now() + drain);
+                    continue;
+                }
+            },
+        };
+        if !matches!(r, Ok(n) if n > 0) {
+            return false;
+        }
+    }
+    true
 }
 
 /// Queues an ERR frame (the caller stops reading and closes after writing it).
 fn refuse(c: &mut Conn, code: ErrorCode, message: &str) {
+    c.refused = true;
     tracing::debug!(
         conn = c.id,
         code = code.code(),
@@ -361,14 +457,21 @@ fn on_frame(
                 return Next::Stop;
             }
             if served(&key) {
-                for p in payloads {
-                    running.push((shared.handler)(Message::new(key.clone(), p)));
-                }
+                // Started as the in-flight limit allows.
+                c.queued
+                    .extend(payloads.into_iter().map(|p| Message::new(key.clone(), p)));
             }
         }
         Frame::Sub(s) => {
+            if c.subs.iter().any(|(sid, _)| *sid == s.sid) {
+                refuse(
+                    c,
+                    ErrorCode::BadSubscription,
+                    &format!("subscription id {} is already in use", s.sid),
+                );
+                return Next::Stop;
+            }
             // One connection, so a queue group has one member: a plain subscription.
-            c.subs.retain(|(sid, _)| *sid != s.sid);
             c.subs.push((s.sid, s.expr));
         }
         Frame::Unsub { sid } => c.subs.retain(|(s, _)| *s != sid),

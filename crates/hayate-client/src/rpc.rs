@@ -436,6 +436,9 @@ impl Client {
 
     /// [`serve`](Client::serve) with options: with [`ServeOptions::direct`], the server also
     /// accepts direct (peer-to-peer) calls on its own listener, with the same handler.
+    /// Direct requests are not given a task each: their handler futures are polled by their
+    /// connection's task (see [`crate::peer`]), so a handler that blocks its thread stalls
+    /// that connection; spawn blocking work.
     pub async fn serve_with<F, Fut, E>(
         &self,
         spec: &Target,

@@ -305,3 +305,143 @@ async fn a_pipelining_caller_is_held_to_the_in_flight_limit() {
     );
     server.close().await;
 }
+
+/// HELLO, then SUB of an inbox `_inbox/x/*` as sid 1, as one byte string.
+fn hello_and_inbox() -> Vec<u8> {
+    let hello = Frame::Hello(hayate_wire::Hello {
+        version: hayate_wire::PROTOCOL_VERSION,
+        flags: 0,
+        name: "raw".into(),
+        auth: Bytes::new(),
+    });
+    let sub = Frame::Sub(hayate_wire::Sub {
+        sid: 1,
+        qos: hayate_client::Qos::default(),
+        group: None,
+        expr: hayate_client::KeyExpr::new("_inbox/x/*").unwrap(),
+    });
+    [frame(&hello), frame(&sub)].concat()
+}
+
+fn request(n: u32) -> Vec<u8> {
+    let mut m = Message::new(Key::new("svc/add").unwrap(), n.to_string());
+    m.reply_to = Some(Key::new(&format!("_inbox/x/{n}")).unwrap());
+    frame(&Frame::Pub(m))
+}
+
+#[tokio::test]
+async fn requests_held_at_the_limit_are_answered_without_more_input() {
+    use hayate_client::peer::PeerOptions;
+    // One request at a time, an immediate handler, and five requests (and a batch of casts)
+    // in one write: everything already received must be answered although nothing more
+    // arrives.
+    let casts = Arc::new(AtomicUsize::new(0));
+    let n = casts.clone();
+    let options = PeerOptions {
+        max_in_flight: 1,
+        ..PeerOptions::default()
+    };
+    let server = PeerServer::bind_with("127.0.0.1:0", &["svc/**"], options, move |m: Message| {
+        let n = n.clone();
+        async move {
+            let Some(to) = m.reply_to.clone() else {
+                n.fetch_add(1, Ordering::SeqCst);
+                return None;
+            };
+            Some(Message::new(to, m.payload.clone()))
+        }
+    })
+    .await
+    .unwrap();
+    within(10, async {
+        let mut s = tokio::net::TcpStream::connect(server.local_addr())
+            .await
+            .unwrap();
+        let batch = Frame::PubBatch {
+            key: Key::new("svc/cast").unwrap(),
+            payloads: (0..50).map(|i| Bytes::from(format!("{i}"))).collect(),
+        };
+        let mut bytes = hello_and_inbox();
+        for i in 0..5 {
+            bytes.extend(request(i));
+        }
+        bytes.extend(frame(&batch));
+        bytes.extend(request(5));
+        bytes.extend(frame(&Frame::Ping(9)));
+        s.write_all(&bytes).await.unwrap();
+        let mut buf = BytesMut::new();
+        let mut replies = Vec::new();
+        loop {
+            while let Some(f) = decode(&mut buf, 1 << 20).unwrap() {
+                match f {
+                    Frame::Msg { sid: 1, msg } => replies.push(msg.payload),
+                    Frame::Pong(9) => {
+                        let want: Vec<Bytes> = (0..6).map(|i| Bytes::from(i.to_string())).collect();
+                        assert_eq!(replies, want);
+                        assert_eq!(casts.load(Ordering::SeqCst), 50);
+                        return;
+                    }
+                    Frame::Welcome(_) => {}
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            assert!(s.read_buf(&mut buf).await.unwrap() > 0, "closed early");
+        }
+    })
+    .await;
+    server.close().await;
+}
+
+#[tokio::test]
+async fn a_subscription_id_in_use_is_refused() {
+    let (server, _) = adder().await;
+    within(10, async {
+        let mut s = tokio::net::TcpStream::connect(server.local_addr())
+            .await
+            .unwrap();
+        let mut bytes = hello_and_inbox();
+        let sub = Frame::Sub(hayate_wire::Sub {
+            sid: 1,
+            qos: hayate_client::Qos::default(),
+            group: None,
+            expr: hayate_client::KeyExpr::new("other/**").unwrap(),
+        });
+        bytes.extend(frame(&sub));
+        s.write_all(&bytes).await.unwrap();
+        let frames = read_all(&mut s).await;
+        match frames.last() {
+            Some(Frame::Err { code, .. }) => assert_eq!(*code, ErrorCode::BadSubscription),
+            other => panic!("expected ERR, got {other:?} in {frames:?}"),
+        }
+    })
+    .await;
+    server.close().await;
+}
+
+#[tokio::test]
+async fn close_does_not_wait_forever_for_a_stuck_handler() {
+    use hayate_client::peer::PeerOptions;
+    let options = PeerOptions {
+        drain_timeout: Duration::from_millis(200),
+        ..PeerOptions::default()
+    };
+    let server = PeerServer::bind_with("127.0.0.1:0", &["svc/**"], options, |_m: Message| {
+        futures::future::pending::<Option<Message>>()
+    })
+    .await
+    .unwrap();
+    let c = Client::connect(&server.local_addr().to_string())
+        .await
+        .unwrap();
+    let k = Key::new("svc/stuck").unwrap();
+    let call = tokio::spawn(async move { c.request(&k, "x", T).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let start = Instant::now();
+    within(5, server.close()).await;
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(call.await.unwrap().is_err());
+}
