@@ -270,6 +270,19 @@ class Broker:
         return self.proc is not None and self.proc.poll() is None
 
 
+def stop_brokers(brokers, request) -> None:
+    """Stops the brokers a test started; prints a broker's log tail if the test failed or
+    the broker died during it."""
+    for b in brokers:
+        was_alive = b.alive() or b.proc is None
+        b.stop(graceful=False)
+        rep = getattr(request.node, "rep_call", None)
+        if rep is not None and rep.failed:
+            print(f"--- {b.kind} log ({b.log}) ---\n{tail(b.log, 60)}")
+        elif not was_alive:
+            print(f"--- {b.kind} died during the test ---\n{tail(b.log, 60)}")
+
+
 @pytest.fixture(scope="session")
 def broker_kind() -> str:
     return KIND
@@ -289,14 +302,7 @@ def make_broker(tmp_path_factory, request):
         return b.start()
 
     yield make
-    for b in brokers:
-        was_alive = b.alive() or b.proc is None
-        b.stop(graceful=False)
-        rep = getattr(request.node, "rep_call", None)
-        if rep is not None and rep.failed:
-            print(f"--- {b.kind} log ({b.log}) ---\n{tail(b.log, 60)}")
-        elif not was_alive:
-            print(f"--- {b.kind} died during the test ---\n{tail(b.log, 60)}")
+    stop_brokers(brokers, request)
 
 
 @pytest.fixture
@@ -453,14 +459,7 @@ def make_stomp_server(tmp_path_factory, request):
         return StompServer("hayate", b.host, b.stomp_port, broker=b)
 
     yield make
-    for b in brokers:
-        was_alive = b.alive() or b.proc is None
-        b.stop(graceful=False)
-        rep = getattr(request.node, "rep_call", None)
-        if rep is not None and rep.failed:
-            print(f"--- {b.kind} log ({b.log}) ---\n{tail(b.log, 60)}")
-        elif not was_alive:
-            print(f"--- {b.kind} died during the test ---\n{tail(b.log, 60)}")
+    stop_brokers(brokers, request)
 
 
 @pytest.fixture

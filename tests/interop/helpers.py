@@ -23,6 +23,14 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 WAIT = 5.0  # seconds: the longest any single wait in the suite may take
 
 
+def persistent(version: int, expiry: int = 3600) -> dict:
+    """Keyword arguments of the `mqtt` fixture for a session that outlives the connection
+    (MQTT 5: with this session expiry)."""
+    if version == 5:
+        return {"clean": False, "connect_props": {"SessionExpiryInterval": expiry}}
+    return {"clean": False}
+
+
 def unique(prefix: str = "t") -> str:
     """A topic / client id prefix unique to this call, so tests never see each other's data."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"

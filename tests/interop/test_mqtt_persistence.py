@@ -4,15 +4,9 @@ import time
 
 import pytest
 
-from helpers import unique
+from helpers import persistent, unique
 
 VERSIONS = pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])
-
-
-def persistent(version, expiry=3600):
-    if version == 5:
-        return {"clean": False, "connect_props": {"SessionExpiryInterval": expiry}}
-    return {"clean": False}
 
 
 @VERSIONS

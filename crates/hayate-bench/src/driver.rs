@@ -160,6 +160,24 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a peer driver waits for its connection to be established.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A TCP connection to `target` within `timeout`, with TCP_NODELAY, split in halves (the
+/// MQTT and STOMP drivers' transport).
+pub(crate) async fn connect_tcp(
+    target: &Target,
+    timeout: std::time::Duration,
+) -> anyhow::Result<(
+    tokio::net::tcp::OwnedReadHalf,
+    tokio::net::tcp::OwnedWriteHalf,
+)> {
+    use anyhow::Context as _;
+    let stream = tokio::time::timeout(timeout, tokio::net::TcpStream::connect(target.addr()))
+        .await
+        .with_context(|| format!("connecting to {target}: timed out"))?
+        .with_context(|| format!("connecting to {target}"))?;
+    stream.set_nodelay(true)?;
+    Ok(stream.into_split())
+}
+
 /// A key prefix unique to one point of one process: `bench/<pid>-<n>`.
 pub(crate) fn point_prefix() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);

@@ -483,11 +483,7 @@ async fn start_server(target: &Target, prefix: &str) -> anyhow::Result<Server> {
             let peer = hayate_client::peer::PeerServer::bind(
                 &format!("{host}:0"),
                 &[&key],
-                |m: hayate_core::Message| async move {
-                    let mut r = hayate_core::Message::new(m.reply_to?, add_one(&m.payload));
-                    r.correlation_id = m.correlation_id;
-                    Some(r)
-                },
+                |m: hayate_core::Message| async move { m.reply(add_one(&m.payload)) },
             )
             .await?;
             server.endpoint = Some(peer.local_addr().to_string());

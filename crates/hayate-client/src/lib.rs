@@ -190,9 +190,7 @@ impl Client {
     /// Answers `request` by publishing `payload` to its reply-to key, echoing its
     /// correlation id.
     pub async fn reply(&self, request: &Message, payload: impl Into<Bytes>) -> Result<()> {
-        let to = request.reply_to.clone().ok_or(Error::NoReplyTo)?;
-        let mut m = Message::new(to, payload);
-        m.correlation_id = request.correlation_id.clone();
+        let m = request.reply(payload).ok_or(Error::NoReplyTo)?;
         self.inner.publish_message(&m).await
     }
 

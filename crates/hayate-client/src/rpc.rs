@@ -729,19 +729,18 @@ where
         }
         Err(r) => Err(r),
     };
-    let Some(reply_to) = m.reply_to.clone() else {
+    if m.reply_to.is_none() {
         if let Err(r) = outcome {
             tracing::warn!(topic = %spec.topic, key = %m.key, kind = r.kind,
                 "RPC cast failed: {}", r.message);
         }
         return None;
-    };
-    let mut reply = match outcome {
-        Ok(payload) => {
-            let mut r = Message::new(reply_to, payload);
-            r.headers = Some(vec![(HEADER_STATUS.to_string(), Bytes::from_static(b"ok"))]);
-            r
-        }
+    }
+    let (payload, headers) = match outcome {
+        Ok(payload) => (
+            payload,
+            vec![(HEADER_STATUS.to_string(), Bytes::from_static(b"ok"))],
+        ),
         Err(rej) => {
             let mut h = vec![
                 (HEADER_STATUS.to_string(), Bytes::from_static(b"error")),
@@ -753,12 +752,11 @@ where
             if let Some((name, value)) = rej.extra {
                 h.push((name.to_string(), value));
             }
-            let mut r = Message::new(reply_to, rej.message);
-            r.headers = Some(h);
-            r
+            (Bytes::from(rej.message), h)
         }
     };
-    reply.correlation_id = m.correlation_id;
+    let mut reply = m.reply(payload)?;
+    reply.headers = Some(headers);
     Some(reply)
 }
 

@@ -68,6 +68,14 @@ impl Message {
         }
     }
 
+    /// The reply to this request: `payload` on its reply-to key, echoing its correlation id;
+    /// `None` when the message has no reply-to key.
+    pub fn reply(&self, payload: impl Into<Bytes>) -> Option<Message> {
+        let mut r = Message::new(self.reply_to.clone()?, payload);
+        r.correlation_id = self.correlation_id.clone();
+        Some(r)
+    }
+
     /// True when the message carries nothing but a key and a payload.
     pub fn is_plain(&self) -> bool {
         self.reply_to.is_none()

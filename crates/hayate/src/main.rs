@@ -238,8 +238,7 @@ async fn reply_direct(addr: &str, expr: &str, count: u64) -> Result<()> {
     let server = hayate_client::peer::PeerServer::bind(addr, &[expr], move |m: Message| {
         let (n, d) = (n.clone(), d.clone());
         async move {
-            let mut r = Message::new(m.reply_to?, m.payload);
-            r.correlation_id = m.correlation_id;
+            let r = m.reply(m.payload.clone())?;
             if n.fetch_add(1, Ordering::SeqCst) + 1 == count {
                 d.notify_one();
             }

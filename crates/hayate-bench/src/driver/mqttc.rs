@@ -35,7 +35,6 @@ use hayate_mqtt::{
     QoS, ReasonCode, Subscribe, Subscription,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{Notify, mpsc, oneshot};
 
@@ -235,12 +234,7 @@ impl MqttConn {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
-        let stream = tokio::time::timeout(timeout, TcpStream::connect(target.addr()))
-            .await
-            .with_context(|| format!("connecting to {target}: timed out"))?
-            .with_context(|| format!("connecting to {target}"))?;
-        stream.set_nodelay(true)?;
-        let (mut rd, mut wr) = stream.into_split();
+        let (mut rd, mut wr) = crate::driver::connect_tcp(target, timeout).await?;
 
         let mut connect = Connect::new(version, id.as_str());
         connect.keep_alive = KEEP_ALIVE;

@@ -28,7 +28,6 @@ use anyhow::{Context, bail};
 use bytes::{Bytes, BytesMut};
 use hayate_stomp::{Command, Frame, Item, Limits, Version};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::target::Target;
@@ -87,12 +86,7 @@ impl StompConn {
         name: &str,
         timeout: Duration,
     ) -> anyhow::Result<StompConn> {
-        let stream = tokio::time::timeout(timeout, TcpStream::connect(target.addr()))
-            .await
-            .with_context(|| format!("connecting to {target}: timed out"))?
-            .with_context(|| format!("connecting to {target}"))?;
-        stream.set_nodelay(true)?;
-        let (mut rd, mut wr) = stream.into_split();
+        let (mut rd, mut wr) = crate::driver::connect_tcp(target, timeout).await?;
         let mut buf = BytesMut::with_capacity(64 << 10);
         let connect = Frame::new(Command::Connect)
             .header("accept-version", "1.2")
