@@ -10,8 +10,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use hayate_core::chunks::{MAX_IOV, advance, fill_iov};
 use hayate_core::{Key, KeyExpr, Message, Qos};
 use hayate_wire::{
-    Frame, Hello, PROTOCOL_VERSION, ReadPlanner, Sub, Welcome, check_options, decode, encode,
-    encode_ping, encode_pub, encode_pub_batch_head, encode_sub,
+    Frame, Hello, MAX_BATCH_ITEMS, PROTOCOL_VERSION, ReadPlanner, Sub, Welcome, check_options,
+    decode, encode, encode_ping, encode_pub, encode_pub_batch_head, encode_sub,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -31,6 +31,8 @@ const FRAME_SLACK: usize = 128 * 1024;
 struct OpenBatch {
     start: usize,
     key: Key,
+    /// Payloads in the batch so far (at most [`MAX_BATCH_ITEMS`]).
+    items: usize,
 }
 
 #[derive(Default)]
@@ -252,12 +254,17 @@ impl Inner {
             } else {
                 let extend = match &out.batch {
                     Some(b) => {
-                        b.key == *key && out.tail.len() - b.start + payload.len() < MAX_BATCH
+                        b.key == *key
+                            && b.items < MAX_BATCH_ITEMS
+                            && out.tail.len() - b.start + payload.len() < MAX_BATCH
                     }
                     None => false,
                 };
                 if extend {
-                    let start = out.batch.as_ref().map_or(0, |b| b.start);
+                    let start = out.batch.as_mut().map_or(0, |b| {
+                        b.items += 1;
+                        b.start
+                    });
                     out.tail.put_u32(payload.len() as u32);
                     out.tail.extend_from_slice(&payload);
                     let len = (out.tail.len() - start - 4) as u32;
@@ -270,6 +277,7 @@ impl Inner {
                     out.batch = Some(OpenBatch {
                         start,
                         key: key.clone(),
+                        items: 1,
                     });
                 }
             }

@@ -14,10 +14,14 @@ pub async fn read_some<R: AsyncRead + Unpin>(
     buf: &mut BytesMut,
     limit: Option<usize>,
 ) -> std::io::Result<usize> {
-    match limit {
+    let n = match limit {
         Some(n) => r.read_buf(&mut buf.limit(n)).await,
         None => r.read_buf(buf).await,
+    }?;
+    if n > 0 {
+        crate::busy::touch();
     }
+    Ok(n)
 }
 
 /// The write side of a connection, shared by the session's writer task and by inline flushes

@@ -7,6 +7,7 @@
 //! - [`native`]: the native protocol front-end: one reader loop and one writer task per
 //!   connection, and the encoder that turns deliveries into MSG / MSG_BATCH frames.
 //! - [`io`]: vectored writing of queued chunks.
+//! - [`busy`]: busy-polling, the opt-in latency mode (`[server] busy_poll_us`).
 //!
 //! # The path of a message
 //! socket → reader (`read_buf` into a large buffer; decode *every* frame in it) →
@@ -15,6 +16,7 @@
 //! writer task (takes everything queued, one vectored write) → socket.
 
 pub mod auth;
+pub mod busy;
 pub mod config;
 pub mod io;
 pub mod mqtt;

@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use hayate_broker::{Broker, BrokerConfig};
 use tokio::net::{TcpListener, UnixListener};
@@ -14,7 +15,7 @@ use crate::config::{Config, Limits};
 use crate::io::WriteHalf;
 use crate::mqtt::Mqtt;
 use crate::stomp::Stomp;
-use crate::{mqtt, native, stomp, ws};
+use crate::{busy, mqtt, native, stomp, ws};
 
 /// The protocol a listener speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +58,7 @@ pub struct Server {
     name: Arc<str>,
     mqtt: Arc<Mqtt>,
     stomp: Arc<Stomp>,
+    busy_poll: Duration,
 }
 
 async fn bind_tcp(addr: &str) -> Result<TcpListener, crate::config::ConfigError> {
@@ -130,6 +132,7 @@ impl Server {
             name: config.server.name.as_str().into(),
             mqtt,
             stomp,
+            busy_poll: Duration::from_micros(config.server.busy_poll_us),
         }
     }
 
@@ -177,6 +180,7 @@ impl Server {
         let mut accepts = JoinSet::new();
         let mut paths = Vec::new();
         let background = tokio::spawn(self.mqtt.clone().background(stop_rx.clone()));
+        let spinner = (!self.busy_poll.is_zero()).then(|| tokio::spawn(busy::spin(self.busy_poll)));
         for l in self.listeners {
             let ctx = Ctx {
                 broker: self.broker.clone(),
@@ -207,6 +211,9 @@ impl Server {
         // Persistent MQTT sessions are parked by now: save them with the retained messages.
         let m = self.mqtt.clone();
         let _ = tokio::task::spawn_blocking(move || m.save()).await;
+        if let Some(s) = spinner {
+            s.abort();
+        }
     }
 }
 

@@ -8,6 +8,12 @@ use crate::frame::{ErrorCode, Frame, Hello, Sub, Welcome, flag, ty};
 /// Bytes before the body: `length: u32` and `type: u8`.
 pub const HEADER_LEN: usize = 5;
 
+/// The most payloads one PUB_BATCH or MSG_BATCH may carry. Each item costs 4 bytes on the
+/// wire but a whole `Bytes` (and a routing step) once decoded, so without a cap a frame of
+/// empty items would multiply its size in memory many times over. 65,536 items of 4 bytes
+/// make 256 KiB, the client library's batch size.
+pub const MAX_BATCH_ITEMS: usize = 65_536;
+
 /// Why bytes could not be decoded. Every variant maps to an [`ErrorCode`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -221,6 +227,9 @@ fn options(b: &mut Body, flags: u8, key: Key) -> Result<Message, DecodeError> {
 fn batch_payloads(b: &mut Body) -> Result<Vec<Bytes>, DecodeError> {
     let mut v = Vec::new();
     while !b.b.is_empty() {
+        if v.len() == MAX_BATCH_ITEMS {
+            return Err(b.err("more than 65536 batch items"));
+        }
         v.push(b.bytes32("batch payload")?);
     }
     if v.is_empty() {

@@ -5,7 +5,9 @@
 
 use bytes::BytesMut;
 use hayate_core::KeyError;
-use hayate_wire::{DecodeError, ErrorCode, Frame, HEADER_LEN, MAGIC, decode, encode};
+use hayate_wire::{
+    DecodeError, ErrorCode, Frame, HEADER_LEN, MAGIC, MAX_BATCH_ITEMS, decode, encode,
+};
 use proptest::collection::vec;
 use proptest::prelude::*;
 
@@ -445,6 +447,34 @@ fn empty_batch() {
     assert_malformed(frame(PUB_BATCH, &str16(b"a/b")), "PUB_BATCH", "empty batch");
     let body = cat(&[&1u32.to_be_bytes(), &str16(b"a/b")]);
     assert_malformed(frame(MSG_BATCH, &body), "MSG_BATCH", "empty batch");
+}
+
+#[test]
+fn batch_item_count_is_capped() {
+    // MAX_BATCH_ITEMS empty items decode; one more is refused (an item is 4 bytes on the wire
+    // but a whole `Bytes` once decoded).
+    let items = |n: usize| vec![0u8; 4 * n];
+    let at_cap = cat(&[&str16(b"a"), &items(MAX_BATCH_ITEMS)]);
+    match decode(&mut frame(PUB_BATCH, &at_cap), MAX_FRAME) {
+        Ok(Some(Frame::PubBatch { payloads, .. })) => assert_eq!(payloads.len(), MAX_BATCH_ITEMS),
+        other => panic!("expected a PUB_BATCH, got {other:?}"),
+    }
+    let over = cat(&[&str16(b"a"), &items(MAX_BATCH_ITEMS + 1)]);
+    assert_malformed(
+        frame(PUB_BATCH, &over),
+        "PUB_BATCH",
+        "more than 65536 batch items",
+    );
+    let over = cat(&[
+        &1u32.to_be_bytes(),
+        &str16(b"a"),
+        &items(MAX_BATCH_ITEMS + 1),
+    ]);
+    assert_malformed(
+        frame(MSG_BATCH, &over),
+        "MSG_BATCH",
+        "more than 65536 batch items",
+    );
 }
 
 #[test]

@@ -65,6 +65,11 @@ pub(crate) struct BrokerArgs {
     /// Byte budget of each session's outbox.
     #[arg(long, value_name = "BYTES")]
     pub(crate) outbox_bytes: Option<u64>,
+    /// Busy-polling, a latency mode: after input, keep polling this many microseconds
+    /// instead of sleeping (0: off, the default). Runs the broker on one I/O thread and
+    /// burns up to one CPU while traffic flows.
+    #[arg(long, value_name = "MICROSECONDS")]
+    pub(crate) busy_poll_us: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -72,7 +77,7 @@ pub(crate) enum ConfigCmd {
     /// Print the complete, commented default configuration file.
     Default,
     /// Print the effective configuration (file and flags merged).
-    Show(BrokerArgs),
+    Show(Box<BrokerArgs>),
 }
 
 #[derive(Debug, Args)]

@@ -26,10 +26,15 @@ fn main() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(run(cli))
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    // Busy-polling needs the polling task on the thread that polls the I/O driver: with one
+    // worker there is only one (hayate_server::busy).
+    if let Command::Broker(args) = &cli.command
+        && effective_config(args).is_ok_and(|c| c.server.busy_poll_us > 0)
+    {
+        rt.worker_threads(1);
+    }
+    rt.enable_all().build()?.block_on(run(cli))
 }
 
 async fn run(cli: Cli) -> Result<()> {
@@ -83,6 +88,9 @@ fn effective_config(args: &cli::BrokerArgs) -> Result<Config> {
     }
     if let Some(v) = args.outbox_bytes {
         config.limits.outbox_bytes = v;
+    }
+    if let Some(v) = args.busy_poll_us {
+        config.server.busy_poll_us = v;
     }
     config.validate()?;
     Ok(config)

@@ -1,0 +1,96 @@
+//! Busy-polling (`[server] busy_poll_us`, flag `--busy-poll-us`): a latency mode.
+//!
+//! By default the broker's I/O threads sleep in `epoll_wait` whenever no connection has input,
+//! and every message that arrives after a pause pays for waking a thread (and, when its CPU was
+//! idle, the CPU). On a virtual machine that wake-up is the largest part of a request/reply
+//! round trip: the broker relays each call twice, so a brokered call pays four of them (see
+//! `docs/performance.md`).
+//!
+//! With busy-polling on, after input arrives the broker keeps polling its sockets (epoll with a
+//! zero timeout) for `busy_poll_us` microseconds instead of going to sleep, so input that comes
+//! within the window (the reply to a request it just relayed, the next call of a caller) is
+//! read at once. Once the window passes with no input, it sleeps as usual: an idle broker burns
+//! nothing, a busy one burns up to one CPU.
+//!
+//! How: one task, [`spin`], yields in a loop while input is recent. Tokio polls its I/O driver
+//! with a zero timeout before it runs a yielded task again, so each turn of the loop is one
+//! non-blocking epoll. This only works when that task's thread is the one that polls the
+//! driver: the `hayate broker` binary therefore runs the broker on **one** I/O thread when
+//! busy-polling is on. Input is noted by [`touch`], called by every front-end's read path.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+struct State {
+    epoch: Instant,
+    /// Nanoseconds since `epoch` of the last input.
+    last: AtomicU64,
+    /// The spinner sleeps and waits for `wake`.
+    sleeping: AtomicBool,
+    wake: Notify,
+    /// Turns of the spin loop so far (tests and statistics).
+    turns: AtomicU64,
+}
+
+static STATE: OnceLock<State> = OnceLock::new();
+
+fn state() -> &'static State {
+    STATE.get_or_init(|| State {
+        epoch: Instant::now(),
+        last: AtomicU64::new(0),
+        sleeping: AtomicBool::new(false),
+        wake: Notify::new(),
+        turns: AtomicU64::new(0),
+    })
+}
+
+fn now(s: &State) -> u64 {
+    u64::try_from(s.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Notes that input arrived (a front-end read returned bytes). One atomic load when
+/// busy-polling is off.
+#[inline]
+pub(crate) fn touch() {
+    if let Some(s) = STATE.get() {
+        s.last.store(now(s), Ordering::SeqCst);
+        if s.sleeping.load(Ordering::SeqCst) && s.sleeping.swap(false, Ordering::SeqCst) {
+            s.wake.notify_one();
+        }
+    }
+}
+
+/// Turns of the spin loop since the process started (0 if busy-polling never ran).
+pub fn turns() -> u64 {
+    STATE.get().map_or(0, |s| s.turns.load(Ordering::Relaxed))
+}
+
+/// Keeps the current runtime thread polling for I/O while input arrived within `window`;
+/// sleeps (costing nothing) while it did not. Runs until dropped.
+pub async fn spin(window: Duration) {
+    let s = state();
+    let window = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
+    loop {
+        if now(s).saturating_sub(s.last.load(Ordering::SeqCst)) > window {
+            let woken = s.wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            s.sleeping.store(true, Ordering::SeqCst);
+            // Input noted between the check above and `sleeping` being set has not
+            // notified: look again before sleeping.
+            if now(s).saturating_sub(s.last.load(Ordering::SeqCst)) > window {
+                woken.await;
+            }
+            s.sleeping.store(false, Ordering::SeqCst);
+            continue;
+        }
+        s.turns.fetch_add(1, Ordering::Relaxed);
+        // Let other threads runnable on this CPU (a client of the broker, say) go first.
+        std::thread::yield_now();
+        // Tokio polls the I/O driver (epoll, zero timeout) before running this task again.
+        tokio::task::yield_now().await;
+    }
+}
