@@ -45,6 +45,9 @@ pub const ALL_PEERS: &[&str] = &[
     "hayate",
     "hayate-mqtt",
     "hayate-stomp",
+    "hayate-busy",
+    "hayate-mqtt-busy",
+    "hayate-stomp-busy",
     "nats",
     "mosquitto",
     "rabbitmq",
@@ -107,6 +110,29 @@ fn spec(name: &str) -> Option<Spec> {
             Some(0),
             "the same hayate broker's STOMP listener; /topic/ destinations, ack auto; RPC by \
              temp-queue reply-to (as for RabbitMQ STOMP)",
+        ),
+        "hayate-busy" => s(
+            "hayate-busy",
+            None,
+            Some("hayate://127.0.0.1:{port}?name=hayate-busy"),
+            Some(0),
+            "a second hayate broker, with busy-polling (--busy-poll-us 300: one I/O thread that \
+             polls for 300 µs after input instead of sleeping; docs/performance.md); otherwise \
+             as hayate",
+        ),
+        "hayate-mqtt-busy" => s(
+            "hayate-mqtt-busy",
+            None,
+            Some("mqtt://127.0.0.1:{port}?name=hayate-mqtt-busy"),
+            Some(0),
+            "the busy-polling hayate broker's MQTT listener; otherwise as hayate-mqtt",
+        ),
+        "hayate-stomp-busy" => s(
+            "hayate-stomp-busy",
+            None,
+            Some("stomp://127.0.0.1:{port}?name=hayate-stomp-busy"),
+            Some(0),
+            "the busy-polling hayate broker's STOMP listener; otherwise as hayate-stomp",
         ),
         "nats" => s(
             "nats",
@@ -294,24 +320,35 @@ fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
-/// The listeners of the hayate broker this comparison started: protocol label → address.
-static HAYATE: Mutex<Option<HashMap<String, String>>> = Mutex::new(None);
+/// The busy-polling window of the `*-busy` Hayate peers, in microseconds.
+const BUSY_POLL_US: u32 = 300;
 
-/// The address of the started hayate broker's `label` listener (`native protocol`, `mqtt`,
-/// `stomp`), starting the broker on first use.
-fn hayate_addr(exe: &Path, cleanup: &Cleanup, label: &str) -> anyhow::Result<String> {
+/// The listeners of the hayate brokers this comparison started (the default one and the
+/// busy-polling one): protocol label → address.
+static HAYATE: Mutex<[Option<HashMap<String, String>>; 2]> = Mutex::new([None, None]);
+
+/// The address of a started hayate broker's `label` listener (`native protocol`, `mqtt`,
+/// `stomp`), starting that broker on first use.
+fn hayate_addr(exe: &Path, cleanup: &Cleanup, label: &str, busy: bool) -> anyhow::Result<String> {
     let mut h = HAYATE.lock().unwrap_or_else(|e| e.into_inner());
-    if h.is_none() {
-        *h = Some(start_hayate(exe, cleanup)?);
+    let slot = &mut h[usize::from(busy)];
+    if slot.is_none() {
+        *slot = Some(start_hayate(exe, cleanup, busy)?);
     }
-    h.as_ref()
+    slot.as_ref()
         .and_then(|m| m.get(label).cloned())
         .with_context(|| format!("the hayate broker reported no {label} listener"))
 }
 
 /// Spawns `hayate broker` with its native, MQTT and STOMP listeners on kernel-chosen ports
-/// (no WebSocket, nothing kept on disk) and returns their addresses by protocol label.
-fn start_hayate(exe: &Path, cleanup: &Cleanup) -> anyhow::Result<HashMap<String, String>> {
+/// (no WebSocket, nothing kept on disk), busy-polling if `busy`, and returns their addresses
+/// by protocol label.
+fn start_hayate(
+    exe: &Path,
+    cleanup: &Cleanup,
+    busy: bool,
+) -> anyhow::Result<HashMap<String, String>> {
+    let busy_poll = if busy { BUSY_POLL_US } else { 0 };
     let mut child = Command::new(exe)
         .args([
             "broker",
@@ -328,6 +365,8 @@ fn start_hayate(exe: &Path, cleanup: &Cleanup) -> anyhow::Result<HashMap<String,
             "--max-payload",
         ])
         .arg(MAX_PAYLOAD.to_string())
+        .arg("--busy-poll-us")
+        .arg(busy_poll.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -377,14 +416,20 @@ fn prepare(
             anyhow::anyhow!("driver not compiled in (build with the `peers` feature): {e}")
         })?;
     }
-    if let Some(label) = match spec.name {
+    if let Some(label) = match spec.name.trim_end_matches("-busy") {
         "hayate" => Some("native protocol"),
         "hayate-mqtt" => Some("mqtt"),
         "hayate-stomp" => Some("stomp"),
         _ => None,
     } {
-        let addr = hayate_addr(&opts.hayate_exe, cleanup, label)?;
-        println!("compare: hayate broker, {label} on {addr}");
+        let busy = spec.name.ends_with("-busy");
+        let addr = hayate_addr(&opts.hayate_exe, cleanup, label, busy)?;
+        let which = if busy {
+            "busy-polling hayate broker"
+        } else {
+            "hayate broker"
+        };
+        println!("compare: {which}, {label} on {addr}");
         let url = match spec.url {
             Some(u) if spec.name != "hayate" => {
                 u.replace("127.0.0.1:{port}", &addr).replace("{port}", "")
