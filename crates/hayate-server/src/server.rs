@@ -180,7 +180,17 @@ impl Server {
         let mut accepts = JoinSet::new();
         let mut paths = Vec::new();
         let background = tokio::spawn(self.mqtt.clone().background(stop_rx.clone()));
-        let spinner = (!self.busy_poll.is_zero()).then(|| tokio::spawn(busy::spin(self.busy_poll)));
+        let spinner = (!self.busy_poll.is_zero()).then(|| {
+            let workers = tokio::runtime::Handle::current().metrics().num_workers();
+            if workers > 1 {
+                tracing::warn!(
+                    workers,
+                    "busy-polling on a runtime with more than one worker: the polling task \
+                     may not run on the thread that polls for I/O (the hayate binary uses one)"
+                );
+            }
+            tokio::spawn(busy::spin(self.busy_poll))
+        });
         for l in self.listeners {
             let ctx = Ctx {
                 broker: self.broker.clone(),
