@@ -9,7 +9,9 @@ start (~15 s): one node (`bench/peers/rabbitmq.sh start`, STOMP on 127.0.0.1:616
 `$INTEROP_RABBITMQ_STOMP_PORT`) serves the whole session, tests keep apart by unique destination
 names, and it is stopped at the end unless it was already running. Broker settings are given in
 Hayate's configuration names (see `SETTINGS`); for Mosquitto they are translated, and a test
-asking for a setting that the other broker has no equivalent for is skipped.
+asking for a setting that the other broker has no equivalent for is skipped. With
+`INTEROP_BUSY_POLL_US=N` every Hayate broker runs with `--busy-poll-us N` (scripts/test-all runs
+the suite once without and once with it).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ STOMP_KINDS = ("hayate", "rabbitmq")
 # Hayate's STOMP front-end is being written: its tests run against Hayate only with
 # INTEROP_STOMP=1 until it is ready (scripts/test-all runs this suite). Then make "1" the default.
 STOMP_ON_HAYATE = os.environ.get("INTEROP_STOMP", "1") == "1"
+# INTEROP_BUSY_POLL_US=N: every Hayate broker busy-polls (`--busy-poll-us N`, one I/O thread).
+BUSY_POLL_US = os.environ.get("INTEROP_BUSY_POLL_US", "").strip()
 
 # Hayate setting -> (TOML section, Mosquitto option or None, is a Mosquitto listener option).
 SETTINGS = {
@@ -215,6 +219,8 @@ class Broker:
         for proto in ("mqtt", "ws", "stomp"):
             cmd += [f"--{proto}", "127.0.0.1:0" if proto in self.protocols else "off"]
         cmd += ["--data", str(self.data_dir)]
+        if BUSY_POLL_US:
+            cmd += ["--busy-poll-us", BUSY_POLL_US]
         if self.config:
             cmd += ["--config", str(self.config)]
         self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
