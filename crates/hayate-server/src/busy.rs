@@ -73,15 +73,16 @@ pub fn turns() -> u64 {
 pub async fn spin(window: Duration) {
     let s = state();
     let window = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
+    let idle = || now(s).saturating_sub(s.last.load(Ordering::SeqCst)) > window;
     loop {
-        if now(s).saturating_sub(s.last.load(Ordering::SeqCst)) > window {
+        if idle() {
             let woken = s.wake.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
             s.sleeping.store(true, Ordering::SeqCst);
             // Input noted between the check above and `sleeping` being set has not
             // notified: look again before sleeping.
-            if now(s).saturating_sub(s.last.load(Ordering::SeqCst)) > window {
+            if idle() {
                 woken.await;
             }
             s.sleeping.store(false, Ordering::SeqCst);
