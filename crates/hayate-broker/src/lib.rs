@@ -20,12 +20,14 @@
 //! per batch. Lock order: index → outbox; an outbox lock is never held while taking another
 //! lock or awaiting.
 
+pub mod ack;
 pub mod batch;
 pub mod index;
 pub mod outbox;
 pub mod session;
 
+pub use ack::AckTracker;
 pub use batch::Batch;
 pub use index::SubscriptionIndex;
-pub use outbox::{Encoder, OutBuf, Outbox, Sink, Taken};
+pub use outbox::{Delivery, Encoder, OutBuf, Outbox, Sink, Taken};
 pub use session::{Backlog, Broker, BrokerConfig, BrokerStats, Session, SubscribeError};

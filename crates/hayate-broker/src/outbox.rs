@@ -18,10 +18,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
+use hayate_core::Message;
 use hayate_core::chunks::{MAX_IOV, advance, fill_iov};
 use tokio::sync::Notify;
 
 use crate::Batch;
+use crate::ack::AckTracker;
 
 /// Payloads at least this large are queued by reference instead of copied.
 pub const ZERO_COPY_THRESHOLD: usize = 16 * 1024;
@@ -37,6 +39,28 @@ pub trait Encoder: Send + 'static {
     fn encode(&mut self, sid: u32, batch: Batch<'_>, origin: u64, out: &mut OutBuf);
     /// Tells subscription `sid` that `count` messages were dropped for it.
     fn encode_lost(&mut self, sid: u32, count: u64, out: &mut OutBuf);
+    /// Encodes one delivery of an acknowledged subscription, carrying its delivery id (see
+    /// [`Outbox::ack`]). A protocol without acknowledgements of its own encodes it as an
+    /// ordinary delivery (the default).
+    fn encode_acked(&mut self, sid: u32, delivery: u64, msg: &Message, out: &mut OutBuf) {
+        let _ = delivery;
+        self.encode(sid, Batch::One(msg), 0, out);
+    }
+    /// Bytes of deliveries the encoder holds back while its connection is attached (an MQTT
+    /// session behind its in-flight window): they count against the outbox budget, so a
+    /// client that does not acknowledge slows its publishers instead of growing the broker.
+    fn held_bytes(&self) -> usize {
+        0
+    }
+}
+
+/// A delivery of an acknowledged subscription, held by its outbox until acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The subscription it was delivered to.
+    pub sid: u32,
+    /// The message.
+    pub msg: Message,
 }
 
 /// Encoded output: a queue of chunks plus a contiguous tail for small writes.
@@ -121,6 +145,17 @@ struct State {
     /// Bumped by [`Outbox::detach`]: a writer or inline flush of an earlier epoch writes to
     /// a connection that is gone and must not touch the queue again.
     epoch: u64,
+    /// Deliveries of acknowledged subscriptions not yet acknowledged, and those waiting for
+    /// the window.
+    acks: AckTracker<Delivery>,
+    /// The acknowledged subscriptions (usually none: checked with one `is_empty`).
+    acked: Vec<u32>,
+    /// A publisher gave up waiting for room (a `Stall::Drop` subscription): further
+    /// deliveries that do not fit are dropped at once until the writer catches up.
+    stalled: bool,
+    /// The connection is being cut off as a slow consumer: output is discarded, the writer
+    /// stops, the connection ends (see [`Outbox::cut`]).
+    cut: bool,
 }
 
 /// How much of an offered batch the outbox took.
@@ -153,6 +188,9 @@ pub struct Outbox {
     /// A connection takes the output (see [`Outbox::detach`]); queue groups prefer
     /// attached members.
     attached: AtomicBool,
+    /// Set by [`Outbox::cut`]; wakes the writer out of a write that cannot finish.
+    cut: AtomicBool,
+    cut_notify: Notify,
 }
 
 impl std::fmt::Debug for Outbox {
@@ -166,6 +204,12 @@ impl std::fmt::Debug for Outbox {
 impl Outbox {
     /// An outbox holding at most about `budget` bytes, encoding with `encoder`.
     pub fn new(budget: usize, encoder: Box<dyn Encoder>) -> Outbox {
+        Outbox::with_window(budget, encoder, 1024)
+    }
+
+    /// An outbox as [`Outbox::new`] whose acknowledged subscriptions have at most `window`
+    /// deliveries in flight.
+    pub fn with_window(budget: usize, encoder: Box<dyn Encoder>, window: usize) -> Outbox {
         Outbox {
             state: Mutex::new(State {
                 buf: OutBuf::default(),
@@ -176,12 +220,18 @@ impl Outbox {
                 closed: false,
                 sink: None,
                 epoch: 0,
+                acks: AckTracker::new(window),
+                acked: Vec::new(),
+                stalled: false,
+                cut: false,
             }),
             budget,
             data: Notify::new(),
             space: Notify::new(),
             has_blocked: AtomicBool::new(false),
             attached: AtomicBool::new(true),
+            cut: AtomicBool::new(false),
+            cut_notify: Notify::new(),
         }
     }
 
@@ -204,15 +254,21 @@ impl Outbox {
     /// fit are left to the caller, who drops them ([`Outbox::count_lost`]) or waits
     /// ([`Outbox::wait_space`]). When the outbox has a sink, the caller must later call
     /// [`Outbox::try_flush`] (as `Session::flush` does), or the data waits for the next wake.
-    pub fn offer(&self, sid: u32, origin: u64, batch: Batch<'_>) -> Offer {
+    ///
+    /// The budget counts the queued bytes and the bytes held for acknowledgements (by the
+    /// ack tracker and the encoder). `own` says the publisher is this outbox's own session:
+    /// then only the queued bytes count, because held deliveries are freed by acknowledgements
+    /// that this very publisher's reader would have to read.
+    pub fn offer(&self, sid: u32, origin: u64, batch: Batch<'_>, own: bool) -> Offer {
         let mut st = self.lock();
         if st.closed {
             return Offer::Closed;
         }
-        // What an encoder holds back (an MQTT session behind its in-flight window) does not
-        // count: only the session's own reader can free it (acknowledgements), and that
-        // reader may be the publisher waiting here. Encoders bound what they hold.
-        let queued = st.buf.len();
+        let queued = if own {
+            st.buf.len()
+        } else {
+            st.buf.len() + st.acks.held_bytes() + st.encoder.held_bytes()
+        };
         let mut fit = 0;
         let mut size = 0;
         while fit < batch.len() {
@@ -229,8 +285,7 @@ impl Outbox {
                 let (_, n) = st.lost.swap_remove(i);
                 st.encoder.encode_lost(sid, n, &mut st.buf);
             }
-            st.encoder
-                .encode(sid, batch.slice(0, fit), origin, &mut st.buf);
+            Self::put(st, sid, origin, batch.slice(0, fit));
         }
         // With a sink, the publishing session flushes inline after its read
         // (`Session::flush`), so the writer task is woken only when the outbox is full.
@@ -261,9 +316,186 @@ impl Outbox {
             return false;
         }
         let st = &mut *st;
-        st.encoder.encode(sid, batch, origin, &mut st.buf);
+        Self::put(st, sid, origin, batch);
         self.wake(st);
         true
+    }
+
+    /// Encodes `batch` for `sid`: through the ack tracker for an acknowledged subscription,
+    /// straight to the encoder otherwise. While the connection is being cut off, the bytes
+    /// are discarded (the tracker and the encoder keep what they must give back).
+    fn put(st: &mut State, sid: u32, origin: u64, batch: Batch<'_>) {
+        if !st.acked.is_empty() && st.acked.contains(&sid) {
+            for i in 0..batch.len() {
+                let msg = batch.message(i);
+                st.acks.push(Delivery { sid, msg }, batch.cost(i));
+            }
+            Self::fill_window(st);
+        } else {
+            st.encoder.encode(sid, batch, origin, &mut st.buf);
+        }
+        if st.cut {
+            st.buf = OutBuf::default();
+        }
+    }
+
+    /// Sends what the acknowledgement window has room for.
+    fn fill_window(st: &mut State) {
+        while let Some((id, d)) = st.acks.next_ready() {
+            st.encoder.encode_acked(d.sid, id, &d.msg, &mut st.buf);
+        }
+    }
+
+    /// Makes subscription `sid` acknowledged (or not): its deliveries carry delivery ids and
+    /// stay held until [`Outbox::ack`]. Set before the subscription is routed to.
+    pub fn set_acked(&self, sid: u32, on: bool) {
+        let mut st = self.lock();
+        st.acked.retain(|&s| s != sid);
+        if on {
+            st.acked.push(sid);
+        }
+    }
+
+    /// Acknowledges delivery `delivery` (or, `cumulative`, every delivery up to it); returns
+    /// how many were acknowledged (0: unknown or already acknowledged). Frees room in the
+    /// window and the budget: held deliveries are sent and blocked publishers woken. As with
+    /// [`Outbox::push_reply`], the caller flushes its own outbox after its read.
+    pub fn ack(&self, delivery: u64, cumulative: bool) -> usize {
+        let mut st = self.lock();
+        let n = if cumulative {
+            st.acks.ack_through(delivery)
+        } else {
+            usize::from(st.acks.ack(delivery).is_some())
+        };
+        self.after_ack(st);
+        n
+    }
+
+    /// Takes delivery `delivery` back (a NACK): the caller delivers it again (see
+    /// `Session::give_back`). `None` if it is not in flight.
+    pub fn nack(&self, delivery: u64) -> Option<Delivery> {
+        let mut st = self.lock();
+        let d = st.acks.nack(delivery);
+        self.after_ack(st);
+        d
+    }
+
+    fn after_ack(&self, mut guard: std::sync::MutexGuard<'_, State>) {
+        let st = &mut *guard;
+        if st.closed {
+            return;
+        }
+        Self::fill_window(st);
+        if st.cut {
+            st.buf = OutBuf::default();
+        }
+        if st.sink.is_none() && !st.buf.is_empty() {
+            self.wake(st);
+        }
+        drop(guard);
+        self.after_take();
+    }
+
+    /// Delivers `d` again to its subscription on this outbox, ahead of what waits for the
+    /// window, marked redelivered. False if the outbox is closed.
+    pub fn redeliver(&self, mut d: Delivery) -> bool {
+        let mut st = self.lock();
+        if st.closed {
+            return false;
+        }
+        d.msg.attrs.redelivered = true;
+        let size = d.msg.payload.len() + d.msg.key.as_bytes().len();
+        st.acks.push_front(d, size);
+        let st = &mut *st;
+        Self::fill_window(st);
+        if st.cut {
+            st.buf = OutBuf::default();
+        }
+        self.wake(st);
+        true
+    }
+
+    /// Takes every delivery not yet acknowledged (in flight, then waiting), of subscription
+    /// `sid` or of all, in order: the session gives them to other members when its
+    /// subscription or connection ends.
+    pub fn take_unacked(&self, sid: Option<u32>) -> Vec<Delivery> {
+        let mut st = self.lock();
+        let all = st.acks.take_all();
+        let (taken, kept): (Vec<Delivery>, Vec<Delivery>) = match sid {
+            None => (all, Vec::new()),
+            Some(s) => all.into_iter().partition(|d| d.sid == s),
+        };
+        // Deliveries of other subscriptions go out again with new ids (the receiver sees
+        // them as redelivered); only an UNSUB of one of several acknowledged subscriptions
+        // of a session takes this path.
+        for mut d in kept {
+            d.msg.attrs.redelivered = true;
+            let size = d.msg.payload.len() + d.msg.key.as_bytes().len();
+            st.acks.push(d, size);
+        }
+        Self::fill_window(&mut st);
+        drop(st);
+        self.after_take();
+        taken
+    }
+
+    /// Deliveries of acknowledged subscriptions held (in flight and waiting).
+    pub fn unacked(&self) -> usize {
+        let st = self.lock();
+        st.acks.in_flight_len() + st.acks.pending_len()
+    }
+
+    /// Cuts the connection off as a slow consumer: queued output is discarded, blocked
+    /// publishers are released, the writer stops (even in the middle of a write that cannot
+    /// finish) and so the connection ends. Deliveries offered meanwhile are accepted and
+    /// discarded; what the ack tracker and the encoder hold is kept, to be given back or
+    /// kept for a later connection. A new connection ([`Outbox::set_sink`]) or
+    /// [`Outbox::detach`] clears the state.
+    pub fn cut(&self) {
+        let mut st = self.lock();
+        if st.cut || st.closed {
+            return;
+        }
+        st.cut = true;
+        st.buf = OutBuf::default();
+        st.lost.clear();
+        st.sink = None;
+        st.wake_pending = true;
+        drop(st);
+        self.cut.store(true, Ordering::Release);
+        self.cut_notify.notify_waiters();
+        self.data.notify_waiters();
+        self.space.notify_waiters();
+    }
+
+    /// True once [`Outbox::cut`] was called (until the next connection).
+    pub fn is_cut(&self) -> bool {
+        self.cut.load(Ordering::Acquire)
+    }
+
+    /// Resolves when the outbox is cut off (see [`Outbox::cut`]); the writer selects on it.
+    pub async fn cut_off(&self) {
+        loop {
+            let n = self.cut_notify.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if self.is_cut() {
+                return;
+            }
+            n.await;
+        }
+    }
+
+    /// Marks the outbox stalled: a publisher gave up waiting for room for a `Stall::Drop`
+    /// subscription. Until the writer catches up (less than half the budget left), further
+    /// deliveries that do not fit are dropped without waiting.
+    pub fn set_stalled(&self) {
+        self.lock().stalled = true;
+    }
+
+    /// See [`Outbox::set_stalled`].
+    pub fn is_stalled(&self) -> bool {
+        self.lock().stalled
     }
 
     /// Queues control output (handshake answers, PONG, errors) outside the budget.
@@ -310,6 +542,9 @@ impl Outbox {
         st.sink = None;
         st.writing = false;
         st.wake_pending = false;
+        st.stalled = false;
+        st.cut = false;
+        self.cut.store(false, Ordering::Release);
         self.attached.store(false, Ordering::Release);
         f();
         let epoch = st.epoch;
@@ -352,7 +587,11 @@ impl Outbox {
 
     /// Sets the socket used by [`Outbox::try_flush`]; without one, only the writer writes.
     pub fn set_sink(&self, sink: Arc<dyn Sink>) {
-        self.lock().sink = Some(sink);
+        let mut st = self.lock();
+        st.sink = Some(sink);
+        st.cut = false;
+        st.stalled = false;
+        self.cut.store(false, Ordering::Release);
         self.attached.store(true, Ordering::Release);
     }
 
@@ -389,7 +628,7 @@ impl Outbox {
             {
                 let mut guard = self.lock();
                 let st = &mut *guard;
-                if st.epoch != epoch {
+                if st.epoch != epoch || st.cut {
                     return Taken::Closed;
                 }
                 if !st.writing {
@@ -417,6 +656,11 @@ impl Outbox {
         let mut st = self.lock();
         if st.epoch == epoch {
             st.writing = false;
+            if st.stalled
+                && st.buf.len() + st.acks.held_bytes() + st.encoder.held_bytes() < self.budget / 2
+            {
+                st.stalled = false;
+            }
         }
     }
 
@@ -427,7 +671,7 @@ impl Outbox {
         let (sink, epoch) = {
             let mut guard = self.lock();
             let st = &mut *guard;
-            if st.writing || st.closed {
+            if st.writing || st.closed || st.cut {
                 return;
             }
             let Some(sink) = st.sink.clone() else {

@@ -3,25 +3,33 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use bytes::Bytes;
-use hayate_core::{Congestion, Key, KeyExpr, Qos};
+use hayate_core::{Congestion, Key, KeyExpr, Qos, Stall};
 
 use crate::Batch;
 use crate::index::{SubKey, SubscriptionIndex};
-use crate::outbox::{Encoder, Offer, Outbox};
+use crate::outbox::{Delivery, Encoder, Offer, Outbox};
 
 /// Engine settings (the server maps its config file onto these).
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
     /// Byte budget of each session's outbox.
     pub outbox_bytes: usize,
+    /// Longest a publisher waits for room in one `block` subscriber's outbox before that
+    /// subscription's stall policy applies (disconnect or drop); `None` waits forever.
+    pub max_block: Option<Duration>,
+    /// Most deliveries of a session's acknowledged subscriptions in flight at once.
+    pub max_unacked: usize,
 }
 
 impl Default for BrokerConfig {
     fn default() -> Self {
         BrokerConfig {
             outbox_bytes: 8 * 1024 * 1024,
+            max_block: Some(Duration::from_secs(2)),
+            max_unacked: 1024,
         }
     }
 }
@@ -31,15 +39,23 @@ impl Default for BrokerConfig {
 pub struct BrokerStats {
     /// Sessions opened.
     pub sessions_opened: AtomicU64,
-    /// Messages dropped for `drop` subscriptions with a full outbox.
+    /// Messages dropped for `drop` subscriptions with a full outbox (and for stalled
+    /// `Stall::Drop` subscriptions).
     pub dropped: AtomicU64,
+    /// Slow consumers disconnected (a `block` subscription stalled past `max_block`).
+    pub slow_consumers: AtomicU64,
+    /// Times a publisher gave up waiting on a `Stall::Drop` subscription.
+    pub stalls: AtomicU64,
+    /// Deliveries given back (NACK, or unacknowledged when their receiver went away) that
+    /// found no receiver and no queue to wait in.
+    pub unplaced: AtomicU64,
 }
 
 #[derive(Debug)]
 struct SubEntry {
     outbox: Arc<Outbox>,
     group: Option<Arc<str>>,
-    congestion: Congestion,
+    qos: Qos,
 }
 
 #[derive(Debug, Default)]
@@ -146,6 +162,8 @@ struct Target {
     session: u64,
     sid: u32,
     congestion: Congestion,
+    stall: Stall,
+    no_echo: bool,
 }
 
 #[derive(Debug)]
@@ -221,7 +239,11 @@ impl Broker {
         Session {
             broker: self.clone(),
             id,
-            outbox: Arc::new(Outbox::new(self.shared.config.outbox_bytes, encoder)),
+            outbox: Arc::new(Outbox::with_window(
+                self.shared.config.outbox_bytes,
+                encoder,
+                self.shared.config.max_unacked,
+            )),
             subs: HashMap::new(),
             cache: HashMap::default(),
             cache_generation: 0,
@@ -263,7 +285,9 @@ impl Broker {
                 outbox: e.outbox.clone(),
                 session: sk.0,
                 sid: sk.1,
-                congestion: e.congestion,
+                congestion: e.qos.effective_congestion(),
+                stall: e.qos.effective_stall(),
+                no_echo: e.qos.no_echo,
             };
             match &e.group {
                 None => route.fanout.push(t),
@@ -349,6 +373,9 @@ impl Session {
                 None => Arc::from(id),
             }
         });
+        if qos.ack {
+            self.outbox.set_acked(sid, true);
+        }
         if let Some(g) = &group {
             reg.groups
                 .entry(g.clone())
@@ -361,7 +388,7 @@ impl Session {
             SubEntry {
                 outbox: self.outbox.clone(),
                 group: group.clone(),
-                congestion: qos.effective_congestion(),
+                qos,
             },
         );
         // A declared queue's waiting messages go to its first member, before anything
@@ -395,9 +422,13 @@ impl Session {
         msg: &hayate_core::Message,
         may_return: bool,
     ) -> bool {
-        let id = group_id(group, expr);
+        self.requeue_to(&group_id(group, expr), msg, may_return)
+            .await
+    }
+
+    async fn requeue_to(&mut self, id: &str, msg: &hayate_core::Message, may_return: bool) -> bool {
         let route = self.lookup(&msg.key);
-        if let Some(g) = route.groups.iter().find(|g| &*g.id == id.as_str()) {
+        if let Some(g) = route.groups.iter().find(|g| &*g.id == id) {
             let others: Vec<Target> = g
                 .members
                 .iter()
@@ -414,12 +445,7 @@ impl Session {
                 return true;
             }
         }
-        let backlog = self
-            .broker
-            .read()
-            .queues
-            .get(id.as_str())
-            .map(|(_, b)| b.clone());
+        let backlog = self.broker.read().queues.get(id).map(|(_, b)| b.clone());
         match backlog {
             Some(b) => {
                 b.push(Batch::One(msg));
@@ -429,11 +455,47 @@ impl Session {
         }
     }
 
+    /// Gives back delivery `d` of an acknowledged subscription of this session (a NACK when
+    /// `nack`, or unacknowledged when the subscription or the connection ends): a queue
+    /// group's message goes to another member (or back to this one on a NACK when it is the
+    /// only member, or to the queue's backlog); a fan-out message is delivered again to the
+    /// same subscription on a NACK, and dropped when the subscriber goes away. Returns
+    /// whether it was placed (counted in `BrokerStats::unplaced` when not).
+    pub async fn give_back(&mut self, mut d: Delivery, nack: bool) -> bool {
+        d.msg.attrs.redelivered = true;
+        let group = self.subs.get(&d.sid).and_then(|(_, g)| g.clone());
+        let placed = match group {
+            Some(g) => self.requeue_to(&g, &d.msg, nack).await,
+            None if nack && self.subs.contains_key(&d.sid) => self.outbox.redeliver(d),
+            None => false,
+        };
+        if placed {
+            self.touch_own();
+        } else {
+            self.broker
+                .shared
+                .stats
+                .unplaced
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        placed
+    }
+
+    /// Gives back every unacknowledged delivery of subscription `sid` (or of all), as when
+    /// the subscriber goes away; call before [`Session::unsubscribe`] and before dropping
+    /// the session.
+    pub async fn release_unacked(&mut self, sid: Option<u32>) {
+        for d in self.outbox.take_unacked(sid) {
+            self.give_back(d, false).await;
+        }
+    }
+
     /// Removes subscription `sid`; returns whether it existed.
     pub fn unsubscribe(&mut self, sid: u32) -> bool {
         let Some((expr, group)) = self.subs.remove(&sid) else {
             return false;
         };
+        self.outbox.set_acked(sid, false);
         let mut reg = self.broker.write();
         remove_sub(&mut reg, self.id, sid, &expr, group.as_ref());
         self.broker.bump();
@@ -538,13 +600,19 @@ impl Session {
     /// Offers `batch` to one target; returns the number delivered and whether the target's
     /// session turned out to be closed (nothing more was delivered to it).
     async fn deliver(&mut self, t: &Target, batch: Batch<'_>) -> (usize, bool) {
+        let own = t.session == self.id;
+        if own && t.no_echo {
+            // Skipped like a closed member, so a queue group tries its next member.
+            return (0, true);
+        }
         let mut rest = batch;
         let mut delivered = 0;
         // Registered for a space notification only once an offer has failed (the common
         // path, where everything fits, neither registers nor makes the writer notify).
         let mut space = None;
+        let mut deadline = None;
         loop {
-            let took = match t.outbox.offer(t.sid, self.id, rest) {
+            let took = match t.outbox.offer(t.sid, self.id, rest, own) {
                 Offer::Took(n) => n,
                 Offer::Closed => return (delivered, true),
             };
@@ -558,27 +626,79 @@ impl Session {
             // The outbox is full: its writer must run (offer woke it). Send what this
             // session queued elsewhere before possibly waiting.
             self.flush();
-            match t.congestion {
-                Congestion::Drop => {
-                    let lost = (rest.len() - took) as u64;
-                    t.outbox.count_lost(t.sid, lost);
-                    self.broker
-                        .shared
-                        .stats
-                        .dropped
-                        .fetch_add(lost, Ordering::Relaxed);
-                    return (delivered, false);
-                }
+            // An offline session's outbox (nobody writes it) and a stalled `Stall::Drop`
+            // subscriber drop at once instead of blocking.
+            let drop_now = match t.congestion {
+                Congestion::Drop => true,
                 Congestion::Block => {
-                    rest = rest.slice(took, rest.len());
-                    match space.take() {
-                        // Register, then offer again: room made after this offer failed
-                        // but before registering would otherwise be missed.
-                        None => space = Some(t.outbox.wait_space()),
-                        // Registered before the offer that just failed: wait.
-                        Some(s) => s.await,
-                    }
+                    !t.outbox.is_attached() || (t.stall == Stall::Drop && t.outbox.is_stalled())
                 }
+            };
+            if drop_now {
+                self.count_dropped(t, (rest.len() - took) as u64);
+                return (delivered, false);
+            }
+            rest = rest.slice(took, rest.len());
+            let Some(s) = space.take() else {
+                // Register, then offer again: room made after this offer failed but before
+                // registering would otherwise be missed.
+                space = Some(t.outbox.wait_space());
+                continue;
+            };
+            // Registered before the offer that just failed: wait, at most `max_block` in
+            // all for this delivery.
+            let Some(max) = self.broker.shared.config.max_block else {
+                s.await;
+                continue;
+            };
+            let until = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + max);
+            if tokio::time::timeout_at(until, s).await.is_ok() {
+                continue;
+            }
+            self.stalled(t, max, rest.len() as u64);
+            if t.stall == Stall::Drop {
+                return (delivered, false);
+            }
+            // Cut off: the next offer is accepted (and discarded, or held by the tracker for
+            // giving back) without waiting.
+        }
+    }
+
+    fn count_dropped(&self, t: &Target, lost: u64) {
+        t.outbox.count_lost(t.sid, lost);
+        self.broker
+            .shared
+            .stats
+            .dropped
+            .fetch_add(lost, Ordering::Relaxed);
+    }
+
+    /// A publisher waited `max` for room in `t`'s outbox: apply its stall policy.
+    fn stalled(&self, t: &Target, max: Duration, waiting: u64) {
+        let stats = &self.broker.shared.stats;
+        match t.stall {
+            Stall::Drop => {
+                tracing::warn!(
+                    session = t.session,
+                    sid = t.sid,
+                    max_block_ms = max.as_millis() as u64,
+                    "slow consumer: stalled past max_block; dropping its messages until it catches up"
+                );
+                stats.stalls.fetch_add(1, Ordering::Relaxed);
+                t.outbox.set_stalled();
+                self.count_dropped(t, waiting);
+            }
+            Stall::Disconnect => {
+                if !t.outbox.is_cut() {
+                    tracing::warn!(
+                        session = t.session,
+                        sid = t.sid,
+                        max_block_ms = max.as_millis() as u64,
+                        "slow consumer: stalled past max_block; disconnecting it"
+                    );
+                    stats.slow_consumers.fetch_add(1, Ordering::Relaxed);
+                }
+                t.outbox.cut();
             }
         }
     }

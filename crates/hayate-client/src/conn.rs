@@ -336,6 +336,28 @@ impl Inner {
         })
     }
 
+    /// Sends ACK (or, `cumulative`, an ACK of every delivery up to this one) or NACK for
+    /// delivery `delivery`.
+    pub(crate) fn settle(&self, delivery: u64, how: Settle) -> Result<()> {
+        if delivery == 0 {
+            return Err(Error::Protocol(
+                "the message was not received on an acknowledged subscription".into(),
+            ));
+        }
+        let f = match how {
+            Settle::Ack => Frame::Ack {
+                delivery,
+                cumulative: false,
+            },
+            Settle::AckThrough => Frame::Ack {
+                delivery,
+                cumulative: true,
+            },
+            Settle::Nack => Frame::Nack { delivery },
+        };
+        self.queue_frame(|t| encode(&f, t))
+    }
+
     pub(crate) fn unsubscribe(&self, sid: u32) {
         if lock(&self.subs).remove(&sid).is_some() {
             let _ = self.queue_frame(|t| encode(&Frame::Unsub { sid }, t));
@@ -471,6 +493,14 @@ async fn write_all(w: &mut Writer, q: &mut VecDeque<Bytes>) -> std::io::Result<(
 }
 
 /// Messages decoded from one read, grouped by subscription.
+/// How a delivery is settled.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Settle {
+    Ack,
+    AckThrough,
+    Nack,
+}
+
 #[derive(Default)]
 struct Pending {
     batches: Vec<(u32, Vec<Message>)>,
@@ -506,6 +536,14 @@ async fn read_loop(inner: Arc<Inner>, mut r: Reader, mut buf: BytesMut) {
                         } else {
                             pending.push(sid, [msg]);
                         }
+                    }
+                    Frame::MsgAcked {
+                        sid,
+                        delivery,
+                        mut msg,
+                    } => {
+                        msg.attrs.delivery = delivery;
+                        pending.push(sid, [msg]);
                     }
                     Frame::MsgBatch { sid, key, payloads } => {
                         pending.push(

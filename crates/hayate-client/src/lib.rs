@@ -151,6 +151,42 @@ impl Client {
         .await
     }
 
+    /// Subscribes with acknowledged delivery (optionally in queue group `group`): each
+    /// message carries a delivery id (`msg.attrs.delivery`) and stays held by the broker
+    /// until [`Client::ack`]; [`Client::nack`] gives it back for redelivery (to another
+    /// member of the group when there is one), and so does a disconnect for everything not
+    /// acknowledged. At most `limits.max_unacked` deliveries (broker setting, 1024 by
+    /// default) are in flight per connection; the rest wait in the broker and count against
+    /// the connection's outbox budget, so publishers slow down.
+    pub async fn subscribe_acked(&self, expr: &str, group: Option<&str>) -> Result<Subscription> {
+        self.subscribe_with(
+            expr,
+            SubscribeOptions {
+                group: group.map(str::to_string),
+                qos: Qos::ACKED,
+            },
+        )
+        .await
+    }
+
+    /// Acknowledges `msg`, received on an acknowledged subscription: the broker forgets it.
+    pub fn ack(&self, msg: &Message) -> Result<()> {
+        self.inner.settle(msg.attrs.delivery, conn::Settle::Ack)
+    }
+
+    /// Acknowledges `msg` and every delivery of this connection received before it.
+    pub fn ack_through(&self, msg: &Message) -> Result<()> {
+        self.inner
+            .settle(msg.attrs.delivery, conn::Settle::AckThrough)
+    }
+
+    /// Gives `msg` back: the broker delivers it again, marked redelivered
+    /// (`msg.attrs.redelivered`), to another member of its queue group if there is one,
+    /// otherwise to this subscription.
+    pub fn nack(&self, msg: &Message) -> Result<()> {
+        self.inner.settle(msg.attrs.delivery, conn::Settle::Nack)
+    }
+
     /// Subscribes with explicit options.
     pub async fn subscribe_with(
         &self,

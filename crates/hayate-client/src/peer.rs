@@ -491,7 +491,14 @@ fn on_frame(
             refuse(c, ErrorCode::Protocol, "HELLO was already received");
             return Next::Stop;
         }
-        Frame::Welcome(_) | Frame::Msg { .. } | Frame::MsgBatch { .. } | Frame::Lost { .. } => {
+        // Nothing is delivered with acknowledgements here: an ACK or NACK names no delivery
+        // and is ignored, as the broker ignores unknown ids.
+        Frame::Ack { .. } | Frame::Nack { .. } => {}
+        Frame::Welcome(_)
+        | Frame::Msg { .. }
+        | Frame::MsgBatch { .. }
+        | Frame::MsgAcked { .. }
+        | Frame::Lost { .. } => {
             refuse(c, ErrorCode::Protocol, "a client may not send this frame");
             return Next::Stop;
         }

@@ -18,7 +18,7 @@ pub mod qos;
 
 pub use key::{Key, KeyError, KeyExpr};
 pub use message::{Attrs, Guarantee, Headers, Message};
-pub use qos::{Congestion, Qos, Reliability};
+pub use qos::{Congestion, Qos, Reliability, Stall};
 
 /// The prefix of per-session reply inboxes: `_inbox/<session-id>/...`.
 pub const INBOX_PREFIX: &str = "_inbox";

@@ -53,6 +53,14 @@ pub struct Attrs {
     pub utf8: bool,
     /// When the message expires: it is not delivered after this instant.
     pub expires: Option<Instant>,
+    /// Delivered before to a receiver that gave it back (NACK) or went away without
+    /// acknowledging it; shown to acknowledged receivers (native MSG_ACKED, STOMP/AMQP's
+    /// redelivered).
+    pub redelivered: bool,
+    /// The delivery id of a message received on an acknowledged subscription (what the
+    /// receiver acknowledges); 0 otherwise. Set by the receiving side only: publishing never
+    /// carries it.
+    pub delivery: u64,
 }
 
 impl Message {

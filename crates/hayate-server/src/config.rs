@@ -79,6 +79,11 @@ pub struct MqttSection {
     /// Most QoS 1 and 2 messages waiting for a session beyond its in-flight window
     /// (online or offline); further ones are dropped and counted.
     pub max_queued_messages: usize,
+    /// Most bytes (payloads and keys) of QoS 1 and 2 messages held for a session, in flight
+    /// and waiting (online or offline); further ones are dropped and counted. While the
+    /// client is connected they also count against its outbox budget (`limits.outbox_bytes`),
+    /// so a client that does not acknowledge slows its publishers. 0: no limit.
+    pub max_queued_bytes: u64,
     /// Highest topic alias a client may use (0: none).
     pub topic_alias_maximum: u16,
     /// Longest keep alive, in seconds, a client may ask for; a 5.0 client asking more (or
@@ -102,6 +107,7 @@ impl Default for MqttSection {
             receive_maximum: 1024,
             max_inflight: 1024,
             max_queued_messages: 100_000,
+            max_queued_bytes: 64 * 1024 * 1024,
             topic_alias_maximum: 1024,
             max_keep_alive: 0,
             max_session_expiry: u32::MAX,
@@ -168,6 +174,12 @@ pub struct NativeSection {
     pub listen: Vec<String>,
     /// Unix socket paths to listen on.
     pub unix: Vec<String>,
+    /// Milliseconds of silence from a client after which the server sends it a PING
+    /// (0: never). A client that leaves `max_pings_out` PINGs in a row unanswered (no input
+    /// at all meanwhile) is disconnected: a dead peer's half-open connection is noticed.
+    pub ping_interval_ms: u64,
+    /// PINGs without any input in between before the connection is closed.
+    pub max_pings_out: u32,
 }
 
 impl Default for NativeSection {
@@ -175,6 +187,8 @@ impl Default for NativeSection {
         NativeSection {
             listen: vec![DEFAULT_LISTEN.to_string()],
             unix: Vec::new(),
+            ping_interval_ms: 30_000,
+            max_pings_out: 2,
         }
     }
 }
@@ -193,6 +207,12 @@ pub struct Limits {
     pub max_connections: usize,
     /// Milliseconds a new connection has to send HELLO.
     pub handshake_timeout_ms: u64,
+    /// Longest a publisher waits for room in one `block` subscriber's outbox (ms); past it
+    /// the subscriber is disconnected as a slow consumer (or, for a subscription that asked
+    /// for it, its messages are dropped and counted). 0 waits forever.
+    pub max_block_ms: u64,
+    /// Most deliveries of one session's acknowledged subscriptions in flight at once.
+    pub max_unacked: u32,
 }
 
 impl Default for Limits {
@@ -202,6 +222,8 @@ impl Default for Limits {
             outbox_bytes: 8 * 1024 * 1024,
             max_connections: 100_000,
             handshake_timeout_ms: 10_000,
+            max_block_ms: 2_000,
+            max_unacked: 1024,
         }
     }
 }
@@ -258,6 +280,11 @@ impl Config {
         if self.server.busy_poll_us > 1_000_000 {
             return Err(ConfigError::Invalid(
                 "server.busy_poll_us must be at most 1000000 (1 s)".into(),
+            ));
+        }
+        if l.max_unacked == 0 {
+            return Err(ConfigError::Invalid(
+                "limits.max_unacked must be at least 1".into(),
             ));
         }
         if l.max_connections == 0 {

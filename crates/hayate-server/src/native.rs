@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use hayate_broker::{Batch, Broker, Encoder, OutBuf, Outbox, Session, Taken};
-use hayate_core::INBOX_PREFIX;
+use hayate_core::{INBOX_PREFIX, Message};
 use hayate_wire::{
     ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, decode, encode,
-    encode_msg_batch_head, encode_msg_head,
+    encode_msg_acked_head, encode_msg_batch_head, encode_msg_head,
 };
 use tokio::io::AsyncRead;
 use tokio::sync::watch;
@@ -42,6 +42,20 @@ impl Encoder for NativeEncoder {
     fn encode_lost(&mut self, sid: u32, count: u64, out: &mut OutBuf) {
         encode(&Frame::Lost { sid, count }, out.tail());
     }
+
+    fn encode_acked(&mut self, sid: u32, delivery: u64, msg: &Message, out: &mut OutBuf) {
+        encode_msg_acked_head(sid, delivery, msg, out.tail());
+        out.put_payload(&msg.payload);
+    }
+}
+
+/// The server side of the native protocol's keepalive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keepalive {
+    /// Silence after which the server sends a PING; `None`: never.
+    pub interval: Option<Duration>,
+    /// PINGs with no input at all in between before the connection is closed (ERR 9).
+    pub max_pings_out: u32,
 }
 
 /// Read buffer: start size and the free space kept before each read.
@@ -67,6 +81,7 @@ pub async fn serve<R>(
     broker: Broker,
     limits: Arc<Limits>,
     server_name: Arc<str>,
+    keepalive: Keepalive,
     mut shutdown: watch::Receiver<bool>,
 ) where
     R: AsyncRead + Unpin,
@@ -82,6 +97,12 @@ pub async fn serve<R>(
     let mut planner = ReadPlanner::new();
     let handshake = tokio::time::sleep(Duration::from_millis(limits.handshake_timeout_ms));
     tokio::pin!(handshake);
+    // Keepalive: a tick every interval; reads are counted (no clock on the read path) and a
+    // tick that saw none sends a PING.
+    let tick_every = keepalive.interval.unwrap_or(Duration::from_secs(86_400));
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + tick_every, tick_every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut reads, mut reads_at_tick, mut pings_out) = (0u64, 0u64, 0u32);
 
     let end = 'conn: loop {
         // Decode and handle every complete frame before reading again.
@@ -112,18 +133,35 @@ pub async fn serve<R>(
         tokio::select! {
             r = read_some(&mut reader, &mut buf, limit) => match r {
                 Ok(0) => break End::Graceful,
-                Ok(_) => {}
+                Ok(_) => reads += 1,
                 Err(_) => break End::Io,
             },
             _ = &mut handshake, if !welcomed => {
                 send_err(&outbox, ErrorCode::Protocol, "no HELLO within the handshake timeout");
                 break End::Error;
             }
+            _ = tick.tick(), if welcomed && keepalive.interval.is_some() => {
+                if reads != reads_at_tick {
+                    reads_at_tick = reads;
+                    pings_out = 0;
+                } else if pings_out >= keepalive.max_pings_out {
+                    send_err(&outbox, ErrorCode::Stale, "no input through the keepalive PINGs");
+                    break End::Error;
+                } else {
+                    pings_out += 1;
+                    outbox.push_control(|b| encode(&Frame::Ping(u64::from(pings_out)), b));
+                    session.touch_own();
+                    session.flush();
+                }
+            }
             _ = &mut writer_task => break End::Io,
             _ = shutdown.changed() => break End::Graceful,
         }
     };
     tracing::debug!(session = session.id(), ?end, "connection ends");
+    // Deliveries not acknowledged go to other members of their queue groups.
+    session.release_unacked(None).await;
+    session.flush();
     // Dropping the session removes its subscriptions and closes the outbox; the writer then
     // flushes what is queued (an ERR included) and shuts the socket down.
     drop(session);
@@ -203,7 +241,25 @@ async fn handle(
                 .map_err(|e| (ErrorCode::BadSubscription, e.to_string()))?;
         }
         Frame::Unsub { sid } => {
+            // Unacknowledged deliveries go to another member first (they need the
+            // subscription's group).
+            session.release_unacked(Some(sid)).await;
             session.unsubscribe(sid);
+        }
+        Frame::Ack {
+            delivery,
+            cumulative,
+        } => {
+            // An unknown or already acknowledged id is ignored (an ACK may cross a
+            // redelivery after an UNSUB).
+            session.outbox().ack(delivery, cumulative);
+            session.touch_own();
+        }
+        Frame::Nack { delivery } => {
+            if let Some(d) = session.outbox().nack(delivery) {
+                session.give_back(d, true).await;
+            }
+            session.touch_own();
         }
         Frame::Ping(t) => session
             .outbox()
@@ -215,7 +271,11 @@ async fn handle(
             return Ok(false);
         }
         Frame::Hello(_) => return Err((ErrorCode::Protocol, "HELLO was already received".into())),
-        Frame::Welcome(_) | Frame::Msg { .. } | Frame::MsgBatch { .. } | Frame::Lost { .. } => {
+        Frame::Welcome(_)
+        | Frame::Msg { .. }
+        | Frame::MsgBatch { .. }
+        | Frame::MsgAcked { .. }
+        | Frame::Lost { .. } => {
             return Err((
                 ErrorCode::Protocol,
                 "a client may not send this frame".into(),
@@ -245,7 +305,12 @@ pub(crate) async fn write_loop(w: Arc<WriteHalf>, outbox: Arc<Outbox>, epoch: u6
     loop {
         match outbox.take(&mut q, epoch).await {
             Taken::Data => {
-                let r = w.write_chunks(&mut q).await;
+                // A write that cannot finish (a client that does not read) ends when the
+                // broker cuts the connection off as a slow consumer.
+                let r = tokio::select! {
+                    r = w.write_chunks(&mut q) => r,
+                    _ = outbox.cut_off() => Err(std::io::ErrorKind::TimedOut.into()),
+                };
                 outbox.release(epoch);
                 if r.is_err() {
                     // The reader sees this task end and ends the connection.

@@ -56,6 +56,7 @@ pub struct Server {
     listeners: Vec<Listener>,
     limits: Arc<Limits>,
     name: Arc<str>,
+    keepalive: native::Keepalive,
     mqtt: Arc<Mqtt>,
     stomp: Arc<Stomp>,
     busy_poll: Duration,
@@ -121,6 +122,9 @@ impl Server {
     fn assemble(config: &Config, listeners: Vec<Listener>) -> Server {
         let broker = Broker::new(BrokerConfig {
             outbox_bytes: usize::try_from(config.limits.outbox_bytes).unwrap_or(usize::MAX),
+            max_block: (config.limits.max_block_ms > 0)
+                .then(|| Duration::from_millis(config.limits.max_block_ms)),
+            max_unacked: config.limits.max_unacked as usize,
         });
         let auth = Arc::new(ConfigAuth::new(&config.auth));
         let mqtt = Mqtt::new(broker.clone(), config, auth.clone());
@@ -130,6 +134,11 @@ impl Server {
             listeners,
             limits: Arc::new(config.limits.clone()),
             name: config.server.name.as_str().into(),
+            keepalive: native::Keepalive {
+                interval: (config.native.ping_interval_ms > 0)
+                    .then(|| Duration::from_millis(config.native.ping_interval_ms)),
+                max_pings_out: config.native.max_pings_out,
+            },
             mqtt,
             stomp,
             busy_poll: Duration::from_micros(config.server.busy_poll_us),
@@ -196,6 +205,7 @@ impl Server {
                 broker: self.broker.clone(),
                 limits: self.limits.clone(),
                 name: self.name.clone(),
+                keepalive: self.keepalive,
                 stop: stop_rx.clone(),
                 live: live.clone(),
                 mqtt: self.mqtt.clone(),
@@ -229,6 +239,7 @@ impl Server {
 
 #[derive(Clone)]
 struct Ctx {
+    keepalive: native::Keepalive,
     broker: Broker,
     limits: Arc<Limits>,
     name: Arc<str>,
@@ -301,7 +312,7 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
             };
             match proto {
                 Protocol::Native => {
-                    native::serve(r, w, c.broker, c.limits, c.name, c.stop).await;
+                    native::serve(r, w, c.broker, c.limits, c.name, c.keepalive, c.stop).await;
                 }
                 Protocol::Mqtt | Protocol::MqttWs => {
                     mqtt::conn::serve(r, w, c.mqtt, c.stop).await;

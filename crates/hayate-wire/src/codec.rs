@@ -140,6 +140,9 @@ fn frame_name(t: u8) -> Option<&'static str> {
         ty::LOST => "LOST",
         ty::ERR => "ERR",
         ty::CLOSE => "CLOSE",
+        ty::MSG_ACKED => "MSG_ACKED",
+        ty::ACK => "ACK",
+        ty::NACK => "NACK",
         _ => return None,
     })
 }
@@ -151,10 +154,21 @@ fn frame_name(t: u8) -> Option<&'static str> {
 /// (type byte and body) is refused from its header alone. On success the frame's bytes are
 /// removed from `buf`; payloads are zero-copy slices of it.
 pub fn decode(buf: &mut BytesMut, max_frame: usize) -> Result<Option<Frame>, DecodeError> {
-    if buf.len() < HEADER_LEN {
+    if buf.len() < 4 {
         return Ok(None);
     }
     let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    // A length of 0 cannot hold the type byte: refused as soon as the length is read, not
+    // after waiting for a type byte that is really the next frame's first byte.
+    if len == 0 {
+        return Err(DecodeError::Malformed {
+            frame: "frame",
+            what: "length 0",
+        });
+    }
+    if buf.len() < HEADER_LEN {
+        return Ok(None);
+    }
     if len > max_frame {
         return Err(DecodeError::TooLarge {
             len,
@@ -165,12 +179,6 @@ pub fn decode(buf: &mut BytesMut, max_frame: usize) -> Result<Option<Frame>, Dec
     let Some(name) = frame_name(t) else {
         return Err(DecodeError::UnknownFrame(t));
     };
-    if len == 0 {
-        return Err(DecodeError::Malformed {
-            frame: name,
-            what: "length 0",
-        });
-    }
     let total = 4 + len;
     if buf.len() < total {
         buf.reserve(total - buf.len());
@@ -192,6 +200,10 @@ fn options(b: &mut Body, flags: u8, key: Key) -> Result<Message, DecodeError> {
     if flags & !flag::ALL != 0 {
         return Err(b.err("reserved flag bits set"));
     }
+    options_checked(b, flags, key)
+}
+
+fn options_checked(b: &mut Body, flags: u8, key: Key) -> Result<Message, DecodeError> {
     let reply_to = if flags & flag::REPLY_TO != 0 {
         Some(b.key("reply-to")?)
     } else {
@@ -306,6 +318,31 @@ fn parse(t: u8, mut b: Body) -> Result<Frame, DecodeError> {
             message: b.str16("message")?,
         },
         ty::CLOSE => Frame::Close,
+        ty::MSG_ACKED => {
+            let sid = b.u32("sid")?;
+            let delivery = b.u64("delivery")?;
+            let flags = b.u8("flags")?;
+            if flags & !(flag::ALL | flag::REDELIVERED) != 0 {
+                return Err(b.err("reserved flag bits set"));
+            }
+            let key = b.key("key")?;
+            let mut msg = options_checked(&mut b, flags & flag::ALL, key)?;
+            msg.attrs.redelivered = flags & flag::REDELIVERED != 0;
+            return Ok(Frame::MsgAcked { sid, delivery, msg });
+        }
+        ty::ACK => {
+            let flags = b.u8("flags")?;
+            if flags & !1 != 0 {
+                return Err(b.err("reserved flag bits set"));
+            }
+            Frame::Ack {
+                cumulative: flags & 1 != 0,
+                delivery: b.u64("delivery")?,
+            }
+        }
+        ty::NACK => Frame::Nack {
+            delivery: b.u64("delivery")?,
+        },
         other => return Err(DecodeError::UnknownFrame(other)),
     };
     b.end()?;
@@ -410,6 +447,22 @@ pub fn encode_msg_head(sid: u32, msg: &Message, out: &mut BytesMut) {
     out.reserve(HEADER_LEN + 7 + msg.key.as_bytes().len() + opt);
     let start = begin(out, ty::MSG);
     out.put_u32(sid);
+    out.put_u8(flags);
+    put_str16(out, msg.key.as_bytes());
+    put_options(out, msg);
+    finish(out, start, msg.payload.len());
+}
+
+/// Encodes a MSG_ACKED frame *without its payload* (see [`encode_msg_head`]).
+pub fn encode_msg_acked_head(sid: u32, delivery: u64, msg: &Message, out: &mut BytesMut) {
+    let (mut flags, opt) = options_len(msg);
+    if msg.attrs.redelivered {
+        flags |= flag::REDELIVERED;
+    }
+    out.reserve(HEADER_LEN + 15 + msg.key.as_bytes().len() + opt);
+    let start = begin(out, ty::MSG_ACKED);
+    out.put_u32(sid);
+    out.put_u64(delivery);
     out.put_u8(flags);
     put_str16(out, msg.key.as_bytes());
     put_options(out, msg);
@@ -539,6 +592,24 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
         }
         Frame::Close => {
             let start = begin(out, ty::CLOSE);
+            finish(out, start, 0);
+        }
+        Frame::MsgAcked { sid, delivery, msg } => {
+            encode_msg_acked_head(*sid, *delivery, msg, out);
+            out.extend_from_slice(&msg.payload);
+        }
+        Frame::Ack {
+            delivery,
+            cumulative,
+        } => {
+            let start = begin(out, ty::ACK);
+            out.put_u8(u8::from(*cumulative));
+            out.put_u64(*delivery);
+            finish(out, start, 0);
+        }
+        Frame::Nack { delivery } => {
+            let start = begin(out, ty::NACK);
+            out.put_u64(*delivery);
             finish(out, start, 0);
         }
     }

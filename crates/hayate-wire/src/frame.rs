@@ -23,6 +23,9 @@ pub(crate) mod ty {
     pub(crate) const LOST: u8 = 0x0B;
     pub(crate) const ERR: u8 = 0x0C;
     pub(crate) const CLOSE: u8 = 0x0D;
+    pub(crate) const MSG_ACKED: u8 = 0x0E;
+    pub(crate) const ACK: u8 = 0x0F;
+    pub(crate) const NACK: u8 = 0x10;
 }
 
 /// Option flag bits of PUB and MSG.
@@ -31,6 +34,8 @@ pub(crate) mod flag {
     pub(crate) const CORRELATION: u8 = 0x02;
     pub(crate) const HEADERS: u8 = 0x04;
     pub(crate) const ALL: u8 = REPLY_TO | CORRELATION | HEADERS;
+    /// MSG_ACKED only: the message was delivered before (given back or left unacknowledged).
+    pub(crate) const REDELIVERED: u8 = 0x80;
 }
 
 /// HELLO: the client's opening frame.
@@ -133,6 +138,28 @@ pub enum Frame {
     },
     /// Graceful close.
     Close,
+    /// Deliver one message to an acknowledged subscription: the receiver answers ACK or
+    /// NACK with `delivery`.
+    MsgAcked {
+        /// Subscription id.
+        sid: u32,
+        /// Delivery id (per session, increasing, never reused).
+        delivery: u64,
+        /// The message (`attrs.redelivered` set when it was delivered before).
+        msg: Message,
+    },
+    /// Acknowledge a delivery, or every delivery up to it.
+    Ack {
+        /// Delivery id.
+        delivery: u64,
+        /// Every delivery of the session with an id up to and including `delivery`.
+        cumulative: bool,
+    },
+    /// Give a delivery back for redelivery.
+    Nack {
+        /// Delivery id.
+        delivery: u64,
+    },
 }
 
 /// Stable error codes of ERR frames.
@@ -155,6 +182,8 @@ pub enum ErrorCode {
     UnsupportedVersion,
     /// Not authorized (reserved).
     NotAuthorized,
+    /// No input from the peer through `max_pings_out` PINGs: the connection is presumed dead.
+    Stale,
     /// A code this version does not know.
     Other(u16),
 }
@@ -171,6 +200,7 @@ impl ErrorCode {
             ErrorCode::BadKey => 6,
             ErrorCode::UnsupportedVersion => 7,
             ErrorCode::NotAuthorized => 8,
+            ErrorCode::Stale => 9,
             ErrorCode::Other(c) => c,
         }
     }
@@ -186,6 +216,7 @@ impl ErrorCode {
             6 => ErrorCode::BadKey,
             7 => ErrorCode::UnsupportedVersion,
             8 => ErrorCode::NotAuthorized,
+            9 => ErrorCode::Stale,
             c => ErrorCode::Other(c),
         }
     }

@@ -97,7 +97,9 @@ impl ReadPlanner {
 /// A payload slice of `frame`, if it carries one (it shares the frame's buffer).
 fn any_payload(frame: &Frame) -> Option<&Bytes> {
     match frame {
-        Frame::Pub(m) | Frame::Msg { msg: m, .. } => Some(&m.payload),
+        Frame::Pub(m) | Frame::Msg { msg: m, .. } | Frame::MsgAcked { msg: m, .. } => {
+            Some(&m.payload)
+        }
         Frame::PubBatch { payloads, .. } | Frame::MsgBatch { payloads, .. } => payloads.first(),
         _ => None,
     }

@@ -70,7 +70,7 @@ fn message() -> impl Strategy<Value = Message> {
 }
 
 fn qos() -> impl Strategy<Value = Qos> {
-    (0u8..4).prop_map(|b| Qos::from_bits(b).expect("valid qos bits"))
+    (0u8..32).prop_map(|b| Qos::from_bits(b).expect("valid qos bits"))
 }
 
 fn payloads() -> impl Strategy<Value = Vec<Bytes>> {
@@ -128,6 +128,17 @@ fn frame() -> impl Strategy<Value = Frame> {
             message,
         }),
         Just(Frame::Close),
+        (any::<u32>(), any::<u64>(), message(), any::<bool>()).prop_map(
+            |(sid, delivery, mut msg, redelivered)| {
+                msg.attrs.redelivered = redelivered;
+                Frame::MsgAcked { sid, delivery, msg }
+            }
+        ),
+        (any::<u64>(), any::<bool>()).prop_map(|(delivery, cumulative)| Frame::Ack {
+            delivery,
+            cumulative
+        }),
+        any::<u64>().prop_map(|delivery| Frame::Nack { delivery }),
     ]
 }
 

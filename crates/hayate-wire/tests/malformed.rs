@@ -137,7 +137,7 @@ fn sanity_the_valid_bodies_decode() {
 
 #[test]
 fn unknown_frame_type() {
-    for t in [0x00, 0x0E, 0x7F, 0xFF] {
+    for t in [0x00, 0x11, 0x7F, 0xFF] {
         // Refused from the header alone, body or not.
         assert_err(
             raw(100, t, &[]),
@@ -154,14 +154,26 @@ fn unknown_frame_type() {
 
 #[test]
 fn zero_length() {
-    assert_malformed(raw(0, PING, &[]), "PING", "length 0");
-    assert_malformed(raw(0, CLOSE, &[]), "CLOSE", "length 0");
-    // An unknown type is reported as such even with length 0.
-    assert_err(
-        raw(0, 0x42, &[]),
-        DecodeError::UnknownFrame(0x42),
-        ErrorCode::UnknownFrame,
+    // Refused as soon as the length is read, whatever follows: the next byte is not this
+    // frame's type (a length of 0 cannot include one) but the start of the next frame.
+    for t in [PING, CLOSE, 0x42] {
+        assert_malformed(raw(0, t, &[]), "frame", "length 0");
+    }
+    let mut alone = BytesMut::from(&[0u8; 4][..]);
+    assert_eq!(
+        decode(&mut alone, MAX_FRAME),
+        Err(DecodeError::Malformed {
+            frame: "frame",
+            what: "length 0"
+        })
     );
+    assert_eq!(alone.len(), 4, "nothing consumed");
+    // `00 00 00 00` then a valid PING: ERR 2, not a PING with a byte swallowed.
+    let mut then_ping = BytesMut::from(&[0u8; 4][..]);
+    then_ping.extend_from_slice(&frame(PING, &7u64.to_be_bytes()));
+    let e = decode(&mut then_ping, MAX_FRAME).expect_err("length 0");
+    assert_eq!(e.code(), ErrorCode::Malformed);
+    assert_eq!(e.code().code(), 2);
 }
 
 #[test]
@@ -353,7 +365,7 @@ fn reserved_flag_bits_in_pub_and_msg() {
 
 #[test]
 fn reserved_qos_bits_in_sub() {
-    for qos in [0x04, 0x08, 0x80, 0xFF] {
+    for qos in [0x20, 0x40, 0x80, 0xFF] {
         assert_malformed(
             frame(SUB, &sub_body(qos, b"", b"a")),
             "SUB",

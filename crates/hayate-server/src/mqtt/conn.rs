@@ -18,7 +18,7 @@ use hayate_mqtt::{
 use tokio::io::AsyncRead;
 use tokio::sync::{mpsc, watch};
 
-use super::out::{Link, SubInfo, lock, put_packet};
+use super::out::{Link, SubInfo, broker_qos, lock, put_packet};
 use super::{CONTENT_TYPE, Mqtt, MqttSession, PendingWill};
 use crate::auth::AuthError;
 use crate::io::{WriteHalf, read_some};
@@ -670,7 +670,18 @@ impl Conn<'_> {
             let existed = ms.filters.get(sub.filter.as_str()).copied();
             let sid = match existed {
                 Some(sid) => {
-                    lock(&ms.out).subs.insert(sid, info);
+                    let before = lock(&ms.out).subs.insert(sid, info).map(|i| i.qos);
+                    // QoS 0 drops under congestion, QoS 1/2 block: a change between them
+                    // re-registers the subscription with the broker (same id).
+                    if before.map(broker_qos) != Some(broker_qos(o.qos)) {
+                        ms.session.unsubscribe(sid);
+                        if let Err(e) =
+                            ms.session
+                                .subscribe(sid, expr.clone(), group, broker_qos(o.qos))
+                        {
+                            tracing::warn!("mqtt: subscribe failed: {e}");
+                        }
+                    }
                     sid
                 }
                 None => {
@@ -680,7 +691,7 @@ impl Conn<'_> {
                     lock(&ms.out).subs.insert(sid, info);
                     if let Err(e) =
                         ms.session
-                            .subscribe(sid, expr.clone(), group, hayate_core::Qos::default())
+                            .subscribe(sid, expr.clone(), group, broker_qos(o.qos))
                     {
                         lock(&ms.out).subs.remove(&sid);
                         tracing::warn!("mqtt: subscribe failed: {e}");

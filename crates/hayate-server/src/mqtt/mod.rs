@@ -236,6 +236,7 @@ impl Mqtt {
         let out = Arc::new(Mutex::new(MqttOut::new(
             0,
             self.cfg.max_queued_messages,
+            usize::try_from(self.cfg.max_queued_bytes).unwrap_or(usize::MAX),
             self.cfg.max_inflight,
         )));
         let session = self
@@ -479,6 +480,22 @@ impl Mqtt {
                 self.broker.subscription_count().to_string(),
             ),
             ("$SYS/broker/retained messages/count", retained.to_string()),
+            (
+                "$SYS/broker/messages/dropped",
+                self.broker
+                    .stats()
+                    .dropped
+                    .load(Ordering::Relaxed)
+                    .to_string(),
+            ),
+            (
+                "$SYS/broker/clients/slow",
+                self.broker
+                    .stats()
+                    .slow_consumers
+                    .load(Ordering::Relaxed)
+                    .to_string(),
+            ),
         ];
         for (topic, value) in items {
             let Ok(key) = hayate_mqtt::map::topic_to_key(topic) else {

@@ -115,6 +115,10 @@ pub(crate) struct MqttOut {
     pending: VecDeque<Queued>,
     /// Most messages held (0: no limit).
     max_queued: usize,
+    /// Most bytes held in flight and waiting (0: no limit).
+    max_queued_bytes: usize,
+    /// Bytes (payload and key) of the deliveries in flight and waiting.
+    held: usize,
     max_inflight: u16,
     /// Packet ids of inbound QoS 2 PUBLISHes received and not yet released (PUBREL).
     pub(crate) incoming: HashSet<u16>,
@@ -131,6 +135,22 @@ fn qos_of(g: Guarantee) -> QoS {
         Guarantee::AtLeastOnce => QoS::AtLeastOnce,
         Guarantee::ExactlyOnce => QoS::ExactlyOnce,
     }
+}
+
+/// The broker-side quality of service of an MQTT subscription granted `q`: QoS 0 is at
+/// most once and never holds a publisher back (a full outbox drops, counted, as Mosquitto
+/// does); QoS 1 and 2 block, for at most `limits.max_block_ms`, then the slow consumer is
+/// disconnected (its session keeps what it holds).
+pub(crate) fn broker_qos(q: QoS) -> hayate_core::Qos {
+    match q {
+        QoS::AtMostOnce => hayate_core::Qos::BEST_EFFORT_DROP,
+        QoS::AtLeastOnce | QoS::ExactlyOnce => hayate_core::Qos::default(),
+    }
+}
+
+/// What a held delivery counts against the budgets.
+fn held_size(q: &Queued) -> usize {
+    q.msg.payload.len() + q.msg.key.as_bytes().len()
 }
 
 /// Remaining whole seconds until `at` (rounded up, at least 1).
@@ -274,7 +294,12 @@ fn write_queued(
 }
 
 impl MqttOut {
-    pub(crate) fn new(session_id: u64, max_queued: usize, max_inflight: u16) -> MqttOut {
+    pub(crate) fn new(
+        session_id: u64,
+        max_queued: usize,
+        max_queued_bytes: usize,
+        max_inflight: u16,
+    ) -> MqttOut {
         MqttOut {
             session_id,
             subs: HashMap::new(),
@@ -285,6 +310,8 @@ impl MqttOut {
             pids: HashMap::new(),
             pending: VecDeque::new(),
             max_queued,
+            max_queued_bytes,
+            held: 0,
             max_inflight,
             incoming: HashSet::new(),
             dropped: 0,
@@ -376,13 +403,23 @@ impl MqttOut {
 
     /// Queues a QoS 1 or 2 delivery (restored from disk, or from [`MqttOut::deliver`]).
     pub(crate) fn enqueue(&mut self, q: Queued, out: &mut OutBuf) {
-        if self.pending.is_empty() && self.inflight.len() < self.window() {
+        let size = held_size(&q);
+        if self.max_queued_bytes > 0 && self.held + size > self.max_queued_bytes && self.held > 0 {
+            self.dropped += 1;
+        } else if self.pending.is_empty() && self.inflight.len() < self.window() {
             self.send_new(q, out);
         } else if self.max_queued > 0 && self.pending.len() >= self.max_queued {
             self.dropped += 1;
         } else {
+            self.held += size;
             self.pending.push_back(q);
         }
+    }
+
+    /// Bytes held for deliveries in flight and waiting, counted against the session's
+    /// outbox budget while the client is connected (offline, `max_queued_bytes` bounds them).
+    pub(crate) fn held_bytes(&self) -> usize {
+        if self.link.is_some() { self.held } else { 0 }
     }
 
     /// Restores a delivery that was in flight when the state was saved.
@@ -392,6 +429,7 @@ impl MqttOut {
         }
         self.seq += 1;
         self.pids.insert(pid, self.seq);
+        self.held += held_size(&item);
         self.inflight
             .insert(self.seq, Inflight { pid, item, stage });
     }
@@ -421,6 +459,7 @@ impl MqttOut {
         };
         if write_queued(link, &self.empty, &q, pid, false, out) {
             self.sent += 1;
+            self.held += held_size(&q);
             self.seq += 1;
             self.pids.insert(pid, self.seq);
             self.inflight.insert(
@@ -440,13 +479,16 @@ impl MqttOut {
             let Some(q) = self.pending.pop_front() else {
                 break;
             };
+            self.held -= held_size(&q);
             self.send_new(q, out);
         }
     }
 
     fn remove(&mut self, pid: u16) {
-        if let Some(seq) = self.pids.remove(&pid) {
-            self.inflight.remove(&seq);
+        if let Some(seq) = self.pids.remove(&pid)
+            && let Some(f) = self.inflight.remove(&seq)
+        {
+            self.held -= held_size(&f.item);
         }
     }
 
@@ -599,5 +641,9 @@ impl Encoder for MqttEncoder {
     fn encode_lost(&mut self, _sid: u32, count: u64, _out: &mut OutBuf) {
         // MQTT has no way to tell a subscriber; count it.
         lock(&self.out).dropped += count;
+    }
+
+    fn held_bytes(&self) -> usize {
+        lock(&self.out).held_bytes()
     }
 }

@@ -295,7 +295,7 @@ fn load_session(mqtt: &Mqtt, r: &mut Reader, now: Instant) -> Result<(), Persist
         );
         if ms
             .session
-            .subscribe(sid, expr, group.as_deref(), hayate_core::Qos::default())
+            .subscribe(sid, expr, group.as_deref(), super::out::broker_qos(qos))
             .is_ok()
         {
             ms.filters.insert(filter, sid);

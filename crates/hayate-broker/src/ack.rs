@@ -1,0 +1,186 @@
+//! Acknowledged delivery: which deliveries a receiver has not yet confirmed.
+//!
+//! An [`AckTracker`] numbers each delivery with a *delivery id* (per session, increasing,
+//! never reused), keeps at most `window` deliveries in flight (sent and not yet acknowledged)
+//! and holds the rest in a pending queue, oldest first. A receiver acknowledges one delivery
+//! ([`AckTracker::ack`]) or every delivery up to an id ([`AckTracker::ack_through`]), or
+//! gives one back ([`AckTracker::nack`]) for the caller to deliver again, to this receiver or
+//! to another member of its queue group; when the receiver goes away the caller takes
+//! everything ([`AckTracker::take_all`]) and hands it on.
+//!
+//! The tracker counts the bytes it holds (in flight and pending), so the owner can charge them
+//! to the session's budget: a receiver that does not acknowledge slows its publishers instead
+//! of growing without bound.
+//!
+//! This is the one place where the durable log will attach: a durable consumer's in-flight
+//! set is this tracker's, persisted, and its pending queue is a read position in the log.
+
+use std::collections::{BTreeMap, VecDeque};
+
+/// One delivery the tracker holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Held<T> {
+    item: T,
+    size: usize,
+}
+
+/// Deliveries in flight and pending for one receiver (see the module documentation).
+#[derive(Debug, Clone)]
+pub struct AckTracker<T> {
+    next_id: u64,
+    window: usize,
+    inflight: BTreeMap<u64, Held<T>>,
+    pending: VecDeque<Held<T>>,
+    bytes: usize,
+}
+
+impl<T> AckTracker<T> {
+    /// A tracker allowing `window` deliveries in flight (at least 1).
+    pub fn new(window: usize) -> AckTracker<T> {
+        AckTracker {
+            next_id: 1,
+            window: window.max(1),
+            inflight: BTreeMap::new(),
+            pending: VecDeque::new(),
+            bytes: 0,
+        }
+    }
+
+    /// The most deliveries in flight.
+    pub fn window(&self) -> usize {
+        self.window
+    }
+
+    /// Changes the window (at least 1). Deliveries already in flight stay in flight.
+    pub fn set_window(&mut self, window: usize) {
+        self.window = window.max(1);
+    }
+
+    /// Queues `item` (of `size` bytes, for accounting) behind what is pending. Call
+    /// [`AckTracker::next_ready`] to move what the window allows into flight.
+    pub fn push(&mut self, item: T, size: usize) {
+        self.bytes += size;
+        self.pending.push_back(Held { item, size });
+    }
+
+    /// Queues `item` ahead of everything pending (a delivery given back to this receiver).
+    pub fn push_front(&mut self, item: T, size: usize) {
+        self.bytes += size;
+        self.pending.push_front(Held { item, size });
+    }
+
+    /// Moves the oldest pending item into flight if the window has room; returns its new
+    /// delivery id and the item, for the caller to send.
+    pub fn next_ready(&mut self) -> Option<(u64, &T)> {
+        if self.inflight.len() >= self.window {
+            return None;
+        }
+        let h = self.pending.pop_front()?;
+        let id = self.next_id;
+        self.next_id += 1;
+        let h = self.inflight.entry(id).or_insert(h);
+        Some((id, &h.item))
+    }
+
+    /// The item in flight under `id`.
+    pub fn get(&self, id: u64) -> Option<&T> {
+        self.inflight.get(&id).map(|h| &h.item)
+    }
+
+    /// Acknowledges delivery `id`; returns its item, or `None` if it was not in flight
+    /// (already acknowledged, given back, or never sent).
+    pub fn ack(&mut self, id: u64) -> Option<T> {
+        self.remove(id)
+    }
+
+    /// Acknowledges every delivery in flight with an id up to and including `id`; returns
+    /// how many there were.
+    pub fn ack_through(&mut self, id: u64) -> usize {
+        let rest = self.inflight.split_off(&id.saturating_add(1));
+        let done = std::mem::replace(&mut self.inflight, rest);
+        self.bytes -= done.values().map(|h| h.size).sum::<usize>();
+        done.len()
+    }
+
+    /// Gives delivery `id` back: it leaves the tracker and is returned to the caller, who
+    /// delivers it again (here with [`AckTracker::push_front`], or to another receiver).
+    pub fn nack(&mut self, id: u64) -> Option<T> {
+        self.remove(id)
+    }
+
+    fn remove(&mut self, id: u64) -> Option<T> {
+        let h = self.inflight.remove(&id)?;
+        self.bytes -= h.size;
+        Some(h.item)
+    }
+
+    /// Takes everything: the deliveries in flight in id order, then the pending ones in
+    /// order. The tracker is empty afterwards (delivery ids are not reused).
+    pub fn take_all(&mut self) -> Vec<T> {
+        let mut all: Vec<T> = std::mem::take(&mut self.inflight)
+            .into_values()
+            .map(|h| h.item)
+            .collect();
+        all.extend(self.pending.drain(..).map(|h| h.item));
+        self.bytes = 0;
+        all
+    }
+
+    /// Deliveries in flight, in id order.
+    pub fn inflight(&self) -> impl Iterator<Item = (u64, &T)> {
+        self.inflight.iter().map(|(&id, h)| (id, &h.item))
+    }
+
+    /// Pending deliveries, oldest first.
+    pub fn pending(&self) -> impl Iterator<Item = &T> {
+        self.pending.iter().map(|h| &h.item)
+    }
+
+    /// Number of deliveries in flight.
+    pub fn in_flight_len(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// Number of pending deliveries.
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// True when nothing is in flight or pending.
+    pub fn is_empty(&self) -> bool {
+        self.inflight.is_empty() && self.pending.is_empty()
+    }
+
+    /// Bytes of every item held (in flight and pending), as given to `push`.
+    pub fn held_bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_and_acks() {
+        let mut t = AckTracker::new(2);
+        for i in 0..4 {
+            t.push(i, 10);
+        }
+        assert_eq!(t.next_ready().map(|(id, &v)| (id, v)), Some((1, 0)));
+        assert_eq!(t.next_ready().map(|(id, &v)| (id, v)), Some((2, 1)));
+        assert_eq!(t.next_ready(), None);
+        assert_eq!(t.held_bytes(), 40);
+        assert_eq!(t.ack(1), Some(0));
+        assert_eq!(t.ack(1), None);
+        assert_eq!(t.next_ready().map(|(id, &v)| (id, v)), Some((3, 2)));
+        assert_eq!(t.nack(2), Some(1));
+        t.push_front(1, 10);
+        assert_eq!(t.next_ready().map(|(id, &v)| (id, v)), Some((4, 1)));
+        assert_eq!(t.ack_through(4), 2);
+        assert_eq!(t.held_bytes(), 10);
+        assert_eq!(t.take_all(), vec![3]);
+        assert!(t.is_empty());
+        assert_eq!(t.held_bytes(), 0);
+    }
+}

@@ -1,0 +1,502 @@
+//! The bounded outbox through the public API: `drop` and `block` budgets, oversized
+//! deliveries, detachment and epochs, and inline flushes to a non-blocking sink.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use common::{
+    Ev, FakeSink, SinkMode, assert_pending, concat, drain, expr, fill, key, lost_marker, msg, open,
+    publish, spawn_writer, within,
+};
+use hayate_broker::{Batch, Broker, BrokerConfig, Taken};
+use hayate_core::Qos;
+
+/// A broker whose outboxes hold about `bytes` bytes. (The recording encoder writes the bare
+/// payload; the outbox charges `payload + 16` per plain message when checking the budget.)
+fn broker(bytes: usize) -> Broker {
+    Broker::new(BrokerConfig {
+        outbox_bytes: bytes,
+        ..Default::default()
+    })
+}
+
+fn dropped(b: &Broker) -> u64 {
+    b.stats().dropped.load(Ordering::Relaxed)
+}
+
+/// A `drop` subscription loses what does not fit, counts it, and reports the count before
+/// its next delivery (at offer time when room appears without a take).
+#[tokio::test]
+async fn drop_subscription_loses_what_does_not_fit_and_reports_it() {
+    let b = broker(100);
+    let (mut sub, log) = open(&b);
+    sub.subscribe(1, expr("t/drop"), None, Qos::BEST_EFFORT_DROP)
+        .unwrap();
+    let (mut publ, _) = open(&b);
+
+    // 60 bytes queued (charged 76).
+    assert_eq!(publish(&mut publ, "t/drop", fill('a', 60)).await, 1);
+    // 60 + 46 > 100: lost, twice.
+    assert_eq!(publish(&mut publ, "t/drop", fill('b', 30)).await, 0);
+    assert_eq!(publish(&mut publ, "t/drop", fill('c', 30)).await, 0);
+    assert_eq!(dropped(&b), 2);
+    assert_eq!(log.payloads(), vec![fill('a', 60)]);
+    assert!(log.lost().is_empty(), "reported before the next delivery");
+    // 60 + 26 <= 100: fits; the loss report comes right before it.
+    assert_eq!(publish(&mut publ, "t/drop", fill('d', 10)).await, 1);
+    assert_eq!(
+        log.events(),
+        vec![
+            Ev::Msg {
+                sid: 1,
+                key: "t/drop".into(),
+                payload: Bytes::from(fill('a', 60)),
+            },
+            Ev::Lost { sid: 1, count: 2 },
+            Ev::Msg {
+                sid: 1,
+                key: "t/drop".into(),
+                payload: Bytes::from(fill('d', 10)),
+            },
+        ]
+    );
+    let want = format!("{}{}{}", fill('a', 60), lost_marker(1, 2), fill('d', 10));
+    assert_eq!(drain(sub.outbox()).await, want.as_bytes());
+    assert_eq!(dropped(&b), 2);
+}
+
+/// When nothing else arrives for the subscription, the writer's next take carries the loss
+/// report after what was queued.
+#[tokio::test]
+async fn drop_loss_is_reported_by_the_writer_when_nothing_else_arrives() {
+    let b = broker(100);
+    let (mut sub, log) = open(&b);
+    sub.subscribe(7, expr("t/**"), None, Qos::BEST_EFFORT_DROP)
+        .unwrap();
+    let (mut publ, _) = open(&b);
+    assert_eq!(publish(&mut publ, "t/x", fill('a', 80)).await, 1);
+    for _ in 0..3 {
+        assert_eq!(publish(&mut publ, "t/x", fill('z', 20)).await, 0);
+    }
+    assert_eq!(dropped(&b), 3);
+    let want = format!("{}{}", fill('a', 80), lost_marker(7, 3));
+    assert_eq!(drain(sub.outbox()).await, want.as_bytes());
+    assert_eq!(log.lost(), vec![(7, 3)]);
+    // Reported once: the next delivery carries no report.
+    assert_eq!(publish(&mut publ, "t/x", "next").await, 1);
+    assert_eq!(drain(sub.outbox()).await, b"next");
+    assert_eq!(log.lost(), vec![(7, 3)]);
+}
+
+/// A `drop` subscription on a batch keeps the items that fit (from the front) and counts
+/// the rest.
+#[tokio::test]
+async fn drop_subscription_keeps_the_front_of_a_batch() {
+    let b = broker(100);
+    let (mut sub, log) = open(&b);
+    sub.subscribe(1, expr("t"), None, Qos::BEST_EFFORT_DROP)
+        .unwrap();
+    let (mut publ, _) = open(&b);
+    // Each item is charged 30 + 16 = 46: two fit (0 + 46, 30 + 46), the third does not.
+    let payloads: Vec<Bytes> = ['a', 'b', 'c', 'd', 'e']
+        .map(|c| Bytes::from(fill(c, 30)))
+        .into();
+    let k = key("t");
+    let n = within(publ.publish(Batch::Plain {
+        key: &k,
+        payloads: &payloads,
+    }))
+    .await;
+    assert_eq!(n, 2);
+    assert_eq!(dropped(&b), 3);
+    assert_eq!(log.payloads(), vec![fill('a', 30), fill('b', 30)]);
+}
+
+/// A `block` subscription makes the publisher wait until a writer takes data, then the
+/// publication completes with nothing lost.
+#[tokio::test]
+async fn block_subscription_waits_for_the_writer() {
+    let b = broker(100);
+    let (mut sub, log) = open(&b);
+    sub.subscribe(1, expr("t/block"), None, Qos::default())
+        .unwrap();
+    let outbox = sub.outbox().clone();
+    let (mut publ, _) = open(&b);
+
+    assert_eq!(publish(&mut publ, "t/block", fill('a', 60)).await, 1);
+    let m = msg("t/block", fill('b', 60));
+    {
+        let fut = publ.publish(Batch::One(&m));
+        tokio::pin!(fut);
+        assert_pending(&mut fut).await;
+        assert_eq!(log.payloads(), vec![fill('a', 60)], "nothing queued yet");
+        assert_eq!(outbox.backlog().0, 60);
+
+        // The writer takes (room appears) and writes.
+        let epoch = outbox.epoch();
+        let mut q = VecDeque::new();
+        assert_eq!(within(outbox.take(&mut q, epoch)).await, Taken::Data);
+        assert_eq!(concat(&q), fill('a', 60).as_bytes());
+        outbox.release(epoch);
+
+        assert_eq!(within(fut).await, 1);
+    }
+    assert_eq!(drain(&outbox).await, fill('b', 60).as_bytes());
+    assert_eq!(dropped(&b), 0);
+    assert!(log.lost().is_empty());
+    assert_eq!(log.payloads(), vec![fill('a', 60), fill('b', 60)]);
+}
+
+/// A blocked batch goes out in as many rounds as the budget requires, in order, with a
+/// writer task running alongside.
+#[tokio::test]
+async fn block_batch_larger_than_budget_completes_in_rounds() {
+    let b = broker(100);
+    let (mut sub, log) = open(&b);
+    sub.subscribe(1, expr("t"), None, Qos::RELIABLE).unwrap();
+    let writer = spawn_writer(sub.outbox().clone());
+    let (mut publ, _) = open(&b);
+    let payloads: Vec<Bytes> = (0..10).map(|i| Bytes::from(fill('a', 30 + i))).collect();
+    let k = key("t");
+    let n = within(publ.publish(Batch::Plain {
+        key: &k,
+        payloads: &payloads,
+    }))
+    .await;
+    assert_eq!(n, 10);
+    drop(sub); // closes the outbox: the writer drains and stops
+    let written = within(writer).await.unwrap();
+    let want: Vec<u8> = payloads.iter().flat_map(|p| p.iter().copied()).collect();
+    assert_eq!(written, want);
+    assert_eq!(log.len(), 10);
+    assert_eq!(dropped(&b), 0);
+}
+
+/// Closing the subscriber (dropping its session) releases a publisher blocked on it.
+#[tokio::test]
+async fn closing_the_subscriber_releases_a_blocked_publisher() {
+    let b = broker(100);
+    let (mut sub, _) = open(&b);
+    sub.subscribe(1, expr("t"), None, Qos::default()).unwrap();
+    let (mut publ, _) = open(&b);
+    assert_eq!(publish(&mut publ, "t", fill('a', 90)).await, 1);
+    let m = msg("t", fill('b', 50));
+    let fut = publ.publish(Batch::One(&m));
+    tokio::pin!(fut);
+    assert_pending(&mut fut).await;
+    drop(sub);
+    assert_eq!(within(fut).await, 0);
+    assert_eq!(dropped(&b), 0);
+}
+
+/// A single delivery larger than the whole budget is accepted when the outbox is empty
+/// (never undeliverable because of its size), and only then.
+#[tokio::test]
+async fn oversized_delivery_is_accepted_into_an_empty_outbox() {
+    let b = broker(64);
+    let (mut drop_sub, drop_log) = open(&b);
+    drop_sub
+        .subscribe(1, expr("big/drop"), None, Qos::BEST_EFFORT_DROP)
+        .unwrap();
+    let (mut block_sub, block_log) = open(&b);
+    block_sub
+        .subscribe(2, expr("big/block"), None, Qos::default())
+        .unwrap();
+    let (mut publ, _) = open(&b);
+
+    // Drop: accepted while empty, lost while not, accepted again once taken.
+    let big = fill('x', 1000);
+    assert_eq!(publish(&mut publ, "big/drop", big.clone()).await, 1);
+    assert_eq!(dropped(&b), 0);
+    assert_eq!(publish(&mut publ, "big/drop", big.clone()).await, 0);
+    assert_eq!(dropped(&b), 1);
+    let want = format!("{big}{}", lost_marker(1, 1));
+    assert_eq!(drain(drop_sub.outbox()).await, want.as_bytes());
+    assert_eq!(publish(&mut publ, "big/drop", big.clone()).await, 1);
+    assert_eq!(drop_log.payloads(), vec![big.clone(), big]);
+
+    // Block: a zero-copy sized payload completes at once ...
+    let huge = Bytes::from(fill('y', 20_000));
+    let m = msg("big/block", huge.clone());
+    assert_eq!(within(publ.publish(Batch::One(&m))).await, 1);
+    // ... and a small one behind it waits for the writer.
+    let small = msg("big/block", "s");
+    let fut = publ.publish(Batch::One(&small));
+    tokio::pin!(fut);
+    assert_pending(&mut fut).await;
+    let outbox = block_sub.outbox().clone();
+    let epoch = outbox.epoch();
+    let mut q = VecDeque::new();
+    assert_eq!(within(outbox.take(&mut q, epoch)).await, Taken::Data);
+    assert_eq!(concat(&q), huge);
+    // Large payloads are queued by reference, not copied.
+    assert!(q.iter().any(|c| c.as_ptr() == huge.as_ptr()));
+    outbox.release(epoch);
+    assert_eq!(within(fut).await, 1);
+    assert_eq!(block_log.len(), 2);
+    assert_eq!(dropped(&b), 1);
+}
+
+/// `detach` discards what is queued, bumps the epoch (a writer of the old epoch sees
+/// `Closed`), and the outbox keeps accepting offers for the next connection.
+#[tokio::test]
+async fn detach_discards_queue_and_bumps_epoch() {
+    let b = Broker::default();
+    let (mut sub, log) = open(&b);
+    sub.subscribe(1, expr("d"), None, Qos::default()).unwrap();
+    let outbox = sub.outbox().clone();
+    let (mut publ, _) = open(&b);
+
+    let e0 = outbox.epoch();
+    assert!(outbox.is_attached());
+    assert_eq!(publish(&mut publ, "d", "first").await, 1);
+    // The old connection's writer takes "first" and is writing it.
+    let mut q = VecDeque::new();
+    assert_eq!(within(outbox.take(&mut q, e0)).await, Taken::Data);
+    assert_eq!(concat(&q), b"first");
+    q.clear();
+    assert_eq!(publish(&mut publ, "d", "second").await, 1);
+    assert_eq!(outbox.backlog(), (6, true));
+
+    let mut ran = false;
+    let e1 = outbox.detach(|| ran = true);
+    assert!(ran, "the closure runs under the lock");
+    assert_ne!(e1, e0);
+    assert_eq!(outbox.epoch(), e1);
+    assert!(!outbox.is_attached());
+    assert!(!outbox.is_closed());
+    assert_eq!(outbox.backlog(), (0, false), "queue discarded");
+
+    // The old writer: its release is ignored, its next take ends it.
+    outbox.release(e0);
+    assert_eq!(within(outbox.take(&mut q, e0)).await, Taken::Closed);
+    assert!(q.is_empty());
+
+    // Still accepting; the next writer (new epoch) sees only what came after.
+    assert_eq!(publish(&mut publ, "d", "third").await, 1);
+    assert_eq!(within(outbox.take(&mut q, e1)).await, Taken::Data);
+    assert_eq!(concat(&q), b"third");
+    assert_eq!(outbox.backlog(), (0, true));
+    // A stale release does not end the new writer's write.
+    outbox.release(e0);
+    assert_eq!(outbox.backlog(), (0, true));
+    outbox.release(e1);
+    assert_eq!(outbox.backlog(), (0, false));
+    assert_eq!(log.payloads(), vec!["first", "second", "third"]);
+}
+
+/// A writer waiting in `take` when the outbox is detached is woken and sees `Closed`.
+#[tokio::test]
+async fn detach_wakes_a_waiting_writer_of_the_old_epoch() {
+    let b = Broker::default();
+    let (sub, _) = open(&b);
+    let outbox = sub.outbox().clone();
+    let e0 = outbox.epoch();
+    let mut q = VecDeque::new();
+    let fut = outbox.take(&mut q, e0);
+    tokio::pin!(fut);
+    assert_pending(&mut fut).await;
+    let e1 = outbox.detach(|| {});
+    assert_eq!(within(fut).await, Taken::Closed);
+    assert_ne!(e1, e0);
+    // Setting a sink reattaches.
+    outbox.set_sink(FakeSink::new(usize::MAX, usize::MAX));
+    assert!(outbox.is_attached());
+}
+
+/// Detaching empties the queue, so a publisher blocked on it completes.
+#[tokio::test]
+async fn detach_releases_a_blocked_publisher() {
+    let b = broker(100);
+    let (mut sub, log) = open(&b);
+    sub.subscribe(1, expr("t"), None, Qos::default()).unwrap();
+    let (mut publ, _) = open(&b);
+    assert_eq!(publish(&mut publ, "t", fill('a', 90)).await, 1);
+    let m = msg("t", fill('b', 50));
+    let fut = publ.publish(Batch::One(&m));
+    tokio::pin!(fut);
+    assert_pending(&mut fut).await;
+    sub.outbox().detach(|| {});
+    assert_eq!(within(fut).await, 1);
+    assert_eq!(sub.outbox().backlog().0, 50);
+    assert_eq!(log.payloads(), vec![fill('a', 90), fill('b', 50)]);
+}
+
+/// `Session::flush` writes what the session queued straight to the subscriber's sink, in
+/// order, without the writer.
+#[tokio::test]
+async fn flush_writes_to_the_sink_in_order() {
+    let b = Broker::default();
+    let (mut sub, _) = open(&b);
+    sub.subscribe(1, expr("f"), None, Qos::default()).unwrap();
+    let sink = FakeSink::new(7, usize::MAX);
+    sub.outbox().set_sink(sink.clone());
+    let (mut publ, _) = open(&b);
+    for p in ["one", "two", "three", "four"] {
+        assert_eq!(publish(&mut publ, "f", p).await, 1);
+    }
+    assert!(sink.written().is_empty(), "nothing before the flush");
+    publ.flush();
+    assert_eq!(sink.written(), b"onetwothreefour");
+    assert!(sink.calls() >= 3, "7 bytes per call: {}", sink.calls());
+    assert_eq!(sub.outbox().backlog(), (0, false));
+    // Nothing left for the writer.
+    let outbox = sub.outbox().clone();
+    let epoch = outbox.epoch();
+    let mut q = VecDeque::new();
+    let fut = outbox.take(&mut q, epoch);
+    tokio::pin!(fut);
+    assert_pending(&mut fut).await;
+}
+
+/// What the sink does not take is put back in front of later output and taken by the
+/// writer; an inline flush never overtakes a writer's write in progress.
+#[tokio::test]
+async fn flush_puts_back_what_the_sink_did_not_take() {
+    let b = Broker::default();
+    let (mut sub, _) = open(&b);
+    sub.subscribe(1, expr("f"), None, Qos::default()).unwrap();
+    let outbox = sub.outbox().clone();
+    let sink = FakeSink::new(4, 10);
+    outbox.set_sink(sink.clone());
+    let (mut publ, _) = open(&b);
+    for p in ["aaaaaa", "bbbbbb", "cccccc"] {
+        assert_eq!(publish(&mut publ, "f", p).await, 1);
+    }
+    publ.flush();
+    assert_eq!(sink.written(), b"aaaaaabbbb");
+    assert_eq!(
+        outbox.backlog(),
+        (8, false),
+        "the rest is back in the queue"
+    );
+
+    // Queued later: goes behind the rest.
+    assert_eq!(publish(&mut publ, "f", "dddddd").await, 1);
+    let epoch = outbox.epoch();
+    let mut q = VecDeque::new();
+    // The writer was woken for the rest.
+    assert_eq!(within(outbox.take(&mut q, epoch)).await, Taken::Data);
+    assert_eq!(concat(&q), b"bbccccccdddddd");
+
+    // While the writer holds taken data, an inline flush does not write.
+    sink.set_credit(usize::MAX);
+    assert_eq!(publish(&mut publ, "f", "eeee").await, 1);
+    publ.flush();
+    let mut scratch = VecDeque::new();
+    outbox.try_flush(&mut scratch);
+    assert!(scratch.is_empty());
+    assert_eq!(sink.written(), b"aaaaaabbbb");
+    assert_eq!(outbox.backlog(), (4, true));
+    // Once it released, it does.
+    outbox.release(epoch);
+    outbox.try_flush(&mut scratch);
+    assert!(scratch.is_empty());
+    assert_eq!(sink.written(), b"aaaaaabbbbeeee");
+    assert_eq!(outbox.backlog(), (0, false));
+}
+
+/// What the sink did not take goes back in front, chunk order kept, ahead of output
+/// queued while the write was under way.
+#[tokio::test]
+async fn flush_puts_back_several_chunks_ahead_of_later_output() {
+    let b = Broker::default();
+    let (mut sub, _) = open(&b);
+    sub.subscribe(1, expr("f"), None, Qos::default()).unwrap();
+    let outbox = sub.outbox().clone();
+    let sink = FakeSink::new(usize::MAX, 3);
+    outbox.set_sink(sink.clone());
+    // Output queued (control frame) while the inline write is in progress.
+    let during = outbox.clone();
+    sink.on_first_write(move || during.push_control(|t| t.extend_from_slice(b"<ctl>")));
+    let (mut publ, _) = open(&b);
+    // Small, large (queued by reference: its own chunk), small: three chunks.
+    let big = fill('B', 20_000);
+    for p in ["aaaaaa".to_string(), big.clone(), "cccc".to_string()] {
+        assert_eq!(publish(&mut publ, "f", p).await, 1);
+    }
+    publ.flush();
+    assert_eq!(sink.written(), b"aaa");
+    let want = format!("aaa{big}cccc<ctl>");
+    assert_eq!(drain(&outbox).await, want.as_bytes());
+}
+
+/// A sink that answers `WouldBlock` at once leaves everything queued, in order.
+#[tokio::test]
+async fn flush_to_a_full_sink_leaves_everything_for_the_writer() {
+    let b = Broker::default();
+    let (mut sub, _) = open(&b);
+    sub.subscribe(1, expr("f"), None, Qos::default()).unwrap();
+    let outbox = sub.outbox().clone();
+    let sink = FakeSink::new(100, 0);
+    outbox.set_sink(sink.clone());
+    let (mut publ, _) = open(&b);
+    assert_eq!(publish(&mut publ, "f", "xy").await, 1);
+    assert_eq!(publish(&mut publ, "f", "z").await, 1);
+    publ.flush();
+    assert_eq!(sink.calls(), 1);
+    assert!(sink.written().is_empty());
+    assert_eq!(drain(&outbox).await, b"xyz");
+}
+
+/// A failing sink (an error, or `Ok(0)`) is dropped: what was taken for it is gone with the
+/// connection, later output waits for the writer and the outbox stays open.
+#[tokio::test]
+async fn failing_sink_is_dropped() {
+    for mode in [SinkMode::Fail, SinkMode::Zero] {
+        let b = Broker::default();
+        let (mut sub, _) = open(&b);
+        sub.subscribe(1, expr("f"), None, Qos::default()).unwrap();
+        let outbox = sub.outbox().clone();
+        let sink = FakeSink::new(100, usize::MAX);
+        sink.set_mode(mode);
+        outbox.set_sink(sink.clone());
+        let (mut publ, _) = open(&b);
+
+        assert_eq!(publish(&mut publ, "f", "lost").await, 1);
+        publ.flush();
+        assert_eq!(sink.calls(), 1, "{mode:?}");
+        assert_eq!(outbox.backlog(), (0, false), "{mode:?}");
+
+        // The sink would work now, but it is no longer used.
+        sink.set_mode(SinkMode::Accept);
+        assert_eq!(publish(&mut publ, "f", "kept").await, 1);
+        publ.flush();
+        let mut scratch = VecDeque::new();
+        outbox.try_flush(&mut scratch);
+        assert_eq!(sink.calls(), 1, "{mode:?}");
+        assert!(sink.written().is_empty(), "{mode:?}");
+        assert!(!outbox.is_closed(), "{mode:?}");
+        assert_eq!(drain(&outbox).await, b"kept", "{mode:?}");
+    }
+}
+
+/// An outbox can also be used on its own, outside a session.
+#[tokio::test]
+async fn standalone_outbox_with_sink_and_lost_report() {
+    let log = common::Log::default();
+    let outbox = Arc::new(hayate_broker::Outbox::new(
+        50,
+        Box::new(common::Recorder { log: log.clone() }),
+    ));
+    let sink = FakeSink::new(usize::MAX, usize::MAX);
+    outbox.set_sink(sink.clone());
+    outbox.count_lost(3, 4);
+    let mut scratch = VecDeque::new();
+    outbox.try_flush(&mut scratch);
+    assert_eq!(sink.written(), lost_marker(3, 4).as_bytes());
+    assert_eq!(log.lost(), vec![(3, 4)]);
+    outbox.close();
+    assert!(outbox.is_closed());
+    let mut q = VecDeque::new();
+    assert_eq!(
+        within(outbox.take(&mut q, outbox.epoch())).await,
+        Taken::Closed
+    );
+}
