@@ -440,7 +440,11 @@ impl Session {
             } else {
                 others
             };
-            if !members.is_empty() && self.deliver_group(&g.rr, &members, Batch::One(msg)).await > 0
+            if !members.is_empty()
+                && self
+                    .deliver_group(&g.id, &g.rr, &members, Batch::One(msg), false)
+                    .await
+                    > 0
             {
                 return true;
             }
@@ -513,7 +517,9 @@ impl Session {
             delivered += self.deliver(t, batch).await.0;
         }
         for g in &route.groups {
-            delivered += self.deliver_group(&g.rr, &g.members, batch).await;
+            delivered += self
+                .deliver_group(&g.id, &g.rr, &g.members, batch, true)
+                .await;
         }
         for b in &route.backlogs {
             b.push(batch);
@@ -561,9 +567,11 @@ impl Session {
 
     async fn deliver_group(
         &mut self,
+        id: &str,
         rr: &AtomicUsize,
         members: &[Target],
         batch: Batch<'_>,
+        park: bool,
     ) -> usize {
         // Round-robin per message: consecutive items of a batch go to consecutive members.
         let n = members.len();
@@ -589,7 +597,24 @@ impl Session {
                     break;
                 }
             }
+            if !done && !park {
+                break;
+            }
             if !done {
+                // Every member went away while this was routed (their sessions closed): what
+                // is left waits in the group's declared queue, or is counted as unplaced.
+                let rest = batch.slice(i, batch.len());
+                let backlog = self.broker.read().queues.get(id).map(|(_, b)| b.clone());
+                match backlog {
+                    Some(b) => b.push(rest),
+                    None => {
+                        self.broker
+                            .shared
+                            .stats
+                            .unplaced
+                            .fetch_add(rest.len() as u64, Ordering::Relaxed);
+                    }
+                }
                 break;
             }
             i += 1;

@@ -457,12 +457,9 @@ async fn backlog_message_in_flight_when_member_joins_is_not_stranded() {
 /// way must wait in the backlog for the next member. Here the publication is held up by a
 /// slow `block` fan-out subscriber; meanwhile the only member's session is dropped. The
 /// publisher's route (computed while the member existed) still names it; its outbox is
-/// closed, so the group finds no open member and the message is discarded: not put in the
-/// backlog, not counted anywhere.
+/// closed, so the group finds no open member: the message must go to the backlog (it was
+/// discarded, uncounted, before this was fixed).
 #[tokio::test]
-#[ignore = "engine bug: a queue message whose only member closes mid-publication is silently \
-            discarded (deliver_group gives up when every member is closed) instead of going \
-            to the declared queue's backlog or being counted"]
 async fn queue_message_not_lost_when_last_member_leaves_mid_publication() {
     let b = Broker::new(BrokerConfig {
         outbox_bytes: 100,
