@@ -19,7 +19,8 @@ use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
 use hayate_core::Message;
-use hayate_core::chunks::{MAX_IOV, advance, fill_iov};
+pub use hayate_core::chunks::MAX_IOV;
+use hayate_core::chunks::{advance, fill_iov};
 use tokio::sync::Notify;
 
 use crate::Batch;
@@ -127,6 +128,24 @@ impl OutBuf {
 pub trait Sink: Send + Sync + 'static {
     /// Writes what it can without blocking; `WouldBlock` when nothing can be written now.
     fn try_write_vectored(&self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize>;
+}
+
+/// The one vectored write loop: writes chunks of `q` to `sink` (up to [`MAX_IOV`] slices a
+/// call) until `q` is empty (`Ok(true)`) or the sink would block (`Ok(false)`); written bytes
+/// leave `q`. A sink that accepts 0 bytes is an error (`WriteZero`). The session's writer
+/// waits for readiness between calls; an inline flush stops at the first `false`.
+pub fn write_some<S: Sink + ?Sized>(sink: &S, q: &mut VecDeque<Bytes>) -> std::io::Result<bool> {
+    while !q.is_empty() {
+        let mut iov = [std::io::IoSlice::new(&[]); MAX_IOV];
+        let k = fill_iov(q, &mut iov);
+        match sink.try_write_vectored(&iov[..k]) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => advance(q, n),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
 }
 
 struct State {
@@ -686,23 +705,7 @@ impl Outbox {
             (sink, st.epoch)
         };
         self.after_take();
-        let mut failed = false;
-        while !scratch.is_empty() {
-            let mut iov = [std::io::IoSlice::new(&[]); MAX_IOV];
-            let k = fill_iov(scratch, &mut iov);
-            match sink.try_write_vectored(&iov[..k]) {
-                Ok(0) => {
-                    failed = true;
-                    break;
-                }
-                Ok(n) => advance(scratch, n),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(_) => {
-                    failed = true;
-                    break;
-                }
-            }
-        }
+        let failed = write_some(&*sink, scratch).is_err();
         let mut st = self.lock();
         if st.epoch != epoch {
             // Detached meanwhile: the rest belonged to the old connection.

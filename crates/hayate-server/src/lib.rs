@@ -18,11 +18,11 @@
 pub mod auth;
 pub mod busy;
 pub mod config;
-pub mod io;
 pub mod mqtt;
 pub mod native;
 pub mod server;
 pub mod stomp;
+pub mod transport;
 pub mod ws;
 
 pub use config::Config;

@@ -15,7 +15,7 @@ use tokio::io::AsyncRead;
 use tokio::sync::watch;
 
 use crate::config::Limits;
-use crate::io::{WriteHalf, read_some};
+use crate::transport::{Writer, read_some, write_chunks};
 
 /// Encodes deliveries as native MSG / MSG_BATCH frames.
 #[derive(Debug, Default)]
@@ -77,7 +77,7 @@ enum End {
 /// The reader runs in the calling task; a writer task drains the session's outbox.
 pub async fn serve<R>(
     mut reader: R,
-    writer: WriteHalf,
+    writer: Writer,
     broker: Broker,
     limits: Arc<Limits>,
     server_name: Arc<str>,
@@ -88,7 +88,6 @@ pub async fn serve<R>(
 {
     let mut session = broker.open_session(Box::new(NativeEncoder));
     let outbox = session.outbox().clone();
-    let writer = Arc::new(writer);
     outbox.set_sink(writer.clone());
     let mut writer_task = tokio::spawn(write_loop(writer, outbox.clone(), outbox.epoch()));
     let mut buf = BytesMut::with_capacity(READ_BUF);
@@ -300,7 +299,7 @@ fn check_payload(len: usize, limits: &Limits) -> Result<(), Refusal> {
 
 /// Drains `outbox` into `w` until the outbox closes or is detached from this connection
 /// (its epoch changes), then shuts the socket's write side down.
-pub(crate) async fn write_loop(w: Arc<WriteHalf>, outbox: Arc<Outbox>, epoch: u64) {
+pub(crate) async fn write_loop(w: Writer, outbox: Arc<Outbox>, epoch: u64) {
     let mut q = VecDeque::new();
     loop {
         match outbox.take(&mut q, epoch).await {
@@ -308,7 +307,7 @@ pub(crate) async fn write_loop(w: Arc<WriteHalf>, outbox: Arc<Outbox>, epoch: u6
                 // A write that cannot finish (a client that does not read) ends when the
                 // broker cuts the connection off as a slow consumer.
                 let r = tokio::select! {
-                    r = w.write_chunks(&mut q) => r,
+                    r = write_chunks(&*w, &mut q) => r,
                     _ = outbox.cut_off() => Err(std::io::ErrorKind::TimedOut.into()),
                 };
                 outbox.release(epoch);

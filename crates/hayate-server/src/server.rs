@@ -12,9 +12,9 @@ use tokio::task::JoinSet;
 
 use crate::auth::ConfigAuth;
 use crate::config::{Config, Limits};
-use crate::io::WriteHalf;
 use crate::mqtt::Mqtt;
 use crate::stomp::Stomp;
+use crate::transport;
 use crate::{busy, mqtt, native, stomp, ws};
 
 /// The protocol a listener speaks.
@@ -287,28 +287,19 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
         // `live` counts it until it ends.
         tokio::spawn(async move {
             let _guard = guard;
-            let stream = match (proto, stream) {
+            let (r, w) = match (proto, stream) {
                 (Protocol::MqttWs, Stream::Tcp(s)) => {
                     let max = c.mqtt.cfg.max_packet_size as usize;
                     match ws::accept(s, "mqtt", max.saturating_add(1024)).await {
-                        Ok(u) => Stream::Unix(u),
+                        Ok(rw) => rw,
                         Err(e) => {
                             tracing::debug!("websocket handshake failed: {e}");
                             return;
                         }
                     }
                 }
-                (_, s) => s,
-            };
-            let (r, w) = match stream {
-                Stream::Tcp(s) => {
-                    let (r, w) = s.into_split();
-                    (Box::new(r) as Reader, WriteHalf::Tcp(w))
-                }
-                Stream::Unix(s) => {
-                    let (r, w) = s.into_split();
-                    (Box::new(r) as Reader, WriteHalf::Unix(w))
-                }
+                (_, Stream::Tcp(s)) => transport::tcp(s),
+                (_, Stream::Unix(s)) => transport::unix(s),
             };
             match proto {
                 Protocol::Native => {
@@ -329,5 +320,3 @@ enum Stream {
     Tcp(tokio::net::TcpStream),
     Unix(tokio::net::UnixStream),
 }
-
-type Reader = Box<dyn tokio::io::AsyncRead + Unpin + Send>;

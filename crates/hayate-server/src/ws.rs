@@ -1,103 +1,205 @@
-//! MQTT over WebSocket (`ws://`, subprotocol `mqtt`), as browser clients use it.
+//! MQTT over WebSocket (`ws://`, subprotocol `mqtt`), as browser clients use it: a
+//! [transport](crate::transport) that frames the connection's byte stream in process.
 //!
-//! The MQTT front-end serves a byte stream (a reader and a `WriteHalf`
-//! on TCP or a Unix socket), while WebSocket carries that stream as a sequence of messages
-//! whose boundaries mean nothing to MQTT. Rather than teach the front-end about frames,
-//! [`accept`] performs the HTTP upgrade, creates a Unix socket pair, hands one end to the
-//! caller (who serves it exactly like a Unix-socket connection) and spawns a pump task that
-//! moves bytes between the WebSocket and the other end:
+//! [`accept`] performs the HTTP upgrade (RFC 6455 section 4.2) and returns a reader and a
+//! writer for the front-end, which serves them like any other connection:
 //!
-//! - client → broker: the payload of every binary message (and, leniently, text message) is
-//!   written into the pair in order, so a packet split across messages, or several packets
-//!   in one message, reach the front-end as the plain stream it expects;
-//! - broker → client: whatever the broker has written is read in chunks of up to 64 KiB and
-//!   sent as one binary message per chunk (coalescing what is available at once).
+//! - client → broker ([`WsReader`], an `AsyncRead`): the payload of every binary message
+//!   (and, leniently, text message) is unmasked straight into the front-end's read buffer,
+//!   so a packet split across messages, or several packets in one message, reach it as the
+//!   plain stream it expects. Pings are answered, pongs ignored; a close frame is answered
+//!   and ends the stream. Unmasked client frames, reserved bits, unknown opcodes, fragmented
+//!   or long control frames are protocol errors (close 1002); a message longer than
+//!   `max_message` closes with 1009. Either way the reader then reports end of stream.
+//! - broker → client ([`WsWrite`], a [`WriteHalf`]): each vectored write becomes one binary
+//!   frame (header and payload slices in one `writev`, at most 1 MiB of payload a frame),
+//!   so a payload is not copied on its way out. When the socket takes only part of a frame,
+//!   the rest is copied aside and written before anything else (a frame is never
+//!   interleaved); `shutdown` sends a close frame (1000) and ends the TCP write side.
 //!
-//! Each direction awaits its writes, so back-pressure holds both ways and nothing is
-//! buffered beyond the socket buffers and one message. A close from either side closes the
-//! other: a client close (or a failed WebSocket) shuts down the write side of the pair so
-//! the broker reads end of stream; the broker's end of stream sends the client a close frame,
-//! waits briefly for its reply and closes the TCP connection. Pings are answered by
-//! tungstenite. Messages (and frames) larger than `max_message` close the connection with
-//! status 1009.
-//!
-//! The cost is one extra copy and one extra hop through the kernel per chunk, which is
-//! fine for browser clients; the native and MQTT TCP paths do not go through here and do
-//! not pay it.
+//! Back-pressure holds both ways: the reader reads the socket only when the front-end
+//! reads, and the writer reports `WouldBlock` until any partial frame is out.
 
-use std::io;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::{TcpStream, UnixStream};
-use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::handshake::server::{
-    Callback, ErrorResponse, Request, Response,
-};
-use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode, header};
-use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
-use tokio_tungstenite::tungstenite::{Bytes, Error as WsError, Message};
+use bytes::{Buf, BytesMut};
+use hayate_broker::Sink;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+
+use crate::transport::{Reader, WriteHalf, Writer};
 
 /// How long a client has to complete the HTTP upgrade.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a close frame may take to go out, and the client's reply to ours to come back.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
-/// The most bytes the broker → client direction puts in one message.
-const CHUNK: usize = 64 * 1024;
-/// Tungstenite's read buffer (its default of 128 KiB is a lot per idle browser connection).
-const READ_BUFFER: usize = 16 * 1024;
+/// The longest upgrade request accepted.
+const MAX_REQUEST: usize = 8 * 1024;
+/// The most payload bytes the broker puts in one frame.
+const MAX_OUT_FRAME: usize = 1024 * 1024;
+/// What the reader asks of the socket at a time.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Close codes (RFC 6455 section 7.4.1).
+mod code {
+    pub(super) const NORMAL: u16 = 1000;
+    pub(super) const PROTOCOL: u16 = 1002;
+    pub(super) const TOO_BIG: u16 = 1009;
+}
+
+mod op {
+    pub(super) const CONTINUATION: u8 = 0x0;
+    pub(super) const TEXT: u8 = 0x1;
+    pub(super) const BINARY: u8 = 0x2;
+    pub(super) const CLOSE: u8 = 0x8;
+    pub(super) const PING: u8 = 0x9;
+    pub(super) const PONG: u8 = 0xA;
+}
+
+fn invalid(msg: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg.into())
+}
 
 /// Accepts a WebSocket connection on `stream` (server side of the HTTP upgrade, any path)
-/// and returns the broker's end of a Unix socket pair that carries the connection's bytes;
-/// a spawned task pumps between the two until either side closes (see the module docs).
+/// and returns its reader and writer (see the module docs).
 ///
 /// If the client offers subprotocols, `subprotocol` must be among them (for `mqtt`, the
-/// older `mqttv3.1` is accepted too) and the response names the one chosen; otherwise the
-/// upgrade is refused with HTTP 400. A client that offers none is accepted without one.
-/// Messages larger than `max_message` bytes close the connection. The handshake must finish
-/// within 10 seconds.
+/// older `mqttv3.1` is accepted too) and the response names the one chosen, in the client's
+/// spelling; otherwise the upgrade is refused with HTTP 400. A client that offers none is
+/// accepted without one. Messages larger than `max_message` bytes close the connection. The
+/// handshake must finish within 10 seconds and its request fit in 8 KiB.
 pub async fn accept(
-    stream: TcpStream,
+    mut stream: TcpStream,
     subprotocol: &'static str,
     max_message: usize,
-) -> io::Result<UnixStream> {
+) -> io::Result<(Reader, Writer)> {
     stream.set_nodelay(true)?;
-    let config = WebSocketConfig::default()
-        .read_buffer_size(READ_BUFFER)
-        .max_message_size(Some(max_message))
-        .max_frame_size(Some(max_message));
-    let callback = Negotiate {
-        wanted: subprotocol,
-    };
-    let handshake = tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(config));
-    let ws = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
-        Ok(Ok(ws)) => ws,
-        Ok(Err(WsError::Io(e))) => return Err(e),
-        Ok(Err(WsError::Http(r))) => {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("WebSocket upgrade refused: {}", r.status()),
-            ));
-        }
-        Ok(Err(e)) => {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("WebSocket handshake: {e}"),
-            ));
-        }
-        Err(_) => {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "WebSocket handshake timed out",
-            ));
+    let (head_len, mut buf) =
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_request(&mut stream)).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "WebSocket handshake timed out",
+                ));
+            }
+        };
+    let response = match upgrade(&buf[..head_len], subprotocol) {
+        Ok(r) => r,
+        Err(why) => {
+            let body = format!("{why}\n");
+            let refusal = format!(
+                "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\nconnection: close\r\n\
+                 content-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(refusal.as_bytes()).await;
+            let _ = stream.shutdown().await;
+            return Err(invalid(format!("WebSocket upgrade refused: {why}")));
         }
     };
-    let (broker, bridge) = UnixStream::pair()?;
-    tokio::spawn(pump(ws, bridge));
-    Ok(broker)
+    stream.write_all(response.as_bytes()).await?;
+    buf.advance(head_len);
+    let (r, w) = stream.into_split();
+    let writer = Arc::new(WsWrite {
+        tcp: w,
+        out: Mutex::new(Out::default()),
+    });
+    let reader = WsReader {
+        tcp: r,
+        raw: buf,
+        frame: None,
+        message: 0,
+        in_message: false,
+        max_message,
+        writer: writer.clone(),
+        done: false,
+    };
+    Ok((Box::new(reader), writer))
+}
+
+/// Reads the upgrade request; returns its length (through the blank line) and everything
+/// read (a client may not send frames before our answer, but what it sent is kept).
+async fn read_request(stream: &mut TcpStream) -> io::Result<(usize, BytesMut)> {
+    let mut buf = BytesMut::with_capacity(1024);
+    loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            return Ok((i + 4, buf));
+        }
+        if buf.len() >= MAX_REQUEST {
+            return Err(invalid("WebSocket upgrade request too long"));
+        }
+        buf.reserve(1024);
+        if stream.read_buf(&mut buf).await? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+}
+
+/// Checks the upgrade request and builds the 101 answer, or says why not.
+fn upgrade(head: &[u8], wanted: &str) -> Result<String, String> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        _ => return Err("malformed HTTP request".into()),
+    }
+    if req.method != Some("GET") {
+        return Err("a WebSocket upgrade is a GET".into());
+    }
+    let headers: &[httparse::Header<'_>] = req.headers;
+    let values = |name: &'static str| {
+        headers
+            .iter()
+            .filter(move |h| h.name.eq_ignore_ascii_case(name))
+            .filter_map(|h| std::str::from_utf8(h.value).ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+    };
+    if !values("upgrade").any(|v| v.eq_ignore_ascii_case("websocket")) {
+        return Err("missing `Upgrade: websocket`".into());
+    }
+    if !values("connection").any(|v| v.eq_ignore_ascii_case("upgrade")) {
+        return Err("missing `Connection: Upgrade`".into());
+    }
+    if !values("sec-websocket-version").any(|v| v == "13") {
+        return Err("unsupported WebSocket version (13 is spoken)".into());
+    }
+    let key = headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("sec-websocket-key"))
+        .map(|h| h.value.trim_ascii())
+        .filter(|k| !k.is_empty())
+        .ok_or("missing Sec-WebSocket-Key")?;
+    let mut offered_any = false;
+    let mut chosen: Option<&str> = None;
+    for p in values("sec-websocket-protocol") {
+        offered_any = true;
+        // The exact name wins over an alias, whatever the order of the offer.
+        if acceptable(p, wanted) && chosen.is_none_or(|c| !c.eq_ignore_ascii_case(wanted)) {
+            chosen = Some(p);
+        }
+    }
+    if offered_any && chosen.is_none() {
+        return Err(format!(
+            "unsupported WebSocket subprotocol (expected {wanted})"
+        ));
+    }
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key);
+    let mut r = format!(
+        "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\n\
+         sec-websocket-accept: {accept}\r\n"
+    );
+    if let Some(p) = chosen {
+        // Echo the client's own spelling: browsers fail a response naming anything else.
+        r.push_str(&format!("sec-websocket-protocol: {p}\r\n"));
+    }
+    r.push_str("\r\n");
+    Ok(r)
 }
 
 /// Whether `offered` names `wanted`, or an older name of it.
@@ -106,168 +208,419 @@ fn acceptable(offered: &str, wanted: &str) -> bool {
         || (wanted.eq_ignore_ascii_case("mqtt") && offered.eq_ignore_ascii_case("mqttv3.1"))
 }
 
-/// The handshake callback: picks the subprotocol, or refuses the upgrade.
-struct Negotiate {
-    /// The subprotocol served.
-    wanted: &'static str,
-}
-
-impl Callback for Negotiate {
-    fn on_request(
-        self,
-        request: &Request,
-        mut response: Response,
-    ) -> Result<Response, ErrorResponse> {
-        let wanted = self.wanted;
-        let mut offered_any = false;
-        let mut chosen: Option<&str> = None;
-        for value in request.headers().get_all(header::SEC_WEBSOCKET_PROTOCOL) {
-            let Ok(list) = value.to_str() else {
-                offered_any = true;
-                continue;
-            };
-            for p in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-                offered_any = true;
-                // The exact name wins over an alias, whatever the order of the offer.
-                if acceptable(p, wanted) && chosen.is_none_or(|c| !c.eq_ignore_ascii_case(wanted)) {
-                    chosen = Some(p);
-                }
-            }
-        }
-        match chosen.map(HeaderValue::from_str) {
-            // Echo the client's own spelling: browsers fail a response naming anything else.
-            Some(Ok(v)) => {
-                response
-                    .headers_mut()
-                    .insert(header::SEC_WEBSOCKET_PROTOCOL, v);
-                Ok(response)
-            }
-            None if !offered_any => Ok(response),
-            _ => {
-                let body = format!("unsupported WebSocket subprotocol (expected {wanted})\n");
-                let mut refusal = ErrorResponse::new(None);
-                *refusal.status_mut() = StatusCode::BAD_REQUEST;
-                let h = refusal.headers_mut();
-                h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-                h.insert(header::CONNECTION, HeaderValue::from_static("close"));
-                h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-                *refusal.body_mut() = Some(body);
-                Err(refusal)
-            }
-        }
+/// A frame (header, unmasked) of `len` payload bytes with `opcode`, FIN set.
+fn frame_header(opcode: u8, len: usize, out: &mut [u8; 10]) -> usize {
+    out[0] = 0x80 | opcode;
+    if len < 126 {
+        out[1] = len as u8;
+        2
+    } else if len <= u16::MAX as usize {
+        out[1] = 126;
+        out[2..4].copy_from_slice(&(len as u16).to_be_bytes());
+        4
+    } else {
+        out[1] = 127;
+        out[2..10].copy_from_slice(&(len as u64).to_be_bytes());
+        10
     }
 }
 
-type WsSink = futures::stream::SplitSink<WebSocketStream<TcpStream>, Message>;
-type WsSource = futures::stream::SplitStream<WebSocketStream<TcpStream>>;
-
-/// Moves bytes both ways until either side closes, then closes the other.
-async fn pump(ws: WebSocketStream<TcpStream>, bridge: UnixStream) {
-    let (mut ws_tx, mut ws_rx) = ws.split();
-    let (mut from_broker, to_broker) = bridge.into_split();
-    let close = {
-        let inbound = client_to_broker(&mut ws_rx, to_broker);
-        let outbound = broker_to_client(&mut from_broker, &mut ws_tx);
-        tokio::pin!(inbound, outbound);
-        tokio::select! {
-            close = &mut inbound => close,
-            () = &mut outbound => {
-                // Our close frame is out (or the client is gone): let the client's data up to
-                // its closing reply through, but not forever.
-                if tokio::time::timeout(CLOSE_TIMEOUT, &mut inbound).await.is_err() {
-                    tracing::debug!("ws: no close reply from the client");
-                }
-                None
-            }
-        }
-        // Dropping `inbound` here shut down the write side of the pair (if it had not already).
-    };
-    if let Some(frame) = close {
-        let send = ws_tx.send(Message::Close(Some(frame)));
-        match tokio::time::timeout(CLOSE_TIMEOUT, send).await {
-            Ok(Ok(())) | Err(_) => {}
-            Ok(Err(e)) => tracing::debug!("ws: sending close: {e}"),
-        }
-    }
-    // Dropping both halves of the WebSocket closes the TCP connection.
+/// A whole control frame.
+fn control_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
+    let mut h = [0u8; 10];
+    let n = frame_header(opcode, payload.len(), &mut h);
+    let mut f = h[..n].to_vec();
+    f.extend_from_slice(payload);
+    f
 }
 
-/// Client → broker: writes each message's payload into the pair. Returns when the client
-/// closes or fails, or the broker stops reading; returns the close frame the client should
-/// still get, if any. Shuts down the write side of the pair on return.
-async fn client_to_broker(ws: &mut WsSource, mut to_broker: OwnedWriteHalf) -> Option<CloseFrame> {
-    let close = loop {
-        let payload: Bytes = match ws.next().await {
-            Some(Ok(Message::Binary(b))) => b,
-            Some(Ok(Message::Text(t))) => t.into(),
-            // Ping, pong (tungstenite answers pings), or the client's close: after a close,
-            // the next poll flushes tungstenite's reply and then ends the stream.
-            Some(Ok(_)) => continue,
-            None => break None,
-            Some(Err(WsError::Capacity(e))) => {
-                tracing::debug!("ws: {e}");
-                break Some(CloseFrame {
-                    code: CloseCode::Size,
-                    reason: "message too big".into(),
-                });
-            }
-            Some(Err(e)) => {
-                tracing::debug!("ws: {e}");
-                break None;
-            }
+fn close_frame(code: u16) -> Vec<u8> {
+    control_frame(op::CLOSE, &code.to_be_bytes())
+}
+
+/// The frame being read.
+#[derive(Debug)]
+struct InFrame {
+    opcode: u8,
+    remaining: u64,
+    mask: [u8; 4],
+    /// Payload bytes unmasked so far (the mask index).
+    done: usize,
+    /// A control frame's payload, gathered whole.
+    control: Vec<u8>,
+}
+
+/// The client → broker direction: a byte stream of the data messages' payloads.
+pub struct WsReader {
+    tcp: OwnedReadHalf,
+    /// Bytes read from the socket and not yet decoded.
+    raw: BytesMut,
+    frame: Option<InFrame>,
+    /// Bytes of the current data message so far.
+    message: u64,
+    /// A data message is open (its next frame is a continuation).
+    in_message: bool,
+    max_message: usize,
+    writer: Arc<WsWrite>,
+    /// Closed (by the client, a protocol error or the socket): end of stream.
+    done: bool,
+}
+
+impl std::fmt::Debug for WsReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WsReader").finish_non_exhaustive()
+    }
+}
+
+/// What the decoder needs next.
+enum Step {
+    /// Payload bytes were produced.
+    Produced,
+    /// Nothing decodable: read more.
+    NeedMore,
+    /// A frame or control message was handled; go on decoding.
+    Again,
+    /// The stream ends.
+    End,
+}
+
+impl WsReader {
+    fn fail(&mut self, code: u16, why: &str) -> Step {
+        tracing::debug!("ws: {why}: closing with {code}");
+        self.writer.send_control(&close_frame(code));
+        self.done = true;
+        Step::End
+    }
+
+    /// Decodes from `raw` into `out`.
+    fn step(&mut self, out: &mut ReadBuf<'_>) -> Step {
+        let Some(f) = &mut self.frame else {
+            return self.header();
         };
-        if let Err(e) = to_broker.write_all(&payload).await {
-            tracing::debug!("ws: writing to the broker: {e}");
-            break Some(CloseFrame {
-                code: CloseCode::Normal,
-                reason: "".into(),
-            });
+        if f.opcode >= op::CLOSE {
+            let take = (f.remaining as usize).min(self.raw.len());
+            let start = f.control.len();
+            f.control.extend_from_slice(&self.raw[..take]);
+            self.raw.advance(take);
+            for (i, b) in f.control[start..].iter_mut().enumerate() {
+                *b ^= f.mask[(start + i) % 4];
+            }
+            f.remaining -= take as u64;
+            if f.remaining > 0 {
+                return Step::NeedMore;
+            }
+            let f = self.frame.take().expect("a frame");
+            return self.control(f.opcode, &f.control);
         }
-    };
-    if let Err(e) = to_broker.shutdown().await {
-        tracing::debug!("ws: shutdown: {e}");
+        if f.remaining == 0 {
+            self.frame = None;
+            return Step::Again;
+        }
+        let n = (f.remaining as usize)
+            .min(self.raw.len())
+            .min(out.remaining());
+        if n == 0 {
+            return if self.raw.is_empty() {
+                Step::NeedMore
+            } else {
+                Step::Produced // `out` is full
+            };
+        }
+        let dst = out.initialize_unfilled_to(n);
+        for (i, (d, s)) in dst.iter_mut().zip(&self.raw[..n]).enumerate() {
+            *d = s ^ f.mask[(f.done + i) % 4];
+        }
+        out.advance(n);
+        self.raw.advance(n);
+        f.done += n;
+        f.remaining -= n as u64;
+        if f.remaining == 0 {
+            self.frame = None;
+        }
+        Step::Produced
     }
-    close
-}
 
-/// Broker → client: sends what the broker writes as binary messages; at the broker's end of
-/// stream sends a close frame. Returns then, or when the client is gone.
-async fn broker_to_client(from_broker: &mut OwnedReadHalf, ws: &mut WsSink) {
-    let mut buf = vec![0u8; CHUNK];
-    loop {
-        match from_broker.read(&mut buf).await {
-            Ok(0) => break,
-            Ok(n) => {
-                let msg = Message::Binary(Bytes::copy_from_slice(&buf[..n]));
-                if let Err(e) = ws.send(msg).await {
-                    tracing::debug!("ws: sending: {e}");
-                    return;
+    fn header(&mut self) -> Step {
+        let r = &self.raw;
+        if r.len() < 2 {
+            return Step::NeedMore;
+        }
+        let (b0, b1) = (r[0], r[1]);
+        let (fin, rsv, opcode) = (b0 & 0x80 != 0, b0 & 0x70, b0 & 0x0F);
+        let len7 = u64::from(b1 & 0x7F);
+        let ext = match len7 {
+            126 => 2,
+            127 => 8,
+            _ => 0,
+        };
+        if b1 & 0x80 == 0 {
+            return self.fail(code::PROTOCOL, "unmasked client frame");
+        }
+        if r.len() < 2 + ext + 4 {
+            return Step::NeedMore;
+        }
+        let len = match ext {
+            2 => u64::from(u16::from_be_bytes([r[2], r[3]])),
+            8 => u64::from_be_bytes(r[2..10].try_into().unwrap_or_default()),
+            _ => len7,
+        };
+        let mask: [u8; 4] = r[2 + ext..6 + ext].try_into().unwrap_or_default();
+        if rsv != 0 {
+            return self.fail(code::PROTOCOL, "reserved bits set");
+        }
+        match opcode {
+            op::CLOSE | op::PING | op::PONG => {
+                if !fin || len > 125 {
+                    return self.fail(code::PROTOCOL, "fragmented or long control frame");
                 }
             }
-            Err(e) => {
-                tracing::debug!("ws: reading from the broker: {e}");
+            op::CONTINUATION if !self.in_message => {
+                return self.fail(code::PROTOCOL, "continuation without a message");
+            }
+            op::TEXT | op::BINARY if self.in_message => {
+                return self.fail(code::PROTOCOL, "new message inside a fragmented one");
+            }
+            op::CONTINUATION | op::TEXT | op::BINARY => {
+                if !self.in_message {
+                    self.message = 0;
+                }
+                self.message = self.message.saturating_add(len);
+                if self.message > self.max_message as u64 {
+                    return self.fail(code::TOO_BIG, "message too big");
+                }
+                self.in_message = !fin;
+            }
+            _ => return self.fail(code::PROTOCOL, "unknown opcode"),
+        }
+        self.raw.advance(6 + ext);
+        self.frame = Some(InFrame {
+            opcode,
+            remaining: len,
+            mask,
+            done: 0,
+            control: Vec::new(),
+        });
+        Step::Again
+    }
+
+    fn control(&mut self, opcode: u8, payload: &[u8]) -> Step {
+        match opcode {
+            op::PING => {
+                self.writer.send_control(&control_frame(op::PONG, payload));
+                Step::Again
+            }
+            op::CLOSE => {
+                // Answer with the client's code (or 1000), then end the stream.
+                let c = match payload {
+                    [a, b, ..] => u16::from_be_bytes([*a, *b]),
+                    _ => code::NORMAL,
+                };
+                self.writer.send_control(&close_frame(c));
+                self.done = true;
+                Step::End
+            }
+            _ => Step::Again, // pong
+        }
+    }
+}
+
+impl AsyncRead for WsReader {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        // Control answers that the socket did not take earlier.
+        this.writer.flush_control();
+        let start = out.filled().len();
+        loop {
+            if this.done {
+                return Poll::Ready(Ok(()));
+            }
+            match this.step(out) {
+                Step::Produced => {
+                    if out.remaining() == 0 || out.filled().len() > start && this.raw.is_empty() {
+                        return Poll::Ready(Ok(()));
+                    }
+                }
+                Step::Again => {}
+                Step::End => return Poll::Ready(Ok(())),
+                Step::NeedMore => {
+                    if out.filled().len() > start {
+                        return Poll::Ready(Ok(()));
+                    }
+                    let len = this.raw.len();
+                    this.raw.resize(len + READ_CHUNK, 0);
+                    let mut rb = ReadBuf::new(&mut this.raw[len..]);
+                    let r = Pin::new(&mut this.tcp).poll_read(cx, &mut rb);
+                    let n = rb.filled().len();
+                    this.raw.truncate(len + n);
+                    ready!(r)?;
+                    if n == 0 {
+                        this.done = true;
+                        return Poll::Ready(Ok(()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Output not yet written: the rest of a frame the socket took only part of, and control
+/// frames (pong, close) queued by the reader.
+#[derive(Debug, Default)]
+struct Out {
+    pending: BytesMut,
+    closed: bool,
+}
+
+/// The broker → client direction (see the module docs).
+pub struct WsWrite {
+    tcp: OwnedWriteHalf,
+    out: Mutex<Out>,
+}
+
+impl std::fmt::Debug for WsWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WsWrite").finish_non_exhaustive()
+    }
+}
+
+impl WsWrite {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Out> {
+        crate::lock(&self.out)
+    }
+
+    /// Writes what is pending; true when nothing is left.
+    fn flush_pending(&self, out: &mut Out) -> io::Result<bool> {
+        while !out.pending.is_empty() {
+            match self.tcp.try_write(&out.pending) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => out.pending.advance(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Queues a whole control frame (between data frames) and writes what it can now.
+    fn send_control(&self, frame: &[u8]) {
+        let mut out = self.lock();
+        if out.closed {
+            return;
+        }
+        out.pending.extend_from_slice(frame);
+        let _ = self.flush_pending(&mut out);
+    }
+
+    fn flush_control(&self) {
+        let mut out = self.lock();
+        if !out.pending.is_empty() {
+            let _ = self.flush_pending(&mut out);
+        }
+    }
+}
+
+impl Sink for WsWrite {
+    fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        let mut out = self.lock();
+        if out.closed {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        if !self.flush_pending(&mut out)? {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let total = bufs
+            .iter()
+            .map(|b| b.len())
+            .sum::<usize>()
+            .min(MAX_OUT_FRAME);
+        if total == 0 {
+            return Ok(0);
+        }
+        let mut hdr = [0u8; 10];
+        let h = frame_header(op::BINARY, total, &mut hdr);
+        // The header, then the payload slices cut at `total`.
+        let mut iov = [IoSlice::new(&[]); hayate_broker::outbox::MAX_IOV + 1];
+        iov[0] = IoSlice::new(&hdr[..h]);
+        let (mut k, mut left) = (1, total);
+        for b in bufs {
+            if left == 0 || k == iov.len() {
                 break;
             }
+            let n = b.len().min(left);
+            iov[k] = IoSlice::new(&b[..n]);
+            k += 1;
+            left -= n;
+        }
+        let total = total - left;
+        let n = self.tcp.try_write_vectored(&iov[..k])?;
+        // The frame is committed: what the socket did not take waits in `pending`.
+        let mut skip = n;
+        for s in &iov[..k] {
+            if skip >= s.len() {
+                skip -= s.len();
+            } else {
+                out.pending.extend_from_slice(&s[skip..]);
+                skip = 0;
+            }
+        }
+        Ok(total)
+    }
+}
+
+impl WriteHalf for WsWrite {
+    fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            {
+                let mut out = self.lock();
+                if out.pending.is_empty() || self.flush_pending(&mut out)? {
+                    drop(out);
+                    return self.tcp.as_ref().poll_write_ready(cx);
+                }
+            }
+            ready!(self.tcp.as_ref().poll_write_ready(cx))?;
         }
     }
-    let close = Message::Close(Some(CloseFrame {
-        code: CloseCode::Normal,
-        reason: "".into(),
-    }));
-    if let Err(e) = ws.send(close).await {
-        tracing::debug!("ws: sending close: {e}");
+
+    fn shutdown(&self) {
+        let mut out = self.lock();
+        if !out.closed {
+            out.pending.extend_from_slice(&close_frame(code::NORMAL));
+            out.closed = true;
+            let _ = self.flush_pending(&mut out);
+        }
+        if let Err(e) =
+            socket2::SockRef::from(self.tcp.as_ref()).shutdown(std::net::Shutdown::Write)
+        {
+            tracing::debug!("ws shutdown: {e}");
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        "ws"
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::write_all;
+    use bytes::Bytes;
+    use futures::{SinkExt, StreamExt};
     use tokio::net::TcpListener;
+    use tokio_tungstenite::WebSocketStream;
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::http::{StatusCode, header};
+    use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
     type Client = WebSocketStream<TcpStream>;
     type ClientResponse = tokio_tungstenite::tungstenite::handshake::client::Response;
-    type Accepted = tokio::task::JoinHandle<io::Result<UnixStream>>;
+    type Accepted = tokio::task::JoinHandle<io::Result<(Reader, Writer)>>;
 
     const T: Duration = Duration::from_secs(10);
 
@@ -304,20 +657,31 @@ mod tests {
     }
 
     /// A broker that echoes everything until end of stream, then closes.
-    fn echo(mut broker: UnixStream) -> tokio::task::JoinHandle<usize> {
+    fn echo((mut r, w): (Reader, Writer)) -> tokio::task::JoinHandle<usize> {
         tokio::spawn(async move {
-            let (mut r, mut w) = broker.split();
-            tokio::io::copy(&mut r, &mut w).await.unwrap() as usize
+            let mut n = 0;
+            let mut buf = BytesMut::with_capacity(64 * 1024);
+            loop {
+                buf.clear();
+                let k = r.read_buf(&mut buf).await.unwrap();
+                if k == 0 {
+                    break;
+                }
+                n += k;
+                write_all(&*w, buf.split().freeze()).await.unwrap();
+            }
+            w.shutdown();
+            n
         })
     }
 
-    /// Receives binary messages until `n` bytes have arrived; checks the message size cap.
+    /// Receives binary messages until `n` bytes have arrived.
     async fn receive(client: &mut Client, n: usize) -> Vec<u8> {
         let mut got = Vec::new();
         while got.len() < n {
             match tokio::time::timeout(T, client.next()).await.unwrap() {
                 Some(Ok(Message::Binary(b))) => {
-                    assert!(b.len() <= CHUNK, "message of {} bytes", b.len());
+                    assert!(b.len() <= MAX_OUT_FRAME, "message of {} bytes", b.len());
                     got.extend_from_slice(&b);
                 }
                 other => panic!("unexpected {other:?}"),
@@ -336,18 +700,25 @@ mod tests {
             }
         };
         // tungstenite's client ends the stream once the server has closed the TCP connection.
-        assert!(
-            tokio::time::timeout(T, client.next())
-                .await
-                .unwrap()
-                .is_none()
-        );
+        match tokio::time::timeout(T, client.next()).await.unwrap() {
+            None | Some(Err(_)) => {}
+            other => panic!("unexpected {other:?}"),
+        }
         frame
+    }
+
+    async fn read_to_end(r: &mut Reader) -> Vec<u8> {
+        let mut got = Vec::new();
+        tokio::time::timeout(T, r.read_to_end(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        got
     }
 
     #[tokio::test]
     async fn round_trip() {
-        let (addr, accepted) = server(1 << 20).await;
+        let (addr, accepted) = server(4 << 20).await;
         let (mut client, response) = connect(addr, Some("mqtt")).await.unwrap();
         assert_eq!(selected(&response), Some("mqtt"));
         let echoed = echo(accepted.await.unwrap().unwrap());
@@ -377,8 +748,8 @@ mod tests {
         client.send(Message::text("abc")).await.unwrap();
         assert_eq!(receive(&mut client, 3).await, b"abc");
 
-        // 200 KiB in one message: comes back in several messages of at most 64 KiB.
-        let big: Vec<u8> = (0..200 * 1024).map(|i| (i * 7 % 251) as u8).collect();
+        // 3 MiB in one message: unmasked right across frame and read boundaries, and back.
+        let big: Vec<u8> = (0..3 * 1024 * 1024).map(|i| (i * 7 % 251) as u8).collect();
         client.send(Message::binary(big.clone())).await.unwrap();
         assert_eq!(receive(&mut client, big.len()).await, big);
 
@@ -422,7 +793,29 @@ mod tests {
             }
             other => panic!("unexpected {:?}", other.map(|(_, r)| r)),
         }
-        let e = accepted.await.unwrap().unwrap_err();
+        let e = accepted.await.unwrap().err().unwrap();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[tokio::test]
+    async fn not_an_upgrade_is_refused() {
+        let (addr, accepted) = server(1 << 20).await;
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        tokio::time::timeout(T, tcp.read_to_string(&mut answer))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        assert!(accepted.await.unwrap().is_err());
+        // An endless request line is cut off at 8 KiB.
+        let (addr, accepted) = server(1 << 20).await;
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        let _ = tcp.write_all(&vec![b'a'; 9000]).await;
+        let e = accepted.await.unwrap().err().unwrap();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
     }
 
@@ -430,26 +823,29 @@ mod tests {
     async fn client_close_gives_broker_eof() {
         let (addr, accepted) = server(1 << 20).await;
         let (mut client, _) = connect(addr, Some("mqtt")).await.unwrap();
-        let mut broker = accepted.await.unwrap().unwrap();
+        let (mut r, w) = accepted.await.unwrap().unwrap();
         client.send(Message::binary(&b"bye"[..])).await.unwrap();
         client.close(None).await.unwrap();
-        let mut got = Vec::new();
-        let n = tokio::time::timeout(T, broker.read_to_end(&mut got))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!((n, &got[..]), (3, &b"bye"[..]));
+        assert_eq!(read_to_end(&mut r).await, b"bye");
+        drop((r, w));
         // The client gets the server's closing reply, then the end of the connection.
-        assert_eq!(expect_close(&mut client).await, None);
+        let f = expect_close(&mut client).await;
+        assert!(
+            f.as_ref().is_none_or(|f| f.code == CloseCode::Normal),
+            "{f:?}"
+        );
     }
 
     #[tokio::test]
-    async fn broker_drop_closes_client() {
+    async fn broker_shutdown_closes_client() {
         let (addr, accepted) = server(1 << 20).await;
         let (mut client, _) = connect(addr, Some("mqtt")).await.unwrap();
-        let mut broker = accepted.await.unwrap().unwrap();
-        broker.write_all(b"\x20\x02\x00\x00").await.unwrap();
-        drop(broker);
+        let (r, w) = accepted.await.unwrap().unwrap();
+        write_all(&*w, Bytes::from_static(b"\x20\x02\x00\x00"))
+            .await
+            .unwrap();
+        w.shutdown();
+        drop((r, w));
         assert_eq!(receive(&mut client, 4).await, b"\x20\x02\x00\x00");
         let frame = expect_close(&mut client).await.unwrap();
         assert_eq!(frame.code, CloseCode::Normal);
@@ -459,27 +855,77 @@ mod tests {
     async fn oversized_message_closes() {
         let (addr, accepted) = server(1024).await;
         let (mut client, _) = connect(addr, Some("mqtt")).await.unwrap();
-        let mut broker = accepted.await.unwrap().unwrap();
+        let (mut r, _w) = accepted.await.unwrap().unwrap();
         client.send(Message::binary(vec![1u8; 1024])).await.unwrap();
         client.send(Message::binary(vec![2u8; 1025])).await.unwrap();
-        let mut got = Vec::new();
-        tokio::time::timeout(T, broker.read_to_end(&mut got))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(got, vec![1u8; 1024]);
-        let frame = expect_close(&mut client).await.unwrap();
+        assert_eq!(read_to_end(&mut r).await, vec![1u8; 1024]);
+        let frame = tokio::time::timeout(T, async {
+            loop {
+                match client.next().await {
+                    Some(Ok(Message::Close(f))) => break f,
+                    Some(Ok(_)) => {}
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+        })
+        .await
+        .unwrap()
+        .unwrap();
         assert_eq!(frame.code, CloseCode::Size);
+    }
+
+    /// Raw frames a conforming client never sends: each is a protocol error (close 1002)
+    /// and the end of the broker's stream, after the data before it.
+    #[tokio::test]
+    async fn hostile_frames_close_with_a_protocol_error() {
+        let mask = [1u8, 2, 3, 4];
+        let masked = |b0: u8, payload: &[u8]| {
+            let mut f = vec![b0, 0x80 | payload.len() as u8];
+            f.extend_from_slice(&mask);
+            f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+            f
+        };
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            ("unmasked", vec![0x82, 0x01, b'x']),
+            ("reserved bit", masked(0xC2, b"x")),
+            ("unknown opcode", masked(0x83, b"x")),
+            ("fragmented ping", masked(0x09, b"x")),
+            ("continuation first", masked(0x80, b"x")),
+            ("long ping", {
+                let mut f = vec![0x89, 0x80 | 126, 0, 200];
+                f.extend_from_slice(&mask);
+                f.extend(std::iter::repeat_n(0u8, 200));
+                f
+            }),
+        ];
+        for (what, bad) in cases {
+            let (addr, accepted) = server(1 << 20).await;
+            let (client, _) = connect(addr, Some("mqtt")).await.unwrap();
+            let (mut r, _w) = accepted.await.unwrap().unwrap();
+            let mut tcp = client.into_inner();
+            let mut bytes = masked(0x82, b"ok");
+            bytes.extend_from_slice(&bad);
+            tcp.write_all(&bytes).await.unwrap();
+            assert_eq!(read_to_end(&mut r).await, b"ok", "{what}");
+            // The close frame: 0x88, length 2, code 1002.
+            let mut answer = [0u8; 4];
+            tokio::time::timeout(T, tcp.read_exact(&mut answer))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(answer, [0x88, 2, 0x03, 0xEA], "{what}");
+        }
     }
 
     /// Neither direction buffers without bound: with nobody reading, writers stall.
     #[tokio::test]
     async fn back_pressure() {
         const LIMIT: usize = 32 << 20;
+        const CHUNK: usize = 64 * 1024;
         let stalls = |sent: usize| assert!(sent < LIMIT, "{sent} bytes taken without a reader");
         let (addr, accepted) = server(1 << 20).await;
         let (mut client, _) = connect(addr, Some("mqtt")).await.unwrap();
-        let mut broker = accepted.await.unwrap().unwrap();
+        let (_r, w) = accepted.await.unwrap().unwrap();
         let chunk = Bytes::from(vec![0u8; CHUNK]);
         let mut sent = 0;
         while let Ok(r) = tokio::time::timeout(
@@ -494,7 +940,7 @@ mod tests {
         }
         let mut sent = 0;
         while let Ok(r) =
-            tokio::time::timeout(Duration::from_millis(300), broker.write_all(&chunk)).await
+            tokio::time::timeout(Duration::from_millis(300), write_all(&*w, chunk.clone())).await
         {
             r.unwrap();
             sent += CHUNK;

@@ -21,8 +21,8 @@ use tokio::sync::{mpsc, watch};
 use super::out::{Link, SubInfo, broker_qos, lock, put_packet};
 use super::{CONTENT_TYPE, Mqtt, MqttSession, PendingWill};
 use crate::auth::AuthError;
-use crate::io::{WriteHalf, read_some};
 use crate::native::write_loop;
+use crate::transport::{Writer, read_some, write_chunks};
 
 const READ_BUF: usize = 64 * 1024;
 
@@ -66,13 +66,12 @@ struct Conn<'a> {
 /// Serves one MQTT connection until it closes.
 pub async fn serve<R>(
     mut reader: R,
-    writer: WriteHalf,
+    writer: Writer,
     mqtt: Arc<Mqtt>,
     mut shutdown: watch::Receiver<bool>,
 ) where
     R: AsyncRead + Unpin,
 {
-    let writer = Arc::new(writer);
     let mut buf = BytesMut::with_capacity(READ_BUF);
     let max_packet = mqtt.cfg.max_packet_size;
 
@@ -92,7 +91,7 @@ pub async fn serve<R>(
                         let mut q = std::collections::VecDeque::from([Bytes::from_static(&[
                             0x20, 2, 0, 1,
                         ])]);
-                        let _ = writer.write_chunks(&mut q).await;
+                        let _ = write_chunks(&*writer, &mut q).await;
                     }
                     writer.shutdown();
                     return;
@@ -131,7 +130,7 @@ pub async fn serve<R>(
             .is_ok()
         {
             let mut q = std::collections::VecDeque::from([out.freeze()]);
-            let _ = w.write_chunks(&mut q).await;
+            let _ = write_chunks(&**w, &mut q).await;
         }
         w.shutdown();
     };

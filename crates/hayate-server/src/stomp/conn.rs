@@ -14,8 +14,8 @@ use tokio::sync::watch;
 
 use super::Stomp;
 use super::out::{AckMode, Kind, StompEncoder, StompOut, Sub, lock};
-use crate::io::{WriteHalf, read_some};
 use crate::native::write_loop;
+use crate::transport::{Writer, read_some};
 
 const READ_BUF: usize = 64 * 1024;
 
@@ -59,7 +59,7 @@ struct Conn<'a> {
 /// Serves one STOMP connection until it closes.
 pub async fn serve<R>(
     mut reader: R,
-    writer: WriteHalf,
+    writer: Writer,
     stomp: Arc<Stomp>,
     mut shutdown: watch::Receiver<bool>,
 ) where
@@ -76,7 +76,6 @@ pub async fn serve<R>(
         .open_session(Box::new(StompEncoder { out: out.clone() }));
     lock(&out).temp_prefix = format!("{INBOX_PREFIX}/{}/", session.id());
     let outbox = session.outbox().clone();
-    let writer = Arc::new(writer);
     outbox.set_sink(writer.clone());
     let mut writer_task = tokio::spawn(write_loop(writer, outbox.clone(), outbox.epoch()));
     let mut c = Conn {
