@@ -1,21 +1,21 @@
 //! The native protocol front-end.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
-use hayate_broker::{Batch, Broker, Encoder, OutBuf, Outbox, Session, Taken};
+use hayate_broker::{Batch, Broker, Encoder, OutBuf, Outbox, Session};
 use hayate_core::{INBOX_PREFIX, Message};
 use hayate_wire::{
     ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, decode, encode,
     encode_msg_acked_head, encode_msg_batch_head, encode_msg_head,
 };
-use tokio::io::AsyncRead;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::config::Limits;
-use crate::transport::{Writer, read_some, write_chunks};
+use crate::frontend::{self, Handler, Stop};
+use crate::transport::{Reader, Writer};
 
 /// Encodes deliveries as native MSG / MSG_BATCH frames.
 #[derive(Debug, Default)]
@@ -66,108 +66,168 @@ const READ_BUF: usize = 64 * 1024;
 enum End {
     /// The peer closed (EOF or CLOSE) or the server shut down.
     Graceful,
-    /// A protocol error was reported to the peer.
-    Error,
-    /// An I/O error.
+    /// A protocol error, reported to the peer.
+    Error(ErrorCode, String),
+    /// An I/O error, or the writer ended.
     Io,
+}
+
+/// The native protocol as the connection driver sees it.
+struct Native {
+    session: Session,
+    welcomed: bool,
+    limits: Arc<Limits>,
+    server_name: Arc<str>,
+    max_frame: usize,
+    planner: ReadPlanner,
+    /// Until WELCOME: the handshake deadline; then the next keepalive check.
+    deadline: Option<Instant>,
+    keepalive: Keepalive,
+    /// Reads are counted (no clock on the read path); a check that saw none sends a PING.
+    reads: u64,
+    reads_at_check: u64,
+    pings_out: u32,
+}
+
+impl Handler for Native {
+    type Frame = Frame;
+    type End = End;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, End> {
+        let before = buf.len();
+        match decode(buf, self.max_frame) {
+            Ok(Some(frame)) => {
+                self.planner.decoded(before - buf.len(), &frame);
+                Ok(Some(frame))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => Err(End::Error(e.code(), e.to_string())),
+        }
+    }
+
+    async fn handle(&mut self, frame: Frame) -> Result<(), End> {
+        let was_welcomed = self.welcomed;
+        match handle(
+            frame,
+            &mut self.session,
+            &mut self.welcomed,
+            &self.limits,
+            &self.server_name,
+        )
+        .await
+        {
+            Ok(true) => {}
+            Ok(false) => return Err(End::Graceful),
+            Err((code, msg)) => return Err(End::Error(code, msg)),
+        }
+        if self.welcomed && !was_welcomed {
+            self.deadline = self.keepalive.interval.map(|i| Instant::now() + i);
+        }
+        Ok(())
+    }
+
+    fn session(&mut self) -> &mut Session {
+        &mut self.session
+    }
+
+    fn read_limit(&mut self, buf: &mut BytesMut) -> Option<usize> {
+        self.planner.plan(buf, READ_BUF)
+    }
+
+    fn on_read(&mut self) {
+        self.reads += 1;
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    async fn on_timer(&mut self) -> Result<(), End> {
+        if !self.welcomed {
+            return Err(End::Error(
+                ErrorCode::Protocol,
+                "no HELLO within the handshake timeout".into(),
+            ));
+        }
+        let Some(every) = self.keepalive.interval else {
+            self.deadline = None;
+            return Ok(());
+        };
+        self.deadline = Some(Instant::now() + every);
+        if self.reads != self.reads_at_check {
+            self.reads_at_check = self.reads;
+            self.pings_out = 0;
+        } else if self.pings_out >= self.keepalive.max_pings_out {
+            return Err(End::Error(
+                ErrorCode::Stale,
+                "no input through the keepalive PINGs".into(),
+            ));
+        } else {
+            self.pings_out += 1;
+            let ping = Frame::Ping(u64::from(self.pings_out));
+            self.session.outbox().push_control(|b| encode(&ping, b));
+            self.session.touch_own();
+        }
+        Ok(())
+    }
+
+    fn stopped(&mut self, why: Stop) -> End {
+        match why {
+            Stop::Eof | Stop::Shutdown => End::Graceful,
+            Stop::Io | Stop::WriterGone => End::Io,
+        }
+    }
 }
 
 /// Serves one native-protocol connection until it closes.
 ///
 /// The reader runs in the calling task; a writer task drains the session's outbox.
-pub async fn serve<R>(
-    mut reader: R,
+pub async fn serve(
+    mut reader: Reader,
     writer: Writer,
     broker: Broker,
     limits: Arc<Limits>,
     server_name: Arc<str>,
     keepalive: Keepalive,
     mut shutdown: watch::Receiver<bool>,
-) where
-    R: AsyncRead + Unpin,
-{
-    let mut session = broker.open_session(Box::new(NativeEncoder));
+) {
+    let session = broker.open_session(Box::new(NativeEncoder));
     let outbox = session.outbox().clone();
-    outbox.set_sink(writer.clone());
-    let mut writer_task = tokio::spawn(write_loop(writer, outbox.clone(), outbox.epoch()));
+    let mut writer_task = frontend::attach(&outbox, &writer);
     let mut buf = BytesMut::with_capacity(READ_BUF);
-    let max_frame = limits.max_frame();
-    let mut welcomed = false;
-    let mut planner = ReadPlanner::new();
-    let handshake = tokio::time::sleep(Duration::from_millis(limits.handshake_timeout_ms));
-    tokio::pin!(handshake);
-    // Keepalive: a tick every interval; reads are counted (no clock on the read path) and a
-    // tick that saw none sends a PING.
-    let tick_every = keepalive.interval.unwrap_or(Duration::from_secs(86_400));
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + tick_every, tick_every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let (mut reads, mut reads_at_tick, mut pings_out) = (0u64, 0u64, 0u32);
-
-    let end = 'conn: loop {
-        // Decode and handle every complete frame before reading again.
-        loop {
-            let before = buf.len();
-            match decode(&mut buf, max_frame) {
-                Ok(Some(frame)) => {
-                    planner.decoded(before - buf.len(), &frame);
-                    match handle(frame, &mut session, &mut welcomed, &limits, &server_name).await {
-                        Ok(true) => {}
-                        Ok(false) => break 'conn End::Graceful,
-                        Err((code, msg)) => {
-                            send_err(&outbox, code, &msg);
-                            break 'conn End::Error;
-                        }
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    send_err(&outbox, e.code(), &e.to_string());
-                    break 'conn End::Error;
-                }
-            }
-        }
-        // Send what this read produced now, from this task, where the sockets can take it.
-        session.flush();
-        let limit = planner.plan(&mut buf, READ_BUF);
-        tokio::select! {
-            r = read_some(&mut reader, &mut buf, limit) => match r {
-                Ok(0) => break End::Graceful,
-                Ok(_) => reads += 1,
-                Err(_) => break End::Io,
-            },
-            _ = &mut handshake, if !welcomed => {
-                send_err(&outbox, ErrorCode::Protocol, "no HELLO within the handshake timeout");
-                break End::Error;
-            }
-            _ = tick.tick(), if welcomed && keepalive.interval.is_some() => {
-                if reads != reads_at_tick {
-                    reads_at_tick = reads;
-                    pings_out = 0;
-                } else if pings_out >= keepalive.max_pings_out {
-                    send_err(&outbox, ErrorCode::Stale, "no input through the keepalive PINGs");
-                    break End::Error;
-                } else {
-                    pings_out += 1;
-                    outbox.push_control(|b| encode(&Frame::Ping(u64::from(pings_out)), b));
-                    session.touch_own();
-                    session.flush();
-                }
-            }
-            _ = &mut writer_task => break End::Io,
-            _ = shutdown.changed() => break End::Graceful,
-        }
+    let mut h = Native {
+        session,
+        welcomed: false,
+        max_frame: limits.max_frame(),
+        deadline: Some(Instant::now() + Duration::from_millis(limits.handshake_timeout_ms)),
+        limits,
+        server_name,
+        planner: ReadPlanner::new(),
+        keepalive,
+        reads: 0,
+        reads_at_check: 0,
+        pings_out: 0,
     };
+    let end = frontend::drive(
+        &mut h,
+        &mut reader,
+        &mut buf,
+        &mut writer_task,
+        &mut shutdown,
+    )
+    .await;
+    let mut session = h.session;
     tracing::debug!(session = session.id(), ?end, "connection ends");
+    if let End::Error(code, msg) = &end {
+        send_err(&outbox, *code, msg);
+    }
     // Deliveries not acknowledged go to other members of their queue groups.
     session.release_unacked(None).await;
     session.flush();
     // Dropping the session removes its subscriptions and closes the outbox; the writer then
     // flushes what is queued (an ERR included) and shuts the socket down.
     drop(session);
-    outbox.close();
-    if !writer_task.is_finished() {
-        let _ = tokio::time::timeout(Duration::from_secs(5), writer_task).await;
-    }
+    frontend::close(&outbox, writer_task).await;
 }
 
 fn send_err(outbox: &Outbox, code: ErrorCode, message: &str) {
@@ -295,31 +355,4 @@ fn check_payload(len: usize, limits: &Limits) -> Result<(), Refusal> {
         ));
     }
     Ok(())
-}
-
-/// Drains `outbox` into `w` until the outbox closes or is detached from this connection
-/// (its epoch changes), then shuts the socket's write side down.
-pub(crate) async fn write_loop(w: Writer, outbox: Arc<Outbox>, epoch: u64) {
-    let mut q = VecDeque::new();
-    loop {
-        match outbox.take(&mut q, epoch).await {
-            Taken::Data => {
-                // A write that cannot finish (a client that does not read) ends when the
-                // broker cuts the connection off as a slow consumer.
-                let r = tokio::select! {
-                    r = write_chunks(&*w, &mut q) => r,
-                    _ = outbox.cut_off() => Err(std::io::ErrorKind::TimedOut.into()),
-                };
-                outbox.release(epoch);
-                if r.is_err() {
-                    // The reader sees this task end and ends the connection.
-                    return;
-                }
-            }
-            Taken::Closed => {
-                w.shutdown();
-                return;
-            }
-        }
-    }
 }

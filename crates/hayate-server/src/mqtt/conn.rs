@@ -15,14 +15,13 @@ use hayate_mqtt::{
     Publish, QoS, ReasonCode, RetainHandling, SubAck, Subscribe, UnsubAck, Unsubscribe, Will,
     decode, decode_connect, encode, shared_subscription,
 };
-use tokio::io::AsyncRead;
 use tokio::sync::{mpsc, watch};
 
 use super::out::{Link, SubInfo, broker_qos, lock, put_packet};
 use super::{CONTENT_TYPE, Mqtt, MqttSession, PendingWill};
 use crate::auth::AuthError;
-use crate::native::write_loop;
-use crate::transport::{Writer, read_some, write_chunks};
+use crate::frontend::{self, Handler, Stop};
+use crate::transport::{Reader, Writer, read_some, write_chunks};
 
 const READ_BUF: usize = 64 * 1024;
 
@@ -63,15 +62,74 @@ struct Conn<'a> {
     problem_info: bool,
 }
 
+/// The MQTT front-end as the connection driver sees it, once CONNECT is accepted.
+struct Driven<'a> {
+    conn: Conn<'a>,
+    ms: MqttSession,
+    kick_rx: mpsc::UnboundedReceiver<super::Handover>,
+    max_packet: u32,
+    /// 1.5 times the keep alive, if any; the connection ends after that long without input.
+    ka: Option<Duration>,
+    idle_at: tokio::time::Instant,
+}
+
+impl Handler for Driven<'_> {
+    type Frame = Packet;
+    type End = End;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Packet>, End> {
+        decode(buf, self.conn.version, self.max_packet)
+            .map_err(|e| End::Error(e.reason_code(), e.to_string()))
+    }
+
+    async fn handle(&mut self, p: Packet) -> Result<(), End> {
+        match self.conn.handle(p, &mut self.ms).await {
+            Ok(None) => Ok(()),
+            Ok(Some(end)) => Err(end),
+            Err((code, msg)) => Err(End::Error(code, msg)),
+        }
+    }
+
+    fn session(&mut self) -> &mut Session {
+        &mut self.ms.session
+    }
+
+    fn on_read(&mut self) {
+        if let Some(ka) = self.ka {
+            self.idle_at = tokio::time::Instant::now() + ka;
+        }
+    }
+
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.ka.map(|_| self.idle_at)
+    }
+
+    async fn on_timer(&mut self) -> Result<(), End> {
+        Err(End::KeepAlive)
+    }
+
+    async fn event(&mut self) -> End {
+        match self.kick_rx.recv().await {
+            Some(h) => End::TakenOver(h),
+            None => End::Closed,
+        }
+    }
+
+    fn stopped(&mut self, why: Stop) -> End {
+        match why {
+            Stop::Shutdown => End::Shutdown,
+            Stop::Eof | Stop::Io | Stop::WriterGone => End::Closed,
+        }
+    }
+}
+
 /// Serves one MQTT connection until it closes.
-pub async fn serve<R>(
-    mut reader: R,
+pub async fn serve(
+    mut reader: Reader,
     writer: Writer,
     mqtt: Arc<Mqtt>,
     mut shutdown: watch::Receiver<bool>,
-) where
-    R: AsyncRead + Unpin,
-{
+) {
     let mut buf = BytesMut::with_capacity(READ_BUF);
     let max_packet = mqtt.cfg.max_packet_size;
 
@@ -184,7 +242,7 @@ pub async fn serve<R>(
 
     // The session: new, parked, or taken over from another connection.
     let conn_id = mqtt.next_conn();
-    let (kick_tx, mut kick_rx) = mpsc::unbounded_channel();
+    let (kick_tx, kick_rx) = mpsc::unbounded_channel();
     let (prior, prior_will) = mqtt.acquire(&client_id, conn_id, kick_tx).await;
     let (mut ms, present) = match prior {
         Some(s) if !connect.clean_start => (s, true),
@@ -231,9 +289,7 @@ pub async fn serve<R>(
         connect.properties.topic_alias_maximum.unwrap_or(0),
     );
     let outbox = ms.session.outbox().clone();
-    outbox.set_sink(writer.clone());
-    let epoch = outbox.epoch();
-    let mut writer_task = tokio::spawn(write_loop(writer.clone(), outbox.clone(), epoch));
+    let mut writer_task = frontend::attach(&outbox, &writer);
     outbox.push_reply(|o| {
         put_packet(&Packet::ConnAck(Box::new(ack)), version, o);
         lock(&ms.out).go_online(link, o);
@@ -242,7 +298,7 @@ pub async fn serve<R>(
     ms.session.flush();
     tracing::debug!(client_id, ?version, present, "mqtt: connected");
 
-    let mut conn = Conn {
+    let conn = Conn {
         mqtt: &mqtt,
         version,
         aliases: HashMap::new(),
@@ -254,40 +310,28 @@ pub async fn serve<R>(
             .unwrap_or(true),
     };
     let ka = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
-    let idle = tokio::time::sleep(ka.unwrap_or(Duration::from_secs(86_400)));
-    tokio::pin!(idle);
-
-    let end = 'conn: loop {
-        loop {
-            match decode(&mut buf, version, max_packet) {
-                Ok(Some(p)) => match conn.handle(p, &mut ms).await {
-                    Ok(None) => {}
-                    Ok(Some(end)) => break 'conn end,
-                    Err((code, msg)) => break 'conn End::Error(code, msg),
-                },
-                Ok(None) => break,
-                Err(e) => break 'conn End::Error(e.reason_code(), e.to_string()),
-            }
-        }
-        ms.session.flush();
-        tokio::select! {
-            r = read_some(&mut reader, &mut buf, None) => match r {
-                Ok(0) | Err(_) => break End::Closed,
-                Ok(_) => {
-                    if let Some(ka) = ka {
-                        idle.as_mut().reset(tokio::time::Instant::now() + ka);
-                    }
-                }
-            },
-            _ = &mut idle, if ka.is_some() => break End::KeepAlive,
-            _ = &mut writer_task => break End::Closed,
-            h = kick_rx.recv() => match h {
-                Some(h) => break End::TakenOver(h),
-                None => break End::Closed,
-            },
-            _ = shutdown.changed() => break End::Shutdown,
-        }
+    let mut h = Driven {
+        conn,
+        ms,
+        kick_rx,
+        max_packet,
+        ka,
+        idle_at: tokio::time::Instant::now() + ka.unwrap_or_default(),
     };
+    let end = frontend::drive(
+        &mut h,
+        &mut reader,
+        &mut buf,
+        &mut writer_task,
+        &mut shutdown,
+    )
+    .await;
+    let Driven {
+        conn,
+        mut ms,
+        mut kick_rx,
+        ..
+    } = h;
     // Deliveries made by the packets handled last still have to leave.
     ms.session.flush();
     tracing::debug!(client_id, ?end, "mqtt: connection ends");
@@ -348,9 +392,7 @@ pub async fn serve<R>(
     } else {
         outbox.close();
     }
-    if !writer_task.is_finished() {
-        let _ = tokio::time::timeout(Duration::from_secs(5), &mut writer_task).await;
-    }
+    frontend::finish_writer(writer_task).await;
     if expiry != conn.expiry_at_connect {
         // Changed by the DISCONNECT: what is saved must say so.
         mqtt.set_info(&client_id, conn_id, ms.out.clone(), version, expiry);

@@ -9,13 +9,13 @@ use bytes::{Bytes, BytesMut};
 use hayate_broker::{Batch, Session};
 use hayate_core::{INBOX_PREFIX, Key, KeyExpr, Message, Qos};
 use hayate_stomp::{Command, Frame, Item, Limits, Version, decode, encode};
-use tokio::io::AsyncRead;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::Stomp;
 use super::out::{AckMode, Kind, StompEncoder, StompOut, Sub, lock};
-use crate::native::write_loop;
-use crate::transport::{Writer, read_some};
+use crate::frontend::{self, Handler, Stop};
+use crate::transport::{Reader, Writer};
 
 const READ_BUF: usize = 64 * 1024;
 
@@ -56,116 +56,166 @@ struct Conn<'a> {
     recv_timeout: Option<Duration>,
 }
 
+/// The STOMP front-end as the connection driver sees it: the connection state, its session
+/// and its timers.
+struct Driven<'a> {
+    c: Conn<'a>,
+    session: Session,
+    limits: Limits,
+    /// Until CONNECT: the handshake deadline; then the client's heart-beat deadline, if any.
+    quiet: Instant,
+    /// When our next heart-beat is due, once connected with heart-beats.
+    beat: Option<Instant>,
+    beating: bool,
+}
+
+/// `None`: a graceful end; `Some`: an ERROR frame for the client.
+type End = Option<Refusal>;
+
+impl Handler for Driven<'_> {
+    type Frame = Item;
+    type End = End;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Item>, End> {
+        decode(buf, self.c.version, &self.limits)
+            .map_err(|e| Some(refuse("malformed frame", e.to_string())))
+    }
+
+    async fn handle(&mut self, item: Item) -> Result<(), End> {
+        let Item::Frame(f) = item else {
+            return Ok(()); // a heart-beat
+        };
+        let receipt = f.get("receipt").map(str::to_string);
+        match self.c.handle(f, &mut self.session).await {
+            Ok(go_on) => {
+                if let Some(r) = receipt {
+                    self.c.reply(
+                        &mut self.session,
+                        Frame::new(Command::Receipt).header("receipt-id", &r),
+                    );
+                }
+                if !go_on {
+                    return Err(None);
+                }
+            }
+            Err(mut e) => {
+                if let Some(r) = receipt {
+                    e.detail = format!("{}\n(receipt {r})", e.detail);
+                }
+                return Err(Some(e));
+            }
+        }
+        if self.c.connected && !self.beating {
+            self.beating = true;
+            let now = Instant::now();
+            self.beat = self.c.send_every.map(|every| now + every);
+            self.quiet = now
+                + self
+                    .c
+                    .recv_timeout
+                    .unwrap_or(Duration::from_secs(86_400 * 365));
+        }
+        Ok(())
+    }
+
+    fn session(&mut self) -> &mut Session {
+        &mut self.session
+    }
+
+    fn on_read(&mut self) {
+        if let Some(t) = self.c.recv_timeout.filter(|_| self.c.connected) {
+            self.quiet = Instant::now() + t;
+        }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        Some(self.beat.map_or(self.quiet, |b| b.min(self.quiet)))
+    }
+
+    async fn on_timer(&mut self) -> Result<(), End> {
+        let now = Instant::now();
+        if now >= self.quiet {
+            return Err(Some(if self.c.connected {
+                refuse(
+                    "heart-beat timeout",
+                    "nothing received within twice the negotiated heart-beat interval",
+                )
+            } else {
+                refuse(
+                    "no CONNECT",
+                    "no CONNECT frame within the handshake timeout",
+                )
+            }));
+        }
+        if let (Some(at), Some(every)) = (self.beat, self.c.send_every)
+            && now >= at
+        {
+            self.beat = Some(now + every);
+            self.session
+                .outbox()
+                .push_control(|b| b.extend_from_slice(b"\n"));
+        }
+        Ok(())
+    }
+
+    fn stopped(&mut self, why: Stop) -> End {
+        match why {
+            Stop::Shutdown => Some(refuse("server shutting down", "")),
+            Stop::Eof | Stop::Io | Stop::WriterGone => None,
+        }
+    }
+}
+
 /// Serves one STOMP connection until it closes.
-pub async fn serve<R>(
-    mut reader: R,
+pub async fn serve(
+    mut reader: Reader,
     writer: Writer,
     stomp: Arc<Stomp>,
     mut shutdown: watch::Receiver<bool>,
-) where
-    R: AsyncRead + Unpin,
-{
+) {
     let limits = Limits {
         max_headers: stomp.cfg.max_headers,
         max_header_bytes: 64 * 1024,
         max_body: stomp.cfg.max_frame_size,
     };
     let out = Arc::new(Mutex::new(StompOut::new(String::new())));
-    let mut session = stomp
+    let session = stomp
         .broker
         .open_session(Box::new(StompEncoder { out: out.clone() }));
     lock(&out).temp_prefix = format!("{INBOX_PREFIX}/{}/", session.id());
     let outbox = session.outbox().clone();
-    outbox.set_sink(writer.clone());
-    let mut writer_task = tokio::spawn(write_loop(writer, outbox.clone(), outbox.epoch()));
-    let mut c = Conn {
-        stomp: &stomp,
-        out: out.clone(),
-        connected: false,
-        version: Version::V1_0,
-        ids: HashMap::new(),
-        next_sid: 1,
-        temp_sid: None,
-        tx: HashMap::new(),
-        declared: Default::default(),
-        send_every: None,
-        recv_timeout: None,
+    let mut writer_task = frontend::attach(&outbox, &writer);
+    let mut h = Driven {
+        c: Conn {
+            stomp: &stomp,
+            out: out.clone(),
+            connected: false,
+            version: Version::V1_0,
+            ids: HashMap::new(),
+            next_sid: 1,
+            temp_sid: None,
+            tx: HashMap::new(),
+            declared: Default::default(),
+            send_every: None,
+            recv_timeout: None,
+        },
+        session,
+        limits,
+        quiet: Instant::now() + stomp.handshake_timeout,
+        beat: None,
+        beating: false,
     };
     let mut buf = BytesMut::with_capacity(READ_BUF);
-    // Until CONNECT: the handshake timeout; then the client's heart-beat, if any.
-    let quiet = tokio::time::sleep(stomp.handshake_timeout);
-    tokio::pin!(quiet);
-    let mut beat = tokio::time::interval(Duration::from_secs(3600));
-    let mut beating = false;
-
-    let result: Result<(), Refusal> = 'conn: loop {
-        loop {
-            match decode(&mut buf, c.version, &limits) {
-                Ok(Some(Item::HeartBeat)) => {}
-                Ok(Some(Item::Frame(f))) => {
-                    let receipt = f.get("receipt").map(str::to_string);
-                    match c.handle(f, &mut session).await {
-                        Ok(go_on) => {
-                            if let Some(r) = receipt {
-                                c.reply(
-                                    &mut session,
-                                    Frame::new(Command::Receipt).header("receipt-id", &r),
-                                );
-                            }
-                            if !go_on {
-                                break 'conn Ok(());
-                            }
-                        }
-                        Err(mut e) => {
-                            if let Some(r) = receipt {
-                                e.detail = format!("{}\n(receipt {r})", e.detail);
-                            }
-                            break 'conn Err(e);
-                        }
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => break 'conn Err(refuse("malformed frame", e.to_string())),
-            }
-        }
-        if c.connected && !beating {
-            beating = true;
-            if let Some(every) = c.send_every {
-                beat = tokio::time::interval(every);
-                beat.reset();
-            }
-            match c.recv_timeout {
-                Some(t) => quiet.as_mut().reset(tokio::time::Instant::now() + t),
-                None => quiet
-                    .as_mut()
-                    .reset(tokio::time::Instant::now() + Duration::from_secs(86_400 * 365)),
-            }
-        }
-        session.flush();
-        tokio::select! {
-            r = read_some(&mut reader, &mut buf, None) => match r {
-                Ok(0) | Err(_) => break Ok(()),
-                Ok(_) => {
-                    if let Some(t) = c.recv_timeout.filter(|_| c.connected) {
-                        quiet.as_mut().reset(tokio::time::Instant::now() + t);
-                    }
-                }
-            },
-            _ = &mut quiet => {
-                break if c.connected {
-                    Err(refuse("heart-beat timeout", "nothing received within twice the negotiated heart-beat interval"))
-                } else {
-                    Err(refuse("no CONNECT", "no CONNECT frame within the handshake timeout"))
-                };
-            }
-            _ = beat.tick(), if c.send_every.is_some() && beating => {
-                outbox.push_control(|b| b.extend_from_slice(b"\n"));
-            }
-            _ = &mut writer_task => break Ok(()),
-            _ = shutdown.changed() => break Err(refuse("server shutting down", "")),
-        }
-    };
-    if let Err(e) = result {
+    let end = frontend::drive(
+        &mut h,
+        &mut reader,
+        &mut buf,
+        &mut writer_task,
+        &mut shutdown,
+    )
+    .await;
+    let (c, mut session) = (h.c, h.session);
+    if let Some(e) = end {
         tracing::debug!(message = e.message, "stomp: error");
         let mut f = Frame::new(Command::Error)
             .header("message", &e.message)
@@ -190,10 +240,7 @@ pub async fn serve<R>(
     requeue(&mut session, left, false).await;
     session.flush();
     drop(session);
-    outbox.close();
-    if !writer_task.is_finished() {
-        let _ = tokio::time::timeout(Duration::from_secs(5), writer_task).await;
-    }
+    frontend::close(&outbox, writer_task).await;
 }
 
 fn queue_of(st: &StompOut, sid: u32) -> Option<(String, KeyExpr)> {

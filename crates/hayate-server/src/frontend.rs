@@ -1,0 +1,193 @@
+//! The front-end layer: one connection driver for every protocol.
+//!
+//! A protocol front-end (native, MQTT, STOMP) is a [`Handler`]: it decodes frames, handles
+//! them against its broker [`Session`] and says when its timers are due. The driver owns the
+//! lifecycle they share: attach the session's outbox to the transport and run its writer
+//! task ([`attach`]), decode and handle *every* complete frame of a read before reading again,
+//! flush what the read produced from this task ([`Session::flush`]), then wait for the next
+//! read, the handler's timer, an outside event (an MQTT session takeover), the writer's end
+//! or shutdown ([`drive`]); and at the end let the writer flush and stop ([`close`]).
+//! Each protocol's own code is its handshake, its frame handling and its translation.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use hayate_broker::{Outbox, Session, Taken};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::transport::{Reader, Writer, read_some, write_chunks};
+
+/// Why the driver stopped on its own (not because the handler said so).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// The peer closed its side (end of stream).
+    Eof,
+    /// Reading failed.
+    Io,
+    /// The writer task ended (the peer stopped taking data, a write failed, or the broker
+    /// cut the connection off as a slow consumer).
+    WriterGone,
+    /// The server is shutting down.
+    Shutdown,
+}
+
+/// A protocol front-end, as the driver sees it.
+pub(crate) trait Handler {
+    /// One decoded frame (packet).
+    type Frame;
+    /// Why the connection ends; what the front-end's closing code gets.
+    type End;
+
+    /// Decodes one frame from the front of `buf`; `Ok(None)` when more input is needed.
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Self::Frame>, Self::End>;
+
+    /// Handles one frame; `Err` ends the connection.
+    fn handle(&mut self, frame: Self::Frame) -> impl Future<Output = Result<(), Self::End>> + Send;
+
+    /// The session whose deliveries are flushed after every read.
+    fn session(&mut self) -> &mut Session;
+
+    /// How much to read next (`None`: whatever arrives; see `hayate_wire::ReadPlanner`).
+    fn read_limit(&mut self, _buf: &mut BytesMut) -> Option<usize> {
+        None
+    }
+
+    /// A read brought input (keep-alive timers restart here).
+    fn on_read(&mut self) {}
+
+    /// When [`Handler::on_timer`] is due next (`None`: no timer).
+    fn deadline(&self) -> Option<Instant> {
+        None
+    }
+
+    /// The deadline passed; `Err` ends the connection.
+    fn on_timer(&mut self) -> impl Future<Output = Result<(), Self::End>> + Send {
+        async { Ok(()) }
+    }
+
+    /// An event from outside the connection that ends it (an MQTT session taken over by
+    /// another connection); never by default.
+    fn event(&mut self) -> impl Future<Output = Self::End> + Send {
+        std::future::pending()
+    }
+
+    /// The driver stopped for `why`.
+    fn stopped(&mut self, why: Stop) -> Self::End;
+}
+
+/// What ended one wait of the driver.
+enum Woke<E> {
+    Read(std::io::Result<usize>),
+    Timer,
+    Event(E),
+    WriterGone,
+    Shutdown,
+}
+
+/// Runs the connection: decodes and handles input until the handler, the peer, the writer
+/// or shutdown ends it; returns why. `buf` may already hold input (read during a handshake).
+pub(crate) async fn drive<H: Handler>(
+    h: &mut H,
+    reader: &mut Reader,
+    buf: &mut BytesMut,
+    writer_task: &mut JoinHandle<()>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> H::End {
+    loop {
+        // Decode and handle every complete frame before reading again.
+        loop {
+            match h.decode(buf) {
+                Ok(Some(frame)) => {
+                    if let Err(end) = h.handle(frame).await {
+                        return end;
+                    }
+                }
+                Ok(None) => break,
+                Err(end) => return end,
+            }
+        }
+        // Send what this read produced now, from this task, where the sockets can take it.
+        h.session().flush();
+        let limit = h.read_limit(buf);
+        let deadline = h.deadline();
+        let woke = tokio::select! {
+            r = read_some(reader, buf, limit) => Woke::Read(r),
+            () = sleep_until(deadline), if deadline.is_some() => Woke::Timer,
+            e = h.event() => Woke::Event(e),
+            _ = &mut *writer_task => Woke::WriterGone,
+            _ = shutdown.changed() => Woke::Shutdown,
+        };
+        match woke {
+            Woke::Read(Ok(0)) => return h.stopped(Stop::Eof),
+            Woke::Read(Ok(_)) => h.on_read(),
+            Woke::Read(Err(_)) => return h.stopped(Stop::Io),
+            Woke::Timer => {
+                if let Err(end) = h.on_timer().await {
+                    return end;
+                }
+            }
+            Woke::Event(end) => return end,
+            Woke::WriterGone => return h.stopped(Stop::WriterGone),
+            Woke::Shutdown => return h.stopped(Stop::Shutdown),
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Attaches `outbox` to the connection's transport: inline flushes write to `writer`, and a
+/// writer task drains the rest. Returns the writer task.
+pub(crate) fn attach(outbox: &Arc<Outbox>, writer: &Writer) -> JoinHandle<()> {
+    outbox.set_sink(writer.clone());
+    tokio::spawn(write_loop(writer.clone(), outbox.clone(), outbox.epoch()))
+}
+
+/// Closes `outbox` and gives the writer up to 5 s to flush what is queued (a last error
+/// frame included) and shut the transport down.
+pub(crate) async fn close(outbox: &Outbox, writer_task: JoinHandle<()>) {
+    outbox.close();
+    finish_writer(writer_task).await;
+}
+
+/// Gives the writer task up to 5 s to end.
+pub(crate) async fn finish_writer(writer_task: JoinHandle<()>) {
+    if !writer_task.is_finished() {
+        let _ = tokio::time::timeout(Duration::from_secs(5), writer_task).await;
+    }
+}
+
+/// Drains `outbox` into `w` until the outbox closes or is detached from this connection
+/// (its epoch changes), then shuts the transport's write side down.
+async fn write_loop(w: Writer, outbox: Arc<Outbox>, epoch: u64) {
+    let mut q = VecDeque::new();
+    loop {
+        match outbox.take(&mut q, epoch).await {
+            Taken::Data => {
+                // A write that cannot finish (a client that does not read) ends when the
+                // broker cuts the connection off as a slow consumer.
+                let r = tokio::select! {
+                    r = write_chunks(&*w, &mut q) => r,
+                    _ = outbox.cut_off() => Err(std::io::ErrorKind::TimedOut.into()),
+                };
+                outbox.release(epoch);
+                if r.is_err() {
+                    // The reader sees this task end and ends the connection.
+                    return;
+                }
+            }
+            Taken::Closed => {
+                w.shutdown();
+                return;
+            }
+        }
+    }
+}
