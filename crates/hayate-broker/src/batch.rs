@@ -76,6 +76,19 @@ impl<'a> Batch<'a> {
         }
     }
 
+    /// Calls `f` with the key, the payload and (for [`Batch::One`]) the whole message of
+    /// every item, in order: how an encoder walks a batch without building messages.
+    pub fn each(&self, mut f: impl FnMut(&Key, &Bytes, Option<&Message>)) {
+        match self {
+            Batch::One(m) => f(&m.key, &m.payload, Some(m)),
+            Batch::Plain { key, payloads } => {
+                for p in *payloads {
+                    f(key, p, None);
+                }
+            }
+        }
+    }
+
     /// Item `i` as an owned message (cheap: reference counts only).
     pub fn message(&self, i: usize) -> Message {
         match self {

@@ -88,9 +88,63 @@ enum Woke<E> {
     Shutdown,
 }
 
-/// Runs the connection: decodes and handles input until the handler, the peer, the writer
-/// or shutdown ends it; returns why. `buf` may already hold input (read during a handshake).
-pub(crate) async fn drive<H: Handler>(
+/// One connection's I/O while a handler serves it: the transport's read half and read
+/// buffer, the session's writer task and the server's shutdown signal.
+pub(crate) struct Conn {
+    reader: Reader,
+    buf: BytesMut,
+    writer_task: JoinHandle<()>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Conn {
+    /// Attaches `outbox` to the transport (see [`attach`]); `buf` may already hold input
+    /// read during a handshake.
+    pub(crate) fn new(
+        reader: Reader,
+        buf: BytesMut,
+        outbox: &Arc<Outbox>,
+        writer: &Writer,
+        shutdown: watch::Receiver<bool>,
+    ) -> Conn {
+        Conn {
+            reader,
+            buf,
+            writer_task: attach(outbox, writer),
+            shutdown,
+        }
+    }
+
+    /// Runs the connection: decodes and handles input until the handler, the peer, the
+    /// writer or shutdown ends it; returns why.
+    pub(crate) async fn drive<H: Handler>(&mut self, h: &mut H) -> H::End {
+        drive(
+            h,
+            &mut self.reader,
+            &mut self.buf,
+            &mut self.writer_task,
+            &mut self.shutdown,
+        )
+        .await
+    }
+
+    /// True once the writer task has ended.
+    pub(crate) fn writer_done(&self) -> bool {
+        self.writer_task.is_finished()
+    }
+
+    /// Closes `outbox` and lets the writer flush (see [`close`]).
+    pub(crate) async fn close(self, outbox: &Outbox) {
+        close(outbox, self.writer_task).await;
+    }
+
+    /// Gives the writer up to 5 s to end (after a detach, which ends it).
+    pub(crate) async fn finish(self) {
+        finish_writer(self.writer_task).await;
+    }
+}
+
+async fn drive<H: Handler>(
     h: &mut H,
     reader: &mut Reader,
     buf: &mut BytesMut,
@@ -146,20 +200,20 @@ async fn sleep_until(at: Option<Instant>) {
 
 /// Attaches `outbox` to the connection's transport: inline flushes write to `writer`, and a
 /// writer task drains the rest. Returns the writer task.
-pub(crate) fn attach(outbox: &Arc<Outbox>, writer: &Writer) -> JoinHandle<()> {
+fn attach(outbox: &Arc<Outbox>, writer: &Writer) -> JoinHandle<()> {
     outbox.set_sink(writer.clone());
     tokio::spawn(write_loop(writer.clone(), outbox.clone(), outbox.epoch()))
 }
 
 /// Closes `outbox` and gives the writer up to 5 s to flush what is queued (a last error
 /// frame included) and shut the transport down.
-pub(crate) async fn close(outbox: &Outbox, writer_task: JoinHandle<()>) {
+async fn close(outbox: &Outbox, writer_task: JoinHandle<()>) {
     outbox.close();
     finish_writer(writer_task).await;
 }
 
 /// Gives the writer task up to 5 s to end.
-pub(crate) async fn finish_writer(writer_task: JoinHandle<()>) {
+async fn finish_writer(writer_task: JoinHandle<()>) {
     if !writer_task.is_finished() {
         let _ = tokio::time::timeout(Duration::from_secs(5), writer_task).await;
     }

@@ -183,18 +183,23 @@ impl Handler for Native {
 ///
 /// The reader runs in the calling task; a writer task drains the session's outbox.
 pub async fn serve(
-    mut reader: Reader,
+    reader: Reader,
     writer: Writer,
     broker: Broker,
     limits: Arc<Limits>,
     server_name: Arc<str>,
     keepalive: Keepalive,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
     let session = broker.open_session(Box::new(NativeEncoder));
     let outbox = session.outbox().clone();
-    let mut writer_task = frontend::attach(&outbox, &writer);
-    let mut buf = BytesMut::with_capacity(READ_BUF);
+    let mut conn = frontend::Conn::new(
+        reader,
+        BytesMut::with_capacity(READ_BUF),
+        &outbox,
+        &writer,
+        shutdown,
+    );
     let mut h = Native {
         session,
         welcomed: false,
@@ -208,14 +213,7 @@ pub async fn serve(
         reads_at_check: 0,
         pings_out: 0,
     };
-    let end = frontend::drive(
-        &mut h,
-        &mut reader,
-        &mut buf,
-        &mut writer_task,
-        &mut shutdown,
-    )
-    .await;
+    let end = conn.drive(&mut h).await;
     let mut session = h.session;
     tracing::debug!(session = session.id(), ?end, "connection ends");
     if let End::Error(code, msg) = &end {
@@ -227,7 +225,7 @@ pub async fn serve(
     // Dropping the session removes its subscriptions and closes the outbox; the writer then
     // flushes what is queued (an ERR included) and shuts the socket down.
     drop(session);
-    frontend::close(&outbox, writer_task).await;
+    conn.close(&outbox).await;
 }
 
 fn send_err(outbox: &Outbox, code: ErrorCode, message: &str) {

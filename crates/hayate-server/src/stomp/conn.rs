@@ -168,10 +168,10 @@ impl Handler for Driven<'_> {
 
 /// Serves one STOMP connection until it closes.
 pub async fn serve(
-    mut reader: Reader,
+    reader: Reader,
     writer: Writer,
     stomp: Arc<Stomp>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
     let limits = Limits {
         max_headers: stomp.cfg.max_headers,
@@ -184,7 +184,13 @@ pub async fn serve(
         .open_session(Box::new(StompEncoder { out: out.clone() }));
     lock(&out).temp_prefix = format!("{INBOX_PREFIX}/{}/", session.id());
     let outbox = session.outbox().clone();
-    let mut writer_task = frontend::attach(&outbox, &writer);
+    let mut conn = frontend::Conn::new(
+        reader,
+        BytesMut::with_capacity(READ_BUF),
+        &outbox,
+        &writer,
+        shutdown,
+    );
     let mut h = Driven {
         c: Conn {
             stomp: &stomp,
@@ -205,15 +211,7 @@ pub async fn serve(
         beat: None,
         beating: false,
     };
-    let mut buf = BytesMut::with_capacity(READ_BUF);
-    let end = frontend::drive(
-        &mut h,
-        &mut reader,
-        &mut buf,
-        &mut writer_task,
-        &mut shutdown,
-    )
-    .await;
+    let end = conn.drive(&mut h).await;
     let (c, mut session) = (h.c, h.session);
     if let Some(e) = end {
         tracing::debug!(message = e.message, "stomp: error");
@@ -240,7 +238,7 @@ pub async fn serve(
     requeue(&mut session, left, false).await;
     session.flush();
     drop(session);
-    frontend::close(&outbox, writer_task).await;
+    conn.close(&outbox).await;
 }
 
 fn queue_of(st: &StompOut, sid: u32) -> Option<(String, KeyExpr)> {

@@ -303,14 +303,7 @@ pub(crate) struct StompEncoder {
 impl Encoder for StompEncoder {
     fn encode(&mut self, sid: u32, batch: Batch<'_>, _origin: u64, out: &mut OutBuf) {
         let mut st = lock(&self.out);
-        match batch {
-            Batch::One(m) => st.deliver(sid, &m.key, &m.payload, Some(m), out),
-            Batch::Plain { key, payloads } => {
-                for p in payloads {
-                    st.deliver(sid, key, p, None, out);
-                }
-            }
-        }
+        batch.each(|key, payload, msg| st.deliver(sid, key, payload, msg, out));
     }
 
     fn encode_lost(&mut self, _sid: u32, _count: u64, _out: &mut OutBuf) {}
