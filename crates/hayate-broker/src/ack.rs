@@ -102,6 +102,19 @@ impl<T> AckTracker<T> {
         done.len()
     }
 
+    /// Removes and returns, in id order, the deliveries in flight with an id up to and
+    /// including `id` for which `pick` is true (a cumulative acknowledgement of one
+    /// subscription's deliveries).
+    pub fn take_through(&mut self, id: u64, mut pick: impl FnMut(&T) -> bool) -> Vec<T> {
+        let ids: Vec<u64> = self
+            .inflight
+            .range(..=id)
+            .filter(|(_, h)| pick(&h.item))
+            .map(|(&k, _)| k)
+            .collect();
+        ids.into_iter().filter_map(|k| self.remove(k)).collect()
+    }
+
     /// Gives delivery `id` back: it leaves the tracker and is returned to the caller, who
     /// delivers it again (here with [`AckTracker::push_front`], or to another receiver).
     pub fn nack(&mut self, id: u64) -> Option<T> {

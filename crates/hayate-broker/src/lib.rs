@@ -29,5 +29,5 @@ pub mod session;
 pub use ack::AckTracker;
 pub use batch::Batch;
 pub use index::SubscriptionIndex;
-pub use outbox::{Delivery, Encoder, OutBuf, Outbox, Sink, Taken};
+pub use outbox::{Delivery, Encoder, OutBuf, Outbox, Settle, Sink, Taken};
 pub use session::{Backlog, Broker, BrokerConfig, BrokerStats, Session, SubscribeError};

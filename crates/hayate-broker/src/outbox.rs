@@ -177,6 +177,17 @@ struct State {
     cut: bool,
 }
 
+/// What an acknowledgement covers (see [`Outbox::settle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// That delivery only.
+    One,
+    /// Every delivery of the session up to it (native cumulative ACK).
+    Through,
+    /// Every delivery of its subscription up to it (STOMP's `client` ack mode).
+    ThroughSubscription,
+}
+
 /// How much of an offered batch the outbox took.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Offer {
@@ -292,7 +303,9 @@ impl Outbox {
         let mut size = 0;
         while fit < batch.len() {
             let c = batch.cost(fit);
-            if queued + size + c > self.budget && !(queued == 0 && fit == 0) {
+            // A connection being cut off takes everything (and discards it): its
+            // publishers must not wait for a budget that only its closing frees.
+            if !st.cut && queued + size + c > self.budget && !(queued == 0 && fit == 0) {
                 break;
             }
             size += c;
@@ -375,28 +388,44 @@ impl Outbox {
         }
     }
 
-    /// Acknowledges delivery `delivery` (or, `cumulative`, every delivery up to it); returns
-    /// how many were acknowledged (0: unknown or already acknowledged). Frees room in the
-    /// window and the budget: held deliveries are sent and blocked publishers woken. As with
-    /// [`Outbox::push_reply`], the caller flushes its own outbox after its read.
+    /// Acknowledges delivery `delivery` (or, `cumulative`, every delivery of the session up
+    /// to it); returns how many were acknowledged (0: unknown or already acknowledged).
     pub fn ack(&self, delivery: u64, cumulative: bool) -> usize {
-        let mut st = self.lock();
-        let n = if cumulative {
-            st.acks.ack_through(delivery)
+        let how = if cumulative {
+            Settle::Through
         } else {
-            usize::from(st.acks.ack(delivery).is_some())
+            Settle::One
         };
-        self.after_ack(st);
-        n
+        self.settle(delivery, how).len()
     }
 
     /// Takes delivery `delivery` back (a NACK): the caller delivers it again (see
     /// `Session::give_back`). `None` if it is not in flight.
     pub fn nack(&self, delivery: u64) -> Option<Delivery> {
+        self.settle(delivery, Settle::One).pop()
+    }
+
+    /// Removes from flight what an acknowledgement (or a NACK) of `delivery` covers, as `how`
+    /// says, and returns it in order (an ACK drops it, a NACK gives it back). Frees room in
+    /// the window and the budget: held deliveries are sent and blocked publishers woken. As
+    /// with [`Outbox::push_reply`], the caller flushes its own outbox after its read.
+    pub fn settle(&self, delivery: u64, how: Settle) -> Vec<Delivery> {
         let mut st = self.lock();
-        let d = st.acks.nack(delivery);
+        let taken = match how {
+            Settle::One => st.acks.ack(delivery).into_iter().collect(),
+            Settle::Through => st.acks.take_through(delivery, |_| true),
+            Settle::ThroughSubscription => match st.acks.get(delivery).map(|d| d.sid) {
+                Some(sid) => st.acks.take_through(delivery, |d| d.sid == sid),
+                None => Vec::new(),
+            },
+        };
         self.after_ack(st);
-        d
+        taken
+    }
+
+    /// The subscription of delivery `delivery`, while it is in flight.
+    pub fn delivery_sid(&self, delivery: u64) -> Option<u32> {
+        self.lock().acks.get(delivery).map(|d| d.sid)
     }
 
     fn after_ack(&self, mut guard: std::sync::MutexGuard<'_, State>) {
@@ -470,10 +499,11 @@ impl Outbox {
     /// discarded; what the ack tracker and the encoder hold is kept, to be given back or
     /// kept for a later connection. A new connection ([`Outbox::set_sink`]) or
     /// [`Outbox::detach`] clears the state.
-    pub fn cut(&self) {
+    /// Returns true for the call that cut it (not when it was already cut or closed).
+    pub fn cut(&self) -> bool {
         let mut st = self.lock();
         if st.cut || st.closed {
-            return;
+            return false;
         }
         st.cut = true;
         st.buf = OutBuf::default();
@@ -485,6 +515,7 @@ impl Outbox {
         self.cut_notify.notify_waiters();
         self.data.notify_waiters();
         self.space.notify_waiters();
+        true
     }
 
     /// True once [`Outbox::cut`] was called (until the next connection).

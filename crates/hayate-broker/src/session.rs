@@ -71,17 +71,47 @@ struct Registry {
 /// Messages waiting for a declared queue's first member, oldest first, at most `limit`.
 #[derive(Debug)]
 pub struct Backlog {
-    q: std::sync::Mutex<VecDeque<hayate_core::Message>>,
+    /// The queue group's registry id.
+    id: Arc<str>,
+    q: std::sync::Mutex<BacklogState>,
     limit: usize,
     dropped: AtomicU64,
 }
 
+#[derive(Debug, Default)]
+struct BacklogState {
+    q: VecDeque<hayate_core::Message>,
+    /// The group has members (set and cleared under the registry write lock, with the
+    /// drain): a publisher whose route still says "no member" must not park here.
+    served: bool,
+}
+
 impl Backlog {
-    fn push(&self, batch: Batch<'_>) {
-        let mut q = self
-            .q
+    fn lock(&self) -> std::sync::MutexGuard<'_, BacklogState> {
+        self.q
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Parks `batch` for the queue's first member; false (nothing parked) when the queue has
+    /// members now: the caller's route is older than them and it must deliver through a
+    /// fresh one.
+    fn park(&self, batch: Batch<'_>) -> bool {
+        let mut st = self.lock();
+        if st.served {
+            return false;
+        }
+        self.push_locked(&mut st.q, batch);
+        true
+    }
+
+    /// Puts `batch` in the backlog whatever the members (messages given back).
+    fn push(&self, batch: Batch<'_>) {
+        let mut st = self.lock();
+        self.push_locked(&mut st.q, batch);
+    }
+
+    fn push_locked(&self, q: &mut VecDeque<hayate_core::Message>, batch: Batch<'_>) {
         for i in 0..batch.len() {
             if q.len() >= self.limit {
                 self.dropped
@@ -92,21 +122,21 @@ impl Backlog {
         }
     }
 
-    fn take(&self) -> VecDeque<hayate_core::Message> {
-        std::mem::take(
-            &mut *self
-                .q
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
+    /// The first member joined: takes what waits and marks the queue served.
+    fn open(&self) -> VecDeque<hayate_core::Message> {
+        let mut st = self.lock();
+        st.served = true;
+        std::mem::take(&mut st.q)
+    }
+
+    /// The last member left.
+    fn close(&self) {
+        self.lock().served = false;
     }
 
     /// Messages waiting.
     pub fn len(&self) -> usize {
-        self.q
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .len()
+        self.lock().q.len()
     }
 
     /// True if no message waits.
@@ -219,12 +249,17 @@ impl Broker {
         if let Some((_, b)) = reg.queues.get(id.as_str()) {
             return b.clone();
         }
+        let id: Arc<str> = Arc::from(id);
         let b = Arc::new(Backlog {
-            q: Default::default(),
+            q: std::sync::Mutex::new(BacklogState {
+                q: VecDeque::new(),
+                served: reg.groups.contains_key(&id),
+            }),
+            id: id.clone(),
             limit,
             dropped: AtomicU64::new(0),
         });
-        reg.queues.insert(Arc::from(id), (expr.clone(), b.clone()));
+        reg.queues.insert(id, (expr.clone(), b.clone()));
         self.bump();
         b
     }
@@ -397,7 +432,7 @@ impl Session {
         if let Some(g) = &group
             && let Some((_, backlog)) = reg.queues.get(g)
         {
-            for m in backlog.take() {
+            for m in backlog.open() {
                 self.outbox.force(sid, 0, Batch::One(&m));
                 drained = true;
             }
@@ -522,7 +557,21 @@ impl Session {
                 .await;
         }
         for b in &route.backlogs {
-            b.push(batch);
+            if b.park(batch) {
+                continue;
+            }
+            // The queue got its first member after this route was made: deliver through a
+            // fresh route (the subscription bumped the generation), or park if it has none
+            // again by now.
+            let fresh = self.lookup(batch.key());
+            match fresh.groups.iter().find(|g| g.id == b.id) {
+                Some(g) => {
+                    delivered += self
+                        .deliver_group(&g.id, &g.rr, &g.members, batch, true)
+                        .await;
+                }
+                None => b.push(batch),
+            }
         }
         delivered
     }
@@ -714,7 +763,8 @@ impl Session {
                 self.count_dropped(t, waiting);
             }
             Stall::Disconnect => {
-                if !t.outbox.is_cut() {
+                // Counted and logged once, by whichever publisher cut it.
+                if t.outbox.cut() {
                     tracing::warn!(
                         session = t.session,
                         sid = t.sid,
@@ -723,7 +773,6 @@ impl Session {
                     );
                     stats.slow_consumers.fetch_add(1, Ordering::Relaxed);
                 }
-                t.outbox.cut();
             }
         }
     }
@@ -748,6 +797,9 @@ fn remove_sub(
         e.1 -= 1;
         if e.1 == 0 {
             reg.groups.remove(g);
+            if let Some((_, b)) = reg.queues.get(g) {
+                b.close();
+            }
         }
     }
 }

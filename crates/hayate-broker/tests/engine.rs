@@ -418,9 +418,6 @@ async fn subscription_ids_are_per_session() {
 /// destination) is used after the member drained the backlog: the message lands in the
 /// backlog and waits for a *second* member, behind later messages.
 #[tokio::test]
-#[ignore = "engine bug: a publication routed to a declared queue's backlog before the first \
-            member joined, but completing after (held up by a blocking subscriber), strands \
-            the message in the backlog"]
 async fn backlog_message_in_flight_when_member_joins_is_not_stranded() {
     let b = Broker::new(BrokerConfig {
         outbox_bytes: 100,

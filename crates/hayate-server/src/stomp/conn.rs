@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use hayate_broker::{Batch, Session};
+use hayate_broker::{Batch, Session, Settle};
 use hayate_core::{INBOX_PREFIX, Key, KeyExpr, Message, Qos};
 use hayate_stomp::{Command, Frame, Item, Limits, Version, decode, encode};
 use tokio::sync::watch;
@@ -227,39 +227,11 @@ pub async fn serve(
         let v = c.version;
         outbox.push_control(|b| encode(&f, v, b));
     }
-    // Messages left unacknowledged go back to their queues.
-    let left: Vec<(Option<(String, KeyExpr)>, Message)> = {
-        let mut st = lock(&out);
-        let un = st.take_unacked(None);
-        un.into_iter()
-            .map(|u| (queue_of(&st, u.sid), u.msg))
-            .collect()
-    };
-    requeue(&mut session, left, false).await;
+    // Messages left unacknowledged go back to their queues (topic messages are dropped).
+    session.release_unacked(None).await;
     session.flush();
     drop(session);
     conn.close(&outbox).await;
-}
-
-fn queue_of(st: &StompOut, sid: u32) -> Option<(String, KeyExpr)> {
-    match &st.subs.get(&sid)?.kind {
-        Kind::Queue { name, expr } => Some((name.clone(), expr.clone())),
-        _ => None,
-    }
-}
-
-/// Gives messages back to their queues (topic messages are dropped). `may_return`: this
-/// connection may get them again (a NACK), not when it is going away.
-async fn requeue(
-    session: &mut Session,
-    items: Vec<(Option<(String, KeyExpr)>, Message)>,
-    may_return: bool,
-) {
-    for (q, msg) in items {
-        if let Some((name, expr)) = q {
-            session.requeue(&name, &expr, &msg, may_return).await;
-        }
-    }
 }
 
 /// Headers of a SEND that are the frame's, not the message's.
@@ -605,7 +577,12 @@ impl Conn<'_> {
                 kind,
             },
         );
-        if let Err(e) = session.subscribe(sid, expr, group.as_deref(), Qos::default()) {
+        let qos = if ack == AckMode::Auto {
+            Qos::default()
+        } else {
+            Qos::ACKED
+        };
+        if let Err(e) = session.subscribe(sid, expr, group.as_deref(), qos) {
             lock(&self.out).subs.remove(&sid);
             return Err(refuse("subscribe failed", e.to_string()));
         }
@@ -631,15 +608,11 @@ impl Conn<'_> {
             lock(&self.out).temp_ids.retain(|_, v| v != id);
             return Ok(());
         }
+        // Unacknowledged messages go to other consumers of the queue first (they need the
+        // subscription's group).
+        session.release_unacked(Some(sid)).await;
         session.unsubscribe(sid);
-        let left: Vec<_> = {
-            let mut st = lock(&self.out);
-            let q = queue_of(&st, sid);
-            let un = st.take_unacked(Some(sid));
-            st.subs.remove(&sid);
-            un.into_iter().map(|u| (q.clone(), u.msg)).collect()
-        };
-        requeue(session, left, false).await;
+        lock(&self.out).subs.remove(&sid);
         Ok(())
     }
 
@@ -658,25 +631,29 @@ impl Conn<'_> {
                 ),
             )
         })?;
+        if id.starts_with('a') && id[1..].parse::<u64>().is_ok() {
+            return Ok(()); // a message of an `auto` subscription: nothing to settle
+        }
         let Ok(n) = id.parse::<u64>() else {
             return Err(refuse(
                 "unknown message",
                 format!("{name} {id:?} was not delivered here"),
             ));
         };
-        let settled: Vec<_> = {
-            let mut st = lock(&self.out);
-            match st.settle(n) {
-                Some(v) => v
-                    .into_iter()
-                    .map(|u| (queue_of(&st, u.sid), u.msg))
-                    .collect(),
-                // Already settled (a cumulative ACK covered it) or never delivered.
-                None => Vec::new(),
-            }
+        // `client` mode settles every earlier message of the subscription too.
+        let Some(sid) = session.outbox().delivery_sid(n) else {
+            return Ok(()); // already settled (a cumulative ACK covered it)
         };
+        let how = match lock(&self.out).subs.get(&sid).map(|s| s.ack) {
+            Some(AckMode::Client) => Settle::ThroughSubscription,
+            _ => Settle::One,
+        };
+        let settled = session.outbox().settle(n, how);
+        session.touch_own();
         if nack {
-            requeue(session, settled, true).await;
+            for d in settled {
+                session.give_back(d, true).await;
+            }
         }
         Ok(())
     }

@@ -5,7 +5,7 @@
 //! connection's reader (ACK, NACK, SUBSCRIBE, UNSUBSCRIBE), as MQTT's delivery state is;
 //! lock order: outbox, then this state.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::{Arc, Mutex};
 
@@ -50,13 +50,6 @@ pub(crate) struct Sub {
     pub(crate) kind: Kind,
 }
 
-/// A delivered message waiting for ACK or NACK.
-#[derive(Debug, Clone)]
-pub(crate) struct Unacked {
-    pub(crate) sid: u32,
-    pub(crate) msg: Message,
-}
-
 /// The delivery state of one STOMP connection.
 #[derive(Debug)]
 pub(crate) struct StompOut {
@@ -67,9 +60,9 @@ pub(crate) struct StompOut {
     pub(crate) temp_prefix: String,
     /// Subscription id shown for each temp-queue the client subscribed to explicitly.
     pub(crate) temp_ids: HashMap<String, String>,
+    /// Number of the next MESSAGE of an `auto` subscription (its id is `a<n>`; those of
+    /// acknowledged subscriptions are the broker's delivery ids, which the client ACKs).
     next_msg: u64,
-    /// Messages of client-ack subscriptions, by message number.
-    pub(crate) unacked: BTreeMap<u64, Unacked>,
     /// Reused for each MESSAGE's `message-id` and `destination`.
     id_buf: String,
     dest_buf: String,
@@ -88,29 +81,37 @@ impl StompOut {
             temp_prefix,
             temp_ids: HashMap::new(),
             next_msg: 1,
-            unacked: BTreeMap::new(),
             id_buf: String::new(),
             dest_buf: String::new(),
         }
     }
 
+    /// Writes one MESSAGE to subscription `sid`: of an `auto` subscription (`delivery`
+    /// `None`), or a delivery of an acknowledged one, held by the broker until ACKed.
     fn deliver(
         &mut self,
         sid: u32,
         key: &Key,
         payload: &bytes::Bytes,
         msg: Option<&Message>,
+        delivery: Option<u64>,
         out: &mut OutBuf,
     ) {
         let Some(sub) = self.subs.get(&sid) else {
             return;
         };
-        let n = self.next_msg;
-        self.next_msg += 1;
         // Built in buffers kept across deliveries: no allocation per message.
         let mut message_id = std::mem::take(&mut self.id_buf);
         message_id.clear();
-        let _ = write!(message_id, "{n}");
+        match delivery {
+            Some(d) => {
+                let _ = write!(message_id, "{d}");
+            }
+            None => {
+                let _ = write!(message_id, "a{}", self.next_msg);
+                self.next_msg += 1;
+            }
+        }
         let mut dest = std::mem::take(&mut self.dest_buf);
         dest.clear();
         let (destination, subscription): (&str, &str) = match &sub.kind {
@@ -144,54 +145,8 @@ impl StompOut {
             self.version,
             out,
         );
-        let ack = sub.ack;
         self.id_buf = message_id;
         self.dest_buf = dest;
-        if ack != AckMode::Auto {
-            let msg = match msg {
-                Some(m) => m.clone(),
-                None => Message::new(key.clone(), payload.clone()),
-            };
-            self.unacked.insert(n, Unacked { sid, msg });
-        }
-    }
-
-    /// The unacknowledged messages an ACK or NACK of message `n` covers (removed).
-    pub(crate) fn settle(&mut self, n: u64) -> Option<Vec<Unacked>> {
-        let sid = self.unacked.get(&n)?.sid;
-        let mode = self
-            .subs
-            .get(&sid)
-            .map_or(AckMode::ClientIndividual, |s| s.ack);
-        if mode == AckMode::Client {
-            let covered: Vec<u64> = self
-                .unacked
-                .range(..=n)
-                .filter(|(_, u)| u.sid == sid)
-                .map(|(k, _)| *k)
-                .collect();
-            Some(
-                covered
-                    .into_iter()
-                    .filter_map(|k| self.unacked.remove(&k))
-                    .collect(),
-            )
-        } else {
-            self.unacked.remove(&n).map(|u| vec![u])
-        }
-    }
-
-    /// Every unacknowledged message of subscription `sid` (all when `None`), removed.
-    pub(crate) fn take_unacked(&mut self, sid: Option<u32>) -> Vec<Unacked> {
-        let keys: Vec<u64> = self
-            .unacked
-            .iter()
-            .filter(|(_, u)| sid.is_none_or(|s| u.sid == s))
-            .map(|(k, _)| *k)
-            .collect();
-        keys.into_iter()
-            .filter_map(|k| self.unacked.remove(&k))
-            .collect()
     }
 }
 
@@ -303,8 +258,12 @@ pub(crate) struct StompEncoder {
 impl Encoder for StompEncoder {
     fn encode(&mut self, sid: u32, batch: Batch<'_>, _origin: u64, out: &mut OutBuf) {
         let mut st = lock(&self.out);
-        batch.each(|key, payload, msg| st.deliver(sid, key, payload, msg, out));
+        batch.each(|key, payload, msg| st.deliver(sid, key, payload, msg, None, out));
     }
 
     fn encode_lost(&mut self, _sid: u32, _count: u64, _out: &mut OutBuf) {}
+
+    fn encode_acked(&mut self, sid: u32, delivery: u64, msg: &Message, out: &mut OutBuf) {
+        lock(&self.out).deliver(sid, &msg.key, &msg.payload, Some(msg), Some(delivery), out);
+    }
 }
