@@ -3,12 +3,10 @@
 use bytes::{BufMut, BytesMut};
 
 use crate::error::{DecodeError, EncodeError};
-use crate::packet::{PacketType, ProtocolVersion};
 use crate::properties::AckProperties;
-use crate::property::{
-    Properties, PropertyContext, is_empty, properties_len, read_properties, write_properties,
-};
+use crate::property::{Properties, is_empty, properties_len, read_properties, write_properties};
 use crate::reason::ReasonCode;
+use crate::types::{PacketType, PropertyContext, ProtocolVersion};
 use crate::wire::Reader;
 
 /// The body of PUBACK, PUBREC, PUBREL and PUBCOMP: which PUBLISH, how it went, and (5.0)

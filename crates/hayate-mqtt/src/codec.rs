@@ -6,9 +6,10 @@ use crate::ack::Ack;
 use crate::connect::{ConnAck, Connect};
 use crate::disconnect::{Auth, Disconnect};
 use crate::error::{DecodeError, EncodeError};
-use crate::packet::{Packet, PacketType, ProtocolVersion};
+use crate::packet::Packet;
 use crate::publish::Publish;
 use crate::subscribe::{SubAck, Subscribe, UnsubAck, Unsubscribe};
+use crate::types::{PacketType, ProtocolVersion};
 use crate::wire::{MAX_VAR_INT, Reader, put_var_int, var_int, var_int_len};
 
 /// The largest packet MQTT can express: a 5-byte fixed header and a remaining length of

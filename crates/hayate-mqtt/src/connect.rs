@@ -5,11 +5,11 @@ use bytes::{BufMut, Bytes, BytesMut};
 use crate::ack::check_reason_code;
 use crate::bytestr::ByteStr;
 use crate::error::{DecodeError, EncodeError, snippet};
-use crate::packet::{PacketType, ProtocolVersion, QoS};
 use crate::properties::{ConnAckProperties, ConnectProperties, WillProperties};
-use crate::property::{PropertyContext, properties_len, read_properties, write_properties};
+use crate::property::{properties_len, read_properties, write_properties};
 use crate::reason::ReasonCode;
 use crate::topic::valid_topic_name;
+use crate::types::{PacketType, PropertyContext, ProtocolVersion, QoS};
 use crate::wire::{Reader, check_binary, check_str, put_binary, put_str};
 
 const CLEAN_START: u8 = 0x02;

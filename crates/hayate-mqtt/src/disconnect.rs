@@ -5,10 +5,9 @@ use bytes::BytesMut;
 
 use crate::ack::{optional_len, read_optional, write_optional};
 use crate::error::{DecodeError, EncodeError};
-use crate::packet::{PacketType, ProtocolVersion};
 use crate::properties::{AuthProperties, DisconnectProperties};
-use crate::property::PropertyContext;
 use crate::reason::ReasonCode;
+use crate::types::{PacketType, PropertyContext, ProtocolVersion};
 use crate::wire::Reader;
 
 /// DISCONNECT: the last packet of a connection, from the client (any version) or the

@@ -1,9 +1,8 @@
 //! [`DecodeError`] (what was wrong with received bytes, and the reason code to answer with)
 //! and [`EncodeError`] (why a packet cannot be written).
 
-use crate::packet::{PacketType, ProtocolVersion, QoS};
-use crate::property::{PropertyContext, PropertyId};
 use crate::reason::ReasonCode;
+use crate::types::{PacketType, PropertyContext, PropertyId, ProtocolVersion, QoS};
 
 /// Why received bytes are not a valid MQTT packet.
 ///

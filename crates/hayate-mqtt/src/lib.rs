@@ -4,6 +4,11 @@
 //! sessions (keep-alive, packet identifiers in flight, topic aliases, QoS flows) are built
 //! on top of it.
 //!
+//! Like `hayate-stomp`, it depends on no other Hayate crate: it speaks MQTT only. Translating
+//! MQTT to Hayate (topics to keys, filters to key expressions, QoS to delivery guarantees,
+//! 5.0 properties to message headers, reply-to and correlation id) is the broker's MQTT
+//! front-end's business, all of it in one module, `hayate_server::mqtt::translate`.
+//!
 //! # Layout
 //!
 //! - [`packet`]: [`Packet`] (one variant per control packet), [`PacketType`],
@@ -24,6 +29,13 @@
 //!   [`encoded_len`]; [`error`]: [`DecodeError`] (with
 //!   [`reason_code`](DecodeError::reason_code)) and [`EncodeError`].
 //! - [`ByteStr`]: a UTF-8 string in [`bytes::Bytes`].
+//!
+//! The modules form no cycle. At the bottom, a private `types` module, which imports
+//! nothing from the crate, defines the vocabulary every other module shares:
+//! [`ProtocolVersion`], [`QoS`], [`PacketType`], [`PropertyId`], [`PropertyType`],
+//! [`PropertyContext`] (re-exported from [`packet`] and [`property`]). Above it, in order:
+//! [`reason`], [`error`], the wire primitives, [`property`], [`properties`], the packet
+//! modules, then [`packet`], which gathers them into [`Packet`], and [`codec`] on top.
 //!
 //! # Versions
 //!
@@ -104,7 +116,6 @@ pub mod codec;
 pub mod connect;
 pub mod disconnect;
 pub mod error;
-pub mod map;
 pub mod packet;
 pub mod properties;
 pub mod property;
@@ -112,6 +123,7 @@ pub mod publish;
 pub mod reason;
 pub mod subscribe;
 pub mod topic;
+mod types;
 mod wire;
 
 pub use ack::Ack;

@@ -10,10 +10,8 @@ use bytes::Bytes;
 
 use crate::bytestr::ByteStr;
 use crate::error::DecodeError;
-use crate::packet::QoS;
-use crate::property::{
-    PayloadFormat, Properties, Property, PropertyContext, PropertyId as P, Visit, not_allowed, once,
-};
+use crate::property::{PayloadFormat, Properties, Property, Visit, not_allowed, once};
+use crate::types::{PropertyContext, PropertyId as P, QoS};
 
 /// User properties: name/value pairs, in wire order. Names may repeat.
 pub type UserProperties = Vec<(ByteStr, ByteStr)>;

@@ -4,9 +4,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::bytestr::ByteStr;
 use crate::error::{DecodeError, EncodeError, snippet};
-use crate::packet::{PacketType, ProtocolVersion, QoS};
 use crate::properties::PublishProperties;
-use crate::property::{PropertyContext, properties_len, read_properties, write_properties};
+use crate::property::{properties_len, read_properties, write_properties};
+use crate::types::{PacketType, PropertyContext, ProtocolVersion, QoS};
 use crate::wire::{MAX_VAR_INT, Reader, check_str, put_str, put_var_int, var_int_len};
 
 /// PUBLISH: an application message, from client to server or server to client.

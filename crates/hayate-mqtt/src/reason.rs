@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::packet::{PacketType, ProtocolVersion, QoS};
+use crate::types::{PacketType, ProtocolVersion, QoS};
 
 /// Declares [`ReasonCode`] from one table: variant, value, the specification's name.
 macro_rules! reason_codes {

@@ -6,11 +6,11 @@ use bytes::{BufMut, BytesMut};
 use crate::ack::{check_reason_code, read_reason_code};
 use crate::bytestr::ByteStr;
 use crate::error::{DecodeError, EncodeError, snippet};
-use crate::packet::{PacketType, ProtocolVersion, QoS};
 use crate::properties::{AckProperties, SubscribeProperties, UnsubscribeProperties};
-use crate::property::{PropertyContext, properties_len, read_properties, write_properties};
+use crate::property::{properties_len, read_properties, write_properties};
 use crate::reason::ReasonCode;
 use crate::topic::{SHARED_PREFIX, valid_topic_filter};
+use crate::types::{PacketType, PropertyContext, ProtocolVersion, QoS};
 use crate::wire::{Reader, check_str, put_str};
 
 /// When the server sends retained messages for a new subscription (5.0).

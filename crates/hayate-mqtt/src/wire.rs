@@ -5,7 +5,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::bytestr::ByteStr;
 use crate::error::{DecodeError, EncodeError};
-use crate::packet::PacketType;
+use crate::types::PacketType;
 
 /// The largest value a variable byte integer can hold, and so the largest remaining length.
 pub const MAX_VAR_INT: u32 = 268_435_455;

@@ -8,17 +8,17 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use hayate_broker::{Batch, Session};
-use hayate_core::{Guarantee, Message};
-use hayate_mqtt::map::{filter_to_expr, topic_bytes_to_key};
+use hayate_core::Message;
 use hayate_mqtt::{
-    Ack, ByteStr, ConnAck, DecodeError, Disconnect, Packet, PayloadFormat, ProtocolVersion,
-    Publish, QoS, ReasonCode, RetainHandling, SubAck, Subscribe, UnsubAck, Unsubscribe, Will,
-    decode, decode_connect, encode, shared_subscription,
+    Ack, ByteStr, ConnAck, DecodeError, Disconnect, Packet, ProtocolVersion, Publish, QoS,
+    ReasonCode, RetainHandling, SubAck, Subscribe, UnsubAck, Unsubscribe, decode, decode_connect,
+    encode, shared_subscription,
 };
 use tokio::sync::{mpsc, watch};
 
-use super::out::{Link, SubInfo, broker_qos, lock, put_packet};
-use super::{CONTENT_TYPE, Mqtt, MqttSession, PendingWill};
+use super::out::{Link, SubInfo, lock, put_packet};
+use super::translate::{broker_qos, filter_to_expr, publish_message, will_message};
+use super::{Mqtt, MqttSession, PendingWill};
 use crate::auth::AuthError;
 use crate::frontend::{self, Handler, Stop};
 use crate::transport::{Reader, Writer, read_some, write_chunks};
@@ -289,7 +289,7 @@ pub async fn serve(
         connect.properties.topic_alias_maximum.unwrap_or(0),
     );
     let outbox = ms.session.outbox().clone();
-    let mut writer_task = frontend::attach(&outbox, &writer);
+    let mut io = frontend::Conn::new(reader, buf, &outbox, &writer, shutdown.clone());
     outbox.push_reply(|o| {
         put_packet(&Packet::ConnAck(Box::new(ack)), version, o);
         lock(&ms.out).go_online(link, o);
@@ -318,14 +318,7 @@ pub async fn serve(
         ka,
         idle_at: tokio::time::Instant::now() + ka.unwrap_or_default(),
     };
-    let end = frontend::drive(
-        &mut h,
-        &mut reader,
-        &mut buf,
-        &mut writer_task,
-        &mut shutdown,
-    )
-    .await;
+    let end = io.drive(&mut h).await;
     let Driven {
         conn,
         mut ms,
@@ -383,7 +376,7 @@ pub async fn serve(
         for _ in 0..100 {
             match outbox.backlog() {
                 (0, false) => break,
-                _ if writer_task.is_finished() => break,
+                _ if io.writer_done() => break,
                 _ => tokio::time::sleep(Duration::from_millis(5)).await,
             }
         }
@@ -392,7 +385,7 @@ pub async fn serve(
     } else {
         outbox.close();
     }
-    frontend::finish_writer(writer_task).await;
+    io.finish().await;
     if expiry != conn.expiry_at_connect {
         // Changed by the DISCONNECT: what is saved must say so.
         mqtt.set_info(&client_id, conn_id, ms.out.clone(), version, expiry);
@@ -402,6 +395,17 @@ pub async fn serve(
         _ => mqtt.release(&client_id, conn_id, &mut kick_rx, ms, expiry, parked_will),
     };
     drop(dropped);
+}
+
+/// Applies an acknowledgement from the client to the session's delivery state, under the
+/// outbox lock (it may free the window and send held messages).
+fn settle(
+    ms: &mut MqttSession,
+    f: impl FnOnce(&mut super::out::MqttOut, &mut hayate_broker::OutBuf),
+) {
+    let out = ms.out.clone();
+    ms.session.outbox().push_reply(|o| f(&mut lock(&out), o));
+    ms.session.touch_own();
 }
 
 /// Reason strings are capped (a reason string may not make a packet too large).
@@ -426,107 +430,21 @@ fn rand_id() -> u64 {
     h.finish()
 }
 
-fn guarantee(q: QoS) -> Guarantee {
-    match q {
-        QoS::AtMostOnce => Guarantee::AtMostOnce,
-        QoS::AtLeastOnce => Guarantee::AtLeastOnce,
-        QoS::ExactlyOnce => Guarantee::ExactlyOnce,
-    }
-}
-
-/// The will as a message, with its delay in seconds.
-fn will_message(w: Option<&Will>) -> Result<Option<(Message, u32)>, Fail> {
-    let Some(w) = w else { return Ok(None) };
-    let p = &w.properties;
-    let msg = build_message(
-        &w.topic,
-        w.payload.clone(),
-        w.qos,
-        w.retain,
-        Meta {
-            utf8: p.payload_format_indicator == Some(PayloadFormat::Utf8),
-            expiry: p.message_expiry_interval,
-            content_type: p.content_type.as_ref(),
-            response_topic: p.response_topic.as_ref(),
-            correlation: p.correlation_data.as_ref(),
-            user: &p.user_properties,
-        },
-    )?;
-    Ok(Some((msg, p.will_delay_interval.unwrap_or(0))))
-}
-
-/// The MQTT 5.0 properties a message keeps.
-struct Meta<'a> {
-    utf8: bool,
-    expiry: Option<u32>,
-    content_type: Option<&'a ByteStr>,
-    response_topic: Option<&'a ByteStr>,
-    correlation: Option<&'a Bytes>,
-    user: &'a [(ByteStr, ByteStr)],
-}
-
-fn build_message(
-    topic: &ByteStr,
-    payload: Bytes,
-    qos: QoS,
-    retain: bool,
-    meta: Meta<'_>,
-) -> Result<Message, Fail> {
-    let key =
-        topic_bytes_to_key(topic).map_err(|e| fail(ReasonCode::TopicNameInvalid, e.to_string()))?;
-    let mut msg = Message::new(key, payload);
-    msg.attrs.guarantee = Some(guarantee(qos));
-    msg.attrs.retain = retain;
-    msg.attrs.utf8 = meta.utf8;
-    msg.attrs.expires = meta
-        .expiry
-        .map(|s| Instant::now() + Duration::from_secs(u64::from(s)));
-    if let Some(r) = meta.response_topic {
-        msg.reply_to = Some(
-            topic_bytes_to_key(r).map_err(|e| fail(ReasonCode::TopicNameInvalid, e.to_string()))?,
-        );
-    }
-    msg.correlation_id = meta.correlation.cloned();
-    if meta.content_type.is_some() || !meta.user.is_empty() {
-        let mut h = Vec::with_capacity(meta.user.len() + 1);
-        if let Some(ct) = meta.content_type {
-            h.push((CONTENT_TYPE.to_string(), ct.as_shared().clone()));
-        }
-        for (k, v) in meta.user {
-            h.push((k.as_str().to_string(), v.as_shared().clone()));
-        }
-        msg.headers = Some(h);
-    }
-    Ok(msg)
-}
-
 impl Conn<'_> {
     /// Handles one packet: `Ok(Some(end))` ends the connection.
     async fn handle(&mut self, p: Packet, ms: &mut MqttSession) -> Result<Option<End>, Fail> {
         let v = self.version;
         match p {
             Packet::Publish(p) => self.publish(p, ms).await?,
-            Packet::PubAck(a) => {
-                let out = ms.out.clone();
-                ms.session.outbox().push_reply(|o| {
-                    lock(&out).puback(a.packet_id, o);
-                });
-                ms.session.touch_own();
-            }
-            Packet::PubRec(a) => {
-                let out = ms.out.clone();
-                ms.session.outbox().push_reply(|o| {
-                    lock(&out).pubrec(a.packet_id, a.reason_code.is_error(), o);
-                });
-                ms.session.touch_own();
-            }
-            Packet::PubComp(a) => {
-                let out = ms.out.clone();
-                ms.session.outbox().push_reply(|o| {
-                    lock(&out).pubcomp(a.packet_id, o);
-                });
-                ms.session.touch_own();
-            }
+            Packet::PubAck(a) => settle(ms, |st, o| {
+                st.puback(a.packet_id, o);
+            }),
+            Packet::PubRec(a) => settle(ms, |st, o| {
+                st.pubrec(a.packet_id, a.reason_code.is_error(), o);
+            }),
+            Packet::PubComp(a) => settle(ms, |st, o| {
+                st.pubcomp(a.packet_id, o);
+            }),
             Packet::PubRel(a) => {
                 let known = lock(&ms.out).incoming.remove(&a.packet_id);
                 let ack = if known || !v.is_v5() {
@@ -609,21 +527,8 @@ impl Conn<'_> {
             }
             None => p.topic.clone(),
         };
-        let pr = &p.properties;
-        let msg = build_message(
-            &topic,
-            p.payload.clone(),
-            p.qos,
-            p.retain,
-            Meta {
-                utf8: pr.payload_format_indicator == Some(PayloadFormat::Utf8),
-                expiry: pr.message_expiry_interval,
-                content_type: pr.content_type.as_ref(),
-                response_topic: pr.response_topic.as_ref(),
-                correlation: pr.correlation_data.as_ref(),
-                user: &pr.user_properties,
-            },
-        )?;
+        let msg = publish_message(&topic, &p)
+            .map_err(|e| fail(ReasonCode::TopicNameInvalid, e.to_string()))?;
         self.mqtt.stats.received.fetch_add(1, Ordering::Relaxed);
         // Clients may not publish into the broker's own `$SYS` tree; acknowledged, dropped.
         let sys = super::is_sys(topic.as_str());

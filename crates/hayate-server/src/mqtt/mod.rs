@@ -10,6 +10,10 @@
 //!   that turns broker deliveries into PUBLISH packets (QoS, packet ids, in-flight window,
 //!   held messages, topic aliases).
 //! - [`persist`]: saving and loading persistent sessions and retained messages.
+//! - [`translate`]: every translation between MQTT and Hayate (topics and keys, filters and
+//!   key expressions, QoS and guarantees, 5.0 properties and message metadata). The codec,
+//!   [`hayate_mqtt`], knows nothing of Hayate; the other modules here call [`translate`]
+//!   rather than convert anything themselves.
 //!
 //! # Sessions
 //! An MQTT session is a [`hayate_broker::Session`] plus its [`out::MqttOut`]. It belongs to
@@ -21,10 +25,10 @@
 //! (5.0: DISCONNECT 0x8E) and hands the session through a channel.
 //!
 //! # Topics
-//! MQTT topics map to Hayate keys as in `hayate_mqtt::map` (`+` = `*`, `#` = `**`; empty
-//! levels and `*`/`%` characters are escaped reversibly), so MQTT, native and (later)
-//! STOMP clients see each other's messages. Filters that start with a wildcard do not
-//! match topics starting with `$` (`$SYS/...`).
+//! MQTT topics map to Hayate keys as [`translate`] describes (`+` = `*`, `#` = `**`; empty
+//! levels and `*`/`%` characters are escaped reversibly), so MQTT, native and STOMP
+//! clients see each other's messages. Filters that start with a wildcard do not match
+//! topics starting with `$` (`$SYS/...`).
 //!
 //! # Locks
 //! Registry → broker registry (dropping a session); outbox → [`out::MqttOut`]. The
@@ -34,6 +38,7 @@
 pub mod conn;
 pub mod out;
 pub mod persist;
+pub mod translate;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -50,14 +55,12 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::auth::Authenticator;
 use crate::config::{Config, MqttSection};
 use out::{MqttEncoder, MqttOut, SharedOut};
+pub use translate::CONTENT_TYPE;
 
 /// Whether `topic` is in the broker's own `$SYS` tree.
 pub(crate) fn is_sys(topic: &str) -> bool {
     topic == "$SYS" || topic.starts_with("$SYS/")
 }
-
-/// The header that carries an MQTT 5.0 content type (as STOMP's `content-type`).
-pub const CONTENT_TYPE: &str = "content-type";
 
 /// An MQTT session: the broker session, its delivery state and its subscriptions.
 #[derive(Debug)]
@@ -498,7 +501,7 @@ impl Mqtt {
             ),
         ];
         for (topic, value) in items {
-            let Ok(key) = hayate_mqtt::map::topic_to_key(topic) else {
+            let Ok(key) = translate::topic_to_key(topic) else {
                 continue;
             };
             let mut m = Message::new(key, Bytes::from(value));

@@ -17,12 +17,13 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use hayate_broker::{Batch, Encoder, OutBuf};
-use hayate_core::{Guarantee, Key, Message};
-use hayate_mqtt::map::key_to_topic;
+use hayate_core::{Key, Message};
 use hayate_mqtt::{
-    Ack, Packet, PayloadFormat, ProtocolVersion, PublishHead, PublishProperties, QoS,
-    RetainHandling, encode, encode_publish_head,
+    Ack, Packet, ProtocolVersion, PublishHead, PublishProperties, QoS, RetainHandling, encode,
+    encode_publish_head,
 };
+
+use super::translate::{delivery_properties, key_to_topic, qos_of};
 
 /// The delivery state, shared between the encoder and the connection.
 pub(crate) type SharedOut = Arc<Mutex<MqttOut>>;
@@ -129,78 +130,9 @@ pub(crate) struct MqttOut {
     empty: PublishProperties,
 }
 
-fn qos_of(g: Guarantee) -> QoS {
-    match g {
-        Guarantee::AtMostOnce => QoS::AtMostOnce,
-        Guarantee::AtLeastOnce => QoS::AtLeastOnce,
-        Guarantee::ExactlyOnce => QoS::ExactlyOnce,
-    }
-}
-
-/// The broker-side quality of service of an MQTT subscription granted `q`: QoS 0 is at
-/// most once and never holds a publisher back (a full outbox drops, counted, as Mosquitto
-/// does); QoS 1 and 2 block, for at most `limits.max_block_ms`, then the slow consumer is
-/// disconnected (its session keeps what it holds).
-pub(crate) fn broker_qos(q: QoS) -> hayate_core::Qos {
-    match q {
-        QoS::AtMostOnce => hayate_core::Qos::BEST_EFFORT_DROP,
-        QoS::AtLeastOnce | QoS::ExactlyOnce => hayate_core::Qos::default(),
-    }
-}
-
 /// What a held delivery counts against the budgets.
 fn held_size(q: &Queued) -> usize {
     q.msg.payload.len() + q.msg.key.as_bytes().len()
-}
-
-/// Remaining whole seconds until `at` (rounded up, at least 1).
-fn remaining_secs(at: Instant, now: Instant) -> u32 {
-    let d = at.saturating_duration_since(now);
-    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
-    u32::try_from(s.max(1)).unwrap_or(u32::MAX)
-}
-
-/// The 5.0 properties of a delivery (`None` when there are none: the common case).
-fn delivery_properties(
-    msg: Option<&Message>,
-    sub_id: Option<u32>,
-    now: Option<Instant>,
-) -> Option<PublishProperties> {
-    let has_meta = msg.is_some_and(|m| !m.is_plain());
-    if !has_meta && sub_id.is_none() {
-        return None;
-    }
-    let mut p = PublishProperties::default();
-    if let Some(id) = sub_id {
-        p.subscription_identifiers.push(id);
-    }
-    if let Some(m) = msg {
-        if m.attrs.utf8 {
-            p.payload_format_indicator = Some(PayloadFormat::Utf8);
-        }
-        if let (Some(at), Some(now)) = (m.attrs.expires, now) {
-            p.message_expiry_interval = Some(remaining_secs(at, now));
-        }
-        if let Some(r) = &m.reply_to {
-            p.response_topic = Some(key_to_topic(r.as_str()).as_ref().into());
-        }
-        if let Some(c) = &m.correlation_id {
-            p.correlation_data = Some(c.clone());
-        }
-        if let Some(h) = &m.headers {
-            for (name, value) in h {
-                let Ok(v) = std::str::from_utf8(value) else {
-                    continue; // MQTT user properties are UTF-8 only
-                };
-                if name == super::CONTENT_TYPE {
-                    p.content_type = Some(v.into());
-                } else {
-                    p.user_properties.push((name.as_str().into(), v.into()));
-                }
-            }
-        }
-    }
-    Some(p)
 }
 
 /// Writes one PUBLISH; false when it could not be sent (larger than the client accepts,
@@ -628,14 +560,7 @@ pub(crate) struct MqttEncoder {
 impl Encoder for MqttEncoder {
     fn encode(&mut self, sid: u32, batch: Batch<'_>, origin: u64, out: &mut OutBuf) {
         let mut st = lock(&self.out);
-        match batch {
-            Batch::One(m) => st.deliver(sid, &m.key, &m.payload, Some(m), origin, false, out),
-            Batch::Plain { key, payloads } => {
-                for p in payloads {
-                    st.deliver(sid, key, p, None, origin, false, out);
-                }
-            }
-        }
+        batch.each(|key, payload, msg| st.deliver(sid, key, payload, msg, origin, false, out));
     }
 
     fn encode_lost(&mut self, _sid: u32, count: u64, _out: &mut OutBuf) {

@@ -14,11 +14,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use hayate_core::{Guarantee, Key, Message};
-use hayate_mqtt::map::filter_to_expr;
+use hayate_core::{Key, Message};
 use hayate_mqtt::{ProtocolVersion, QoS, RetainHandling, shared_subscription};
 
 use super::out::{Queued, Stage, SubInfo, lock};
+use super::translate::{broker_qos, filter_to_expr, guarantee, qos_of};
 use super::{Mqtt, locked};
 
 const MAGIC: &[u8] = b"HAYATE-MQTT 1\n";
@@ -63,7 +63,8 @@ fn put_message(b: &mut BytesMut, m: &Message, now: Instant) {
         put_bytes(b, k.as_bytes());
         put_bytes(b, v);
     }
-    b.put_u8(m.attrs.guarantee.map_or(255, |g| g as u8));
+    // The guarantee as its MQTT QoS number; 255 when the publisher stated none.
+    b.put_u8(m.attrs.guarantee.map_or(255, |g| qos_of(g).as_u8()));
     b.put_u8(u8::from(m.attrs.retain));
     b.put_u8(u8::from(m.attrs.utf8));
     b.put_u64(m.attrs.expires.map_or(u64::MAX, |at| {
@@ -137,12 +138,7 @@ impl Reader {
             }
             m.headers = Some(h);
         }
-        m.attrs.guarantee = match self.u8()? {
-            0 => Some(Guarantee::AtMostOnce),
-            1 => Some(Guarantee::AtLeastOnce),
-            2 => Some(Guarantee::ExactlyOnce),
-            _ => None,
-        };
+        m.attrs.guarantee = QoS::from_u8(self.u8()?).map(guarantee);
         m.attrs.retain = self.u8()? == 1;
         m.attrs.utf8 = self.u8()? == 1;
         let left = self.u64()?;
@@ -295,7 +291,7 @@ fn load_session(mqtt: &Mqtt, r: &mut Reader, now: Instant) -> Result<(), Persist
         );
         if ms
             .session
-            .subscribe(sid, expr, group.as_deref(), super::out::broker_qos(qos))
+            .subscribe(sid, expr, group.as_deref(), broker_qos(qos))
             .is_ok()
         {
             ms.filters.insert(filter, sid);
