@@ -1,23 +1,34 @@
 //! The connection: shared outgoing buffer, writer task, reader task.
+//!
+//! - this module: the connection's shared state (`Inner`) with the outgoing buffer, the
+//!   handshake (`connect`), and what the [`Client`](crate::Client) handle does through it
+//!   (publish, subscribe, settle, request, flush, close);
+//! - `writer`: the writer task, which sends everything buffered in one (vectored) write;
+//! - `reader`: the reader task, which decodes every frame of each read and hands the messages
+//!   to their subscriptions, a read's worth at a time.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use hayate_core::chunks::{MAX_IOV, advance, fill_iov};
 use hayate_core::{Key, KeyExpr, Message, Qos};
 use hayate_wire::{
-    Frame, Hello, MAX_BATCH_ITEMS, PROTOCOL_VERSION, ReadPlanner, Sub, Welcome, check_options,
-    decode, encode, encode_ping, encode_pub, encode_pub_batch_head, encode_sub,
+    Frame, Hello, MAX_BATCH_ITEMS, PROTOCOL_VERSION, Sub, Welcome, check_options, decode, encode,
+    encode_ping, encode_pub, encode_pub_batch_head, encode_sub,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::sub::Subscription;
 use crate::{ConnectOptions, Error, Result, SubscribeOptions};
+
+mod reader;
+mod writer;
+
+use reader::read_loop;
+use writer::write_loop;
 
 /// The subscription id of this connection's reply inbox.
 const INBOX_SID: u32 = u32::MAX;
@@ -430,193 +441,12 @@ impl Inner {
     }
 }
 
-async fn write_loop(inner: Arc<Inner>, mut w: Writer) {
-    let mut q: VecDeque<Bytes> = VecDeque::new();
-    let result: std::io::Result<()> = async {
-        loop {
-            let has_data = {
-                let mut out = lock(&inner.out);
-                out.wake_pending = false;
-                if out.tail.is_empty() && out.chunks.is_empty() {
-                    if out.closing || inner.is_closed() {
-                        return Ok(());
-                    }
-                    false
-                } else {
-                    out.seal_tail();
-                    q.append(&mut out.chunks);
-                    true
-                }
-            };
-            if has_data {
-                inner.space.notify_waiters();
-                write_all(&mut w, &mut q).await?;
-                continue;
-            }
-            let notified = inner.wake_writer.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let idle = {
-                let out = lock(&inner.out);
-                out.tail.is_empty() && out.chunks.is_empty() && !out.closing
-            };
-            if idle && !inner.is_closed() {
-                notified.await;
-            }
-        }
-    }
-    .await;
-    let _ = w.flush().await;
-    let _ = w.shutdown().await;
-    if let Err(e) = result {
-        inner.fail(Some(e.into()));
-    }
-    inner.writer_finished.store(true, Ordering::Release);
-    inner.writer_done.notify_waiters();
-}
-
-async fn write_all(w: &mut Writer, q: &mut VecDeque<Bytes>) -> std::io::Result<()> {
-    while !q.is_empty() {
-        let n = if q.len() == 1 {
-            w.write(&q[0]).await?
-        } else {
-            let mut iov = [IoSlice::new(&[]); MAX_IOV];
-            let k = fill_iov(q, &mut iov);
-            w.write_vectored(&iov[..k]).await?
-        };
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        advance(q, n);
-    }
-    Ok(())
-}
-
-/// Messages decoded from one read, grouped by subscription.
 /// How a delivery is settled.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Settle {
     Ack,
     AckThrough,
     Nack,
-}
-
-#[derive(Default)]
-struct Pending {
-    batches: Vec<(u32, Vec<Message>)>,
-}
-
-impl Pending {
-    fn push(&mut self, sid: u32, msgs: impl IntoIterator<Item = Message>) {
-        match self.batches.iter_mut().find(|(s, _)| *s == sid) {
-            Some((_, v)) => v.extend(msgs),
-            None => self.batches.push((sid, msgs.into_iter().collect())),
-        }
-    }
-}
-
-async fn read_loop(inner: Arc<Inner>, mut r: Reader, mut buf: BytesMut) {
-    let max_frame = usize::try_from(inner.welcome.max_payload)
-        .unwrap_or(usize::MAX)
-        .saturating_add(FRAME_SLACK);
-    let mut pending = Pending::default();
-    let mut planner = ReadPlanner::new();
-    let err = 'conn: loop {
-        loop {
-            let before = buf.len();
-            let decoded = decode(&mut buf, max_frame);
-            if let Ok(Some(f)) = &decoded {
-                planner.decoded(before - buf.len(), f);
-            }
-            match decoded {
-                Ok(Some(frame)) => match frame {
-                    Frame::Msg { sid, msg } => {
-                        if sid == INBOX_SID {
-                            deliver_reply(&inner, msg);
-                        } else {
-                            pending.push(sid, [msg]);
-                        }
-                    }
-                    Frame::MsgAcked {
-                        sid,
-                        delivery,
-                        mut msg,
-                    } => {
-                        msg.attrs.delivery = delivery;
-                        pending.push(sid, [msg]);
-                    }
-                    Frame::MsgBatch { sid, key, payloads } => {
-                        pending.push(
-                            sid,
-                            payloads.into_iter().map(|p| Message::new(key.clone(), p)),
-                        );
-                    }
-                    Frame::Pong(t) => {
-                        if let Some(tx) = lock(&inner.pings).remove(&t) {
-                            let _ = tx.send(());
-                        }
-                    }
-                    Frame::Ping(t) => {
-                        let _ = inner.queue_frame(|b| encode(&Frame::Pong(t), b));
-                    }
-                    Frame::Lost { sid, count } => {
-                        if let Some(s) = lock(&inner.subs).get(&sid) {
-                            s.lost.fetch_add(count, Ordering::Relaxed);
-                        }
-                    }
-                    Frame::Err { code, message } => {
-                        tracing::warn!(code = code.code(), %message, "server error");
-                        if code.is_fatal() {
-                            break 'conn Some(Error::Server { code, message });
-                        }
-                    }
-                    Frame::Close => break 'conn None,
-                    other => {
-                        break 'conn Some(Error::Protocol(format!(
-                            "unexpected frame from server: {other:?}"
-                        )));
-                    }
-                },
-                Ok(None) => break,
-                Err(e) => break 'conn Some(Error::Protocol(e.to_string())),
-            }
-        }
-        // Hand this read's messages to their subscriptions (one channel send each).
-        for (sid, msgs) in pending.batches.drain(..) {
-            let tx = lock(&inner.subs).get(&sid).map(|s| s.tx.clone());
-            if let Some(tx) = tx {
-                // Waiting here is the back-pressure of a slow subscriber.
-                if tx.send(msgs).await.is_err() {
-                    lock(&inner.subs).remove(&sid);
-                }
-            }
-        }
-        let read = match planner.plan(&mut buf, 64 * 1024) {
-            Some(n) => r.read_buf(&mut (&mut buf).limit(n)).await,
-            None => r.read_buf(&mut buf).await,
-        };
-        match read {
-            Ok(0) => break None,
-            Ok(_) => {}
-            Err(e) => break Some(e.into()),
-        }
-    };
-    if let Some(e) = &err {
-        tracing::debug!("connection ends: {e}");
-    }
-    inner.fail(err);
-}
-
-fn deliver_reply(inner: &Inner, msg: Message) {
-    let token = msg
-        .key
-        .as_str()
-        .rsplit('/')
-        .next()
-        .and_then(|t| t.parse::<u64>().ok());
-    if let Some(tx) = token.and_then(|t| lock(&inner.requests).remove(&t)) {
-        let _ = tx.send(msg);
-    }
 }
 
 /// `s` cut to at most `max` bytes on a character boundary.

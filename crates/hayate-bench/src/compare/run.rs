@@ -1,0 +1,323 @@
+//! [`compare`]: the whole comparison, from starting the peers to the HTML page.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use super::ddsperf::{ddsperf_lat, ddsperf_thr};
+use super::iperf::iperf3;
+use super::peers::{Peer, prepare, script_path, spec};
+use super::process::{Cleanup, Guard, run_script};
+use super::{ALL_PEERS, CompareOptions, CompareResult};
+use crate::html::{self, Page, PeerRow};
+use crate::size::format_size;
+use crate::{LatOptions, MachineInfo, Record, Target, ThrOptions};
+
+/// Runs the comparison (see the module documentation). Stops every started process before
+/// returning, whatever happens.
+pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<CompareResult> {
+    let guard = Guard(cleanup.clone());
+    let t0 = Instant::now();
+    let machine_start = MachineInfo::current();
+    let names: Vec<String> = match &opts.peers {
+        Some(p) => p.clone(),
+        None => ALL_PEERS.iter().map(|s| s.to_string()).collect(),
+    };
+    let mut peers = Vec::new();
+    let mut started = Vec::new();
+    for name in &names {
+        let Some(spec) = spec(name) else {
+            bail!("unknown peer {name:?} (known: {})", ALL_PEERS.join(", "));
+        };
+        let p = match prepare(&spec, opts, cleanup, &mut started) {
+            Ok((target, version)) => Peer {
+                spec,
+                target,
+                version,
+                skipped: None,
+            },
+            Err(e) => {
+                println!("compare: skipping {name}: {e:#}");
+                Peer {
+                    spec,
+                    target: None,
+                    version: String::new(),
+                    skipped: Some(format!("{e:#}")),
+                }
+            }
+        };
+        peers.push(p);
+    }
+    let active = |peers: &[Peer], n: &str| {
+        peers
+            .iter()
+            .any(|p| p.spec.name == n && p.skipped.is_none())
+    };
+    let rpc_targets: Vec<Target> = peers.iter().filter_map(|p| p.target.clone()).collect();
+    let targets: Vec<Target> = peers
+        .iter()
+        .filter(|p| !p.spec.rpc_only)
+        .filter_map(|p| p.target.clone())
+        .collect();
+
+    let quick = opts.quick;
+    let payloads: Vec<usize> = if quick {
+        vec![8, 64, 1024, 16 << 10, 256 << 10, 4 << 20]
+    } else {
+        crate::default_sweep()
+    };
+    let thr_opts = ThrOptions {
+        targets: targets.clone(),
+        include_baseline: true,
+        payloads: payloads.clone(),
+        duration: Duration::from_secs(if quick { 1 } else { 3 }),
+        warmup: Duration::from_millis(if quick { 500 } else { 1000 }),
+        samples: 10,
+    };
+    let lat_opts = LatOptions {
+        targets: targets.clone(),
+        include_baseline: true,
+        payload: 64,
+        duration: Duration::from_secs(if quick { 1 } else { 2 }),
+        warmup: Duration::from_millis(if quick { 500 } else { 1000 }),
+        runs: if quick { 3 } else { 5 },
+    };
+    println!(
+        "compare: throughput sweep ({} payloads, {} targets + tcp baseline)",
+        payloads.len(),
+        targets.len()
+    );
+    let mut thr = crate::thr(&thr_opts)?;
+    println!("compare: latency (64 B, {} runs)", lat_opts.runs);
+    let mut lat = crate::lat(&lat_opts)?;
+
+    // RPC at concurrency 1 for every target: three runs per system in a rotating order (a
+    // single pass favours whoever runs second on this kind of machine), medians reported.
+    let calls = if quick { 5_000 } else { 32_000 };
+    let rpc_opts = crate::RpcOptions {
+        targets: rpc_targets.clone(),
+        points: vec![crate::RpcPoint {
+            calls,
+            concurrency: 1,
+        }],
+        runs: 3,
+        max_time: Duration::from_secs(if quick { 10 } else { 60 }),
+        call_timeout: Duration::from_secs(10),
+        // As rpc-bench: each point's server is a child process (`hayate bench rpc-server`).
+        server: crate::ServerPlacement::Child(opts.hayate_exe.clone()),
+    };
+    println!(
+        "compare: rpc ({calls} calls at concurrency 1, 3 rotated runs, at most {} s each)",
+        rpc_opts.max_time.as_secs()
+    );
+    let rpc = crate::rpc(&rpc_opts)?;
+
+    let mut iperf_bps = None;
+    if active(&peers, "iperf3") {
+        let secs = if quick { 3 } else { 10 };
+        println!("compare: iperf3 over loopback ({secs} s)");
+        let path = script_path(&opts.root, "iperf3");
+        match iperf3(&path, secs) {
+            Ok(bps) => {
+                iperf_bps = Some(bps);
+                for &p in &payloads {
+                    let mut r = Record::new("iperf3", "ideal", "thr", p);
+                    r.client = "iperf3".into();
+                    r.bits_per_sec = Some(bps);
+                    r.samples = 1;
+                    thr.push(r);
+                }
+            }
+            Err(e) => {
+                println!("compare: iperf3 failed: {e:#}");
+                mark_skipped(&mut peers, "iperf3", format!("run failed: {e:#}"));
+            }
+        }
+    }
+    if active(&peers, "ddsperf") {
+        let version = peers
+            .iter()
+            .find(|p| p.spec.name == "ddsperf")
+            .map(|p| p.version.clone())
+            .unwrap_or_default();
+        println!("compare: Cyclone DDS ddsperf");
+        let secs = if quick { 2 } else { 4 };
+        for &p in &payloads {
+            thr.push(ddsperf_thr(p, secs, &version));
+        }
+        lat.push(ddsperf_lat(if quick { 3 } else { 6 }, &version));
+    }
+    // Stop the servers before writing (and before the screenshot).
+    drop(guard);
+
+    let out = match &opts.out {
+        Some(o) => o.clone(),
+        None => opts.root.join("bench/results").join(format!(
+            "{}-{}{}",
+            date_string(machine_start.timestamp),
+            machine_start.hostname,
+            if quick { "-quick" } else { "" }
+        )),
+    };
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    crate::write_json(&out.join("thr.json"), &thr)?;
+    crate::write_json(&out.join("lat.json"), &lat)?;
+    crate::write_json(&out.join("rpc.json"), &rpc)?;
+    let all: Vec<Record> = thr.iter().chain(&lat).chain(&rpc).cloned().collect();
+    crate::write_csv(&out.join("results.csv"), &all)?;
+    let mut charts = Vec::new();
+    for f in crate::write_charts(&out.join("thr"), &thr)? {
+        charts.push(f);
+    }
+    for f in crate::write_charts(&out.join("lat"), &lat)? {
+        charts.push(f);
+    }
+    for f in crate::write_charts(&out.join("rpc"), &rpc)? {
+        charts.push(f);
+    }
+    let mut svgs = Vec::new();
+    for f in &charts {
+        let name = f
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        svgs.push((name, std::fs::read_to_string(f)?));
+    }
+    let machine_end = MachineInfo::current();
+    let mut settings = vec![
+        ("command".to_string(), opts.command.clone()),
+        (
+            "run".to_string(),
+            if quick { "quick" } else { "full" }.to_string(),
+        ),
+        (
+            "throughput".to_string(),
+            format!(
+                "payloads {}; per point {} s warm-up then {} s in {} samples, median after \
+                 dropping samples beyond the 1st/99th percentiles; targets interleaved per payload",
+                payloads
+                    .iter()
+                    .map(|p| format_size(*p))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                thr_opts.warmup.as_secs_f64(),
+                thr_opts.duration.as_secs_f64(),
+                thr_opts.samples
+            ),
+        ),
+        (
+            "latency".to_string(),
+            format!(
+                "64 B ping-pong, one message in flight; {} runs of {} s (rotating order), \
+                 median of each percentile over the runs; HDR histogram of half round trips",
+                lat_opts.runs,
+                lat_opts.duration.as_secs_f64()
+            ),
+        ),
+        (
+            "rpc".to_string(),
+            format!(
+                "{calls} sequential requests (concurrency 1; a run stops after {} s, the calls \
+                 made so far count): the client sends a number, the server adds 1, every \
+                 reply is checked; the server runs in a child process (`hayate bench \
+                 rpc-server`), the callers in the benchmark's; 3 rotated runs, medians. Each \
+                 system's own request/reply (see the client column)",
+                rpc_opts.max_time.as_secs()
+            ),
+        ),
+    ];
+    if let Some(bps) = iperf_bps {
+        settings.push((
+            "iperf3".to_string(),
+            format!("{} over loopback", crate::format_bits(bps)),
+        ));
+    }
+    settings.push((
+        "duration".to_string(),
+        format!("{:.0} s", t0.elapsed().as_secs_f64()),
+    ));
+    let rows: Vec<PeerRow> = peers
+        .iter()
+        .map(|p| PeerRow {
+            name: p.spec.name.to_string(),
+            version: p.version.clone(),
+            client: thr
+                .iter()
+                .chain(&lat)
+                .find(|r| r.system == p.spec.name && !r.client.is_empty())
+                .map(|r| r.client.clone())
+                .unwrap_or_default(),
+            settings: p.spec.settings.to_string(),
+            skipped: p.skipped.clone(),
+        })
+        .collect();
+    let page = Page {
+        title: format!(
+            "Hayate compare: {} on {}{}",
+            date_string(machine_start.timestamp),
+            machine_start.hostname,
+            if quick { " (quick)" } else { "" }
+        ),
+        machine: html::machine_facts(&machine_start, &machine_end),
+        peers: rows,
+        settings,
+        thr: thr.clone(),
+        lat: lat.clone(),
+        rpc: rpc.clone(),
+        charts: svgs,
+    };
+    std::fs::write(out.join("index.html"), html::render(&page))?;
+    println!("compare: wrote {}", out.join("index.html").display());
+    let shot = opts.root.join("bench/screenshot.sh");
+    if shot.exists() && which("chromium") {
+        match run_script(&shot, &[out.display().to_string()]) {
+            Ok(_) => println!("compare: wrote {}", out.join("report.png").display()),
+            Err(e) => println!("compare: screenshot failed: {e:#}"),
+        }
+    }
+    Ok(CompareResult { out, thr, lat, rpc })
+}
+
+fn mark_skipped(peers: &mut [Peer], name: &str, why: String) {
+    for p in peers.iter_mut().filter(|p| p.spec.name == name) {
+        p.skipped = Some(why.clone());
+    }
+}
+
+fn which(cmd: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(cmd).is_file()))
+}
+
+/// YYYY-MM-DD (UTC) of a Unix time.
+pub(crate) fn date_string(unix: u64) -> String {
+    // Howard Hinnant's civil_from_days.
+    let z = (unix / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::iperf::parse_bits_per_second;
+
+    #[test]
+    fn parses_iperf_and_dates() {
+        assert_eq!(
+            parse_bits_per_second("started\nbits_per_second 24900000000\n"),
+            Some(24.9e9)
+        );
+        assert_eq!(parse_bits_per_second("nothing"), None);
+        assert_eq!(date_string(0), "1970-01-01");
+        assert_eq!(date_string(1_795_323_242), "2026-11-22");
+        assert_eq!(date_string(951_782_400), "2000-02-29");
+    }
+}

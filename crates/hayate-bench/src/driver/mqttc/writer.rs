@@ -1,0 +1,43 @@
+//! The writer task: sends the write buffer, one `write_all` per batch.
+
+use std::sync::atomic::Ordering;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::OwnedWriteHalf;
+
+use super::{Shared, lock};
+
+pub(super) async fn write_loop(wr: &mut OwnedWriteHalf, s: &Shared) -> std::io::Result<()> {
+    loop {
+        let chunk = {
+            let mut out = lock(&s.out);
+            if out.buf.is_empty() {
+                None
+            } else {
+                Some(out.buf.split())
+            }
+        };
+        match chunk {
+            Some(c) => {
+                wr.write_all(&c).await?;
+                s.wrote.store(true, Ordering::Relaxed);
+                s.space.notify_waiters();
+                // Give the buffer back when it is the only reference (reuse the allocation).
+                let mut out = lock(&s.out);
+                if out.buf.is_empty() {
+                    let mut c = c;
+                    c.clear();
+                    out.buf.unsplit(c);
+                }
+            }
+            None => {
+                if s.closed.load(Ordering::Acquire) || s.closing.load(Ordering::Acquire) {
+                    // Everything (the DISCONNECT last) is written.
+                    let _ = wr.shutdown().await;
+                    return Ok(());
+                }
+                s.wake.notified().await;
+            }
+        }
+    }
+}

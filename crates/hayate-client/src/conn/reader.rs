@@ -1,0 +1,132 @@
+//! The reader task: decodes every frame of each read, answers the server's PINGs, completes
+//! requests and flushes, and hands the messages of a read to their subscriptions.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use bytes::{BufMut, BytesMut};
+use hayate_core::Message;
+use hayate_wire::{Frame, ReadPlanner, decode, encode};
+use tokio::io::AsyncReadExt;
+
+use super::{FRAME_SLACK, INBOX_SID, Inner, Reader, lock};
+use crate::Error;
+
+/// Messages decoded from one read, grouped by subscription.
+#[derive(Default)]
+struct Pending {
+    batches: Vec<(u32, Vec<Message>)>,
+}
+
+impl Pending {
+    fn push(&mut self, sid: u32, msgs: impl IntoIterator<Item = Message>) {
+        match self.batches.iter_mut().find(|(s, _)| *s == sid) {
+            Some((_, v)) => v.extend(msgs),
+            None => self.batches.push((sid, msgs.into_iter().collect())),
+        }
+    }
+}
+
+pub(super) async fn read_loop(inner: Arc<Inner>, mut r: Reader, mut buf: BytesMut) {
+    let max_frame = usize::try_from(inner.welcome.max_payload)
+        .unwrap_or(usize::MAX)
+        .saturating_add(FRAME_SLACK);
+    let mut pending = Pending::default();
+    let mut planner = ReadPlanner::new();
+    let err = 'conn: loop {
+        loop {
+            let before = buf.len();
+            let decoded = decode(&mut buf, max_frame);
+            if let Ok(Some(f)) = &decoded {
+                planner.decoded(before - buf.len(), f);
+            }
+            match decoded {
+                Ok(Some(frame)) => match frame {
+                    Frame::Msg { sid, msg } => {
+                        if sid == INBOX_SID {
+                            deliver_reply(&inner, msg);
+                        } else {
+                            pending.push(sid, [msg]);
+                        }
+                    }
+                    Frame::MsgAcked {
+                        sid,
+                        delivery,
+                        mut msg,
+                    } => {
+                        msg.attrs.delivery = delivery;
+                        pending.push(sid, [msg]);
+                    }
+                    Frame::MsgBatch { sid, key, payloads } => {
+                        pending.push(
+                            sid,
+                            payloads.into_iter().map(|p| Message::new(key.clone(), p)),
+                        );
+                    }
+                    Frame::Pong(t) => {
+                        if let Some(tx) = lock(&inner.pings).remove(&t) {
+                            let _ = tx.send(());
+                        }
+                    }
+                    Frame::Ping(t) => {
+                        let _ = inner.queue_frame(|b| encode(&Frame::Pong(t), b));
+                    }
+                    Frame::Lost { sid, count } => {
+                        if let Some(s) = lock(&inner.subs).get(&sid) {
+                            s.lost.fetch_add(count, Ordering::Relaxed);
+                        }
+                    }
+                    Frame::Err { code, message } => {
+                        tracing::warn!(code = code.code(), %message, "server error");
+                        if code.is_fatal() {
+                            break 'conn Some(Error::Server { code, message });
+                        }
+                    }
+                    Frame::Close => break 'conn None,
+                    other => {
+                        break 'conn Some(Error::Protocol(format!(
+                            "unexpected frame from server: {other:?}"
+                        )));
+                    }
+                },
+                Ok(None) => break,
+                Err(e) => break 'conn Some(Error::Protocol(e.to_string())),
+            }
+        }
+        // Hand this read's messages to their subscriptions (one channel send each).
+        for (sid, msgs) in pending.batches.drain(..) {
+            let tx = lock(&inner.subs).get(&sid).map(|s| s.tx.clone());
+            if let Some(tx) = tx {
+                // Waiting here is the back-pressure of a slow subscriber.
+                if tx.send(msgs).await.is_err() {
+                    lock(&inner.subs).remove(&sid);
+                }
+            }
+        }
+        let read = match planner.plan(&mut buf, 64 * 1024) {
+            Some(n) => r.read_buf(&mut (&mut buf).limit(n)).await,
+            None => r.read_buf(&mut buf).await,
+        };
+        match read {
+            Ok(0) => break None,
+            Ok(_) => {}
+            Err(e) => break Some(e.into()),
+        }
+    };
+    if let Some(e) = &err {
+        tracing::debug!("connection ends: {e}");
+    }
+    inner.fail(err);
+}
+
+fn deliver_reply(inner: &Inner, msg: Message) {
+    let token = msg
+        .key
+        .as_str()
+        .rsplit('/')
+        .next()
+        .and_then(|t| t.parse::<u64>().ok());
+    if let Some(tx) = token.and_then(|t| lock(&inner.requests).remove(&t)) {
+        let _ = tx.send(msg);
+    }
+}
