@@ -22,12 +22,17 @@
 
 pub mod ack;
 pub mod batch;
+mod broker;
 pub mod index;
 pub mod outbox;
+mod queue;
+mod route;
 pub mod session;
 
 pub use ack::AckTracker;
 pub use batch::Batch;
+pub use broker::{Broker, BrokerConfig, BrokerStats, SubscribeError};
 pub use index::SubscriptionIndex;
 pub use outbox::{Delivery, Encoder, OutBuf, Outbox, Settle, Sink, Taken};
-pub use session::{Backlog, Broker, BrokerConfig, BrokerStats, Session, SubscribeError};
+pub use queue::Backlog;
+pub use session::Session;

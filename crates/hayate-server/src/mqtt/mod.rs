@@ -334,6 +334,13 @@ impl Mqtt {
         // A takeover asked under this lock cannot be missed.
         if let Ok(to) = kick.try_recv() {
             drop(reg);
+            if expiry == 0 {
+                // This connection ended its session on its own (a DISCONNECT with expiry 0
+                // crossed the new CONNECT): its outbox is closed and there is nothing to hand
+                // over; the new connection starts a new session.
+                let _ = to.send((None, will));
+                return Some(session);
+            }
             return to.send((Some(session), will)).err().and_then(|(s, _)| s);
         }
         let Some(e) = reg.get_mut(client_id) else {

@@ -20,14 +20,15 @@ use std::sync::{Arc, Mutex};
 use bytes::{Bytes, BytesMut};
 use hayate_core::Message;
 pub use hayate_core::chunks::MAX_IOV;
-use hayate_core::chunks::{advance, fill_iov};
 use tokio::sync::Notify;
+
+mod acked;
+mod buf;
+
+pub use buf::{OutBuf, Sink, ZERO_COPY_THRESHOLD, write_some};
 
 use crate::Batch;
 use crate::ack::AckTracker;
-
-/// Payloads at least this large are queued by reference instead of copied.
-pub const ZERO_COPY_THRESHOLD: usize = 16 * 1024;
 
 /// Turns deliveries into a protocol's bytes. One per session, owned by its outbox.
 ///
@@ -62,90 +63,6 @@ pub struct Delivery {
     pub sid: u32,
     /// The message.
     pub msg: Message,
-}
-
-/// Encoded output: a queue of chunks plus a contiguous tail for small writes.
-#[derive(Debug, Default)]
-pub struct OutBuf {
-    chunks: VecDeque<Bytes>,
-    tail: BytesMut,
-    chunk_bytes: usize,
-}
-
-impl OutBuf {
-    /// The contiguous buffer to encode small things into.
-    pub fn tail(&mut self) -> &mut BytesMut {
-        &mut self.tail
-    }
-
-    /// Appends `payload`: copied into the tail when small, queued by reference when large.
-    pub fn put_payload(&mut self, payload: &Bytes) {
-        if payload.len() < ZERO_COPY_THRESHOLD {
-            self.tail.extend_from_slice(payload);
-        } else {
-            self.seal_tail();
-            self.chunk_bytes += payload.len();
-            self.chunks.push_back(payload.clone());
-        }
-    }
-
-    fn seal_tail(&mut self) {
-        if !self.tail.is_empty() {
-            let t = self.tail.split().freeze();
-            self.chunk_bytes += t.len();
-            self.chunks.push_back(t);
-        }
-    }
-
-    /// Bytes queued.
-    pub fn len(&self) -> usize {
-        self.chunk_bytes + self.tail.len()
-    }
-
-    /// True if nothing is queued.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn take_into(&mut self, into: &mut VecDeque<Bytes>) {
-        self.seal_tail();
-        into.append(&mut self.chunks);
-        self.chunk_bytes = 0;
-    }
-
-    /// Puts chunks that could not be written back at the front, ahead of anything queued
-    /// since they were taken.
-    fn restore_front(&mut self, left: &mut VecDeque<Bytes>) {
-        while let Some(c) = left.pop_back() {
-            self.chunk_bytes += c.len();
-            self.chunks.push_front(c);
-        }
-    }
-}
-
-/// A socket the outbox can write to without waiting (a non-blocking `writev`), so that the
-/// task that queued data can send it at once instead of waking the session's writer.
-pub trait Sink: Send + Sync + 'static {
-    /// Writes what it can without blocking; `WouldBlock` when nothing can be written now.
-    fn try_write_vectored(&self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize>;
-}
-
-/// The one vectored write loop: writes chunks of `q` to `sink` (up to [`MAX_IOV`] slices a
-/// call) until `q` is empty (`Ok(true)`) or the sink would block (`Ok(false)`); written bytes
-/// leave `q`. A sink that accepts 0 bytes is an error (`WriteZero`). The session's writer
-/// waits for readiness between calls; an inline flush stops at the first `false`.
-pub fn write_some<S: Sink + ?Sized>(sink: &S, q: &mut VecDeque<Bytes>) -> std::io::Result<bool> {
-    while !q.is_empty() {
-        let mut iov = [std::io::IoSlice::new(&[]); MAX_IOV];
-        let k = fill_iov(q, &mut iov);
-        match sink.try_write_vectored(&iov[..k]) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => advance(q, n),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(true)
 }
 
 struct State {
@@ -376,121 +293,6 @@ impl Outbox {
         while let Some((id, d)) = st.acks.next_ready() {
             st.encoder.encode_acked(d.sid, id, &d.msg, &mut st.buf);
         }
-    }
-
-    /// Makes subscription `sid` acknowledged (or not): its deliveries carry delivery ids and
-    /// stay held until [`Outbox::ack`]. Set before the subscription is routed to.
-    pub fn set_acked(&self, sid: u32, on: bool) {
-        let mut st = self.lock();
-        st.acked.retain(|&s| s != sid);
-        if on {
-            st.acked.push(sid);
-        }
-    }
-
-    /// Acknowledges delivery `delivery` (or, `cumulative`, every delivery of the session up
-    /// to it); returns how many were acknowledged (0: unknown or already acknowledged).
-    pub fn ack(&self, delivery: u64, cumulative: bool) -> usize {
-        let how = if cumulative {
-            Settle::Through
-        } else {
-            Settle::One
-        };
-        self.settle(delivery, how).len()
-    }
-
-    /// Takes delivery `delivery` back (a NACK): the caller delivers it again (see
-    /// `Session::give_back`). `None` if it is not in flight.
-    pub fn nack(&self, delivery: u64) -> Option<Delivery> {
-        self.settle(delivery, Settle::One).pop()
-    }
-
-    /// Removes from flight what an acknowledgement (or a NACK) of `delivery` covers, as `how`
-    /// says, and returns it in order (an ACK drops it, a NACK gives it back). Frees room in
-    /// the window and the budget: held deliveries are sent and blocked publishers woken. As
-    /// with [`Outbox::push_reply`], the caller flushes its own outbox after its read.
-    pub fn settle(&self, delivery: u64, how: Settle) -> Vec<Delivery> {
-        let mut st = self.lock();
-        let taken = match how {
-            Settle::One => st.acks.ack(delivery).into_iter().collect(),
-            Settle::Through => st.acks.take_through(delivery, |_| true),
-            Settle::ThroughSubscription => match st.acks.get(delivery).map(|d| d.sid) {
-                Some(sid) => st.acks.take_through(delivery, |d| d.sid == sid),
-                None => Vec::new(),
-            },
-        };
-        self.after_ack(st);
-        taken
-    }
-
-    /// The subscription of delivery `delivery`, while it is in flight.
-    pub fn delivery_sid(&self, delivery: u64) -> Option<u32> {
-        self.lock().acks.get(delivery).map(|d| d.sid)
-    }
-
-    fn after_ack(&self, mut guard: std::sync::MutexGuard<'_, State>) {
-        let st = &mut *guard;
-        if st.closed {
-            return;
-        }
-        Self::fill_window(st);
-        if st.cut {
-            st.buf = OutBuf::default();
-        }
-        if st.sink.is_none() && !st.buf.is_empty() {
-            self.wake(st);
-        }
-        drop(guard);
-        self.after_take();
-    }
-
-    /// Delivers `d` again to its subscription on this outbox, ahead of what waits for the
-    /// window, marked redelivered. False if the outbox is closed.
-    pub fn redeliver(&self, mut d: Delivery) -> bool {
-        let mut st = self.lock();
-        if st.closed {
-            return false;
-        }
-        d.msg.attrs.redelivered = true;
-        let size = d.msg.payload.len() + d.msg.key.as_bytes().len();
-        st.acks.push_front(d, size);
-        let st = &mut *st;
-        Self::fill_window(st);
-        if st.cut {
-            st.buf = OutBuf::default();
-        }
-        self.wake(st);
-        true
-    }
-
-    /// Takes every delivery not yet acknowledged (in flight, then waiting), of subscription
-    /// `sid` or of all, in order: the session gives them to other members when its
-    /// subscription or connection ends.
-    pub fn take_unacked(&self, sid: Option<u32>) -> Vec<Delivery> {
-        let mut st = self.lock();
-        let all = st.acks.take_all();
-        let (taken, kept): (Vec<Delivery>, Vec<Delivery>) = match sid {
-            None => (all, Vec::new()),
-            Some(s) => all.into_iter().partition(|d| d.sid == s),
-        };
-        // Deliveries of other subscriptions go out again with new ids (the receiver sees
-        // them as redelivered); only an UNSUB of one of several acknowledged subscriptions
-        // of a session takes this path.
-        for mut d in kept {
-            d.msg.attrs.redelivered = true;
-            let size = d.msg.payload.len() + d.msg.key.as_bytes().len();
-            st.acks.push(d, size);
-        }
-        Self::fill_window(&mut st);
-        drop(st);
-        self.after_take();
-        taken
-    }
-
-    /// Deliveries of acknowledged subscriptions held (in flight and waiting).
-    pub fn unacked(&self) -> usize {
-        let st = self.lock();
-        st.acks.in_flight_len() + st.acks.pending_len()
     }
 
     /// Cuts the connection off as a slow consumer: queued output is discarded, blocked

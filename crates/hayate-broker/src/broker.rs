@@ -1,0 +1,210 @@
+//! The broker: the registry of subscriptions (trie, subscription table, queue groups,
+//! declared queues) behind one lock, its generation counter, settings and counters.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use hayate_core::{KeyExpr, Qos};
+
+use crate::index::{SubKey, SubscriptionIndex};
+use crate::outbox::{Encoder, Outbox};
+use crate::queue::{Backlog, BacklogState, group_id};
+use crate::session::Session;
+
+/// Engine settings (the server maps its config file onto these).
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// Byte budget of each session's outbox.
+    pub outbox_bytes: usize,
+    /// Longest a publisher waits for room in one `block` subscriber's outbox before that
+    /// subscription's stall policy applies (disconnect or drop); `None` waits forever.
+    pub max_block: Option<Duration>,
+    /// Most deliveries of a session's acknowledged subscriptions in flight at once.
+    pub max_unacked: usize,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            outbox_bytes: 8 * 1024 * 1024,
+            max_block: Some(Duration::from_secs(2)),
+            max_unacked: 1024,
+        }
+    }
+}
+
+/// Counters over the broker's life.
+#[derive(Debug, Default)]
+pub struct BrokerStats {
+    /// Sessions opened.
+    pub sessions_opened: AtomicU64,
+    /// Messages dropped for `drop` subscriptions with a full outbox (and for stalled
+    /// `Stall::Drop` subscriptions).
+    pub dropped: AtomicU64,
+    /// Slow consumers disconnected (a `block` subscription stalled past `max_block`).
+    pub slow_consumers: AtomicU64,
+    /// Times a publisher gave up waiting on a `Stall::Drop` subscription.
+    pub stalls: AtomicU64,
+    /// Deliveries given back (NACK, or unacknowledged when their receiver went away) that
+    /// found no receiver and no queue to wait in.
+    pub unplaced: AtomicU64,
+}
+
+#[derive(Debug)]
+pub(crate) struct SubEntry {
+    pub(crate) outbox: Arc<Outbox>,
+    pub(crate) group: Option<Arc<str>>,
+    pub(crate) qos: Qos,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    pub(crate) index: SubscriptionIndex,
+    pub(crate) subs: HashMap<SubKey, SubEntry>,
+    /// Round-robin cursor and member count per queue group (id: name, NUL, expression).
+    pub(crate) groups: HashMap<Arc<str>, (Arc<AtomicUsize>, usize)>,
+    /// Declared queues: groups whose messages wait while they have no member.
+    pub(crate) queues: HashMap<Arc<str>, (KeyExpr, Arc<Backlog>)>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) registry: RwLock<Registry>,
+    /// Bumped (under the registry write lock) on every subscription change.
+    pub(crate) generation: AtomicU64,
+    pub(crate) next_session: AtomicU64,
+    pub(crate) config: BrokerConfig,
+    pub(crate) stats: BrokerStats,
+}
+
+/// The engine. Cheap to clone: a handle to shared state.
+#[derive(Debug, Clone)]
+pub struct Broker {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Default for Broker {
+    fn default() -> Self {
+        Broker::new(BrokerConfig::default())
+    }
+}
+
+/// Why a subscription was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubscribeError {
+    /// The session already has a subscription with this id.
+    #[error("subscription id {0} is already in use")]
+    DuplicateId(u32),
+}
+
+impl Broker {
+    /// A broker with `config`.
+    pub fn new(config: BrokerConfig) -> Broker {
+        Broker {
+            shared: Arc::new(Shared {
+                registry: RwLock::new(Registry::default()),
+                generation: AtomicU64::new(1),
+                next_session: AtomicU64::new(1),
+                config,
+                stats: BrokerStats::default(),
+            }),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &BrokerConfig {
+        &self.shared.config
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &BrokerStats {
+        &self.shared.stats
+    }
+
+    /// Number of live subscriptions.
+    pub fn subscription_count(&self) -> usize {
+        self.read().subs.len()
+    }
+
+    /// Declares queue group `name` on `expr`: while it has no member, matching messages
+    /// wait (at most `limit`) and go to the first member that subscribes. Idempotent;
+    /// returns the queue's backlog.
+    pub fn declare_queue(&self, name: &str, expr: &KeyExpr, limit: usize) -> Arc<Backlog> {
+        let id = group_id(name, expr);
+        let mut reg = self.write();
+        if let Some((_, b)) = reg.queues.get(id.as_str()) {
+            return b.clone();
+        }
+        let id: Arc<str> = Arc::from(id);
+        let b = Arc::new(Backlog {
+            q: std::sync::Mutex::new(BacklogState {
+                q: VecDeque::new(),
+                served: reg.groups.contains_key(&id),
+            }),
+            id: id.clone(),
+            limit,
+            dropped: AtomicU64::new(0),
+        });
+        reg.queues.insert(id, (expr.clone(), b.clone()));
+        self.bump();
+        b
+    }
+
+    /// Opens a session whose deliveries are encoded by `encoder`.
+    pub fn open_session(&self, encoder: Box<dyn Encoder>) -> Session {
+        let id = self.shared.next_session.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .stats
+            .sessions_opened
+            .fetch_add(1, Ordering::Relaxed);
+        let outbox = Arc::new(Outbox::with_window(
+            self.shared.config.outbox_bytes,
+            encoder,
+            self.shared.config.max_unacked,
+        ));
+        Session::new(self.clone(), id, outbox)
+    }
+
+    pub(crate) fn read(&self) -> std::sync::RwLockReadGuard<'_, Registry> {
+        self.shared
+            .registry
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn write(&self) -> std::sync::RwLockWriteGuard<'_, Registry> {
+        self.shared
+            .registry
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn bump(&self) {
+        self.shared.generation.fetch_add(1, Ordering::Release);
+    }
+}
+
+pub(crate) fn remove_sub(
+    reg: &mut Registry,
+    session: u64,
+    sid: u32,
+    expr: &KeyExpr,
+    group: Option<&Arc<str>>,
+) {
+    reg.index.remove(expr, (session, sid));
+    reg.subs.remove(&(session, sid));
+    if let Some(g) = group
+        && let Some(e) = reg.groups.get_mut(g)
+    {
+        e.1 -= 1;
+        if e.1 == 0 {
+            reg.groups.remove(g);
+            if let Some((_, b)) = reg.queues.get(g) {
+                b.close();
+            }
+        }
+    }
+}

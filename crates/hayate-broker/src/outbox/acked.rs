@@ -1,0 +1,121 @@
+//! Acknowledged delivery on an outbox: the ack tracker of the session's acknowledged
+//! subscriptions, settled by ACK / NACK and given back when the subscriber goes away.
+
+use super::{Delivery, OutBuf, Outbox, Settle, State};
+
+impl Outbox {
+    /// Makes subscription `sid` acknowledged (or not): its deliveries carry delivery ids and
+    /// stay held until [`Outbox::ack`]. Set before the subscription is routed to.
+    pub fn set_acked(&self, sid: u32, on: bool) {
+        let mut st = self.lock();
+        st.acked.retain(|&s| s != sid);
+        if on {
+            st.acked.push(sid);
+        }
+    }
+
+    /// Acknowledges delivery `delivery` (or, `cumulative`, every delivery of the session up
+    /// to it); returns how many were acknowledged (0: unknown or already acknowledged).
+    pub fn ack(&self, delivery: u64, cumulative: bool) -> usize {
+        let how = if cumulative {
+            Settle::Through
+        } else {
+            Settle::One
+        };
+        self.settle(delivery, how).len()
+    }
+
+    /// Takes delivery `delivery` back (a NACK): the caller delivers it again (see
+    /// `Session::give_back`). `None` if it is not in flight.
+    pub fn nack(&self, delivery: u64) -> Option<Delivery> {
+        self.settle(delivery, Settle::One).pop()
+    }
+
+    /// Removes from flight what an acknowledgement (or a NACK) of `delivery` covers, as `how`
+    /// says, and returns it in order (an ACK drops it, a NACK gives it back). Frees room in
+    /// the window and the budget: held deliveries are sent and blocked publishers woken. As
+    /// with [`Outbox::push_reply`], the caller flushes its own outbox after its read.
+    pub fn settle(&self, delivery: u64, how: Settle) -> Vec<Delivery> {
+        let mut st = self.lock();
+        let taken = match how {
+            Settle::One => st.acks.ack(delivery).into_iter().collect(),
+            Settle::Through => st.acks.take_through(delivery, |_| true),
+            Settle::ThroughSubscription => match st.acks.get(delivery).map(|d| d.sid) {
+                Some(sid) => st.acks.take_through(delivery, |d| d.sid == sid),
+                None => Vec::new(),
+            },
+        };
+        self.after_ack(st);
+        taken
+    }
+
+    /// The subscription of delivery `delivery`, while it is in flight.
+    pub fn delivery_sid(&self, delivery: u64) -> Option<u32> {
+        self.lock().acks.get(delivery).map(|d| d.sid)
+    }
+
+    fn after_ack(&self, mut guard: std::sync::MutexGuard<'_, State>) {
+        let st = &mut *guard;
+        if st.closed {
+            return;
+        }
+        Self::fill_window(st);
+        if st.cut {
+            st.buf = OutBuf::default();
+        }
+        if st.sink.is_none() && !st.buf.is_empty() {
+            self.wake(st);
+        }
+        drop(guard);
+        self.after_take();
+    }
+
+    /// Delivers `d` again to its subscription on this outbox, ahead of what waits for the
+    /// window, marked redelivered. False if the outbox is closed.
+    pub fn redeliver(&self, mut d: Delivery) -> bool {
+        let mut st = self.lock();
+        if st.closed {
+            return false;
+        }
+        d.msg.attrs.redelivered = true;
+        let size = d.msg.payload.len() + d.msg.key.as_bytes().len();
+        st.acks.push_front(d, size);
+        let st = &mut *st;
+        Self::fill_window(st);
+        if st.cut {
+            st.buf = OutBuf::default();
+        }
+        self.wake(st);
+        true
+    }
+
+    /// Takes every delivery not yet acknowledged (in flight, then waiting), of subscription
+    /// `sid` or of all, in order: the session gives them to other members when its
+    /// subscription or connection ends.
+    pub fn take_unacked(&self, sid: Option<u32>) -> Vec<Delivery> {
+        let mut st = self.lock();
+        let all = st.acks.take_all();
+        let (taken, kept): (Vec<Delivery>, Vec<Delivery>) = match sid {
+            None => (all, Vec::new()),
+            Some(s) => all.into_iter().partition(|d| d.sid == s),
+        };
+        // Deliveries of other subscriptions go out again with new ids (the receiver sees
+        // them as redelivered); only an UNSUB of one of several acknowledged subscriptions
+        // of a session takes this path.
+        for mut d in kept {
+            d.msg.attrs.redelivered = true;
+            let size = d.msg.payload.len() + d.msg.key.as_bytes().len();
+            st.acks.push(d, size);
+        }
+        Self::fill_window(&mut st);
+        drop(st);
+        self.after_take();
+        taken
+    }
+
+    /// Deliveries of acknowledged subscriptions held (in flight and waiting).
+    pub fn unacked(&self) -> usize {
+        let st = self.lock();
+        st.acks.in_flight_len() + st.acks.pending_len()
+    }
+}

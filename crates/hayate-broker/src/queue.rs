@@ -1,0 +1,96 @@
+//! Declared queues: messages that wait for a queue group's first member.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hayate_core::KeyExpr;
+
+use crate::Batch;
+
+/// Messages waiting for a declared queue's first member, oldest first, at most `limit`.
+#[derive(Debug)]
+pub struct Backlog {
+    /// The queue group's registry id.
+    pub(crate) id: Arc<str>,
+    pub(crate) q: std::sync::Mutex<BacklogState>,
+    pub(crate) limit: usize,
+    pub(crate) dropped: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct BacklogState {
+    pub(crate) q: VecDeque<hayate_core::Message>,
+    /// The group has members (set and cleared under the registry write lock, with the
+    /// drain): a publisher whose route still says "no member" must not park here.
+    pub(crate) served: bool,
+}
+
+impl Backlog {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, BacklogState> {
+        self.q
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Parks `batch` for the queue's first member; false (nothing parked) when the queue has
+    /// members now: the caller's route is older than them and it must deliver through a
+    /// fresh one.
+    pub(crate) fn park(&self, batch: Batch<'_>) -> bool {
+        let mut st = self.lock();
+        if st.served {
+            return false;
+        }
+        self.push_locked(&mut st.q, batch);
+        true
+    }
+
+    /// Puts `batch` in the backlog whatever the members (messages given back).
+    pub(crate) fn push(&self, batch: Batch<'_>) {
+        let mut st = self.lock();
+        self.push_locked(&mut st.q, batch);
+    }
+
+    fn push_locked(&self, q: &mut VecDeque<hayate_core::Message>, batch: Batch<'_>) {
+        for i in 0..batch.len() {
+            if q.len() >= self.limit {
+                self.dropped
+                    .fetch_add((batch.len() - i) as u64, Ordering::Relaxed);
+                return;
+            }
+            q.push_back(batch.message(i));
+        }
+    }
+
+    /// The first member joined: takes what waits and marks the queue served.
+    pub(crate) fn open(&self) -> VecDeque<hayate_core::Message> {
+        let mut st = self.lock();
+        st.served = true;
+        std::mem::take(&mut st.q)
+    }
+
+    /// The last member left.
+    pub(crate) fn close(&self) {
+        self.lock().served = false;
+    }
+
+    /// Messages waiting.
+    pub fn len(&self) -> usize {
+        self.lock().q.len()
+    }
+
+    /// True if no message waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Messages dropped because the backlog was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+/// The registry id of queue group `name` on `expr`.
+pub(crate) fn group_id(name: &str, expr: &KeyExpr) -> String {
+    format!("{name}\u{0}{}", expr.as_str())
+}

@@ -1,0 +1,311 @@
+//! A session: one client's presence in the broker (its subscriptions, its outbox, its route
+//! cache) and the publish path (`deliver`: outbox offers, queue groups, bounded blocking).
+
+mod deliver;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use hayate_core::{Key, KeyExpr, Qos};
+
+use crate::Batch;
+use crate::broker::{Broker, SubEntry, SubscribeError, remove_sub};
+use crate::outbox::{Delivery, Outbox};
+use crate::queue::group_id;
+use crate::route::{Route, Target};
+
+/// One client's presence in the broker: its subscriptions, its outbox and its route cache.
+///
+/// Owned by the connection's reader task. Dropping it removes its subscriptions and closes
+/// its outbox.
+#[derive(Debug)]
+pub struct Session {
+    broker: Broker,
+    id: u64,
+    outbox: Arc<Outbox>,
+    subs: HashMap<u32, (KeyExpr, Option<Arc<str>>)>,
+    cache: HashMap<Bytes, Arc<Route>, foldhash::fast::RandomState>,
+    cache_generation: u64,
+    /// Outboxes that received data since the last [`Session::flush`].
+    touched: Vec<Arc<Outbox>>,
+    /// Reused by inline flushes.
+    scratch: VecDeque<Bytes>,
+}
+
+const CACHE_LIMIT: usize = 4096;
+
+impl Session {
+    pub(crate) fn new(broker: Broker, id: u64, outbox: Arc<Outbox>) -> Session {
+        Session {
+            broker,
+            id,
+            outbox,
+            subs: HashMap::new(),
+            cache: HashMap::default(),
+            cache_generation: 0,
+            touched: Vec::new(),
+            scratch: VecDeque::new(),
+        }
+    }
+
+    /// The session id (unique for the broker's life).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The session's outbox, for its writer and for control output.
+    pub fn outbox(&self) -> &Arc<Outbox> {
+        &self.outbox
+    }
+
+    /// The broker this session belongs to.
+    pub fn broker(&self) -> &Broker {
+        &self.broker
+    }
+
+    /// Adds subscription `sid` on `expr`, fan-out or in queue `group`.
+    pub fn subscribe(
+        &mut self,
+        sid: u32,
+        expr: KeyExpr,
+        group: Option<&str>,
+        qos: Qos,
+    ) -> Result<(), SubscribeError> {
+        if self.subs.contains_key(&sid) {
+            return Err(SubscribeError::DuplicateId(sid));
+        }
+        let mut reg = self.broker.write();
+        // A queue group is a name *and* an expression (as NATS queue groups are per subject
+        // and MQTT shared subscriptions per share name and filter): `g` on `a/**` and `g`
+        // on `a/b` are two groups, and a message matching both goes to a member of each.
+        let group: Option<Arc<str>> = group.map(|g| {
+            let id = group_id(g, &expr);
+            match reg.groups.get_key_value(id.as_str()) {
+                Some((k, _)) => k.clone(),
+                None => Arc::from(id),
+            }
+        });
+        if qos.ack {
+            self.outbox.set_acked(sid, true);
+        }
+        if let Some(g) = &group {
+            reg.groups
+                .entry(g.clone())
+                .or_insert_with(|| (Arc::new(AtomicUsize::new(0)), 0))
+                .1 += 1;
+        }
+        reg.index.insert(&expr, (self.id, sid));
+        reg.subs.insert(
+            (self.id, sid),
+            SubEntry {
+                outbox: self.outbox.clone(),
+                group: group.clone(),
+                qos,
+            },
+        );
+        // A declared queue's waiting messages go to its first member, before anything
+        // routed after this change (still under the write lock).
+        let mut drained = false;
+        if let Some(g) = &group
+            && let Some((_, backlog)) = reg.queues.get(g)
+        {
+            for m in backlog.open() {
+                self.outbox.force(sid, 0, Batch::One(&m));
+                drained = true;
+            }
+        }
+        self.broker.bump();
+        drop(reg);
+        if drained {
+            self.touch_own();
+        }
+        self.subs.insert(sid, (expr, group));
+        Ok(())
+    }
+
+    /// Gives `msg` back to queue group `group` on `expr`: it goes to another member than
+    /// this session (round-robin), to this session's own membership when it is the only
+    /// member and `may_return` (a NACK), or else to the queue's backlog (a message left
+    /// unacknowledged by a consumer that is going away). Returns whether it was placed.
+    pub async fn requeue(
+        &mut self,
+        group: &str,
+        expr: &KeyExpr,
+        msg: &hayate_core::Message,
+        may_return: bool,
+    ) -> bool {
+        self.requeue_to(&group_id(group, expr), msg, may_return)
+            .await
+    }
+
+    async fn requeue_to(&mut self, id: &str, msg: &hayate_core::Message, may_return: bool) -> bool {
+        let route = self.lookup(&msg.key);
+        if let Some(g) = route.groups.iter().find(|g| &*g.id == id) {
+            let others: Vec<Target> = g
+                .members
+                .iter()
+                .filter(|t| t.session != self.id)
+                .cloned()
+                .collect();
+            let members = if others.is_empty() && may_return {
+                g.members.clone()
+            } else {
+                others
+            };
+            if !members.is_empty()
+                && self
+                    .deliver_group(&g.id, &g.rr, &members, Batch::One(msg), false)
+                    .await
+                    > 0
+            {
+                return true;
+            }
+        }
+        let backlog = self.broker.read().queues.get(id).map(|(_, b)| b.clone());
+        match backlog {
+            Some(b) => {
+                b.push(Batch::One(msg));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Gives back delivery `d` of an acknowledged subscription of this session (a NACK when
+    /// `nack`, or unacknowledged when the subscription or the connection ends): a queue
+    /// group's message goes to another member (or back to this one on a NACK when it is the
+    /// only member, or to the queue's backlog); a fan-out message is delivered again to the
+    /// same subscription on a NACK, and dropped when the subscriber goes away. Returns
+    /// whether it was placed (counted in `BrokerStats::unplaced` when not).
+    pub async fn give_back(&mut self, mut d: Delivery, nack: bool) -> bool {
+        d.msg.attrs.redelivered = true;
+        let group = self.subs.get(&d.sid).and_then(|(_, g)| g.clone());
+        let placed = match group {
+            Some(g) => self.requeue_to(&g, &d.msg, nack).await,
+            None if nack && self.subs.contains_key(&d.sid) => self.outbox.redeliver(d),
+            None => false,
+        };
+        if placed {
+            self.touch_own();
+        } else {
+            self.broker
+                .shared
+                .stats
+                .unplaced
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        placed
+    }
+
+    /// Gives back every unacknowledged delivery of subscription `sid` (or of all), as when
+    /// the subscriber goes away; call before [`Session::unsubscribe`] and before dropping
+    /// the session.
+    pub async fn release_unacked(&mut self, sid: Option<u32>) {
+        for d in self.outbox.take_unacked(sid) {
+            self.give_back(d, false).await;
+        }
+    }
+
+    /// Removes subscription `sid`; returns whether it existed.
+    pub fn unsubscribe(&mut self, sid: u32) -> bool {
+        let Some((expr, group)) = self.subs.remove(&sid) else {
+            return false;
+        };
+        self.outbox.set_acked(sid, false);
+        let mut reg = self.broker.write();
+        remove_sub(&mut reg, self.id, sid, &expr, group.as_ref());
+        self.broker.bump();
+        true
+    }
+
+    /// Delivers `batch` to every matching subscription.
+    ///
+    /// Awaits only when a `block` subscriber's outbox is full; drops (and counts) for `drop`
+    /// subscribers. Returns the number of deliveries made (messages × subscribers).
+    pub async fn publish(&mut self, batch: Batch<'_>) -> usize {
+        let route = self.lookup(batch.key());
+        let mut delivered = 0;
+        for t in &route.fanout {
+            delivered += self.deliver(t, batch).await.0;
+        }
+        for g in &route.groups {
+            delivered += self
+                .deliver_group(&g.id, &g.rr, &g.members, batch, true)
+                .await;
+        }
+        for b in &route.backlogs {
+            if b.park(batch) {
+                continue;
+            }
+            // The queue got its first member after this route was made: deliver through a
+            // fresh route (the subscription bumped the generation), or park if it has none
+            // again by now.
+            let fresh = self.lookup(batch.key());
+            match fresh.groups.iter().find(|g| g.id == b.id) {
+                Some(g) => {
+                    delivered += self
+                        .deliver_group(&g.id, &g.rr, &g.members, batch, true)
+                        .await;
+                }
+                None => b.push(batch),
+            }
+        }
+        delivered
+    }
+
+    fn touch(&mut self, outbox: &Arc<Outbox>) {
+        if !self.touched.iter().any(|o| Arc::ptr_eq(o, outbox)) {
+            self.touched.push(outbox.clone());
+        }
+    }
+
+    /// Marks this session's own outbox as holding new output (control frames).
+    pub fn touch_own(&mut self) {
+        let own = self.outbox.clone();
+        self.touch(&own);
+    }
+
+    /// Writes what this session queued since the last call straight to the target sockets
+    /// where they can take it now (see [`Outbox::try_flush`]); call it after handling every
+    /// frame of a read, before reading again. Saves a task wake-up per target in the common
+    /// case, as nats-server's flush of pending clients at the end of a read does.
+    pub fn flush(&mut self) {
+        for o in self.touched.drain(..) {
+            o.try_flush(&mut self.scratch);
+        }
+    }
+
+    fn lookup(&mut self, key: &Key) -> Arc<Route> {
+        let g = self.broker.shared.generation.load(Ordering::Acquire);
+        if g != self.cache_generation || self.cache.len() >= CACHE_LIMIT {
+            self.cache.clear();
+            self.cache_generation = g;
+        }
+        if let Some(r) = self.cache.get(key.as_shared()) {
+            return r.clone();
+        }
+        let (generation, route) = self.broker.route(key);
+        if generation == self.cache_generation {
+            self.cache.insert(key.as_shared().clone(), route.clone());
+        }
+        route
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // Deliveries this session made since its last flush still have to leave.
+        self.flush();
+        self.outbox.close();
+        if self.subs.is_empty() {
+            return;
+        }
+        let mut reg = self.broker.write();
+        for (sid, (expr, group)) in self.subs.drain() {
+            remove_sub(&mut reg, self.id, sid, &expr, group.as_ref());
+        }
+        self.broker.bump();
+    }
+}
