@@ -44,6 +44,7 @@ mod kafka;
 mod mqtt;
 pub(crate) mod mqttc;
 pub(crate) mod stomp;
+mod ws;
 #[cfg(feature = "peers")]
 pub(crate) mod zenoh;
 #[cfg(feature = "peers")]

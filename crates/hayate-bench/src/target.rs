@@ -65,7 +65,7 @@ impl System {
     fn params(self) -> &'static [&'static str] {
         match self {
             System::Hayate => &["mode"],
-            System::Mqtt => &["qos", "version", "client"],
+            System::Mqtt => &["qos", "version", "client", "transport", "path"],
             System::Kafka => &["acks"],
             System::Zenoh => &["mode", "express"],
             _ => &[],
@@ -113,7 +113,8 @@ impl Target {
     /// system's default (hayate 4700, nats 4222, stomp 61613, mqtt 1883, amqp 5672, zmq 0 = any
     /// free port, kafka 19092, zenoh 7447, grpc 0 = any free port). IPv6 hosts
     /// go in brackets: `nats://[::1]:4222`. Query parameters: `name` (any system), `qos=0|1`,
-    /// `version=3.1.1|5` and `client=hayate|rumqttc` (mqtt; rumqttc needs feature `peers`),
+    /// `version=3.1.1|5`, `client=hayate|rumqttc` (mqtt; rumqttc needs feature `peers`) and
+    /// `transport=tcp|ws` (mqtt, hayate client: MQTT over WebSocket, `path=/mqtt` by default),
     /// `acks=0|1|all` (kafka), `mode=client|peer` and `express=0|1` (zenoh), `mode=peer`
     /// (hayate, `bench rpc` only: the server is a `PeerServer` that callers reach directly;
     /// HOST is where it listens, the port is ignored).
@@ -224,6 +225,14 @@ impl Target {
                      (build with `--features peers`)"
                 ),
                 Some(c) => bail!("target {url:?}: unknown mqtt client {c:?} (hayate or rumqttc)"),
+            }
+            match (t.param("transport"), t.param("client")) {
+                (None | Some("tcp"), _) => {}
+                (Some("ws"), None | Some("hayate")) => {}
+                (Some("ws"), Some(c)) => {
+                    bail!("target {url:?}: transport=ws needs the hayate client, not {c}")
+                }
+                (Some(x), _) => bail!("target {url:?}: unknown mqtt transport {x:?} (tcp or ws)"),
             }
             crate::driver::mqttc::version(&t).with_context(|| format!("target {url:?}"))?;
         }

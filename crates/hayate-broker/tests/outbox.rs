@@ -414,7 +414,7 @@ async fn flush_puts_back_several_chunks_ahead_of_later_output() {
     outbox.set_sink(sink.clone());
     // Output queued (control frame) while the inline write is in progress.
     let during = outbox.clone();
-    sink.on_first_write(move || during.push_control(|t| t.extend_from_slice(b"<ctl>")));
+    sink.on_first_write(move || during.push_control_unbudgeted(|t| t.extend_from_slice(b"<ctl>")));
     let (mut publ, _) = open(&b);
     // Small, large (queued by reference: its own chunk), small: three chunks.
     let big = fill('B', 20_000);

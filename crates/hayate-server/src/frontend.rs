@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::busy::BusyPoll;
 use crate::transport::{Reader, Writer, read_some, write_chunks};
 
 /// Why the driver stopped on its own (not because the handler said so).
@@ -88,44 +89,58 @@ enum Woke<E> {
     Shutdown,
 }
 
+/// What the server hands a protocol's `serve` for one accepted connection: the transport's
+/// halves, the server's shutdown signal and its busy-polling handle (when that mode is on).
+pub struct Accepted {
+    /// The read half.
+    pub reader: Reader,
+    /// The write half.
+    pub writer: Writer,
+    /// Changes when the server shuts down.
+    pub shutdown: watch::Receiver<bool>,
+    /// Busy-polling: reads note their input here.
+    pub busy: Option<BusyPoll>,
+}
+
+impl Accepted {
+    /// A connection on `reader` and `writer`, without busy-polling.
+    pub fn new(reader: Reader, writer: Writer, shutdown: watch::Receiver<bool>) -> Accepted {
+        Accepted {
+            reader,
+            writer,
+            shutdown,
+            busy: None,
+        }
+    }
+}
+
 /// One connection's I/O while a handler serves it: the transport's read half and read
-/// buffer, the session's writer task and the server's shutdown signal.
+/// buffer, the session's writer task, the server's shutdown signal and busy-polling handle.
 pub(crate) struct Conn {
     reader: Reader,
     buf: BytesMut,
     writer_task: JoinHandle<()>,
     shutdown: watch::Receiver<bool>,
+    busy: Option<BusyPoll>,
 }
 
 impl Conn {
-    /// Attaches `outbox` to the transport (see [`attach`]); `buf` may already hold input
-    /// read during a handshake.
-    pub(crate) fn new(
-        reader: Reader,
-        buf: BytesMut,
-        outbox: &Arc<Outbox>,
-        writer: &Writer,
-        shutdown: watch::Receiver<bool>,
-    ) -> Conn {
+    /// Attaches `outbox` to the connection's transport (see [`attach`]); `buf` may already
+    /// hold input read during a handshake.
+    pub(crate) fn new(io: Accepted, buf: BytesMut, outbox: &Arc<Outbox>) -> Conn {
         Conn {
-            reader,
+            writer_task: attach(outbox, &io.writer),
+            reader: io.reader,
             buf,
-            writer_task: attach(outbox, writer),
-            shutdown,
+            shutdown: io.shutdown,
+            busy: io.busy,
         }
     }
 
     /// Runs the connection: decodes and handles input until the handler, the peer, the
     /// writer or shutdown ends it; returns why.
     pub(crate) async fn drive<H: Handler>(&mut self, h: &mut H) -> H::End {
-        drive(
-            h,
-            &mut self.reader,
-            &mut self.buf,
-            &mut self.writer_task,
-            &mut self.shutdown,
-        )
-        .await
+        drive(h, self).await
     }
 
     /// True once the writer task has ended.
@@ -144,13 +159,19 @@ impl Conn {
     }
 }
 
-async fn drive<H: Handler>(
-    h: &mut H,
-    reader: &mut Reader,
-    buf: &mut BytesMut,
-    writer_task: &mut JoinHandle<()>,
-    shutdown: &mut watch::Receiver<bool>,
-) -> H::End {
+async fn drive<H: Handler>(h: &mut H, c: &mut Conn) -> H::End {
+    let Conn {
+        reader,
+        buf,
+        writer_task,
+        shutdown,
+        busy,
+    } = c;
+    // One timer for the connection, moved only when the handler's deadline changes (a timer
+    // registered per read would cost more than the read).
+    let timer = tokio::time::sleep(Duration::from_secs(86_400));
+    tokio::pin!(timer);
+    let mut armed: Option<Instant> = None;
     loop {
         // Decode and handle every complete frame before reading again.
         loop {
@@ -168,9 +189,15 @@ async fn drive<H: Handler>(
         h.session().flush();
         let limit = h.read_limit(buf);
         let deadline = h.deadline();
+        if deadline != armed {
+            if let Some(at) = deadline {
+                timer.as_mut().reset(at);
+            }
+            armed = deadline;
+        }
         let woke = tokio::select! {
-            r = read_some(reader, buf, limit) => Woke::Read(r),
-            () = sleep_until(deadline), if deadline.is_some() => Woke::Timer,
+            r = read_some(reader, buf, limit, busy.as_ref()) => Woke::Read(r),
+            () = &mut timer, if armed.is_some() => Woke::Timer,
             e = h.event() => Woke::Event(e),
             _ = &mut *writer_task => Woke::WriterGone,
             _ = shutdown.changed() => Woke::Shutdown,
@@ -180,6 +207,8 @@ async fn drive<H: Handler>(
             Woke::Read(Ok(_)) => h.on_read(),
             Woke::Read(Err(_)) => return h.stopped(Stop::Io),
             Woke::Timer => {
+                // Fired: re-armed by the next deadline, even if it is the same instant.
+                armed = None;
                 if let Err(end) = h.on_timer().await {
                     return end;
                 }
@@ -188,13 +217,6 @@ async fn drive<H: Handler>(
             Woke::WriterGone => return h.stopped(Stop::WriterGone),
             Woke::Shutdown => return h.stopped(Stop::Shutdown),
         }
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -18,7 +18,7 @@
 pub mod auth;
 pub mod busy;
 pub mod config;
-mod frontend;
+pub mod frontend;
 pub mod mqtt;
 pub mod native;
 pub mod server;

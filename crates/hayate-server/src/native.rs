@@ -10,12 +10,10 @@ use hayate_wire::{
     ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, decode, encode,
     encode_msg_acked_head, encode_msg_batch_head, encode_msg_head,
 };
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::config::Limits;
-use crate::frontend::{self, Handler, Stop};
-use crate::transport::{Reader, Writer};
+use crate::frontend::{self, Accepted, Handler, Stop};
 
 /// Encodes deliveries as native MSG / MSG_BATCH frames.
 #[derive(Debug, Default)]
@@ -165,8 +163,10 @@ impl Handler for Native {
         } else {
             self.pings_out += 1;
             let ping = Frame::Ping(u64::from(self.pings_out));
-            self.session.outbox().push_control(|b| encode(&ping, b));
-            self.session.touch_own();
+            self.session
+                .outbox()
+                .push_control_unbudgeted(|b| encode(&ping, b));
+            self.session.mark_own_output();
         }
         Ok(())
     }
@@ -183,23 +183,15 @@ impl Handler for Native {
 ///
 /// The reader runs in the calling task; a writer task drains the session's outbox.
 pub async fn serve(
-    reader: Reader,
-    writer: Writer,
+    io: Accepted,
     broker: Broker,
     limits: Arc<Limits>,
     server_name: Arc<str>,
     keepalive: Keepalive,
-    shutdown: watch::Receiver<bool>,
 ) {
     let session = broker.open_session(Box::new(NativeEncoder));
     let outbox = session.outbox().clone();
-    let mut conn = frontend::Conn::new(
-        reader,
-        BytesMut::with_capacity(READ_BUF),
-        &outbox,
-        &writer,
-        shutdown,
-    );
+    let mut conn = frontend::Conn::new(io, BytesMut::with_capacity(READ_BUF), &outbox);
     let mut h = Native {
         session,
         welcomed: false,
@@ -230,7 +222,7 @@ pub async fn serve(
 
 fn send_err(outbox: &Outbox, code: ErrorCode, message: &str) {
     tracing::debug!(code = code.code(), message, "protocol error");
-    outbox.push_control(|b| {
+    outbox.push_control_unbudgeted(|b| {
         encode(
             &Frame::Err {
                 code,
@@ -272,8 +264,8 @@ async fn handle(
             server: server_name.to_string(),
             inbox: format!("{INBOX_PREFIX}/{}", session.id()),
         });
-        session.outbox().push_control(|b| encode(&w, b));
-        session.touch_own();
+        session.outbox().push_control_unbudgeted(|b| encode(&w, b));
+        session.mark_own_output();
         return Ok(true);
     }
     match frame {
@@ -310,17 +302,17 @@ async fn handle(
             // An unknown or already acknowledged id is ignored (an ACK may cross a
             // redelivery after an UNSUB).
             session.outbox().ack(delivery, cumulative);
-            session.touch_own();
+            session.mark_own_output();
         }
         Frame::Nack { delivery } => {
             if let Some(d) = session.outbox().nack(delivery) {
                 session.give_back(d, true).await;
             }
-            session.touch_own();
+            session.mark_own_output();
         }
         Frame::Ping(t) => session
             .outbox()
-            .push_control(|b| encode(&Frame::Pong(t), b)),
+            .push_control_unbudgeted(|b| encode(&Frame::Pong(t), b)),
         Frame::Pong(_) => {}
         Frame::Close => return Ok(false),
         Frame::Err { code, message } => {

@@ -11,11 +11,13 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::auth::ConfigAuth;
+use crate::busy::BusyPoll;
 use crate::config::{Config, Limits};
+use crate::frontend::Accepted;
 use crate::mqtt::Mqtt;
 use crate::stomp::Stomp;
 use crate::transport;
-use crate::{busy, mqtt, native, stomp, ws};
+use crate::{mqtt, native, stomp, ws};
 
 /// The protocol a listener speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +62,8 @@ pub struct Server {
     mqtt: Arc<Mqtt>,
     stomp: Arc<Stomp>,
     busy_poll: Duration,
+    /// The busy-polling state its connections note input in (when `busy_poll` is set).
+    busy: Option<BusyPoll>,
 }
 
 async fn bind_tcp(addr: &str) -> Result<TcpListener, crate::config::ConfigError> {
@@ -142,12 +146,19 @@ impl Server {
             mqtt,
             stomp,
             busy_poll: Duration::from_micros(config.server.busy_poll_us),
+            busy: (config.server.busy_poll_us > 0).then(BusyPoll::new),
         }
     }
 
     /// The MQTT front-end's shared state (statistics, saving).
     pub fn mqtt(&self) -> &Arc<Mqtt> {
         &self.mqtt
+    }
+
+    /// The busy-polling state (with `[server] busy_poll_us` set): its turn count shows
+    /// whether the poll loop runs.
+    pub fn busy_poll(&self) -> Option<&BusyPoll> {
+        self.busy.as_ref()
     }
 
     /// The engine (for embedding programs and tests).
@@ -189,7 +200,7 @@ impl Server {
         let mut accepts = JoinSet::new();
         let mut paths = Vec::new();
         let background = tokio::spawn(self.mqtt.clone().background(stop_rx.clone()));
-        let spinner = (!self.busy_poll.is_zero()).then(|| {
+        let spinner = self.busy.clone().map(|busy| {
             let workers = tokio::runtime::Handle::current().metrics().num_workers();
             if workers > 1 {
                 tracing::warn!(
@@ -198,7 +209,7 @@ impl Server {
                      may not run on the thread that polls for I/O (the hayate binary uses one)"
                 );
             }
-            tokio::spawn(busy::spin(self.busy_poll))
+            tokio::spawn(busy.spin(self.busy_poll))
         });
         for l in self.listeners {
             let ctx = Ctx {
@@ -207,6 +218,7 @@ impl Server {
                 name: self.name.clone(),
                 keepalive: self.keepalive,
                 stop: stop_rx.clone(),
+                busy: self.busy.clone(),
                 live: live.clone(),
                 mqtt: self.mqtt.clone(),
                 stomp: self.stomp.clone(),
@@ -244,6 +256,7 @@ struct Ctx {
     limits: Arc<Limits>,
     name: Arc<str>,
     stop: watch::Receiver<bool>,
+    busy: Option<BusyPoll>,
     live: Arc<AtomicUsize>,
     mqtt: Arc<Mqtt>,
     stomp: Arc<Stomp>,
@@ -301,15 +314,21 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
                 (_, Stream::Tcp(s)) => transport::tcp(s),
                 (_, Stream::Unix(s)) => transport::unix(s),
             };
+            let io = Accepted {
+                reader: r,
+                writer: w,
+                shutdown: c.stop,
+                busy: c.busy,
+            };
             match proto {
                 Protocol::Native => {
-                    native::serve(r, w, c.broker, c.limits, c.name, c.keepalive, c.stop).await;
+                    native::serve(io, c.broker, c.limits, c.name, c.keepalive).await;
                 }
                 Protocol::Mqtt | Protocol::MqttWs => {
-                    mqtt::conn::serve(r, w, c.mqtt, c.stop).await;
+                    mqtt::conn::serve(io, c.mqtt).await;
                 }
                 Protocol::Stomp => {
-                    stomp::conn::serve(r, w, c.stomp, c.stop).await;
+                    stomp::conn::serve(io, c.stomp).await;
                 }
             }
         });

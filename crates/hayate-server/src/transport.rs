@@ -49,18 +49,21 @@ pub async fn write_all(w: &dyn WriteHalf, bytes: Bytes) -> io::Result<()> {
 }
 
 /// Reads into `buf`: at most `limit` bytes when given (see [`hayate_wire::ReadPlanner`]),
-/// otherwise as much as fits.
+/// otherwise as much as fits. Input is noted for busy-polling when `busy` is given.
 pub async fn read_some<R: AsyncRead + Unpin + ?Sized>(
     r: &mut R,
     buf: &mut BytesMut,
     limit: Option<usize>,
+    busy: Option<&crate::busy::BusyPoll>,
 ) -> io::Result<usize> {
     let n = match limit {
         Some(n) => r.read_buf(&mut buf.limit(n)).await,
         None => r.read_buf(buf).await,
     }?;
-    if n > 0 {
-        crate::busy::touch();
+    if n > 0
+        && let Some(b) = busy
+    {
+        b.note_input();
     }
     Ok(n)
 }
@@ -400,7 +403,7 @@ mod tests {
         peer.write_all(b"to the server").await.unwrap();
         let mut buf = BytesMut::new();
         while buf.len() < 13 {
-            assert!(read_some(&mut r, &mut buf, None).await.unwrap() > 0);
+            assert!(read_some(&mut r, &mut buf, None, None).await.unwrap() > 0);
         }
         assert_eq!(&buf[..], b"to the server");
     }
@@ -510,7 +513,7 @@ mod tests {
         ));
         assert!(Pin::new(&mut peer).poll_write(&mut cx, b"ef").is_pending());
         let mut buf = BytesMut::new();
-        assert_eq!(read_some(&mut r, &mut buf, Some(2)).await.unwrap(), 2);
+        assert_eq!(read_some(&mut r, &mut buf, Some(2), None).await.unwrap(), 2);
         assert_eq!(woken(&count), 1);
         assert!(matches!(
             Pin::new(&mut peer).poll_write(&mut cx, b"ef"),
@@ -518,7 +521,7 @@ mod tests {
         ));
         // The peer's shutdown is the session's end of stream, after the buffered bytes.
         peer.shutdown().await.unwrap();
-        while read_some(&mut r, &mut buf, None).await.unwrap() > 0 {}
+        while read_some(&mut r, &mut buf, None, None).await.unwrap() > 0 {}
         assert_eq!(&buf[..], b"abcdef");
     }
 

@@ -238,6 +238,72 @@ fn close_frame(code: u16) -> Vec<u8> {
     control_frame(op::CLOSE, &code.to_be_bytes())
 }
 
+/// The header of a client frame (RFC 6455 section 5.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// The last frame of its message.
+    pub fin: bool,
+    /// 0 continuation, 1 text, 2 binary, 8 close, 9 ping, 10 pong.
+    pub opcode: u8,
+    /// Payload length.
+    pub len: u64,
+    /// The masking key.
+    pub mask: [u8; 4],
+    /// Bytes of the header (2 to 14).
+    pub header_len: usize,
+}
+
+/// Parses the header of a client frame at the front of `raw` (sans-IO): `Ok(None)` when more
+/// bytes are needed, `Err` (a reason for close 1002) when the frame is not acceptable from a
+/// client: unmasked, reserved bits set, an unknown opcode, a fragmented or longer than 125
+/// bytes control frame, a continuation outside a message or a new message inside one
+/// (`in_message`: the previous data frame was not final).
+pub fn parse_header(raw: &[u8], in_message: bool) -> Result<Option<Header>, &'static str> {
+    let [b0, b1, ..] = *raw else {
+        return Ok(None);
+    };
+    let (fin, rsv, opcode) = (b0 & 0x80 != 0, b0 & 0x70, b0 & 0x0F);
+    if b1 & 0x80 == 0 {
+        return Err("unmasked client frame");
+    }
+    if rsv != 0 {
+        return Err("reserved bits set");
+    }
+    let len7 = u64::from(b1 & 0x7F);
+    let ext = match len7 {
+        126 => 2,
+        127 => 8,
+        _ => 0,
+    };
+    let header_len = 2 + ext + 4;
+    if raw.len() < header_len {
+        return Ok(None);
+    }
+    let len = match ext {
+        2 => u64::from(u16::from_be_bytes([raw[2], raw[3]])),
+        8 => u64::from_be_bytes(raw[2..10].try_into().unwrap_or_default()),
+        _ => len7,
+    };
+    let mask: [u8; 4] = raw[2 + ext..header_len].try_into().unwrap_or_default();
+    match opcode {
+        op::CLOSE | op::PING | op::PONG if !fin || len > 125 => {
+            return Err("fragmented or long control frame");
+        }
+        op::CLOSE | op::PING | op::PONG => {}
+        op::CONTINUATION if !in_message => return Err("continuation without a message"),
+        op::TEXT | op::BINARY if in_message => return Err("new message inside a fragmented one"),
+        op::CONTINUATION | op::TEXT | op::BINARY => {}
+        _ => return Err("unknown opcode"),
+    }
+    Ok(Some(Header {
+        fin,
+        opcode,
+        len,
+        mask,
+        header_len,
+    }))
+}
+
 /// The frame being read.
 #[derive(Debug)]
 struct InFrame {
@@ -341,62 +407,26 @@ impl WsReader {
     }
 
     fn header(&mut self) -> Step {
-        let r = &self.raw;
-        if r.len() < 2 {
-            return Step::NeedMore;
-        }
-        let (b0, b1) = (r[0], r[1]);
-        let (fin, rsv, opcode) = (b0 & 0x80 != 0, b0 & 0x70, b0 & 0x0F);
-        let len7 = u64::from(b1 & 0x7F);
-        let ext = match len7 {
-            126 => 2,
-            127 => 8,
-            _ => 0,
+        let h = match parse_header(&self.raw, self.in_message) {
+            Ok(Some(h)) => h,
+            Ok(None) => return Step::NeedMore,
+            Err(why) => return self.fail(code::PROTOCOL, why),
         };
-        if b1 & 0x80 == 0 {
-            return self.fail(code::PROTOCOL, "unmasked client frame");
-        }
-        if r.len() < 2 + ext + 4 {
-            return Step::NeedMore;
-        }
-        let len = match ext {
-            2 => u64::from(u16::from_be_bytes([r[2], r[3]])),
-            8 => u64::from_be_bytes(r[2..10].try_into().unwrap_or_default()),
-            _ => len7,
-        };
-        let mask: [u8; 4] = r[2 + ext..6 + ext].try_into().unwrap_or_default();
-        if rsv != 0 {
-            return self.fail(code::PROTOCOL, "reserved bits set");
-        }
-        match opcode {
-            op::CLOSE | op::PING | op::PONG => {
-                if !fin || len > 125 {
-                    return self.fail(code::PROTOCOL, "fragmented or long control frame");
-                }
+        if h.opcode < op::CLOSE {
+            if !self.in_message {
+                self.message = 0;
             }
-            op::CONTINUATION if !self.in_message => {
-                return self.fail(code::PROTOCOL, "continuation without a message");
+            self.message = self.message.saturating_add(h.len);
+            if self.message > self.max_message as u64 {
+                return self.fail(code::TOO_BIG, "message too big");
             }
-            op::TEXT | op::BINARY if self.in_message => {
-                return self.fail(code::PROTOCOL, "new message inside a fragmented one");
-            }
-            op::CONTINUATION | op::TEXT | op::BINARY => {
-                if !self.in_message {
-                    self.message = 0;
-                }
-                self.message = self.message.saturating_add(len);
-                if self.message > self.max_message as u64 {
-                    return self.fail(code::TOO_BIG, "message too big");
-                }
-                self.in_message = !fin;
-            }
-            _ => return self.fail(code::PROTOCOL, "unknown opcode"),
+            self.in_message = !h.fin;
         }
-        self.raw.advance(6 + ext);
+        self.raw.advance(h.header_len);
         self.frame = Some(InFrame {
-            opcode,
-            remaining: len,
-            mask,
+            opcode: h.opcode,
+            remaining: h.len,
+            mask: h.mask,
             done: 0,
             control: Vec::new(),
         });
@@ -467,11 +497,16 @@ impl AsyncRead for WsReader {
     }
 }
 
-/// Output not yet written: the rest of a frame the socket took only part of, and control
-/// frames (pong, close) queued by the reader.
+/// Output state between writes. A data frame's header is written with the start of its
+/// payload; when the socket takes only part of it, the rest of the header waits in `head`
+/// and the payload still owed in `frame_left`: the next write continues the same frame from
+/// the caller's queue (which then starts exactly there), so payloads are never copied.
+/// Control frames (pong, close) wait in `control` until no data frame is open.
 #[derive(Debug, Default)]
 struct Out {
-    pending: BytesMut,
+    head: BytesMut,
+    frame_left: usize,
+    control: BytesMut,
     closed: bool,
 }
 
@@ -487,20 +522,32 @@ impl std::fmt::Debug for WsWrite {
     }
 }
 
+/// Writes `b` until it is empty (true) or the socket would block (false).
+fn write_buf(tcp: &OwnedWriteHalf, b: &mut BytesMut) -> io::Result<bool> {
+    while !b.is_empty() {
+        match tcp.try_write(b) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => b.advance(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
 impl WsWrite {
     fn lock(&self) -> std::sync::MutexGuard<'_, Out> {
         crate::lock(&self.out)
     }
 
-    /// Writes what is pending; true when nothing is left.
-    fn flush_pending(&self, out: &mut Out) -> io::Result<bool> {
-        while !out.pending.is_empty() {
-            match self.tcp.try_write(&out.pending) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => out.pending.advance(n),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) => return Err(e),
-            }
+    /// Writes what must go before new data: the rest of a header, then (between frames)
+    /// control frames. True when the way is clear.
+    fn flush_before(&self, out: &mut Out) -> io::Result<bool> {
+        if !write_buf(&self.tcp, &mut out.head)? {
+            return Ok(false);
+        }
+        if out.frame_left == 0 {
+            return write_buf(&self.tcp, &mut out.control);
         }
         Ok(true)
     }
@@ -511,16 +558,42 @@ impl WsWrite {
         if out.closed {
             return;
         }
-        out.pending.extend_from_slice(frame);
-        let _ = self.flush_pending(&mut out);
+        out.control.extend_from_slice(frame);
+        let _ = self.flush_before(&mut out);
     }
 
     fn flush_control(&self) {
         let mut out = self.lock();
-        if !out.pending.is_empty() {
-            let _ = self.flush_pending(&mut out);
+        if !out.control.is_empty() || !out.head.is_empty() {
+            let _ = self.flush_before(&mut out);
         }
     }
+}
+
+/// `bufs` cut to their first `total` bytes, after `first` (if any), in `iov`; returns the
+/// number of slices and the bytes they hold beyond `first`.
+fn cut_iov<'a>(
+    first: Option<&'a [u8]>,
+    bufs: &'a [IoSlice<'a>],
+    total: usize,
+    iov: &mut [IoSlice<'a>],
+) -> (usize, usize) {
+    let mut k = 0;
+    if let Some(f) = first {
+        iov[0] = IoSlice::new(f);
+        k = 1;
+    }
+    let mut left = total;
+    for b in bufs {
+        if left == 0 || k == iov.len() {
+            break;
+        }
+        let n = b.len().min(left);
+        iov[k] = IoSlice::new(&b[..n]);
+        k += 1;
+        left -= n;
+    }
+    (k, total - left)
 }
 
 impl Sink for WsWrite {
@@ -529,45 +602,43 @@ impl Sink for WsWrite {
         if out.closed {
             return Err(io::ErrorKind::BrokenPipe.into());
         }
-        if !self.flush_pending(&mut out)? {
+        if !self.flush_before(&mut out)? {
             return Err(io::ErrorKind::WouldBlock.into());
         }
-        let total = bufs
-            .iter()
-            .map(|b| b.len())
-            .sum::<usize>()
-            .min(MAX_OUT_FRAME);
+        let available = bufs.iter().map(|b| b.len()).sum::<usize>();
+        let mut iov = [IoSlice::new(&[]); hayate_broker::outbox::MAX_IOV + 1];
+        if out.frame_left > 0 {
+            // The payload of the frame under way, straight from the caller's buffers.
+            let (k, _) = cut_iov(None, bufs, out.frame_left.min(available), &mut iov);
+            let n = self.tcp.try_write_vectored(&iov[..k])?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            out.frame_left -= n;
+            return Ok(n);
+        }
+        let mut hdr = [0u8; 10];
+        let total = available.min(MAX_OUT_FRAME);
         if total == 0 {
             return Ok(0);
         }
-        let mut hdr = [0u8; 10];
+        // The frame holds what fits in the iovec (the header takes one slot).
+        let (_, total) = cut_iov(None, bufs, total, &mut iov[1..]);
         let h = frame_header(op::BINARY, total, &mut hdr);
-        // The header, then the payload slices cut at `total`.
-        let mut iov = [IoSlice::new(&[]); hayate_broker::outbox::MAX_IOV + 1];
-        iov[0] = IoSlice::new(&hdr[..h]);
-        let (mut k, mut left) = (1, total);
-        for b in bufs {
-            if left == 0 || k == iov.len() {
-                break;
-            }
-            let n = b.len().min(left);
-            iov[k] = IoSlice::new(&b[..n]);
-            k += 1;
-            left -= n;
-        }
-        let total = total - left;
+        let (k, _) = cut_iov(Some(&hdr[..h]), bufs, total, &mut iov);
         let n = self.tcp.try_write_vectored(&iov[..k])?;
-        // The frame is committed: what the socket did not take waits in `pending`.
-        let mut skip = n;
-        for s in &iov[..k] {
-            if skip >= s.len() {
-                skip -= s.len();
-            } else {
-                out.pending.extend_from_slice(&s[skip..]);
-                skip = 0;
-            }
+        if n < h {
+            // Part of the header: the rest goes first next time, then the whole payload.
+            out.head.extend_from_slice(&hdr[n..h]);
+            out.frame_left = total;
+            return Err(io::ErrorKind::WouldBlock.into());
         }
-        Ok(total)
+        let payload = n - h;
+        out.frame_left = total - payload;
+        if payload == 0 {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(payload)
     }
 }
 
@@ -576,7 +647,7 @@ impl WriteHalf for WsWrite {
         loop {
             {
                 let mut out = self.lock();
-                if out.pending.is_empty() || self.flush_pending(&mut out)? {
+                if self.flush_before(&mut out)? {
                     drop(out);
                     return self.tcp.as_ref().poll_write_ready(cx);
                 }
@@ -588,9 +659,13 @@ impl WriteHalf for WsWrite {
     fn shutdown(&self) {
         let mut out = self.lock();
         if !out.closed {
-            out.pending.extend_from_slice(&close_frame(code::NORMAL));
             out.closed = true;
-            let _ = self.flush_pending(&mut out);
+            // A close frame, unless a data frame was left unfinished (then the connection
+            // just ends).
+            if out.frame_left == 0 {
+                out.control.extend_from_slice(&close_frame(code::NORMAL));
+                let _ = self.flush_before(&mut out);
+            }
         }
         if let Err(e) =
             socket2::SockRef::from(self.tcp.as_ref()).shutdown(std::net::Shutdown::Write)
@@ -914,6 +989,51 @@ mod tests {
                 .unwrap()
                 .unwrap();
             assert_eq!(answer, [0x88, 2, 0x03, 0xEA], "{what}");
+        }
+    }
+
+    /// A client header as a conforming client writes it.
+    fn client_header(fin: bool, opcode: u8, len: u64, mask: [u8; 4]) -> Vec<u8> {
+        let mut h = vec![u8::from(fin) << 7 | opcode];
+        if len < 126 {
+            h.push(0x80 | len as u8);
+        } else if len <= 0xFFFF {
+            h.push(0x80 | 126);
+            h.extend_from_slice(&(len as u16).to_be_bytes());
+        } else {
+            h.push(0x80 | 127);
+            h.extend_from_slice(&len.to_be_bytes());
+        }
+        h.extend_from_slice(&mask);
+        h
+    }
+
+    proptest::proptest! {
+        /// Whatever the bytes: no panic, and an accepted header fits in them and obeys the
+        /// rules a client frame must.
+        #[test]
+        fn parse_header_never_panics(raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..20), in_message: bool) {
+            if let Ok(Some(h)) = parse_header(&raw, in_message) {
+                proptest::prop_assert!(h.header_len <= raw.len());
+                proptest::prop_assert!(raw[1] & 0x80 != 0 && raw[0] & 0x70 == 0);
+                if h.opcode >= op::CLOSE {
+                    proptest::prop_assert!(h.fin && h.len <= 125);
+                }
+            }
+        }
+
+        /// Every header a conforming client writes parses back to its fields, and each
+        /// proper prefix of it asks for more.
+        #[test]
+        fn client_headers_round_trip(fin: bool, data in 0u8..3, len in 0u64..(1 << 40), mask: [u8; 4]) {
+            let opcode = [op::CONTINUATION, op::TEXT, op::BINARY][usize::from(data)];
+            let in_message = opcode == op::CONTINUATION;
+            let raw = client_header(fin, opcode, len, mask);
+            for k in 0..raw.len() {
+                proptest::prop_assert_eq!(parse_header(&raw[..k], in_message), Ok(None));
+            }
+            let h = parse_header(&raw, in_message).unwrap().unwrap();
+            proptest::prop_assert_eq!(h, Header { fin, opcode, len, mask, header_len: raw.len() });
         }
     }
 

@@ -1,7 +1,7 @@
 //! Busy-polling (`[server] busy_poll_us`): the poll loop runs while input is recent, sleeps
 //! once the window has passed, wakes on new input, and the broker works throughout.
 //!
-//! The loop's state is process-wide: only one test here runs a broker.
+//! The loop's state belongs to the server (`Server::busy_poll`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -11,14 +11,15 @@ use std::time::Duration;
 
 use common::{start, within};
 use hayate_client::{Client, Key};
-use hayate_server::{Config, busy};
+use hayate_server::Config;
+use hayate_server::busy::BusyPoll;
 
 /// Waits until the poll loop has stopped turning (it sleeps), or fails.
-async fn until_asleep() -> u64 {
+async fn until_asleep(busy: &BusyPoll) -> u64 {
     for _ in 0..100 {
-        let a = busy::turns();
+        let a = busy.turns();
         tokio::time::sleep(Duration::from_millis(100)).await;
-        if busy::turns() == a {
+        if busy.turns() == a {
             return a;
         }
     }
@@ -43,22 +44,23 @@ async fn polls_while_traffic_flows_and_sleeps_when_idle() {
     let mut config = Config::default();
     config.server.busy_poll_us = 20_000;
     let b = start(config).await;
+    let busy = b.busy.clone().expect("busy-polling is on");
     let c = Client::connect(&b.addr).await.unwrap();
     let mut sub = c.subscribe("busy/*").await.unwrap();
     c.flush().await.unwrap();
 
     // Input arrived (HELLO, SUB, PING): the loop turns, then sleeps 20 ms after the last.
-    let idle = until_asleep().await;
+    let idle = until_asleep(&busy).await;
     assert!(idle > 0, "the loop never turned after input");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(busy::turns(), idle, "the loop turned with no input");
+    assert_eq!(busy.turns(), idle, "the loop turned with no input");
 
     // New input wakes it; messages flow.
     round_trip(&c, &mut sub, "1").await;
-    assert!(busy::turns() > idle, "input did not wake the loop");
-    let idle = until_asleep().await;
+    assert!(busy.turns() > idle, "input did not wake the loop");
+    let idle = until_asleep(&busy).await;
     round_trip(&c, &mut sub, "2").await;
-    assert!(busy::turns() > idle, "input did not wake the loop again");
+    assert!(busy.turns() > idle, "input did not wake the loop again");
     b.shutdown().await;
 }
 

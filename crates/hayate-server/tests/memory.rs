@@ -18,6 +18,7 @@ use hayate_mqtt::{
     Subscribe, Subscription, decode, encode,
 };
 use hayate_server::auth::ConfigAuth;
+use hayate_server::frontend::Accepted;
 use hayate_server::mqtt::Mqtt;
 use hayate_server::stomp::Stomp;
 use hayate_server::transport::{MemoryPeer, Reader, Writer, memory};
@@ -70,12 +71,12 @@ impl Hub {
 
     fn mqtt(&self) -> (MemoryPeer, JoinHandle<()>) {
         let (m, stop) = (self.mqtt.clone(), self.stop.subscribe());
-        self.connect(|r, w| mqtt::conn::serve(r, w, m, stop))
+        self.connect(|r, w| mqtt::conn::serve(Accepted::new(r, w, stop), m))
     }
 
     fn stomp(&self) -> (MemoryPeer, JoinHandle<()>) {
         let (s, stop) = (self.stomp.clone(), self.stop.subscribe());
-        self.connect(|r, w| stomp::conn::serve(r, w, s, stop))
+        self.connect(|r, w| stomp::conn::serve(Accepted::new(r, w, stop), s))
     }
 }
 

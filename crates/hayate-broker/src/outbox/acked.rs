@@ -34,7 +34,7 @@ impl Outbox {
     /// Removes from flight what an acknowledgement (or a NACK) of `delivery` covers, as `how`
     /// says, and returns it in order (an ACK drops it, a NACK gives it back). Frees room in
     /// the window and the budget: held deliveries are sent and blocked publishers woken. As
-    /// with [`Outbox::push_reply`], the caller flushes its own outbox after its read.
+    /// with [`Outbox::push_reply_unbudgeted`], the caller flushes its own outbox after its read.
     pub fn settle(&self, delivery: u64, how: Settle) -> Vec<Delivery> {
         let mut st = self.lock();
         let taken = match how {

@@ -259,7 +259,7 @@ impl Outbox {
     /// Delivers `batch` to subscription `sid` whatever the budget (a queue's backlog
     /// handed to a new member, which must not be lost nor block the subscriber). False if
     /// the outbox is closed.
-    pub fn force(&self, sid: u32, origin: u64, batch: Batch<'_>) -> bool {
+    pub fn force_unbudgeted(&self, sid: u32, origin: u64, batch: Batch<'_>) -> bool {
         let mut st = self.lock();
         if st.closed {
             return false;
@@ -351,7 +351,7 @@ impl Outbox {
     }
 
     /// Queues control output (handshake answers, PONG, errors) outside the budget.
-    pub fn push_control(&self, f: impl FnOnce(&mut BytesMut)) {
+    pub fn push_control_unbudgeted(&self, f: impl FnOnce(&mut BytesMut)) {
         let mut st = self.lock();
         if st.closed {
             return;
@@ -365,9 +365,9 @@ impl Outbox {
     /// messages when an acknowledgement frees its window): `f` may lock that state (lock
     /// order: outbox, then encoder state). Publishers blocked on a full outbox are woken.
     /// The writer is not woken when the outbox has a sink, because the caller sends the output itself with
-    /// [`Session::touch_own`](crate::Session::touch_own) and
+    /// [`Session::mark_own_output`](crate::Session::mark_own_output) and
     /// [`Session::flush`](crate::Session::flush) at the end of its read.
-    pub fn push_reply(&self, f: impl FnOnce(&mut OutBuf)) {
+    pub fn push_reply_unbudgeted(&self, f: impl FnOnce(&mut OutBuf)) {
         let mut st = self.lock();
         if st.closed {
             return;

@@ -91,7 +91,7 @@ impl Session {
             };
             delivered += took;
             if took > 0 {
-                self.touch(&t.outbox);
+                self.mark_output(&t.outbox);
             }
             if took == rest.len() {
                 return (delivered, false);

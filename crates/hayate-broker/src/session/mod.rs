@@ -29,7 +29,7 @@ pub struct Session {
     cache: HashMap<Bytes, Arc<Route>, foldhash::fast::RandomState>,
     cache_generation: u64,
     /// Outboxes that received data since the last [`Session::flush`].
-    touched: Vec<Arc<Outbox>>,
+    to_flush: Vec<Arc<Outbox>>,
     /// Reused by inline flushes.
     scratch: VecDeque<Bytes>,
 }
@@ -45,7 +45,7 @@ impl Session {
             subs: HashMap::new(),
             cache: HashMap::default(),
             cache_generation: 0,
-            touched: Vec::new(),
+            to_flush: Vec::new(),
             scratch: VecDeque::new(),
         }
     }
@@ -112,14 +112,14 @@ impl Session {
             && let Some((_, backlog)) = reg.queues.get(g)
         {
             for m in backlog.open() {
-                self.outbox.force(sid, 0, Batch::One(&m));
+                self.outbox.force_unbudgeted(sid, 0, Batch::One(&m));
                 drained = true;
             }
         }
         self.broker.bump();
         drop(reg);
         if drained {
-            self.touch_own();
+            self.mark_own_output();
         }
         self.subs.insert(sid, (expr, group));
         Ok(())
@@ -188,7 +188,7 @@ impl Session {
             None => false,
         };
         if placed {
-            self.touch_own();
+            self.mark_own_output();
         } else {
             self.broker
                 .shared
@@ -255,16 +255,16 @@ impl Session {
         delivered
     }
 
-    fn touch(&mut self, outbox: &Arc<Outbox>) {
-        if !self.touched.iter().any(|o| Arc::ptr_eq(o, outbox)) {
-            self.touched.push(outbox.clone());
+    fn mark_output(&mut self, outbox: &Arc<Outbox>) {
+        if !self.to_flush.iter().any(|o| Arc::ptr_eq(o, outbox)) {
+            self.to_flush.push(outbox.clone());
         }
     }
 
     /// Marks this session's own outbox as holding new output (control frames).
-    pub fn touch_own(&mut self) {
+    pub fn mark_own_output(&mut self) {
         let own = self.outbox.clone();
-        self.touch(&own);
+        self.mark_output(&own);
     }
 
     /// Writes what this session queued since the last call straight to the target sockets
@@ -272,7 +272,7 @@ impl Session {
     /// frame of a read, before reading again. Saves a task wake-up per target in the common
     /// case, as nats-server's flush of pending clients at the end of a read does.
     pub fn flush(&mut self) {
-        for o in self.touched.drain(..) {
+        for o in self.to_flush.drain(..) {
             o.try_flush(&mut self.scratch);
         }
     }

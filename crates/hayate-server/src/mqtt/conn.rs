@@ -14,14 +14,14 @@ use hayate_mqtt::{
     ReasonCode, RetainHandling, SubAck, Subscribe, UnsubAck, Unsubscribe, decode, decode_connect,
     encode, shared_subscription,
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
-use super::out::{Link, SubInfo, lock, put_packet};
+use super::delivery::{Link, SubInfo, lock, put_packet};
 use super::translate::{broker_qos, filter_to_expr, publish_message, will_message};
 use super::{Mqtt, MqttSession, PendingWill};
 use crate::auth::AuthError;
-use crate::frontend::{self, Handler, Stop};
-use crate::transport::{Reader, Writer, read_some, write_chunks};
+use crate::frontend::{self, Accepted, Handler, Stop};
+use crate::transport::{read_some, write_chunks};
 
 const READ_BUF: usize = 64 * 1024;
 
@@ -35,8 +35,11 @@ fn fail(code: ReasonCode, msg: impl Into<String>) -> Fail {
 /// Why the connection ends.
 #[derive(Debug)]
 enum End {
-    /// DISCONNECT from the client; `true` = 0x04, publish the will.
-    Disconnect(bool),
+    /// DISCONNECT from the client.
+    Disconnect {
+        /// The reason code was not 0x00 (normal disconnection): the will is published.
+        publish_will: bool,
+    },
     /// A protocol error: tell a 5.0 client, publish the will.
     Error(ReasonCode, String),
     /// No packet within 1.5 times the keep alive.
@@ -71,6 +74,7 @@ struct Driven<'a> {
     /// 1.5 times the keep alive, if any; the connection ends after that long without input.
     ka: Option<Duration>,
     idle_at: tokio::time::Instant,
+    last_read: tokio::time::Instant,
 }
 
 impl Handler for Driven<'_> {
@@ -95,8 +99,9 @@ impl Handler for Driven<'_> {
     }
 
     fn on_read(&mut self) {
-        if let Some(ka) = self.ka {
-            self.idle_at = tokio::time::Instant::now() + ka;
+        if self.ka.is_some() {
+            // A clock read, not a timer move: the deadline catches up when it fires.
+            self.last_read = tokio::time::Instant::now();
         }
     }
 
@@ -105,6 +110,13 @@ impl Handler for Driven<'_> {
     }
 
     async fn on_timer(&mut self) -> Result<(), End> {
+        let Some(ka) = self.ka else {
+            return Ok(());
+        };
+        if self.last_read + ka > tokio::time::Instant::now() {
+            self.idle_at = self.last_read + ka;
+            return Ok(());
+        }
         Err(End::KeepAlive)
     }
 
@@ -124,12 +136,13 @@ impl Handler for Driven<'_> {
 }
 
 /// Serves one MQTT connection until it closes.
-pub async fn serve(
-    mut reader: Reader,
-    writer: Writer,
-    mqtt: Arc<Mqtt>,
-    mut shutdown: watch::Receiver<bool>,
-) {
+pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
+    let Accepted {
+        mut reader,
+        writer,
+        mut shutdown,
+        busy,
+    } = io;
     let mut buf = BytesMut::with_capacity(READ_BUF);
     let max_packet = mqtt.cfg.max_packet_size;
 
@@ -156,7 +169,7 @@ pub async fn serve(
                 }
             }
             tokio::select! {
-                r = read_some(&mut reader, &mut buf, None) => match r {
+                r = read_some(&mut reader, &mut buf, None, busy.as_ref()) => match r {
                     Ok(0) | Err(_) => return,
                     Ok(_) => {}
                 },
@@ -289,12 +302,18 @@ pub async fn serve(
         connect.properties.topic_alias_maximum.unwrap_or(0),
     );
     let outbox = ms.session.outbox().clone();
-    let mut io = frontend::Conn::new(reader, buf, &outbox, &writer, shutdown.clone());
-    outbox.push_reply(|o| {
+    let accepted = Accepted {
+        reader,
+        writer,
+        shutdown,
+        busy,
+    };
+    let mut io = frontend::Conn::new(accepted, buf, &outbox);
+    outbox.push_reply_unbudgeted(|o| {
         put_packet(&Packet::ConnAck(Box::new(ack)), version, o);
         lock(&ms.out).go_online(link, o);
     });
-    ms.session.touch_own();
+    ms.session.mark_own_output();
     ms.session.flush();
     tracing::debug!(client_id, ?version, present, "mqtt: connected");
 
@@ -317,6 +336,7 @@ pub async fn serve(
         max_packet,
         ka,
         idle_at: tokio::time::Instant::now() + ka.unwrap_or_default(),
+        last_read: tokio::time::Instant::now(),
     };
     let end = io.drive(&mut h).await;
     let Driven {
@@ -339,7 +359,7 @@ pub async fn serve(
             ReasonCode::ServerShuttingDown,
             "server shutting down".into(),
         )),
-        End::Disconnect(_) | End::Closed => None,
+        End::Disconnect { .. } | End::Closed => None,
     };
     if let Some((code, msg)) = last
         && version.is_v5()
@@ -348,11 +368,16 @@ pub async fn serve(
         if conn.problem_info && !msg.is_empty() {
             d.properties.reason_string = Some(truncate(&msg).into());
         }
-        outbox.push_reply(|o| put_packet(&Packet::Disconnect(d), version, o));
-        ms.session.touch_own();
+        outbox.push_reply_unbudgeted(|o| put_packet(&Packet::Disconnect(d), version, o));
+        ms.session.mark_own_output();
         ms.session.flush();
     }
-    let publish_will = !matches!(end, End::Disconnect(false) | End::Shutdown);
+    let publish_will = !matches!(
+        end,
+        End::Disconnect {
+            publish_will: false
+        } | End::Shutdown
+    );
     let expiry = conn.expiry;
 
     // The will: now, or after its delay if the session outlives the connection.
@@ -401,11 +426,13 @@ pub async fn serve(
 /// outbox lock (it may free the window and send held messages).
 fn settle(
     ms: &mut MqttSession,
-    f: impl FnOnce(&mut super::out::MqttOut, &mut hayate_broker::OutBuf),
+    f: impl FnOnce(&mut super::delivery::MqttDeliveries, &mut hayate_broker::OutBuf),
 ) {
     let out = ms.out.clone();
-    ms.session.outbox().push_reply(|o| f(&mut lock(&out), o));
-    ms.session.touch_own();
+    ms.session
+        .outbox()
+        .push_reply_unbudgeted(|o| f(&mut lock(&out), o));
+    ms.session.mark_own_output();
 }
 
 /// Reason strings are capped (a reason string may not make a packet too large).
@@ -468,7 +495,9 @@ impl Conn<'_> {
                     self.expiry = e.min(self.mqtt.cfg.max_session_expiry);
                 }
                 // Only a normal disconnection (0x00) deletes the will (MQTT-3.1.2-8).
-                return Ok(Some(End::Disconnect(d.reason_code != ReasonCode::Success)));
+                return Ok(Some(End::Disconnect {
+                    publish_will: d.reason_code != ReasonCode::Success,
+                }));
             }
             Packet::Connect(_) => {
                 return Err(fail(ReasonCode::ProtocolError, "second CONNECT"));
@@ -492,8 +521,10 @@ impl Conn<'_> {
     /// Queues a control packet for this client (sent at the end of the read).
     fn reply(&self, ms: &mut MqttSession, p: &Packet) {
         let v = self.version;
-        ms.session.outbox().push_reply(|o| put_packet(p, v, o));
-        ms.session.touch_own();
+        ms.session
+            .outbox()
+            .push_reply_unbudgeted(|o| put_packet(p, v, o));
+        ms.session.mark_own_output();
     }
 
     async fn publish(&mut self, p: Publish, ms: &mut MqttSession) -> Result<(), Fail> {
@@ -662,7 +693,7 @@ impl Conn<'_> {
         self.reply(ms, &Packet::SubAck(SubAck::new(s.packet_id, codes)));
         if retained.iter().any(|(_, m)| !m.is_empty()) {
             let out = ms.out.clone();
-            ms.session.outbox().push_reply(|o| {
+            ms.session.outbox().push_reply_unbudgeted(|o| {
                 let mut st = lock(&out);
                 for (sid, msgs) in &retained {
                     for m in msgs {
@@ -670,7 +701,7 @@ impl Conn<'_> {
                     }
                 }
             });
-            ms.session.touch_own();
+            ms.session.mark_own_output();
         }
         Ok(())
     }

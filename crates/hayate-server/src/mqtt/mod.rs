@@ -16,7 +16,7 @@
 //!   rather than convert anything themselves.
 //!
 //! # Sessions
-//! An MQTT session is a [`hayate_broker::Session`] plus its [`out::MqttOut`]. It belongs to
+//! An MQTT session is a [`hayate_broker::Session`] plus its [`delivery::MqttDeliveries`]. It belongs to
 //! its connection while the client is online. When a persistent session's connection ends,
 //! the session's outbox is *detached* (not closed): its subscriptions stay in the broker,
 //! QoS 1 and 2 deliveries are held by the encoder, and the session is parked in the
@@ -31,12 +31,12 @@
 //! topics starting with `$` (`$SYS/...`).
 //!
 //! # Locks
-//! Registry → broker registry (dropping a session); outbox → [`out::MqttOut`]. The
+//! Registry → broker registry (dropping a session); outbox → [`delivery::MqttDeliveries`]. The
 //! registry and retained-message locks are never held across an await or while taking an
 //! outbox lock.
 
 pub mod conn;
-pub mod out;
+pub mod delivery;
 pub mod persist;
 pub mod translate;
 
@@ -54,7 +54,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::auth::Authenticator;
 use crate::config::{Config, MqttSection};
-use out::{MqttEncoder, MqttOut, SharedOut};
+use delivery::{MqttDeliveries, MqttEncoder, SharedDeliveries};
 pub use translate::CONTENT_TYPE;
 
 /// Whether `topic` is in the broker's own `$SYS` tree.
@@ -66,7 +66,7 @@ pub(crate) fn is_sys(topic: &str) -> bool {
 #[derive(Debug)]
 pub struct MqttSession {
     pub(crate) session: Session,
-    pub(crate) out: SharedOut,
+    pub(crate) out: SharedDeliveries,
     /// Broker subscription id of each subscribed filter (as written, `$share/...` too).
     pub(crate) filters: HashMap<String, u32>,
     pub(crate) next_sid: u32,
@@ -102,7 +102,7 @@ struct Entry {
     online: Option<Online>,
     parked: Option<Parked>,
     /// For saving: the session's state, version and expiry interval.
-    info: Option<(SharedOut, ProtocolVersion, u32)>,
+    info: Option<(SharedDeliveries, ProtocolVersion, u32)>,
 }
 
 /// Counters for `$SYS`.
@@ -236,7 +236,7 @@ impl Mqtt {
 
     /// A fresh session.
     pub(crate) fn new_session(&self) -> MqttSession {
-        let out = Arc::new(Mutex::new(MqttOut::new(
+        let out = Arc::new(Mutex::new(MqttDeliveries::new(
             0,
             self.cfg.max_queued_messages,
             usize::try_from(self.cfg.max_queued_bytes).unwrap_or(usize::MAX),
@@ -245,7 +245,7 @@ impl Mqtt {
         let session = self
             .broker
             .open_session(Box::new(MqttEncoder { out: out.clone() }));
-        out::lock(&out).session_id = session.id();
+        delivery::lock(&out).session_id = session.id();
         MqttSession {
             session,
             out,
@@ -306,7 +306,7 @@ impl Mqtt {
         &self,
         client_id: &str,
         conn: u64,
-        out: SharedOut,
+        out: SharedDeliveries,
         version: ProtocolVersion,
         expiry: u32,
     ) {
@@ -388,7 +388,7 @@ impl Mqtt {
     }
 
     /// Sessions to save: client id, version, expiry interval, state.
-    pub(crate) fn saved_sessions(&self) -> Vec<(String, ProtocolVersion, u32, SharedOut)> {
+    pub(crate) fn saved_sessions(&self) -> Vec<(String, ProtocolVersion, u32, SharedDeliveries)> {
         locked(&self.registry)
             .iter()
             .filter_map(|(id, e)| {

@@ -17,7 +17,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use hayate_core::{Key, Message};
 use hayate_mqtt::{ProtocolVersion, QoS, RetainHandling, shared_subscription};
 
-use super::out::{Queued, Stage, SubInfo, lock};
+use super::delivery::{Queued, Stage, SubInfo, lock};
 use super::translate::{broker_qos, filter_to_expr, guarantee, qos_of};
 use super::{Mqtt, locked};
 
@@ -320,7 +320,7 @@ fn load_session(mqtt: &Mqtt, r: &mut Reader, now: Instant) -> Result<(), Persist
     for _ in 0..n {
         let q = r.queued(now)?;
         let out = ms.out.clone();
-        outbox.push_reply(|o| lock(&out).enqueue(q, o));
+        outbox.push_reply_unbudgeted(|o| lock(&out).enqueue(q, o));
     }
     // The restored session is offline: no connection takes its output yet.
     let out = ms.out.clone();

@@ -9,13 +9,11 @@ use bytes::{Bytes, BytesMut};
 use hayate_broker::{Batch, Session, Settle};
 use hayate_core::{INBOX_PREFIX, Key, KeyExpr, Message, Qos};
 use hayate_stomp::{Command, Frame, Item, Limits, Version, decode, encode};
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::Stomp;
-use super::out::{AckMode, Kind, StompEncoder, StompOut, Sub, lock};
-use crate::frontend::{self, Handler, Stop};
-use crate::transport::{Reader, Writer};
+use super::delivery::{AckMode, Kind, StompDeliveries, StompEncoder, Sub, lock};
+use crate::frontend::{self, Accepted, Handler, Stop};
 
 const READ_BUF: usize = 64 * 1024;
 
@@ -39,7 +37,7 @@ fn refuse(message: impl Into<String>, detail: impl Into<String>) -> Refusal {
 /// Per-connection state.
 struct Conn<'a> {
     stomp: &'a Stomp,
-    out: Arc<Mutex<StompOut>>,
+    out: Arc<Mutex<StompDeliveries>>,
     connected: bool,
     version: Version,
     /// Subscription ids → broker subscription ids.
@@ -67,6 +65,8 @@ struct Driven<'a> {
     /// When our next heart-beat is due, once connected with heart-beats.
     beat: Option<Instant>,
     beating: bool,
+    /// When the last read brought input (once heart-beats are expected).
+    last_read: Option<Instant>,
 }
 
 /// `None`: a graceful end; `Some`: an ERROR frame for the client.
@@ -123,8 +123,9 @@ impl Handler for Driven<'_> {
     }
 
     fn on_read(&mut self) {
-        if let Some(t) = self.c.recv_timeout.filter(|_| self.c.connected) {
-            self.quiet = Instant::now() + t;
+        if self.c.connected && self.c.recv_timeout.is_some() {
+            // A clock read, not a timer move: the deadline catches up when it fires.
+            self.last_read = Some(Instant::now());
         }
     }
 
@@ -134,6 +135,11 @@ impl Handler for Driven<'_> {
 
     async fn on_timer(&mut self) -> Result<(), End> {
         let now = Instant::now();
+        if let (Some(last), Some(t)) = (self.last_read, self.c.recv_timeout)
+            && last + t > self.quiet
+        {
+            self.quiet = last + t;
+        }
         if now >= self.quiet {
             return Err(Some(if self.c.connected {
                 refuse(
@@ -153,7 +159,7 @@ impl Handler for Driven<'_> {
             self.beat = Some(now + every);
             self.session
                 .outbox()
-                .push_control(|b| b.extend_from_slice(b"\n"));
+                .push_control_unbudgeted(|b| b.extend_from_slice(b"\n"));
         }
         Ok(())
     }
@@ -167,30 +173,19 @@ impl Handler for Driven<'_> {
 }
 
 /// Serves one STOMP connection until it closes.
-pub async fn serve(
-    reader: Reader,
-    writer: Writer,
-    stomp: Arc<Stomp>,
-    shutdown: watch::Receiver<bool>,
-) {
+pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
     let limits = Limits {
         max_headers: stomp.cfg.max_headers,
         max_header_bytes: 64 * 1024,
         max_body: stomp.cfg.max_frame_size,
     };
-    let out = Arc::new(Mutex::new(StompOut::new(String::new())));
+    let out = Arc::new(Mutex::new(StompDeliveries::new(String::new())));
     let session = stomp
         .broker
         .open_session(Box::new(StompEncoder { out: out.clone() }));
     lock(&out).temp_prefix = format!("{INBOX_PREFIX}/{}/", session.id());
     let outbox = session.outbox().clone();
-    let mut conn = frontend::Conn::new(
-        reader,
-        BytesMut::with_capacity(READ_BUF),
-        &outbox,
-        &writer,
-        shutdown,
-    );
+    let mut conn = frontend::Conn::new(io, BytesMut::with_capacity(READ_BUF), &outbox);
     let mut h = Driven {
         c: Conn {
             stomp: &stomp,
@@ -210,6 +205,7 @@ pub async fn serve(
         quiet: Instant::now() + stomp.handshake_timeout,
         beat: None,
         beating: false,
+        last_read: None,
     };
     let end = conn.drive(&mut h).await;
     let (c, mut session) = (h.c, h.session);
@@ -225,7 +221,7 @@ pub async fn serve(
             f = f.body(Bytes::from(e.detail.into_bytes()));
         }
         let v = c.version;
-        outbox.push_control(|b| encode(&f, v, b));
+        outbox.push_control_unbudgeted(|b| encode(&f, v, b));
     }
     // Messages left unacknowledged go back to their queues (topic messages are dropped).
     session.release_unacked(None).await;
@@ -253,8 +249,10 @@ fn is_frame_header(name: &str) -> bool {
 impl Conn<'_> {
     fn reply(&self, session: &mut Session, f: Frame) {
         let v = self.version;
-        session.outbox().push_reply(|o| encode(&f, v, o.tail()));
-        session.touch_own();
+        session
+            .outbox()
+            .push_reply_unbudgeted(|o| encode(&f, v, o.tail()));
+        session.mark_own_output();
     }
 
     /// Handles one frame; `Ok(false)` ends the connection (DISCONNECT).
@@ -488,7 +486,7 @@ impl Conn<'_> {
             });
         }
         if let Some(c) = f.get("correlation-id") {
-            msg.correlation_id = Some(super::out::correlation_bytes(c));
+            msg.correlation_id = Some(super::delivery::correlation_bytes(c));
         }
         let mut headers: Vec<(String, Bytes)> = Vec::new();
         for (k, v) in &f.headers {
@@ -649,7 +647,7 @@ impl Conn<'_> {
             _ => Settle::One,
         };
         let settled = session.outbox().settle(n, how);
-        session.touch_own();
+        session.mark_own_output();
         if nack {
             for d in settled {
                 session.give_back(d, true).await;

@@ -1,7 +1,7 @@
 //! The STOMP 1.0, 1.1 and 1.2 front-end.
 //!
 //! One connection = one broker [`Session`](hayate_broker::Session) with a
-//! [`out::StompEncoder`]. Destinations map onto the core model:
+//! [`delivery::StompEncoder`]. Destinations map onto the core model:
 //! - `/topic/<expr>`: the key (SEND) or key expression (SUBSCRIBE, `*` and `**` allowed)
 //!   `<expr>`, fan-out: `/topic/a/b` is the key `a/b`, which MQTT's `a/b` and the native
 //!   protocol's `a/b` also name.
@@ -21,7 +21,7 @@
 //! header, so MQTT 5.0 user properties and content type arrive as STOMP headers and back.
 
 pub mod conn;
-pub mod out;
+pub mod delivery;
 
 use std::sync::Arc;
 

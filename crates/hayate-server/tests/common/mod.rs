@@ -16,6 +16,8 @@ pub struct TestBroker {
     /// STOMP address.
     pub stomp: String,
     pub broker: hayate_broker::Broker,
+    /// The busy-polling state, when the config turns it on.
+    pub busy: Option<hayate_server::busy::BusyPoll>,
     stop: Option<oneshot::Sender<()>>,
     run: Option<tokio::task::JoinHandle<()>>,
 }
@@ -61,6 +63,7 @@ pub async fn start(mut config: Config) -> TestBroker {
     );
     let addr = server.local_addrs()[0].clone();
     let broker = server.broker().clone();
+    let busy = server.busy_poll().cloned();
     let (tx, rx) = oneshot::channel();
     let run = tokio::spawn(server.run(async {
         let _ = rx.await;
@@ -70,6 +73,7 @@ pub async fn start(mut config: Config) -> TestBroker {
         mqtt,
         stomp,
         broker,
+        busy,
         stop: Some(tx),
         run: Some(run),
     }

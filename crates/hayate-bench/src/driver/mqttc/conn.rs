@@ -50,7 +50,20 @@ impl MqttConn {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
-        let (mut rd, mut wr) = crate::driver::connect_tcp(target, timeout).await?;
+        let (mut rd, mut wr): (super::Rd, super::Wr) = match target.param("transport") {
+            None | Some("tcp") => {
+                let (r, w) = crate::driver::connect_tcp(target, timeout).await?;
+                (Box::new(r), Box::new(w))
+            }
+            Some("ws") => {
+                let (r, w) = crate::driver::connect_tcp(target, timeout).await?;
+                let stream = r.reunite(w)?;
+                let path = target.param("path").unwrap_or("/mqtt");
+                let (r, w) = crate::driver::ws::connect(stream, &target.host, path).await?;
+                (Box::new(r), Box::new(w))
+            }
+            Some(t) => bail!("mqtt: unknown transport {t:?} (tcp or ws)"),
+        };
 
         let mut connect = Connect::new(version, id.as_str());
         connect.keep_alive = KEEP_ALIVE;

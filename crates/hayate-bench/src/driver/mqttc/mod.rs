@@ -30,6 +30,11 @@
 //! - `reader`: the reader task: decoding, PUBACKs owed, payloads handed to subscriptions;
 //! - `writer`: the writer task.
 
+/// The read half of the connection (TCP, or WebSocket with `?transport=ws`).
+type Rd = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
+/// The write half.
+type Wr = Box<dyn tokio::io::AsyncWrite + Unpin + Send>;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};

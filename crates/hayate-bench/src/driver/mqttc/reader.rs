@@ -5,7 +5,6 @@ use anyhow::bail;
 use bytes::{Bytes, BytesMut};
 use hayate_mqtt::{Ack, ByteStr, Packet, QoS};
 use tokio::io::AsyncReadExt;
-use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::mpsc;
 
 use super::{MAX_BATCH, MAX_PACKET, READ_CHUNK, Shared, lock};
@@ -17,7 +16,7 @@ struct Batch {
 }
 
 pub(super) async fn read_loop(
-    rd: &mut OwnedReadHalf,
+    rd: &mut super::Rd,
     buf: &mut BytesMut,
     s: &Shared,
 ) -> anyhow::Result<()> {

@@ -3,11 +3,10 @@
 use std::sync::atomic::Ordering;
 
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedWriteHalf;
 
 use super::{Shared, lock};
 
-pub(super) async fn write_loop(wr: &mut OwnedWriteHalf, s: &Shared) -> std::io::Result<()> {
+pub(super) async fn write_loop(wr: &mut super::Wr, s: &Shared) -> std::io::Result<()> {
     loop {
         let chunk = {
             let mut out = lock(&s.out);

@@ -1,7 +1,7 @@
 //! The outbound half of a STOMP connection: deliveries become MESSAGE frames, and messages
 //! of `client` / `client-individual` subscriptions are remembered until acknowledged.
 //!
-//! [`StompOut`] is shared by the outbox's [`StompEncoder`] (under the outbox lock) and the
+//! [`StompDeliveries`] is shared by the outbox's [`StompEncoder`] (under the outbox lock) and the
 //! connection's reader (ACK, NACK, SUBSCRIBE, UNSUBSCRIBE), as MQTT's delivery state is;
 //! lock order: outbox, then this state.
 
@@ -15,7 +15,7 @@ use hayate_core::{Key, KeyExpr, Message};
 use hayate_stomp::{Version, encode_message_head};
 
 /// Shared delivery state.
-pub(crate) type SharedOut = Arc<Mutex<StompOut>>;
+pub(crate) type SharedDeliveries = Arc<Mutex<StompDeliveries>>;
 
 pub(crate) use crate::lock;
 
@@ -52,7 +52,7 @@ pub(crate) struct Sub {
 
 /// The delivery state of one STOMP connection.
 #[derive(Debug)]
-pub(crate) struct StompOut {
+pub(crate) struct StompDeliveries {
     pub(crate) version: Version,
     /// Subscriptions by broker subscription id.
     pub(crate) subs: HashMap<u32, Sub>,
@@ -73,9 +73,9 @@ pub(crate) fn reply_destination(key: &Key) -> String {
     format!("/queue/{}", key.as_str())
 }
 
-impl StompOut {
-    pub(crate) fn new(temp_prefix: String) -> StompOut {
-        StompOut {
+impl StompDeliveries {
+    pub(crate) fn new(temp_prefix: String) -> StompDeliveries {
+        StompDeliveries {
             version: Version::V1_0,
             subs: HashMap::new(),
             temp_prefix,
@@ -252,7 +252,7 @@ fn write_message(
 /// The [`Encoder`] of a STOMP connection's outbox.
 #[derive(Debug)]
 pub(crate) struct StompEncoder {
-    pub(crate) out: SharedOut,
+    pub(crate) out: SharedDeliveries,
 }
 
 impl Encoder for StompEncoder {

@@ -1,6 +1,6 @@
 //! The outbound half of an MQTT session: deliveries from the broker become PUBLISH packets.
 //!
-//! [`MqttOut`] is the session's delivery state: its subscriptions' options, packet
+//! [`MqttDeliveries`] is the session's delivery state: its subscriptions' options, packet
 //! identifiers, the in-flight window (QoS 1 and 2 deliveries not yet acknowledged), the
 //! messages held back behind the window or while the client is offline, and the topic
 //! aliases of the current connection. It lives as long as the MQTT session (across
@@ -8,7 +8,7 @@
 //! - [`MqttEncoder`], the session outbox's [`Encoder`]: publishers' tasks call it under the
 //!   outbox lock for every delivery;
 //! - the connection's reader, which hands it acknowledgements through
-//!   [`Outbox::push_reply`](hayate_broker::Outbox::push_reply) (so also under the outbox
+//!   [`Outbox::push_reply_unbudgeted`](hayate_broker::Outbox::push_reply_unbudgeted) (so also under the outbox
 //!   lock: lock order outbox, then this state; never the other way).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -26,7 +26,7 @@ use hayate_mqtt::{
 use super::translate::{delivery_properties, key_to_topic, qos_of};
 
 /// The delivery state, shared between the encoder and the connection.
-pub(crate) type SharedOut = Arc<Mutex<MqttOut>>;
+pub(crate) type SharedDeliveries = Arc<Mutex<MqttDeliveries>>;
 
 pub(crate) use crate::lock;
 
@@ -103,7 +103,7 @@ impl Link {
 
 /// The delivery state of one MQTT session.
 #[derive(Debug)]
-pub(crate) struct MqttOut {
+pub(crate) struct MqttDeliveries {
     /// The broker session id (deliveries from it are "local").
     pub(crate) session_id: u64,
     /// Subscriptions by broker subscription id.
@@ -225,14 +225,14 @@ fn write_queued(
     )
 }
 
-impl MqttOut {
+impl MqttDeliveries {
     pub(crate) fn new(
         session_id: u64,
         max_queued: usize,
         max_queued_bytes: usize,
         max_inflight: u16,
-    ) -> MqttOut {
-        MqttOut {
+    ) -> MqttDeliveries {
+        MqttDeliveries {
             session_id,
             subs: HashMap::new(),
             link: None,
@@ -333,7 +333,7 @@ impl MqttOut {
         );
     }
 
-    /// Queues a QoS 1 or 2 delivery (restored from disk, or from [`MqttOut::deliver`]).
+    /// Queues a QoS 1 or 2 delivery (restored from disk, or from [`MqttDeliveries::deliver`]).
     pub(crate) fn enqueue(&mut self, q: Queued, out: &mut OutBuf) {
         let size = held_size(&q);
         if self.max_queued_bytes > 0 && self.held + size > self.max_queued_bytes && self.held > 0 {
@@ -554,7 +554,7 @@ pub(crate) fn put_packet(p: &Packet, version: ProtocolVersion, out: &mut OutBuf)
 /// The [`Encoder`] of an MQTT session's outbox.
 #[derive(Debug)]
 pub(crate) struct MqttEncoder {
-    pub(crate) out: SharedOut,
+    pub(crate) out: SharedDeliveries,
 }
 
 impl Encoder for MqttEncoder {
