@@ -58,6 +58,13 @@ pub struct ConnectOptions {
     pub connect_timeout: Duration,
     /// Read batches a subscription buffers before the reader stops reading (back-pressure).
     pub subscription_capacity: usize,
+    /// Keepalive: after this long without input from the server the client sends a PING;
+    /// `None`: never. The broker pings idle clients too, so an idle connection keeps input
+    /// flowing both ways.
+    pub ping_interval: Option<Duration>,
+    /// PINGs sent with no input at all in between before the client gives the connection
+    /// up as dead (its calls then fail with `Error::Io("... presumed dead")`).
+    pub max_pings_out: u32,
 }
 
 impl Default for ConnectOptions {
@@ -67,6 +74,8 @@ impl Default for ConnectOptions {
             write_buffer: 4 * 1024 * 1024,
             connect_timeout: Duration::from_secs(10),
             subscription_capacity: 64,
+            ping_interval: Some(Duration::from_secs(30)),
+            max_pings_out: 2,
         }
     }
 }

@@ -22,6 +22,47 @@ use tokio::time::Instant;
 use crate::busy::BusyPoll;
 use crate::transport::{Reader, Writer, read_some, write_chunks};
 
+/// A connection's subscriptions as its protocol names them (an MQTT filter, a STOMP
+/// subscription id), each with the broker subscription id it was given. Set the protocol's
+/// options for a subscription before `Session::subscribe` (a delivery may arrive as soon as
+/// the broker knows it), bind the name after it succeeded.
+#[derive(Debug, Default)]
+pub(crate) struct SubTable {
+    ids: std::collections::HashMap<String, u32>,
+    next: u32,
+}
+
+impl SubTable {
+    /// The broker subscription id of `name`.
+    pub(crate) fn get(&self, name: &str) -> Option<u32> {
+        self.ids.get(name).copied()
+    }
+
+    /// Whether `name` is subscribed.
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        self.ids.contains_key(name)
+    }
+
+    /// A broker subscription id not used yet on this connection.
+    pub(crate) fn next_sid(&mut self) -> u32 {
+        self.next = self.next.max(1);
+        let sid = self.next;
+        self.next += 1;
+        sid
+    }
+
+    /// Binds `name` to `sid` (a restored subscription may bring its own id).
+    pub(crate) fn bind(&mut self, name: String, sid: u32) {
+        self.next = self.next.max(sid.saturating_add(1));
+        self.ids.insert(name, sid);
+    }
+
+    /// Unbinds `name`; returns its broker subscription id.
+    pub(crate) fn remove(&mut self, name: &str) -> Option<u32> {
+        self.ids.remove(name)
+    }
+}
+
 /// Why the driver stopped on its own (not because the handler said so).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stop {

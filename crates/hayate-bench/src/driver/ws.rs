@@ -60,6 +60,21 @@ pub(crate) async fn connect(
     ))
 }
 
+/// XORs `buf` with `mask` (RFC 6455 section 5.3), eight bytes at a time.
+fn mask_in_place(buf: &mut [u8], mask: [u8; 4]) {
+    let m = u64::from_ne_bytes([
+        mask[0], mask[1], mask[2], mask[3], mask[0], mask[1], mask[2], mask[3],
+    ]);
+    let mut chunks = buf.chunks_exact_mut(8);
+    for c in &mut chunks {
+        let w = u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) ^ m;
+        c.copy_from_slice(&w.to_ne_bytes());
+    }
+    for (i, b) in chunks.into_remainder().iter_mut().enumerate() {
+        *b ^= mask[i % 4];
+    }
+}
+
 /// The read half: the payloads of the server's data frames.
 pub(crate) struct WsRead {
     rd: OwnedReadHalf,
@@ -165,9 +180,7 @@ impl AsyncWrite for WsWrite {
             this.pending.extend_from_slice(&mask);
             let start = this.pending.len();
             this.pending.extend_from_slice(&buf[..n]);
-            for (i, b) in this.pending[start..].iter_mut().enumerate() {
-                *b ^= mask[i % 4];
-            }
+            mask_in_place(&mut this.pending[start..], mask);
             this.accepted = n;
         }
         while !this.pending.is_empty() {

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use hayate_core::Message;
@@ -33,6 +34,11 @@ pub(super) async fn read_loop(inner: Arc<Inner>, mut r: Reader, mut buf: BytesMu
         .saturating_add(FRAME_SLACK);
     let mut pending = Pending::default();
     let mut planner = ReadPlanner::new();
+    // Keepalive: one timer; reads are counted, and a tick that saw none sends a PING.
+    let every = inner.options.ping_interval;
+    let tick = tokio::time::sleep(every.unwrap_or(Duration::from_secs(86_400)));
+    tokio::pin!(tick);
+    let (mut reads, mut reads_at_tick, mut pings_out) = (0u64, 0u64, 0u32);
     let err = 'conn: loop {
         loop {
             let before = buf.len();
@@ -103,13 +109,29 @@ pub(super) async fn read_loop(inner: Arc<Inner>, mut r: Reader, mut buf: BytesMu
                 }
             }
         }
-        let read = match planner.plan(&mut buf, 64 * 1024) {
-            Some(n) => r.read_buf(&mut (&mut buf).limit(n)).await,
-            None => r.read_buf(&mut buf).await,
+        let limit = planner.plan(&mut buf, 64 * 1024);
+        let read = tokio::select! {
+            r = read_some(&mut r, &mut buf, limit) => r,
+            () = &mut tick, if every.is_some() => {
+                let every = every.unwrap_or_default();
+                tick.as_mut().reset(tokio::time::Instant::now() + every);
+                if reads != reads_at_tick {
+                    reads_at_tick = reads;
+                    pings_out = 0;
+                } else if pings_out >= inner.options.max_pings_out {
+                    break Some(Error::Io(format!(
+                        "no input from the server through {pings_out} PINGs: connection presumed dead"
+                    )));
+                } else {
+                    pings_out += 1;
+                    let _ = inner.queue_frame(|b| encode(&Frame::Ping(KEEPALIVE_TOKEN), b));
+                }
+                continue;
+            }
         };
         match read {
             Ok(0) => break None,
-            Ok(_) => {}
+            Ok(_) => reads += 1,
             Err(e) => break Some(e.into()),
         }
     };
@@ -117,6 +139,21 @@ pub(super) async fn read_loop(inner: Arc<Inner>, mut r: Reader, mut buf: BytesMu
         tracing::debug!("connection ends: {e}");
     }
     inner.fail(err);
+}
+
+/// The token of keepalive PINGs (flush PINGs use tokens from 1 up; a PONG of this one is
+/// not waited for).
+const KEEPALIVE_TOKEN: u64 = u64::MAX;
+
+async fn read_some(
+    r: &mut Reader,
+    buf: &mut BytesMut,
+    limit: Option<usize>,
+) -> std::io::Result<usize> {
+    match limit {
+        Some(n) => r.read_buf(&mut buf.limit(n)).await,
+        None => r.read_buf(buf).await,
+    }
 }
 
 fn deliver_reply(inner: &Inner, msg: Message) {

@@ -644,7 +644,7 @@ impl Conn<'_> {
                 id: sub_id,
                 skip_dollar,
             };
-            let existed = ms.filters.get(sub.filter.as_str()).copied();
+            let existed = ms.subs.get(sub.filter.as_str());
             let sid = match existed {
                 Some(sid) => {
                     let before = lock(&ms.out).subs.insert(sid, info).map(|i| i.qos);
@@ -662,8 +662,7 @@ impl Conn<'_> {
                     sid
                 }
                 None => {
-                    let sid = ms.next_sid;
-                    ms.next_sid += 1;
+                    let sid = ms.subs.next_sid();
                     // Options first: a delivery may arrive as soon as the broker knows.
                     lock(&ms.out).subs.insert(sid, info);
                     if let Err(e) =
@@ -675,7 +674,7 @@ impl Conn<'_> {
                         codes.push(ReasonCode::UnspecifiedError);
                         continue;
                     }
-                    ms.filters.insert(sub.filter.as_str().to_string(), sid);
+                    ms.subs.bind(sub.filter.as_str().to_string(), sid);
                     sid
                 }
             };
@@ -709,7 +708,7 @@ impl Conn<'_> {
     fn unsubscribe(&mut self, u: Unsubscribe, ms: &mut MqttSession) {
         let mut codes = Vec::with_capacity(u.filters.len());
         for f in &u.filters {
-            match ms.filters.remove(f.as_str()) {
+            match ms.subs.remove(f.as_str()) {
                 Some(sid) => {
                     ms.session.unsubscribe(sid);
                     lock(&ms.out).subs.remove(&sid);

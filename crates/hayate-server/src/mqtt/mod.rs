@@ -68,8 +68,7 @@ pub struct MqttSession {
     pub(crate) session: Session,
     pub(crate) out: SharedDeliveries,
     /// Broker subscription id of each subscribed filter (as written, `$share/...` too).
-    pub(crate) filters: HashMap<String, u32>,
-    pub(crate) next_sid: u32,
+    pub(crate) subs: crate::frontend::SubTable,
 }
 
 /// A will waiting for its delay, or for the end of its session.
@@ -249,8 +248,7 @@ impl Mqtt {
         MqttSession {
             session,
             out,
-            filters: HashMap::new(),
-            next_sid: 1,
+            subs: Default::default(),
         }
     }
 

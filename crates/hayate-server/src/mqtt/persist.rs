@@ -294,8 +294,7 @@ fn load_session(mqtt: &Mqtt, r: &mut Reader, now: Instant) -> Result<(), Persist
             .subscribe(sid, expr, group.as_deref(), broker_qos(qos))
             .is_ok()
         {
-            ms.filters.insert(filter, sid);
-            ms.next_sid = ms.next_sid.max(sid + 1);
+            ms.subs.bind(filter, sid);
         }
     }
     let n = r.u32()?;

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::Stomp;
 use super::delivery::{AckMode, Kind, StompDeliveries, StompEncoder, Sub, lock};
-use crate::frontend::{self, Accepted, Handler, Stop};
+use crate::frontend::{self, Accepted, Handler, Stop, SubTable};
 
 const READ_BUF: usize = 64 * 1024;
 
@@ -41,8 +41,7 @@ struct Conn<'a> {
     connected: bool,
     version: Version,
     /// Subscription ids → broker subscription ids.
-    ids: HashMap<String, u32>,
-    next_sid: u32,
+    subs: SubTable,
     /// The broker subscription of the temp-queues, once one is used.
     temp_sid: Option<u32>,
     /// Open transactions: their buffered SEND, ACK and NACK frames.
@@ -192,8 +191,7 @@ pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
             out: out.clone(),
             connected: false,
             version: Version::V1_0,
-            ids: HashMap::new(),
-            next_sid: 1,
+            subs: SubTable::default(),
             temp_sid: None,
             tx: HashMap::new(),
             declared: Default::default(),
@@ -443,8 +441,7 @@ impl Conn<'_> {
         let k = Key::new(&format!("{prefix}{name}"))
             .map_err(|e| refuse("invalid destination", format!("/temp-queue/{name}: {e}")))?;
         if self.temp_sid.is_none() {
-            let sid = self.next_sid;
-            self.next_sid += 1;
+            let sid = self.subs.next_sid();
             lock(&self.out).subs.insert(
                 sid,
                 Sub {
@@ -514,7 +511,7 @@ impl Conn<'_> {
             None if self.version == Version::V1_0 => dest.to_string(),
             None => return Err(refuse("missing id", "SUBSCRIBE needs an id header")),
         };
-        if self.ids.contains_key(&id) {
+        if self.subs.contains(&id) {
             return Err(refuse(
                 "duplicate subscription",
                 format!("subscription id {id:?} is in use"),
@@ -552,7 +549,7 @@ impl Conn<'_> {
             self.temp_key(t, session)?;
             lock(&self.out).temp_ids.insert(t.to_string(), id.clone());
             if let Some(sid) = self.temp_sid {
-                self.ids.insert(id, sid);
+                self.subs.bind(id, sid);
             }
             return Ok(());
         } else {
@@ -563,8 +560,7 @@ impl Conn<'_> {
                 ),
             ));
         };
-        let sid = self.next_sid;
-        self.next_sid += 1;
+        let sid = self.subs.next_sid();
         // Options first: the queue's waiting messages are delivered by `subscribe`.
         lock(&self.out).subs.insert(
             sid,
@@ -584,7 +580,7 @@ impl Conn<'_> {
             lock(&self.out).subs.remove(&sid);
             return Err(refuse("subscribe failed", e.to_string()));
         }
-        self.ids.insert(id, sid);
+        self.subs.bind(id, sid);
         Ok(())
     }
 
@@ -596,7 +592,7 @@ impl Conn<'_> {
                     .filter(|_| self.version == Version::V1_0)
             })
             .ok_or_else(|| refuse("missing id", "UNSUBSCRIBE needs an id header"))?;
-        let Some(sid) = self.ids.remove(id) else {
+        let Some(sid) = self.subs.remove(id) else {
             return Err(refuse(
                 "unknown subscription",
                 format!("no subscription {id:?}"),
