@@ -4,7 +4,7 @@
 #![no_main]
 
 use bytes::BytesMut;
-use hayate_wire::{HEADER_LEN, decode, encode};
+use hayate_native::{HEADER_LEN, decode, encode};
 use libfuzzer_sys::fuzz_target;
 
 const MAX_FRAME: usize = 1 << 20;

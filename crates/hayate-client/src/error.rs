@@ -1,7 +1,7 @@
 //! Client errors.
 
 use hayate_core::KeyError;
-use hayate_wire::ErrorCode;
+use hayate_native::ErrorCode;
 
 /// What can go wrong for a client.
 #[derive(Debug, Clone, thiserror::Error)]

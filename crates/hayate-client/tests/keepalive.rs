@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use hayate_client::{Client, ConnectOptions};
-use hayate_wire::{Frame, PROTOCOL_VERSION, Welcome, decode, encode};
+use hayate_native::{Frame, PROTOCOL_VERSION, Welcome, decode, encode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 

@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use hayate_client::peer::PeerServer;
 use hayate_client::rpc::{self, RpcError, Target, Version};
 use hayate_client::{Client, Key, Message};
-use hayate_wire::{ErrorCode, Frame, decode};
+use hayate_native::{ErrorCode, Frame, decode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const T: Duration = Duration::from_secs(5);
@@ -108,7 +108,7 @@ async fn requests_on_one_connection_are_handled_concurrently() {
 
 fn frame(f: &Frame) -> Vec<u8> {
     let mut b = BytesMut::new();
-    hayate_wire::encode(f, &mut b);
+    hayate_native::encode(f, &mut b);
     b.to_vec()
 }
 
@@ -152,8 +152,8 @@ async fn bad_input_gets_an_error_and_a_close_and_the_peer_carries_on() {
         }
         // A frame only a server may send, after a good handshake.
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let hello = Frame::Hello(hayate_wire::Hello {
-            version: hayate_wire::PROTOCOL_VERSION,
+        let hello = Frame::Hello(hayate_native::Hello {
+            version: hayate_native::PROTOCOL_VERSION,
             flags: 0,
             name: "raw".into(),
             auth: Bytes::new(),
@@ -308,13 +308,13 @@ async fn a_pipelining_caller_is_held_to_the_in_flight_limit() {
 
 /// HELLO, then SUB of an inbox `_inbox/x/*` as sid 1, as one byte string.
 fn hello_and_inbox() -> Vec<u8> {
-    let hello = Frame::Hello(hayate_wire::Hello {
-        version: hayate_wire::PROTOCOL_VERSION,
+    let hello = Frame::Hello(hayate_native::Hello {
+        version: hayate_native::PROTOCOL_VERSION,
         flags: 0,
         name: "raw".into(),
         auth: Bytes::new(),
     });
-    let sub = Frame::Sub(hayate_wire::Sub {
+    let sub = Frame::Sub(hayate_native::Sub {
         sid: 1,
         qos: hayate_client::Qos::default(),
         group: None,
@@ -400,7 +400,7 @@ async fn a_subscription_id_in_use_is_refused() {
             .await
             .unwrap();
         let mut bytes = hello_and_inbox();
-        let sub = Frame::Sub(hayate_wire::Sub {
+        let sub = Frame::Sub(hayate_native::Sub {
             sid: 1,
             qos: hayate_client::Qos::default(),
             group: None,

@@ -93,7 +93,7 @@ pub(crate) trait Handler {
     /// The session whose deliveries are flushed after every read.
     fn session(&mut self) -> &mut Session;
 
-    /// How much to read next (`None`: whatever arrives; see `hayate_wire::ReadPlanner`).
+    /// How much to read next (`None`: whatever arrives; see `hayate_native::ReadPlanner`).
     fn read_limit(&mut self, _buf: &mut BytesMut) -> Option<usize> {
         None
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::{BufMut, BytesMut};
 use hayate_broker::{Batch, Broker, Encoder, OutBuf, Outbox, Session};
 use hayate_core::{INBOX_PREFIX, Message};
-use hayate_wire::{
+use hayate_native::{
     ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, decode, encode,
     encode_msg_acked_head, encode_msg_batch_head, encode_msg_head,
 };

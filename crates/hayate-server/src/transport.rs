@@ -48,7 +48,7 @@ pub async fn write_all(w: &dyn WriteHalf, bytes: Bytes) -> io::Result<()> {
     write_chunks(w, &mut VecDeque::from([bytes])).await
 }
 
-/// Reads into `buf`: at most `limit` bytes when given (see [`hayate_wire::ReadPlanner`]),
+/// Reads into `buf`: at most `limit` bytes when given (see [`hayate_native::ReadPlanner`]),
 /// otherwise as much as fits. Input is noted for busy-polling when `busy` is given.
 pub async fn read_some<R: AsyncRead + Unpin + ?Sized>(
     r: &mut R,

@@ -11,8 +11,8 @@ use std::time::Duration;
 use bytes::BytesMut;
 use common::{start, start_default, within};
 use hayate_client::{Client, Key, Qos, SubscribeOptions};
+use hayate_native::{ErrorCode, Frame, Hello, PROTOCOL_VERSION, decode, encode};
 use hayate_server::Config;
-use hayate_wire::{ErrorCode, Frame, Hello, PROTOCOL_VERSION, decode, encode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -171,7 +171,7 @@ struct NativeHog {
 
 impl NativeHog {
     async fn connect(addr: &str, expr: &str, qos: Qos) -> NativeHog {
-        use hayate_wire::{Frame, Hello, PROTOCOL_VERSION, Sub, encode};
+        use hayate_native::{Frame, Hello, PROTOCOL_VERSION, Sub, encode};
         let mut h = NativeHog {
             s: TcpStream::connect(addr).await.unwrap(),
             buf: BytesMut::new(),
@@ -210,10 +210,10 @@ impl NativeHog {
     }
 
     /// The next frame, `None` at end of stream.
-    async fn next(&mut self) -> Option<hayate_wire::Frame> {
+    async fn next(&mut self) -> Option<hayate_native::Frame> {
         within(10, async {
             loop {
-                if let Some(f) = hayate_wire::decode(&mut self.buf, 1 << 24).unwrap() {
+                if let Some(f) = hayate_native::decode(&mut self.buf, 1 << 24).unwrap() {
                     return Some(f);
                 }
                 if self.s.read_buf(&mut self.buf).await.unwrap_or(0) == 0 {
@@ -353,13 +353,13 @@ async fn stall_drop_native() {
     let mut last = None;
     while received + lost < u64::from(2 * N) {
         match hog.next().await {
-            Some(hayate_wire::Frame::Msg { sid: 1, msg }) => {
+            Some(hayate_native::Frame::Msg { sid: 1, msg }) => {
                 let i = seq(&msg.payload);
                 assert!(last.is_none_or(|l| i > l), "out of order");
                 last = Some(i);
                 received += 1;
             }
-            Some(hayate_wire::Frame::MsgBatch {
+            Some(hayate_native::Frame::MsgBatch {
                 sid: 1, payloads, ..
             }) => {
                 for p in payloads {
@@ -369,7 +369,7 @@ async fn stall_drop_native() {
                     received += 1;
                 }
             }
-            Some(hayate_wire::Frame::Lost { sid: 1, count }) => lost += count,
+            Some(hayate_native::Frame::Lost { sid: 1, count }) => lost += count,
             other => panic!("unexpected {other:?} ({received} received, {lost} lost)"),
         }
     }
@@ -382,8 +382,8 @@ async fn stall_drop_native() {
         .unwrap();
     p.flush().await.unwrap();
     match hog.next().await {
-        Some(hayate_wire::Frame::Msg { sid: 1, msg }) => assert_eq!(seq(&msg.payload), 2 * N),
-        Some(hayate_wire::Frame::MsgBatch {
+        Some(hayate_native::Frame::Msg { sid: 1, msg }) => assert_eq!(seq(&msg.payload), 2 * N),
+        Some(hayate_native::Frame::MsgBatch {
             sid: 1, payloads, ..
         }) => assert_eq!(seq(&payloads[0]), 2 * N),
         other => panic!("expected the new message, got {other:?}"),

@@ -7,7 +7,7 @@ mod common;
 use bytes::BytesMut;
 use common::{start_default, within};
 use hayate_client::{Client, Key};
-use hayate_wire::{ErrorCode, Frame, Hello, PROTOCOL_VERSION, decode, encode};
+use hayate_native::{ErrorCode, Frame, Hello, PROTOCOL_VERSION, decode, encode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -116,7 +116,7 @@ async fn bad_frames_get_err_and_close_while_others_carry_on() {
     cases.push(("bad version", v9, ErrorCode::UnsupportedVersion));
     // Duplicate subscription id.
     let mut dup = BytesMut::from(&h[..]);
-    let sub_frame = Frame::Sub(hayate_wire::Sub {
+    let sub_frame = Frame::Sub(hayate_native::Sub {
         sid: 7,
         qos: Default::default(),
         group: None,

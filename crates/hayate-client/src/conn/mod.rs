@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use hayate_core::{Key, KeyExpr, Message, Qos};
-use hayate_wire::{
+use hayate_native::{
     Frame, Hello, MAX_BATCH_ITEMS, PROTOCOL_VERSION, Sub, Welcome, check_options, decode, encode,
     encode_ping, encode_pub, encode_pub_batch_head, encode_sub,
 };

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use hayate_core::Message;
-use hayate_wire::{Frame, ReadPlanner, decode, encode};
+use hayate_native::{Frame, ReadPlanner, decode, encode};
 use tokio::io::AsyncReadExt;
 
 use super::{FRAME_SLACK, INBOX_SID, Inner, Reader, lock};

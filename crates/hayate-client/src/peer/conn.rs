@@ -10,7 +10,7 @@ use bytes::{BufMut, BytesMut};
 use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
 use hayate_core::{INBOX_PREFIX, KeyExpr, Message};
-use hayate_wire::{
+use hayate_native::{
     ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, check_options, decode, encode,
     encode_msg,
 };

@@ -5,7 +5,7 @@
 
 use bytes::BytesMut;
 use hayate_core::KeyError;
-use hayate_wire::{
+use hayate_native::{
     DecodeError, ErrorCode, Frame, HEADER_LEN, MAGIC, MAX_BATCH_ITEMS, decode, encode,
 };
 use proptest::collection::vec;

@@ -6,7 +6,7 @@
 
 use bytes::{Bytes, BytesMut};
 use hayate_core::{Key, KeyExpr, Message, Qos};
-use hayate_wire::{
+use hayate_native::{
     ErrorCode, Frame, HEADER_LEN, Hello, Sub, Welcome, decode, encode, encode_batch_item,
     encode_msg, encode_msg_batch_head, encode_msg_batch_item_head, encode_msg_head, encode_ping,
     encode_pub, encode_pub_batch_head, encode_sub,
