@@ -87,6 +87,14 @@ impl Handler for Driven<'_> {
     }
 
     async fn handle(&mut self, p: Packet) -> Result<(), End> {
+        // PUBLISH, the hot path, without a second level of future around it.
+        if let Packet::Publish(p) = p {
+            return self
+                .conn
+                .publish(p, &mut self.ms)
+                .await
+                .map_err(|(code, msg)| End::Error(code, msg));
+        }
         match self.conn.handle(p, &mut self.ms).await {
             Ok(None) => Ok(()),
             Ok(Some(end)) => Err(end),

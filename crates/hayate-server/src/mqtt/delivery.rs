@@ -12,6 +12,7 @@
 //!   lock: lock order outbox, then this state; never the other way).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -118,8 +119,11 @@ pub(crate) struct MqttDeliveries {
     max_queued: usize,
     /// Most bytes held in flight and waiting (0: no limit).
     max_queued_bytes: usize,
-    /// Bytes (payload and key) of the deliveries in flight and waiting.
-    held: usize,
+    /// Bytes (payload and key) of the deliveries in flight and waiting; shared with the
+    /// encoder, which reports it to the outbox's budget without taking this state's lock.
+    held: Arc<AtomicUsize>,
+    /// A connection is attached (held bytes count against the budget only then).
+    online: Arc<AtomicBool>,
     max_inflight: u16,
     /// Packet ids of inbound QoS 2 PUBLISHes received and not yet released (PUBREL).
     pub(crate) incoming: HashSet<u16>,
@@ -243,7 +247,8 @@ impl MqttDeliveries {
             pending: VecDeque::new(),
             max_queued,
             max_queued_bytes,
-            held: 0,
+            held: Arc::new(AtomicUsize::new(0)),
+            online: Arc::new(AtomicBool::new(false)),
             max_inflight,
             incoming: HashSet::new(),
             dropped: 0,
@@ -336,23 +341,19 @@ impl MqttDeliveries {
     /// Queues a QoS 1 or 2 delivery (restored from disk, or from [`MqttDeliveries::deliver`]).
     pub(crate) fn enqueue(&mut self, q: Queued, out: &mut OutBuf) {
         let size = held_size(&q);
-        if self.max_queued_bytes > 0 && self.held + size > self.max_queued_bytes && self.held > 0 {
+        let held = self.held.load(Ordering::Relaxed);
+        if self.max_queued_bytes > 0 && held + size > self.max_queued_bytes && held > 0 {
             self.dropped += 1;
         } else if self.pending.is_empty() && self.inflight.len() < self.window() {
             self.send_new(q, out);
         } else if self.max_queued > 0 && self.pending.len() >= self.max_queued {
             self.dropped += 1;
         } else {
-            self.held += size;
+            self.held.fetch_add(size, Ordering::Relaxed);
             self.pending.push_back(q);
         }
     }
 
-    /// Bytes held for deliveries in flight and waiting, counted against the session's
-    /// outbox budget while the client is connected (offline, `max_queued_bytes` bounds them).
-    pub(crate) fn held_bytes(&self) -> usize {
-        if self.link.is_some() { self.held } else { 0 }
-    }
 
     /// Restores a delivery that was in flight when the state was saved.
     pub(crate) fn restore_inflight(&mut self, pid: u16, item: Queued, stage: Stage) {
@@ -361,7 +362,7 @@ impl MqttDeliveries {
         }
         self.seq += 1;
         self.pids.insert(pid, self.seq);
-        self.held += held_size(&item);
+        self.held.fetch_add(held_size(&item), Ordering::Relaxed);
         self.inflight
             .insert(self.seq, Inflight { pid, item, stage });
     }
@@ -391,7 +392,7 @@ impl MqttDeliveries {
         };
         if write_queued(link, &self.empty, &q, pid, false, out) {
             self.sent += 1;
-            self.held += held_size(&q);
+            self.held.fetch_add(held_size(&q), Ordering::Relaxed);
             self.seq += 1;
             self.pids.insert(pid, self.seq);
             self.inflight.insert(
@@ -411,7 +412,7 @@ impl MqttDeliveries {
             let Some(q) = self.pending.pop_front() else {
                 break;
             };
-            self.held -= held_size(&q);
+            self.held.fetch_sub(held_size(&q), Ordering::Relaxed);
             self.send_new(q, out);
         }
     }
@@ -420,7 +421,7 @@ impl MqttDeliveries {
         if let Some(seq) = self.pids.remove(&pid)
             && let Some(f) = self.inflight.remove(&seq)
         {
-            self.held -= held_size(&f.item);
+            self.held.fetch_sub(held_size(&f.item), Ordering::Relaxed);
         }
     }
 
@@ -486,6 +487,7 @@ impl MqttDeliveries {
     /// PUBREL), then fills the window from the held messages.
     pub(crate) fn go_online(&mut self, link: Link, out: &mut OutBuf) {
         self.link = Some(link);
+        self.online.store(true, Ordering::Relaxed);
         // The client's new Receive Maximum may be lower than what was in flight: the
         // excess goes back to the front of the held messages (sent again later, with new
         // packet ids).
@@ -531,6 +533,15 @@ impl MqttDeliveries {
     /// ones are held (up to the queue limit) for the next connection.
     pub(crate) fn go_offline(&mut self) {
         self.link = None;
+        self.online.store(false, Ordering::Relaxed);
+    }
+
+    /// What the encoder reads for [`Encoder::held_bytes`] without locking this state.
+    pub(crate) fn held_counter(&self) -> HeldCounter {
+        HeldCounter {
+            held: self.held.clone(),
+            online: self.online.clone(),
+        }
     }
 
     /// Deliveries in flight, in order.
@@ -555,6 +566,15 @@ pub(crate) fn put_packet(p: &Packet, version: ProtocolVersion, out: &mut OutBuf)
 #[derive(Debug)]
 pub(crate) struct MqttEncoder {
     pub(crate) out: SharedDeliveries,
+    pub(crate) held: HeldCounter,
+}
+
+/// The held bytes of a session's deliveries while a connection is attached (0 offline),
+/// readable without the delivery state's lock (the budget check of every offer reads it).
+#[derive(Debug, Clone)]
+pub(crate) struct HeldCounter {
+    held: Arc<AtomicUsize>,
+    online: Arc<AtomicBool>,
 }
 
 impl Encoder for MqttEncoder {
@@ -569,6 +589,10 @@ impl Encoder for MqttEncoder {
     }
 
     fn held_bytes(&self) -> usize {
-        lock(&self.out).held_bytes()
+        if self.held.online.load(Ordering::Relaxed) {
+            self.held.held.load(Ordering::Relaxed)
+        } else {
+            0
+        }
     }
 }

@@ -243,7 +243,10 @@ impl Mqtt {
         )));
         let session = self
             .broker
-            .open_session(Box::new(MqttEncoder { out: out.clone() }));
+            .open_session(Box::new(MqttEncoder {
+                out: out.clone(),
+                held: delivery::lock(&out).held_counter(),
+            }));
         delivery::lock(&out).session_id = session.id();
         MqttSession {
             session,
