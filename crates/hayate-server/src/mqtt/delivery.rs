@@ -354,7 +354,6 @@ impl MqttDeliveries {
         }
     }
 
-
     /// Restores a delivery that was in flight when the state was saved.
     pub(crate) fn restore_inflight(&mut self, pid: u16, item: Queued, stage: Stage) {
         if pid == 0 || self.pids.contains_key(&pid) {

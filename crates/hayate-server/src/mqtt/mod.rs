@@ -241,12 +241,10 @@ impl Mqtt {
             usize::try_from(self.cfg.max_queued_bytes).unwrap_or(usize::MAX),
             self.cfg.max_inflight,
         )));
-        let session = self
-            .broker
-            .open_session(Box::new(MqttEncoder {
-                out: out.clone(),
-                held: delivery::lock(&out).held_counter(),
-            }));
+        let session = self.broker.open_session(Box::new(MqttEncoder {
+            out: out.clone(),
+            held: delivery::lock(&out).held_counter(),
+        }));
         delivery::lock(&out).session_id = session.id();
         MqttSession {
             session,
