@@ -82,9 +82,26 @@ impl<T> AckTracker<T> {
         Some((id, &h.item))
     }
 
+    /// Puts `item` straight into flight under a new delivery id, whatever the window: a
+    /// delivery that was in flight when its session was saved, restored before anything
+    /// else is sent (the receiver may still acknowledge it).
+    pub fn insert_in_flight(&mut self, item: T, size: usize) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.bytes += size;
+        self.inflight.insert(id, Held { item, size });
+        id
+    }
+
     /// The item in flight under `id`.
     pub fn get(&self, id: u64) -> Option<&T> {
         self.inflight.get(&id).map(|h| &h.item)
+    }
+
+    /// The item in flight under `id`, to update what the owner keeps beside it (the
+    /// protocol's own stage of the exchange, say); its size stays as given.
+    pub fn get_mut(&mut self, id: u64) -> Option<&mut T> {
+        self.inflight.get_mut(&id).map(|h| &mut h.item)
     }
 
     /// Acknowledges delivery `id`; returns its item, or `None` if it was not in flight
@@ -140,12 +157,12 @@ impl<T> AckTracker<T> {
     }
 
     /// Deliveries in flight, in id order.
-    pub fn inflight(&self) -> impl Iterator<Item = (u64, &T)> {
+    pub fn inflight(&self) -> impl DoubleEndedIterator<Item = (u64, &T)> {
         self.inflight.iter().map(|(&id, h)| (id, &h.item))
     }
 
     /// Pending deliveries, oldest first.
-    pub fn pending(&self) -> impl Iterator<Item = &T> {
+    pub fn pending(&self) -> impl DoubleEndedIterator<Item = &T> {
         self.pending.iter().map(|h| &h.item)
     }
 

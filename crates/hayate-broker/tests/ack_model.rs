@@ -15,6 +15,7 @@ enum Op {
     Nack(u64),
     TakeAll,
     Window(usize),
+    Restore(u32, usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -27,6 +28,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u64..40).prop_map(Op::Nack),
         1 => Just(Op::TakeAll),
         1 => (0usize..6).prop_map(Op::Window),
+        1 => (any::<u32>(), 0usize..100).prop_map(|(v, s)| Op::Restore(v, s)),
     ]
 }
 
@@ -86,6 +88,13 @@ proptest! {
                     prop_assert_eq!(t.take_all(), want);
                 }
                 Op::Window(w) => { t.set_window(w); m.window = w.max(1); }
+                Op::Restore(v, s) => {
+                    let id = t.insert_in_flight(v, s);
+                    prop_assert_eq!(id, m.next);
+                    m.next += 1;
+                    m.inflight.push((id, v, s));
+                    prop_assert_eq!(t.get(id), Some(&v));
+                }
             }
             prop_assert_eq!(t.held_bytes(), m.bytes());
             prop_assert_eq!(t.in_flight_len(), m.inflight.len());

@@ -254,7 +254,28 @@ async fn drive<H: Handler>(h: &mut H, c: &mut Conn) -> H::End {
                     return end;
                 }
             }
-            Woke::Event(end) => return end,
+            Woke::Event(end) => {
+                // What the peer sent before the event is handled first: an MQTT client's
+                // DISCONNECT just ahead of its own new connection taking the session over
+                // must count. Only input already at hand: one read that does not wait.
+                {
+                    let mut read = std::pin::pin!(read_some(reader, buf, limit, None));
+                    let _ = read
+                        .as_mut()
+                        .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+                }
+                loop {
+                    match h.decode(buf) {
+                        Ok(Some(frame)) => {
+                            if let Err(first) = h.handle(frame).await {
+                                return first;
+                            }
+                        }
+                        Ok(None) => return end,
+                        Err(first) => return first,
+                    }
+                }
+            }
             Woke::WriterGone => return h.stopped(Stop::WriterGone),
             Woke::Shutdown => return h.stopped(Stop::Shutdown),
         }

@@ -46,8 +46,8 @@ enum End {
     KeepAlive,
     /// EOF or an I/O error.
     Closed,
-    /// Another connection took the session over.
-    TakenOver(super::Handover),
+    /// Another connection took the session over (the handover is in `Driven::kicked`).
+    TakenOver,
     /// The server is shutting down.
     Shutdown,
 }
@@ -70,6 +70,9 @@ struct Driven<'a> {
     conn: Conn<'a>,
     ms: MqttSession,
     kick_rx: mpsc::UnboundedReceiver<super::Handover>,
+    /// A takeover received: where the session goes once the input that came before it is
+    /// handled (a DISCONNECT there decides what is handed over).
+    kicked: Option<super::Handover>,
     max_packet: u32,
     /// 1.5 times the keep alive, if any; the connection ends after that long without input.
     ka: Option<Duration>,
@@ -130,7 +133,10 @@ impl Handler for Driven<'_> {
 
     async fn event(&mut self) -> End {
         match self.kick_rx.recv().await {
-            Some(h) => End::TakenOver(h),
+            Some(h) => {
+                self.kicked = Some(h);
+                End::TakenOver
+            }
             None => End::Closed,
         }
     }
@@ -341,6 +347,7 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         conn,
         ms,
         kick_rx,
+        kicked: None,
         max_packet,
         ka,
         idle_at: tokio::time::Instant::now() + ka.unwrap_or_default(),
@@ -351,6 +358,7 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         conn,
         mut ms,
         mut kick_rx,
+        kicked,
         ..
     } = h;
     // Deliveries made by the packets handled last still have to leave.
@@ -362,7 +370,7 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
     let last = match &end {
         End::Error(code, msg) => Some((*code, msg.clone())),
         End::KeepAlive => Some((ReasonCode::KeepAliveTimeout, "keep alive timeout".into())),
-        End::TakenOver(_) => Some((ReasonCode::SessionTakenOver, "session taken over".into())),
+        End::TakenOver => Some((ReasonCode::SessionTakenOver, "session taken over".into())),
         End::Shutdown => Some((
             ReasonCode::ServerShuttingDown,
             "server shutting down".into(),
@@ -402,7 +410,7 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         }
     }
 
-    let persistent = expiry > 0 || matches!(end, End::TakenOver(_));
+    let persistent = expiry > 0 || matches!(end, End::TakenOver);
     if persistent {
         // Let the writer send what is queued (a last DISCONNECT) before detaching, which
         // discards it; not for long: the client may have stopped reading.
@@ -423,9 +431,17 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         // Changed by the DISCONNECT: what is saved must say so.
         mqtt.set_info(&client_id, conn_id, ms.out.clone(), version, expiry);
     }
-    let dropped = match end {
-        End::TakenOver(to) => to.send((Some(ms), parked_will)).err().and_then(|(s, _)| s),
-        _ => mqtt.release(&client_id, conn_id, &mut kick_rx, ms, expiry, parked_will),
+    let dropped = match (end, kicked) {
+        (End::TakenOver, Some(to)) => to.send((Some(ms), parked_will)).err().and_then(|(s, _)| s),
+        (_, kicked) => mqtt.release(
+            &client_id,
+            conn_id,
+            kicked,
+            &mut kick_rx,
+            ms,
+            expiry,
+            parked_will,
+        ),
     };
     drop(dropped);
 }

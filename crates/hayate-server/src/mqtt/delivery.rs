@@ -1,9 +1,10 @@
 //! The outbound half of an MQTT session: deliveries from the broker become PUBLISH packets.
 //!
-//! [`MqttDeliveries`] is the session's delivery state: its subscriptions' options, packet
-//! identifiers, the in-flight window (QoS 1 and 2 deliveries not yet acknowledged), the
-//! messages held back behind the window or while the client is offline, and the topic
-//! aliases of the current connection. It lives as long as the MQTT session (across
+//! [`MqttDeliveries`] is the session's delivery state: its subscriptions' options, the topic
+//! aliases of the current connection, and its QoS 1 and 2 deliveries. Those are held by the
+//! broker's [`AckTracker`] (the window of deliveries in flight, the messages waiting behind
+//! it or while the client is offline, and the bytes they hold); MQTT keeps beside it only
+//! what is its own: packet id <-> delivery id and each delivery's QoS 2 stage. It lives as long as the MQTT session (across
 //! reconnections) and is shared by
 //! - [`MqttEncoder`], the session outbox's [`Encoder`]: publishers' tasks call it under the
 //!   outbox lock for every delivery;
@@ -11,13 +12,13 @@
 //!   [`Outbox::push_reply_unbudgeted`](hayate_broker::Outbox::push_reply_unbudgeted) (so also under the outbox
 //!   lock: lock order outbox, then this state; never the other way).
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
-use hayate_broker::{Batch, Encoder, OutBuf};
+use hayate_broker::{AckTracker, Batch, Encoder, OutBuf};
 use hayate_core::{Key, Message};
 use hayate_mqtt::{
     Ack, Packet, ProtocolVersion, PublishHead, PublishProperties, QoS, RetainHandling, encode,
@@ -65,6 +66,7 @@ pub(crate) enum Stage {
     Released,
 }
 
+/// A QoS 1 or 2 delivery in the tracker: its packet id (0 while it waits) and stage.
 #[derive(Debug, Clone)]
 pub(crate) struct Inflight {
     pub(crate) pid: u16,
@@ -111,16 +113,17 @@ pub(crate) struct MqttDeliveries {
     pub(crate) subs: HashMap<u32, SubInfo>,
     link: Option<Link>,
     next_pid: u16,
-    seq: u64,
-    inflight: BTreeMap<u64, Inflight>,
+    /// QoS 1 and 2 deliveries: in flight (window) and waiting, with the bytes they hold.
+    tracker: AckTracker<Inflight>,
+    /// Packet id -> delivery id of the deliveries in flight.
     pids: HashMap<u16, u64>,
-    pending: VecDeque<Queued>,
     /// Most messages held (0: no limit).
     max_queued: usize,
     /// Most bytes held in flight and waiting (0: no limit).
     max_queued_bytes: usize,
-    /// Bytes (payload and key) of the deliveries in flight and waiting; shared with the
-    /// encoder, which reports it to the outbox's budget without taking this state's lock.
+    /// The tracker's held bytes (payload and key of the deliveries in flight and waiting),
+    /// copied after every change for the encoder, which reports it to the outbox's budget
+    /// without taking this state's lock.
     held: Arc<AtomicUsize>,
     /// A connection is attached (held bytes count against the budget only then).
     online: Arc<AtomicBool>,
@@ -205,6 +208,17 @@ fn write_publish(
     true
 }
 
+/// A packet id not in use by a delivery in flight, after the last one given.
+fn alloc_pid(next: &mut u16, in_use: &HashMap<u16, u64>) -> u16 {
+    loop {
+        let p = *next;
+        *next = next.checked_add(1).unwrap_or(1);
+        if !in_use.contains_key(&p) {
+            return p;
+        }
+    }
+}
+
 /// Writes a QoS 1 or 2 delivery with packet id `pid` (`dup` on a re-send).
 fn write_queued(
     link: &mut Link,
@@ -241,10 +255,8 @@ impl MqttDeliveries {
             subs: HashMap::new(),
             link: None,
             next_pid: 1,
-            seq: 0,
-            inflight: BTreeMap::new(),
+            tracker: AckTracker::new(usize::from(max_inflight)),
             pids: HashMap::new(),
-            pending: VecDeque::new(),
             max_queued,
             max_queued_bytes,
             held: Arc::new(AtomicUsize::new(0)),
@@ -338,20 +350,29 @@ impl MqttDeliveries {
         );
     }
 
-    /// Queues a QoS 1 or 2 delivery (restored from disk, or from [`MqttDeliveries::deliver`]).
+    /// Queues a QoS 1 or 2 delivery (restored from disk, or from [`MqttDeliveries::deliver`])
+    /// and sends what the window allows.
     pub(crate) fn enqueue(&mut self, q: Queued, out: &mut OutBuf) {
         let size = held_size(&q);
-        let held = self.held.load(Ordering::Relaxed);
+        let held = self.tracker.held_bytes();
+        let sends_now = self.link.is_some()
+            && self.tracker.pending_len() == 0
+            && self.tracker.in_flight_len() < self.window();
         if self.max_queued_bytes > 0 && held + size > self.max_queued_bytes && held > 0 {
             self.dropped += 1;
-        } else if self.pending.is_empty() && self.inflight.len() < self.window() {
-            self.send_new(q, out);
-        } else if self.max_queued > 0 && self.pending.len() >= self.max_queued {
-            self.dropped += 1;
-        } else {
-            self.held.fetch_add(size, Ordering::Relaxed);
-            self.pending.push_back(q);
+            return;
         }
+        if !sends_now && self.max_queued > 0 && self.tracker.pending_len() >= self.max_queued {
+            self.dropped += 1;
+            return;
+        }
+        let item = Inflight {
+            pid: 0,
+            item: q,
+            stage: Stage::Sent,
+        };
+        self.tracker.push(item, size);
+        self.fill(out);
     }
 
     /// Restores a delivery that was in flight when the state was saved.
@@ -359,74 +380,61 @@ impl MqttDeliveries {
         if pid == 0 || self.pids.contains_key(&pid) {
             return;
         }
-        self.seq += 1;
-        self.pids.insert(pid, self.seq);
-        self.held.fetch_add(held_size(&item), Ordering::Relaxed);
-        self.inflight
-            .insert(self.seq, Inflight { pid, item, stage });
+        let size = held_size(&item);
+        let id = self
+            .tracker
+            .insert_in_flight(Inflight { pid, item, stage }, size);
+        self.pids.insert(pid, id);
+        self.sync_held();
     }
 
-    fn alloc_pid(&mut self) -> u16 {
-        loop {
-            let p = self.next_pid;
-            self.next_pid = self.next_pid.checked_add(1).unwrap_or(1);
-            if !self.pids.contains_key(&p) {
-                return p;
+    /// Moves waiting messages into flight while the window has room, each with a new
+    /// packet id. One that expired while it waited, or that the client cannot take (larger
+    /// than its Maximum Packet Size), is discarded.
+    fn fill(&mut self, out: &mut OutBuf) {
+        if let Some(link) = &mut self.link {
+            while let Some((id, f)) = self.tracker.next_ready() {
+                let expired = f
+                    .item
+                    .msg
+                    .attrs
+                    .expires
+                    .is_some_and(|at| Instant::now() >= at);
+                let pid = (!expired).then(|| alloc_pid(&mut self.next_pid, &self.pids));
+                let sent = pid
+                    .is_some_and(|pid| write_queued(link, &self.empty, &f.item, pid, false, out));
+                match pid {
+                    Some(pid) if sent => {
+                        self.sent += 1;
+                        self.pids.insert(pid, id);
+                        if let Some(f) = self.tracker.get_mut(id) {
+                            f.pid = pid;
+                        }
+                    }
+                    _ => {
+                        self.tracker.ack(id);
+                    }
+                }
             }
         }
+        self.sync_held();
     }
 
-    fn send_new(&mut self, q: Queued, out: &mut OutBuf) {
-        if self.link.is_none() {
-            return;
-        }
-        if let Some(at) = q.msg.attrs.expires
-            && Instant::now() >= at
-        {
-            return;
-        }
-        let pid = self.alloc_pid();
-        let Some(link) = &mut self.link else {
-            return;
-        };
-        if write_queued(link, &self.empty, &q, pid, false, out) {
-            self.sent += 1;
-            self.held.fetch_add(held_size(&q), Ordering::Relaxed);
-            self.seq += 1;
-            self.pids.insert(pid, self.seq);
-            self.inflight.insert(
-                self.seq,
-                Inflight {
-                    pid,
-                    item: q,
-                    stage: Stage::Sent,
-                },
-            );
-        }
-    }
-
-    /// Moves held messages into the window while it has room.
-    fn fill(&mut self, out: &mut OutBuf) {
-        while self.inflight.len() < self.window() {
-            let Some(q) = self.pending.pop_front() else {
-                break;
-            };
-            self.held.fetch_sub(held_size(&q), Ordering::Relaxed);
-            self.send_new(q, out);
-        }
-    }
-
+    /// The delivery in flight under `pid` is done (acknowledged, refused or unsendable).
     fn remove(&mut self, pid: u16) {
-        if let Some(seq) = self.pids.remove(&pid)
-            && let Some(f) = self.inflight.remove(&seq)
-        {
-            self.held.fetch_sub(held_size(&f.item), Ordering::Relaxed);
+        if let Some(id) = self.pids.remove(&pid) {
+            self.tracker.ack(id);
         }
+        self.sync_held();
+    }
+
+    fn sync_held(&self) {
+        self.held
+            .store(self.tracker.held_bytes(), Ordering::Relaxed);
     }
 
     fn stage_of(&self, pid: u16) -> Option<(QoS, Stage)> {
-        let seq = self.pids.get(&pid)?;
-        let f = self.inflight.get(seq)?;
+        let f = self.tracker.get(*self.pids.get(&pid)?)?;
         Some((f.item.qos, f.stage))
     }
 
@@ -452,8 +460,8 @@ impl MqttDeliveries {
                 self.fill(out);
             }
             Some((QoS::ExactlyOnce, _)) => {
-                if let Some(seq) = self.pids.get(&pid)
-                    && let Some(f) = self.inflight.get_mut(seq)
+                if let Some(&id) = self.pids.get(&pid)
+                    && let Some(f) = self.tracker.get_mut(id)
                 {
                     f.stage = Stage::Released;
                 }
@@ -491,24 +499,27 @@ impl MqttDeliveries {
         // excess goes back to the front of the held messages (sent again later, with new
         // packet ids).
         let window = self.window();
-        while self.inflight.len() > window {
-            let Some((&seq, f)) = self.inflight.iter().next_back() else {
+        self.tracker.set_window(window);
+        while self.tracker.in_flight_len() > window {
+            let Some((id, f)) = self.tracker.inflight().next_back() else {
                 break;
             };
             if f.stage == Stage::Released {
                 break;
             }
             let pid = f.pid;
-            if let Some(f) = self.inflight.remove(&seq) {
+            if let Some(mut f) = self.tracker.nack(id) {
                 self.pids.remove(&pid);
-                self.pending.push_front(f.item);
+                f.pid = 0;
+                let size = held_size(&f.item);
+                self.tracker.push_front(f, size);
             }
         }
         let Some(link) = &mut self.link else {
             return;
         };
         let mut unsendable = Vec::new();
-        for f in self.inflight.values() {
+        for (_, f) in self.tracker.inflight() {
             match f.stage {
                 Stage::Sent => {
                     if write_queued(link, &self.empty, &f.item, f.pid, true, out) {
@@ -545,12 +556,12 @@ impl MqttDeliveries {
 
     /// Deliveries in flight, in order.
     pub(crate) fn inflight(&self) -> impl Iterator<Item = &Inflight> {
-        self.inflight.values()
+        self.tracker.inflight().map(|(_, f)| f)
     }
 
     /// Held deliveries, in order.
     pub(crate) fn pending(&self) -> impl Iterator<Item = &Queued> {
-        self.pending.iter()
+        self.tracker.pending().map(|f| &f.item)
     }
 }
 

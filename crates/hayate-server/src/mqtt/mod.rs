@@ -319,11 +319,15 @@ impl Mqtt {
 
     /// Called by connection `conn` of `client_id` as it ends: hands the session to a
     /// connection that took it over, parks it (`expiry` seconds, `u32::MAX` = never), or
-    /// drops it (returned, so the caller drops it outside the lock).
+    /// drops it (returned, so the caller drops it outside the lock). `kicked` is a takeover
+    /// the connection received before it ended for another reason (its DISCONNECT came
+    /// first).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn release(
         &self,
         client_id: &str,
         conn: u64,
+        kicked: Option<Handover>,
         kick: &mut mpsc::UnboundedReceiver<Handover>,
         session: MqttSession,
         expiry: u32,
@@ -331,7 +335,7 @@ impl Mqtt {
     ) -> Option<MqttSession> {
         let mut reg = locked(&self.registry);
         // A takeover asked under this lock cannot be missed.
-        if let Ok(to) = kick.try_recv() {
+        if let Some(to) = kicked.or_else(|| kick.try_recv().ok()) {
             drop(reg);
             if expiry == 0 {
                 // This connection ended its session on its own (a DISCONNECT with expiry 0
