@@ -33,6 +33,6 @@ pub use ack::AckTracker;
 pub use batch::Batch;
 pub use broker::{Broker, BrokerConfig, BrokerStats, SubscribeError};
 pub use index::SubscriptionIndex;
-pub use outbox::{Delivery, Encoder, OutBuf, Outbox, Settle, Sink, Taken};
+pub use outbox::{Delivery, Encoder, OutBuf, Outbox, Settle, Taken};
 pub use queue::Backlog;
 pub use session::Session;

@@ -6,12 +6,10 @@
 //! - [`message`]: [`Message`] (key, payload as [`bytes::Bytes`], headers, reply-to,
 //!   correlation id).
 //! - [`qos`]: [`Qos`] (reliability and congestion behaviour of a subscription).
-//! - [`chunks`]: pure helpers for queues of byte chunks written with vectored I/O.
 //!
 //! Nothing here does I/O or knows about a protocol: MQTT, STOMP and the native protocol all
 //! translate into these types.
 
-pub mod chunks;
 pub mod key;
 pub mod message;
 pub mod qos;

@@ -15,12 +15,11 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use hayate_broker::{Outbox, Session, Taken};
+use hayate_io::busy::BusyPoll;
+use hayate_io::transport::{Reader, Writer, read_some, write_chunks};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-
-use crate::busy::BusyPoll;
-use crate::transport::{Reader, Writer, read_some, write_chunks};
 
 /// A connection's subscriptions as its protocol names them (an MQTT filter, a STOMP
 /// subscription id), each with the broker subscription id it was given. Set the protocol's

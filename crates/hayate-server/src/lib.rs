@@ -6,8 +6,11 @@
 //!   shutdown future completes; [`Server::from_listener`] embeds it in a test or a program.
 //! - [`native`]: the native protocol front-end: one reader loop and one writer task per
 //!   connection, and the encoder that turns deliveries into MSG / MSG_BATCH frames.
-//! - [`io`]: vectored writing of queued chunks.
-//! - [`busy`]: busy-polling, the opt-in latency mode (`[server] busy_poll_us`).
+//! - [`ws`]: WebSocket as a transport (HTTP upgrade, RFC 6455 framing in process) on top of
+//!   TCP.
+//! - [`transport`] and [`busy`]: re-exported from [`hayate_io`] (the transport trait, TCP,
+//!   Unix and in-memory transports, the vectored write loop; busy-polling, the opt-in latency
+//!   mode `[server] busy_poll_us`).
 //!
 //! # The path of a message
 //! socket → reader (`read_buf` into a large buffer; decode *every* frame in it) →
@@ -16,17 +19,16 @@
 //! writer task (takes everything queued, one vectored write) → socket.
 
 pub mod auth;
-pub mod busy;
 pub mod config;
 pub mod frontend;
 pub mod mqtt;
 pub mod native;
 pub mod server;
 pub mod stomp;
-pub mod transport;
 pub mod ws;
 
 pub use config::Config;
+pub use hayate_io::{busy, transport};
 
 /// Locks `m`, ignoring poisoning: a panic while a front-end's state was locked cannot leave
 /// it worse than losing that connection, and the rest of the broker carries on.

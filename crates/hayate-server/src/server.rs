@@ -6,17 +6,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use hayate_broker::{Broker, BrokerConfig};
+use hayate_io::busy::BusyPoll;
+use hayate_io::transport;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::auth::ConfigAuth;
-use crate::busy::BusyPoll;
 use crate::config::{Config, Limits};
 use crate::frontend::Accepted;
 use crate::mqtt::Mqtt;
 use crate::stomp::Stomp;
-use crate::transport;
 use crate::{mqtt, native, stomp, ws};
 
 /// The protocol a listener speaks.

@@ -1,5 +1,5 @@
 //! MQTT over WebSocket (`ws://`, subprotocol `mqtt`), as browser clients use it: a
-//! [transport](crate::transport) that frames the connection's byte stream in process.
+//! [transport](hayate_io::transport) that frames the connection's byte stream in process.
 //!
 //! [`accept`] performs the HTTP upgrade (RFC 6455 section 4.2) and returns a reader and a
 //! writer for the front-end, which serves them like any other connection:
@@ -27,12 +27,12 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use hayate_broker::Sink;
+use hayate_io::Sink;
+use hayate_io::chunks::MAX_IOV;
+use hayate_io::transport::{Reader, WriteHalf, Writer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-
-use crate::transport::{Reader, WriteHalf, Writer};
 
 /// How long a client has to complete the HTTP upgrade.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -644,7 +644,7 @@ impl Sink for WsWrite {
             return Err(io::ErrorKind::WouldBlock.into());
         }
         let available = bufs.iter().map(|b| b.len()).sum::<usize>();
-        let mut iov = [IoSlice::new(&[]); hayate_broker::outbox::MAX_IOV + 1];
+        let mut iov = [IoSlice::new(&[]); MAX_IOV + 1];
         if out.frame_left > 0 {
             // The payload of the frame under way, straight from the caller's buffers.
             let (k, _) = cut_iov(None, bufs, out.frame_left.min(available), &mut iov);
@@ -720,9 +720,9 @@ impl WriteHalf for WsWrite {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::write_all;
     use bytes::Bytes;
     use futures::{SinkExt, StreamExt};
+    use hayate_io::transport::write_all;
     use tokio::net::TcpListener;
     use tokio_tungstenite::WebSocketStream;
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;

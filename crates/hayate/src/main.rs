@@ -28,7 +28,7 @@ fn main() -> Result<()> {
         .init();
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     // Busy-polling needs the polling task on the thread that polls the I/O driver: with one
-    // worker there is only one (hayate_server::busy).
+    // worker there is only one (hayate_io::busy).
     if let Command::Broker(args) = &cli.command
         && effective_config(args).is_ok_and(|c| c.server.busy_poll_us > 0)
     {

@@ -19,13 +19,13 @@ use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
 use hayate_core::Message;
-pub use hayate_core::chunks::MAX_IOV;
+use hayate_io::{Sink, write_some};
 use tokio::sync::Notify;
 
 mod acked;
 mod buf;
 
-pub use buf::{OutBuf, Sink, ZERO_COPY_THRESHOLD, write_some};
+pub use buf::{OutBuf, ZERO_COPY_THRESHOLD};
 
 use crate::Batch;
 use crate::ack::AckTracker;

@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use hayate_broker::{Batch, Broker, Encoder, OutBuf, Outbox, Session, Sink, Taken};
+use hayate_broker::{Batch, Broker, Encoder, OutBuf, Outbox, Session, Taken};
 use hayate_core::{Key, KeyExpr, Message};
+use hayate_io::Sink;
 
 /// What the recording encoder saw, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]

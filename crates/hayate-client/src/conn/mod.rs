@@ -14,11 +14,12 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use hayate_core::{Key, KeyExpr, Message, Qos};
+use hayate_io::transport::{self, Reader, Writer};
 use hayate_native::{
     Frame, Hello, MAX_BATCH_ITEMS, PROTOCOL_VERSION, Sub, Welcome, check_options, decode, encode,
     encode_ping, encode_pub, encode_pub_batch_head, encode_sub,
 };
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::sub::Subscription;
@@ -106,24 +107,21 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-type Reader = Box<dyn AsyncRead + Unpin + Send>;
-type Writer = Box<dyn AsyncWrite + Unpin + Send>;
-
+/// Connects to `addr` (`unix:<path>`, or `[hayate://]host:port` with TCP_NODELAY) and splits
+/// the stream into hayate-io's transport halves.
 async fn open(addr: &str) -> Result<(Reader, Writer)> {
     if let Some(path) = addr.strip_prefix("unix:") {
         let s = tokio::net::UnixStream::connect(path).await?;
-        let (r, w) = s.into_split();
-        return Ok((Box::new(r), Box::new(w)));
+        return Ok(transport::unix(s));
     }
     let addr = addr.strip_prefix("hayate://").unwrap_or(addr);
     let s = tokio::net::TcpStream::connect(addr).await?;
     s.set_nodelay(true)?;
-    let (r, w) = s.into_split();
-    Ok((Box::new(r), Box::new(w)))
+    Ok(transport::tcp(s))
 }
 
 pub(crate) async fn connect(addr: &str, options: ConnectOptions) -> Result<Arc<Inner>> {
-    let (mut r, mut w) = open(addr).await?;
+    let (mut r, w) = open(addr).await?;
     let mut b = BytesMut::new();
     encode(
         &Frame::Hello(Hello {
@@ -134,7 +132,7 @@ pub(crate) async fn connect(addr: &str, options: ConnectOptions) -> Result<Arc<I
         }),
         &mut b,
     );
-    w.write_all(&b).await?;
+    transport::write_all(&*w, b.freeze()).await?;
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let welcome = loop {
         match decode(&mut buf, 1 << 20).map_err(|e| Error::Protocol(e.to_string()))? {

@@ -1,18 +1,17 @@
-//! The writer task: sends everything buffered in one write (vectored when large payloads are
-//! queued by reference).
+//! The writer task: sends everything buffered in one vectored write (large payloads are
+//! queued by reference) through hayate-io's [`write_chunks`], the loop the server's writers
+//! use too.
 
 use std::collections::VecDeque;
-use std::io::IoSlice;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use hayate_core::chunks::{MAX_IOV, advance, fill_iov};
-use tokio::io::AsyncWriteExt;
+use hayate_io::transport::write_chunks;
 
 use super::{Inner, Writer, lock};
 
-pub(super) async fn write_loop(inner: Arc<Inner>, mut w: Writer) {
+pub(super) async fn write_loop(inner: Arc<Inner>, w: Writer) {
     let mut q: VecDeque<Bytes> = VecDeque::new();
     let result: std::io::Result<()> = async {
         loop {
@@ -32,7 +31,7 @@ pub(super) async fn write_loop(inner: Arc<Inner>, mut w: Writer) {
             };
             if has_data {
                 inner.space.notify_waiters();
-                write_all(&mut w, &mut q).await?;
+                write_chunks(&*w, &mut q).await?;
                 continue;
             }
             let notified = inner.wake_writer.notified();
@@ -48,28 +47,12 @@ pub(super) async fn write_loop(inner: Arc<Inner>, mut w: Writer) {
         }
     }
     .await;
-    let _ = w.flush().await;
-    let _ = w.shutdown().await;
+    // Nothing is buffered below `write_chunks` (TCP and Unix write halves flush nothing):
+    // ending the write direction is all that is left.
+    w.shutdown();
     if let Err(e) = result {
         inner.fail(Some(e.into()));
     }
     inner.writer_finished.store(true, Ordering::Release);
     inner.writer_done.notify_waiters();
-}
-
-async fn write_all(w: &mut Writer, q: &mut VecDeque<Bytes>) -> std::io::Result<()> {
-    while !q.is_empty() {
-        let n = if q.len() == 1 {
-            w.write(&q[0]).await?
-        } else {
-            let mut iov = [IoSlice::new(&[]); MAX_IOV];
-            let k = fill_iov(q, &mut iov);
-            w.write_vectored(&iov[..k]).await?
-        };
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        advance(q, n);
-    }
-    Ok(())
 }

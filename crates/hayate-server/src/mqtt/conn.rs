@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use hayate_broker::{Batch, Session};
 use hayate_core::Message;
+use hayate_io::transport::{read_some, write_chunks};
 use hayate_mqtt::{
     Ack, ByteStr, ConnAck, DecodeError, Disconnect, Packet, ProtocolVersion, Publish, QoS,
     ReasonCode, RetainHandling, SubAck, Subscribe, UnsubAck, Unsubscribe, decode, decode_connect,
@@ -21,7 +22,6 @@ use super::translate::{broker_qos, filter_to_expr, publish_message, will_message
 use super::{Mqtt, MqttSession, PendingWill};
 use crate::auth::AuthError;
 use crate::frontend::{self, Accepted, Handler, Stop};
-use crate::transport::{read_some, write_chunks};
 
 const READ_BUF: usize = 64 * 1024;
 

@@ -1,4 +1,5 @@
-//! Busy-polling (`[server] busy_poll_us`, flag `--busy-poll-us`): a latency mode.
+//! Busy-polling: a latency mode (hayate-server's `[server] busy_poll_us`, flag
+//! `--busy-poll-us`).
 //!
 //! By default the broker's I/O threads sleep in `epoll_wait` whenever no connection has input,
 //! and every message that arrives after a pause pays for waking a thread (and, when its CPU was
@@ -12,12 +13,12 @@
 //! read at once. Once the window passes with no input, it sleeps as usual: an idle broker burns
 //! nothing, a busy one burns up to one CPU.
 //!
-//! How: one task, [`spin`], yields in a loop while input is recent. Tokio polls its I/O driver
-//! with a zero timeout before it runs a yielded task again, so each turn of the loop is one
-//! non-blocking epoll. This only works when that task's thread is the one that polls the
+//! How: one task, [`BusyPoll::spin`], yields in a loop while input is recent. Tokio polls its
+//! I/O driver with a zero timeout before it runs a yielded task again, so each turn of the loop
+//! is one non-blocking epoll. This only works when that task's thread is the one that polls the
 //! driver: the `hayate broker` binary therefore runs the broker on **one** I/O thread when
-//! busy-polling is on. Input is noted by [`BusyPoll::note_input`], called by every
-//! connection's read path with the server's handle.
+//! busy-polling is on. Input is noted by [`BusyPoll::note_input`], called by
+//! [`crate::transport::read_some`] on every connection's read path with the server's handle.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

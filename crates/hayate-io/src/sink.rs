@@ -1,0 +1,35 @@
+//! The [`Sink`] a connection's outbox writes through and [`write_some`], the one vectored
+//! write loop over it.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+
+use bytes::Bytes;
+
+use crate::chunks::{MAX_IOV, advance, fill_iov};
+
+/// A socket the outbox can write to without waiting (a non-blocking `writev`), so that the
+/// task that queued data can send it at once instead of waking the session's writer.
+pub trait Sink: Send + Sync + 'static {
+    /// Writes what it can without blocking; `WouldBlock` when nothing can be written now.
+    fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
+}
+
+/// The one vectored write loop: writes chunks of `q` to `sink` (up to [`MAX_IOV`] slices a
+/// call) until `q` is empty (`Ok(true)`) or the sink would block (`Ok(false)`); written bytes
+/// leave `q`. A sink that accepts 0 bytes is an error (`WriteZero`). A connection's writer
+/// waits for readiness between calls ([`crate::transport::write_chunks`]); an inline flush
+/// stops at the first `false`.
+pub fn write_some<S: Sink + ?Sized>(sink: &S, q: &mut VecDeque<Bytes>) -> io::Result<bool> {
+    while !q.is_empty() {
+        let mut iov = [IoSlice::new(&[]); MAX_IOV];
+        let k = fill_iov(q, &mut iov);
+        match sink.try_write_vectored(&iov[..k]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => advance(q, n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
