@@ -445,3 +445,68 @@ async fn close_does_not_wait_forever_for_a_stuck_handler() {
     );
     assert!(call.await.unwrap().is_err());
 }
+
+#[tokio::test]
+async fn a_caller_that_never_reads_its_replies_is_held_and_others_carry_on() {
+    use hayate_client::peer::PeerOptions;
+    // Each reply is 64 KiB; the hog sends requests and never reads. The peer keeps at most
+    // its output budget of replies (4 MiB) and then stops reading the hog's requests, so the
+    // hog's writes stop being taken; another caller is answered meanwhile; close ends it all
+    // within the drain timeout (and the linger).
+    let handled = Arc::new(AtomicUsize::new(0));
+    let h = handled.clone();
+    let options = PeerOptions {
+        drain_timeout: Duration::from_millis(300),
+        ..PeerOptions::default()
+    };
+    let server = PeerServer::bind_with("127.0.0.1:0", &["svc/**"], options, move |m: Message| {
+        h.fetch_add(1, Ordering::SeqCst);
+        async move { Some(Message::new(m.reply_to.clone()?, vec![7u8; 64 * 1024])) }
+    })
+    .await
+    .unwrap();
+    let mut hog = tokio::net::TcpStream::connect(server.local_addr())
+        .await
+        .unwrap();
+    let mut bytes = hello_and_inbox();
+    for i in 0..100 {
+        bytes.extend(request(i));
+    }
+    hog.write_all(&bytes).await.unwrap();
+    // Keep sending requests until the peer stops taking them (a write that does not finish).
+    let mut sent = 100u32;
+    loop {
+        let more: Vec<u8> = (0..1000).flat_map(|i| request(sent + i)).collect();
+        match tokio::time::timeout(Duration::from_secs(2), hog.write_all(&more)).await {
+            Ok(r) => {
+                r.unwrap();
+                sent += 1000;
+                assert!(sent < 2_000_000, "the peer never stopped reading the hog");
+            }
+            Err(_) => break,
+        }
+    }
+    let held = handled.load(Ordering::SeqCst);
+    eprintln!("the peer stopped reading the hog after {held} requests");
+    // Budget (4 MiB) / 64 KiB = 64 replies queued, plus what the kernel buffers took and the
+    // requests in one read: far below what was sent.
+    assert!(
+        held < 2_000,
+        "handled {held} requests of a caller that never reads"
+    );
+    // Another caller is served meanwhile.
+    let c = Client::connect(&server.local_addr().to_string())
+        .await
+        .unwrap();
+    let k = Key::new("svc/other").unwrap();
+    let r = within(5, c.request(&k, "x", T)).await.unwrap();
+    assert_eq!(r.payload.len(), 64 * 1024);
+    let start = Instant::now();
+    within(10, server.close()).await;
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        start.elapsed()
+    );
+    drop(hog);
+}

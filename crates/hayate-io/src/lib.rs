@@ -13,6 +13,9 @@
 //!   vectored write loop: every write of queued chunks, inline flush or writer task, server
 //!   or client, goes through it.
 //! - [`chunks`]: pure helpers for queues of [`bytes::Bytes`] chunks written with vectored I/O.
+//! - [`conn`]: the connection driver, one lifecycle for every protocol's server side
+//!   ([`conn::Handler`], [`conn::Conn`]) over an output queue ([`conn::Outgoing`], the
+//!   broker's outbox) and its writer task.
 //! - [`busy`]: [`busy::BusyPoll`], busy-polling of the I/O driver (an opt-in latency mode).
 //!
 //! Nothing here knows about a protocol or the broker: this crate depends on no other Hayate
@@ -20,6 +23,7 @@
 
 pub mod busy;
 pub mod chunks;
+pub mod conn;
 pub mod sink;
 pub mod transport;
 

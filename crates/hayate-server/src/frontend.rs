@@ -9,16 +9,11 @@
 //! or shutdown ([`drive`]); and at the end let the writer flush and stop ([`close`]).
 //! Each protocol's own code is its handshake, its frame handling and its translation.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::BytesMut;
-use hayate_broker::{Outbox, Session, Taken};
-use hayate_io::busy::BusyPoll;
-use hayate_io::transport::{Reader, Writer, read_some, write_chunks};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use hayate_broker::{Outbox, Session};
+use hayate_io::conn;
 use tokio::time::Instant;
 
 /// A connection's subscriptions as its protocol names them (an MQTT filter, a STOMP
@@ -62,21 +57,12 @@ impl SubTable {
     }
 }
 
-/// Why the driver stopped on its own (not because the handler said so).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stop {
-    /// The peer closed its side (end of stream).
-    Eof,
-    /// Reading failed.
-    Io,
-    /// The writer task ended (the peer stopped taking data, a write failed, or the broker
-    /// cut the connection off as a slow consumer).
-    WriterGone,
-    /// The server is shutting down.
-    Shutdown,
-}
+pub use hayate_io::conn::Accepted;
+pub(crate) use hayate_io::conn::Stop;
 
-/// A protocol front-end, as the driver sees it.
+/// A protocol front-end of the broker, as the driver sees it: hayate-io's
+/// [`conn::Handler`] with a broker [`Session`], whose deliveries are flushed after every read,
+/// and events that only ever end the connection.
 pub(crate) trait Handler {
     /// One decoded frame (packet).
     type Frame;
@@ -120,211 +106,86 @@ pub(crate) trait Handler {
     fn stopped(&mut self, why: Stop) -> Self::End;
 }
 
-/// What ended one wait of the driver.
-enum Woke<E> {
-    Read(std::io::Result<usize>),
-    Timer,
-    Event(E),
-    WriterGone,
-    Shutdown,
-}
+/// A front-end [`Handler`] as hayate-io's driver takes it.
+struct Driven<'a, H>(&'a mut H);
 
-/// What the server hands a protocol's `serve` for one accepted connection: the transport's
-/// halves, the server's shutdown signal and its busy-polling handle (when that mode is on).
-pub struct Accepted {
-    /// The read half.
-    pub reader: Reader,
-    /// The write half.
-    pub writer: Writer,
-    /// Changes when the server shuts down.
-    pub shutdown: watch::Receiver<bool>,
-    /// Busy-polling: reads note their input here.
-    pub busy: Option<BusyPoll>,
-}
+impl<H: Handler + Send> conn::Handler for Driven<'_, H>
+where
+    H::Frame: Send,
+    H::End: Send,
+{
+    type Frame = H::Frame;
+    type End = H::End;
 
-impl Accepted {
-    /// A connection on `reader` and `writer`, without busy-polling.
-    pub fn new(reader: Reader, writer: Writer, shutdown: watch::Receiver<bool>) -> Accepted {
-        Accepted {
-            reader,
-            writer,
-            shutdown,
-            busy: None,
-        }
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<H::Frame>, H::End> {
+        self.0.decode(buf)
+    }
+
+    fn handle(&mut self, frame: H::Frame) -> impl Future<Output = Result<(), H::End>> + Send {
+        self.0.handle(frame)
+    }
+
+    fn flush(&mut self) {
+        self.0.session().flush();
+    }
+
+    fn read_limit(&mut self, buf: &mut BytesMut) -> Option<usize> {
+        self.0.read_limit(buf)
+    }
+
+    fn on_read(&mut self) {
+        self.0.on_read();
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.0.deadline()
+    }
+
+    fn on_timer(&mut self) -> impl Future<Output = Result<(), H::End>> + Send {
+        self.0.on_timer()
+    }
+
+    async fn event(&mut self) -> Result<(), H::End> {
+        Err(self.0.event().await)
+    }
+
+    fn stopped(&mut self, why: Stop) -> H::End {
+        self.0.stopped(why)
     }
 }
 
-/// One connection's I/O while a handler serves it: the transport's read half and read
-/// buffer, the session's writer task, the server's shutdown signal and busy-polling handle.
-pub(crate) struct Conn {
-    reader: Reader,
-    buf: BytesMut,
-    writer_task: JoinHandle<()>,
-    shutdown: watch::Receiver<bool>,
-    busy: Option<BusyPoll>,
-}
+/// One connection's I/O while a front-end serves it (hayate-io's [`conn::Conn`]).
+pub(crate) struct Conn(conn::Conn);
 
 impl Conn {
-    /// Attaches `outbox` to the connection's transport (see [`attach`]); `buf` may already
-    /// hold input read during a handshake.
+    /// Attaches `outbox` to the connection's transport; `buf` may already hold input read
+    /// during a handshake.
     pub(crate) fn new(io: Accepted, buf: BytesMut, outbox: &Arc<Outbox>) -> Conn {
-        Conn {
-            writer_task: attach(outbox, &io.writer),
-            reader: io.reader,
-            buf,
-            shutdown: io.shutdown,
-            busy: io.busy,
-        }
+        Conn(conn::Conn::new(io, buf, outbox))
     }
 
-    /// Runs the connection: decodes and handles input until the handler, the peer, the
-    /// writer or shutdown ends it; returns why.
-    pub(crate) async fn drive<H: Handler>(&mut self, h: &mut H) -> H::End {
-        drive(h, self).await
+    /// Runs the connection until the handler, the peer, the writer or shutdown ends it;
+    /// returns why.
+    pub(crate) async fn drive<H: Handler + Send>(&mut self, h: &mut H) -> H::End
+    where
+        H::Frame: Send,
+        H::End: Send,
+    {
+        self.0.drive(&mut Driven(h)).await
     }
 
     /// True once the writer task has ended.
     pub(crate) fn writer_done(&self) -> bool {
-        self.writer_task.is_finished()
+        self.0.writer_done()
     }
 
-    /// Closes `outbox` and lets the writer flush (see [`close`]).
+    /// Closes `outbox` and lets the writer flush (up to 5 s).
     pub(crate) async fn close(self, outbox: &Outbox) {
-        close(outbox, self.writer_task).await;
+        self.0.close(outbox).await;
     }
 
     /// Gives the writer up to 5 s to end (after a detach, which ends it).
     pub(crate) async fn finish(self) {
-        finish_writer(self.writer_task).await;
-    }
-}
-
-async fn drive<H: Handler>(h: &mut H, c: &mut Conn) -> H::End {
-    let Conn {
-        reader,
-        buf,
-        writer_task,
-        shutdown,
-        busy,
-    } = c;
-    // One timer for the connection, moved only when the handler's deadline changes (a timer
-    // registered per read would cost more than the read).
-    let timer = tokio::time::sleep(Duration::from_secs(86_400));
-    tokio::pin!(timer);
-    let mut armed: Option<Instant> = None;
-    loop {
-        // Decode and handle every complete frame before reading again.
-        loop {
-            match h.decode(buf) {
-                Ok(Some(frame)) => {
-                    if let Err(end) = h.handle(frame).await {
-                        return end;
-                    }
-                }
-                Ok(None) => break,
-                Err(end) => return end,
-            }
-        }
-        // Send what this read produced now, from this task, where the sockets can take it.
-        h.session().flush();
-        let limit = h.read_limit(buf);
-        let deadline = h.deadline();
-        if deadline != armed {
-            if let Some(at) = deadline {
-                timer.as_mut().reset(at);
-            }
-            armed = deadline;
-        }
-        let woke = tokio::select! {
-            r = read_some(reader, buf, limit, busy.as_ref()) => Woke::Read(r),
-            () = &mut timer, if armed.is_some() => Woke::Timer,
-            e = h.event() => Woke::Event(e),
-            _ = &mut *writer_task => Woke::WriterGone,
-            _ = shutdown.changed() => Woke::Shutdown,
-        };
-        match woke {
-            Woke::Read(Ok(0)) => return h.stopped(Stop::Eof),
-            Woke::Read(Ok(_)) => h.on_read(),
-            Woke::Read(Err(_)) => return h.stopped(Stop::Io),
-            Woke::Timer => {
-                // Fired: re-armed by the next deadline, even if it is the same instant.
-                armed = None;
-                if let Err(end) = h.on_timer().await {
-                    return end;
-                }
-            }
-            Woke::Event(end) => {
-                // What the peer sent before the event is handled first: an MQTT client's
-                // DISCONNECT just ahead of its own new connection taking the session over
-                // must count. Only input already at hand: one read that does not wait.
-                {
-                    let mut read = std::pin::pin!(read_some(reader, buf, limit, None));
-                    let _ = read
-                        .as_mut()
-                        .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
-                }
-                loop {
-                    match h.decode(buf) {
-                        Ok(Some(frame)) => {
-                            if let Err(first) = h.handle(frame).await {
-                                return first;
-                            }
-                        }
-                        Ok(None) => return end,
-                        Err(first) => return first,
-                    }
-                }
-            }
-            Woke::WriterGone => return h.stopped(Stop::WriterGone),
-            Woke::Shutdown => return h.stopped(Stop::Shutdown),
-        }
-    }
-}
-
-/// Attaches `outbox` to the connection's transport: inline flushes write to `writer`, and a
-/// writer task drains the rest. Returns the writer task.
-fn attach(outbox: &Arc<Outbox>, writer: &Writer) -> JoinHandle<()> {
-    outbox.set_sink(writer.clone());
-    tokio::spawn(write_loop(writer.clone(), outbox.clone(), outbox.epoch()))
-}
-
-/// Closes `outbox` and gives the writer up to 5 s to flush what is queued (a last error
-/// frame included) and shut the transport down.
-async fn close(outbox: &Outbox, writer_task: JoinHandle<()>) {
-    outbox.close();
-    finish_writer(writer_task).await;
-}
-
-/// Gives the writer task up to 5 s to end.
-async fn finish_writer(writer_task: JoinHandle<()>) {
-    if !writer_task.is_finished() {
-        let _ = tokio::time::timeout(Duration::from_secs(5), writer_task).await;
-    }
-}
-
-/// Drains `outbox` into `w` until the outbox closes or is detached from this connection
-/// (its epoch changes), then shuts the transport's write side down.
-async fn write_loop(w: Writer, outbox: Arc<Outbox>, epoch: u64) {
-    let mut q = VecDeque::new();
-    loop {
-        match outbox.take(&mut q, epoch).await {
-            Taken::Data => {
-                // A write that cannot finish (a client that does not read) ends when the
-                // broker cuts the connection off as a slow consumer.
-                let r = tokio::select! {
-                    r = write_chunks(&*w, &mut q) => r,
-                    _ = outbox.cut_off() => Err(std::io::ErrorKind::TimedOut.into()),
-                };
-                outbox.release(epoch);
-                if r.is_err() {
-                    // The reader sees this task end and ends the connection.
-                    return;
-                }
-            }
-            Taken::Closed => {
-                w.shutdown();
-                return;
-            }
-        }
+        self.0.finish().await;
     }
 }

@@ -24,8 +24,11 @@ use tokio::sync::Notify;
 
 mod acked;
 mod buf;
+mod outgoing;
 
 pub use buf::{OutBuf, ZERO_COPY_THRESHOLD};
+/// What the writer took from the outbox.
+pub use hayate_io::conn::Taken;
 
 use crate::Batch;
 use crate::ack::AckTracker;
@@ -111,15 +114,6 @@ pub enum Offer {
     /// This many items (from the front) were queued; the rest did not fit.
     Took(usize),
     /// The session is closed; nothing was queued.
-    Closed,
-}
-
-/// What the writer took from the outbox.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Taken {
-    /// Chunks were appended to the writer's queue.
-    Data,
-    /// The outbox is closed and empty: flush and shut down.
     Closed,
 }
 

@@ -1,350 +1,410 @@
 //! One connection of a [`PeerServer`](super::PeerServer): the handshake, the frames a client
 //! sends, the requests in hand (at most [`PeerOptions::max_in_flight`](super::PeerOptions))
 //! and the replies, routed to the connection's subscriptions.
+//!
+//! The connection runs on hayate-io's connection driver ([`Conn`]), as the broker's
+//! front-ends do: this module is the peer's [`Handler`] (its frames, its requests in hand as
+//! the handler's events) and what happens after the driver returns (answer what is in hand,
+//! close, linger). Replies go out through a broker [`Outbox`]: written from this task after
+//! each read or answer, the rest by the outbox's writer task.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{BufMut, BytesMut};
+use bytes::{Bytes, BytesMut};
 use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
+use hayate_broker::{Batch, Encoder, OutBuf, Outbox};
 use hayate_core::{INBOX_PREFIX, KeyExpr, Message};
+use hayate_io::conn::{Accepted, Conn, Handler, Stop};
+use hayate_io::transport;
 use hayate_native::{
     ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, check_options, decode, encode,
-    encode_msg,
+    encode_msg_head,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{READ_BUF, Reply, Shared};
 
-/// One connection's state, apart from the socket.
-struct Conn {
-    id: u64,
-    welcomed: bool,
-    subs: Vec<(u32, KeyExpr)>,
-    out: BytesMut,
-    /// Requests decoded but not started (the rest of a PUB_BATCH past the in-flight limit).
-    queued: VecDeque<Message>,
-    /// An ERR was sent: close without answering what is in hand.
-    refused: bool,
-}
-
-/// What the reader does after a frame.
-enum Next {
-    Continue,
-    /// Stop reading (CLOSE, or an error already reported with ERR).
-    Stop,
-}
-
 /// How long a closed connection reads (and discards) what the caller still sends, so that
 /// closing with unread input does not reset the connection and lose the last replies.
 pub(super) const LINGER: Duration = Duration::from_secs(1);
+
+/// Replies queued and not yet written, at most: past it the connection reads no more
+/// requests until the caller has taken some (a caller that does not read its replies).
+const OUT_BUDGET: usize = 4 * 1024 * 1024;
+
+/// Why the driver returned.
+#[derive(Debug)]
+enum End {
+    /// An ERR was queued: close at once, without answering what is in hand.
+    Refused,
+    /// CLOSE, an ERR from the caller or the end of its stream: answer what is in hand.
+    Closed,
+    /// The server is stopping: answer what is in hand.
+    Shutdown,
+    /// The transport failed (or the writer ended): nothing more can be sent.
+    Gone,
+}
+
+/// The peer's side of one connection, as the driver sees it.
+struct Peer {
+    id: u64,
+    shared: Arc<Shared>,
+    outbox: Arc<Outbox>,
+    scratch: VecDeque<Bytes>,
+    welcomed: bool,
+    handshake_until: Instant,
+    subs: Vec<(u32, KeyExpr)>,
+    /// Requests decoded but not started (the rest of a PUB_BATCH past the in-flight limit).
+    queued: VecDeque<Message>,
+    running: FuturesUnordered<Reply>,
+    planner: ReadPlanner,
+    max_frame: usize,
+}
+
+/// The outbox's encoder: nothing is routed to a peer connection by a broker, so there is
+/// nothing to encode; replies are written with [`Outbox::push_reply_unbudgeted`].
+struct NoDeliveries;
+
+impl Encoder for NoDeliveries {
+    fn encode(&mut self, _sid: u32, _batch: Batch<'_>, _origin: u64, _out: &mut OutBuf) {}
+    fn encode_lost(&mut self, _sid: u32, _count: u64, _out: &mut OutBuf) {}
+}
 
 pub(super) async fn serve_conn(
     stream: TcpStream,
     id: u64,
     shared: Arc<Shared>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
-    let (mut r, mut w) = stream.into_split();
-    let mut c = Conn {
+    let (reader, writer) = transport::tcp(stream);
+    let outbox = Arc::new(Outbox::new(OUT_BUDGET, Box::new(NoDeliveries)));
+    let mut conn = Conn::new(
+        Accepted::new(reader, writer, stop),
+        BytesMut::with_capacity(READ_BUF),
+        &outbox,
+    );
+    let mut p = Peer {
         id,
+        max_frame: usize::try_from(shared.options.max_payload)
+            .unwrap_or(usize::MAX)
+            .saturating_add(64 * 1024),
+        handshake_until: Instant::now() + shared.options.handshake_timeout,
+        shared,
+        outbox: outbox.clone(),
+        scratch: VecDeque::new(),
         welcomed: false,
         subs: Vec::new(),
-        out: BytesMut::new(),
         queued: VecDeque::new(),
-        refused: false,
+        running: FuturesUnordered::new(),
+        planner: ReadPlanner::new(),
     };
-    let mut buf = BytesMut::with_capacity(READ_BUF);
-    let mut planner = ReadPlanner::new();
-    let mut running: FuturesUnordered<Reply> = FuturesUnordered::new();
-    let max_frame = usize::try_from(shared.options.max_payload)
-        .unwrap_or(usize::MAX)
-        .saturating_add(64 * 1024);
-    let handshake = tokio::time::sleep(shared.options.handshake_timeout);
-    tokio::pin!(handshake);
-    let max_in_flight = shared.options.max_in_flight;
-    let drain = shared.options.drain_timeout;
-    let mut reading = true;
-    // Set once the connection stops reading: the end of its grace period.
-    let mut deadline: Option<Instant> = None;
-    loop {
-        // Start queued requests, then decode every complete frame of the buffer, both up to
-        // the in-flight limit; then collect every reply already available and write it all
-        // at once.
-        while running.len() < max_in_flight
-            && let Some(m) = c.queued.pop_front()
-        {
-            running.push((shared.handler)(m));
-        }
-        let mut held = false;
-        while reading {
-            if running.len() + c.queued.len() >= max_in_flight {
-                held = true;
-                break;
-            }
-            let before = buf.len();
-            match decode(&mut buf, max_frame) {
-                Ok(Some(frame)) => {
-                    planner.decoded(before - buf.len(), &frame);
-                    if let Next::Stop = on_frame(frame, &mut c, &shared, &mut running) {
-                        reading = false;
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    refuse(&mut c, e.code(), &e.to_string());
-                    reading = false;
-                }
-            }
-        }
-        if !reading && deadline.is_none() {
-            deadline = Some(Instant::now() + drain);
-        }
-        if c.refused {
-            // After an ERR the connection closes at once (protocol.md); replies in hand are
-            // dropped.
-            running = FuturesUnordered::new();
-            c.queued.clear();
-        }
-        while let Some(Some(done)) = running.next().now_or_never() {
-            route(&mut c, done);
-        }
-        if !c.out.is_empty()
-            && !write_out(&mut w, &mut c.out, &mut stop, &mut deadline, drain).await
-        {
+    let end = conn.drive(&mut p).await;
+    tracing::debug!(conn = id, ?end, "peer: connection ends");
+    // The caller gets its replies in hand, the ERR or nothing, within drain_timeout (a
+    // caller that does not read must not hold a stopping server).
+    let deadline = Instant::now() + p.shared.options.drain_timeout;
+    match end {
+        End::Closed | End::Shutdown => p.answer_in_hand(deadline).await,
+        End::Refused => p.outbox.try_flush(&mut p.scratch),
+        End::Gone => {}
+    }
+    drop(p);
+    let mut reader = match tokio::time::timeout_at(deadline, conn.close(&*outbox)).await {
+        Ok(reader) => reader,
+        Err(_) => {
+            // The writer is stuck on a caller that does not read: cut it off.
+            outbox.cut();
             return;
         }
-        if !reading || held {
-            if running.is_empty() && c.queued.is_empty() {
-                if reading {
-                    continue; // held by queued work that just finished: decode again
-                }
-                break;
-            }
-            if running.is_empty() {
-                continue; // start queued requests
-            }
-            // Answer what is in hand (before reading more, or before closing).
-            let done = match deadline {
-                Some(d) => match tokio::time::timeout_at(d, running.next()).await {
-                    Ok(done) => done,
-                    Err(_) => break,
-                },
-                None => tokio::select! {
-                    done = running.next() => done,
-                    _ = stop.changed() => {
-                        reading = false;
-                        continue;
-                    }
-                },
-            };
-            if let Some(done) = done {
-                route(&mut c, done);
-            }
-            continue;
-        }
-        let limit = planner.plan(&mut buf, READ_BUF);
-        tokio::select! {
-            n = async {
-                match limit {
-                    Some(n) => r.read_buf(&mut (&mut buf).limit(n)).await,
-                    None => r.read_buf(&mut buf).await,
-                }
-            } => match n {
-                Ok(0) | Err(_) => reading = false,
-                Ok(_) => {}
-            },
-            Some(done) = running.next(), if !running.is_empty() => route(&mut c, done),
-            _ = &mut handshake, if !c.welcomed => {
-                refuse(&mut c, ErrorCode::Protocol, "no HELLO within the handshake timeout");
-                reading = false;
-            }
-            _ = stop.changed() => reading = false,
-        }
-    }
-    let _ = w.shutdown().await;
+    };
     // Drain what the caller still sends until it closes (or briefly), so that the close
     // does not reset the connection with replies still in flight.
     let _ = tokio::time::timeout(LINGER, async {
         let mut sink = [0u8; 4096];
-        while matches!(r.read(&mut sink).await, Ok(n) if n > 0) {}
+        while matches!(reader.read(&mut sink).await, Ok(n) if n > 0) {}
     })
     .await;
 }
 
-/// Writes all of `out`. Gives up (false) on an error or, once the server is stopping, at
-/// `deadline` (a caller that does not read must not hold a stopping server).
-async fn write_out(
-    w: &mut OwnedWriteHalf,
-    out: &mut BytesMut,
-    stop: &mut watch::Receiver<bool>,
-    deadline: &mut Option<Instant>,
-    drain: Duration,
-) -> bool {
-    while !out.is_empty() {
-        let r = match *deadline {
-            Some(d) => match tokio::time::timeout_at(d, w.write_buf(out)).await {
-                Ok(r) => r,
-                Err(_) => return false,
-            },
-            None => tokio::select! {
-                r = w.write_buf(out) => r,
-                _ = stop.changed() => {
-                    *deadline = Some(Instant::now() + drain);
-                    continue;
-                }
-            },
-        };
-        if !matches!(r, Ok(n) if n > 0) {
-            return false;
+impl Peer {
+    /// At the in-flight limit, or the caller is behind on its replies: read no requests.
+    fn held(&self) -> bool {
+        self.running.len() + self.queued.len() >= self.shared.options.max_in_flight
+            || self.outbox.backlog().0 >= OUT_BUDGET
+    }
+
+    /// Starts queued requests up to the in-flight limit.
+    fn start_queued(&mut self) {
+        while self.running.len() < self.shared.options.max_in_flight
+            && let Some(m) = self.queued.pop_front()
+        {
+            self.running.push((self.shared.handler)(m));
         }
     }
-    true
-}
 
-/// Queues an ERR frame (the caller stops reading and closes after writing it).
-fn refuse(c: &mut Conn, code: ErrorCode, message: &str) {
-    c.refused = true;
-    tracing::debug!(
-        conn = c.id,
-        code = code.code(),
-        message,
-        "peer: protocol error"
-    );
-    encode(
-        &Frame::Err {
+    /// Starts what the in-flight limit allows and routes every reply already available.
+    fn progress(&mut self) {
+        loop {
+            self.start_queued();
+            match self.running.next().now_or_never() {
+                Some(Some(done)) => self.route(done),
+                _ => return,
+            }
+        }
+    }
+
+    /// Answers the requests in hand (queued ones too) until `deadline`, writing each reply
+    /// as it comes.
+    async fn answer_in_hand(&mut self, deadline: Instant) {
+        loop {
+            self.start_queued();
+            if self.running.is_empty() {
+                break;
+            }
+            match tokio::time::timeout_at(deadline, self.running.next()).await {
+                Ok(Some(done)) => {
+                    self.route(done);
+                    self.outbox.try_flush(&mut self.scratch);
+                }
+                _ => break,
+            }
+        }
+    }
+
+    /// Queues a frame for the caller.
+    fn send(&self, f: &Frame) {
+        self.outbox.push_reply_unbudgeted(|o| encode(f, o.tail()));
+    }
+
+    /// Queues an ERR frame; the connection closes after writing it.
+    fn refuse(&self, code: ErrorCode, message: &str) -> End {
+        tracing::debug!(
+            conn = self.id,
+            code = code.code(),
+            message,
+            "peer: protocol error"
+        );
+        self.send(&Frame::Err {
             code,
             message: message.to_string(),
-        },
-        &mut c.out,
-    );
-}
+        });
+        End::Refused
+    }
 
-fn on_frame(
-    frame: Frame,
-    c: &mut Conn,
-    shared: &Shared,
-    running: &mut FuturesUnordered<Reply>,
-) -> Next {
-    if !c.welcomed {
+    /// Sends a handler's reply to each subscription of the connection that matches its key.
+    fn route(&mut self, reply: Option<Message>) {
+        let Some(m) = reply else { return };
+        if let Err(e) = check_options(&m) {
+            tracing::warn!(conn = self.id, key = %m.key, "peer: reply not sent: {e}");
+            return;
+        }
+        let subs = &self.subs;
+        self.outbox.push_reply_unbudgeted(|o| {
+            for (sid, expr) in subs {
+                if expr.matches(&m.key) {
+                    encode_msg_head(*sid, &m, o.tail());
+                    o.put_payload(&m.payload);
+                }
+            }
+        });
+    }
+
+    fn serves(&self, key: &hayate_core::Key) -> bool {
+        self.shared.exprs.iter().any(|e| e.matches(key))
+    }
+
+    fn too_large(&self, len: usize) -> Option<End> {
+        let max = self.shared.options.max_payload;
+        (len as u64 > max).then(|| {
+            self.refuse(
+                ErrorCode::FrameTooLarge,
+                &format!("payload of {len} bytes exceeds max_payload {max}"),
+            )
+        })
+    }
+
+    fn hello(&mut self, frame: Frame) -> Result<(), End> {
         let Frame::Hello(h) = frame else {
-            refuse(c, ErrorCode::Protocol, "the first frame must be HELLO");
-            return Next::Stop;
+            return Err(self.refuse(ErrorCode::Protocol, "the first frame must be HELLO"));
         };
         if h.version != PROTOCOL_VERSION {
-            refuse(
-                c,
+            return Err(self.refuse(
                 ErrorCode::UnsupportedVersion,
                 &format!(
                     "protocol version {} is not supported (this peer speaks {PROTOCOL_VERSION})",
                     h.version
                 ),
-            );
-            return Next::Stop;
+            ));
         }
-        c.welcomed = true;
-        let w = Frame::Welcome(Welcome {
+        self.welcomed = true;
+        self.send(&Frame::Welcome(Welcome {
             version: PROTOCOL_VERSION,
-            session: c.id,
-            max_payload: shared.options.max_payload,
-            server: shared.options.name.clone(),
-            inbox: format!("{INBOX_PREFIX}/{}", c.id),
-        });
-        encode(&w, &mut c.out);
-        return Next::Continue;
+            session: self.id,
+            max_payload: self.shared.options.max_payload,
+            server: self.shared.options.name.clone(),
+            inbox: format!("{INBOX_PREFIX}/{}", self.id),
+        }));
+        Ok(())
     }
-    let served = |k: &hayate_core::Key| shared.exprs.iter().any(|e| e.matches(k));
-    match frame {
-        Frame::Pub(m) => {
-            if let Some(refusal) = too_large(m.payload.len(), shared) {
-                refuse(c, ErrorCode::FrameTooLarge, &refusal);
-                return Next::Stop;
-            }
-            if served(&m.key) {
-                running.push((shared.handler)(m));
-            }
+
+    fn on_frame(&mut self, frame: Frame) -> Result<(), End> {
+        if !self.welcomed {
+            return self.hello(frame);
         }
-        Frame::PubBatch { key, payloads } => {
-            if let Some(refusal) = payloads.iter().find_map(|p| too_large(p.len(), shared)) {
-                refuse(c, ErrorCode::FrameTooLarge, &refusal);
-                return Next::Stop;
+        match frame {
+            Frame::Pub(m) => {
+                if let Some(end) = self.too_large(m.payload.len()) {
+                    return Err(end);
+                }
+                if self.serves(&m.key) {
+                    self.running.push((self.shared.handler)(m));
+                }
             }
-            if served(&key) {
-                // Started as the in-flight limit allows.
-                c.queued
-                    .extend(payloads.into_iter().map(|p| Message::new(key.clone(), p)));
+            Frame::PubBatch { key, payloads } => {
+                if let Some(end) = payloads.iter().find_map(|p| self.too_large(p.len())) {
+                    return Err(end);
+                }
+                if self.serves(&key) {
+                    // Started as the in-flight limit allows.
+                    self.queued
+                        .extend(payloads.into_iter().map(|p| Message::new(key.clone(), p)));
+                }
             }
-        }
-        Frame::Sub(s) => {
-            if c.subs.iter().any(|(sid, _)| *sid == s.sid) {
-                refuse(
-                    c,
-                    ErrorCode::BadSubscription,
-                    &format!("subscription id {} is already in use", s.sid),
+            Frame::Sub(s) => {
+                if self.subs.iter().any(|(sid, _)| *sid == s.sid) {
+                    return Err(self.refuse(
+                        ErrorCode::BadSubscription,
+                        &format!("subscription id {} is already in use", s.sid),
+                    ));
+                }
+                // One connection, so a queue group has one member: a plain subscription.
+                self.subs.push((s.sid, s.expr));
+            }
+            Frame::Unsub { sid } => self.subs.retain(|(s, _)| *s != sid),
+            Frame::Ping(t) => self.send(&Frame::Pong(t)),
+            Frame::Pong(_) => {}
+            Frame::Close => return Err(End::Closed),
+            Frame::Err { code, message } => {
+                tracing::debug!(
+                    conn = self.id,
+                    code = code.code(),
+                    message,
+                    "peer: client error"
                 );
-                return Next::Stop;
+                return Err(End::Closed);
             }
-            // One connection, so a queue group has one member: a plain subscription.
-            c.subs.push((s.sid, s.expr));
+            Frame::Hello(_) => {
+                return Err(self.refuse(ErrorCode::Protocol, "HELLO was already received"));
+            }
+            // Nothing is delivered with acknowledgements here: an ACK or NACK names no
+            // delivery and is ignored, as the broker ignores unknown ids.
+            Frame::Ack { .. } | Frame::Nack { .. } => {}
+            Frame::Welcome(_)
+            | Frame::Msg { .. }
+            | Frame::MsgBatch { .. }
+            | Frame::MsgAcked { .. }
+            | Frame::Lost { .. } => {
+                return Err(self.refuse(ErrorCode::Protocol, "a client may not send this frame"));
+            }
         }
-        Frame::Unsub { sid } => c.subs.retain(|(s, _)| *s != sid),
-        Frame::Ping(t) => encode(&Frame::Pong(t), &mut c.out),
-        Frame::Pong(_) => {}
-        Frame::Close => return Next::Stop,
-        Frame::Err { code, message } => {
-            tracing::debug!(
-                conn = c.id,
-                code = code.code(),
-                message,
-                "peer: client error"
-            );
-            return Next::Stop;
-        }
-        Frame::Hello(_) => {
-            refuse(c, ErrorCode::Protocol, "HELLO was already received");
-            return Next::Stop;
-        }
-        // Nothing is delivered with acknowledgements here: an ACK or NACK names no delivery
-        // and is ignored, as the broker ignores unknown ids.
-        Frame::Ack { .. } | Frame::Nack { .. } => {}
-        Frame::Welcome(_)
-        | Frame::Msg { .. }
-        | Frame::MsgBatch { .. }
-        | Frame::MsgAcked { .. }
-        | Frame::Lost { .. } => {
-            refuse(c, ErrorCode::Protocol, "a client may not send this frame");
-            return Next::Stop;
-        }
+        Ok(())
     }
-    Next::Continue
 }
 
-fn too_large(len: usize, shared: &Shared) -> Option<String> {
-    (len as u64 > shared.options.max_payload).then(|| {
-        format!(
-            "payload of {len} bytes exceeds max_payload {}",
-            shared.options.max_payload
-        )
-    })
-}
+impl Handler for Peer {
+    type Frame = Frame;
+    type End = End;
 
-/// Sends a handler's reply to each subscription of the connection that matches its key.
-fn route(c: &mut Conn, reply: Option<Message>) {
-    let Some(m) = reply else { return };
-    if let Err(e) = check_options(&m) {
-        tracing::warn!(conn = c.id, key = %m.key, "peer: reply not sent: {e}");
-        return;
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, End> {
+        // Replies already available are queued first: they count against the output
+        // budget before more requests are read, and make room under the in-flight limit.
+        self.progress();
+        if self.held() {
+            return Ok(None);
+        }
+        let before = buf.len();
+        match decode(buf, self.max_frame) {
+            Ok(Some(frame)) => {
+                self.planner.decoded(before - buf.len(), &frame);
+                Ok(Some(frame))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => Err(self.refuse(e.code(), &e.to_string())),
+        }
     }
-    for (sid, expr) in &c.subs {
-        if expr.matches(&m.key) {
-            encode_msg(*sid, &m, &mut c.out);
+
+    async fn handle(&mut self, frame: Frame) -> Result<(), End> {
+        self.on_frame(frame)
+    }
+
+    /// Starts what the in-flight limit allows, routes every reply already available and
+    /// writes them all at once.
+    fn flush(&mut self) {
+        self.progress();
+        self.outbox.try_flush(&mut self.scratch);
+    }
+
+    fn read_limit(&mut self, buf: &mut BytesMut) -> Option<usize> {
+        if self.held() {
+            Some(0)
+        } else {
+            self.planner.plan(buf, READ_BUF)
+        }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        (!self.welcomed).then_some(self.handshake_until)
+    }
+
+    async fn on_timer(&mut self) -> Result<(), End> {
+        if self.welcomed || Instant::now() < self.handshake_until {
+            return Ok(());
+        }
+        Err(self.refuse(ErrorCode::Protocol, "no HELLO within the handshake timeout"))
+    }
+
+    /// A request answered, or (when the caller is behind on its replies) room in the
+    /// outbox.
+    async fn event(&mut self) -> Result<(), End> {
+        let outbox = self.outbox.clone();
+        let behind = outbox.backlog().0 >= OUT_BUDGET;
+        // Registered before the second look, so that a take in between is not missed.
+        let room = behind.then(|| Box::pin(outbox.wait_space()));
+        let room = match room {
+            Some(mut n) => {
+                n.as_mut().enable();
+                (outbox.backlog().0 >= OUT_BUDGET).then_some(n)
+            }
+            None => None,
+        };
+        let room = async {
+            match room {
+                Some(n) => n.await,
+                None => std::future::pending().await,
+            }
+        };
+        let done = tokio::select! {
+            Some(done) = self.running.next(), if !self.running.is_empty() => Some(done),
+            () = room => None,
+        };
+        if let Some(done) = done {
+            self.route(done);
+        }
+        Ok(())
+    }
+
+    fn stopped(&mut self, why: Stop) -> End {
+        match why {
+            Stop::Eof => End::Closed,
+            Stop::Shutdown => End::Shutdown,
+            Stop::Io | Stop::WriterGone => End::Gone,
         }
     }
 }

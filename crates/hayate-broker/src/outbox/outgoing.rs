@@ -1,0 +1,41 @@
+//! The outbox as a connection's output queue: what hayate-io's connection driver and its
+//! writer task need of it.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hayate_io::Sink;
+use hayate_io::conn::Outgoing;
+
+use super::{Outbox, Taken};
+
+impl Outgoing for Outbox {
+    fn set_sink(&self, sink: Arc<dyn Sink>) {
+        Outbox::set_sink(self, sink);
+    }
+
+    fn epoch(&self) -> u64 {
+        Outbox::epoch(self)
+    }
+
+    fn take<'a>(
+        &'a self,
+        into: &'a mut VecDeque<Bytes>,
+        epoch: u64,
+    ) -> impl Future<Output = Taken> + Send + 'a {
+        Outbox::take(self, into, epoch)
+    }
+
+    fn release(&self, epoch: u64) {
+        Outbox::release(self, epoch);
+    }
+
+    fn cut_off(&self) -> impl Future<Output = ()> + Send + '_ {
+        Outbox::cut_off(self)
+    }
+
+    fn close(&self) {
+        Outbox::close(self);
+    }
+}

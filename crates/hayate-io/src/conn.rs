@@ -1,0 +1,311 @@
+//! The connection driver: one lifecycle for every protocol's server side.
+//!
+//! A protocol's server side (the broker's native, MQTT and STOMP front-ends, the client
+//! library's peer-to-peer server) is a [`Handler`]: it decodes frames, handles them and says
+//! when its timer is due. Its output is an [`Outgoing`] queue (the broker's `Outbox`). The
+//! driver owns what they share: attach the queue to the transport and run its writer task
+//! ([`Conn::new`]), decode and handle *every* complete frame of a read before reading again,
+//! let the handler flush what the read produced from this task ([`Handler::flush`]), then
+//! wait for the next read, the handler's timer, an event of the handler's own (an MQTT session
+//! takeover, a peer request's reply), the writer's end or shutdown ([`Conn::drive`]); at the
+//! end let the writer flush and stop ([`Conn::close`]).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::task::{Context, Waker};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::busy::BusyPoll;
+use crate::sink::Sink;
+use crate::transport::{Reader, Writer, read_some, write_chunks};
+
+/// What a writer took from an [`Outgoing`] queue.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Taken {
+    /// Chunks were appended to the writer's queue.
+    Data,
+    /// The queue is closed and empty (or was detached from this writer): shut down.
+    Closed,
+}
+
+/// A connection's output queue as its writer task sees it (the broker's `Outbox`).
+pub trait Outgoing: Send + Sync + 'static {
+    /// Sets the transport that inline flushes write to (a new connection).
+    fn set_sink(&self, sink: Arc<dyn Sink>);
+    /// The queue's current epoch: a writer drains it until it changes (a detach).
+    fn epoch(&self) -> u64;
+    /// Waits for data and moves it into `into` (the writer then writes it and calls
+    /// [`Outgoing::release`]), or says the queue is closed.
+    fn take<'a>(
+        &'a self,
+        into: &'a mut VecDeque<Bytes>,
+        epoch: u64,
+    ) -> impl Future<Output = Taken> + Send + 'a;
+    /// The data from [`Outgoing::take`] is written.
+    fn release(&self, epoch: u64);
+    /// Resolves when the connection is cut off (a slow consumer): a write that cannot
+    /// finish is abandoned.
+    fn cut_off(&self) -> impl Future<Output = ()> + Send + '_;
+    /// Nothing more is queued: the writer drains what is there, then shuts down.
+    fn close(&self);
+}
+
+/// Why the driver stopped on its own (not because the handler said so).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The peer closed its side (end of stream).
+    Eof,
+    /// Reading failed.
+    Io,
+    /// The writer task ended (the peer stopped taking data, a write failed, or the
+    /// connection was cut off as a slow consumer).
+    WriterGone,
+    /// The server is shutting down.
+    Shutdown,
+}
+
+/// A protocol's server side, as the driver sees it.
+pub trait Handler {
+    /// One decoded frame (packet).
+    type Frame;
+    /// Why the connection ends; what the protocol's closing code gets.
+    type End;
+
+    /// Decodes one frame from the front of `buf`; `Ok(None)` when more input is needed (or
+    /// the handler holds further input back: see [`Handler::read_limit`]).
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Self::Frame>, Self::End>;
+
+    /// Handles one frame; `Err` ends the connection.
+    fn handle(&mut self, frame: Self::Frame) -> impl Future<Output = Result<(), Self::End>> + Send;
+
+    /// Called after the frames of a read are handled: send what they produced now, from
+    /// this task (the broker's inline flush).
+    fn flush(&mut self);
+
+    /// How much to read next: `None` whatever arrives (see `hayate_native::ReadPlanner` for
+    /// a planned size), `Some(0)` nothing for now (the handler holds input back until one
+    /// of its events; back-pressure on a pipelining peer).
+    fn read_limit(&mut self, _buf: &mut BytesMut) -> Option<usize> {
+        None
+    }
+
+    /// A read brought input (keep-alive timers restart here).
+    fn on_read(&mut self) {}
+
+    /// When [`Handler::on_timer`] is due next (`None`: no timer).
+    fn deadline(&self) -> Option<Instant> {
+        None
+    }
+
+    /// The deadline passed; `Err` ends the connection.
+    fn on_timer(&mut self) -> impl Future<Output = Result<(), Self::End>> + Send {
+        async { Ok(()) }
+    }
+
+    /// An event of the handler's own, from outside the connection: `Ok` once handled (a
+    /// peer request answered), `Err` when it ends the connection (an MQTT session taken
+    /// over by another connection). Never, by default.
+    fn event(&mut self) -> impl Future<Output = Result<(), Self::End>> + Send {
+        std::future::pending()
+    }
+
+    /// The driver stopped for `why`.
+    fn stopped(&mut self, why: Stop) -> Self::End;
+}
+
+/// What ended one wait of the driver.
+enum Woke<E> {
+    Read(std::io::Result<usize>),
+    Timer,
+    Event(Result<(), E>),
+    WriterGone,
+    Shutdown,
+}
+
+/// What a server hands a protocol's `serve` for one accepted connection: the transport's
+/// halves, the server's shutdown signal and its busy-polling handle (when that mode is on).
+pub struct Accepted {
+    /// The read half.
+    pub reader: Reader,
+    /// The write half.
+    pub writer: Writer,
+    /// Changes when the server shuts down.
+    pub shutdown: watch::Receiver<bool>,
+    /// Busy-polling: reads note their input here.
+    pub busy: Option<BusyPoll>,
+}
+
+impl Accepted {
+    /// A connection on `reader` and `writer`, without busy-polling.
+    pub fn new(reader: Reader, writer: Writer, shutdown: watch::Receiver<bool>) -> Accepted {
+        Accepted {
+            reader,
+            writer,
+            shutdown,
+            busy: None,
+        }
+    }
+}
+
+/// One connection's I/O while a handler serves it: the transport's read half and read
+/// buffer, the output queue's writer task, the server's shutdown signal and busy-polling
+/// handle.
+pub struct Conn {
+    reader: Reader,
+    buf: BytesMut,
+    writer_task: JoinHandle<()>,
+    shutdown: watch::Receiver<bool>,
+    busy: Option<BusyPoll>,
+}
+
+impl Conn {
+    /// Attaches `out` to the connection's transport: inline flushes write to its write half
+    /// and a writer task drains the rest. `buf` may already hold input read during a
+    /// handshake.
+    pub fn new<O: Outgoing>(io: Accepted, buf: BytesMut, out: &Arc<O>) -> Conn {
+        out.set_sink(io.writer.clone());
+        let writer_task = tokio::spawn(write_loop(io.writer.clone(), out.clone(), out.epoch()));
+        Conn {
+            writer_task,
+            reader: io.reader,
+            buf,
+            shutdown: io.shutdown,
+            busy: io.busy,
+        }
+    }
+
+    /// Runs the connection: decodes and handles input until the handler, the peer, the
+    /// writer or shutdown ends it; returns why.
+    pub async fn drive<H: Handler>(&mut self, h: &mut H) -> H::End {
+        drive(h, self).await
+    }
+
+    /// True once the writer task has ended.
+    pub fn writer_done(&self) -> bool {
+        self.writer_task.is_finished()
+    }
+
+    /// Closes `out` and gives the writer up to 5 s to flush what is queued (a last error
+    /// frame included) and shut the transport down.
+    pub async fn close<O: Outgoing>(self, out: &O) -> Reader {
+        out.close();
+        self.finish().await
+    }
+
+    /// Gives the writer up to 5 s to end (after a detach, which ends it); returns the read
+    /// half (for a linger read).
+    pub async fn finish(self) -> Reader {
+        finish_writer(self.writer_task).await;
+        self.reader
+    }
+}
+
+async fn drive<H: Handler>(h: &mut H, c: &mut Conn) -> H::End {
+    let Conn {
+        reader,
+        buf,
+        writer_task,
+        shutdown,
+        busy,
+    } = c;
+    // One timer for the connection, moved only when the handler's deadline changes (a timer
+    // registered per read would cost more than the read).
+    let timer = tokio::time::sleep(Duration::from_secs(86_400));
+    tokio::pin!(timer);
+    let mut armed: Option<Instant> = None;
+    loop {
+        // Decode and handle every complete frame before reading again.
+        if let Err(end) = handle_buffered(h, buf).await {
+            return end;
+        }
+        // Send what this read produced now, from this task, where the sockets can take it.
+        h.flush();
+        let limit = h.read_limit(buf);
+        let deadline = h.deadline();
+        if deadline != armed {
+            if let Some(at) = deadline {
+                timer.as_mut().reset(at);
+            }
+            armed = deadline;
+        }
+        let woke = tokio::select! {
+            r = read_some(reader, buf, limit, busy.as_ref()), if limit != Some(0) => Woke::Read(r),
+            () = &mut timer, if armed.is_some() => Woke::Timer,
+            e = h.event() => Woke::Event(e),
+            _ = &mut *writer_task => Woke::WriterGone,
+            _ = shutdown.changed() => Woke::Shutdown,
+        };
+        match woke {
+            Woke::Read(Ok(0)) => return h.stopped(Stop::Eof),
+            Woke::Read(Ok(_)) => h.on_read(),
+            Woke::Read(Err(_)) => return h.stopped(Stop::Io),
+            Woke::Timer => {
+                // Fired: re-armed by the next deadline, even if it is the same instant.
+                armed = None;
+                if let Err(end) = h.on_timer().await {
+                    return end;
+                }
+            }
+            Woke::Event(Ok(())) => {}
+            Woke::Event(Err(end)) => {
+                // What the peer sent before the event is handled first: an MQTT client's
+                // DISCONNECT just ahead of its own new connection taking the session over
+                // must count. Only input already at hand: one read that does not wait.
+                if limit != Some(0) {
+                    let mut read = std::pin::pin!(read_some(reader, buf, limit, None));
+                    let _ = read.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+                }
+                return handle_buffered(h, buf).await.err().unwrap_or(end);
+            }
+            Woke::WriterGone => return h.stopped(Stop::WriterGone),
+            Woke::Shutdown => return h.stopped(Stop::Shutdown),
+        }
+    }
+}
+
+/// Decodes and handles every complete frame in `buf`.
+async fn handle_buffered<H: Handler>(h: &mut H, buf: &mut BytesMut) -> Result<(), H::End> {
+    while let Some(frame) = h.decode(buf)? {
+        h.handle(frame).await?;
+    }
+    Ok(())
+}
+
+/// Gives the writer task up to 5 s to end.
+async fn finish_writer(writer_task: JoinHandle<()>) {
+    if !writer_task.is_finished() {
+        let _ = tokio::time::timeout(Duration::from_secs(5), writer_task).await;
+    }
+}
+
+/// Drains `out` into `w` until it closes or is detached from this connection (its epoch
+/// changes), then shuts the transport's write side down.
+async fn write_loop<O: Outgoing>(w: Writer, out: Arc<O>, epoch: u64) {
+    let mut q = VecDeque::new();
+    loop {
+        match out.take(&mut q, epoch).await {
+            Taken::Data => {
+                // A write that cannot finish (a peer that does not read) ends when the
+                // connection is cut off as a slow consumer.
+                let r = tokio::select! {
+                    r = write_chunks(&*w, &mut q) => r,
+                    () = out.cut_off() => Err(std::io::ErrorKind::TimedOut.into()),
+                };
+                out.release(epoch);
+                if r.is_err() {
+                    // The reader sees this task end and ends the connection.
+                    return;
+                }
+            }
+            Taken::Closed => {
+                w.shutdown();
+                return;
+            }
+        }
+    }
+}
