@@ -1,14 +1,18 @@
 //! The MQTT 3.1, 3.1.1 and 5.0 front-end.
 //!
-//! # Shape
-//! - [`Mqtt`] is shared by every MQTT connection of a server: the settings, the session
-//!   registry (client identifier → session, online or parked), the retained messages, the
-//!   statistics, and the background task (session expiry, delayed wills, `$SYS`, autosave).
+//! # Layout
+//! - this module: [`Mqtt`], shared by every MQTT connection of a server: the settings, the
+//!   session registry, the retained messages, the statistics, and the background task
+//!   (session expiry, delayed wills, `$SYS`, autosave).
+//! - `registry`: the session registry (client identifier → session, online or parked):
+//!   acquiring, releasing, parking and expiring sessions.
+//! - `retained`: the retained messages.
+//! - `sys`: the statistics ([`MqttStats`]) and the `$SYS` messages made of them.
 //! - [`conn`]: one connection: CONNECT, then a reader loop over [`hayate_mqtt::decode`]
 //!   and a writer task draining the session's outbox (as the native front-end does).
-//! - [`out`]: the delivery state of a session and the outbox [`Encoder`](hayate_broker::Encoder)
-//!   that turns broker deliveries into PUBLISH packets (QoS, packet ids, in-flight window,
-//!   held messages, topic aliases).
+//! - [`delivery`]: the delivery state of a session and the outbox [`Encoder`] that turns
+//!   broker deliveries into PUBLISH packets (QoS, packet ids, in-flight window, held
+//!   messages, topic aliases).
 //! - [`persist`]: saving and loading persistent sessions and retained messages.
 //! - [`translate`]: every translation between MQTT and Hayate (topics and keys, filters and
 //!   key expressions, QoS and guarantees, 5.0 properties and message metadata). The codec,
@@ -38,6 +42,9 @@
 pub mod conn;
 pub mod delivery;
 pub mod persist;
+mod registry;
+mod retained;
+mod sys;
 pub mod translate;
 
 use std::collections::HashMap;
@@ -46,15 +53,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use hayate_broker::{Batch, Broker, Encoder, OutBuf, Session};
-use hayate_core::{Key, KeyExpr, Message};
-use hayate_mqtt::ProtocolVersion;
-use tokio::sync::{mpsc, oneshot, watch};
+use hayate_core::Message;
+use tokio::sync::watch;
 
 use crate::auth::Authenticator;
 use crate::config::{Config, MqttSection};
 use delivery::{MqttDeliveries, MqttEncoder, SharedDeliveries};
+use registry::Entry;
+use retained::Retained;
+pub use sys::MqttStats;
 pub use translate::CONTENT_TYPE;
 
 /// Whether `topic` is in the broker's own `$SYS` tree.
@@ -76,81 +84,6 @@ pub struct MqttSession {
 pub(crate) struct PendingWill {
     pub(crate) due: Instant,
     pub(crate) msg: Message,
-}
-
-/// Where a connection that is taken over sends its session, with its will if that waits
-/// for a delay (published by the new connection if it starts clean, dropped otherwise).
-type Handover = oneshot::Sender<(Option<MqttSession>, Option<PendingWill>)>;
-
-#[derive(Debug)]
-struct Online {
-    conn: u64,
-    kick: mpsc::UnboundedSender<Handover>,
-}
-
-#[derive(Debug)]
-struct Parked {
-    session: MqttSession,
-    expires: Option<Instant>,
-    will: Option<PendingWill>,
-}
-
-/// What survives in the registry about one client identifier.
-#[derive(Debug)]
-struct Entry {
-    online: Option<Online>,
-    parked: Option<Parked>,
-    /// For saving: the session's state, version and expiry interval.
-    info: Option<(SharedDeliveries, ProtocolVersion, u32)>,
-}
-
-/// Counters for `$SYS`.
-#[derive(Debug, Default)]
-pub struct MqttStats {
-    /// Clients connected now.
-    pub connected: AtomicU64,
-    /// PUBLISH packets received from clients.
-    pub received: AtomicU64,
-    /// Connections accepted over the broker's life.
-    pub connections: AtomicU64,
-}
-
-/// Retained messages by key.
-#[derive(Debug, Default)]
-pub(crate) struct Retained {
-    map: HashMap<Key, Message>,
-}
-
-impl Retained {
-    /// Stores `msg` as the retained message of its key (an empty payload clears it).
-    pub(crate) fn set(&mut self, msg: &Message) {
-        if msg.payload.is_empty() {
-            self.map.remove(&msg.key);
-        } else {
-            self.map.insert(msg.key.clone(), msg.clone());
-        }
-    }
-
-    /// The retained messages matching `expr` (not `$` keys when `skip_dollar`).
-    pub(crate) fn matching(&mut self, expr: &KeyExpr, skip_dollar: bool) -> Vec<Message> {
-        let now = Instant::now();
-        self.map
-            .retain(|_, m| m.attrs.expires.is_none_or(|at| at > now));
-        self.map
-            .values()
-            .filter(|m| !(skip_dollar && m.key.as_bytes().first() == Some(&b'$')))
-            .filter(|m| expr.matches(&m.key))
-            .cloned()
-            .collect()
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    pub(crate) fn all(&self) -> impl Iterator<Item = &Message> {
-        self.map.values()
-    }
 }
 
 /// The MQTT front-end's shared state.
@@ -253,164 +186,6 @@ impl Mqtt {
         }
     }
 
-    /// Claims `client_id` for connection `conn`: returns the client's existing session,
-    /// taken from the registry or from the connection that has it now (which is told to
-    /// hand it over), if any.
-    pub(crate) async fn acquire(
-        &self,
-        client_id: &str,
-        conn: u64,
-        kick: mpsc::UnboundedSender<Handover>,
-    ) -> (Option<MqttSession>, Option<PendingWill>) {
-        let me = Online { conn, kick };
-        let handover = {
-            let mut reg = locked(&self.registry);
-            let e = reg.entry(client_id.to_string()).or_insert(Entry {
-                online: None,
-                parked: None,
-                info: None,
-            });
-            match e.online.replace(me) {
-                Some(old) => {
-                    let (tx, rx) = oneshot::channel();
-                    if old.kick.send(tx).is_err() {
-                        // The old connection is gone and released nothing: nothing to take.
-                        None
-                    } else {
-                        Some(rx)
-                    }
-                }
-                None => {
-                    return match e.parked.take() {
-                        Some(p) => (Some(p.session), p.will),
-                        None => (None, None),
-                    };
-                }
-            }
-        };
-        let Some(rx) = handover else {
-            return (None, None);
-        };
-        match tokio::time::timeout(Duration::from_secs(5), rx).await {
-            Ok(Ok(handed)) => handed,
-            _ => {
-                tracing::warn!(client_id, "mqtt: session takeover timed out");
-                (None, None)
-            }
-        }
-    }
-
-    /// Records what is needed to save the session of `client_id`.
-    pub(crate) fn set_info(
-        &self,
-        client_id: &str,
-        conn: u64,
-        out: SharedDeliveries,
-        version: ProtocolVersion,
-        expiry: u32,
-    ) {
-        let mut reg = locked(&self.registry);
-        if let Some(e) = reg.get_mut(client_id)
-            && e.online.as_ref().is_some_and(|o| o.conn == conn)
-        {
-            e.info = Some((out, version, expiry));
-        }
-    }
-
-    /// Called by connection `conn` of `client_id` as it ends: hands the session to a
-    /// connection that took it over, parks it (`expiry` seconds, `u32::MAX` = never), or
-    /// drops it (returned, so the caller drops it outside the lock). `kicked` is a takeover
-    /// the connection received before it ended for another reason (its DISCONNECT came
-    /// first).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn release(
-        &self,
-        client_id: &str,
-        conn: u64,
-        kicked: Option<Handover>,
-        kick: &mut mpsc::UnboundedReceiver<Handover>,
-        session: MqttSession,
-        expiry: u32,
-        will: Option<PendingWill>,
-    ) -> Option<MqttSession> {
-        let mut reg = locked(&self.registry);
-        // A takeover asked under this lock cannot be missed.
-        if let Some(to) = kicked.or_else(|| kick.try_recv().ok()) {
-            drop(reg);
-            if expiry == 0 {
-                // This connection ended its session on its own (a DISCONNECT with expiry 0
-                // crossed the new CONNECT): its outbox is closed and there is nothing to hand
-                // over; the new connection starts a new session.
-                let _ = to.send((None, will));
-                return Some(session);
-            }
-            return to.send((Some(session), will)).err().and_then(|(s, _)| s);
-        }
-        let Some(e) = reg.get_mut(client_id) else {
-            return Some(session);
-        };
-        if e.online.as_ref().is_none_or(|o| o.conn != conn) {
-            return Some(session);
-        }
-        e.online = None;
-        if expiry == 0 {
-            reg.remove(client_id);
-            return Some(session);
-        }
-        e.parked = Some(Parked {
-            session,
-            expires: (expiry != u32::MAX)
-                .then(|| Instant::now() + Duration::from_secs(u64::from(expiry))),
-            will,
-        });
-        None
-    }
-
-    /// Parks a restored session (at startup).
-    pub(crate) fn park_restored(
-        &self,
-        client_id: String,
-        session: MqttSession,
-        version: ProtocolVersion,
-        expiry: u32,
-    ) {
-        let out = session.out.clone();
-        locked(&self.registry).insert(
-            client_id,
-            Entry {
-                online: None,
-                parked: Some(Parked {
-                    session,
-                    expires: (expiry != u32::MAX)
-                        .then(|| Instant::now() + Duration::from_secs(u64::from(expiry))),
-                    will: None,
-                }),
-                info: Some((out, version, expiry)),
-            },
-        );
-    }
-
-    /// Sessions to save: client id, version, expiry interval, state.
-    pub(crate) fn saved_sessions(&self) -> Vec<(String, ProtocolVersion, u32, SharedDeliveries)> {
-        locked(&self.registry)
-            .iter()
-            .filter_map(|(id, e)| {
-                let (out, v, exp) = e.info.as_ref()?;
-                (*exp > 0).then(|| (id.clone(), *v, *exp, out.clone()))
-            })
-            .collect()
-    }
-
-    /// Stores or clears a retained message.
-    pub(crate) fn retain(&self, msg: &Message) {
-        locked(&self.retained).set(msg);
-    }
-
-    /// The retained messages matching `expr`.
-    pub(crate) fn retained_matching(&self, expr: &KeyExpr, skip_dollar: bool) -> Vec<Message> {
-        locked(&self.retained).matching(expr, skip_dollar)
-    }
-
     /// Saves persistent sessions and retained messages to the data directory.
     pub fn save(&self) {
         let Some(dir) = &self.data_dir else { return };
@@ -419,32 +194,6 @@ impl Mqtt {
             Ok(None) => {}
             Err(e) => tracing::warn!("mqtt: cannot save state in {}: {e}", dir.display()),
         }
-    }
-
-    /// Expires parked sessions and collects wills that are due.
-    fn sweep(&self, now: Instant) -> (Vec<Message>, Vec<MqttSession>) {
-        let mut wills = Vec::new();
-        let mut ended = Vec::new();
-        let mut reg = locked(&self.registry);
-        reg.retain(|_, e| {
-            let Some(p) = &mut e.parked else { return true };
-            if p.will.as_ref().is_some_and(|w| w.due <= now)
-                && let Some(w) = p.will.take()
-            {
-                wills.push(w.msg);
-            }
-            if p.expires.is_some_and(|t| t <= now) {
-                if let Some(w) = p.will.take() {
-                    wills.push(w.msg);
-                }
-                if let Some(p) = e.parked.take() {
-                    ended.push(p.session);
-                }
-                return false;
-            }
-            true
-        });
-        (wills, ended)
     }
 
     /// Publishes `msg` from `session` (a will, `$SYS`), storing it first if retained.
@@ -464,61 +213,6 @@ impl Mqtt {
             return;
         }
         self.publish_from(session, msg).await;
-    }
-
-    async fn publish_sys(&self, session: &mut Session) {
-        let reg_count = locked(&self.registry).len();
-        let retained = locked(&self.retained).len();
-        let s = &self.stats;
-        let items = [
-            (
-                "$SYS/broker/version",
-                format!("hayate {}", env!("CARGO_PKG_VERSION")),
-            ),
-            (
-                "$SYS/broker/uptime",
-                format!("{} seconds", self.started.elapsed().as_secs()),
-            ),
-            (
-                "$SYS/broker/clients/connected",
-                s.connected.load(Ordering::Relaxed).to_string(),
-            ),
-            ("$SYS/broker/clients/total", reg_count.to_string()),
-            (
-                "$SYS/broker/messages/received",
-                s.received.load(Ordering::Relaxed).to_string(),
-            ),
-            (
-                "$SYS/broker/subscriptions/count",
-                self.broker.subscription_count().to_string(),
-            ),
-            ("$SYS/broker/retained messages/count", retained.to_string()),
-            (
-                "$SYS/broker/messages/dropped",
-                self.broker
-                    .stats()
-                    .dropped
-                    .load(Ordering::Relaxed)
-                    .to_string(),
-            ),
-            (
-                "$SYS/broker/clients/slow",
-                self.broker
-                    .stats()
-                    .slow_consumers
-                    .load(Ordering::Relaxed)
-                    .to_string(),
-            ),
-        ];
-        for (topic, value) in items {
-            let Ok(key) = translate::topic_to_key(topic) else {
-                continue;
-            };
-            let mut m = Message::new(key, Bytes::from(value));
-            m.attrs.retain = true;
-            m.attrs.utf8 = true;
-            self.publish_from(session, &m).await;
-        }
     }
 
     /// Runs session expiry, delayed wills, `$SYS` statistics and autosave until `stop`.

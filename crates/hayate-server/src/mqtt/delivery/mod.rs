@@ -4,13 +4,22 @@
 //! aliases of the current connection, and its QoS 1 and 2 deliveries. Those are held by the
 //! broker's [`AckTracker`] (the window of deliveries in flight, the messages waiting behind
 //! it or while the client is offline, and the bytes they hold); MQTT keeps beside it only
-//! what is its own: packet id <-> delivery id and each delivery's QoS 2 stage. It lives as long as the MQTT session (across
-//! reconnections) and is shared by
-//! - [`MqttEncoder`], the session outbox's [`Encoder`]: publishers' tasks call it under the
-//!   outbox lock for every delivery;
+//! what is its own: packet id <-> delivery id and each delivery's QoS 2 stage. It lives as
+//! long as the MQTT session (across reconnections) and is shared by
+//! - [`MqttEncoder`], the session outbox's [`Encoder`](hayate_broker::Encoder): publishers'
+//!   tasks call it under the outbox lock for every delivery;
 //! - the connection's reader, which hands it acknowledgements through
-//!   [`Outbox::push_reply_unbudgeted`](hayate_broker::Outbox::push_reply_unbudgeted) (so also under the outbox
-//!   lock: lock order outbox, then this state; never the other way).
+//!   [`Outbox::push_reply_unbudgeted`](hayate_broker::Outbox::push_reply_unbudgeted) (so
+//!   also under the outbox lock: lock order outbox, then this state; never the other way).
+//!
+//! # Layout
+//! - this module: `MqttDeliveries` and what it holds (subscription options, QoS 1 and 2
+//!   deliveries and their stages, packet ids): delivering, the window, acknowledgements,
+//!   going online and offline;
+//! - `link`: the attached connection's parameters (`Link`, topic aliases) and writing
+//!   packets for it: PUBLISH (`MqttDeliveries` calls it) and control packets
+//!   (`put_packet`);
+//! - `encoder`: `MqttEncoder`, the outbox's encoder, and `HeldCounter`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -18,19 +27,23 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
-use hayate_broker::{AckTracker, Batch, Encoder, OutBuf};
+use hayate_broker::{AckTracker, OutBuf};
 use hayate_core::{Key, Message};
-use hayate_mqtt::{
-    Ack, Packet, ProtocolVersion, PublishHead, PublishProperties, QoS, RetainHandling, encode,
-    encode_publish_head,
-};
+use hayate_mqtt::{Ack, Packet, ProtocolVersion, PublishProperties, QoS, RetainHandling};
 
-use super::translate::{delivery_properties, key_to_topic, qos_of};
+use super::translate::qos_of;
 
 /// The delivery state, shared between the encoder and the connection.
 pub(crate) type SharedDeliveries = Arc<Mutex<MqttDeliveries>>;
 
 pub(crate) use crate::lock;
+
+mod encoder;
+mod link;
+
+pub(crate) use encoder::{HeldCounter, MqttEncoder};
+pub(crate) use link::{Link, put_packet};
+use link::{write_publish, write_queued};
 
 /// One MQTT subscription's options (keyed by its broker subscription id).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,36 +87,6 @@ pub(crate) struct Inflight {
     pub(crate) stage: Stage,
 }
 
-/// The current connection's parameters, while the client is online.
-#[derive(Debug)]
-pub(crate) struct Link {
-    pub(crate) version: ProtocolVersion,
-    /// The client's Receive Maximum (65,535 when it sent none).
-    pub(crate) receive_max: u16,
-    /// The client's Maximum Packet Size.
-    pub(crate) max_packet: u32,
-    /// The client's Topic Alias Maximum.
-    pub(crate) alias_max: u16,
-    aliases: HashMap<Bytes, u16>,
-}
-
-impl Link {
-    pub(crate) fn new(
-        version: ProtocolVersion,
-        receive_max: u16,
-        max_packet: u32,
-        alias_max: u16,
-    ) -> Link {
-        Link {
-            version,
-            receive_max,
-            max_packet,
-            alias_max: if version.is_v5() { alias_max } else { 0 },
-            aliases: HashMap::new(),
-        }
-    }
-}
-
 /// The delivery state of one MQTT session.
 #[derive(Debug)]
 pub(crate) struct MqttDeliveries {
@@ -142,72 +125,6 @@ fn held_size(q: &Queued) -> usize {
     q.msg.payload.len() + q.msg.key.as_bytes().len()
 }
 
-/// Writes one PUBLISH; false when it could not be sent (larger than the client accepts,
-/// or not encodable) and nothing was written.
-#[allow(clippy::too_many_arguments)]
-fn write_publish(
-    link: &mut Link,
-    empty: &PublishProperties,
-    key: &Key,
-    payload: &Bytes,
-    msg: Option<&Message>,
-    qos: QoS,
-    retain: bool,
-    packet_id: Option<u16>,
-    dup: bool,
-    sub_id: Option<u32>,
-    out: &mut OutBuf,
-) -> bool {
-    let v5 = link.version.is_v5();
-    let now = msg.and_then(|m| m.attrs.expires).map(|_| Instant::now());
-    let mut props = if v5 {
-        delivery_properties(msg, sub_id, now)
-    } else {
-        None
-    };
-    let full_topic = key_to_topic(key.as_str());
-    let mut topic: &str = &full_topic;
-    // A new alias is remembered only once the packet that announces it is written.
-    let mut new_alias = None;
-    if link.alias_max > 0 {
-        let p = props.get_or_insert_with(PublishProperties::default);
-        if let Some(&a) = link.aliases.get(key.as_shared()) {
-            p.topic_alias = Some(a);
-            topic = "";
-        } else if link.aliases.len() < usize::from(link.alias_max) {
-            let a = u16::try_from(link.aliases.len() + 1).unwrap_or(u16::MAX);
-            p.topic_alias = Some(a);
-            new_alias = Some(a);
-        }
-    }
-    let head = PublishHead {
-        dup,
-        qos,
-        retain,
-        topic,
-        packet_id,
-        properties: props.as_ref().unwrap_or(empty),
-    };
-    let tail = out.tail();
-    let start = tail.len();
-    if encode_publish_head(&head, payload.len(), link.version, tail).is_err() {
-        tail.truncate(start);
-        return false;
-    }
-    let size = tail.len() - start + payload.len();
-    if size > link.max_packet as usize {
-        // "The Server MUST NOT send packets exceeding Maximum Packet Size to the Client";
-        // it discards them as if sent (3.1.2.11.4).
-        tail.truncate(start);
-        return false;
-    }
-    out.put_payload(payload);
-    if let Some(a) = new_alias {
-        link.aliases.insert(key.as_shared().clone(), a);
-    }
-    true
-}
-
 /// A packet id not in use by a delivery in flight, after the last one given.
 fn alloc_pid(next: &mut u16, in_use: &HashMap<u16, u64>) -> u16 {
     loop {
@@ -217,30 +134,6 @@ fn alloc_pid(next: &mut u16, in_use: &HashMap<u16, u64>) -> u16 {
             return p;
         }
     }
-}
-
-/// Writes a QoS 1 or 2 delivery with packet id `pid` (`dup` on a re-send).
-fn write_queued(
-    link: &mut Link,
-    empty: &PublishProperties,
-    q: &Queued,
-    pid: u16,
-    dup: bool,
-    out: &mut OutBuf,
-) -> bool {
-    write_publish(
-        link,
-        empty,
-        &q.msg.key,
-        &q.msg.payload,
-        Some(&q.msg),
-        q.qos,
-        q.retain,
-        Some(pid),
-        dup,
-        q.sub_id,
-        out,
-    )
 }
 
 impl MqttDeliveries {
@@ -546,7 +439,9 @@ impl MqttDeliveries {
         self.online.store(false, Ordering::Relaxed);
     }
 
-    /// What the encoder reads for [`Encoder::held_bytes`] without locking this state.
+    /// What the encoder reads for
+    /// [`Encoder::held_bytes`](hayate_broker::Encoder::held_bytes) without locking this
+    /// state.
     pub(crate) fn held_counter(&self) -> HeldCounter {
         HeldCounter {
             held: self.held.clone(),
@@ -562,47 +457,5 @@ impl MqttDeliveries {
     /// Held deliveries, in order.
     pub(crate) fn pending(&self) -> impl Iterator<Item = &Queued> {
         self.tracker.pending().map(|f| &f.item)
-    }
-}
-
-/// Appends a control packet (acknowledgements, CONNACK, ...) in `version`.
-pub(crate) fn put_packet(p: &Packet, version: ProtocolVersion, out: &mut OutBuf) {
-    if let Err(e) = encode(p, version, out.tail()) {
-        tracing::warn!("cannot encode {:?}: {e}", p.packet_type());
-    }
-}
-
-/// The [`Encoder`] of an MQTT session's outbox.
-#[derive(Debug)]
-pub(crate) struct MqttEncoder {
-    pub(crate) out: SharedDeliveries,
-    pub(crate) held: HeldCounter,
-}
-
-/// The held bytes of a session's deliveries while a connection is attached (0 offline),
-/// readable without the delivery state's lock (the budget check of every offer reads it).
-#[derive(Debug, Clone)]
-pub(crate) struct HeldCounter {
-    held: Arc<AtomicUsize>,
-    online: Arc<AtomicBool>,
-}
-
-impl Encoder for MqttEncoder {
-    fn encode(&mut self, sid: u32, batch: Batch<'_>, origin: u64, out: &mut OutBuf) {
-        let mut st = lock(&self.out);
-        batch.each(|key, payload, msg| st.deliver(sid, key, payload, msg, origin, false, out));
-    }
-
-    fn encode_lost(&mut self, _sid: u32, count: u64, _out: &mut OutBuf) {
-        // MQTT has no way to tell a subscriber; count it.
-        lock(&self.out).dropped += count;
-    }
-
-    fn held_bytes(&self) -> usize {
-        if self.held.online.load(Ordering::Relaxed) {
-            self.held.held.load(Ordering::Relaxed)
-        } else {
-            0
-        }
     }
 }

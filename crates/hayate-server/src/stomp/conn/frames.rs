@@ -1,232 +1,14 @@
-//! One STOMP connection: CONNECT (or STOMP), then frames until DISCONNECT, an error, a
-//! heart-beat timeout or shutdown.
+//! The frames of a connection: the first must be CONNECT (see `handshake`); then SEND,
+//! SUBSCRIBE, UNSUBSCRIBE, ACK, NACK, the transactions (BEGIN, COMMIT, ABORT) and
+//! DISCONNECT, with the destinations they name (topics, queues, temp-queues).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use hayate_broker::{Batch, Session, Settle};
 use hayate_core::{INBOX_PREFIX, Key, KeyExpr, Message, Qos};
-use hayate_stomp::{Command, Frame, Item, Limits, Version, decode, encode};
-use tokio::time::Instant;
+use hayate_stomp::{Command, Frame, Version};
 
-use super::Stomp;
-use super::delivery::{AckMode, Kind, StompDeliveries, StompEncoder, Sub, lock};
-use crate::frontend::{self, Accepted, Handler, Stop, SubTable};
-
-const READ_BUF: usize = 64 * 1024;
-
-/// A refusal: the ERROR frame's `message` header and body.
-#[derive(Debug)]
-struct Refusal {
-    message: String,
-    detail: String,
-    /// Extra headers of the ERROR frame.
-    headers: Vec<(&'static str, &'static str)>,
-}
-
-fn refuse(message: impl Into<String>, detail: impl Into<String>) -> Refusal {
-    Refusal {
-        message: message.into(),
-        detail: detail.into(),
-        headers: Vec::new(),
-    }
-}
-
-/// Per-connection state.
-struct Conn<'a> {
-    stomp: &'a Stomp,
-    out: Arc<Mutex<StompDeliveries>>,
-    connected: bool,
-    version: Version,
-    /// Subscription ids → broker subscription ids.
-    subs: SubTable,
-    /// The broker subscription of the temp-queues, once one is used.
-    temp_sid: Option<u32>,
-    /// Open transactions: their buffered SEND, ACK and NACK frames.
-    tx: HashMap<String, Vec<Frame>>,
-    /// Queues this connection declared (to avoid asking the broker again).
-    declared: std::collections::HashSet<String>,
-    /// Negotiated heart-beats: how often to send, how long to wait for the client.
-    send_every: Option<Duration>,
-    recv_timeout: Option<Duration>,
-}
-
-/// The STOMP front-end as the connection driver sees it: the connection state, its session
-/// and its timers.
-struct Driven<'a> {
-    c: Conn<'a>,
-    session: Session,
-    limits: Limits,
-    /// Until CONNECT: the handshake deadline; then the client's heart-beat deadline, if any.
-    quiet: Instant,
-    /// When our next heart-beat is due, once connected with heart-beats.
-    beat: Option<Instant>,
-    beating: bool,
-    /// When the last read brought input (once heart-beats are expected).
-    last_read: Option<Instant>,
-}
-
-/// `None`: a graceful end; `Some`: an ERROR frame for the client.
-type End = Option<Refusal>;
-
-impl Handler for Driven<'_> {
-    type Frame = Item;
-    type End = End;
-
-    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Item>, End> {
-        decode(buf, self.c.version, &self.limits)
-            .map_err(|e| Some(refuse("malformed frame", e.to_string())))
-    }
-
-    async fn handle(&mut self, item: Item) -> Result<(), End> {
-        let Item::Frame(f) = item else {
-            return Ok(()); // a heart-beat
-        };
-        let receipt = f.get("receipt").map(str::to_string);
-        match self.c.handle(f, &mut self.session).await {
-            Ok(go_on) => {
-                if let Some(r) = receipt {
-                    self.c.reply(
-                        &mut self.session,
-                        Frame::new(Command::Receipt).header("receipt-id", &r),
-                    );
-                }
-                if !go_on {
-                    return Err(None);
-                }
-            }
-            Err(mut e) => {
-                if let Some(r) = receipt {
-                    e.detail = format!("{}\n(receipt {r})", e.detail);
-                }
-                return Err(Some(e));
-            }
-        }
-        if self.c.connected && !self.beating {
-            self.beating = true;
-            let now = Instant::now();
-            self.beat = self.c.send_every.map(|every| now + every);
-            self.quiet = now
-                + self
-                    .c
-                    .recv_timeout
-                    .unwrap_or(Duration::from_secs(86_400 * 365));
-        }
-        Ok(())
-    }
-
-    fn session(&mut self) -> &mut Session {
-        &mut self.session
-    }
-
-    fn on_read(&mut self) {
-        if self.c.connected && self.c.recv_timeout.is_some() {
-            // A clock read, not a timer move: the deadline catches up when it fires.
-            self.last_read = Some(Instant::now());
-        }
-    }
-
-    fn deadline(&self) -> Option<Instant> {
-        Some(self.beat.map_or(self.quiet, |b| b.min(self.quiet)))
-    }
-
-    async fn on_timer(&mut self) -> Result<(), End> {
-        let now = Instant::now();
-        if let (Some(last), Some(t)) = (self.last_read, self.c.recv_timeout)
-            && last + t > self.quiet
-        {
-            self.quiet = last + t;
-        }
-        if now >= self.quiet {
-            return Err(Some(if self.c.connected {
-                refuse(
-                    "heart-beat timeout",
-                    "nothing received within twice the negotiated heart-beat interval",
-                )
-            } else {
-                refuse(
-                    "no CONNECT",
-                    "no CONNECT frame within the handshake timeout",
-                )
-            }));
-        }
-        if let (Some(at), Some(every)) = (self.beat, self.c.send_every)
-            && now >= at
-        {
-            self.beat = Some(now + every);
-            self.session
-                .outbox()
-                .push_control_unbudgeted(|b| b.extend_from_slice(b"\n"));
-        }
-        Ok(())
-    }
-
-    fn stopped(&mut self, why: Stop) -> End {
-        match why {
-            Stop::Shutdown => Some(refuse("server shutting down", "")),
-            Stop::Eof | Stop::Io | Stop::WriterGone => None,
-        }
-    }
-}
-
-/// Serves one STOMP connection until it closes.
-pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
-    let limits = Limits {
-        max_headers: stomp.cfg.max_headers,
-        max_header_bytes: 64 * 1024,
-        max_body: stomp.cfg.max_frame_size,
-    };
-    let out = Arc::new(Mutex::new(StompDeliveries::new(String::new())));
-    let session = stomp
-        .broker
-        .open_session(Box::new(StompEncoder { out: out.clone() }));
-    lock(&out).temp_prefix = format!("{INBOX_PREFIX}/{}/", session.id());
-    let outbox = session.outbox().clone();
-    let mut conn = frontend::Conn::new(io, BytesMut::with_capacity(READ_BUF), &outbox);
-    let mut h = Driven {
-        c: Conn {
-            stomp: &stomp,
-            out: out.clone(),
-            connected: false,
-            version: Version::V1_0,
-            subs: SubTable::default(),
-            temp_sid: None,
-            tx: HashMap::new(),
-            declared: Default::default(),
-            send_every: None,
-            recv_timeout: None,
-        },
-        session,
-        limits,
-        quiet: Instant::now() + stomp.handshake_timeout,
-        beat: None,
-        beating: false,
-        last_read: None,
-    };
-    let end = conn.drive(&mut h).await;
-    let (c, mut session) = (h.c, h.session);
-    if let Some(e) = end {
-        tracing::debug!(message = e.message, "stomp: error");
-        let mut f = Frame::new(Command::Error)
-            .header("message", &e.message)
-            .header("content-type", "text/plain");
-        for (k, v) in &e.headers {
-            f = f.header(k, v);
-        }
-        if !e.detail.is_empty() {
-            f = f.body(Bytes::from(e.detail.into_bytes()));
-        }
-        let v = c.version;
-        outbox.push_control_unbudgeted(|b| encode(&f, v, b));
-    }
-    // Messages left unacknowledged go back to their queues (topic messages are dropped).
-    session.release_unacked(None).await;
-    session.flush();
-    drop(session);
-    conn.close(&outbox).await;
-}
+use super::{Conn, Refusal, refuse};
+use crate::stomp::delivery::{AckMode, Kind, Sub, lock};
 
 /// Headers of a SEND that are the frame's, not the message's.
 fn is_frame_header(name: &str) -> bool {
@@ -245,16 +27,12 @@ fn is_frame_header(name: &str) -> bool {
 }
 
 impl Conn<'_> {
-    fn reply(&self, session: &mut Session, f: Frame) {
-        let v = self.version;
-        session
-            .outbox()
-            .push_reply_unbudgeted(|o| encode(&f, v, o.tail()));
-        session.mark_own_output();
-    }
-
     /// Handles one frame; `Ok(false)` ends the connection (DISCONNECT).
-    async fn handle(&mut self, f: Frame, session: &mut Session) -> Result<bool, Refusal> {
+    pub(super) async fn handle(
+        &mut self,
+        f: Frame,
+        session: &mut Session,
+    ) -> Result<bool, Refusal> {
         if !self.connected {
             return match f.command {
                 Command::Connect | Command::Stomp => {
@@ -336,65 +114,6 @@ impl Conn<'_> {
             }
         }
         Ok(true)
-    }
-
-    fn connect(&mut self, f: &Frame, session: &mut Session) -> Result<(), Refusal> {
-        let version = match f.get("accept-version") {
-            None => Version::V1_0,
-            Some(a) => match Version::parse_accept(a) {
-                Some(v) => v,
-                None => {
-                    let mut e = refuse(
-                        "unsupported protocol version",
-                        format!("the client accepts {a:?}; this server speaks 1.0, 1.1 and 1.2"),
-                    );
-                    // STOMP 1.2: the ERROR lists the versions the server supports.
-                    e.headers.push(("version", "1.0,1.1,1.2"));
-                    return Err(e);
-                }
-            },
-        };
-        let login = f.get("login");
-        let passcode = f.get("passcode").map(str::as_bytes);
-        if self
-            .stomp
-            .auth
-            .authenticate("stomp", login, passcode)
-            .is_err()
-        {
-            return Err(refuse("access refused", "bad login or passcode"));
-        }
-        let (cx, cy) = match f.get("heart-beat") {
-            None => (0, 0),
-            Some(h) => parse_heart_beat(h).ok_or_else(|| {
-                refuse(
-                    "malformed heart-beat",
-                    format!("heart-beat {h:?} is not two numbers"),
-                )
-            })?,
-        };
-        let s = self.stomp.cfg.heart_beat_ms;
-        let (sx, sy) = (s, s);
-        if version >= Version::V1_1 {
-            if sx > 0 && cy > 0 {
-                self.send_every = Some(Duration::from_millis(u64::from(sx.max(cy))));
-            }
-            if cx > 0 && sy > 0 {
-                self.recv_timeout = Some(Duration::from_millis(2 * u64::from(cx.max(sy))));
-            }
-        }
-        self.version = version;
-        lock(&self.out).version = version;
-        self.connected = true;
-        let mut r = Frame::new(Command::Connected)
-            .header("version", version.as_str())
-            .header("server", &self.stomp.server_name)
-            .header("session", &session.id().to_string());
-        if version >= Version::V1_1 {
-            r = r.header("heart-beat", &format!("{sx},{sy}"));
-        }
-        self.reply(session, r);
-        Ok(())
     }
 
     /// The key a SEND destination names.
@@ -483,7 +202,7 @@ impl Conn<'_> {
             });
         }
         if let Some(c) = f.get("correlation-id") {
-            msg.correlation_id = Some(super::delivery::correlation_bytes(c));
+            msg.correlation_id = Some(crate::stomp::delivery::correlation_bytes(c));
         }
         let mut headers: Vec<(String, Bytes)> = Vec::new();
         for (k, v) in &f.headers {
@@ -660,9 +379,4 @@ fn tx_name(f: &Frame) -> Result<String, Refusal> {
             format!("{} needs a transaction header", f.command.as_str()),
         )
     })
-}
-
-fn parse_heart_beat(h: &str) -> Option<(u32, u32)> {
-    let (a, b) = h.split_once(',')?;
-    Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
 }

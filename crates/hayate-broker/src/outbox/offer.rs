@@ -1,0 +1,153 @@
+//! What goes into an outbox: publishers' offers within the byte budget (and what does not
+//! fit: drops counted, publishers waiting for room, the stalled state), deliveries outside
+//! the budget, and the session's own control output and replies.
+
+use std::sync::atomic::Ordering;
+
+use bytes::BytesMut;
+
+use super::{Delivery, Offer, OutBuf, Outbox, State};
+use crate::Batch;
+
+impl Outbox {
+    /// Queues as many items of `batch` (from the front) as fit the budget. Items that do not
+    /// fit are left to the caller, who drops them ([`Outbox::count_lost`]) or waits
+    /// ([`Outbox::wait_space`]). When the outbox has a sink, the caller must later call
+    /// [`Outbox::try_flush`] (as `Session::flush` does), or the data waits for the next wake.
+    ///
+    /// The budget counts the queued bytes and the bytes held for acknowledgements (by the
+    /// ack tracker and the encoder). `own` says the publisher is this outbox's own session:
+    /// then only the queued bytes count, because held deliveries are freed by acknowledgements
+    /// that this very publisher's reader would have to read.
+    pub fn offer(&self, sid: u32, origin: u64, batch: Batch<'_>, own: bool) -> Offer {
+        let mut st = self.lock();
+        if st.closed {
+            return Offer::Closed;
+        }
+        let queued = if own {
+            st.buf.len()
+        } else {
+            st.buf.len() + st.acks.held_bytes() + st.encoder.held_bytes()
+        };
+        let mut fit = 0;
+        let mut size = 0;
+        while fit < batch.len() {
+            let c = batch.cost(fit);
+            // A connection being cut off takes everything (and discards it): its
+            // publishers must not wait for a budget that only its closing frees.
+            if !st.cut && queued + size + c > self.budget && !(queued == 0 && fit == 0) {
+                break;
+            }
+            size += c;
+            fit += 1;
+        }
+        let st = &mut *st;
+        if fit > 0 {
+            if let Some(i) = st.lost.iter().position(|&(s, _)| s == sid) {
+                let (_, n) = st.lost.swap_remove(i);
+                st.encoder.encode_lost(sid, n, &mut st.buf);
+            }
+            Self::put(st, sid, origin, batch.slice(0, fit));
+        }
+        // With a sink, the publishing session flushes inline after its read
+        // (`Session::flush`), so the writer task is woken only when the outbox is full.
+        if fit < batch.len() || st.sink.is_none() {
+            self.wake(st);
+        }
+        Offer::Took(fit)
+    }
+
+    /// Records that `n` messages for `sid` were dropped; reported before its next delivery
+    /// or when the writer next drains the outbox.
+    pub fn count_lost(&self, sid: u32, n: u64) {
+        let mut st = self.lock();
+        match st.lost.iter_mut().find(|(s, _)| *s == sid) {
+            Some((_, c)) => *c += n,
+            None => st.lost.push((sid, n)),
+        }
+        // The writer encodes the report when it next drains, even if nothing else arrives.
+        self.wake(&mut st);
+    }
+
+    /// Delivers `batch` to subscription `sid` whatever the budget (a queue's backlog
+    /// handed to a new member, which must not be lost nor block the subscriber). False if
+    /// the outbox is closed.
+    pub fn force_unbudgeted(&self, sid: u32, origin: u64, batch: Batch<'_>) -> bool {
+        let mut st = self.lock();
+        if st.closed {
+            return false;
+        }
+        let st = &mut *st;
+        Self::put(st, sid, origin, batch);
+        self.wake(st);
+        true
+    }
+
+    /// Encodes `batch` for `sid`: through the ack tracker for an acknowledged subscription,
+    /// straight to the encoder otherwise. While the connection is being cut off, the bytes
+    /// are discarded (the tracker and the encoder keep what they must give back).
+    fn put(st: &mut State, sid: u32, origin: u64, batch: Batch<'_>) {
+        if !st.acked.is_empty() && st.acked.contains(&sid) {
+            for i in 0..batch.len() {
+                let msg = batch.message(i);
+                st.acks.push(Delivery { sid, msg }, batch.cost(i));
+            }
+            Self::fill_window(st);
+        } else {
+            st.encoder.encode(sid, batch, origin, &mut st.buf);
+        }
+        if st.cut {
+            st.buf = OutBuf::default();
+        }
+    }
+
+    /// Marks the outbox stalled: a publisher gave up waiting for room for a `Stall::Drop`
+    /// subscription. Until the writer catches up (less than half the budget left), further
+    /// deliveries that do not fit are dropped without waiting.
+    pub fn set_stalled(&self) {
+        self.lock().stalled = true;
+    }
+
+    /// See [`Outbox::set_stalled`].
+    pub fn is_stalled(&self) -> bool {
+        self.lock().stalled
+    }
+
+    /// Queues control output (handshake answers, PONG, errors) outside the budget.
+    pub fn push_control_unbudgeted(&self, f: impl FnOnce(&mut BytesMut)) {
+        let mut st = self.lock();
+        if st.closed {
+            return;
+        }
+        f(st.buf.tail());
+        self.wake(&mut st);
+    }
+
+    /// Runs `f` on the queue under the outbox's lock, for a reader answering its own client
+    /// with output that depends on the encoder's state (an MQTT session releasing held
+    /// messages when an acknowledgement frees its window): `f` may lock that state (lock
+    /// order: outbox, then encoder state). Publishers blocked on a full outbox are woken.
+    /// The writer is not woken when the outbox has a sink, because the caller sends the output itself with
+    /// [`Session::mark_own_output`](crate::Session::mark_own_output) and
+    /// [`Session::flush`](crate::Session::flush) at the end of its read.
+    pub fn push_reply_unbudgeted(&self, f: impl FnOnce(&mut OutBuf)) {
+        let mut st = self.lock();
+        if st.closed {
+            return;
+        }
+        f(&mut st.buf);
+        if st.sink.is_none() && !st.buf.is_empty() {
+            self.wake(&mut st);
+        }
+        drop(st);
+        self.after_take();
+    }
+
+    /// Waits until a writer has taken data (room may have appeared) or the outbox closed.
+    /// Register before offering to avoid a lost wake-up: call this, pin it, `enable()` it,
+    /// then offer, then await it.
+    pub fn wait_space(&self) -> tokio::sync::futures::Notified<'_> {
+        self.has_blocked.store(true, Ordering::SeqCst);
+        self.space.notified()
+    }
+}

@@ -1,0 +1,407 @@
+//! One MQTT connection: CONNECT, then packets until DISCONNECT, an error, a keep-alive
+//! timeout, a takeover or shutdown.
+//!
+//! # Layout
+//! - this module: [`serve`], the connection's life: the CONNECT handshake (authentication,
+//!   client identifier, will, session expiry), the session (new, parked or taken over) and
+//!   CONNACK, then the end (a last DISCONNECT, the will, parking, handing over or dropping
+//!   the session);
+//! - `packets`: the packets between: the connection driver's handler and each packet's
+//!   handling.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use hayate_io::transport::{read_some, write_chunks};
+use hayate_mqtt::{
+    ByteStr, ConnAck, DecodeError, Disconnect, Packet, ProtocolVersion, ReasonCode, decode_connect,
+    encode,
+};
+use tokio::sync::mpsc;
+
+use super::delivery::{Link, lock, put_packet};
+use super::translate::will_message;
+use super::{Mqtt, MqttSession, PendingWill};
+use crate::auth::AuthError;
+use crate::frontend::{self, Accepted};
+
+mod packets;
+
+const READ_BUF: usize = 64 * 1024;
+
+/// A refusal: the reason code and a reason string (sent to 5.0 clients).
+type Fail = (ReasonCode, String);
+
+fn fail(code: ReasonCode, msg: impl Into<String>) -> Fail {
+    (code, msg.into())
+}
+
+/// Why the connection ends.
+#[derive(Debug)]
+enum End {
+    /// DISCONNECT from the client.
+    Disconnect {
+        /// The reason code was not 0x00 (normal disconnection): the will is published.
+        publish_will: bool,
+    },
+    /// A protocol error: tell a 5.0 client, publish the will.
+    Error(ReasonCode, String),
+    /// No packet within 1.5 times the keep alive.
+    KeepAlive,
+    /// EOF or an I/O error.
+    Closed,
+    /// Another connection took the session over (the handover is in `Driven::kicked`).
+    TakenOver,
+    /// The server is shutting down.
+    Shutdown,
+}
+
+/// The connection's settings and per-connection state.
+struct Conn<'a> {
+    mqtt: &'a Mqtt,
+    version: ProtocolVersion,
+    /// Topic aliases the client set (alias → topic).
+    aliases: HashMap<u16, ByteStr>,
+    /// Session expiry interval (seconds; `u32::MAX` never).
+    expiry: u32,
+    expiry_at_connect: u32,
+    /// Send reason strings (5.0 Request Problem Information).
+    problem_info: bool,
+}
+
+/// The MQTT front-end as the connection driver sees it, once CONNECT is accepted.
+struct Driven<'a> {
+    conn: Conn<'a>,
+    ms: MqttSession,
+    kick_rx: mpsc::UnboundedReceiver<super::registry::Handover>,
+    /// A takeover received: where the session goes once the input that came before it is
+    /// handled (a DISCONNECT there decides what is handed over).
+    kicked: Option<super::registry::Handover>,
+    max_packet: u32,
+    /// 1.5 times the keep alive, if any; the connection ends after that long without input.
+    ka: Option<Duration>,
+    idle_at: tokio::time::Instant,
+    last_read: tokio::time::Instant,
+}
+
+/// Serves one MQTT connection until it closes.
+pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
+    let Accepted {
+        mut reader,
+        writer,
+        mut shutdown,
+        busy,
+    } = io;
+    let mut buf = BytesMut::with_capacity(READ_BUF);
+    let max_packet = mqtt.cfg.max_packet_size;
+
+    // CONNECT, within the handshake timeout.
+    let connect = {
+        let deadline = tokio::time::sleep(mqtt.handshake_timeout);
+        tokio::pin!(deadline);
+        loop {
+            match decode_connect(&mut buf, max_packet) {
+                Ok(Some(c)) => break c,
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::debug!("mqtt: bad CONNECT: {e}");
+                    if matches!(e, DecodeError::UnsupportedProtocolVersion { .. }) {
+                        // The 3.1.1 CONNACK "unacceptable protocol version" (rc 1), which
+                        // every version reads.
+                        let mut q = std::collections::VecDeque::from([Bytes::from_static(&[
+                            0x20, 2, 0, 1,
+                        ])]);
+                        let _ = write_chunks(&*writer, &mut q).await;
+                    }
+                    writer.shutdown();
+                    return;
+                }
+            }
+            tokio::select! {
+                r = read_some(&mut reader, &mut buf, None, busy.as_ref()) => match r {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                },
+                _ = &mut deadline => {
+                    writer.shutdown();
+                    return;
+                }
+                _ = shutdown.changed() => return,
+            }
+        }
+    };
+    let version = connect.protocol_version;
+
+    // Authentication and the client identifier.
+    let w = &writer;
+    let refuse = |code: ReasonCode| async move {
+        let mut out = BytesMut::new();
+        let code = if version.is_v5() {
+            Some(code)
+        } else {
+            code.to_v3_connack().map(|_| code)
+        };
+        if let Some(code) = code
+            && encode(
+                &Packet::ConnAck(Box::new(ConnAck::new(code))),
+                version,
+                &mut out,
+            )
+            .is_ok()
+        {
+            let mut q = std::collections::VecDeque::from([out.freeze()]);
+            let _ = write_chunks(&**w, &mut q).await;
+        }
+        w.shutdown();
+    };
+    if connect.properties.authentication_method.is_some() {
+        refuse(ReasonCode::BadAuthenticationMethod).await;
+        return;
+    }
+    if let Err(e) = mqtt.auth.authenticate(
+        "mqtt",
+        connect.username.as_deref(),
+        connect.password.as_deref(),
+    ) {
+        refuse(match e {
+            AuthError::NotAuthorized => ReasonCode::NotAuthorized,
+            AuthError::BadCredentials => ReasonCode::BadUserNameOrPassword,
+        })
+        .await;
+        return;
+    }
+    let mut assigned = None;
+    let client_id = if connect.client_id.is_empty() {
+        if !version.is_v5() && !connect.clean_start {
+            refuse(ReasonCode::ClientIdentifierNotValid).await;
+            return;
+        }
+        let id = format!("hayate-{:016x}", rand_id());
+        assigned = Some(id.clone());
+        id
+    } else {
+        connect.client_id.as_str().to_string()
+    };
+    let will = match will_message(connect.will.as_ref()) {
+        Ok(w) => w,
+        Err(_) => {
+            refuse(ReasonCode::TopicNameInvalid).await;
+            return;
+        }
+    };
+    let expiry = if version.is_v5() {
+        connect
+            .properties
+            .session_expiry_interval
+            .unwrap_or(0)
+            .min(mqtt.cfg.max_session_expiry)
+    } else if connect.clean_start {
+        0
+    } else {
+        // 3.1.1 sessions never expire, unless the configuration caps them.
+        mqtt.cfg.max_session_expiry
+    };
+
+    // The session: new, parked, or taken over from another connection.
+    let conn_id = mqtt.next_conn();
+    let (kick_tx, kick_rx) = mpsc::unbounded_channel();
+    let (prior, prior_will) = mqtt.acquire(&client_id, conn_id, kick_tx).await;
+    let (mut ms, present) = match prior {
+        Some(s) if !connect.clean_start => (s, true),
+        Some(mut old) => {
+            // A clean start ends the old session now: its delayed will is due now.
+            if let Some(w) = prior_will {
+                mqtt.publish_will(&mut old.session, &w.msg).await;
+            }
+            drop(old);
+            (mqtt.new_session(), false)
+        }
+        None => (mqtt.new_session(), false),
+    };
+    mqtt.set_info(&client_id, conn_id, ms.out.clone(), version, expiry);
+    mqtt.stats.connected.fetch_add(1, Ordering::Relaxed);
+    mqtt.stats.connections.fetch_add(1, Ordering::Relaxed);
+
+    // CONNACK, then what the session has in flight and held.
+    let mut keep_alive = connect.keep_alive;
+    let mut ack = ConnAck::new(ReasonCode::Success);
+    ack.session_present = present;
+    if version.is_v5() {
+        let max_ka = mqtt.cfg.max_keep_alive;
+        if max_ka > 0 && (keep_alive == 0 || keep_alive > max_ka) {
+            keep_alive = max_ka;
+            ack.properties.server_keep_alive = Some(max_ka);
+        }
+        let p = &mut ack.properties;
+        p.receive_maximum = Some(mqtt.cfg.receive_maximum);
+        p.maximum_packet_size = Some(max_packet);
+        p.topic_alias_maximum = Some(mqtt.cfg.topic_alias_maximum);
+        p.assigned_client_identifier = assigned.map(ByteStr::from);
+        if connect.properties.session_expiry_interval.unwrap_or(0) != expiry {
+            p.session_expiry_interval = Some(expiry);
+        }
+    }
+    let link = Link::new(
+        version,
+        connect.properties.receive_maximum.unwrap_or(u16::MAX),
+        connect
+            .properties
+            .maximum_packet_size
+            .unwrap_or(hayate_mqtt::MAX_PACKET_SIZE),
+        connect.properties.topic_alias_maximum.unwrap_or(0),
+    );
+    let outbox = ms.session.outbox().clone();
+    let accepted = Accepted {
+        reader,
+        writer,
+        shutdown,
+        busy,
+    };
+    let mut io = frontend::Conn::new(accepted, buf, &outbox);
+    outbox.push_reply_unbudgeted(|o| {
+        put_packet(&Packet::ConnAck(Box::new(ack)), version, o);
+        lock(&ms.out).go_online(link, o);
+    });
+    ms.session.mark_own_output();
+    ms.session.flush();
+    tracing::debug!(client_id, ?version, present, "mqtt: connected");
+
+    let conn = Conn {
+        mqtt: &mqtt,
+        version,
+        aliases: HashMap::new(),
+        expiry,
+        expiry_at_connect: expiry,
+        problem_info: connect
+            .properties
+            .request_problem_information
+            .unwrap_or(true),
+    };
+    let ka = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
+    let mut h = Driven {
+        conn,
+        ms,
+        kick_rx,
+        kicked: None,
+        max_packet,
+        ka,
+        idle_at: tokio::time::Instant::now() + ka.unwrap_or_default(),
+        last_read: tokio::time::Instant::now(),
+    };
+    let end = io.drive(&mut h).await;
+    let Driven {
+        conn,
+        mut ms,
+        mut kick_rx,
+        kicked,
+        ..
+    } = h;
+    // Deliveries made by the packets handled last still have to leave.
+    ms.session.flush();
+    tracing::debug!(client_id, ?end, "mqtt: connection ends");
+    mqtt.stats.connected.fetch_sub(1, Ordering::Relaxed);
+
+    // A last word to a 5.0 client.
+    let last = match &end {
+        End::Error(code, msg) => Some((*code, msg.clone())),
+        End::KeepAlive => Some((ReasonCode::KeepAliveTimeout, "keep alive timeout".into())),
+        End::TakenOver => Some((ReasonCode::SessionTakenOver, "session taken over".into())),
+        End::Shutdown => Some((
+            ReasonCode::ServerShuttingDown,
+            "server shutting down".into(),
+        )),
+        End::Disconnect { .. } | End::Closed => None,
+    };
+    if let Some((code, msg)) = last
+        && version.is_v5()
+    {
+        let mut d = Disconnect::new(code);
+        if conn.problem_info && !msg.is_empty() {
+            d.properties.reason_string = Some(truncate(&msg).into());
+        }
+        outbox.push_reply_unbudgeted(|o| put_packet(&Packet::Disconnect(d), version, o));
+        ms.session.mark_own_output();
+        ms.session.flush();
+    }
+    let publish_will = !matches!(
+        end,
+        End::Disconnect {
+            publish_will: false
+        } | End::Shutdown
+    );
+    let expiry = conn.expiry;
+
+    // The will: now, or after its delay if the session outlives the connection.
+    let mut parked_will = None;
+    if publish_will && let Some((msg, delay)) = will {
+        if delay == 0 || expiry == 0 {
+            mqtt.publish_will(&mut ms.session, &msg).await;
+        } else {
+            // Parked with the session, or handed over with it on a takeover.
+            parked_will = Some(PendingWill {
+                due: Instant::now() + Duration::from_secs(u64::from(delay.min(expiry))),
+                msg,
+            });
+        }
+    }
+
+    let persistent = expiry > 0 || matches!(end, End::TakenOver);
+    if persistent {
+        // Let the writer send what is queued (a last DISCONNECT) before detaching, which
+        // discards it; not for long: the client may have stopped reading.
+        for _ in 0..100 {
+            match outbox.backlog() {
+                (0, false) => break,
+                _ if io.writer_done() => break,
+                _ => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        }
+        // Keep the subscriptions; hold deliveries for the next connection.
+        outbox.detach(|| lock(&ms.out).go_offline());
+    } else {
+        outbox.close();
+    }
+    io.finish().await;
+    if expiry != conn.expiry_at_connect {
+        // Changed by the DISCONNECT: what is saved must say so.
+        mqtt.set_info(&client_id, conn_id, ms.out.clone(), version, expiry);
+    }
+    let dropped = match (end, kicked) {
+        (End::TakenOver, Some(to)) => to.send((Some(ms), parked_will)).err().and_then(|(s, _)| s),
+        (_, kicked) => mqtt.release(
+            &client_id,
+            conn_id,
+            kicked,
+            &mut kick_rx,
+            ms,
+            expiry,
+            parked_will,
+        ),
+    };
+    drop(dropped);
+}
+
+/// Reason strings are capped (a reason string may not make a packet too large).
+fn truncate(s: &str) -> &str {
+    let mut n = s.len().min(200);
+    while !s.is_char_boundary(n) {
+        n -= 1;
+    }
+    &s[..n]
+}
+
+/// A random-enough identifier for assigned client ids.
+fn rand_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish()
+}

@@ -1,0 +1,214 @@
+//! The registry of sessions: client identifier → session, online (with the connection that
+//! has it) or parked (with its expiry and delayed will). Acquiring a session (taking it
+//! over from another connection), releasing it at the end of a connection, parking
+//! restored sessions, the sessions to save, and expiry.
+
+use std::time::{Duration, Instant};
+
+use hayate_core::Message;
+use hayate_mqtt::ProtocolVersion;
+use tokio::sync::{mpsc, oneshot};
+
+use super::delivery::SharedDeliveries;
+use super::{Mqtt, MqttSession, PendingWill, locked};
+
+/// Where a connection that is taken over sends its session, with its will if that waits
+/// for a delay (published by the new connection if it starts clean, dropped otherwise).
+pub(super) type Handover = oneshot::Sender<(Option<MqttSession>, Option<PendingWill>)>;
+
+#[derive(Debug)]
+struct Online {
+    conn: u64,
+    kick: mpsc::UnboundedSender<Handover>,
+}
+
+#[derive(Debug)]
+struct Parked {
+    session: MqttSession,
+    expires: Option<Instant>,
+    will: Option<PendingWill>,
+}
+
+/// What survives in the registry about one client identifier.
+#[derive(Debug)]
+pub(super) struct Entry {
+    online: Option<Online>,
+    parked: Option<Parked>,
+    /// For saving: the session's state, version and expiry interval.
+    info: Option<(SharedDeliveries, ProtocolVersion, u32)>,
+}
+
+impl Mqtt {
+    /// Claims `client_id` for connection `conn`: returns the client's existing session,
+    /// taken from the registry or from the connection that has it now (which is told to
+    /// hand it over), if any.
+    pub(crate) async fn acquire(
+        &self,
+        client_id: &str,
+        conn: u64,
+        kick: mpsc::UnboundedSender<Handover>,
+    ) -> (Option<MqttSession>, Option<PendingWill>) {
+        let me = Online { conn, kick };
+        let handover = {
+            let mut reg = locked(&self.registry);
+            let e = reg.entry(client_id.to_string()).or_insert(Entry {
+                online: None,
+                parked: None,
+                info: None,
+            });
+            match e.online.replace(me) {
+                Some(old) => {
+                    let (tx, rx) = oneshot::channel();
+                    if old.kick.send(tx).is_err() {
+                        // The old connection is gone and released nothing: nothing to take.
+                        None
+                    } else {
+                        Some(rx)
+                    }
+                }
+                None => {
+                    return match e.parked.take() {
+                        Some(p) => (Some(p.session), p.will),
+                        None => (None, None),
+                    };
+                }
+            }
+        };
+        let Some(rx) = handover else {
+            return (None, None);
+        };
+        match tokio::time::timeout(Duration::from_secs(5), rx).await {
+            Ok(Ok(handed)) => handed,
+            _ => {
+                tracing::warn!(client_id, "mqtt: session takeover timed out");
+                (None, None)
+            }
+        }
+    }
+
+    /// Records what is needed to save the session of `client_id`.
+    pub(crate) fn set_info(
+        &self,
+        client_id: &str,
+        conn: u64,
+        out: SharedDeliveries,
+        version: ProtocolVersion,
+        expiry: u32,
+    ) {
+        let mut reg = locked(&self.registry);
+        if let Some(e) = reg.get_mut(client_id)
+            && e.online.as_ref().is_some_and(|o| o.conn == conn)
+        {
+            e.info = Some((out, version, expiry));
+        }
+    }
+
+    /// Called by connection `conn` of `client_id` as it ends: hands the session to a
+    /// connection that took it over, parks it (`expiry` seconds, `u32::MAX` = never), or
+    /// drops it (returned, so the caller drops it outside the lock). `kicked` is a takeover
+    /// the connection received before it ended for another reason (its DISCONNECT came
+    /// first).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn release(
+        &self,
+        client_id: &str,
+        conn: u64,
+        kicked: Option<Handover>,
+        kick: &mut mpsc::UnboundedReceiver<Handover>,
+        session: MqttSession,
+        expiry: u32,
+        will: Option<PendingWill>,
+    ) -> Option<MqttSession> {
+        let mut reg = locked(&self.registry);
+        // A takeover asked under this lock cannot be missed.
+        if let Some(to) = kicked.or_else(|| kick.try_recv().ok()) {
+            drop(reg);
+            if expiry == 0 {
+                // This connection ended its session on its own (a DISCONNECT with expiry 0
+                // crossed the new CONNECT): its outbox is closed and there is nothing to hand
+                // over; the new connection starts a new session.
+                let _ = to.send((None, will));
+                return Some(session);
+            }
+            return to.send((Some(session), will)).err().and_then(|(s, _)| s);
+        }
+        let Some(e) = reg.get_mut(client_id) else {
+            return Some(session);
+        };
+        if e.online.as_ref().is_none_or(|o| o.conn != conn) {
+            return Some(session);
+        }
+        e.online = None;
+        if expiry == 0 {
+            reg.remove(client_id);
+            return Some(session);
+        }
+        e.parked = Some(Parked {
+            session,
+            expires: (expiry != u32::MAX)
+                .then(|| Instant::now() + Duration::from_secs(u64::from(expiry))),
+            will,
+        });
+        None
+    }
+
+    /// Parks a restored session (at startup).
+    pub(crate) fn park_restored(
+        &self,
+        client_id: String,
+        session: MqttSession,
+        version: ProtocolVersion,
+        expiry: u32,
+    ) {
+        let out = session.out.clone();
+        locked(&self.registry).insert(
+            client_id,
+            Entry {
+                online: None,
+                parked: Some(Parked {
+                    session,
+                    expires: (expiry != u32::MAX)
+                        .then(|| Instant::now() + Duration::from_secs(u64::from(expiry))),
+                    will: None,
+                }),
+                info: Some((out, version, expiry)),
+            },
+        );
+    }
+
+    /// Sessions to save: client id, version, expiry interval, state.
+    pub(crate) fn saved_sessions(&self) -> Vec<(String, ProtocolVersion, u32, SharedDeliveries)> {
+        locked(&self.registry)
+            .iter()
+            .filter_map(|(id, e)| {
+                let (out, v, exp) = e.info.as_ref()?;
+                (*exp > 0).then(|| (id.clone(), *v, *exp, out.clone()))
+            })
+            .collect()
+    }
+    /// Expires parked sessions and collects wills that are due.
+    pub(super) fn sweep(&self, now: Instant) -> (Vec<Message>, Vec<MqttSession>) {
+        let mut wills = Vec::new();
+        let mut ended = Vec::new();
+        let mut reg = locked(&self.registry);
+        reg.retain(|_, e| {
+            let Some(p) = &mut e.parked else { return true };
+            if p.will.as_ref().is_some_and(|w| w.due <= now)
+                && let Some(w) = p.will.take()
+            {
+                wills.push(w.msg);
+            }
+            if p.expires.is_some_and(|t| t <= now) {
+                if let Some(w) = p.will.take() {
+                    wills.push(w.msg);
+                }
+                if let Some(p) = e.parked.take() {
+                    ended.push(p.session);
+                }
+                return false;
+            }
+            true
+        });
+        (wills, ended)
+    }
+}

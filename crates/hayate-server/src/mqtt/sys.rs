@@ -1,0 +1,78 @@
+//! `$SYS` statistics: the front-end's counters ([`MqttStats`]) and the retained `$SYS/broker/...`
+//! messages the background task publishes from them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use hayate_broker::Session;
+use hayate_core::Message;
+
+use super::{Mqtt, locked, translate};
+
+/// Counters for `$SYS`.
+#[derive(Debug, Default)]
+pub struct MqttStats {
+    /// Clients connected now.
+    pub connected: AtomicU64,
+    /// PUBLISH packets received from clients.
+    pub received: AtomicU64,
+    /// Connections accepted over the broker's life.
+    pub connections: AtomicU64,
+}
+
+impl Mqtt {
+    pub(super) async fn publish_sys(&self, session: &mut Session) {
+        let reg_count = locked(&self.registry).len();
+        let retained = locked(&self.retained).len();
+        let s = &self.stats;
+        let items = [
+            (
+                "$SYS/broker/version",
+                format!("hayate {}", env!("CARGO_PKG_VERSION")),
+            ),
+            (
+                "$SYS/broker/uptime",
+                format!("{} seconds", self.started.elapsed().as_secs()),
+            ),
+            (
+                "$SYS/broker/clients/connected",
+                s.connected.load(Ordering::Relaxed).to_string(),
+            ),
+            ("$SYS/broker/clients/total", reg_count.to_string()),
+            (
+                "$SYS/broker/messages/received",
+                s.received.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "$SYS/broker/subscriptions/count",
+                self.broker.subscription_count().to_string(),
+            ),
+            ("$SYS/broker/retained messages/count", retained.to_string()),
+            (
+                "$SYS/broker/messages/dropped",
+                self.broker
+                    .stats()
+                    .dropped
+                    .load(Ordering::Relaxed)
+                    .to_string(),
+            ),
+            (
+                "$SYS/broker/clients/slow",
+                self.broker
+                    .stats()
+                    .slow_consumers
+                    .load(Ordering::Relaxed)
+                    .to_string(),
+            ),
+        ];
+        for (topic, value) in items {
+            let Ok(key) = translate::topic_to_key(topic) else {
+                continue;
+            };
+            let mut m = Message::new(key, Bytes::from(value));
+            m.attrs.retain = true;
+            m.attrs.utf8 = true;
+            self.publish_from(session, &m).await;
+        }
+    }
+}
