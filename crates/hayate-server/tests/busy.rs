@@ -26,6 +26,18 @@ async fn until_asleep(busy: &BusyPoll) -> u64 {
     panic!("the busy-poll loop never went to sleep");
 }
 
+/// Waits (up to 2 s) until the poll loop turns past `idle`: input wakes it, but the woken
+/// loop may run its first turn only after the reply has reached the client.
+async fn until_awake(busy: &BusyPoll, idle: u64, what: &str) {
+    for _ in 0..200 {
+        if busy.turns() > idle {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{what}");
+}
+
 async fn round_trip(c: &Client, sub: &mut hayate_client::Subscription, payload: &'static str) {
     c.publish(&Key::new("busy/x").unwrap(), payload)
         .await
@@ -57,10 +69,10 @@ async fn polls_while_traffic_flows_and_sleeps_when_idle() {
 
     // New input wakes it; messages flow.
     round_trip(&c, &mut sub, "1").await;
-    assert!(busy.turns() > idle, "input did not wake the loop");
+    until_awake(&busy, idle, "input did not wake the loop").await;
     let idle = until_asleep(&busy).await;
     round_trip(&c, &mut sub, "2").await;
-    assert!(busy.turns() > idle, "input did not wake the loop again");
+    until_awake(&busy, idle, "input did not wake the loop again").await;
     b.shutdown().await;
 }
 

@@ -19,14 +19,16 @@
 //! Requests on one connection are handled concurrently (their handler futures are polled by
 //! the connection's task, without a task per request), at most
 //! [`PeerOptions::max_in_flight`] at a time (a pipelining caller beyond that waits, its
-//! requests unread); replies go out as they complete, all those ready in one write. Malformed
-//! input gets an ERR frame and the connection is closed; the listener and the other
-//! connections carry on.
+//! requests unread); replies go out as they complete, all those ready in one write. A caller
+//! that does not read its replies is held the same way once 4 MiB of them are unwritten.
+//! Malformed input gets an ERR frame and the connection is closed; the listener and the
+//! other connections carry on. Connections run on hayate-io's connection driver, as the
+//! broker's front-ends do (`hayate_io::conn`).
 //!
 //! # Layout
 //! - this module: [`PeerServer`] (the listener and its accept loop) and [`PeerOptions`];
-//! - `conn`: one connection: the handshake, the frames a client sends, the requests in hand
-//!   and the replies routed to the connection's subscriptions.
+//! - `conn`: one connection, as the driver's handler: the handshake, the frames a client
+//!   sends, the requests in hand and the replies routed to the connection's subscriptions.
 
 use std::future::Future;
 use std::net::SocketAddr;
