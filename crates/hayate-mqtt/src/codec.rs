@@ -17,6 +17,7 @@ use crate::wire::{MAX_VAR_INT, Reader, put_var_int, var_int, var_int_len};
 pub const MAX_PACKET_SIZE: u32 = 1 + 4 + MAX_VAR_INT;
 
 /// What the fixed header says.
+#[derive(Debug, Clone, Copy)]
 struct FixedHeader {
     packet: PacketType,
     /// The low nibble of the first byte.
@@ -152,6 +153,66 @@ pub fn decode(
             Err(e)
         }
     }
+}
+
+/// A whole packet split off a read buffer by [`split`], not parsed yet: what a server hands
+/// from its decoding loop to its packet handling (a few words, where a [`Packet`] is a
+/// few hundred bytes), to be parsed there with [`RawPacket::parse`].
+#[derive(Debug, Clone)]
+pub struct RawPacket {
+    frame: Bytes,
+    header: FixedHeader,
+}
+
+impl RawPacket {
+    /// The packet type (from the fixed header, already checked).
+    pub fn packet_type(&self) -> PacketType {
+        self.header.packet
+    }
+
+    /// The whole packet, fixed header included.
+    pub fn bytes(&self) -> &Bytes {
+        &self.frame
+    }
+
+    /// Parses the packet, as [`decode`] does (a PUBLISH's topic, property values and
+    /// payload are zero-copy slices of the packet's bytes). An error means the connection
+    /// must be closed, as with [`decode`].
+    pub fn parse(&self, version: ProtocolVersion) -> Result<Packet, DecodeError> {
+        parse(&self.frame, &self.header, version)
+    }
+}
+
+/// Splits the packet at the front of `buf` off without parsing its body: `Ok(None)` until
+/// it is complete (`buf` untouched). The fixed header is checked as [`decode`] checks it
+/// (packet type, flags, size against `max_packet_size`); the body is checked by
+/// [`RawPacket::parse`]. [`decode`] is `split` then `parse`.
+///
+/// ```
+/// use bytes::BytesMut;
+/// use hayate_mqtt::{MAX_PACKET_SIZE, Packet, ProtocolVersion, split};
+///
+/// let mut buf = BytesMut::from(&b"\x30\x05\x00\x01ahi\xc0\x00"[..]); // PUBLISH, PINGREQ
+/// let raw = split(&mut buf, ProtocolVersion::V3_1_1, MAX_PACKET_SIZE).unwrap().unwrap();
+/// let Packet::Publish(p) = raw.parse(ProtocolVersion::V3_1_1).unwrap() else { panic!() };
+/// assert_eq!((p.topic.as_str(), &p.payload[..]), ("a", &b"hi"[..]));
+/// assert_eq!(buf.len(), 2);
+/// ```
+pub fn split(
+    buf: &mut BytesMut,
+    version: ProtocolVersion,
+    max_packet_size: u32,
+) -> Result<Option<RawPacket>, DecodeError> {
+    let Some(header) = fixed_header(buf, version, max_packet_size)? else {
+        return Ok(None);
+    };
+    if buf.len() < header.size() {
+        return Ok(None);
+    }
+    Ok(Some(RawPacket {
+        frame: buf.split_to(header.size()).freeze(),
+        header,
+    }))
 }
 
 /// Decodes the first packet of a connection on the server side, which must be a CONNECT:

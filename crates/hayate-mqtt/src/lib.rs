@@ -128,7 +128,9 @@ mod wire;
 
 pub use ack::Ack;
 pub use bytestr::ByteStr;
-pub use codec::{MAX_PACKET_SIZE, decode, decode_connect, encode, encoded_len, packet_len};
+pub use codec::{
+    MAX_PACKET_SIZE, RawPacket, decode, decode_connect, encode, encoded_len, packet_len, split,
+};
 pub use connect::{ConnAck, Connect, Will};
 pub use disconnect::{Auth, Disconnect};
 pub use error::{DecodeError, EncodeError};

@@ -70,6 +70,35 @@ impl Session {
         delivered
     }
 
+    /// The common case of [`Session::deliver`], without a future: one offer that takes the
+    /// whole batch (or finds the session closed, or is the publisher's own no-echo
+    /// subscription), with the same result. `Err(took)` when the outbox could take only
+    /// `took` items: the caller delivers the rest with [`Session::deliver`], which may
+    /// wait.
+    pub(super) fn deliver_now(
+        &mut self,
+        t: &Target,
+        batch: Batch<'_>,
+    ) -> Result<(usize, bool), usize> {
+        let own = t.session == self.id;
+        if own && t.no_echo {
+            return Ok((0, true));
+        }
+        match t.outbox.offer(t.sid, self.id, batch, own) {
+            Offer::Closed => Ok((0, true)),
+            Offer::Took(n) => {
+                if n > 0 {
+                    self.mark_output(&t.outbox);
+                }
+                if n == batch.len() {
+                    Ok((n, false))
+                } else {
+                    Err(n)
+                }
+            }
+        }
+    }
+
     /// Offers `batch` to one target; returns the number delivered and whether the target's
     /// session turned out to be closed (nothing more was delivered to it).
     pub(super) async fn deliver(&mut self, t: &Target, batch: Batch<'_>) -> (usize, bool) {

@@ -228,7 +228,11 @@ impl Session {
         let route = self.lookup(batch.key());
         let mut delivered = 0;
         for t in &route.fanout {
-            delivered += self.deliver(t, batch).await.0;
+            delivered += match self.deliver_now(t, batch) {
+                Ok((n, _)) => n,
+                // The outbox is full: the rest may wait (a future only on this path).
+                Err(took) => took + self.deliver(t, batch.slice(took, batch.len())).await.0,
+            };
         }
         for g in &route.groups {
             delivered += self

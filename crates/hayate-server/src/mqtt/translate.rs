@@ -93,11 +93,20 @@ fn segment_to_level(seg: &str) -> Cow<'_, str> {
 
 /// Whether `topic` is its own key: no empty level, no `%` or `*` to escape.
 fn is_plain(topic: &str) -> bool {
-    !topic.is_empty()
-        && !topic.contains(['%', '*'])
-        && !topic.starts_with('/')
-        && !topic.ends_with('/')
-        && !topic.contains("//")
+    // One pass over the bytes: no `%` or `*`, no empty level (a `/` first, last or after
+    // another `/`).
+    let b = topic.as_bytes();
+    if b.is_empty() || b[b.len() - 1] == b'/' {
+        return false;
+    }
+    let mut prev = b'/';
+    for &c in b {
+        if c == b'%' || c == b'*' || (c == b'/' && prev == b'/') {
+            return false;
+        }
+        prev = c;
+    }
+    true
 }
 
 /// The Hayate key of an MQTT topic name (no wildcards; validated by the codec).
@@ -114,13 +123,17 @@ pub fn topic_to_key(topic: &str) -> Result<Key, MapError> {
 /// [`topic_to_key`] for a topic in a read buffer: a plain topic becomes its key without a
 /// copy (the key shares the buffer).
 pub fn topic_bytes_to_key(topic: &ByteStr) -> Result<Key, MapError> {
-    let t = topic.as_str();
-    if is_plain(t) {
-        Key::from_bytes(topic.as_shared().clone())
-            .map_err(|e| MapError::Topic(t.to_string(), e.to_string()))
-    } else {
-        topic_to_key(t)
+    topic_into_key(topic.clone())
+}
+
+/// [`topic_bytes_to_key`] of a topic the caller gives up (no reference count taken).
+pub fn topic_into_key(topic: ByteStr) -> Result<Key, MapError> {
+    if is_plain(topic.as_str()) {
+        // A plain topic is a valid key as it is: UTF-8 (a `ByteStr`), not empty, no empty
+        // level, no `*`, at most 65,535 bytes (`MAX_KEY_LEN`).
+        return Ok(Key::from_validated(topic.into_bytes()));
     }
+    topic_to_key(topic.as_str())
 }
 
 /// The MQTT topic name of a Hayate key.
@@ -188,13 +201,13 @@ struct Meta<'a> {
 /// The message of a topic, payload, QoS, retain flag and metadata (from a PUBLISH or a
 /// will).
 fn build_message(
-    topic: &ByteStr,
+    topic: ByteStr,
     payload: Bytes,
     qos: QoS,
     retain: bool,
     meta: Meta<'_>,
 ) -> Result<Message, MapError> {
-    let key = topic_bytes_to_key(topic)?;
+    let key = topic_into_key(topic)?;
     let mut msg = Message::new(key, payload);
     msg.attrs.guarantee = Some(guarantee(qos));
     msg.attrs.retain = retain;
@@ -220,12 +233,13 @@ fn build_message(
 }
 
 /// The message a PUBLISH carries; `topic` is its topic name, resolved if the PUBLISH used
-/// a topic alias. Fails if the topic or the Response Topic has no key.
-pub(crate) fn publish_message(topic: &ByteStr, p: &Publish) -> Result<Message, MapError> {
+/// a topic alias. The topic and payload are moved into the message (no reference counts
+/// taken). Fails if the topic or the Response Topic has no key.
+pub(crate) fn publish_message(topic: ByteStr, p: Publish) -> Result<Message, MapError> {
     let pr = &p.properties;
     build_message(
         topic,
-        p.payload.clone(),
+        p.payload,
         p.qos,
         p.retain,
         Meta {
@@ -245,7 +259,7 @@ pub(crate) fn will_message(w: Option<&Will>) -> Result<Option<(Message, u32)>, M
     let Some(w) = w else { return Ok(None) };
     let p = &w.properties;
     let msg = build_message(
-        &w.topic,
+        w.topic.clone(),
         w.payload.clone(),
         w.qos,
         w.retain,
@@ -397,7 +411,7 @@ mod tests {
         pr.response_topic = Some("/replies".into());
         pr.correlation_data = Some(Bytes::from_static(b"c1"));
         pr.user_properties.push(("k".into(), "v".into()));
-        let m = publish_message(&p.topic, &p).unwrap();
+        let m = publish_message(p.topic.clone(), p.clone()).unwrap();
         assert_eq!(m.key.as_str(), "a/b");
         assert_eq!(m.attrs.guarantee, Some(Guarantee::AtLeastOnce));
         assert!(m.attrs.retain && m.attrs.utf8);

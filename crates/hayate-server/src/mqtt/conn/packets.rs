@@ -8,8 +8,8 @@ use bytes::BytesMut;
 use hayate_broker::{Batch, Session};
 use hayate_core::Message;
 use hayate_mqtt::{
-    Ack, ByteStr, Packet, Publish, QoS, ReasonCode, RetainHandling, SubAck, Subscribe, UnsubAck,
-    Unsubscribe, decode, shared_subscription,
+    Ack, ByteStr, Packet, Publish, QoS, RawPacket, ReasonCode, RetainHandling, SubAck, Subscribe,
+    UnsubAck, Unsubscribe, shared_subscription, split,
 };
 
 use super::{Conn, Driven, End, Fail, fail};
@@ -19,28 +19,40 @@ use crate::mqtt::delivery::{SubInfo, lock, put_packet};
 use crate::mqtt::translate::{broker_qos, filter_to_expr, publish_message};
 
 impl Handler for Driven<'_> {
-    type Frame = Packet;
+    /// A packet split off the buffer, parsed by `handle`: what moves between the driver's
+    /// decoding and handling (and into their futures) is a few words, not a `Packet`.
+    type Frame = RawPacket;
     type End = End;
 
-    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Packet>, End> {
-        decode(buf, self.conn.version, self.max_packet)
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<RawPacket>, End> {
+        split(buf, self.conn.version, self.max_packet)
             .map_err(|e| End::Error(e.reason_code(), e.to_string()))
     }
 
-    async fn handle(&mut self, p: Packet) -> Result<(), End> {
-        // PUBLISH, the hot path, without a second level of future around it.
-        if let Packet::Publish(p) = p {
-            return self
-                .conn
-                .publish(p, &mut self.ms)
-                .await
-                .map_err(|(code, msg)| End::Error(code, msg));
-        }
-        match self.conn.handle(p, &mut self.ms).await {
-            Ok(None) => Ok(()),
-            Ok(Some(end)) => Err(end),
-            Err((code, msg)) => Err(End::Error(code, msg)),
-        }
+    async fn handle(&mut self, raw: RawPacket) -> Result<(), End> {
+        let packet = raw
+            .parse(self.conn.version)
+            .map_err(|e| fail_end((e.reason_code(), e.to_string())))?;
+        // PUBLISH, the hot path: checked and translated here, the packet dropped before the
+        // broker's publish is awaited (so it is not part of this future), the message made
+        // once and routed by reference.
+        let p = match packet {
+            Packet::Publish(p) => p,
+            // Boxed: the other packets' handling would make every PUBLISH's future larger.
+            other => {
+                return match Box::pin(self.conn.handle(other, &mut self.ms)).await {
+                    Ok(None) => Ok(()),
+                    Ok(Some(end)) => Err(end),
+                    Err(f) => Err(fail_end(f)),
+                };
+            }
+        };
+        let (qos, packet_id) = (p.qos, p.packet_id);
+        let (msg, sys) = self.conn.incoming(p).map_err(fail_end)?;
+        self.conn
+            .publish(&msg, qos, packet_id, sys, &mut self.ms)
+            .await
+            .map_err(fail_end)
     }
 
     fn session(&mut self) -> &mut Session {
@@ -87,6 +99,11 @@ impl Handler for Driven<'_> {
     }
 }
 
+/// A front-end failure (reason code, message) as the connection's end.
+fn fail_end((code, msg): Fail) -> End {
+    End::Error(code, msg)
+}
+
 /// Applies an acknowledgement from the client to the session's delivery state, under the
 /// outbox lock (it may free the window and send held messages).
 fn settle(
@@ -105,7 +122,11 @@ impl Conn<'_> {
     async fn handle(&mut self, p: Packet, ms: &mut MqttSession) -> Result<Option<End>, Fail> {
         let v = self.version;
         match p {
-            Packet::Publish(p) => self.publish(p, ms).await?,
+            Packet::Publish(p) => {
+                let (qos, packet_id) = (p.qos, p.packet_id);
+                let (msg, sys) = self.incoming(p)?;
+                self.publish(&msg, qos, packet_id, sys, ms).await?;
+            }
             Packet::PubAck(a) => settle(ms, |st, o| {
                 st.puback(a.packet_id, o);
             }),
@@ -170,7 +191,10 @@ impl Conn<'_> {
         ms.session.mark_own_output();
     }
 
-    async fn publish(&mut self, p: Publish, ms: &mut MqttSession) -> Result<(), Fail> {
+    /// Checks a PUBLISH and translates it (topic alias, message); counts it received. Also
+    /// says whether it was published into `$SYS` (acknowledged, not routed: clients may not
+    /// publish into the broker's own tree).
+    fn incoming(&mut self, mut p: Publish) -> Result<(Message, bool), Fail> {
         let topic = match p.properties.topic_alias {
             Some(a) => {
                 if a == 0 || a > self.mqtt.cfg.topic_alias_maximum {
@@ -199,22 +223,34 @@ impl Conn<'_> {
             None if p.topic.is_empty() => {
                 return Err(fail(ReasonCode::ProtocolError, "empty topic name"));
             }
-            None => p.topic.clone(),
+            // Moved out (the message takes it): no reference count taken.
+            None => std::mem::take(&mut p.topic),
         };
-        let msg = publish_message(&topic, &p)
+        let sys = crate::mqtt::is_sys(topic.as_str());
+        let msg = publish_message(topic, p)
             .map_err(|e| fail(ReasonCode::TopicNameInvalid, e.to_string()))?;
         self.mqtt.stats.received.fetch_add(1, Ordering::Relaxed);
-        // Clients may not publish into the broker's own `$SYS` tree; acknowledged, dropped.
-        let sys = crate::mqtt::is_sys(topic.as_str());
-        match (p.qos, p.packet_id) {
+        Ok((msg, sys))
+    }
+
+    /// Routes a PUBLISH (see [`Conn::incoming`]) as its QoS says and acknowledges it.
+    async fn publish(
+        &mut self,
+        msg: &Message,
+        qos: QoS,
+        packet_id: Option<u16>,
+        sys: bool,
+        ms: &mut MqttSession,
+    ) -> Result<(), Fail> {
+        match (qos, packet_id) {
             (QoS::AtMostOnce, _) => {
                 if !sys {
-                    self.route(&msg, &mut ms.session).await;
+                    self.route(msg, &mut ms.session).await;
                 }
             }
             (QoS::AtLeastOnce, Some(pid)) => {
                 if !sys {
-                    self.route(&msg, &mut ms.session).await;
+                    self.route(msg, &mut ms.session).await;
                 }
                 self.reply(ms, &Packet::PubAck(Ack::new(pid)));
             }
@@ -234,7 +270,7 @@ impl Conn<'_> {
                     }
                 };
                 if first && !sys {
-                    self.route(&msg, &mut ms.session).await;
+                    self.route(msg, &mut ms.session).await;
                 }
                 self.reply(ms, &Packet::PubRec(Ack::new(pid)));
             }
