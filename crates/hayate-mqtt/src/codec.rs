@@ -134,20 +134,16 @@ pub fn decode(
     version: ProtocolVersion,
     max_packet_size: u32,
 ) -> Result<Option<Packet>, DecodeError> {
-    let Some(header) = fixed_header(buf, version, max_packet_size)? else {
+    let Some(raw) = split(buf, version, max_packet_size)? else {
         return Ok(None);
     };
-    if buf.len() < header.size() {
-        return Ok(None);
-    }
-    let frame = buf.split_to(header.size()).freeze();
-    match parse(&frame, &header, version) {
+    match raw.parse(version) {
         Ok(packet) => Ok(Some(packet)),
         Err(e) => {
             // Put the packet back: an error consumes nothing. (A copy, but only on an
             // error, after which the connection is closed.)
-            let mut whole = BytesMut::with_capacity(frame.len() + buf.len());
-            whole.extend_from_slice(&frame);
+            let mut whole = BytesMut::with_capacity(raw.frame.len() + buf.len());
+            whole.extend_from_slice(&raw.frame);
             whole.extend_from_slice(buf);
             *buf = whole;
             Err(e)

@@ -38,6 +38,21 @@ impl ReadPlanner {
         ReadPlanner::default()
     }
 
+    /// Decodes the frame at the front of `buf` (see [`crate::decode`]) and notes its size
+    /// ([`ReadPlanner::decoded`]): what every reader of the native protocol does.
+    pub fn decode(
+        &mut self,
+        buf: &mut bytes::BytesMut,
+        max_frame: usize,
+    ) -> Result<Option<Frame>, crate::DecodeError> {
+        let before = buf.len();
+        let frame = crate::decode(buf, max_frame)?;
+        if let Some(f) = &frame {
+            self.decoded(before - buf.len(), f);
+        }
+        Ok(frame)
+    }
+
     /// Call after decoding `frame`, which was `total` bytes long (length prefix included).
     pub fn decoded(&mut self, total: usize, frame: &Frame) {
         self.after_large = total >= LARGE_FRAME;

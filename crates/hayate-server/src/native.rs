@@ -7,8 +7,8 @@ use bytes::{BufMut, BytesMut};
 use hayate_broker::{Batch, Broker, Encoder, OutBuf, Outbox, Session};
 use hayate_core::{INBOX_PREFIX, Message};
 use hayate_native::{
-    ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, decode, encode,
-    encode_msg_acked_head, encode_msg_batch_head, encode_msg_head,
+    ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, encode, encode_msg_acked_head,
+    encode_msg_batch_head, encode_msg_head,
 };
 use tokio::time::Instant;
 
@@ -92,15 +92,9 @@ impl Handler for Native {
     type End = End;
 
     fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, End> {
-        let before = buf.len();
-        match decode(buf, self.max_frame) {
-            Ok(Some(frame)) => {
-                self.planner.decoded(before - buf.len(), &frame);
-                Ok(Some(frame))
-            }
-            Ok(None) => Ok(None),
-            Err(e) => Err(End::Error(e.code(), e.to_string())),
-        }
+        self.planner
+            .decode(buf, self.max_frame)
+            .map_err(|e| End::Error(e.code(), e.to_string()))
     }
 
     async fn handle(&mut self, frame: Frame) -> Result<(), End> {
@@ -124,8 +118,8 @@ impl Handler for Native {
         Ok(())
     }
 
-    fn session(&mut self) -> &mut Session {
-        &mut self.session
+    fn flush(&mut self) {
+        self.session.flush();
     }
 
     fn read_limit(&mut self, buf: &mut BytesMut) -> Option<usize> {
@@ -217,7 +211,7 @@ pub async fn serve(
     // Dropping the session removes its subscriptions and closes the outbox; the writer then
     // flushes what is queued (an ERR included) and shuts the socket down.
     drop(session);
-    conn.close(&outbox).await;
+    conn.close(&*outbox).await;
 }
 
 fn send_err(outbox: &Outbox, code: ErrorCode, message: &str) {

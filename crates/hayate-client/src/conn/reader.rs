@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use hayate_core::Message;
-use hayate_native::{Frame, ReadPlanner, decode, encode};
+use hayate_native::{Frame, ReadPlanner, encode};
 use tokio::io::AsyncReadExt;
 
 use super::{FRAME_SLACK, INBOX_SID, Inner, Reader, lock};
@@ -41,12 +41,7 @@ pub(super) async fn read_loop(inner: Arc<Inner>, mut r: Reader, mut buf: BytesMu
     let (mut reads, mut reads_at_tick, mut pings_out) = (0u64, 0u64, 0u32);
     let err = 'conn: loop {
         loop {
-            let before = buf.len();
-            let decoded = decode(&mut buf, max_frame);
-            if let Ok(Some(f)) = &decoded {
-                planner.decoded(before - buf.len(), f);
-            }
-            match decoded {
+            match planner.decode(&mut buf, max_frame) {
                 Ok(Some(frame)) => match frame {
                     Frame::Msg { sid, msg } => {
                         if sid == INBOX_SID {

@@ -20,7 +20,7 @@ use hayate_core::{INBOX_PREFIX, KeyExpr, Message};
 use hayate_io::conn::{Accepted, Conn, Handler, Stop};
 use hayate_io::transport;
 use hayate_native::{
-    ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, check_options, decode, encode,
+    ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, check_options, encode,
     encode_msg_head,
 };
 use tokio::io::AsyncReadExt;
@@ -329,15 +329,10 @@ impl Handler for Peer {
         if self.held() {
             return Ok(None);
         }
-        let before = buf.len();
-        match decode(buf, self.max_frame) {
-            Ok(Some(frame)) => {
-                self.planner.decoded(before - buf.len(), &frame);
-                Ok(Some(frame))
-            }
-            Ok(None) => Ok(None),
-            Err(e) => Err(self.refuse(e.code(), &e.to_string())),
-        }
+        let max_frame = self.max_frame;
+        self.planner
+            .decode(buf, max_frame)
+            .map_err(|e| self.refuse(e.code(), &e.to_string()))
     }
 
     async fn handle(&mut self, frame: Frame) -> Result<(), End> {

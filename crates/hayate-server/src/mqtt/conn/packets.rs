@@ -55,8 +55,8 @@ impl Handler for Driven<'_> {
             .map_err(fail_end)
     }
 
-    fn session(&mut self) -> &mut Session {
-        &mut self.ms.session
+    fn flush(&mut self) {
+        self.ms.session.flush();
     }
 
     fn on_read(&mut self) {
@@ -81,13 +81,13 @@ impl Handler for Driven<'_> {
         Err(End::KeepAlive)
     }
 
-    async fn event(&mut self) -> End {
+    async fn event(&mut self) -> Result<(), End> {
         match self.kick_rx.recv().await {
             Some(h) => {
                 self.kicked = Some(h);
-                End::TakenOver
+                Err(End::TakenOver)
             }
-            None => End::Closed,
+            None => Err(End::Closed),
         }
     }
 

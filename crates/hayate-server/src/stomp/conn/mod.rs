@@ -128,8 +128,8 @@ impl Handler for Driven<'_> {
         Ok(())
     }
 
-    fn session(&mut self) -> &mut Session {
-        &mut self.session
+    fn flush(&mut self) {
+        self.session.flush();
     }
 
     fn on_read(&mut self) {
@@ -236,7 +236,7 @@ pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
     session.release_unacked(None).await;
     session.flush();
     drop(session);
-    conn.close(&outbox).await;
+    conn.close(&*outbox).await;
 }
 
 impl Conn<'_> {
