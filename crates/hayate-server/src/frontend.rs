@@ -9,7 +9,6 @@
 //! or shutdown ([`drive`]); and at the end let the writer flush and stop ([`close`]).
 //! Each protocol's own code is its handshake, its frame handling and its translation.
 
-
 /// A connection's subscriptions as its protocol names them (an MQTT filter, a STOMP
 /// subscription id), each with the broker subscription id it was given. Set the protocol's
 /// options for a subscription before `Session::subscribe` (a delivery may arrive as soon as

@@ -514,3 +514,35 @@ async fn shutdown_ends_in_memory_connections() {
     within(m.task).await.unwrap();
     within(s.task).await.unwrap();
 }
+
+/// A client's DISCONNECT is written just before its new connection's CONNECT: whichever the
+/// broker handles first, the old session ends as the DISCONNECT said. With no Session
+/// Expiry (5.0) the session ends with the connection, so the new one finds none; with an
+/// expiry the session is kept and the new connection gets it. A takeover that reaches the
+/// old connection while its DISCONNECT is still unread must handle the DISCONNECT first
+/// (before that fix, the session was handed over as if the DISCONNECT had not been sent).
+/// Both orders occur across the rounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disconnect_just_before_the_same_clients_reconnect_counts() {
+    let hub = Hub::new();
+    let v = ProtocolVersion::V5;
+    for round in 0..200 {
+        for persistent in [false, true] {
+            let id = format!("dr-{round}-{persistent}");
+            let (mut old, ack) = MqttPeer::connect(&hub, connect(v, &id, !persistent)).await;
+            assert!(!ack.session_present);
+            old.send(&Packet::Disconnect(Disconnect::new(ReasonCode::Success)))
+                .await;
+            let (new, ack) = MqttPeer::connect(&hub, connect(v, &id, false)).await;
+            assert_eq!(ack.reason_code, ReasonCode::Success);
+            assert_eq!(
+                ack.session_present,
+                persistent,
+                "round {round}: a session {} after DISCONNECT",
+                if persistent { "lost" } else { "resumed" }
+            );
+            within(old.task).await.unwrap();
+            new.disconnect().await;
+        }
+    }
+}
