@@ -510,3 +510,63 @@ async fn a_caller_that_never_reads_its_replies_is_held_and_others_carry_on() {
     );
     drop(hog);
 }
+
+#[tokio::test]
+async fn silent_and_half_hello_connections_are_refused_at_the_handshake_timeout() {
+    use hayate_client::peer::PeerOptions;
+    // 200 connections that send nothing, and one that sends half a HELLO and stops: each
+    // gets ERR (protocol) and a close at the handshake timeout; a real caller is served
+    // meanwhile, and close is not held up by them.
+    let options = PeerOptions {
+        handshake_timeout: Duration::from_millis(300),
+        ..PeerOptions::default()
+    };
+    let server = PeerServer::bind_with(
+        "127.0.0.1:0",
+        &["svc/**"],
+        options,
+        |m: Message| async move { Some(Message::new(m.reply_to.clone()?, "ok")) },
+    )
+    .await
+    .unwrap();
+    let addr = server.local_addr();
+    let mut silent = Vec::new();
+    for _ in 0..200 {
+        silent.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    let mut half = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let hello = hello_and_inbox();
+    half.write_all(&hello[..5]).await.unwrap();
+
+    let c = Client::connect(&addr.to_string()).await.unwrap();
+    let r = within(5, c.request(&Key::new("svc/x").unwrap(), "q", T))
+        .await
+        .unwrap();
+    assert_eq!(&r.payload[..], b"ok");
+
+    let start = Instant::now();
+    for s in silent.iter_mut().chain([&mut half]) {
+        let frames = within(5, read_all(s)).await;
+        match frames.last() {
+            Some(Frame::Err { code, .. }) => assert_eq!(*code, ErrorCode::Protocol),
+            other => panic!("expected ERR, got {other:?}"),
+        }
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    // The real caller is still served after the others were refused.
+    let r = within(5, c.request(&Key::new("svc/y").unwrap(), "q", T))
+        .await
+        .unwrap();
+    assert_eq!(&r.payload[..], b"ok");
+    let start = Instant::now();
+    within(10, server.close()).await;
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        start.elapsed()
+    );
+}

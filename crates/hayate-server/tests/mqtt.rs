@@ -365,3 +365,87 @@ async fn delayed_will_on_takeover_is_published_only_if_the_new_connection_starts
     let (t, _, _) = recv(&mut srx).await;
     assert_eq!(t, "wills/marker", "no other will was published");
 }
+
+/// Deliveries in flight (a QoS 1 PUBLISH not acknowledged, a QoS 2 one released but not
+/// completed) are saved with their packet ids and stages, and a restarted broker takes them
+/// back in flight: the client gets the PUBLISH again with DUP and the same packet id, and the
+/// PUBREL again; once it acknowledges both, nothing is sent again and new deliveries flow.
+#[tokio::test]
+async fn deliveries_in_flight_survive_a_restart_with_their_packet_ids() {
+    use hayate_mqtt::{Ack, QoS as MqttQoS, Subscribe, Subscription};
+    let dir = std::env::temp_dir().join(format!("hayate-mqtt-inflight-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut config = hayate_server::Config::default();
+    config.server.data_dir = dir.display().to_string();
+    let connect = || {
+        let mut c = Connect::new(ProtocolVersion::V5, "in-flight");
+        c.clean_start = false;
+        c.properties.session_expiry_interval = Some(300);
+        c
+    };
+
+    let b = start(config.clone()).await;
+    let mut r = Raw::connect(&b.mqtt, connect()).await;
+    r.send(&Packet::Subscribe(Subscribe::new(
+        1,
+        vec![
+            Subscription::new("if1/#", MqttQoS::AtLeastOnce),
+            Subscription::new("if2/#", MqttQoS::ExactlyOnce),
+        ],
+    )))
+    .await;
+    assert!(matches!(r.next().await, Some(Packet::SubAck(_))));
+    let (p, _prx, _) = client(&b.mqtt, "in-flight-sender", true).await;
+    p.publish("if1/a", QoS::AtLeastOnce, false, "one")
+        .await
+        .unwrap();
+    let Some(Packet::Publish(one)) = r.next().await else {
+        panic!("expected the QoS 1 PUBLISH")
+    };
+    p.publish("if2/b", QoS::ExactlyOnce, false, "two")
+        .await
+        .unwrap();
+    let Some(Packet::Publish(two)) = r.next().await else {
+        panic!("expected the QoS 2 PUBLISH")
+    };
+    let (pid1, pid2) = (one.packet_id.unwrap(), two.packet_id.unwrap());
+    r.send(&Packet::PubRec(Ack::new(pid2))).await;
+    assert_eq!(r.next().await, Some(Packet::PubRel(Ack::new(pid2))));
+    // No PUBACK for the first, no PUBCOMP for the second: the connection just goes away.
+    drop(r);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    b.shutdown().await;
+
+    let b = start(config).await;
+    let v = ProtocolVersion::V5;
+    let mut r = Raw {
+        s: TcpStream::connect(&b.mqtt).await.unwrap(),
+        buf: BytesMut::new(),
+        v,
+    };
+    r.send(&Packet::Connect(Box::new(connect()))).await;
+    match r.next().await {
+        Some(Packet::ConnAck(a)) => assert!(a.session_present, "the session survived"),
+        other => panic!("expected CONNACK, got {other:?}"),
+    }
+    let Some(Packet::Publish(again)) = r.next().await else {
+        panic!("expected the QoS 1 PUBLISH again")
+    };
+    assert_eq!(
+        (again.packet_id, again.dup, &again.payload[..]),
+        (Some(pid1), true, &b"one"[..])
+    );
+    assert_eq!(r.next().await, Some(Packet::PubRel(Ack::new(pid2))));
+    r.send(&Packet::PubAck(Ack::new(pid1))).await;
+    r.send(&Packet::PubComp(Ack::new(pid2))).await;
+    let (p, _prx, _) = client(&b.mqtt, "in-flight-sender", true).await;
+    p.publish("if1/c", QoS::AtLeastOnce, false, "three")
+        .await
+        .unwrap();
+    let Some(Packet::Publish(three)) = r.next().await else {
+        panic!("expected the new PUBLISH")
+    };
+    assert_eq!((three.dup, &three.payload[..]), (false, &b"three"[..]));
+    b.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
