@@ -166,11 +166,6 @@ impl RawPacket {
         self.header.packet
     }
 
-    /// The whole packet, fixed header included.
-    pub fn bytes(&self) -> &Bytes {
-        &self.frame
-    }
-
     /// Parses the packet, as [`decode`] does (a PUBLISH's topic, property values and
     /// payload are zero-copy slices of the packet's bytes). An error means the connection
     /// must be closed, as with [`decode`].

@@ -82,6 +82,7 @@ impl Session {
     ) -> Result<(usize, bool), usize> {
         let own = t.session == self.id;
         if own && t.no_echo {
+            // Skipped like a closed member, so a queue group tries its next member.
             return Ok((0, true));
         }
         match t.outbox.offer(t.sid, self.id, batch, own) {
@@ -102,11 +103,6 @@ impl Session {
     /// Offers `batch` to one target; returns the number delivered and whether the target's
     /// session turned out to be closed (nothing more was delivered to it).
     pub(super) async fn deliver(&mut self, t: &Target, batch: Batch<'_>) -> (usize, bool) {
-        let own = t.session == self.id;
-        if own && t.no_echo {
-            // Skipped like a closed member, so a queue group tries its next member.
-            return (0, true);
-        }
         let mut rest = batch;
         let mut delivered = 0;
         // Registered for a space notification only once an offer has failed (the common
@@ -114,17 +110,11 @@ impl Session {
         let mut space = None;
         let mut deadline = None;
         loop {
-            let took = match t.outbox.offer(t.sid, self.id, rest, own) {
-                Offer::Took(n) => n,
-                Offer::Closed => return (delivered, true),
+            let took = match self.deliver_now(t, rest) {
+                Ok((n, closed)) => return (delivered + n, closed),
+                Err(took) => took,
             };
             delivered += took;
-            if took > 0 {
-                self.mark_output(&t.outbox);
-            }
-            if took == rest.len() {
-                return (delivered, false);
-            }
             // The outbox is full: its writer must run (offer woke it). Send what this
             // session queued elsewhere before possibly waiting.
             self.flush();

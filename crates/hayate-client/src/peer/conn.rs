@@ -369,28 +369,21 @@ impl Handler for Peer {
     /// outbox.
     async fn event(&mut self) -> Result<(), End> {
         let outbox = self.outbox.clone();
-        let behind = outbox.backlog().0 >= OUT_BUDGET;
-        // Registered before the second look, so that a take in between is not missed.
-        let room = behind.then(|| Box::pin(outbox.wait_space()));
-        let room = match room {
-            Some(mut n) => {
-                n.as_mut().enable();
-                (outbox.backlog().0 >= OUT_BUDGET).then_some(n)
-            }
-            None => None,
-        };
         let room = async {
-            match room {
-                Some(n) => n.await,
-                None => std::future::pending().await,
+            if outbox.backlog().0 < OUT_BUDGET {
+                return std::future::pending().await;
+            }
+            // Registered before the second look, so that a take in between is not missed.
+            let taken = outbox.wait_space();
+            tokio::pin!(taken);
+            taken.as_mut().enable();
+            if outbox.backlog().0 >= OUT_BUDGET {
+                taken.await;
             }
         };
-        let done = tokio::select! {
-            Some(done) = self.running.next(), if !self.running.is_empty() => Some(done),
-            () = room => None,
-        };
-        if let Some(done) = done {
-            self.route(done);
+        tokio::select! {
+            Some(done) = self.running.next(), if !self.running.is_empty() => self.route(done),
+            () = room => {}
         }
         Ok(())
     }

@@ -287,38 +287,44 @@ impl MqttDeliveries {
     fn fill(&mut self, out: &mut OutBuf) {
         if let Some(link) = &mut self.link {
             while let Some((id, f)) = self.tracker.next_ready() {
-                let expired = f
-                    .item
-                    .msg
-                    .attrs
-                    .expires
-                    .is_some_and(|at| Instant::now() >= at);
-                let pid = (!expired).then(|| alloc_pid(&mut self.next_pid, &self.pids));
-                let sent = pid
-                    .is_some_and(|pid| write_queued(link, &self.empty, &f.item, pid, false, out));
-                match pid {
-                    Some(pid) if sent => {
-                        self.sent += 1;
-                        self.pids.insert(pid, id);
-                        if let Some(f) = self.tracker.get_mut(id) {
-                            f.pid = pid;
-                        }
-                    }
-                    _ => {
-                        self.tracker.ack(id);
-                    }
+                // Expired while it waited, or larger than the client takes: discarded.
+                let expires = f.item.msg.attrs.expires;
+                let pid = alloc_pid(&mut self.next_pid, &self.pids);
+                if expires.is_some_and(|at| Instant::now() >= at)
+                    || !write_queued(link, &self.empty, &f.item, pid, false, out)
+                {
+                    self.tracker.ack(id);
+                    continue;
+                }
+                self.sent += 1;
+                self.pids.insert(pid, id);
+                if let Some(f) = self.tracker.get_mut(id) {
+                    f.pid = pid;
                 }
             }
         }
         self.sync_held();
     }
 
-    /// The delivery in flight under `pid` is done (acknowledged, refused or unsendable).
+    /// The delivery in flight under `pid` is done (acknowledged, refused or unsendable); the
+    /// caller then fills the window ([`MqttDeliveries::fill`], which also updates the held
+    /// bytes).
     fn remove(&mut self, pid: u16) {
         if let Some(id) = self.pids.remove(&pid) {
             self.tracker.ack(id);
         }
-        self.sync_held();
+    }
+
+    /// Ends the exchange of `pid` if it is at `stage` of a `qos` delivery (PUBACK of a QoS 1
+    /// delivery sent, PUBCOMP of a QoS 2 delivery released) and fills the window; false if
+    /// it was not.
+    fn complete(&mut self, pid: u16, qos: QoS, stage: Stage, out: &mut OutBuf) -> bool {
+        if self.stage_of(pid) != Some((qos, stage)) {
+            return false;
+        }
+        self.remove(pid);
+        self.fill(out);
+        true
     }
 
     fn sync_held(&self) {
@@ -333,12 +339,7 @@ impl MqttDeliveries {
 
     /// PUBACK from the client; false if `pid` was not a QoS 1 delivery in flight.
     pub(crate) fn puback(&mut self, pid: u16, out: &mut OutBuf) -> bool {
-        if self.stage_of(pid) != Some((QoS::AtLeastOnce, Stage::Sent)) {
-            return false;
-        }
-        self.remove(pid);
-        self.fill(out);
-        true
+        self.complete(pid, QoS::AtLeastOnce, Stage::Sent, out)
     }
 
     /// PUBREC from the client: answers PUBREL (with 0x92 if `pid` is unknown), or ends
@@ -375,12 +376,7 @@ impl MqttDeliveries {
 
     /// PUBCOMP from the client; false if `pid` was not released.
     pub(crate) fn pubcomp(&mut self, pid: u16, out: &mut OutBuf) -> bool {
-        if self.stage_of(pid) != Some((QoS::ExactlyOnce, Stage::Released)) {
-            return false;
-        }
-        self.remove(pid);
-        self.fill(out);
-        true
+        self.complete(pid, QoS::ExactlyOnce, Stage::Released, out)
     }
 
     /// Attaches a connection: re-sends every delivery in flight (PUBLISH with DUP, or
