@@ -23,6 +23,8 @@ pub struct BrokerConfig {
     pub max_block: Option<Duration>,
     /// Most deliveries of a session's acknowledged subscriptions in flight at once.
     pub max_unacked: usize,
+    /// Where streams keep their files (`<data_dir>/streams/<name>`); `None`: no streams.
+    pub data_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for BrokerConfig {
@@ -31,6 +33,7 @@ impl Default for BrokerConfig {
             outbox_bytes: 8 * 1024 * 1024,
             max_block: Some(Duration::from_secs(2)),
             max_unacked: 1024,
+            data_dir: None,
         }
     }
 }
@@ -50,6 +53,10 @@ pub struct BrokerStats {
     /// Deliveries given back (NACK, or unacknowledged when their receiver went away) that
     /// found no receiver and no queue to wait in.
     pub unplaced: AtomicU64,
+    /// Messages appended to streams (once per stream).
+    pub stored: AtomicU64,
+    /// Messages a capturing stream failed to append (disk full, failed fsync, ...).
+    pub store_failed: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -72,6 +79,8 @@ pub(crate) struct Registry {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) registry: RwLock<Registry>,
+    /// Streams by name. Lock order: registry -> streams.
+    pub(crate) streams: RwLock<crate::stream::registry::StreamMap>,
     /// Bumped (under the registry write lock) on every subscription change.
     pub(crate) generation: AtomicU64,
     pub(crate) next_session: AtomicU64,
@@ -106,6 +115,7 @@ impl Broker {
         Broker {
             shared: Arc::new(Shared {
                 registry: RwLock::new(Registry::default()),
+                streams: RwLock::new(Default::default()),
                 generation: AtomicU64::new(1),
                 next_session: AtomicU64::new(1),
                 config,

@@ -28,6 +28,7 @@ pub mod outbox;
 mod queue;
 mod route;
 pub mod session;
+pub mod stream;
 
 pub use ack::AckTracker;
 pub use batch::Batch;
@@ -36,3 +37,4 @@ pub use index::SubscriptionIndex;
 pub use outbox::{Delivery, Encoder, OutBuf, Outbox, Settle, Taken};
 pub use queue::Backlog;
 pub use session::Session;
+pub use stream::{Stored, Stream, StreamConfig, StreamError, StreamInfo};

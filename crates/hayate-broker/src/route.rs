@@ -34,6 +34,8 @@ pub(crate) struct Route {
     pub(crate) groups: Vec<GroupRoute>,
     /// Declared queues matching the key that have no member now.
     pub(crate) backlogs: Vec<Arc<Backlog>>,
+    /// Streams that capture the key.
+    pub(crate) streams: Vec<Arc<crate::stream::Stream>>,
 }
 
 impl Broker {
@@ -44,6 +46,7 @@ impl Broker {
             fanout: Vec::new(),
             groups: Vec::new(),
             backlogs: Vec::new(),
+            streams: Vec::new(),
         };
         let mut by_group: Vec<(Arc<str>, Vec<Target>)> = Vec::new();
         for sk in reg.index.matches(key) {
@@ -67,6 +70,17 @@ impl Broker {
         for (id, expr, backlog) in reg.queues.iter().map(|(id, (e, b))| (id, e, b)) {
             if expr.matches(key) && !by_group.iter().any(|(g, _)| g == id) {
                 route.backlogs.push(backlog.clone());
+            }
+        }
+        for s in self
+            .shared
+            .streams
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            if s.captures(key) {
+                route.streams.push(s.clone());
             }
         }
         for (g, members) in by_group {

@@ -105,7 +105,8 @@ impl Default for LogConfig {
 pub(crate) const MAX_SEGMENT_BYTES: u64 = 2 << 30;
 
 impl LogConfig {
-    pub(crate) fn validate(&self) -> Result<()> {
+    /// Checks the limits (segment size, index interval, record size, fsync interval).
+    pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Config(m));
         if self.segment_bytes < 4096 || self.segment_bytes > MAX_SEGMENT_BYTES {
             return bad(format!(

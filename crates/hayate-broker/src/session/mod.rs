@@ -15,6 +15,7 @@ use crate::broker::{Broker, SubEntry, SubscribeError, remove_sub};
 use crate::outbox::{Delivery, Outbox};
 use crate::queue::group_id;
 use crate::route::{Route, Target};
+use crate::stream::Stored;
 
 /// One client's presence in the broker: its subscriptions, its outbox and its route cache.
 ///
@@ -32,6 +33,8 @@ pub struct Session {
     to_flush: Vec<Arc<Outbox>>,
     /// Reused by inline flushes.
     scratch: VecDeque<Bytes>,
+    /// Reused for stored messages' metadata.
+    meta: Vec<u8>,
 }
 
 const CACHE_LIMIT: usize = 4096;
@@ -47,6 +50,7 @@ impl Session {
             cache_generation: 0,
             to_flush: Vec::new(),
             scratch: VecDeque::new(),
+            meta: Vec::new(),
         }
     }
 
@@ -225,7 +229,19 @@ impl Session {
     /// Awaits only when a `block` subscriber's outbox is full; drops (and counts) for `drop`
     /// subscribers. Returns the number of deliveries made (messages × subscribers).
     pub async fn publish(&mut self, batch: Batch<'_>) -> usize {
+        self.publish_stored(batch).await.0
+    }
+
+    /// As [`Session::publish`], and says what the streams capturing the key appended (they
+    /// append before anything is delivered live). Await [`Stored::confirmed`] for a
+    /// publisher's confirm.
+    pub async fn publish_stored(&mut self, batch: Batch<'_>) -> (usize, Stored) {
         let route = self.lookup(batch.key());
+        let stored = if route.streams.is_empty() {
+            Stored::default()
+        } else {
+            self.store(&route, batch)
+        };
         let mut delivered = 0;
         for t in &route.fanout {
             delivered += match self.deliver_now(t, batch) {
@@ -256,7 +272,28 @@ impl Session {
                 None => b.push(batch),
             }
         }
-        delivered
+        (delivered, stored)
+    }
+
+    fn store(&mut self, route: &Route, batch: Batch<'_>) -> Stored {
+        let mut stored = Stored::default();
+        let stats = &self.broker.shared.stats;
+        for s in &route.streams {
+            match s.append(batch, &mut self.meta) {
+                Ok(r) => {
+                    stats.stored.fetch_add(r.end - r.start, Ordering::Relaxed);
+                    stored.appended.push((s.clone(), r));
+                }
+                Err(e) => {
+                    stats
+                        .store_failed
+                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    tracing::warn!(stream = %s.name(), "append failed: {e}");
+                    stored.failed.push((s.name().to_owned(), e));
+                }
+            }
+        }
+        stored
     }
 
     fn mark_output(&mut self, outbox: &Arc<Outbox>) {

@@ -1,0 +1,228 @@
+//! The broker's streams: creating, opening, deleting and purging them, and what a publish
+//! stored.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use hayate_log::Removed;
+
+use super::{Stream, StreamConfig, StreamError};
+use crate::broker::Broker;
+
+/// What one publish appended to streams.
+#[derive(Debug, Default)]
+pub struct Stored {
+    /// Streams that appended the messages, with their offsets.
+    pub appended: Vec<(Arc<Stream>, Range<u64>)>,
+    /// Streams that failed to append them.
+    pub failed: Vec<(String, hayate_log::Error)>,
+}
+
+impl Stored {
+    /// True when no stream captured the messages.
+    pub fn is_empty(&self) -> bool {
+        self.appended.is_empty() && self.failed.is_empty()
+    }
+
+    /// Resolves once every append is durable under its stream's policy: `Ok` with the first
+    /// stream's name and the offset of the first message (`None` when no stream captured
+    /// them), `Err` with the reason when an append or its sync failed.
+    pub async fn confirmed(self) -> Result<Option<(String, u64)>, String> {
+        {
+            if let Some((name, e)) = self.failed.into_iter().next() {
+                return Err(format!("stream {name}: {e}"));
+            }
+            for (s, r) in &self.appended {
+                if r.end > r.start {
+                    s.log()
+                        .confirmed(r.end - 1)
+                        .await
+                        .map_err(|e| format!("stream {}: {e}", s.name()))?;
+                }
+            }
+            Ok(self
+                .appended
+                .first()
+                .map(|(s, r)| (s.name().to_owned(), r.start)))
+        }
+    }
+}
+
+fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+impl Broker {
+    fn streams_dir(&self) -> Result<PathBuf, StreamError> {
+        self.shared
+            .config
+            .data_dir
+            .as_ref()
+            .map(|d| d.join("streams"))
+            .ok_or(StreamError::NoDataDir)
+    }
+
+    /// Opens every stream found under the data directory (at start-up); returns their names.
+    pub fn open_streams(&self) -> Result<Vec<String>, StreamError> {
+        let Ok(root) = self.streams_dir() else {
+            return Ok(Vec::new());
+        };
+        let io = |name: &str| {
+            let name = name.to_owned();
+            move |source| StreamError::Io { name, source }
+        };
+        if !root.exists() {
+            return Ok(Vec::new());
+        }
+        let mut names = Vec::new();
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+            .map_err(io("*"))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.join("stream.json").is_file())
+            .collect();
+        dirs.sort();
+        for dir in dirs {
+            let text =
+                std::fs::read(dir.join("stream.json")).map_err(io(&dir.display().to_string()))?;
+            let config: StreamConfig = serde_json::from_slice(&text).map_err(|e| {
+                StreamError::Invalid(format!("{}: {e}", dir.join("stream.json").display()))
+            })?;
+            if dir.file_name().and_then(|n| n.to_str()) != Some(config.name.as_str()) {
+                return Err(StreamError::Invalid(format!(
+                    "{}: names stream {}",
+                    dir.display(),
+                    config.name
+                )));
+            }
+            let s = Arc::new(Stream::open(&dir, config)?);
+            names.push(s.name().to_owned());
+            self.shared
+                .streams
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(s.name().to_owned(), s);
+        }
+        self.bump();
+        Ok(names)
+    }
+
+    /// Creates a stream, or returns the existing one if its definition is the same
+    /// (`false`: it existed).
+    pub fn create_stream(&self, config: StreamConfig) -> Result<(Arc<Stream>, bool), StreamError> {
+        config.check()?;
+        let root = self.streams_dir()?;
+        let mut streams = self
+            .shared
+            .streams
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = streams.get(&config.name) {
+            return if s.config() == &config {
+                Ok((s.clone(), false))
+            } else {
+                Err(StreamError::Exists(config.name))
+            };
+        }
+        let dir = root.join(&config.name);
+        let io = |source| StreamError::Io {
+            name: config.name.clone(),
+            source,
+        };
+        if dir.exists() {
+            // Left by a deletion that did not finish: start afresh.
+            std::fs::remove_dir_all(&dir).map_err(io)?;
+        }
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        let json =
+            serde_json::to_vec_pretty(&config).map_err(|e| StreamError::Invalid(e.to_string()))?;
+        let s = Arc::new(Stream::open(&dir, config.clone())?);
+        write_atomically(&dir, "stream.json", &json).map_err(io)?;
+        std::fs::File::open(&root)
+            .and_then(|f| f.sync_all())
+            .map_err(io)?;
+        streams.insert(config.name.clone(), s.clone());
+        drop(streams);
+        self.bump();
+        tracing::info!(stream = %config.name, capture = ?config.capture, fsync = %config.fsync, "stream created");
+        Ok((s, true))
+    }
+
+    /// Deletes a stream and its files.
+    pub fn delete_stream(&self, name: &str) -> Result<(), StreamError> {
+        let s = self
+            .shared
+            .streams
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name)
+            .ok_or_else(|| StreamError::NotFound(name.to_owned()))?;
+        self.bump();
+        s.deleted.store(true, Ordering::Release);
+        // The definition goes first: a crash part-way leaves files that are not a stream.
+        let io = |source| StreamError::Io {
+            name: name.to_owned(),
+            source,
+        };
+        std::fs::remove_file(s.dir.join("stream.json")).map_err(io)?;
+        std::fs::remove_dir_all(&s.dir).map_err(io)?;
+        tracing::info!(stream = %name, "stream deleted");
+        Ok(())
+    }
+
+    /// Removes every record of a stream (offsets go on).
+    pub fn purge_stream(&self, name: &str) -> Result<Removed, StreamError> {
+        let s = self
+            .stream(name)
+            .ok_or_else(|| StreamError::NotFound(name.to_owned()))?;
+        s.log().purge().map_err(|source| StreamError::Log {
+            name: name.to_owned(),
+            source,
+        })
+    }
+
+    /// The stream named `name`.
+    pub fn stream(&self, name: &str) -> Option<Arc<Stream>> {
+        self.shared
+            .streams
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    /// Every stream, by name.
+    pub fn streams(&self) -> Vec<Arc<Stream>> {
+        self.shared
+            .streams
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Applies each stream's retention now.
+    pub fn apply_retention(&self) {
+        let now = super::codec::now_ms();
+        for s in self.streams() {
+            match s.log().apply_retention(now) {
+                Ok(r) if r.segments > 0 => {
+                    tracing::debug!(stream = %s.name(), records = r.records, bytes = r.bytes, "retention removed segments");
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(stream = %s.name(), "retention: {e}"),
+            }
+        }
+    }
+}
+
+pub(crate) type StreamMap = BTreeMap<String, Arc<Stream>>;

@@ -1,0 +1,252 @@
+//! Streams in the engine: capture on publish, confirms, reopening, definitions, deletion.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use common::{expr, key, msg, open};
+use hayate_broker::{Batch, Broker, BrokerConfig, StreamConfig, StreamError, stream::codec};
+use hayate_core::Qos;
+use hayate_log::ReadLimit;
+
+fn data_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("hayate-streams-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn broker(dir: &std::path::Path) -> Broker {
+    let b = Broker::new(BrokerConfig {
+        data_dir: Some(dir.to_path_buf()),
+        ..BrokerConfig::default()
+    });
+    b.open_streams().unwrap();
+    b
+}
+
+fn stored_payloads(b: &Broker, name: &str) -> Vec<(u64, String, String)> {
+    let s = b.stream(name).unwrap();
+    let log = s.log();
+    let mut at = log.start_offset();
+    let mut out = Vec::new();
+    loop {
+        let batch = log
+            .read(
+                at,
+                ReadLimit {
+                    confirmed_only: false,
+                    ..ReadLimit::default()
+                },
+            )
+            .unwrap();
+        if batch.records.is_empty() {
+            return out;
+        }
+        for r in &batch.records {
+            let m = codec::decode(r).unwrap();
+            out.push((
+                r.offset,
+                m.key.as_str().to_owned(),
+                String::from_utf8(m.payload.to_vec()).unwrap(),
+            ));
+        }
+        at = batch.next;
+    }
+}
+
+#[tokio::test]
+async fn captured_messages_are_stored_before_live_delivery_and_confirmed() {
+    let dir = data_dir("capture");
+    let b = broker(&dir);
+    let mut cfg = StreamConfig::new("orders", &["orders/**"]);
+    cfg.fsync = "always".into();
+    let (_, created) = b.create_stream(cfg.clone()).unwrap();
+    assert!(created);
+    assert!(
+        !b.create_stream(cfg.clone()).unwrap().1,
+        "same definition: idempotent"
+    );
+    let (mut sub, log) = open(&b);
+    sub.subscribe(1, expr("orders/**"), None, Qos::default())
+        .unwrap();
+    let (mut publisher, _) = open(&b);
+
+    let (n, stored) = publisher
+        .publish_stored(Batch::One(&msg("orders/eu/1", "a")))
+        .await;
+    assert_eq!(n, 1);
+    assert_eq!(
+        stored.confirmed().await.unwrap(),
+        Some(("orders".to_owned(), 0))
+    );
+    let payloads = [Bytes::from_static(b"b"), Bytes::from_static(b"c")];
+    let (_, stored) = publisher
+        .publish_stored(Batch::Plain {
+            key: &key("orders/us/2"),
+            payloads: &payloads,
+        })
+        .await;
+    assert_eq!(
+        stored.confirmed().await.unwrap(),
+        Some(("orders".to_owned(), 1))
+    );
+    // Not captured: delivered live only, and the confirm says so.
+    let (_, stored) = publisher
+        .publish_stored(Batch::One(&msg("other/x", "z")))
+        .await;
+    assert!(stored.is_empty());
+    assert_eq!(stored.confirmed().await.unwrap(), None);
+    publisher.flush();
+    assert_eq!(log.payloads(), vec!["a", "b", "c"]);
+    assert_eq!(
+        stored_payloads(&b, "orders"),
+        vec![
+            (0, "orders/eu/1".into(), "a".into()),
+            (1, "orders/us/2".into(), "b".into()),
+            (2, "orders/us/2".into(), "c".into())
+        ]
+    );
+    assert_eq!(b.stats().stored.load(Ordering::Relaxed), 3);
+    let info = b.stream("orders").unwrap().info();
+    assert_eq!(
+        (info.first, info.next, info.records, info.confirmed),
+        (0, 3, 3, 3)
+    );
+
+    // A full message keeps its metadata through the stream.
+    let mut m = msg("orders/eu/9", "meta");
+    m.reply_to = Some(key("_inbox/7/1"));
+    m.correlation_id = Some(Bytes::from_static(b"cid"));
+    m.headers = Some(vec![("h".into(), Bytes::from_static(b"v"))]);
+    publisher.publish(Batch::One(&m)).await;
+    let s = b.stream("orders").unwrap();
+    let r = s
+        .log()
+        .read(
+            3,
+            ReadLimit {
+                confirmed_only: false,
+                ..ReadLimit::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(codec::decode(&r.records[0]).unwrap(), m);
+
+    // Reopening the broker finds the stream and its records.
+    drop((sub, publisher, s));
+    drop(b);
+    let b = broker(&dir);
+    assert_eq!(b.streams().len(), 1);
+    assert_eq!(stored_payloads(&b, "orders").len(), 4);
+    let (mut p, _) = open(&b);
+    let (_, stored) = p
+        .publish_stored(Batch::One(&msg("orders/x", "after")))
+        .await;
+    assert_eq!(
+        stored.confirmed().await.unwrap(),
+        Some(("orders".to_owned(), 4))
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn two_streams_may_capture_one_key_and_each_keeps_it() {
+    let dir = data_dir("two");
+    let b = broker(&dir);
+    b.create_stream(StreamConfig::new("all", &["**"])).unwrap();
+    b.create_stream(StreamConfig::new("a", &["a/*", "c"]))
+        .unwrap();
+    let (mut p, _) = open(&b);
+    for k in ["a/1", "b/1", "c", "a/2/3"] {
+        p.publish(Batch::One(&msg(k, k))).await;
+    }
+    let keys = |n| {
+        stored_payloads(&b, n)
+            .into_iter()
+            .map(|(_, k, _)| k)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(keys("all"), vec!["a/1", "b/1", "c", "a/2/3"]);
+    assert_eq!(keys("a"), vec!["a/1", "c"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn definitions_are_checked_and_deletion_removes_files_and_capture() {
+    let dir = data_dir("defs");
+    let b = broker(&dir);
+    for (name, capture, fsync) in [
+        ("", vec!["a"], "always"),
+        ("has space", vec!["a"], "always"),
+        ("x", vec![], "always"),
+        ("x", vec!["a//b"], "always"),
+        ("x", vec!["a"], "sometimes"),
+        ("x", vec!["a"], "interval=0"),
+    ] {
+        let mut c = StreamConfig::new(name, &capture);
+        c.fsync = fsync.into();
+        assert!(
+            matches!(b.create_stream(c), Err(StreamError::Invalid(_))),
+            "{name:?} {capture:?} {fsync}"
+        );
+    }
+    b.create_stream(StreamConfig::new("s", &["k"])).unwrap();
+    let mut other = StreamConfig::new("s", &["k2"]);
+    other.fsync = "never".into();
+    assert!(matches!(
+        b.create_stream(other),
+        Err(StreamError::Exists(_))
+    ));
+    assert!(dir.join("streams/s/stream.json").is_file());
+    let (mut p, _) = open(&b);
+    p.publish(Batch::One(&msg("k", "1"))).await;
+    let old = b.stream("s").unwrap();
+    b.delete_stream("s").unwrap();
+    assert!(!dir.join("streams/s").exists());
+    assert!(matches!(
+        b.delete_stream("s"),
+        Err(StreamError::NotFound(_))
+    ));
+    let (_, stored) = p.publish_stored(Batch::One(&msg("k", "2"))).await;
+    assert!(stored.is_empty(), "a deleted stream captures nothing");
+    let mut scratch = Vec::new();
+    assert!(
+        old.append(Batch::One(&msg("k", "3")), &mut scratch)
+            .is_err(),
+        "a stale handle cannot append"
+    );
+    // No data directory: streams are refused with a clear error.
+    let none = Broker::default();
+    assert!(matches!(
+        none.create_stream(StreamConfig::new("s", &["k"])),
+        Err(StreamError::NoDataDir)
+    ));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn purge_empties_a_stream_and_offsets_go_on() {
+    let dir = data_dir("purge");
+    let b = broker(&dir);
+    let mut c = StreamConfig::new("p", &["p/**"]);
+    c.fsync = "never".into();
+    b.create_stream(c).unwrap();
+    let (mut s, _) = open(&b);
+    for i in 0..10 {
+        s.publish(Batch::One(&msg("p/x", format!("{i}")))).await;
+    }
+    let removed = b.purge_stream("p").unwrap();
+    assert_eq!(removed.records, 10);
+    let info = b.stream("p").unwrap().info();
+    assert_eq!((info.first, info.next, info.records), (10, 10, 0));
+    let (_, stored) = s.publish_stored(Batch::One(&msg("p/x", "after"))).await;
+    assert_eq!(
+        stored.confirmed().await.unwrap(),
+        Some(("p".to_owned(), 10))
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
