@@ -44,6 +44,9 @@ pub enum Error {
         /// Server maximum.
         max: u64,
     },
+    /// The broker's API refused the request (stream administration).
+    #[error("refused: {0}")]
+    Api(String),
 }
 
 impl From<std::io::Error> for Error {

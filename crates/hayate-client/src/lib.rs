@@ -35,6 +35,7 @@ mod conn;
 mod error;
 pub mod peer;
 pub mod rpc;
+pub mod streams;
 mod sub;
 
 use std::sync::Arc;
@@ -43,6 +44,7 @@ use std::time::Duration;
 use bytes::Bytes;
 pub use error::{Error, Result};
 pub use hayate_core::{Key, KeyExpr, Message, Qos};
+pub use hayate_native::ConfirmOutcome;
 pub use sub::Subscription;
 
 use conn::Inner;
@@ -141,6 +143,19 @@ impl Client {
     /// Publishes a message with all its metadata (reply-to, correlation id, headers).
     pub async fn publish_message(&self, msg: &Message) -> Result<()> {
         self.inner.publish_message(msg).await
+    }
+
+    /// Publishes `msg` and waits until the streams capturing its key keep it durably (under
+    /// their fsync policy): [`ConfirmOutcome::Stored`] with the stream and offset,
+    /// [`ConfirmOutcome::NotCaptured`] when no stream captures the key, or
+    /// [`ConfirmOutcome::Failed`]. The message is delivered live in every case.
+    pub async fn publish_confirmed(&self, msg: &Message) -> Result<ConfirmOutcome> {
+        self.inner.publish_confirmed(msg).await
+    }
+
+    /// The stream administration API (create, delete, list, inspect, purge).
+    pub fn streams(&self) -> streams::Streams<'_> {
+        streams::Streams { client: self }
     }
 
     /// Subscribes to a key expression (fan-out, default QoS: reliable back-pressure).

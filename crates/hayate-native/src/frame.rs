@@ -26,6 +26,8 @@ pub(crate) mod ty {
     pub(crate) const MSG_ACKED: u8 = 0x0E;
     pub(crate) const ACK: u8 = 0x0F;
     pub(crate) const NACK: u8 = 0x10;
+    pub(crate) const PUB_CONFIRM: u8 = 0x11;
+    pub(crate) const CONFIRM: u8 = 0x12;
 }
 
 /// Option flag bits of PUB and MSG.
@@ -160,6 +162,37 @@ pub enum Frame {
         /// Delivery id.
         delivery: u64,
     },
+    /// Publish one message and ask for a CONFIRM once the streams capturing its key keep it
+    /// durably (under their fsync policy).
+    PubConfirm {
+        /// Client-chosen id, echoed in the CONFIRM.
+        id: u64,
+        /// The message.
+        msg: Message,
+    },
+    /// The answer to PUB_CONFIRM.
+    Confirm {
+        /// The PUB_CONFIRM's id.
+        id: u64,
+        /// What became of the message.
+        outcome: ConfirmOutcome,
+    },
+}
+
+/// What a CONFIRM says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfirmOutcome {
+    /// Kept durably: by `stream` (the first capturing stream by name) at `offset`.
+    Stored {
+        /// The stream's name.
+        stream: String,
+        /// The message's offset in it.
+        offset: u64,
+    },
+    /// No stream captures the key: the message was delivered live only.
+    NotCaptured,
+    /// A capturing stream failed to keep it (the message was still delivered live).
+    Failed(String),
 }
 
 /// Stable error codes of ERR frames.

@@ -15,8 +15,9 @@ pub mod read;
 
 pub use codec::{
     DecodeError, HEADER_LEN, MAX_BATCH_ITEMS, check_options, decode, encode, encode_batch_item,
-    encode_msg, encode_msg_acked_head, encode_msg_batch_head, encode_msg_batch_item_head,
-    encode_msg_head, encode_ping, encode_pub, encode_pub_batch_head, encode_sub,
+    encode_confirm, encode_msg, encode_msg_acked_head, encode_msg_batch_head,
+    encode_msg_batch_item_head, encode_msg_head, encode_ping, encode_pub, encode_pub_batch_head,
+    encode_sub,
 };
-pub use frame::{ErrorCode, Frame, Hello, MAGIC, PROTOCOL_VERSION, Sub, Welcome};
+pub use frame::{ConfirmOutcome, ErrorCode, Frame, Hello, MAGIC, PROTOCOL_VERSION, Sub, Welcome};
 pub use read::{LARGE_FRAME, ReadPlanner};

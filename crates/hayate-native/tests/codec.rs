@@ -139,6 +139,19 @@ fn frame() -> impl Strategy<Value = Frame> {
             cumulative
         }),
         any::<u64>().prop_map(|delivery| Frame::Nack { delivery }),
+        (any::<u64>(), message()).prop_map(|(id, msg)| Frame::PubConfirm { id, msg }),
+        (any::<u64>(), any::<u64>(), text(20)).prop_map(|(id, offset, stream)| Frame::Confirm {
+            id,
+            outcome: hayate_native::ConfirmOutcome::Stored { stream, offset }
+        }),
+        any::<u64>().prop_map(|id| Frame::Confirm {
+            id,
+            outcome: hayate_native::ConfirmOutcome::NotCaptured
+        }),
+        (any::<u64>(), text(40)).prop_map(|(id, why)| Frame::Confirm {
+            id,
+            outcome: hayate_native::ConfirmOutcome::Failed(why)
+        }),
     ]
 }
 

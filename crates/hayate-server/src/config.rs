@@ -32,6 +32,11 @@ pub struct Config {
     pub auth: AuthSection,
     /// Limits.
     pub limits: Limits,
+    /// Streams to create at start (`[[stream]]`; kept in `server.data_dir`). A stream that
+    /// exists with the same definition is opened as it is; one with another definition is an
+    /// error. Streams created at run time (`hayate stream add`) need no entry here.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stream: Vec<hayate_broker::StreamConfig>,
 }
 
 /// `[server]`
@@ -40,8 +45,9 @@ pub struct Config {
 pub struct ServerSection {
     /// Name reported to clients in WELCOME.
     pub name: String,
-    /// Where state that survives a restart is kept (MQTT persistent sessions and retained
-    /// messages); created when first needed. Empty: nothing is kept.
+    /// Where state that survives a restart is kept (streams, MQTT persistent sessions and
+    /// retained messages); created when first needed. Empty: nothing is kept, and streams
+    /// cannot be created.
     pub data_dir: String,
     /// Busy-polling (a latency mode, off at 0): after input arrives, keep polling the sockets
     /// this many microseconds instead of sleeping in epoll. Costs up to one CPU while traffic
@@ -265,6 +271,15 @@ impl Config {
 
     /// Checks values are in range.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        for s in &self.stream {
+            s.check()
+                .map_err(|e| ConfigError::Invalid(format!("[[stream]] {e}")))?;
+        }
+        if !self.stream.is_empty() && self.server.data_dir.is_empty() {
+            return Err(ConfigError::Invalid(
+                "[[stream]] needs server.data_dir".into(),
+            ));
+        }
         let l = &self.limits;
         if l.max_payload == 0 || l.max_payload > (u32::MAX as u64 - 64 * 1024) {
             return Err(ConfigError::Invalid(format!(

@@ -4,16 +4,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
-use hayate_broker::{Batch, Broker, Encoder, OutBuf, Outbox, Session};
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use hayate_broker::{Batch, Broker, Encoder, OutBuf, Outbox, Session, Stored};
 use hayate_core::{INBOX_PREFIX, Message};
 use hayate_native::{
-    ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, encode, encode_msg_acked_head,
-    encode_msg_batch_head, encode_msg_head,
+    ConfirmOutcome, ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, encode,
+    encode_msg_acked_head, encode_msg_batch_head, encode_msg_head,
 };
 use tokio::time::Instant;
 
 use crate::config::Limits;
 use crate::frontend::{self, Accepted, Handler, Stop};
+use hayate_broker::stream::api::{self, API_PREFIX};
 
 /// Encodes deliveries as native MSG / MSG_BATCH frames.
 #[derive(Debug, Default)]
@@ -59,6 +63,44 @@ pub struct Keepalive {
 /// Read buffer: start size and the free space kept before each read.
 const READ_BUF: usize = 64 * 1024;
 
+/// PUB_CONFIRMs of one connection waiting for their streams' fsync; at this many, the
+/// connection's input is held until some are answered (bounds what a publisher that never
+/// reads its CONFIRMs can pile up).
+pub const MAX_PENDING_CONFIRMS: usize = 4096;
+
+type PendingConfirm = BoxFuture<'static, (u64, ConfirmOutcome)>;
+
+fn outcome(r: Result<Option<(String, u64)>, String>) -> ConfirmOutcome {
+    match r {
+        Ok(Some((stream, offset))) => ConfirmOutcome::Stored { stream, offset },
+        Ok(None) => ConfirmOutcome::NotCaptured,
+        Err(why) => ConfirmOutcome::Failed(why),
+    }
+}
+
+/// Answers a PUB_CONFIRM now when its streams already count it as durable (fsync `interval`
+/// and `never`, or no stream), or queues the wait (`always`: the next group commit).
+fn confirm(
+    id: u64,
+    stored: Stored,
+    session: &mut Session,
+    pending: &mut FuturesUnordered<PendingConfirm>,
+) {
+    match stored.ready() {
+        Some(r) => {
+            let c = Frame::Confirm {
+                id,
+                outcome: outcome(r),
+            };
+            session.outbox().push_control_unbudgeted(|b| encode(&c, b));
+            session.mark_own_output();
+        }
+        None => pending.push(Box::pin(
+            async move { (id, outcome(stored.confirmed().await)) },
+        )),
+    }
+}
+
 /// Why a connection ended.
 #[derive(Debug)]
 enum End {
@@ -85,6 +127,8 @@ struct Native {
     reads: u64,
     reads_at_check: u64,
     pings_out: u32,
+    /// PUB_CONFIRMs waiting for an fsync.
+    confirms: FuturesUnordered<PendingConfirm>,
 }
 
 impl Handler for Native {
@@ -99,6 +143,18 @@ impl Handler for Native {
 
     async fn handle(&mut self, frame: Frame) -> Result<(), End> {
         let was_welcomed = self.welcomed;
+        if let Frame::PubConfirm { id, msg } = frame {
+            if !self.welcomed {
+                return Err(End::Error(
+                    ErrorCode::Protocol,
+                    "the first frame must be HELLO".into(),
+                ));
+            }
+            check_payload(msg.payload.len(), &self.limits).map_err(|(c, m)| End::Error(c, m))?;
+            let (_, stored) = self.session.publish_stored(Batch::One(&msg)).await;
+            confirm(id, stored, &mut self.session, &mut self.confirms);
+            return Ok(());
+        }
         match handle(
             frame,
             &mut self.session,
@@ -123,7 +179,24 @@ impl Handler for Native {
     }
 
     fn read_limit(&mut self, buf: &mut BytesMut) -> Option<usize> {
+        if self.confirms.len() >= MAX_PENDING_CONFIRMS {
+            return Some(0);
+        }
         self.planner.plan(buf, READ_BUF)
+    }
+
+    async fn event(&mut self) -> Result<(), End> {
+        match self.confirms.next().await {
+            Some((id, outcome)) => {
+                let c = Frame::Confirm { id, outcome };
+                self.session
+                    .outbox()
+                    .push_control_unbudgeted(|b| encode(&c, b));
+                self.session.mark_own_output();
+                Ok(())
+            }
+            None => std::future::pending().await,
+        }
     }
 
     fn on_read(&mut self) {
@@ -198,6 +271,7 @@ pub async fn serve(
         reads: 0,
         reads_at_check: 0,
         pings_out: 0,
+        confirms: FuturesUnordered::new(),
     };
     let end = conn.drive(&mut h).await;
     let mut session = h.session;
@@ -265,7 +339,11 @@ async fn handle(
     match frame {
         Frame::Pub(m) => {
             check_payload(m.payload.len(), limits)?;
-            session.publish(Batch::One(&m)).await;
+            if m.key.as_bytes().starts_with(API_PREFIX.as_bytes()) {
+                api_request(session, &m).await;
+            } else {
+                session.publish(Batch::One(&m)).await;
+            }
         }
         Frame::PubBatch { key, payloads } => {
             for p in &payloads {
@@ -308,6 +386,8 @@ async fn handle(
             .outbox()
             .push_control_unbudgeted(|b| encode(&Frame::Pong(t), b)),
         Frame::Pong(_) => {}
+        // Handled by the caller (it keeps the pending confirms).
+        Frame::PubConfirm { .. } => {}
         Frame::Close => return Ok(false),
         Frame::Err { code, message } => {
             tracing::debug!(code = code.code(), message, "client reported an error");
@@ -318,6 +398,7 @@ async fn handle(
         | Frame::Msg { .. }
         | Frame::MsgBatch { .. }
         | Frame::MsgAcked { .. }
+        | Frame::Confirm { .. }
         | Frame::Lost { .. } => {
             return Err((
                 ErrorCode::Protocol,
@@ -339,4 +420,23 @@ fn check_payload(len: usize, limits: &Limits) -> Result<(), Refusal> {
         ));
     }
     Ok(())
+}
+
+/// Answers a request to the broker's API (`$hayate/api/...`) on its reply-to key (nothing is
+/// sent without one). The request is not delivered to subscribers.
+async fn api_request(session: &mut Session, m: &Message) {
+    let broker = session.broker().clone();
+    let (key, body) = (m.key.as_str().to_owned(), m.payload.clone());
+    // Creating, deleting and purging streams touch files: off the I/O threads.
+    let reply = tokio::task::spawn_blocking(move || api::handle(&broker, &key, &body))
+        .await
+        .unwrap_or_else(|e| api::ApiReply {
+            ok: false,
+            error: Some(e.to_string()),
+            ..Default::default()
+        });
+    let payload = serde_json::to_vec(&reply).unwrap_or_default();
+    if let Some(r) = m.reply(payload) {
+        session.publish(Batch::One(&r)).await;
+    }
 }

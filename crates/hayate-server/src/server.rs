@@ -105,7 +105,25 @@ impl Server {
             })?;
             listeners.push(Listener::Unix(l, path.clone()));
         }
-        Ok(Server::assemble(config, listeners))
+        let server = Server::assemble(config, listeners);
+        server.open_streams(config)?;
+        Ok(server)
+    }
+
+    /// Opens the streams kept in the data directory and creates those of `config.stream`
+    /// that do not exist yet ([`Server::bind`] does this; servers made from bound listeners
+    /// call it themselves when they use streams).
+    pub fn open_streams(&self, config: &Config) -> Result<(), crate::config::ConfigError> {
+        let bad =
+            |e: hayate_broker::StreamError| crate::config::ConfigError::Invalid(e.to_string());
+        let opened = self.broker.open_streams().map_err(bad)?;
+        if !opened.is_empty() {
+            tracing::info!(streams = ?opened, "streams opened");
+        }
+        for s in &config.stream {
+            self.broker.create_stream(s.clone()).map_err(bad)?;
+        }
+        Ok(())
     }
 
     /// A server on an already-bound native-protocol TCP listener (tests bind
@@ -129,6 +147,8 @@ impl Server {
             max_block: (config.limits.max_block_ms > 0)
                 .then(|| Duration::from_millis(config.limits.max_block_ms)),
             max_unacked: config.limits.max_unacked as usize,
+            data_dir: (!config.server.data_dir.is_empty())
+                .then(|| std::path::PathBuf::from(&config.server.data_dir)),
         });
         let auth = Arc::new(ConfigAuth::new(&config.auth));
         let mqtt = Mqtt::new(broker.clone(), config, auth.clone());
@@ -200,6 +220,7 @@ impl Server {
         let mut accepts = JoinSet::new();
         let mut paths = Vec::new();
         let background = tokio::spawn(self.mqtt.clone().background(stop_rx.clone()));
+        let retention = tokio::spawn(retention_loop(self.broker.clone(), stop_rx.clone()));
         let spinner = self.busy.clone().map(|busy| {
             let workers = tokio::runtime::Handle::current().metrics().num_workers();
             if workers > 1 {
@@ -231,6 +252,7 @@ impl Server {
         shutdown.await;
         let _ = stop_tx.send(true);
         accepts.shutdown().await;
+        retention.abort();
         for p in paths {
             let _ = std::fs::remove_file(p);
         }
@@ -338,4 +360,19 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
 enum Stream {
     Tcp(tokio::net::TcpStream),
     Unix(tokio::net::UnixStream),
+}
+
+/// Applies every stream's retention once a minute (and once at start).
+async fn retention_loop(broker: Broker, mut stop: watch::Receiver<bool>) {
+    let mut every = tokio::time::interval(Duration::from_secs(60));
+    loop {
+        tokio::select! {
+            _ = every.tick() => {
+                let b = broker.clone();
+                // File removal is blocking I/O.
+                let _ = tokio::task::spawn_blocking(move || b.apply_retention()).await;
+            }
+            _ = stop.changed() => return,
+        }
+    }
 }

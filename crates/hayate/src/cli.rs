@@ -33,6 +33,8 @@ pub(crate) enum Command {
     /// Print the default or the effective configuration.
     #[command(subcommand)]
     Config(ConfigCmd),
+    /// Manage streams (durable logs of captured keys) on a running broker.
+    Stream(crate::stream::StreamArgs),
 }
 
 #[derive(Debug, Args, Default)]
@@ -89,6 +91,10 @@ pub(crate) struct PubArgs {
     /// How many times to publish it.
     #[arg(long, default_value_t = 1)]
     pub(crate) count: u64,
+    /// Wait for each message's confirm (stored durably by the streams capturing the key)
+    /// and print it.
+    #[arg(long)]
+    pub(crate) confirm: bool,
     /// Broker address (`HOST:PORT` or `unix:PATH`).
     #[arg(long, env = "HAYATE_SERVER", default_value = DEFAULT_SERVER)]
     pub(crate) server: String,

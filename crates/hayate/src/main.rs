@@ -2,6 +2,7 @@
 
 mod bench;
 mod cli;
+mod stream;
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
@@ -45,6 +46,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Request(a) => request(a).await,
         Command::Reply(a) => reply(a).await,
         Command::Bench(a) => bench::run(*a).await,
+        Command::Stream(a) => stream::run(a).await,
         Command::Config(ConfigCmd::Default) => {
             print!("{DEFAULT_CONFIG}");
             Ok(())
@@ -156,7 +158,22 @@ async fn publish(a: cli::PubArgs) -> Result<()> {
     };
     let c = connect(&a.server, "hayate-pub").await?;
     for _ in 0..a.count {
-        c.publish(&key, payload.clone()).await?;
+        if a.confirm {
+            match c
+                .publish_confirmed(&Message::new(key.clone(), payload.clone()))
+                .await?
+            {
+                hayate_client::ConfirmOutcome::Stored { stream, offset } => {
+                    println!("stored: {stream} {offset}")
+                }
+                hayate_client::ConfirmOutcome::NotCaptured => {
+                    println!("not captured by any stream")
+                }
+                hayate_client::ConfirmOutcome::Failed(why) => anyhow::bail!("not stored: {why}"),
+            }
+        } else {
+            c.publish(&key, payload.clone()).await?;
+        }
     }
     c.flush().await?;
     c.close().await?;

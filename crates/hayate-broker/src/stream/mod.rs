@@ -6,6 +6,7 @@
 //! A stream lives in `<data_dir>/streams/<name>/`: `stream.json` (its definition, written
 //! atomically) and the log's segment files.
 
+pub mod api;
 pub mod codec;
 pub(crate) mod registry;
 

@@ -27,6 +27,26 @@ impl Stored {
         self.appended.is_empty() && self.failed.is_empty()
     }
 
+    /// The confirm's answer if it is known without waiting: no stream captured the
+    /// messages, an append failed, or every stream already counts them as durable (fsync
+    /// `interval` and `never` confirm once written).
+    pub fn ready(&self) -> Option<Result<Option<(String, u64)>, String>> {
+        if let Some((name, e)) = self.failed.first() {
+            return Some(Err(format!("stream {name}: {e}")));
+        }
+        if self
+            .appended
+            .iter()
+            .all(|(s, r)| s.log().confirmed_offset() >= r.end)
+        {
+            return Some(Ok(self
+                .appended
+                .first()
+                .map(|(s, r)| (s.name().to_owned(), r.start))));
+        }
+        None
+    }
+
     /// Resolves once every append is durable under its stream's policy: `Ok` with the first
     /// stream's name and the offset of the first message (`None` when no stream captured
     /// them), `Err` with the reason when an append or its sync failed.

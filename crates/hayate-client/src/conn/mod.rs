@@ -16,8 +16,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use hayate_core::{Key, KeyExpr, Message, Qos};
 use hayate_io::transport::{self, Reader, Writer};
 use hayate_native::{
-    Frame, Hello, MAX_BATCH_ITEMS, PROTOCOL_VERSION, Sub, Welcome, check_options, decode, encode,
-    encode_ping, encode_pub, encode_pub_batch_head, encode_sub,
+    ConfirmOutcome, Frame, Hello, MAX_BATCH_ITEMS, PROTOCOL_VERSION, Sub, Welcome, check_options,
+    decode, encode, encode_ping, encode_pub, encode_pub_batch_head, encode_sub,
 };
 use tokio::io::AsyncReadExt;
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -86,6 +86,7 @@ pub(crate) struct Inner {
     subs: Mutex<HashMap<u32, SubSlot>>,
     next_sid: AtomicU32,
     requests: Mutex<HashMap<u64, oneshot::Sender<Message>>>,
+    confirms: Mutex<HashMap<u64, oneshot::Sender<ConfirmOutcome>>>,
     pings: Mutex<HashMap<u64, oneshot::Sender<()>>>,
     next_token: AtomicU64,
     closed: AtomicBool,
@@ -159,6 +160,7 @@ pub(crate) async fn connect(addr: &str, options: ConnectOptions) -> Result<Arc<I
         subs: Mutex::new(HashMap::new()),
         next_sid: AtomicU32::new(1),
         requests: Mutex::new(HashMap::new()),
+        confirms: Mutex::new(HashMap::new()),
         pings: Mutex::new(HashMap::new()),
         next_token: AtomicU64::new(1),
         closed: AtomicBool::new(false),
@@ -395,6 +397,30 @@ impl Inner {
         res
     }
 
+    /// Publishes `m` with PUB_CONFIRM and waits for the CONFIRM.
+    pub(crate) async fn publish_confirmed(&self, m: &Message) -> Result<ConfirmOutcome> {
+        self.check_size(m.payload.len())?;
+        check_options(m).map_err(|e| Error::InvalidMessage(e.into()))?;
+        let id = self.next_token.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.confirms).insert(id, tx);
+        let frame = Frame::PubConfirm { id, msg: m.clone() };
+        let res = async {
+            self.queue_frame(|t| encode(&frame, t))?;
+            self.wait_room().await?;
+            rx.await.map_err(|_| self.closed_error())
+        }
+        .await;
+        lock(&self.confirms).remove(&id);
+        res
+    }
+
+    pub(super) fn confirmed(&self, id: u64, outcome: ConfirmOutcome) {
+        if let Some(tx) = lock(&self.confirms).remove(&id) {
+            let _ = tx.send(outcome);
+        }
+    }
+
     pub(crate) async fn flush(&self) -> Result<()> {
         let token = self.next_token.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
@@ -432,6 +458,7 @@ impl Inner {
         self.closed.store(true, Ordering::Release);
         lock(&self.subs).clear();
         lock(&self.requests).clear();
+        lock(&self.confirms).clear();
         lock(&self.pings).clear();
         self.space.notify_waiters();
         self.wake_writer.notify_one();

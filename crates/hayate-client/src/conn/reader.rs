@@ -83,6 +83,7 @@ pub(super) async fn read_loop(inner: Arc<Inner>, mut r: Reader, mut buf: BytesMu
                             break 'conn Some(Error::Server { code, message });
                         }
                     }
+                    Frame::Confirm { id, outcome } => inner.confirmed(id, outcome),
                     Frame::Close => break 'conn None,
                     other => {
                         break 'conn Some(Error::Protocol(format!(

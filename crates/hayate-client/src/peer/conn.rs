@@ -306,10 +306,25 @@ impl Peer {
             // Nothing is delivered with acknowledgements here: an ACK or NACK names no
             // delivery and is ignored, as the broker ignores unknown ids.
             Frame::Ack { .. } | Frame::Nack { .. } => {}
+            // A peer keeps no streams: the request is served as a PUB, and confirmed as not
+            // captured.
+            Frame::PubConfirm { id, msg } => {
+                if let Some(end) = self.too_large(msg.payload.len()) {
+                    return Err(end);
+                }
+                if self.serves(&msg.key) {
+                    self.running.push((self.shared.handler)(msg));
+                }
+                self.send(&Frame::Confirm {
+                    id,
+                    outcome: hayate_native::ConfirmOutcome::NotCaptured,
+                });
+            }
             Frame::Welcome(_)
             | Frame::Msg { .. }
             | Frame::MsgBatch { .. }
             | Frame::MsgAcked { .. }
+            | Frame::Confirm { .. }
             | Frame::Lost { .. } => {
                 return Err(self.refuse(ErrorCode::Protocol, "a client may not send this frame"));
             }

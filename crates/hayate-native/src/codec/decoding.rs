@@ -136,6 +136,8 @@ fn frame_name(t: u8) -> Option<&'static str> {
         ty::MSG_ACKED => "MSG_ACKED",
         ty::ACK => "ACK",
         ty::NACK => "NACK",
+        ty::PUB_CONFIRM => "PUB_CONFIRM",
+        ty::CONFIRM => "CONFIRM",
         _ => return None,
     })
 }
@@ -336,6 +338,29 @@ fn parse(t: u8, mut b: Body) -> Result<Frame, DecodeError> {
         ty::NACK => Frame::Nack {
             delivery: b.u64("delivery")?,
         },
+        ty::PUB_CONFIRM => {
+            let id = b.u64("id")?;
+            let flags = b.u8("flags")?;
+            let key = b.key("key")?;
+            let msg = options(&mut b, flags, key)?;
+            return Ok(Frame::PubConfirm { id, msg });
+        }
+        ty::CONFIRM => {
+            let id = b.u64("id")?;
+            let outcome = match b.u8("status")? {
+                0 => {
+                    let offset = b.u64("offset")?;
+                    crate::ConfirmOutcome::Stored {
+                        offset,
+                        stream: b.str16("stream")?,
+                    }
+                }
+                1 => crate::ConfirmOutcome::NotCaptured,
+                2 => crate::ConfirmOutcome::Failed(b.str16("reason")?),
+                _ => return Err(b.err("unknown confirm status")),
+            };
+            Frame::Confirm { id, outcome }
+        }
         other => return Err(DecodeError::UnknownFrame(other)),
     };
     b.end()?;

@@ -268,5 +268,45 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
             out.put_u64(*delivery);
             finish(out, start, 0);
         }
+        Frame::PubConfirm { id, msg } => {
+            let (flags, opt) = options_len(msg);
+            out.reserve(HEADER_LEN + 11 + msg.key.as_bytes().len() + opt + msg.payload.len());
+            let start = begin(out, ty::PUB_CONFIRM);
+            out.put_u64(*id);
+            out.put_u8(flags);
+            put_str16(out, msg.key.as_bytes());
+            put_options(out, msg);
+            out.put_slice(&msg.payload);
+            finish(out, start, 0);
+        }
+        Frame::Confirm { id, outcome } => encode_confirm(*id, outcome, out),
     }
+}
+
+fn put_text16(out: &mut BytesMut, s: &str) {
+    let mut n = s.len().min(u16::MAX as usize);
+    while !s.is_char_boundary(n) {
+        n -= 1;
+    }
+    put_str16(out, &s.as_bytes()[..n]);
+}
+
+/// Encodes a CONFIRM.
+pub fn encode_confirm(id: u64, outcome: &crate::ConfirmOutcome, out: &mut BytesMut) {
+    use crate::ConfirmOutcome as C;
+    let start = begin(out, ty::CONFIRM);
+    out.put_u64(id);
+    match outcome {
+        C::Stored { stream, offset } => {
+            out.put_u8(0);
+            out.put_u64(*offset);
+            put_text16(out, stream);
+        }
+        C::NotCaptured => out.put_u8(1),
+        C::Failed(why) => {
+            out.put_u8(2);
+            put_text16(out, why);
+        }
+    }
+    finish(out, start, 0);
 }

@@ -11,7 +11,7 @@ mod encoding;
 
 pub use decoding::{DecodeError, decode};
 pub use encoding::{
-    check_options, encode, encode_batch_item, encode_msg, encode_msg_acked_head,
+    check_options, encode, encode_batch_item, encode_confirm, encode_msg, encode_msg_acked_head,
     encode_msg_batch_head, encode_msg_batch_item_head, encode_msg_head, encode_ping, encode_pub,
     encode_pub_batch_head, encode_sub,
 };

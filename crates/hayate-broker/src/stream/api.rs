@@ -1,0 +1,122 @@
+//! The stream administration API: JSON requests published on `$hayate/api/stream/<op>`
+//! with a reply-to key, answered on it (request/reply, as NATS JetStream's `$JS.API`).
+//! docs/protocol.md ("Stream API") lists the operations and their bodies.
+
+use serde::{Deserialize, Serialize};
+
+use super::{StreamConfig, StreamInfo};
+use crate::broker::Broker;
+
+/// Every API key starts with this.
+pub const API_PREFIX: &str = "$hayate/api/";
+/// The stream operations' keys start with this; the operation follows.
+pub const STREAM_API: &str = "$hayate/api/stream/";
+
+/// A request body naming one stream (`rm`, `info`, `purge`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NameRequest {
+    /// The stream.
+    pub name: String,
+}
+
+/// What a purge removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemovedInfo {
+    /// Records removed.
+    pub records: u64,
+    /// Bytes removed.
+    pub bytes: u64,
+    /// Segment files removed.
+    pub segments: usize,
+}
+
+/// Every API reply. `ok` says whether the operation succeeded; `error` says why not.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiReply {
+    /// Whether the operation succeeded.
+    pub ok: bool,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// `add`: whether the stream was created (false: it existed with this definition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<bool>,
+    /// `add`, `info`: the stream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub info: Option<StreamInfo>,
+    /// `ls`: every stream, by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streams: Option<Vec<StreamInfo>>,
+    /// `purge`: what was removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed: Option<RemovedInfo>,
+}
+
+impl ApiReply {
+    fn err(e: impl ToString) -> ApiReply {
+        ApiReply {
+            ok: false,
+            error: Some(e.to_string()),
+            ..ApiReply::default()
+        }
+    }
+    fn ok() -> ApiReply {
+        ApiReply {
+            ok: true,
+            ..ApiReply::default()
+        }
+    }
+}
+
+fn body<'a, T: Deserialize<'a>>(b: &'a [u8]) -> Result<T, String> {
+    serde_json::from_slice(b).map_err(|e| format!("bad request body: {e}"))
+}
+
+/// Handles the API request published on `key` (which starts with [`API_PREFIX`]) with
+/// `payload`. Blocking file I/O (creating, deleting, purging): call it where that is fine.
+pub fn handle(broker: &Broker, key: &str, payload: &[u8]) -> ApiReply {
+    let Some(op) = key.strip_prefix(STREAM_API) else {
+        return ApiReply::err(format!("unknown API {key}"));
+    };
+    let r = match op {
+        "add" => body::<StreamConfig>(payload).map(|c| match broker.create_stream(c) {
+            Ok((s, created)) => ApiReply {
+                created: Some(created),
+                info: Some(s.info()),
+                ..ApiReply::ok()
+            },
+            Err(e) => ApiReply::err(e),
+        }),
+        "rm" => body::<NameRequest>(payload).map(|n| match broker.delete_stream(&n.name) {
+            Ok(()) => ApiReply::ok(),
+            Err(e) => ApiReply::err(e),
+        }),
+        "info" => body::<NameRequest>(payload).map(|n| match broker.stream(&n.name) {
+            Some(s) => ApiReply {
+                info: Some(s.info()),
+                ..ApiReply::ok()
+            },
+            None => ApiReply::err(super::StreamError::NotFound(n.name)),
+        }),
+        "ls" => Ok::<_, String>(ApiReply {
+            streams: Some(broker.streams().iter().map(|s| s.info()).collect()),
+            ..ApiReply::ok()
+        }),
+        "purge" => body::<NameRequest>(payload).map(|n| match broker.purge_stream(&n.name) {
+            Ok(r) => ApiReply {
+                removed: Some(RemovedInfo {
+                    records: r.records,
+                    bytes: r.bytes,
+                    segments: r.segments,
+                }),
+                ..ApiReply::ok()
+            },
+            Err(e) => ApiReply::err(e),
+        }),
+        _ => Err(format!(
+            "unknown stream operation {op:?} (add, rm, ls, info, purge)"
+        )),
+    };
+    r.unwrap_or_else(ApiReply::err)
+}
