@@ -37,4 +37,5 @@ pub use index::SubscriptionIndex;
 pub use outbox::{Delivery, Encoder, OutBuf, Outbox, Settle, Taken};
 pub use queue::Backlog;
 pub use session::Session;
+pub use stream::consumer::{Consumer, ConsumerConfig, ConsumerInfo, Start};
 pub use stream::{Stored, Stream, StreamConfig, StreamError, StreamInfo};

@@ -198,6 +198,24 @@ impl Client {
         self.inner.settle(msg.attrs.delivery, conn::Settle::Ack)
     }
 
+    /// Gives `msg` back like [`Client::nack`]; a stream consumer delivers it again no sooner
+    /// than `delay` from now (up to about 49 days; longer is cut).
+    pub fn nack_after(&self, msg: &Message, delay: Duration) -> Result<()> {
+        let ms = u32::try_from(delay.as_millis()).unwrap_or(u32::MAX).max(1);
+        self.inner
+            .settle(msg.attrs.delivery, conn::Settle::NackAfter(ms))
+    }
+
+    /// Joins durable consumer `consumer` of stream `stream` (create it first with
+    /// [`Client::streams`]`().consumer_add`): its messages arrive here, shared with its other
+    /// members, each with `attrs.stream_offset` and `attrs.deliveries`; acknowledge each with
+    /// [`Client::ack`] (or give it back with [`Client::nack`] / [`Client::nack_after`]).
+    /// Unacknowledged messages go to another member when this subscription or connection
+    /// ends, and again after the consumer's `ack_wait_ms`.
+    pub async fn consume(&self, stream: &str, consumer: &str) -> Result<Subscription> {
+        self.inner.consume(stream, consumer)
+    }
+
     /// Acknowledges `msg` and every delivery of this connection received before it.
     pub fn ack_through(&self, msg: &Message) -> Result<()> {
         self.inner

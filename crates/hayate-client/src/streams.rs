@@ -3,8 +3,11 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use hayate_broker::stream::api::{ApiReply, NameRequest, RemovedInfo, STREAM_API};
-pub use hayate_broker::{StreamConfig, StreamInfo};
+pub use hayate_broker::stream::api::ConsumerView;
+use hayate_broker::stream::api::{
+    ApiReply, CONSUMER_API, ConsumerRequest, NameRequest, RemovedInfo, STREAM_API,
+};
+pub use hayate_broker::{ConsumerConfig, ConsumerInfo, Start, StreamConfig, StreamInfo};
 use hayate_core::{Key, Message};
 
 use crate::{Client, Error, Result};
@@ -20,7 +23,11 @@ pub struct Streams<'a> {
 
 impl Streams<'_> {
     async fn call(&self, op: &str, body: Vec<u8>) -> Result<ApiReply> {
-        let key = Key::new(&format!("{STREAM_API}{op}"))?;
+        self.call_at(STREAM_API, op, body).await
+    }
+
+    async fn call_at(&self, api: &str, op: &str, body: Vec<u8>) -> Result<ApiReply> {
+        let key = Key::new(&format!("{api}{op}"))?;
         let reply = self
             .client
             .request_message(Message::new(key, Bytes::from(body)), API_TIMEOUT)
@@ -81,5 +88,47 @@ impl Streams<'_> {
             .await?
             .removed
             .ok_or_else(|| Error::Protocol("stream API purge: no result".into()))
+    }
+
+    fn consumer_body(stream: &str, name: &str) -> Vec<u8> {
+        serde_json::to_vec(&ConsumerRequest {
+            stream: stream.to_owned(),
+            name: name.to_owned(),
+        })
+        .unwrap_or_default()
+    }
+
+    /// Creates a durable consumer (or finds it, if it exists with this definition: `false`).
+    pub async fn consumer_add(&self, config: &ConsumerConfig) -> Result<(ConsumerView, bool)> {
+        let body = serde_json::to_vec(config).map_err(|e| Error::Protocol(e.to_string()))?;
+        let r = self.call_at(CONSUMER_API, "add", body).await?;
+        let view = r
+            .consumer
+            .ok_or_else(|| Error::Protocol("consumer API add: no consumer".into()))?;
+        Ok((view, r.created.unwrap_or(false)))
+    }
+
+    /// Deletes a consumer (its members stop receiving).
+    pub async fn consumer_remove(&self, stream: &str, name: &str) -> Result<()> {
+        self.call_at(CONSUMER_API, "rm", Self::consumer_body(stream, name))
+            .await
+            .map(drop)
+    }
+
+    /// One consumer's definition and state.
+    pub async fn consumer_info(&self, stream: &str, name: &str) -> Result<ConsumerView> {
+        self.call_at(CONSUMER_API, "info", Self::consumer_body(stream, name))
+            .await?
+            .consumer
+            .ok_or_else(|| Error::Protocol("consumer API info: no consumer".into()))
+    }
+
+    /// The consumers of `stream`.
+    pub async fn consumer_list(&self, stream: &str) -> Result<Vec<ConsumerView>> {
+        Ok(self
+            .call_at(CONSUMER_API, "ls", Self::name(stream))
+            .await?
+            .consumers
+            .unwrap_or_default())
     }
 }

@@ -61,6 +61,11 @@ pub struct Attrs {
     /// receiver acknowledges); 0 otherwise. Set by the receiving side only: publishing never
     /// carries it.
     pub delivery: u64,
+    /// For a message delivered by a stream consumer: its offset in the stream.
+    pub stream_offset: Option<u64>,
+    /// For a message delivered by a stream consumer: how many times it has been delivered,
+    /// this time included (1 the first time).
+    pub deliveries: u32,
 }
 
 impl Message {

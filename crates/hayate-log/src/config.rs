@@ -117,6 +117,13 @@ impl LogConfig {
         if self.index_interval_bytes == 0 {
             return bad("index_interval_bytes must be above 0".into());
         }
+        // An index file (20 bytes per interval at most) must stay loadable (64 MiB).
+        if self.segment_bytes / u64::from(self.index_interval_bytes) * 20 > 60 << 20 {
+            return bad(format!(
+                "index_interval_bytes {} is too small for segment_bytes {} (index over 60 MiB)",
+                self.index_interval_bytes, self.segment_bytes
+            ));
+        }
         if self.max_record_bytes <= RECORD_OVERHEAD
             || self.max_record_bytes as u64 > MAX_SEGMENT_BYTES / 2
         {

@@ -140,8 +140,9 @@ impl Log {
         let rec = recover::recover(&*storage, &config)?;
         // What recovery kept may be in the page cache only (after a process kill): sync it
         // before calling it synced.
-        for s in &rec.segments {
-            if !matches!(s.index, SegIndex::File(Some(_))) && config.fsync != FsyncPolicy::Never {
+        // (A segment trusted by its index may have been written under `never` before.)
+        if config.fsync != FsyncPolicy::Never {
+            for s in &rec.segments {
                 s.file.sync_data().map_err(Error::io("open"))?;
             }
         }
@@ -503,6 +504,10 @@ impl Shared {
                 if full || rel >= u64::from(u32::MAX) {
                     break;
                 }
+                if seg.base + rel >= u64::MAX - 1 {
+                    inner.buf = buf;
+                    return Err(Error::Config("offsets exhausted (u64)".into()));
+                }
                 record::encode(&mut buf, seg.base + rel, e);
                 size += len;
                 i += 1;
@@ -594,6 +599,9 @@ impl Shared {
             let active = inner.segments.last().map(|s| s.file.clone());
             (inner.end(), active, sealed, dir)
         };
+        if sealed.is_empty() && !dir && lock(&self.marks.state).synced >= end {
+            return Ok(()); // nothing written since the last sync
+        }
         let res = (|| {
             for (_, f) in &sealed {
                 f.sync_data()?;

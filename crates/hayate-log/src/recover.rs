@@ -6,9 +6,11 @@
 //!   same base offset and the `.log` file has exactly the length the index recorded;
 //! - any other segment is scanned record by record; at the first byte that is not a valid
 //!   record with the expected offset, the file is truncated there;
-//! - segments after a truncated one, or after a gap in offsets, are removed: their records
-//!   were never confirmed (confirmation is in offset order), and keeping them would leave a
-//!   hole;
+//! - segments after a truncated one are removed: their records were never confirmed
+//!   (confirmation is in offset order), and keeping them would leave a hole;
+//! - segments before a hole in offsets are removed: retention removes oldest first, and a
+//!   file system may persist a later removal before an earlier one;
+//! - a segment overlapping the one before it (never written so) is removed with all after it;
 //! - the last segment is always scanned (its `.idx`, if any, is stale and removed).
 
 use std::collections::BTreeMap;
@@ -130,12 +132,30 @@ pub(crate) fn recover(storage: &dyn Storage, cfg: &LogConfig) -> Result<Recovere
         if let Some(prev) = segments.last()
             && prev.next != base
         {
-            rep.repairs.push(format!(
-                "segment {base} does not follow segment {} (ends at {})",
-                prev.base, prev.next
-            ));
-            drop_from = Some(i);
-            break;
+            if prev.next < base {
+                // A hole: retention removes segments oldest first but a file system may
+                // persist a later removal before an earlier one; what precedes the hole was
+                // being removed. Finish the removal.
+                for s in segments.drain(..) {
+                    rep.dropped_segments += 1;
+                    rep.repairs.push(format!(
+                        "segment {} removed: it precedes a hole before segment {base} (an interrupted retention)",
+                        s.base
+                    ));
+                    storage
+                        .remove(&log_name(s.base))
+                        .map_err(Error::io("remove"))?;
+                    let _ = storage.remove(&idx_name(s.base));
+                }
+                pending.clear();
+            } else {
+                rep.repairs.push(format!(
+                    "segment {base} overlaps segment {} (ends at {})",
+                    prev.base, prev.next
+                ));
+                drop_from = Some(i);
+                break;
+            }
         }
         let last = i + 1 == bases.len();
         let file = storage

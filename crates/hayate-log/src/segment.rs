@@ -140,7 +140,7 @@ pub(crate) fn scan(file: &dyn StorageFile, base: u64, cfg: &LogConfig) -> Result
         let pos = buf_pos + at as u64;
         match record::check(&buf[at..], max_body) {
             Ok(Ok(l)) => {
-                if l.offset != out.next {
+                if l.offset != out.next || l.offset == u64::MAX {
                     out.damage = Some(Damage::Corrupt(Corruption::Offset {
                         expected: out.next,
                         found: l.offset,

@@ -132,11 +132,12 @@ impl Marks {
         let deadline = std::time::Instant::now() + timeout;
         let mut s = lock(&self.state);
         loop {
-            if let Some(e) = &s.error {
-                return Err(Error::Poisoned(e.clone()));
-            }
+            // Confirmed before a later failure is still durable.
             if s.confirmed > offset {
                 return Ok(true);
+            }
+            if let Some(e) = &s.error {
+                return Err(Error::Poisoned(e.clone()));
             }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
@@ -202,11 +203,12 @@ impl Future for Confirmed {
         let offset = self.offset;
         let registered = self.registered;
         let mut s = lock(&self.marks.state);
-        if let Some(e) = &s.error {
-            return Poll::Ready(Err(Error::Poisoned(e.clone())));
-        }
+        // Confirmed before a later failure is still durable.
         if s.confirmed > offset {
             return Poll::Ready(Ok(()));
+        }
+        if let Some(e) = &s.error {
+            return Poll::Ready(Err(Error::Poisoned(e.clone())));
         }
         if registered {
             // Polled again before being woken: replace our waker rather than add one.

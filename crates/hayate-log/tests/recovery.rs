@@ -173,6 +173,32 @@ fn missing_or_damaged_indexes_are_rebuilt_and_damage_in_a_sealed_segment_drops_w
 use hayate_log::Storage;
 
 #[test]
+fn a_hole_left_by_an_interrupted_retention_drops_what_precedes_it() {
+    let s = FaultyStorage::new();
+    let log = Log::open(Arc::new(s.clone()), cfg(FsyncPolicy::Always)).unwrap();
+    append_n(&log, 0, 300);
+    log.close().unwrap();
+    let logs: Vec<String> = s
+        .names()
+        .into_iter()
+        .filter(|n| n.ends_with(".log"))
+        .collect();
+    assert!(logs.len() >= 4);
+    // The second segment's removal reached the disk, the first one's did not.
+    Storage::remove(&s, &logs[1]).unwrap();
+    let log = Log::open(Arc::new(s.clone()), cfg(FsyncPolicy::Always)).unwrap();
+    let rep = log.recovery().clone();
+    assert_eq!(rep.dropped_segments, 1, "{rep:?}");
+    let base: u64 = logs[2].trim_end_matches(".log").parse().unwrap();
+    assert_eq!((log.start_offset(), log.end_offset()), (base, 300));
+    let kept = all(&log);
+    assert_eq!(kept.len() as u64, 300 - base);
+    for r in &kept {
+        assert_eq!(&r.value[..], &val(r.offset)[..]);
+    }
+}
+
+#[test]
 fn a_full_disk_fails_the_append_leaves_no_partial_record_and_the_log_goes_on() {
     let s = FaultyStorage::new();
     let log = Log::open(Arc::new(s.clone()), cfg(FsyncPolicy::Never)).unwrap();

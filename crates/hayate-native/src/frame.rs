@@ -28,6 +28,7 @@ pub(crate) mod ty {
     pub(crate) const NACK: u8 = 0x10;
     pub(crate) const PUB_CONFIRM: u8 = 0x11;
     pub(crate) const CONFIRM: u8 = 0x12;
+    pub(crate) const CONSUME: u8 = 0x13;
 }
 
 /// Option flag bits of PUB and MSG.
@@ -38,6 +39,9 @@ pub(crate) mod flag {
     pub(crate) const ALL: u8 = REPLY_TO | CORRELATION | HEADERS;
     /// MSG_ACKED only: the message was delivered before (given back or left unacknowledged).
     pub(crate) const REDELIVERED: u8 = 0x80;
+    /// MSG_ACKED only: delivered by a stream consumer; the stream offset (u64) and the
+    /// delivery count (u32) follow the flags.
+    pub(crate) const STREAM: u8 = 0x40;
 }
 
 /// HELLO: the client's opening frame.
@@ -161,6 +165,9 @@ pub enum Frame {
     Nack {
         /// Delivery id.
         delivery: u64,
+        /// For a stream consumer's delivery: deliver it again no sooner than this many ms
+        /// from now (0: at once). Sent only when above 0.
+        delay_ms: u32,
     },
     /// Publish one message and ask for a CONFIRM once the streams capturing its key keep it
     /// durably (under their fsync policy).
@@ -169,6 +176,16 @@ pub enum Frame {
         id: u64,
         /// The message.
         msg: Message,
+    },
+    /// Join a stream's durable consumer as a member: its messages arrive as MSG_ACKED on
+    /// subscription `sid`, shared with the consumer's other members.
+    Consume {
+        /// Client-chosen subscription id (as for SUB).
+        sid: u32,
+        /// The stream.
+        stream: String,
+        /// The consumer (created beforehand through the stream API).
+        consumer: String,
     },
     /// The answer to PUB_CONFIRM.
     Confirm {
@@ -217,6 +234,8 @@ pub enum ErrorCode {
     NotAuthorized,
     /// No input from the peer through `max_pings_out` PINGs: the connection is presumed dead.
     Stale,
+    /// CONSUME named a stream or consumer that does not exist, or a subscription id in use.
+    BadConsumer,
     /// A code this version does not know.
     Other(u16),
 }
@@ -234,6 +253,7 @@ impl ErrorCode {
             ErrorCode::UnsupportedVersion => 7,
             ErrorCode::NotAuthorized => 8,
             ErrorCode::Stale => 9,
+            ErrorCode::BadConsumer => 10,
             ErrorCode::Other(c) => c,
         }
     }
@@ -250,6 +270,7 @@ impl ErrorCode {
             7 => ErrorCode::UnsupportedVersion,
             8 => ErrorCode::NotAuthorized,
             9 => ErrorCode::Stale,
+            10 => ErrorCode::BadConsumer,
             c => ErrorCode::Other(c),
         }
     }

@@ -138,8 +138,26 @@ fn frame() -> impl Strategy<Value = Frame> {
             delivery,
             cumulative
         }),
-        any::<u64>().prop_map(|delivery| Frame::Nack { delivery }),
+        (any::<u64>(), any::<u32>())
+            .prop_map(|(delivery, delay_ms)| Frame::Nack { delivery, delay_ms }),
         (any::<u64>(), message()).prop_map(|(id, msg)| Frame::PubConfirm { id, msg }),
+        (any::<u32>(), text(20), text(20)).prop_map(|(sid, stream, consumer)| Frame::Consume {
+            sid,
+            stream,
+            consumer
+        }),
+        (
+            any::<u32>(),
+            any::<u64>(),
+            message(),
+            any::<u64>(),
+            any::<u32>()
+        )
+            .prop_map(|(sid, delivery, mut msg, offset, n)| {
+                msg.attrs.stream_offset = Some(offset);
+                msg.attrs.deliveries = n;
+                Frame::MsgAcked { sid, delivery, msg }
+            }),
         (any::<u64>(), any::<u64>(), text(20)).prop_map(|(id, offset, stream)| Frame::Confirm {
             id,
             outcome: hayate_native::ConfirmOutcome::Stored { stream, offset }

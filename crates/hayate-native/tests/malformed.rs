@@ -137,7 +137,7 @@ fn sanity_the_valid_bodies_decode() {
 
 #[test]
 fn unknown_frame_type() {
-    for t in [0x00, 0x13, 0x7F, 0xFF] {
+    for t in [0x00, 0x14, 0x7F, 0xFF] {
         // Refused from the header alone, body or not.
         assert_err(
             raw(100, t, &[]),

@@ -7,12 +7,16 @@ use bytes::{BufMut, BytesMut};
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
-use hayate_broker::{Batch, Broker, Encoder, OutBuf, Outbox, Session, Stored};
+use hayate_broker::stream::member;
+use hayate_broker::{
+    Batch, Broker, Consumer, Delivery, Encoder, OutBuf, Outbox, Session, Settle, Stored,
+};
 use hayate_core::{INBOX_PREFIX, Message};
 use hayate_native::{
     ConfirmOutcome, ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, encode,
     encode_msg_acked_head, encode_msg_batch_head, encode_msg_head,
 };
+use std::collections::HashMap;
 use tokio::time::Instant;
 
 use crate::config::Limits;
@@ -129,19 +133,18 @@ struct Native {
     pings_out: u32,
     /// PUB_CONFIRMs waiting for an fsync.
     confirms: FuturesUnordered<PendingConfirm>,
+    /// Stream consumers this connection is a member of, by subscription id.
+    consumers: HashMap<u32, Member>,
 }
 
-impl Handler for Native {
-    type Frame = Frame;
-    type End = End;
+/// This connection's membership of a durable consumer: the task delivering its messages.
+struct Member {
+    consumer: Arc<Consumer>,
+    task: tokio::task::JoinHandle<()>,
+}
 
-    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, End> {
-        self.planner
-            .decode(buf, self.max_frame)
-            .map_err(|e| End::Error(e.code(), e.to_string()))
-    }
-
-    async fn handle(&mut self, frame: Frame) -> Result<(), End> {
+impl Native {
+    async fn handle_other(&mut self, frame: Frame) -> Result<(), End> {
         let was_welcomed = self.welcomed;
         if let Frame::PubConfirm { id, msg } = frame {
             if !self.welcomed {
@@ -172,6 +175,112 @@ impl Handler for Native {
             self.deadline = self.keepalive.interval.map(|i| Instant::now() + i);
         }
         Ok(())
+    }
+
+    /// Joins consumer `name` of `stream` as subscription `sid`.
+    fn consume(&mut self, sid: u32, stream: &str, name: &str) -> Result<(), End> {
+        let bad = |m: String| End::Error(ErrorCode::BadConsumer, m);
+        if self.consumers.contains_key(&sid) || self.session.has_subscription(sid) {
+            return Err(bad(format!("subscription id {sid} is already in use")));
+        }
+        let broker = self.session.broker().clone();
+        let s = broker
+            .stream(stream)
+            .ok_or_else(|| bad(format!("no stream {stream}")))?;
+        let consumer = s
+            .consumer(name)
+            .ok_or_else(|| bad(format!("no consumer {stream}/{name}")))?;
+        let outbox = self.session.outbox().clone();
+        outbox.set_acked(sid, true);
+        let task = tokio::spawn(member::run(consumer.clone(), broker, outbox, sid));
+        self.consumers.insert(sid, Member { consumer, task });
+        Ok(())
+    }
+
+    /// Leaves the consumer of `sid`: its task stops and what it had in flight here is given
+    /// back to the consumer (for another member, at once).
+    fn leave(&mut self, sid: u32) -> bool {
+        let Some(m) = self.consumers.remove(&sid) else {
+            return false;
+        };
+        m.task.abort();
+        for d in self.session.outbox().take_unacked(Some(sid)) {
+            if let Some(o) = d.msg.attrs.stream_offset {
+                m.consumer.give_back(o, Duration::ZERO);
+            }
+        }
+        self.session.outbox().set_acked(sid, false);
+        m.consumer.persist_if_due();
+        true
+    }
+
+    /// Settles the consumers' deliveries among `settled`; returns the others.
+    fn settle_consumers(
+        &self,
+        settled: Vec<Delivery>,
+        nack_delay: Option<Duration>,
+    ) -> Vec<Delivery> {
+        let mut rest = Vec::new();
+        for d in settled {
+            match (self.consumers.get(&d.sid), d.msg.attrs.stream_offset) {
+                (Some(m), Some(o)) => match nack_delay {
+                    None => m.consumer.ack(o),
+                    Some(delay) => m.consumer.give_back(o, delay),
+                },
+                _ => rest.push(d),
+            }
+        }
+        rest
+    }
+}
+
+impl Handler for Native {
+    type Frame = Frame;
+    type End = End;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, End> {
+        self.planner
+            .decode(buf, self.max_frame)
+            .map_err(|e| End::Error(e.code(), e.to_string()))
+    }
+
+    async fn handle(&mut self, frame: Frame) -> Result<(), End> {
+        if self.welcomed {
+            match frame {
+                Frame::Consume {
+                    sid,
+                    stream,
+                    consumer,
+                } => return self.consume(sid, &stream, &consumer),
+                Frame::Unsub { sid } if self.leave(sid) => return Ok(()),
+                Frame::Ack {
+                    delivery,
+                    cumulative,
+                } if !self.consumers.is_empty() => {
+                    let how = if cumulative {
+                        Settle::Through
+                    } else {
+                        Settle::One
+                    };
+                    let settled = self.session.outbox().settle(delivery, how);
+                    let _ = self.settle_consumers(settled, None);
+                    self.session.mark_own_output();
+                    return Ok(());
+                }
+                Frame::Nack { delivery, delay_ms } if !self.consumers.is_empty() => {
+                    let taken: Vec<Delivery> =
+                        self.session.outbox().nack(delivery).into_iter().collect();
+                    let delay = Duration::from_millis(u64::from(delay_ms));
+                    for d in self.settle_consumers(taken, Some(delay)) {
+                        self.session.give_back(d, true).await;
+                    }
+                    self.session.mark_own_output();
+                    return Ok(());
+                }
+                other => return self.handle_other(other).await,
+            }
+        }
+        self.handle_other(frame).await
     }
 
     fn flush(&mut self) {
@@ -272,8 +381,14 @@ pub async fn serve(
         reads_at_check: 0,
         pings_out: 0,
         confirms: FuturesUnordered::new(),
+        consumers: HashMap::new(),
     };
     let end = conn.drive(&mut h).await;
+    // What this connection's consumer memberships had in flight goes back to the consumers.
+    let sids: Vec<u32> = h.consumers.keys().copied().collect();
+    for sid in sids {
+        h.leave(sid);
+    }
     let mut session = h.session;
     tracing::debug!(session = session.id(), ?end, "connection ends");
     if let End::Error(code, msg) = &end {
@@ -376,7 +491,7 @@ async fn handle(
             session.outbox().ack(delivery, cumulative);
             session.mark_own_output();
         }
-        Frame::Nack { delivery } => {
+        Frame::Nack { delivery, .. } => {
             if let Some(d) = session.outbox().nack(delivery) {
                 session.give_back(d, true).await;
             }
@@ -386,8 +501,8 @@ async fn handle(
             .outbox()
             .push_control_unbudgeted(|b| encode(&Frame::Pong(t), b)),
         Frame::Pong(_) => {}
-        // Handled by the caller (it keeps the pending confirms).
-        Frame::PubConfirm { .. } => {}
+        // Handled by the caller (it keeps the pending confirms and the consumers).
+        Frame::PubConfirm { .. } | Frame::Consume { .. } => {}
         Frame::Close => return Ok(false),
         Frame::Err { code, message } => {
             tracing::debug!(code = code.code(), message, "client reported an error");

@@ -217,7 +217,13 @@ async fn ack_of_an_unknown_delivery_is_ignored_and_plain_messages_cannot_be_acke
         },
         &mut out,
     );
-    encode(&Frame::Nack { delivery: 7 }, &mut out);
+    encode(
+        &Frame::Nack {
+            delivery: 7,
+            delay_ms: 0,
+        },
+        &mut out,
+    );
     encode(&Frame::Ping(5), &mut out);
     s.write_all(&out).await.unwrap();
     let frames = read_frames_until(&mut s, |f| matches!(f, Frame::Pong(5))).await;

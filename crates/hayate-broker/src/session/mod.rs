@@ -69,6 +69,11 @@ impl Session {
         &self.broker
     }
 
+    /// Whether subscription id `sid` is in use.
+    pub fn has_subscription(&self, sid: u32) -> bool {
+        self.subs.contains_key(&sid)
+    }
+
     /// Adds subscription `sid` on `expr`, fan-out or in queue `group`.
     pub fn subscribe(
         &mut self,

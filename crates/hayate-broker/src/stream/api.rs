@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::consumer::{Consumer, ConsumerConfig, ConsumerInfo};
 use super::{StreamConfig, StreamInfo};
 use crate::broker::Broker;
 
@@ -11,6 +12,28 @@ use crate::broker::Broker;
 pub const API_PREFIX: &str = "$hayate/api/";
 /// The stream operations' keys start with this; the operation follows.
 pub const STREAM_API: &str = "$hayate/api/stream/";
+
+/// Every consumer operation's key starts with this.
+pub const CONSUMER_API: &str = "$hayate/api/consumer/";
+
+/// A request body naming one consumer (`consumer/rm`, `consumer/info`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerRequest {
+    /// The stream.
+    pub stream: String,
+    /// The consumer.
+    pub name: String,
+}
+
+/// A consumer's definition and state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsumerView {
+    /// The definition.
+    pub config: ConsumerConfig,
+    /// The state.
+    pub state: ConsumerInfo,
+}
 
 /// A request body naming one stream (`rm`, `info`, `purge`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,6 +71,12 @@ pub struct ApiReply {
     /// `ls`: every stream, by name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub streams: Option<Vec<StreamInfo>>,
+    /// `consumer/add`, `consumer/info`: the consumer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumer: Option<ConsumerView>,
+    /// `consumer/ls`: the stream's consumers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumers: Option<Vec<ConsumerView>>,
     /// `purge`: what was removed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub removed: Option<RemovedInfo>,
@@ -76,6 +105,9 @@ fn body<'a, T: Deserialize<'a>>(b: &'a [u8]) -> Result<T, String> {
 /// Handles the API request published on `key` (which starts with [`API_PREFIX`]) with
 /// `payload`. Blocking file I/O (creating, deleting, purging): call it where that is fine.
 pub fn handle(broker: &Broker, key: &str, payload: &[u8]) -> ApiReply {
+    if let Some(op) = key.strip_prefix(CONSUMER_API) {
+        return consumer_op(broker, op, payload).unwrap_or_else(ApiReply::err);
+    }
     let Some(op) = key.strip_prefix(STREAM_API) else {
         return ApiReply::err(format!("unknown API {key}"));
     };
@@ -119,4 +151,60 @@ pub fn handle(broker: &Broker, key: &str, payload: &[u8]) -> ApiReply {
         )),
     };
     r.unwrap_or_else(ApiReply::err)
+}
+
+fn view(c: &Consumer) -> ConsumerView {
+    ConsumerView {
+        config: c.config().clone(),
+        state: c.info(),
+    }
+}
+
+fn consumer_op(broker: &Broker, op: &str, payload: &[u8]) -> Result<ApiReply, String> {
+    let e = |e: super::StreamError| e.to_string();
+    Ok(match op {
+        "add" => {
+            let (c, created) = broker
+                .create_consumer(body::<ConsumerConfig>(payload)?)
+                .map_err(e)?;
+            ApiReply {
+                created: Some(created),
+                consumer: Some(view(&c)),
+                ..ApiReply::ok()
+            }
+        }
+        "rm" => {
+            let r = body::<ConsumerRequest>(payload)?;
+            broker.delete_consumer(&r.stream, &r.name).map_err(e)?;
+            ApiReply::ok()
+        }
+        "info" => {
+            let r = body::<ConsumerRequest>(payload)?;
+            let s = broker
+                .stream(&r.stream)
+                .ok_or_else(|| format!("no stream {}", r.stream))?;
+            let c = s
+                .consumer(&r.name)
+                .ok_or_else(|| format!("no consumer {}/{}", r.stream, r.name))?;
+            ApiReply {
+                consumer: Some(view(&c)),
+                ..ApiReply::ok()
+            }
+        }
+        "ls" => {
+            let r = body::<NameRequest>(payload)?;
+            let s = broker
+                .stream(&r.name)
+                .ok_or_else(|| format!("no stream {}", r.name))?;
+            ApiReply {
+                consumers: Some(s.consumer_list().iter().map(|c| view(c)).collect()),
+                ..ApiReply::ok()
+            }
+        }
+        _ => {
+            return Err(format!(
+                "unknown consumer operation {op:?} (add, rm, ls, info)"
+            ));
+        }
+    })
 }

@@ -8,10 +8,13 @@
 
 pub mod api;
 pub mod codec;
+pub mod consumer;
+pub mod member;
 pub(crate) mod registry;
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -153,6 +156,9 @@ pub struct Stream {
     pub(crate) dir: PathBuf,
     /// Set when the stream is deleted: appends through routes made before are refused.
     pub(crate) deleted: AtomicBool,
+    /// Its durable consumers, by name.
+    pub(crate) consumers:
+        std::sync::Mutex<std::collections::BTreeMap<String, Arc<consumer::Consumer>>>,
 }
 
 /// What `hayate stream info` shows.
@@ -191,6 +197,7 @@ impl Stream {
             log,
             dir: dir.to_path_buf(),
             deleted: AtomicBool::new(false),
+            consumers: Default::default(),
         })
     }
 
@@ -248,6 +255,44 @@ impl Stream {
                 self.log.append_batch(&entries)
             }
         }
+    }
+
+    /// Opens the consumers kept in `consumers/`.
+    pub(crate) fn load_consumers(self: &Arc<Self>) -> Result<(), StreamError> {
+        let dir = self.dir.join("consumers");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return Ok(());
+        };
+        let mut map = self.consumers.lock().unwrap_or_else(|p| p.into_inner());
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.extension().and_then(|x| x.to_str()) != Some("json") {
+                let _ = std::fs::remove_file(&p); // a temporary file of an interrupted save
+                continue;
+            }
+            let c = consumer::Consumer::load(self.clone(), p)?;
+            map.insert(c.config().name.clone(), Arc::new(c));
+        }
+        Ok(())
+    }
+
+    /// The consumer named `name`.
+    pub fn consumer(&self, name: &str) -> Option<Arc<consumer::Consumer>> {
+        self.consumers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    /// Every consumer, by name.
+    pub fn consumer_list(&self) -> Vec<Arc<consumer::Consumer>> {
+        self.consumers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// The stream's state now.

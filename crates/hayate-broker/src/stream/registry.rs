@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 
 use hayate_log::Removed;
 
+use super::consumer::{Consumer, ConsumerConfig};
 use super::{Stream, StreamConfig, StreamError};
 use crate::broker::Broker;
 
@@ -124,6 +125,7 @@ impl Broker {
                 )));
             }
             let s = Arc::new(Stream::open(&dir, config)?);
+            s.load_consumers()?;
             names.push(s.name().to_owned());
             self.shared
                 .streams
@@ -187,6 +189,9 @@ impl Broker {
             .ok_or_else(|| StreamError::NotFound(name.to_owned()))?;
         self.bump();
         s.deleted.store(true, Ordering::Release);
+        for c in s.consumer_list() {
+            c.delete();
+        }
         // The definition goes first: a crash part-way leaves files that are not a stream.
         let io = |source| StreamError::Io {
             name: name.to_owned(),
@@ -228,6 +233,52 @@ impl Broker {
             .values()
             .cloned()
             .collect()
+    }
+
+    /// Creates a durable consumer, or returns the existing one if its definition is the
+    /// same (`false`: it existed).
+    pub fn create_consumer(
+        &self,
+        config: ConsumerConfig,
+    ) -> Result<(Arc<Consumer>, bool), StreamError> {
+        let s = self
+            .stream(&config.stream)
+            .ok_or_else(|| StreamError::NotFound(config.stream.clone()))?;
+        let mut map = s.consumers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = map.get(&config.name) {
+            return if c.config() == &config {
+                Ok((c.clone(), false))
+            } else {
+                Err(StreamError::Exists(format!(
+                    "{}/{}",
+                    config.stream, config.name
+                )))
+            };
+        }
+        if let Some(dl) = &config.dead_letter
+            && self.stream(dl).is_none()
+        {
+            return Err(StreamError::NotFound(dl.clone()));
+        }
+        let name = config.name.clone();
+        let c = Arc::new(Consumer::create(s.clone(), config)?);
+        map.insert(name, c.clone());
+        Ok((c, true))
+    }
+
+    /// Deletes a consumer (its members stop).
+    pub fn delete_consumer(&self, stream: &str, name: &str) -> Result<(), StreamError> {
+        let s = self
+            .stream(stream)
+            .ok_or_else(|| StreamError::NotFound(stream.to_owned()))?;
+        let c = s
+            .consumers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name)
+            .ok_or_else(|| StreamError::NotFound(format!("{stream}/{name}")))?;
+        c.delete();
+        Ok(())
     }
 
     /// Applies each stream's retention now.

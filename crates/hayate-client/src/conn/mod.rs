@@ -310,6 +310,47 @@ impl Inner {
         self.wait_room().await
     }
 
+    /// Joins consumer `consumer` of `stream` as a member (CONSUME).
+    pub(crate) fn consume(self: &Arc<Self>, stream: &str, consumer: &str) -> Result<Subscription> {
+        let (sid, sub) = self.new_subscription()?;
+        let frame = Frame::Consume {
+            sid,
+            stream: stream.to_owned(),
+            consumer: consumer.to_owned(),
+        };
+        if let Err(e) = self.queue_frame(|t| encode(&frame, t)) {
+            lock(&self.subs).remove(&sid);
+            return Err(e);
+        }
+        Ok(sub)
+    }
+
+    fn new_subscription(self: &Arc<Self>) -> Result<(u32, Subscription)> {
+        let sid = self.next_sid.fetch_add(1, Ordering::Relaxed);
+        if sid == INBOX_SID {
+            return Err(Error::Protocol("subscription ids exhausted".into()));
+        }
+        let (tx, rx) = mpsc::channel(self.options.subscription_capacity.max(1));
+        let lost = Arc::new(AtomicU64::new(0));
+        lock(&self.subs).insert(
+            sid,
+            SubSlot {
+                tx,
+                lost: lost.clone(),
+            },
+        );
+        Ok((
+            sid,
+            Subscription {
+                sid,
+                rx,
+                ready: Vec::new().into_iter(),
+                lost,
+                inner: self.clone(),
+            },
+        ))
+    }
+
     pub(crate) fn subscribe(
         self: &Arc<Self>,
         expr: KeyExpr,
@@ -364,7 +405,11 @@ impl Inner {
                 delivery,
                 cumulative: true,
             },
-            Settle::Nack => Frame::Nack { delivery },
+            Settle::Nack => Frame::Nack {
+                delivery,
+                delay_ms: 0,
+            },
+            Settle::NackAfter(delay_ms) => Frame::Nack { delivery, delay_ms },
         };
         self.queue_frame(|t| encode(&f, t))
     }
@@ -472,6 +517,8 @@ pub(crate) enum Settle {
     Ack,
     AckThrough,
     Nack,
+    /// NACK: deliver again no sooner than this many ms from now (stream consumers).
+    NackAfter(u32),
 }
 
 /// `s` cut to at most `max` bytes on a character boundary.

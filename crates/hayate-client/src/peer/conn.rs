@@ -325,6 +325,7 @@ impl Peer {
             | Frame::MsgBatch { .. }
             | Frame::MsgAcked { .. }
             | Frame::Confirm { .. }
+            | Frame::Consume { .. }
             | Frame::Lost { .. } => {
                 return Err(self.refuse(ErrorCode::Protocol, "a client may not send this frame"));
             }

@@ -138,6 +138,7 @@ fn frame_name(t: u8) -> Option<&'static str> {
         ty::NACK => "NACK",
         ty::PUB_CONFIRM => "PUB_CONFIRM",
         ty::CONFIRM => "CONFIRM",
+        ty::CONSUME => "CONSUME",
         _ => return None,
     })
 }
@@ -317,12 +318,21 @@ fn parse(t: u8, mut b: Body) -> Result<Frame, DecodeError> {
             let sid = b.u32("sid")?;
             let delivery = b.u64("delivery")?;
             let flags = b.u8("flags")?;
-            if flags & !(flag::ALL | flag::REDELIVERED) != 0 {
+            if flags & !(flag::ALL | flag::REDELIVERED | flag::STREAM) != 0 {
                 return Err(b.err("reserved flag bits set"));
             }
+            let stream = if flags & flag::STREAM != 0 {
+                Some((b.u64("stream offset")?, b.u32("delivery count")?))
+            } else {
+                None
+            };
             let key = b.key("key")?;
             let mut msg = options_checked(&mut b, flags & flag::ALL, key)?;
             msg.attrs.redelivered = flags & flag::REDELIVERED != 0;
+            if let Some((offset, n)) = stream {
+                msg.attrs.stream_offset = Some(offset);
+                msg.attrs.deliveries = n;
+            }
             return Ok(Frame::MsgAcked { sid, delivery, msg });
         }
         ty::ACK => {
@@ -337,6 +347,7 @@ fn parse(t: u8, mut b: Body) -> Result<Frame, DecodeError> {
         }
         ty::NACK => Frame::Nack {
             delivery: b.u64("delivery")?,
+            delay_ms: if b.b.is_empty() { 0 } else { b.u32("delay")? },
         },
         ty::PUB_CONFIRM => {
             let id = b.u64("id")?;
@@ -345,6 +356,11 @@ fn parse(t: u8, mut b: Body) -> Result<Frame, DecodeError> {
             let msg = options(&mut b, flags, key)?;
             return Ok(Frame::PubConfirm { id, msg });
         }
+        ty::CONSUME => Frame::Consume {
+            sid: b.u32("sid")?,
+            stream: b.str16("stream")?,
+            consumer: b.str16("consumer")?,
+        },
         ty::CONFIRM => {
             let id = b.u64("id")?;
             let outcome = match b.u8("status")? {

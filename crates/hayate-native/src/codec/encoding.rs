@@ -115,11 +115,18 @@ pub fn encode_msg_acked_head(sid: u32, delivery: u64, msg: &Message, out: &mut B
     if msg.attrs.redelivered {
         flags |= flag::REDELIVERED;
     }
-    out.reserve(HEADER_LEN + 15 + msg.key.as_bytes().len() + opt);
+    if msg.attrs.stream_offset.is_some() {
+        flags |= flag::STREAM;
+    }
+    out.reserve(HEADER_LEN + 27 + msg.key.as_bytes().len() + opt);
     let start = begin(out, ty::MSG_ACKED);
     out.put_u32(sid);
     out.put_u64(delivery);
     out.put_u8(flags);
+    if let Some(o) = msg.attrs.stream_offset {
+        out.put_u64(o);
+        out.put_u32(msg.attrs.deliveries);
+    }
     put_str16(out, msg.key.as_bytes());
     put_options(out, msg);
     finish(out, start, msg.payload.len());
@@ -263,9 +270,12 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
             out.put_u64(*delivery);
             finish(out, start, 0);
         }
-        Frame::Nack { delivery } => {
+        Frame::Nack { delivery, delay_ms } => {
             let start = begin(out, ty::NACK);
             out.put_u64(*delivery);
+            if *delay_ms > 0 {
+                out.put_u32(*delay_ms);
+            }
             finish(out, start, 0);
         }
         Frame::PubConfirm { id, msg } => {
@@ -280,6 +290,17 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
             finish(out, start, 0);
         }
         Frame::Confirm { id, outcome } => encode_confirm(*id, outcome, out),
+        Frame::Consume {
+            sid,
+            stream,
+            consumer,
+        } => {
+            let start = begin(out, ty::CONSUME);
+            out.put_u32(*sid);
+            put_text16(out, stream);
+            put_text16(out, consumer);
+            finish(out, start, 0);
+        }
     }
 }
 

@@ -1,0 +1,548 @@
+//! Durable consumers: a named position in a stream shared by any number of members (a work
+//! queue: each message goes to one member and is acknowledged on its own).
+//!
+//! State: `floor` (every offset below is done: acknowledged, filtered out, expired or
+//! dead-lettered), `next` (the first offset never handed out), the done offsets above the
+//! floor (as ranges), the in-flight offsets with their ack deadlines, the delivery count of
+//! each offset not done, and the offsets due for (re)delivery at a time (NACK with a delay,
+//! ack timeout, a member gone, a message scheduled for later).
+//!
+//! Persisted in `<stream dir>/consumers/<name>.json` (atomic replace) at most every
+//! [`PERSIST_EVERY`] while it changes. After a restart every offset in `[floor, next)` that
+//! is not done is delivered again (at least once): acknowledgements of the last moments
+//! before a crash may be lost, so duplicates are possible and counted by the delivery count.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use hayate_core::KeyExpr;
+use serde::{Deserialize, Serialize};
+
+use super::{Stream, StreamError};
+
+/// At most this often a changing consumer writes its state file.
+pub const PERSIST_EVERY: Duration = Duration::from_millis(100);
+
+/// Where a new consumer starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Start {
+    /// The first record kept.
+    #[default]
+    First,
+    /// Records appended after the consumer is created.
+    New,
+    /// This offset (or the first kept, if it is gone).
+    Offset(u64),
+    /// The first record at or after this time (ms since the Unix epoch).
+    Time(i64),
+}
+
+fn default_ack_wait() -> u64 {
+    30_000
+}
+fn default_max_in_flight() -> u32 {
+    1000
+}
+
+/// A consumer's definition (the body of `$hayate/api/consumer/add`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerConfig {
+    /// The stream.
+    pub stream: String,
+    /// `[A-Za-z0-9_-]`, 1 to 64 characters.
+    pub name: String,
+    /// Only messages whose key matches this expression (others are skipped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<String>,
+    /// Where it starts.
+    #[serde(default)]
+    pub start: Start,
+    /// A delivery not acknowledged within this many ms is delivered again (to any member).
+    #[serde(default = "default_ack_wait")]
+    pub ack_wait_ms: u64,
+    /// Most messages in flight (delivered, not acknowledged) across its members.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: u32,
+    /// After this many deliveries a message goes to the dead-letter stream (or is dropped
+    /// without one); 0: no limit.
+    #[serde(default)]
+    pub max_deliver: u32,
+    /// The stream dead letters are published into (key `<dead_letter_prefix>/<stream>/<consumer>`
+    /// is not used: the original key is kept, with headers saying why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<String>,
+}
+
+impl ConsumerConfig {
+    /// A consumer `name` of `stream` with the defaults.
+    pub fn new(stream: &str, name: &str) -> ConsumerConfig {
+        ConsumerConfig {
+            stream: stream.to_owned(),
+            name: name.to_owned(),
+            filter: None,
+            start: Start::First,
+            ack_wait_ms: default_ack_wait(),
+            max_in_flight: default_max_in_flight(),
+            max_deliver: 0,
+            dead_letter: None,
+        }
+    }
+
+    fn check(&self) -> Result<Option<KeyExpr>, StreamError> {
+        let n = &self.name;
+        if n.is_empty()
+            || n.len() > 64
+            || !n
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(StreamError::Invalid(format!(
+                "consumer name {n:?}: 1 to 64 of A-Z a-z 0-9 _ -"
+            )));
+        }
+        if self.ack_wait_ms == 0 || self.max_in_flight == 0 {
+            return Err(StreamError::Invalid(format!(
+                "consumer {n}: ack_wait_ms and max_in_flight must be above 0"
+            )));
+        }
+        self.filter
+            .as_deref()
+            .map(KeyExpr::new)
+            .transpose()
+            .map_err(|e| StreamError::Invalid(format!("consumer {n}: filter: {e}")))
+    }
+}
+
+/// Offsets as ranges `[start, end)`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Ranges(BTreeMap<u64, u64>);
+
+impl Ranges {
+    pub(crate) fn contains(&self, o: u64) -> bool {
+        self.0.range(..=o).next_back().is_some_and(|(_, &e)| o < e)
+    }
+
+    pub(crate) fn insert(&mut self, o: u64) -> bool {
+        if self.contains(o) {
+            return false;
+        }
+        let mut start = o;
+        let mut end = o + 1;
+        if let Some((&s, &e)) = self.0.range(..o).next_back()
+            && e == o
+        {
+            start = s;
+            self.0.remove(&s);
+        }
+        if let Some(e) = self.0.remove(&(o + 1)) {
+            end = e;
+        }
+        self.0.insert(start, end);
+        true
+    }
+
+    /// Removes the range starting at `floor`, if any; returns where the floor moves.
+    fn take_from(&mut self, floor: u64) -> u64 {
+        self.0.remove(&floor).unwrap_or(floor)
+    }
+
+    /// Drops everything below `floor`.
+    fn drop_below(&mut self, floor: u64) {
+        let mut keep = self.0.split_off(&floor);
+        if let Some((_, &e)) = self.0.iter().next_back()
+            && e > floor
+        {
+            keep.insert(floor, e);
+        }
+        self.0 = keep;
+    }
+
+    fn len(&self) -> u64 {
+        self.0.iter().map(|(s, e)| e - s).sum()
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct CState {
+    pub(crate) floor: u64,
+    pub(crate) next: u64,
+    pub(crate) done: Ranges,
+    /// Offset -> ack deadline.
+    pub(crate) in_flight: HashMap<u64, Instant>,
+    /// Deliveries so far of offsets not done.
+    pub(crate) deliveries: HashMap<u64, u32>,
+    /// (when, offset): due for delivery at that time.
+    pub(crate) due: BTreeSet<(Instant, u64)>,
+    pub(crate) dirty: bool,
+    pub(crate) last_persist: Option<Instant>,
+    pub(crate) deleted: bool,
+}
+
+/// What a member should do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Deliver `offset` (claimed: in flight now); this is its `n`th delivery.
+    Deliver { offset: u64, n: u32 },
+    /// Nothing now: wait for a change, for `until`, or for records at `tail`.
+    Wait { until: Option<Instant>, tail: u64 },
+    /// The consumer was deleted.
+    Stop,
+}
+
+/// Counters of one consumer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsumerInfo {
+    /// Every offset below is done.
+    pub floor: u64,
+    /// The first offset never delivered.
+    pub next: u64,
+    /// Delivered and not acknowledged.
+    pub in_flight: u64,
+    /// Waiting for redelivery or for their scheduled time.
+    pub waiting: u64,
+    /// Done offsets above the floor.
+    pub done_above_floor: u64,
+    /// Records in the stream not yet delivered (`stream next - next`).
+    pub pending: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Saved {
+    config: ConsumerConfig,
+    floor: u64,
+    next: u64,
+    done: Vec<(u64, u64)>,
+    deliveries: Vec<(u64, u32)>,
+}
+
+/// A durable consumer. Members deliver through `stream::member`.
+#[derive(Debug)]
+pub struct Consumer {
+    pub(crate) config: ConsumerConfig,
+    pub(crate) filter: Option<KeyExpr>,
+    pub(crate) stream: Arc<Stream>,
+    path: PathBuf,
+    state: Mutex<CState>,
+    /// Woken on every acknowledgement, NACK, release and deletion.
+    pub(crate) changed: tokio::sync::Notify,
+}
+
+impl Consumer {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, CState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Creates a new consumer of `stream` (its state file is written now).
+    pub(crate) fn create(
+        stream: Arc<Stream>,
+        config: ConsumerConfig,
+    ) -> Result<Consumer, StreamError> {
+        let filter = config.check()?;
+        let log = stream.log();
+        let start = match config.start {
+            Start::First => log.start_offset(),
+            Start::New => log.end_offset(),
+            Start::Offset(o) => o.clamp(log.start_offset(), log.end_offset()),
+            Start::Time(t) => log.offset_for_time(t).map_err(|source| StreamError::Log {
+                name: stream.name().to_owned(),
+                source,
+            })?,
+        };
+        let path = stream
+            .dir
+            .join("consumers")
+            .join(format!("{}.json", config.name));
+        let c = Consumer {
+            state: Mutex::new(CState {
+                floor: start,
+                next: start,
+                ..CState::default()
+            }),
+            config,
+            filter,
+            stream,
+            path,
+            changed: tokio::sync::Notify::new(),
+        };
+        c.persist_now()?;
+        Ok(c)
+    }
+
+    /// Opens a consumer from its state file: everything in flight before is due now.
+    pub(crate) fn load(stream: Arc<Stream>, path: PathBuf) -> Result<Consumer, StreamError> {
+        let io = |source| StreamError::Io {
+            name: stream.name().to_owned(),
+            source,
+        };
+        let text = std::fs::read(&path).map_err(io)?;
+        let s: Saved = serde_json::from_slice(&text)
+            .map_err(|e| StreamError::Invalid(format!("{}: {e}", path.display())))?;
+        let filter = s.config.check()?;
+        let start = stream.log().start_offset();
+        let end = stream.log().end_offset();
+        let mut st = CState {
+            floor: s.floor.max(start),
+            next: s.next.clamp(s.floor.max(start), end.max(s.floor)),
+            ..CState::default()
+        };
+        for (a, b) in s.done {
+            let (a, b) = (a.max(st.floor), b.min(st.next));
+            if a < b {
+                st.done.0.insert(a, b);
+            }
+        }
+        st.deliveries = s
+            .deliveries
+            .into_iter()
+            .filter(|(o, _)| *o >= st.floor && *o < st.next)
+            .collect();
+        let now = Instant::now();
+        for o in st.floor..st.next {
+            if !st.done.contains(o) {
+                st.due.insert((now, o));
+            }
+        }
+        let floor = st.floor;
+        st.floor = st.done.take_from(floor).max(floor);
+        Ok(Consumer {
+            config: s.config,
+            filter,
+            stream,
+            path,
+            state: Mutex::new(st),
+            changed: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// The definition.
+    pub fn config(&self) -> &ConsumerConfig {
+        &self.config
+    }
+
+    /// Its state now.
+    pub fn info(&self) -> ConsumerInfo {
+        let st = self.lock();
+        ConsumerInfo {
+            floor: st.floor,
+            next: st.next,
+            in_flight: st.in_flight.len() as u64,
+            waiting: st.due.len() as u64,
+            done_above_floor: st.done.len(),
+            pending: self.stream.log().end_offset().saturating_sub(st.next),
+        }
+    }
+
+    fn ack_wait(&self) -> Duration {
+        Duration::from_millis(self.config.ack_wait_ms)
+    }
+
+    /// Claims the next thing to deliver, at `now`.
+    pub(crate) fn step(&self, now: Instant) -> Step {
+        let mut st = self.lock();
+        if st.deleted {
+            return Step::Stop;
+        }
+        // Ack timeouts: due again now.
+        let expired: Vec<u64> = st
+            .in_flight
+            .iter()
+            .filter(|(_, d)| **d <= now)
+            .map(|(o, _)| *o)
+            .collect();
+        for o in expired {
+            st.in_flight.remove(&o);
+            st.due.insert((now, o));
+        }
+        // Records removed by retention while waiting are done.
+        let first = self.stream.log().start_offset();
+        if st.floor < first {
+            st.floor = first;
+            st.next = st.next.max(first);
+            st.done.drop_below(first);
+            st.due.retain(|(_, o)| *o >= first);
+            st.in_flight.retain(|o, _| *o >= first);
+            st.deliveries.retain(|o, _| *o >= first);
+            let floor = st.floor;
+            st.floor = st.done.take_from(floor);
+            st.dirty = true;
+        }
+        let full = st.in_flight.len() >= self.config.max_in_flight as usize;
+        let earliest_deadline = st.in_flight.values().min().copied();
+        if !full {
+            if let Some(&(at, o)) = st.due.iter().next()
+                && at <= now
+            {
+                st.due.remove(&(at, o));
+                return self.claim(&mut st, o, now);
+            }
+            let visible = self.stream.log().confirmed_offset();
+            if st.next < visible {
+                let o = st.next;
+                st.next += 1;
+                return self.claim(&mut st, o, now);
+            }
+        }
+        let due = st.due.iter().next().map(|(t, _)| *t);
+        let until = match (due.filter(|_| !full), earliest_deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let until = match (until, st.dirty, st.last_persist) {
+            (u, true, Some(last)) => {
+                Some(u.map_or(last + PERSIST_EVERY, |u| u.min(last + PERSIST_EVERY)))
+            }
+            (u, true, None) => Some(u.map_or(now, |u| u.min(now))),
+            (u, false, _) => u,
+        };
+        Step::Wait {
+            until,
+            tail: st.next,
+        }
+    }
+
+    fn claim(&self, st: &mut CState, o: u64, now: Instant) -> Step {
+        st.in_flight.insert(o, now + self.ack_wait());
+        let n = st.deliveries.entry(o).or_insert(0);
+        *n += 1;
+        let n = *n;
+        st.dirty = true;
+        Step::Deliver { offset: o, n }
+    }
+
+    /// Marks `o` done (acknowledged, filtered out, expired, dead-lettered).
+    pub(crate) fn done(&self, o: u64) {
+        {
+            let mut st = self.lock();
+            Self::finish(&mut st, o);
+        }
+        self.changed.notify_waiters();
+    }
+
+    fn finish(st: &mut CState, o: u64) {
+        st.in_flight.remove(&o);
+        st.deliveries.remove(&o);
+        if o < st.floor || !st.done.insert(o) {
+            return;
+        }
+        let floor = st.floor;
+        st.floor = st.done.take_from(floor);
+        st.dirty = true;
+    }
+
+    /// Acknowledges `o` (any delivery of it).
+    pub fn ack(&self, o: u64) {
+        self.done(o);
+    }
+
+    /// Gives `o` back: due again after `delay` (a NACK), or now (its member went away).
+    pub fn give_back(&self, o: u64, delay: Duration) {
+        {
+            let mut st = self.lock();
+            if st.in_flight.remove(&o).is_none() {
+                return; // already acknowledged, or already due again
+            }
+            st.due.insert((Instant::now() + delay, o));
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Puts `o` (claimed, not delivered) off until `at` (a message scheduled for later).
+    pub(crate) fn defer(&self, o: u64, at: Instant) {
+        let mut st = self.lock();
+        st.in_flight.remove(&o);
+        if let Some(n) = st.deliveries.get_mut(&o) {
+            *n = n.saturating_sub(1);
+        }
+        st.due.insert((at, o));
+    }
+
+    /// Writes the state file if it changed and the last write is older than
+    /// [`PERSIST_EVERY`].
+    pub fn persist_if_due(&self) {
+        let due = {
+            let st = self.lock();
+            st.dirty && st.last_persist.is_none_or(|t| t.elapsed() >= PERSIST_EVERY)
+        };
+        if due && let Err(e) = self.persist_now() {
+            tracing::warn!(stream = %self.stream.name(), consumer = %self.config.name, "saving consumer state: {e}");
+        }
+    }
+
+    /// Writes the state file now.
+    pub(crate) fn persist_now(&self) -> Result<(), StreamError> {
+        let saved = {
+            let mut st = self.lock();
+            if st.deleted {
+                return Ok(());
+            }
+            st.dirty = false;
+            st.last_persist = Some(Instant::now());
+            Saved {
+                config: self.config.clone(),
+                floor: st.floor,
+                next: st.next,
+                done: st.done.0.iter().map(|(a, b)| (*a, *b)).collect(),
+                deliveries: st.deliveries.iter().map(|(o, n)| (*o, *n)).collect(),
+            }
+        };
+        let io = |source| StreamError::Io {
+            name: self.stream.name().to_owned(),
+            source,
+        };
+        let json = serde_json::to_vec(&saved).map_err(|e| StreamError::Invalid(e.to_string()))?;
+        let dir = self
+            .path
+            .parent()
+            .ok_or_else(|| StreamError::Invalid("consumer path".into()))?;
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let tmp = self.path.with_extension("json.tmp");
+        std::fs::write(&tmp, &json).map_err(io)?;
+        if self.stream.config.fsync == "always" {
+            std::fs::File::open(&tmp)
+                .and_then(|f| f.sync_all())
+                .map_err(io)?;
+        }
+        std::fs::rename(&tmp, &self.path).map_err(io)
+    }
+
+    /// Marks the consumer deleted (members stop) and removes its state file.
+    pub(crate) fn delete(&self) {
+        self.lock().deleted = true;
+        self.changed.notify_waiters();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn ranges_behave_as_a_set(ops in proptest::collection::vec(0u64..64, 0..200), floor in 0u64..64) {
+            let mut r = Ranges::default();
+            let mut model = std::collections::BTreeSet::new();
+            for o in ops {
+                prop_assert_eq!(r.insert(o), model.insert(o));
+            }
+            for o in 0..70 {
+                prop_assert_eq!(r.contains(o), model.contains(&o), "{}", o);
+            }
+            prop_assert_eq!(r.len(), model.len() as u64);
+            // Ranges never touch: each is separated from the next by a gap.
+            let v: Vec<(u64, u64)> = r.0.iter().map(|(a, b)| (*a, *b)).collect();
+            for w in v.windows(2) {
+                prop_assert!(w[0].1 < w[1].0);
+            }
+            r.drop_below(floor);
+            for o in 0..70 {
+                prop_assert_eq!(r.contains(o), o >= floor && model.contains(&o), "{} after drop_below({})", o, floor);
+            }
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! A member of a durable consumer: a task that claims the consumer's messages one at a time
+//! and delivers them into one session's outbox as acknowledged deliveries (the outbox's
+//! byte budget holds it back, so a member far behind reads no faster than its client takes).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hayate_core::Message;
+use hayate_log::{Error as LogError, ReadLimit};
+
+use super::codec;
+use super::consumer::{Consumer, Step};
+use crate::outbox::{Offer, Outbox};
+use crate::{Batch, Broker};
+
+/// A message with this header (decimal ms since the Unix epoch) is not delivered before then.
+pub const DELIVER_AT: &str = "hayate-deliver-at";
+/// A message with this header (decimal ms) is not delivered before its publication plus that.
+pub const DELAY: &str = "hayate-delay";
+/// Dead letters carry why (`max_deliver`), where from and how often they were delivered.
+pub const DEAD_REASON: &str = "hayate-dead-reason";
+/// See [`DEAD_REASON`].
+pub const DEAD_STREAM: &str = "hayate-dead-stream";
+/// See [`DEAD_REASON`].
+pub const DEAD_CONSUMER: &str = "hayate-dead-consumer";
+/// See [`DEAD_REASON`].
+pub const DEAD_OFFSET: &str = "hayate-dead-offset";
+/// See [`DEAD_REASON`].
+pub const DEAD_DELIVERIES: &str = "hayate-dead-deliveries";
+
+fn header_ms(m: &Message, name: &str) -> Option<i64> {
+    let v = m
+        .headers
+        .as_ref()?
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))?
+        .1
+        .clone();
+    std::str::from_utf8(&v).ok()?.trim().parse().ok()
+}
+
+/// When `m` (published at `ts`) may be delivered, if it names a time (ms since the epoch).
+pub fn deliver_at(m: &Message, ts: i64) -> Option<i64> {
+    header_ms(m, DELIVER_AT).or_else(|| header_ms(m, DELAY).map(|d| ts.saturating_add(d)))
+}
+
+/// Runs one member of `consumer` delivering to subscription `sid` of `outbox` until the
+/// consumer is deleted or the outbox closes (the front-end also aborts it when the
+/// subscription ends; what it had in flight is given back by the front-end).
+pub async fn run(consumer: Arc<Consumer>, broker: Broker, outbox: Arc<Outbox>, sid: u32) {
+    let mut scratch = VecDeque::new();
+    let mut meta = Vec::new();
+    loop {
+        consumer.persist_if_due();
+        let changed = consumer.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let (offset, n) = match consumer.step(Instant::now()) {
+            Step::Stop => return,
+            Step::Deliver { offset, n } => (offset, n),
+            Step::Wait { until, tail } => {
+                let until = until.map(tokio::time::Instant::from_std);
+                let log = consumer.stream.log();
+                let more = log.confirmed(tail);
+                tokio::select! {
+                    () = &mut changed => {}
+                    () = tokio::time::sleep_until(until.unwrap_or_else(tokio::time::Instant::now)), if until.is_some() => {}
+                    r = more => if r.is_err() {
+                        // The log failed: nothing new will come; wake for changes only.
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    },
+                }
+                continue;
+            }
+        };
+        let Some(msg) = prepare(&consumer, &broker, offset, n, &mut meta) else {
+            continue;
+        };
+        if !offer(&outbox, sid, &msg).await {
+            consumer.give_back(offset, Duration::ZERO);
+            consumer.persist_if_due();
+            return;
+        }
+        outbox.try_flush(&mut scratch);
+    }
+}
+
+/// Reads and checks claimed offset `offset`; `None` when it is not to be delivered now
+/// (gone, filtered out, expired, scheduled for later, dead-lettered), the consumer updated.
+fn prepare(
+    c: &Consumer,
+    broker: &Broker,
+    offset: u64,
+    n: u32,
+    meta: &mut Vec<u8>,
+) -> Option<Message> {
+    let limit = ReadLimit {
+        max_bytes: 1,
+        max_records: 1,
+        confirmed_only: false,
+    };
+    let rec = match c.stream.log().read(offset, limit) {
+        Ok(mut b) if b.records.first().is_some_and(|r| r.offset == offset) => {
+            b.records.swap_remove(0)
+        }
+        Ok(_) | Err(LogError::OffsetOutOfRange { .. }) => {
+            c.done(offset); // removed by retention
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(stream = %c.stream.name(), offset, "consumer read: {e}");
+            c.give_back(offset, Duration::from_secs(1));
+            return None;
+        }
+    };
+    let mut msg = match codec::decode(&rec) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(stream = %c.stream.name(), "{e}; skipped");
+            c.done(offset);
+            return None;
+        }
+    };
+    if c.filter.as_ref().is_some_and(|f| !f.matches(&msg.key)) {
+        c.done(offset);
+        return None;
+    }
+    if msg.attrs.expires.is_some_and(|e| e <= Instant::now()) {
+        c.done(offset);
+        return None;
+    }
+    if n == 1
+        && let Some(at) = deliver_at(&msg, rec.timestamp)
+    {
+        let wait = at - codec::now_ms();
+        if wait > 0 {
+            c.defer(
+                offset,
+                Instant::now() + Duration::from_millis(wait.unsigned_abs()),
+            );
+            return None;
+        }
+    }
+    let max = c.config.max_deliver;
+    if max > 0 && n > max {
+        dead_letter(c, broker, &msg, offset, n - 1, meta);
+        c.done(offset);
+        return None;
+    }
+    msg.attrs.stream_offset = Some(offset);
+    msg.attrs.deliveries = n;
+    msg.attrs.redelivered = n > 1;
+    Some(msg)
+}
+
+fn dead_letter(
+    c: &Consumer,
+    broker: &Broker,
+    msg: &Message,
+    offset: u64,
+    n: u32,
+    meta: &mut Vec<u8>,
+) {
+    let Some(dl) = c.config.dead_letter.as_deref() else {
+        tracing::info!(stream = %c.stream.name(), consumer = %c.config.name, offset, "dropped after {n} deliveries");
+        return;
+    };
+    let Some(target) = broker.stream(dl) else {
+        tracing::warn!(stream = %c.stream.name(), consumer = %c.config.name, dead_letter = dl, "no such dead-letter stream; dropped");
+        return;
+    };
+    let mut m = msg.clone();
+    let h = m.headers.get_or_insert_with(Vec::new);
+    h.push((DEAD_REASON.into(), Bytes::from_static(b"max_deliver")));
+    h.push((DEAD_STREAM.into(), Bytes::from(c.stream.name().to_owned())));
+    h.push((DEAD_CONSUMER.into(), Bytes::from(c.config.name.clone())));
+    h.push((DEAD_OFFSET.into(), Bytes::from(offset.to_string())));
+    h.push((DEAD_DELIVERIES.into(), Bytes::from(n.to_string())));
+    if let Err(e) = target.append(Batch::One(&m), meta) {
+        tracing::warn!(dead_letter = dl, "dead letter not kept: {e}");
+    }
+}
+
+/// Offers `msg` to `sid`, waiting for room; false when the outbox is closed.
+async fn offer(outbox: &Outbox, sid: u32, msg: &Message) -> bool {
+    loop {
+        let space = outbox.wait_space();
+        tokio::pin!(space);
+        space.as_mut().enable();
+        match outbox.offer(sid, 0, Batch::One(msg), false) {
+            Offer::Took(1) => return true,
+            Offer::Took(_) => space.await,
+            Offer::Closed => return false,
+        }
+    }
+}
