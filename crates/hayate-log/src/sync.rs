@@ -26,12 +26,15 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 struct Waiter {
     offset: u64,
+    /// Registration order: waiters of one offset are woken first come, first served (the
+    /// members of a stream consumer take turns).
+    seq: u64,
     waker: Waker,
 }
 
 impl PartialEq for Waiter {
     fn eq(&self, o: &Self) -> bool {
-        self.offset == o.offset
+        (self.offset, self.seq) == (o.offset, o.seq)
     }
 }
 impl Eq for Waiter {}
@@ -42,7 +45,7 @@ impl PartialOrd for Waiter {
 }
 impl Ord for Waiter {
     fn cmp(&self, o: &Self) -> Ordering {
-        o.offset.cmp(&self.offset) // a min-heap by offset
+        (o.offset, o.seq).cmp(&(self.offset, self.seq)) // a min-heap by offset, then age
     }
 }
 
@@ -56,6 +59,7 @@ pub(crate) struct SyncState {
     /// Set when the log was poisoned: waiters get it.
     pub(crate) error: Option<String>,
     waiters: BinaryHeap<Waiter>,
+    next_seq: u64,
 }
 
 /// The marks and their waiters, shared by the log, the syncer and [`Confirmed`] futures.
@@ -216,8 +220,11 @@ impl Future for Confirmed {
             ws.retain(|w| !(w.offset == offset && w.waker.will_wake(cx.waker())));
             s.waiters = ws.into();
         }
+        let seq = s.next_seq;
+        s.next_seq += 1;
         s.waiters.push(Waiter {
             offset,
+            seq,
             waker: cx.waker().clone(),
         });
         drop(s);

@@ -141,6 +141,7 @@ struct Native {
 struct Member {
     consumer: Arc<Consumer>,
     task: tokio::task::JoinHandle<()>,
+    claimed: member::Claimed,
 }
 
 impl Native {
@@ -192,18 +193,39 @@ impl Native {
             .ok_or_else(|| bad(format!("no consumer {stream}/{name}")))?;
         let outbox = self.session.outbox().clone();
         outbox.set_acked(sid, true);
-        let task = tokio::spawn(member::run(consumer.clone(), broker, outbox, sid));
-        self.consumers.insert(sid, Member { consumer, task });
+        let claimed = Arc::new(std::sync::atomic::AtomicU64::new(member::NONE));
+        let task = tokio::spawn(member::run(
+            consumer.clone(),
+            broker,
+            outbox,
+            sid,
+            claimed.clone(),
+        ));
+        self.consumers.insert(
+            sid,
+            Member {
+                consumer,
+                task,
+                claimed,
+            },
+        );
         Ok(())
     }
 
     /// Leaves the consumer of `sid`: its task stops and what it had in flight here is given
     /// back to the consumer (for another member, at once).
-    fn leave(&mut self, sid: u32) -> bool {
+    async fn leave(&mut self, sid: u32) -> bool {
         let Some(m) = self.consumers.remove(&sid) else {
             return false;
         };
+        // Stopped for good before what it delivered is taken back: an aborted task may be
+        // running on another thread until its next await.
         m.task.abort();
+        let _ = m.task.await;
+        let claimed = m.claimed.load(std::sync::atomic::Ordering::Acquire);
+        if claimed != member::NONE {
+            m.consumer.give_back(claimed, Duration::ZERO);
+        }
         for d in self.session.outbox().take_unacked(Some(sid)) {
             if let Some(o) = d.msg.attrs.stream_offset {
                 m.consumer.give_back(o, Duration::ZERO);
@@ -252,7 +274,10 @@ impl Handler for Native {
                     stream,
                     consumer,
                 } => return self.consume(sid, &stream, &consumer),
-                Frame::Unsub { sid } if self.leave(sid) => return Ok(()),
+                Frame::Unsub { sid } if self.consumers.contains_key(&sid) => {
+                    self.leave(sid).await;
+                    return Ok(());
+                }
                 Frame::Ack {
                     delivery,
                     cumulative,
@@ -387,7 +412,7 @@ pub async fn serve(
     // What this connection's consumer memberships had in flight goes back to the consumers.
     let sids: Vec<u32> = h.consumers.keys().copied().collect();
     for sid in sids {
-        h.leave(sid);
+        h.leave(sid).await;
     }
     let mut session = h.session;
     tracing::debug!(session = session.id(), ?end, "connection ends");

@@ -49,7 +49,20 @@ pub fn deliver_at(m: &Message, ts: i64) -> Option<i64> {
 /// Runs one member of `consumer` delivering to subscription `sid` of `outbox` until the
 /// consumer is deleted or the outbox closes (the front-end also aborts it when the
 /// subscription ends; what it had in flight is given back by the front-end).
-pub async fn run(consumer: Arc<Consumer>, broker: Broker, outbox: Arc<Outbox>, sid: u32) {
+/// The offset a member has claimed and not yet handed to its outbox ([`NONE`] if none): a
+/// front-end that stops the member gives it back.
+pub type Claimed = Arc<std::sync::atomic::AtomicU64>;
+/// No offset claimed.
+pub const NONE: u64 = u64::MAX;
+
+pub async fn run(
+    consumer: Arc<Consumer>,
+    broker: Broker,
+    outbox: Arc<Outbox>,
+    sid: u32,
+    claimed: Claimed,
+) {
+    use std::sync::atomic::Ordering;
     let mut scratch = VecDeque::new();
     let mut meta = Vec::new();
     loop {
@@ -78,12 +91,17 @@ pub async fn run(consumer: Arc<Consumer>, broker: Broker, outbox: Arc<Outbox>, s
         let Some(msg) = prepare(&consumer, &broker, offset, n, &mut meta) else {
             continue;
         };
-        if !offer(&outbox, sid, &msg).await {
+        claimed.store(offset, Ordering::Release);
+        let taken = offer(&outbox, sid, &msg).await;
+        claimed.store(NONE, Ordering::Release);
+        if !taken {
             consumer.give_back(offset, Duration::ZERO);
             consumer.persist_if_due();
             return;
         }
         outbox.try_flush(&mut scratch);
+        // Let the consumer's other members take their turn.
+        tokio::task::yield_now().await;
     }
 }
 

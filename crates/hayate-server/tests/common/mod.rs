@@ -61,6 +61,7 @@ pub async fn start(mut config: Config) -> TestBroker {
         ],
         &config,
     );
+    server.open_streams(&config).unwrap();
     let addr = server.local_addrs()[0].clone();
     let broker = server.broker().clone();
     let busy = server.busy_poll().cloned();

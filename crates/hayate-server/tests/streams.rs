@@ -1,0 +1,462 @@
+//! Streams over the native protocol: publish confirms, the stream and consumer API, durable
+//! consumers (acks, NACK with delay, ack timeout, work queue, disconnect, dead letters,
+//! scheduled delivery, restart).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{start, within};
+use hayate_client::streams::{ConsumerConfig, Start, StreamConfig};
+use hayate_client::{Client, ConfirmOutcome, Error, Key, Message};
+use hayate_server::Config;
+
+fn key(s: &str) -> Key {
+    Key::new(s).unwrap()
+}
+
+struct Dir(std::path::PathBuf);
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn data_dir(name: &str) -> (Config, Dir) {
+    let d = std::env::temp_dir().join(format!("hayate-srv-streams-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    let mut c = Config::default();
+    c.server.data_dir = d.to_string_lossy().into_owned();
+    (c, Dir(d))
+}
+
+fn stream(name: &str, capture: &str, fsync: &str) -> StreamConfig {
+    let mut s = StreamConfig::new(name, &[capture]);
+    s.fsync = fsync.into();
+    s
+}
+
+async fn publish_n(c: &Client, k: &str, n: u32) -> Vec<u64> {
+    let mut offsets = Vec::new();
+    for i in 0..n {
+        match c
+            .publish_confirmed(&Message::new(key(k), i.to_string()))
+            .await
+            .unwrap()
+        {
+            ConfirmOutcome::Stored { offset, .. } => offsets.push(offset),
+            other => panic!("{other:?}"),
+        }
+    }
+    offsets
+}
+
+#[tokio::test]
+async fn confirms_and_the_stream_api() {
+    let (config, _d) = data_dir("api");
+    let b = start(config).await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    let api = c.streams();
+    let (info, created) = api
+        .add(&stream("orders", "orders/**", "always"))
+        .await
+        .unwrap();
+    assert!(created);
+    assert_eq!((info.first, info.next), (0, 0));
+    assert!(
+        !api.add(&stream("orders", "orders/**", "always"))
+            .await
+            .unwrap()
+            .1
+    );
+    assert!(matches!(
+        api.add(&stream("orders", "x", "always")).await,
+        Err(Error::Api(_))
+    ));
+    assert!(matches!(
+        api.add(&stream("bad name", "x", "always")).await,
+        Err(Error::Api(_))
+    ));
+    assert!(matches!(
+        api.add(&stream("ok", "a//b", "always")).await,
+        Err(Error::Api(_))
+    ));
+    assert_eq!(publish_n(&c, "orders/eu/1", 5).await, vec![0, 1, 2, 3, 4]);
+    let other = c
+        .publish_confirmed(&Message::new(key("other/x"), "z"))
+        .await
+        .unwrap();
+    assert_eq!(other, ConfirmOutcome::NotCaptured);
+    api.add(&stream("fast", "fast/*", "interval=50"))
+        .await
+        .unwrap();
+    assert_eq!(publish_n(&c, "fast/x", 3).await, vec![0, 1, 2]);
+    let names: Vec<String> = api
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.config.name)
+        .collect();
+    assert_eq!(names, vec!["fast", "orders"]);
+    let info = api.info("orders").await.unwrap();
+    assert_eq!((info.records, info.confirmed), (5, 5));
+    assert_eq!(api.purge("orders").await.unwrap().records, 5);
+    assert_eq!(
+        publish_n(&c, "orders/x", 1).await,
+        vec![5],
+        "offsets go on after a purge"
+    );
+    api.remove("orders").await.unwrap();
+    assert!(matches!(api.info("orders").await, Err(Error::Api(_))));
+    assert_eq!(
+        c.publish_confirmed(&Message::new(key("orders/x"), "z"))
+            .await
+            .unwrap(),
+        ConfirmOutcome::NotCaptured
+    );
+    // Unknown API operations get an error reply, not silence.
+    let r = c
+        .request(
+            &key("$hayate/api/stream/nope"),
+            "{}",
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert!(String::from_utf8_lossy(&r.payload).contains("unknown stream operation"));
+}
+
+async fn consumer(c: &Client, cfg: ConsumerConfig) {
+    c.streams().consumer_add(&cfg).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_durable_consumer_delivers_each_message_and_acks_free_them() {
+    let (config, _d) = data_dir("consume");
+    let b = start(config).await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    c.streams()
+        .add(&stream("jobs", "jobs/**", "interval=20"))
+        .await
+        .unwrap();
+    publish_n(&c, "jobs/a", 100).await;
+    let mut cfg = ConsumerConfig::new("jobs", "workers");
+    cfg.filter = Some("jobs/*".into());
+    consumer(&c, cfg).await;
+    let mut sub = c.consume("jobs", "workers").await.unwrap();
+    within(20, async {
+        for i in 0..100u64 {
+            let m = sub.next().await.unwrap();
+            assert_eq!(m.attrs.stream_offset, Some(i));
+            assert_eq!((m.attrs.deliveries, m.attrs.redelivered), (1, false));
+            assert_eq!(m.payload, Bytes::from(i.to_string()));
+            c.ack(&m).unwrap();
+        }
+    })
+    .await;
+    // New messages arrive as they are published.
+    publish_n(&c, "jobs/b", 1).await;
+    let m = within(10, sub.next()).await.unwrap();
+    assert_eq!(m.attrs.stream_offset, Some(100));
+    c.ack(&m).unwrap();
+    c.flush().await.unwrap();
+    let t = Instant::now();
+    loop {
+        let v = c.streams().consumer_info("jobs", "workers").await.unwrap();
+        if v.state.floor == 101 {
+            assert_eq!(v.state.in_flight, 0);
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "{v:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A filter skips what it does not match.
+    publish_n(&c, "jobs/deep/x", 1).await;
+    publish_n(&c, "jobs/c", 1).await;
+    let m = within(10, sub.next()).await.unwrap();
+    assert_eq!(
+        (m.key.as_str(), m.attrs.stream_offset),
+        ("jobs/c", Some(102))
+    );
+    // CONSUME of an unknown consumer is refused (ERR 10 closes the connection).
+    let bad = Client::connect(&b.addr).await.unwrap();
+    let mut s = bad.consume("jobs", "nobody").await.unwrap();
+    assert!(within(10, s.next()).await.is_none());
+    assert!(
+        matches!(bad.last_error(), Some(Error::Server { .. })),
+        "{:?}",
+        bad.last_error()
+    );
+}
+
+#[tokio::test]
+async fn nack_with_a_delay_and_ack_timeout_redeliver_on_time() {
+    let (config, _d) = data_dir("nack");
+    let b = start(config).await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    c.streams()
+        .add(&stream("s", "s/*", "always"))
+        .await
+        .unwrap();
+    let mut cfg = ConsumerConfig::new("s", "c");
+    cfg.ack_wait_ms = 300;
+    consumer(&c, cfg).await;
+    let mut sub = c.consume("s", "c").await.unwrap();
+    publish_n(&c, "s/x", 1).await;
+    let m = within(10, sub.next()).await.unwrap();
+    // NACK with 200 ms: not before, and on time.
+    let t = Instant::now();
+    c.nack_after(&m, Duration::from_millis(200)).unwrap();
+    let m = within(10, sub.next()).await.unwrap();
+    let late = t.elapsed();
+    assert!(
+        late >= Duration::from_millis(200),
+        "redelivered early: {late:?}"
+    );
+    assert!(
+        late < Duration::from_millis(200 + 150),
+        "redelivered late: {late:?}"
+    );
+    assert_eq!((m.attrs.deliveries, m.attrs.redelivered), (2, true));
+    // Not acknowledged within ack_wait (300 ms): delivered again.
+    let t = Instant::now();
+    let m = within(10, sub.next()).await.unwrap();
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_millis(300 + 300),
+        "{waited:?}"
+    );
+    assert_eq!(m.attrs.deliveries, 3);
+    c.ack(&m).unwrap();
+    c.flush().await.unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(700), sub.next())
+            .await
+            .is_err(),
+        "acknowledged: no more"
+    );
+}
+
+#[tokio::test]
+async fn members_share_the_work_and_a_disconnect_hands_unacked_messages_to_another() {
+    let (config, _d) = data_dir("work");
+    let b = start(config).await;
+    let admin = Client::connect(&b.addr).await.unwrap();
+    admin
+        .streams()
+        .add(&stream("w", "w/*", "interval=10"))
+        .await
+        .unwrap();
+    consumer(&admin, ConsumerConfig::new("w", "pool")).await;
+    let a = Client::connect(&b.addr).await.unwrap();
+    let bb = Client::connect(&b.addr).await.unwrap();
+    let mut sa = a.consume("w", "pool").await.unwrap();
+    let mut sb = bb.consume("w", "pool").await.unwrap();
+    a.flush().await.unwrap();
+    bb.flush().await.unwrap();
+    publish_n(&admin, "w/x", 200).await;
+    // A takes some and never acknowledges them, then goes away.
+    let mut held = Vec::new();
+    let r = tokio::time::timeout(Duration::from_secs(10), async {
+        while held.len() < 10 {
+            held.push(sa.next().await.unwrap().attrs.stream_offset.unwrap());
+        }
+    })
+    .await;
+    if r.is_err() {
+        let v = admin.streams().consumer_info("w", "pool").await.unwrap();
+        panic!("A got {held:?}; consumer {v:?}");
+    }
+    drop(sa);
+    a.close().await.unwrap();
+    // B acknowledges everything it gets; it must get every offset, A's included.
+    let mut seen: BTreeMap<u64, u32> = BTreeMap::new();
+    within(30, async {
+        while seen.len() < 200 {
+            let m = sb.next().await.unwrap();
+            *seen.entry(m.attrs.stream_offset.unwrap()).or_default() += 1;
+            bb.ack(&m).unwrap();
+        }
+    })
+    .await;
+    assert_eq!(
+        seen.keys().copied().collect::<Vec<_>>(),
+        (0..200).collect::<Vec<_>>()
+    );
+    for o in held {
+        assert!(seen.contains_key(&o), "A's unacknowledged {o} reached B");
+    }
+}
+
+#[tokio::test]
+async fn max_deliver_moves_a_message_to_the_dead_letter_stream() {
+    let (config, _d) = data_dir("dlq");
+    let b = start(config).await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    c.streams()
+        .add(&stream("in", "in/*", "always"))
+        .await
+        .unwrap();
+    c.streams()
+        .add(&stream("dlq", "dead-letters/never", "always"))
+        .await
+        .unwrap();
+    let mut cfg = ConsumerConfig::new("in", "c");
+    cfg.max_deliver = 2;
+    cfg.dead_letter = Some("dlq".into());
+    consumer(&c, cfg).await;
+    let mut dcfg = ConsumerConfig::new("dlq", "inspect");
+    dcfg.start = Start::First;
+    consumer(&c, dcfg).await;
+    let mut sub = c.consume("in", "c").await.unwrap();
+    publish_n(&c, "in/x", 2).await;
+    let mut deliveries = 0;
+    within(10, async {
+        loop {
+            let m = sub.next().await.unwrap();
+            if m.attrs.stream_offset == Some(1) {
+                c.ack(&m).unwrap();
+                continue;
+            }
+            deliveries += 1;
+            c.nack(&m).unwrap();
+            if deliveries == 2 {
+                break;
+            }
+        }
+    })
+    .await;
+    let mut dead = c.consume("dlq", "inspect").await.unwrap();
+    let d = within(10, dead.next()).await.unwrap();
+    let h: BTreeMap<String, String> = d
+        .headers
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| (k, String::from_utf8(v.to_vec()).unwrap()))
+        .collect();
+    assert_eq!(h["hayate-dead-reason"], "max_deliver");
+    assert_eq!(h["hayate-dead-stream"], "in");
+    assert_eq!(h["hayate-dead-offset"], "0");
+    assert_eq!(h["hayate-dead-deliveries"], "2");
+    assert_eq!((d.key.as_str(), &d.payload[..]), ("in/x", &b"0"[..]));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), sub.next())
+            .await
+            .is_err(),
+        "not delivered a third time"
+    );
+}
+
+#[tokio::test]
+async fn a_delayed_message_is_not_delivered_early_and_arrives_on_time() {
+    let (config, _d) = data_dir("delay");
+    let b = start(config).await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    c.streams()
+        .add(&stream("d", "d/*", "interval=10"))
+        .await
+        .unwrap();
+    consumer(&c, ConsumerConfig::new("d", "c")).await;
+    let mut sub = c.consume("d", "c").await.unwrap();
+    // Steady load beside the delayed messages: undelayed ones keep flowing.
+    let mut lateness = Vec::new();
+    for (i, delay) in [150u64, 250, 350, 200, 300].iter().enumerate() {
+        let mut m = Message::new(key("d/x"), format!("delayed-{i}"));
+        m.headers = Some(vec![(
+            "hayate-delay".into(),
+            Bytes::from(delay.to_string()),
+        )]);
+        let sent = Instant::now();
+        c.publish_confirmed(&m).await.unwrap();
+        publish_n(&c, "d/plain", 20).await;
+        let due = sent + Duration::from_millis(*delay);
+        within(10, async {
+            loop {
+                let got = sub.next().await.unwrap();
+                c.ack(&got).unwrap();
+                if got.payload.starts_with(b"delayed") {
+                    let now = Instant::now();
+                    assert!(
+                        now + Duration::from_millis(2) >= due,
+                        "delivered {:?} early",
+                        due - now
+                    );
+                    lateness.push(now.saturating_duration_since(due));
+                    break;
+                }
+            }
+        })
+        .await;
+    }
+    lateness.sort();
+    eprintln!("delayed delivery lateness: {lateness:?}");
+    assert!(
+        lateness[2] < Duration::from_millis(50),
+        "median lateness {:?}",
+        lateness[2]
+    );
+    assert!(
+        lateness[4] < Duration::from_millis(250),
+        "worst lateness {:?}",
+        lateness[4]
+    );
+}
+
+#[tokio::test]
+async fn a_restart_keeps_positions_and_redelivers_what_was_in_flight() {
+    let (config, _d) = data_dir("restart");
+    let mut acked = Vec::new();
+    {
+        let b = start(config.clone()).await;
+        let c = Client::connect(&b.addr).await.unwrap();
+        c.streams()
+            .add(&stream("r", "r/*", "always"))
+            .await
+            .unwrap();
+        consumer(&c, ConsumerConfig::new("r", "c")).await;
+        publish_n(&c, "r/x", 10).await;
+        let mut sub = c.consume("r", "c").await.unwrap();
+        within(10, async {
+            for _ in 0..5 {
+                let m = sub.next().await.unwrap();
+                let o = m.attrs.stream_offset.unwrap();
+                if o % 2 == 0 {
+                    c.ack(&m).unwrap();
+                    acked.push(o);
+                }
+            }
+        })
+        .await;
+        c.flush().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(sub);
+        c.close().await.unwrap();
+        b.shutdown().await;
+    }
+    let b = start(config).await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    let v = c.streams().consumer_info("r", "c").await.unwrap();
+    assert_eq!(v.state.floor, 1, "{v:?}");
+    let mut sub = c.consume("r", "c").await.unwrap();
+    let mut got = Vec::new();
+    within(10, async {
+        while got.len() < 7 {
+            let m = sub.next().await.unwrap();
+            got.push(m.attrs.stream_offset.unwrap());
+            c.ack(&m).unwrap();
+        }
+    })
+    .await;
+    got.sort_unstable();
+    assert_eq!(
+        got,
+        vec![1, 3, 5, 6, 7, 8, 9],
+        "acknowledged {acked:?} are not delivered again"
+    );
+}
