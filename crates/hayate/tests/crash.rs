@@ -17,13 +17,27 @@ use hayate_client::streams::{ConsumerConfig, StreamConfig};
 use hayate_client::{Client, ConfirmOutcome, Key, Message};
 
 fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Starts the broker on an ephemeral port; returns it and its native address.
 fn start(dir: &std::path::Path) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_hayate"))
-        .args(["broker", "--listen", "127.0.0.1:0", "--mqtt", "off", "--ws", "off", "--stomp", "off", "--data"])
+        .args([
+            "broker",
+            "--listen",
+            "127.0.0.1:0",
+            "--mqtt",
+            "off",
+            "--ws",
+            "off",
+            "--stomp",
+            "off",
+            "--data",
+        ])
         .arg(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -58,7 +72,11 @@ async fn connect(addr: &Arc<Mutex<String>>) -> Client {
 async fn run(fsync: &str) {
     let kills = env_or("HAYATE_CRASH_KILLS", 5);
     let n = env_or("HAYATE_CRASH_MESSAGES", 3000);
-    let dir = std::env::temp_dir().join(format!("hayate-crash-{}-{}", fsync.replace('=', "-"), std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "hayate-crash-{}-{}",
+        fsync.replace('=', "-"),
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     let (child, a) = start(&dir);
     let child = Arc::new(Mutex::new(child));
@@ -112,7 +130,10 @@ async fn run(fsync: &str) {
         *addr.lock().unwrap() = a2;
         restarts += 1;
     }
-    tokio::time::timeout(Duration::from_secs(300), publisher).await.expect("publisher finished").unwrap();
+    tokio::time::timeout(Duration::from_secs(300), publisher)
+        .await
+        .expect("publisher finished")
+        .unwrap();
     let confirmed = confirmed.lock().unwrap().clone();
     assert_eq!(confirmed.len() as u64, n);
     // Everything confirmed reaches the durable consumer.
@@ -121,13 +142,20 @@ async fn run(fsync: &str) {
     let mut seen: BTreeMap<u64, u32> = BTreeMap::new();
     let t = Instant::now();
     while (seen.len() as u64) < n {
-        let m = tokio::time::timeout(Duration::from_secs(30), sub.next()).await.expect("consumer stalled").unwrap();
+        let m = tokio::time::timeout(Duration::from_secs(30), sub.next())
+            .await
+            .expect("consumer stalled")
+            .unwrap();
         let i: u64 = std::str::from_utf8(&m.payload).unwrap().parse().unwrap();
         *seen.entry(i).or_default() += 1;
         c.ack(&m).unwrap();
         assert!(t.elapsed() < Duration::from_secs(120));
     }
-    let lost: Vec<u64> = confirmed.keys().filter(|i| !seen.contains_key(i)).copied().collect();
+    let lost: Vec<u64> = confirmed
+        .keys()
+        .filter(|i| !seen.contains_key(i))
+        .copied()
+        .collect();
     let stored = c.streams().info("crash").await.unwrap().records;
     let duplicates = stored - n;
     eprintln!(

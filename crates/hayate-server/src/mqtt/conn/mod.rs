@@ -70,7 +70,26 @@ struct Conn<'a> {
     expiry_at_connect: u32,
     /// Send reason strings (5.0 Request Problem Information).
     problem_info: bool,
+    /// PUBACKs / PUBRECs waiting for the streams that captured their message to keep it
+    /// durably, in the order of their PUBLISHes (as MQTT requires).
+    /// (In a mutex only to be `Sync`, as the handler's futures borrow `Conn`; never
+    /// contended: reached through `&mut`.)
+    acks: std::sync::Mutex<futures::stream::FuturesOrdered<PendingAck>>,
 }
+
+impl Conn<'_> {
+    fn acks(&mut self) -> &mut futures::stream::FuturesOrdered<PendingAck> {
+        self.acks
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A PUBACK or PUBREC (`true`) for a packet id, once its message is stored (or failed).
+pub(crate) type PendingAck = futures::future::BoxFuture<'static, (u16, bool, Result<(), String>)>;
+
+/// At this many PUBACKs / PUBRECs waiting for their streams, the connection's input is held.
+pub(crate) const MAX_PENDING_ACKS: usize = 4096;
 
 /// The MQTT front-end as the connection driver sees it, once CONNECT is accepted.
 struct Driven<'a> {
@@ -279,6 +298,7 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
             .properties
             .request_problem_information
             .unwrap_or(true),
+        acks: std::sync::Mutex::new(futures::stream::FuturesOrdered::new()),
     };
     let ka = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
     let mut h = Driven {

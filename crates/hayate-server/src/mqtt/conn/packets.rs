@@ -5,7 +5,8 @@
 use std::sync::atomic::Ordering;
 
 use bytes::BytesMut;
-use hayate_broker::{Batch, Session};
+use futures::StreamExt;
+use hayate_broker::{Batch, Session, Stored};
 use hayate_core::Message;
 use hayate_mqtt::{
     Ack, ByteStr, Packet, Publish, QoS, RawPacket, ReasonCode, RetainHandling, SubAck, Subscribe,
@@ -81,8 +82,24 @@ impl Handler for Driven<'_> {
         Err(End::KeepAlive)
     }
 
+    fn read_limit(&mut self, _buf: &mut BytesMut) -> Option<usize> {
+        (self.conn.acks().len() >= super::MAX_PENDING_ACKS).then_some(0)
+    }
+
     async fn event(&mut self) -> Result<(), End> {
-        match self.kick_rx.recv().await {
+        let waiting = !self.conn.acks().is_empty();
+        let acks = self
+            .conn
+            .acks
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let kicked = tokio::select! {
+            k = self.kick_rx.recv() => k,
+            Some((pid, rec, r)) = acks.next(), if waiting => {
+                return self.conn.acked(&mut self.ms, pid, rec, r).map_err(fail_end);
+            }
+        };
+        match kicked {
             Some(h) => {
                 self.kicked = Some(h);
                 Err(End::TakenOver)
@@ -249,10 +266,12 @@ impl Conn<'_> {
                 }
             }
             (QoS::AtLeastOnce, Some(pid)) => {
-                if !sys {
-                    self.route(msg, &mut ms.session).await;
-                }
-                self.reply(ms, &Packet::PubAck(Ack::new(pid)));
+                let stored = if sys {
+                    Stored::default()
+                } else {
+                    self.route(msg, &mut ms.session).await
+                };
+                self.ack_when_stored(ms, pid, false, stored)?;
             }
             (QoS::ExactlyOnce, Some(pid)) => {
                 let first = {
@@ -269,10 +288,12 @@ impl Conn<'_> {
                         true
                     }
                 };
-                if first && !sys {
-                    self.route(msg, &mut ms.session).await;
-                }
-                self.reply(ms, &Packet::PubRec(Ack::new(pid)));
+                let stored = if first && !sys {
+                    self.route(msg, &mut ms.session).await
+                } else {
+                    Stored::default()
+                };
+                self.ack_when_stored(ms, pid, true, stored)?;
             }
             (_, None) => {
                 return Err(fail(ReasonCode::ProtocolError, "QoS > 0 without packet id"));
@@ -281,11 +302,70 @@ impl Conn<'_> {
         Ok(())
     }
 
-    async fn route(&self, msg: &Message, session: &mut Session) {
+    async fn route(&self, msg: &Message, session: &mut Session) -> Stored {
         if msg.attrs.retain {
             self.mqtt.retain(msg);
         }
-        session.publish(Batch::One(msg)).await;
+        session.publish_stored(Batch::One(msg)).await.1
+    }
+
+    /// Sends the PUBACK (or PUBREC, `rec`) of `pid` now if the streams that captured the
+    /// message already count it as durable and no earlier acknowledgement waits, or queues
+    /// it behind the earlier ones until they do (see [`Conn::acked`]).
+    fn ack_when_stored(
+        &mut self,
+        ms: &mut MqttSession,
+        pid: u16,
+        rec: bool,
+        stored: Stored,
+    ) -> Result<(), Fail> {
+        if self.acks().is_empty()
+            && let Some(r) = stored.ready()
+        {
+            return self.acked(ms, pid, rec, r.map(drop));
+        }
+        self.acks().push_back(Box::pin(async move {
+            (pid, rec, stored.confirmed().await.map(drop))
+        }));
+        Ok(())
+    }
+
+    /// Sends the acknowledgement of a stored (or not) message: on a storage failure, 5.0
+    /// clients get the failure reason code (the message was delivered live but not kept),
+    /// 3.1.1 clients are disconnected without an acknowledgement, so they publish it again.
+    pub(super) fn acked(
+        &mut self,
+        ms: &mut MqttSession,
+        pid: u16,
+        rec: bool,
+        r: Result<(), String>,
+    ) -> Result<(), Fail> {
+        let code = match r {
+            Ok(()) => ReasonCode::Success,
+            Err(why) if self.version.is_v5() => {
+                tracing::warn!(pid, "PUBLISH not stored: {why}");
+                if rec {
+                    lock(&ms.out).incoming.remove(&pid);
+                }
+                ReasonCode::UnspecifiedError
+            }
+            Err(why) => {
+                return Err(fail(
+                    ReasonCode::UnspecifiedError,
+                    format!("message not stored: {why}"),
+                ));
+            }
+        };
+        let ack = Ack::with_reason(pid, code);
+        self.reply(
+            ms,
+            &if rec {
+                Packet::PubRec(ack)
+            } else {
+                Packet::PubAck(ack)
+            },
+        );
+        Ok(())
     }
 
     fn subscribe(&mut self, s: Subscribe, ms: &mut MqttSession) -> Result<(), Fail> {

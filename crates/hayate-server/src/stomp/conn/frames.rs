@@ -61,7 +61,10 @@ impl Conn<'_> {
                     }
                 }
             }
-            Command::Send => self.send(&f, session).await?,
+            Command::Send => {
+                let wait = f.get("receipt").is_some();
+                self.send(&f, session, wait).await?;
+            }
             Command::Subscribe => self.subscribe(&f, session)?,
             Command::Unsubscribe => self.unsubscribe(&f, session).await?,
             Command::Ack => self.ack(&f, session, false).await?,
@@ -84,9 +87,11 @@ impl Conn<'_> {
                         format!("no transaction {t:?} was begun"),
                     ));
                 };
+                // A receipt for the COMMIT comes once every SEND in it is stored.
+                let wait = f.get("receipt").is_some();
                 for f in frames {
                     match f.command {
-                        Command::Send => self.send(&f, session).await?,
+                        Command::Send => self.send(&f, session, wait).await?,
                         Command::Ack => self.ack(&f, session, false).await?,
                         Command::Nack => self.ack(&f, session, true).await?,
                         _ => {}
@@ -180,7 +185,10 @@ impl Conn<'_> {
         Ok(k)
     }
 
-    async fn send(&mut self, f: &Frame, session: &mut Session) -> Result<(), Refusal> {
+    /// Publishes a SEND. With `wait` (the frame, or the COMMIT that carries it, asked for a
+    /// receipt), returns only once the streams capturing the destination keep the message
+    /// durably, so the RECEIPT confirms it; a storage failure is an ERROR (no receipt).
+    async fn send(&mut self, f: &Frame, session: &mut Session, wait: bool) -> Result<(), Refusal> {
         let dest = f
             .get("destination")
             .ok_or_else(|| refuse("missing destination", "SEND needs a destination header"))?;
@@ -214,7 +222,14 @@ impl Conn<'_> {
         if !headers.is_empty() {
             msg.headers = Some(headers);
         }
-        session.publish(Batch::One(&msg)).await;
+        let (_, stored) = session.publish_stored(Batch::One(&msg)).await;
+        if wait && !stored.is_empty() {
+            let r = match stored.ready() {
+                Some(r) => r,
+                None => stored.confirmed().await,
+            };
+            r.map_err(|why| refuse("message not stored", why))?;
+        }
         Ok(())
     }
 
