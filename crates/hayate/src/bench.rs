@@ -30,6 +30,10 @@ pub(crate) enum Test {
     /// throughput sweep, the 64 B latency, RPC, iperf3 and ddsperf, writes data, charts and an
     /// HTML report to bench/results/<date>-<host>[-quick]/.
     Compare,
+    /// Durable publishing: confirmed messages/s with --window confirms outstanding, and the
+    /// confirm latency of one message at a time, per --fsync policy and payload (a stream per
+    /// point; the broker needs a data directory).
+    Durable,
 }
 
 #[derive(Debug, Args)]
@@ -103,6 +107,19 @@ pub(crate) struct BenchArgs {
     /// compare: output directory (default bench/results/<date>-<host>[-quick]).
     #[arg(long, value_name = "DIR")]
     pub(crate) out: Option<PathBuf>,
+    /// durable: fsync policies measured, comma-separated.
+    #[arg(long, default_value = "always,interval=100")]
+    pub(crate) fsync: String,
+    /// durable: confirms outstanding during the throughput part.
+    #[arg(long, default_value_t = 1024)]
+    pub(crate) window: usize,
+    /// durable: messages sent one at a time for the latency part.
+    #[arg(long, default_value_t = 2000)]
+    pub(crate) lat_samples: usize,
+    /// durable: instead, fill a stream with this much (e.g. `10GiB`, messages of the first
+    /// --payload size, default 64 KiB) and measure a durable consumer reading it all.
+    #[arg(long, value_name = "SIZE")]
+    pub(crate) catchup: Option<String>,
 }
 
 /// The repository root: the first ancestor of the working directory (then of the executable)
@@ -238,6 +255,68 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
     if a.test == Test::RpcServer {
         return rpc_server(&a);
     }
+    if a.test == Test::Durable {
+        let payloads = match a.payload.as_deref() {
+            Some(p) => hayate_bench::parse_sizes(p)?,
+            None => vec![64, 1024, 65536],
+        };
+        let policies: Vec<String> = a
+            .fsync
+            .split(',')
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .collect();
+        let server = a
+            .server
+            .strip_prefix("hayate://")
+            .unwrap_or(&a.server)
+            .to_owned();
+        if let Some(total) = &a.catchup {
+            let total = *hayate_bench::parse_sizes(total)?
+                .first()
+                .ok_or_else(|| anyhow::anyhow!("--catchup SIZE"))?;
+            let payload = a
+                .payload
+                .as_deref()
+                .map(hayate_bench::parse_sizes)
+                .transpose()?
+                .and_then(|v| v.first().copied())
+                .unwrap_or(65536);
+            let r =
+                crate::durable::catchup(&server, total as u64, payload, a.window.max(1)).await?;
+            println!(
+                "catch-up: {} messages, {:.1} MB read by a durable consumer in {:.2} s: {:.0} MB/s (stream {} left for comparison)",
+                r.messages,
+                r.bytes as f64 / 1e6,
+                r.read_secs,
+                r.read_mb_per_sec,
+                r.stream
+            );
+            if let Some(path) = &a.json {
+                std::fs::write(path, serde_json::to_string(&r)? + "\n")?;
+            }
+            return Ok(());
+        }
+        let points = crate::durable::run(
+            &server,
+            &policies,
+            &payloads,
+            a.window.max(1),
+            parse_duration(&a.duration)?,
+            a.lat_samples,
+        )
+        .await?;
+        if let Some(path) = &a.json {
+            let mut out = String::new();
+            for p in &points {
+                out.push_str(&serde_json::to_string(p)?);
+                out.push('\n');
+            }
+            std::fs::write(path, out)?;
+            println!("wrote {}", path.display());
+        }
+        return Ok(());
+    }
     let mut targets: Vec<Target> = a
         .target
         .iter()
@@ -296,7 +375,7 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
                     hayate_bench::ServerPlacement::Child(std::env::current_exe()?)
                 },
             })?,
-            Test::Baseline | Test::Compare | Test::RpcServer => {
+            Test::Baseline | Test::Compare | Test::RpcServer | Test::Durable => {
                 let mut r = hayate_bench::baseline_thr(&thr_opts(Vec::new(), true))?;
                 r.extend(hayate_bench::baseline_lat(&lat_opts(Vec::new(), true))?);
                 r

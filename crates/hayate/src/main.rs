@@ -2,6 +2,7 @@
 
 mod bench;
 mod cli;
+mod durable;
 mod stream;
 
 use anyhow::{Context, Result, bail};

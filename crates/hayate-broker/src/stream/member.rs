@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hayate_core::Message;
-use hayate_log::{Error as LogError, ReadLimit};
+use hayate_log::{Error as LogError, ReadLimit, Record};
 
 use super::codec;
 use super::consumer::{Consumer, Step};
@@ -65,6 +65,7 @@ pub async fn run(
     use std::sync::atomic::Ordering;
     let mut scratch = VecDeque::new();
     let mut meta = Vec::new();
+    let mut ahead = ReadAhead::default();
     loop {
         consumer.persist_if_due();
         let changed = consumer.changed.notified();
@@ -88,7 +89,7 @@ pub async fn run(
                 continue;
             }
         };
-        let Some(msg) = prepare(&consumer, &broker, offset, n, &mut meta) else {
+        let Some(msg) = prepare(&consumer, &broker, offset, n, &mut meta, &mut ahead) else {
             continue;
         };
         claimed.store(offset, Ordering::Release);
@@ -113,17 +114,11 @@ fn prepare(
     offset: u64,
     n: u32,
     meta: &mut Vec<u8>,
+    ahead: &mut ReadAhead,
 ) -> Option<Message> {
-    let limit = ReadLimit {
-        max_bytes: 1,
-        max_records: 1,
-        confirmed_only: false,
-    };
-    let rec = match c.stream.log().read(offset, limit) {
-        Ok(mut b) if b.records.first().is_some_and(|r| r.offset == offset) => {
-            b.records.swap_remove(0)
-        }
-        Ok(_) | Err(LogError::OffsetOutOfRange { .. }) => {
+    let rec = match ahead.get(c, offset) {
+        Ok(Some(r)) => r,
+        Ok(None) | Err(LogError::OffsetOutOfRange { .. }) => {
             c.done(offset); // removed by retention
             return None;
         }
@@ -198,6 +193,35 @@ fn dead_letter(
     h.push((DEAD_DELIVERIES.into(), Bytes::from(n.to_string())));
     if let Err(e) = target.append(Batch::One(&m), meta) {
         tracing::warn!(dead_letter = dl, "dead letter not kept: {e}");
+    }
+}
+
+/// Records read ahead of the member's claims: a member mostly claims consecutive offsets, so
+/// one read of up to [`READ_AHEAD_BYTES`] serves many of them (a record claimed by another
+/// member in between is skipped). At most that much plus one record is held per member.
+#[derive(Default)]
+struct ReadAhead {
+    records: VecDeque<Record>,
+}
+
+/// How much a member reads ahead at once.
+const READ_AHEAD_BYTES: usize = 1 << 20;
+
+impl ReadAhead {
+    fn get(&mut self, c: &Consumer, offset: u64) -> Result<Option<Record>, LogError> {
+        while self.records.front().is_some_and(|r| r.offset < offset) {
+            self.records.pop_front();
+        }
+        if self.records.front().is_none_or(|r| r.offset != offset) {
+            self.records.clear();
+            let limit = ReadLimit {
+                max_bytes: READ_AHEAD_BYTES,
+                max_records: 512,
+                confirmed_only: false,
+            };
+            self.records = c.stream.log().read(offset, limit)?.records.into();
+        }
+        Ok(self.records.pop_front().filter(|r| r.offset == offset))
     }
 }
 
