@@ -24,5 +24,9 @@ addr="$(sed -n 's/^hayate broker: native protocol on //p' "$OUT/broker.log" | he
 dir="$(ls -d "$data"/streams/bench-catchup-* | head -1)"
 du -sb "$dir" | tee -a "$OUT/catchup.txt"
 echo "dd of the same segment files (page cache as the consumer left it):" | tee -a "$OUT/catchup.txt"
-cat "$dir"/*.log | dd of=/dev/null bs=1M 2>&1 | tail -1 | tee -a "$OUT/catchup.txt"
+start=$(date +%s.%N)
+for f in "$dir"/*.log; do dd if="$f" of=/dev/null bs=1M status=none; done
+end=$(date +%s.%N)
+bytes=$(cat "$dir"/*.log | wc -c)
+awk -v b="$bytes" -v s="$start" -v e="$end" 'BEGIN { printf "dd: %.0f bytes in %.2f s: %.0f MB/s\n", b, e - s, b / (e - s) / 1e6 }' | tee -a "$OUT/catchup.txt"
 echo "max broker RSS: $(sort -k2 -n "$OUT/rss-kb.txt" | tail -1 | awk '{print $2}') kB" | tee -a "$OUT/catchup.txt"

@@ -460,3 +460,37 @@ async fn a_restart_keeps_positions_and_redelivers_what_was_in_flight() {
         "acknowledged {acked:?} are not delivered again"
     );
 }
+
+#[tokio::test]
+async fn a_member_acking_in_batches_larger_than_its_outbox_budget_gets_everything() {
+    // The outbox holds 64 KiB; the client acknowledges every 64 messages of 4 KiB (256 KiB):
+    // held deliveries must not count against the budget, or both sides wait for each other.
+    let (mut config, _d) = data_dir("batchack");
+    config.limits.outbox_bytes = 64 * 1024;
+    let b = start(config).await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    c.streams()
+        .add(&stream("big", "big/*", "never"))
+        .await
+        .unwrap();
+    let payload = Bytes::from(vec![7u8; 4096]);
+    for _ in 0..1000 {
+        c.publish(&key("big/x"), payload.clone()).await.unwrap();
+    }
+    c.flush().await.unwrap();
+    let mut cfg = ConsumerConfig::new("big", "c");
+    cfg.max_in_flight = 200;
+    consumer(&c, cfg).await;
+    let r = Client::connect(&b.addr).await.unwrap();
+    let mut sub = r.consume("big", "c").await.unwrap();
+    within(20, async {
+        for i in 1..=1000u64 {
+            let m = sub.next().await.unwrap();
+            assert_eq!(m.attrs.stream_offset, Some(i - 1));
+            if i % 64 == 0 || i == 1000 {
+                r.ack_through(&m).unwrap();
+            }
+        }
+    })
+    .await;
+}

@@ -200,7 +200,10 @@ pub(crate) async fn catchup(
     let t = Instant::now();
     let (mut got, mut bytes) = (0u64, 0u64);
     while got < n {
-        let Some(m) = tokio::time::timeout(Duration::from_secs(30), sub.next()).await? else {
+        let Ok(next) = tokio::time::timeout(Duration::from_secs(30), sub.next()).await else {
+            bail!("no message for 30 s after {got} of {n}");
+        };
+        let Some(m) = next else {
             bail!("the consumer stopped after {got} messages");
         };
         got += 1;

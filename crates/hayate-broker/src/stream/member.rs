@@ -231,7 +231,12 @@ async fn offer(outbox: &Outbox, sid: u32, msg: &Message) -> bool {
         let space = outbox.wait_space();
         tokio::pin!(space);
         space.as_mut().enable();
-        match outbox.offer(sid, 0, Batch::One(msg), false) {
+        // `own`: only the bytes queued for the socket count against the budget, not the
+        // deliveries held for acknowledgement. Those are bounded by the consumer's
+        // max_in_flight, and counting them would deadlock a client that acknowledges in
+        // batches larger than the budget holds (it waits for more messages before acking,
+        // the member waits for acks before sending).
+        match outbox.offer(sid, 0, Batch::One(msg), true) {
             Offer::Took(1) => return true,
             Offer::Took(_) => space.await,
             Offer::Closed => return false,
