@@ -494,3 +494,69 @@ async fn a_member_acking_in_batches_larger_than_its_outbox_budget_gets_everythin
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_default_ttl_skips_old_messages_and_work_queue_retention_frees_what_consumers_finished() {
+    let (config, _d) = data_dir("ttl");
+    let b = start(config).await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    let mut s = stream("t", "t/*", "interval=10");
+    s.default_ttl_ms = Some(150);
+    c.streams().add(&s).await.unwrap();
+    publish_n(&c, "t/old", 3).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    publish_n(&c, "t/new", 1).await;
+    consumer(&c, ConsumerConfig::new("t", "c")).await;
+    let mut sub = c.consume("t", "c").await.unwrap();
+    let m = within(10, sub.next()).await.unwrap();
+    assert_eq!(
+        (m.key.as_str(), m.attrs.stream_offset),
+        ("t/new", Some(3)),
+        "expired ones skipped"
+    );
+
+    // Work queue: small segments, two consumers; segments go once both are past them.
+    let mut w = stream("wq", "wq/*", "never");
+    w.segment_bytes = Some(4096);
+    w.work_queue = true;
+    c.streams().add(&w).await.unwrap();
+    consumer(&c, ConsumerConfig::new("wq", "a")).await;
+    consumer(&c, ConsumerConfig::new("wq", "b")).await;
+    let payload = Bytes::from(vec![1u8; 500]);
+    for _ in 0..100 {
+        c.publish(&key("wq/x"), payload.clone()).await.unwrap();
+    }
+    c.flush().await.unwrap();
+    let drain = |name: &'static str| {
+        let addr = b.addr.clone();
+        async move {
+            let r = Client::connect(&addr).await.unwrap();
+            let mut sub = r.consume("wq", name).await.unwrap();
+            for _ in 0..100 {
+                let m = sub.next().await.unwrap();
+                r.ack(&m).unwrap();
+            }
+            r.flush().await.unwrap();
+            r
+        }
+    };
+    let _a = within(10, drain("a")).await;
+    b.broker.apply_retention();
+    assert_eq!(
+        c.streams().info("wq").await.unwrap().first,
+        0,
+        "b has read nothing: all kept"
+    );
+    let _b = within(10, drain("b")).await;
+    let t = Instant::now();
+    loop {
+        b.broker.apply_retention();
+        let info = c.streams().info("wq").await.unwrap();
+        if info.first > 50 {
+            assert_eq!(info.next, 100);
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "{info:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

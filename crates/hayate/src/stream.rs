@@ -43,6 +43,12 @@ enum StreamCmd {
         /// Segment file size in bytes (default 128 MiB).
         #[arg(long, value_name = "BYTES")]
         segment_bytes: Option<u64>,
+        /// Consumers skip messages stored longer ago than this many ms.
+        #[arg(long, value_name = "MS")]
+        default_ttl: Option<u64>,
+        /// Work-queue retention: remove what every consumer is done with.
+        #[arg(long)]
+        work_queue: bool,
     },
     /// Delete a stream and its records.
     Rm {
@@ -104,6 +110,8 @@ pub(crate) async fn run(a: StreamArgs) -> Result<()> {
             max_bytes,
             max_records,
             segment_bytes,
+            default_ttl,
+            work_queue,
         } => {
             let config = StreamConfig {
                 name,
@@ -113,6 +121,8 @@ pub(crate) async fn run(a: StreamArgs) -> Result<()> {
                 max_bytes,
                 max_records,
                 segment_bytes,
+                default_ttl_ms: default_ttl,
+                work_queue,
             };
             let (info, created) = s.add(&config).await?;
             if !a.json {

@@ -140,7 +140,12 @@ fn prepare(
         c.done(offset);
         return None;
     }
-    if msg.attrs.expires.is_some_and(|e| e <= Instant::now()) {
+    let ttl_passed = c.stream.config().default_ttl_ms.is_some_and(|ttl| {
+        rec.timestamp
+            .saturating_add(i64::try_from(ttl).unwrap_or(i64::MAX))
+            < codec::now_ms()
+    });
+    if ttl_passed || msg.attrs.expires.is_some_and(|e| e <= Instant::now()) {
         c.done(offset);
         return None;
     }

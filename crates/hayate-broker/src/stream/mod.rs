@@ -50,6 +50,15 @@ pub struct StreamConfig {
     /// Segment size in bytes (default 128 MiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segment_bytes: Option<u64>,
+    /// A message older than this many ms (since it was stored) is not delivered by
+    /// consumers (a default time to live; a message's own expiry applies too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_ttl_ms: Option<u64>,
+    /// Work-queue retention: segments every consumer is done with are removed (checked with
+    /// the other retention every minute; with no consumer nothing is removed by it). The
+    /// records are kept until their receivers free them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub work_queue: bool,
 }
 
 fn default_fsync() -> String {
@@ -67,6 +76,8 @@ impl StreamConfig {
             max_bytes: None,
             max_records: None,
             segment_bytes: None,
+            default_ttl_ms: None,
+            work_queue: false,
         }
     }
 

@@ -285,6 +285,14 @@ impl Broker {
     pub fn apply_retention(&self) {
         let now = super::codec::now_ms();
         for s in self.streams() {
+            if s.config().work_queue {
+                let floor = s.consumer_list().iter().map(|c| c.info().floor).min();
+                if let Some(floor) = floor
+                    && let Err(e) = s.log().delete_before(floor)
+                {
+                    tracing::warn!(stream = %s.name(), "work-queue retention: {e}");
+                }
+            }
             match s.log().apply_retention(now) {
                 Ok(r) if r.segments > 0 => {
                     tracing::debug!(stream = %s.name(), records = r.records, bytes = r.bytes, "retention removed segments");
