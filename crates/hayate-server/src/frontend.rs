@@ -52,3 +52,117 @@ impl SubTable {
 
 pub use hayate_io::conn::Accepted;
 pub(crate) use hayate_io::conn::{Conn, Handler, Stop};
+
+/// A connection's memberships of stream consumers, by broker subscription id: the task that
+/// delivers each consumer's messages into the session's outbox, and the mapping of the
+/// protocol's acknowledgements back to the consumers. Shared by every front-end that joins
+/// consumers (native CONSUME, STOMP `/queue/` on a stream).
+#[derive(Default)]
+pub(crate) struct Memberships {
+    members: std::collections::HashMap<u32, Member>,
+}
+
+struct Member {
+    consumer: std::sync::Arc<hayate_broker::Consumer>,
+    task: tokio::task::JoinHandle<()>,
+    claimed: hayate_broker::stream::member::Claimed,
+}
+
+impl Memberships {
+    /// Whether `sid` is a membership.
+    pub(crate) fn contains(&self, sid: u32) -> bool {
+        self.members.contains_key(&sid)
+    }
+
+    /// True when there is none.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Joins `consumer` as subscription `sid` of `session`: acknowledged deliveries, or with
+    /// `auto_ack` plain ones that count as acknowledged once queued for the socket.
+    pub(crate) fn join(
+        &mut self,
+        session: &hayate_broker::Session,
+        sid: u32,
+        consumer: std::sync::Arc<hayate_broker::Consumer>,
+        auto_ack: bool,
+    ) {
+        use hayate_broker::stream::member;
+        let outbox = session.outbox().clone();
+        if !auto_ack {
+            outbox.set_acked(sid, true);
+        }
+        let claimed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(member::NONE));
+        let task = tokio::spawn(member::run(
+            consumer.clone(),
+            session.broker().clone(),
+            outbox,
+            sid,
+            member::Options {
+                claimed: claimed.clone(),
+                auto_ack,
+            },
+        ));
+        self.members.insert(
+            sid,
+            Member {
+                consumer,
+                task,
+                claimed,
+            },
+        );
+    }
+
+    /// Leaves the consumer of `sid`: its task stops (awaited: an aborted task may run on
+    /// another thread until its next await), and what it held here goes back to the
+    /// consumer for another member, at once.
+    pub(crate) async fn leave(&mut self, session: &hayate_broker::Session, sid: u32) -> bool {
+        use hayate_broker::stream::member;
+        let Some(m) = self.members.remove(&sid) else {
+            return false;
+        };
+        m.task.abort();
+        let _ = m.task.await;
+        let claimed = m.claimed.load(std::sync::atomic::Ordering::Acquire);
+        if claimed != member::NONE {
+            m.consumer.give_back(claimed, std::time::Duration::ZERO);
+        }
+        for d in session.outbox().take_unacked(Some(sid)) {
+            if let Some(o) = d.msg.attrs.stream_offset {
+                m.consumer.give_back(o, std::time::Duration::ZERO);
+            }
+        }
+        session.outbox().set_acked(sid, false);
+        m.consumer.persist_if_due();
+        true
+    }
+
+    /// Leaves every consumer (the connection ends).
+    pub(crate) async fn leave_all(&mut self, session: &hayate_broker::Session) {
+        let sids: Vec<u32> = self.members.keys().copied().collect();
+        for sid in sids {
+            self.leave(session, sid).await;
+        }
+    }
+
+    /// Applies settled deliveries that belong to consumers (an ACK, or with `nack_delay` a
+    /// NACK to be delivered again after that long); returns the others.
+    pub(crate) fn settle(
+        &self,
+        settled: Vec<hayate_broker::Delivery>,
+        nack_delay: Option<std::time::Duration>,
+    ) -> Vec<hayate_broker::Delivery> {
+        let mut rest = Vec::new();
+        for d in settled {
+            match (self.members.get(&d.sid), d.msg.attrs.stream_offset) {
+                (Some(m), Some(o)) => match nack_delay {
+                    None => m.consumer.ack(o),
+                    Some(delay) => m.consumer.give_back(o, delay),
+                },
+                _ => rest.push(d),
+            }
+        }
+        rest
+    }
+}

@@ -7,16 +7,13 @@ use bytes::{BufMut, BytesMut};
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
-use hayate_broker::stream::member;
-use hayate_broker::{
-    Batch, Broker, Consumer, Delivery, Encoder, OutBuf, Outbox, Session, Settle, Stored,
-};
+
+use hayate_broker::{Batch, Broker, Delivery, Encoder, OutBuf, Outbox, Session, Settle, Stored};
 use hayate_core::{INBOX_PREFIX, Message};
 use hayate_native::{
     ConfirmOutcome, ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, encode,
     encode_msg_acked_head, encode_msg_batch_head, encode_msg_head,
 };
-use std::collections::HashMap;
 use tokio::time::Instant;
 
 use crate::config::Limits;
@@ -134,14 +131,7 @@ struct Native {
     /// PUB_CONFIRMs waiting for an fsync.
     confirms: FuturesUnordered<PendingConfirm>,
     /// Stream consumers this connection is a member of, by subscription id.
-    consumers: HashMap<u32, Member>,
-}
-
-/// This connection's membership of a durable consumer: the task delivering its messages.
-struct Member {
-    consumer: Arc<Consumer>,
-    task: tokio::task::JoinHandle<()>,
-    claimed: member::Claimed,
+    consumers: frontend::Memberships,
 }
 
 impl Native {
@@ -181,78 +171,19 @@ impl Native {
     /// Joins consumer `name` of `stream` as subscription `sid`.
     fn consume(&mut self, sid: u32, stream: &str, name: &str) -> Result<(), End> {
         let bad = |m: String| End::Error(ErrorCode::BadConsumer, m);
-        if self.consumers.contains_key(&sid) || self.session.has_subscription(sid) {
+        if self.consumers.contains(sid) || self.session.has_subscription(sid) {
             return Err(bad(format!("subscription id {sid} is already in use")));
         }
-        let broker = self.session.broker().clone();
-        let s = broker
+        let s = self
+            .session
+            .broker()
             .stream(stream)
             .ok_or_else(|| bad(format!("no stream {stream}")))?;
         let consumer = s
             .consumer(name)
             .ok_or_else(|| bad(format!("no consumer {stream}/{name}")))?;
-        let outbox = self.session.outbox().clone();
-        outbox.set_acked(sid, true);
-        let claimed = Arc::new(std::sync::atomic::AtomicU64::new(member::NONE));
-        let task = tokio::spawn(member::run(
-            consumer.clone(),
-            broker,
-            outbox,
-            sid,
-            claimed.clone(),
-        ));
-        self.consumers.insert(
-            sid,
-            Member {
-                consumer,
-                task,
-                claimed,
-            },
-        );
+        self.consumers.join(&self.session, sid, consumer, false);
         Ok(())
-    }
-
-    /// Leaves the consumer of `sid`: its task stops and what it had in flight here is given
-    /// back to the consumer (for another member, at once).
-    async fn leave(&mut self, sid: u32) -> bool {
-        let Some(m) = self.consumers.remove(&sid) else {
-            return false;
-        };
-        // Stopped for good before what it delivered is taken back: an aborted task may be
-        // running on another thread until its next await.
-        m.task.abort();
-        let _ = m.task.await;
-        let claimed = m.claimed.load(std::sync::atomic::Ordering::Acquire);
-        if claimed != member::NONE {
-            m.consumer.give_back(claimed, Duration::ZERO);
-        }
-        for d in self.session.outbox().take_unacked(Some(sid)) {
-            if let Some(o) = d.msg.attrs.stream_offset {
-                m.consumer.give_back(o, Duration::ZERO);
-            }
-        }
-        self.session.outbox().set_acked(sid, false);
-        m.consumer.persist_if_due();
-        true
-    }
-
-    /// Settles the consumers' deliveries among `settled`; returns the others.
-    fn settle_consumers(
-        &self,
-        settled: Vec<Delivery>,
-        nack_delay: Option<Duration>,
-    ) -> Vec<Delivery> {
-        let mut rest = Vec::new();
-        for d in settled {
-            match (self.consumers.get(&d.sid), d.msg.attrs.stream_offset) {
-                (Some(m), Some(o)) => match nack_delay {
-                    None => m.consumer.ack(o),
-                    Some(delay) => m.consumer.give_back(o, delay),
-                },
-                _ => rest.push(d),
-            }
-        }
-        rest
     }
 }
 
@@ -274,8 +205,8 @@ impl Handler for Native {
                     stream,
                     consumer,
                 } => return self.consume(sid, &stream, &consumer),
-                Frame::Unsub { sid } if self.consumers.contains_key(&sid) => {
-                    self.leave(sid).await;
+                Frame::Unsub { sid } if self.consumers.contains(sid) => {
+                    self.consumers.leave(&self.session, sid).await;
                     return Ok(());
                 }
                 Frame::Ack {
@@ -288,7 +219,7 @@ impl Handler for Native {
                         Settle::One
                     };
                     let settled = self.session.outbox().settle(delivery, how);
-                    let _ = self.settle_consumers(settled, None);
+                    let _ = self.consumers.settle(settled, None);
                     self.session.mark_own_output();
                     return Ok(());
                 }
@@ -296,7 +227,7 @@ impl Handler for Native {
                     let taken: Vec<Delivery> =
                         self.session.outbox().nack(delivery).into_iter().collect();
                     let delay = Duration::from_millis(u64::from(delay_ms));
-                    for d in self.settle_consumers(taken, Some(delay)) {
+                    for d in self.consumers.settle(taken, Some(delay)) {
                         self.session.give_back(d, true).await;
                     }
                     self.session.mark_own_output();
@@ -406,14 +337,11 @@ pub async fn serve(
         reads_at_check: 0,
         pings_out: 0,
         confirms: FuturesUnordered::new(),
-        consumers: HashMap::new(),
+        consumers: frontend::Memberships::default(),
     };
     let end = conn.drive(&mut h).await;
     // What this connection's consumer memberships had in flight goes back to the consumers.
-    let sids: Vec<u32> = h.consumers.keys().copied().collect();
-    for sid in sids {
-        h.leave(sid).await;
-    }
+    h.consumers.leave_all(&h.session).await;
     let mut session = h.session;
     tracing::debug!(session = session.id(), ?end, "connection ends");
     if let End::Error(code, msg) = &end {

@@ -46,21 +46,31 @@ pub fn deliver_at(m: &Message, ts: i64) -> Option<i64> {
     header_ms(m, DELIVER_AT).or_else(|| header_ms(m, DELAY).map(|d| ts.saturating_add(d)))
 }
 
-/// Runs one member of `consumer` delivering to subscription `sid` of `outbox` until the
-/// consumer is deleted or the outbox closes (the front-end also aborts it when the
-/// subscription ends; what it had in flight is given back by the front-end).
 /// The offset a member has claimed and not yet handed to its outbox ([`NONE`] if none): a
 /// front-end that stops the member gives it back.
 pub type Claimed = Arc<std::sync::atomic::AtomicU64>;
 /// No offset claimed.
 pub const NONE: u64 = u64::MAX;
 
+/// How a member delivers.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Where the member shows the offset it claimed and has not handed to the outbox yet.
+    pub claimed: Claimed,
+    /// Deliver on a plain (not acknowledged) subscription and count each message as
+    /// acknowledged once queued for the socket (STOMP `ack:auto`): at most once from there.
+    pub auto_ack: bool,
+}
+
+/// Runs one member of `consumer` delivering to subscription `sid` of `outbox` until the
+/// consumer is deleted or the outbox closes (the front-end also aborts it when the
+/// subscription ends; what it had in flight is given back by the front-end).
 pub async fn run(
     consumer: Arc<Consumer>,
     broker: Broker,
     outbox: Arc<Outbox>,
     sid: u32,
-    claimed: Claimed,
+    opts: Options,
 ) {
     use std::sync::atomic::Ordering;
     let mut scratch = VecDeque::new();
@@ -92,13 +102,16 @@ pub async fn run(
         let Some(msg) = prepare(&consumer, &broker, offset, n, &mut meta, &mut ahead) else {
             continue;
         };
-        claimed.store(offset, Ordering::Release);
+        opts.claimed.store(offset, Ordering::Release);
         let taken = offer(&outbox, sid, &msg).await;
-        claimed.store(NONE, Ordering::Release);
+        opts.claimed.store(NONE, Ordering::Release);
         if !taken {
             consumer.give_back(offset, Duration::ZERO);
             consumer.persist_if_due();
             return;
+        }
+        if opts.auto_ack {
+            consumer.ack(offset);
         }
         outbox.try_flush(&mut scratch);
         // Let the consumer's other members take their turn.

@@ -130,7 +130,11 @@ impl Conn<'_> {
             key(k)
         } else if let Some(q) = dest.strip_prefix("/queue/") {
             let k = key(q)?;
-            self.declare(q, session)?;
+            // A queue whose key a stream captures is that stream's (durable); no in-memory
+            // backlog for it.
+            if durable_stream(session, &k).is_none() {
+                self.declare(q, session)?;
+            }
             Ok(k)
         } else if let Some(t) = dest.strip_prefix("/temp-queue/") {
             self.temp_key(t, session)
@@ -267,7 +271,11 @@ impl Conn<'_> {
                 .map_err(|e| refuse("invalid destination", format!("{dest:?}: {e}")))?;
             (expr, Kind::Topic, None)
         } else if let Some(q) = dest.strip_prefix("/queue/") {
-            Key::new(q).map_err(|e| refuse("invalid destination", format!("{dest:?}: {e}")))?;
+            let k =
+                Key::new(q).map_err(|e| refuse("invalid destination", format!("{dest:?}: {e}")))?;
+            if let Some(stream) = durable_stream(session, &k) {
+                return self.subscribe_durable(&stream, q, id, dest, ack, session);
+            }
             self.declare(q, session)?;
             let expr = KeyExpr::new(q)
                 .map_err(|e| refuse("invalid destination", format!("{dest:?}: {e}")))?;
@@ -318,6 +326,46 @@ impl Conn<'_> {
         Ok(())
     }
 
+    /// SUBSCRIBE to `/queue/<q>` whose key stream `stream` captures: joins the stream's
+    /// consumer for the queue (`stomp-<q>`, created on first use: from the first record, the
+    /// queue's key as filter), so every member of the queue, on any connection, shares it and
+    /// its messages survive restarts until acknowledged.
+    fn subscribe_durable(
+        &mut self,
+        stream: &hayate_broker::Stream,
+        q: &str,
+        id: String,
+        dest: &str,
+        ack: AckMode,
+        session: &mut Session,
+    ) -> Result<(), Refusal> {
+        let mut cfg = hayate_broker::ConsumerConfig::new(stream.name(), &queue_consumer_name(q));
+        cfg.filter = Some(q.to_owned());
+        let (consumer, _) = session
+            .broker()
+            .create_consumer(cfg)
+            .map_err(|e| refuse("subscribe failed", e.to_string()))?;
+        let sid = self.subs.next_sid();
+        let expr =
+            KeyExpr::new(q).map_err(|e| refuse("invalid destination", format!("{dest:?}: {e}")))?;
+        lock(&self.out).subs.insert(
+            sid,
+            Sub {
+                id: id.clone(),
+                destination: dest.to_string(),
+                ack,
+                kind: Kind::Queue {
+                    name: q.to_string(),
+                    expr,
+                },
+            },
+        );
+        self.members
+            .join(session, sid, consumer, ack == AckMode::Auto);
+        self.subs.bind(id, sid);
+        Ok(())
+    }
+
     async fn unsubscribe(&mut self, f: &Frame, session: &mut Session) -> Result<(), Refusal> {
         let id = f
             .get("id")
@@ -334,6 +382,11 @@ impl Conn<'_> {
         };
         if Some(sid) == self.temp_sid {
             lock(&self.out).temp_ids.retain(|_, v| v != id);
+            return Ok(());
+        }
+        if self.members.contains(sid) {
+            self.members.leave(session, sid).await;
+            lock(&self.out).subs.remove(&sid);
             return Ok(());
         }
         // Unacknowledged messages go to other consumers of the queue first (they need the
@@ -378,6 +431,10 @@ impl Conn<'_> {
         };
         let settled = session.outbox().settle(n, how);
         session.mark_own_output();
+        // A durable queue's messages are settled with its consumer (a NACK: delivered again).
+        let settled = self
+            .members
+            .settle(settled, nack.then_some(std::time::Duration::ZERO));
         if nack {
             for d in settled {
                 session.give_back(d, true).await;
@@ -394,4 +451,41 @@ fn tx_name(f: &Frame) -> Result<String, Refusal> {
             format!("{} needs a transaction header", f.command.as_str()),
         )
     })
+}
+
+/// The stream whose capture makes `/queue/<key>` durable (the first by name), if any.
+fn durable_stream(session: &Session, key: &Key) -> Option<std::sync::Arc<hayate_broker::Stream>> {
+    if key.as_str().starts_with(INBOX_PREFIX) {
+        return None;
+    }
+    session
+        .broker()
+        .streams()
+        .into_iter()
+        .find(|s| s.captures(key))
+}
+
+/// The consumer name of durable queue `q`: `stomp-` and the name with characters a consumer
+/// name may not hold replaced, cut to fit, and a hash of the whole name when anything was
+/// replaced or cut (so two queues never share a consumer).
+fn queue_consumer_name(q: &str) -> String {
+    let clean: String = q
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if clean == q && q.len() <= 58 {
+        return format!("stomp-{q}");
+    }
+    // FNV-1a, stable across runs (the name is stored with the consumer).
+    let h = q.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let cut: String = clean.chars().take(40).collect();
+    format!("stomp-{cut}-{:016x}", h)
 }

@@ -57,6 +57,8 @@ struct Conn<'a> {
     temp_sid: Option<u32>,
     /// Open transactions: their buffered SEND, ACK and NACK frames.
     tx: HashMap<String, Vec<Frame>>,
+    /// `/queue/` subscriptions served by a stream's consumer (durable queues).
+    members: crate::frontend::Memberships,
     /// Queues this connection declared (to avoid asking the broker again).
     declared: std::collections::HashSet<String>,
     /// Negotiated heart-beats: how often to send, how long to wait for the client.
@@ -205,6 +207,7 @@ pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
             subs: SubTable::default(),
             temp_sid: None,
             tx: HashMap::new(),
+            members: Default::default(),
             declared: Default::default(),
             send_every: None,
             recv_timeout: None,
@@ -217,7 +220,9 @@ pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
         last_read: None,
     };
     let end = conn.drive(&mut h).await;
-    let (c, mut session) = (h.c, h.session);
+    let (mut c, mut session) = (h.c, h.session);
+    // A durable queue's messages this connection held go back to its consumer, at once.
+    c.members.leave_all(&session).await;
     if let Some(e) = end {
         tracing::debug!(message = e.message, "stomp: error");
         let mut f = Frame::new(Command::Error)
