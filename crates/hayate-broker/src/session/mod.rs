@@ -234,7 +234,11 @@ impl Session {
     /// Awaits only when a `block` subscriber's outbox is full; drops (and counts) for `drop`
     /// subscribers. Returns the number of deliveries made (messages × subscribers).
     pub async fn publish(&mut self, batch: Batch<'_>) -> usize {
-        self.publish_stored(batch).await.0
+        let route = self.lookup(batch.key());
+        if !route.streams.is_empty() {
+            drop(self.store(&route, batch));
+        }
+        self.deliver_route(&route, batch).await
     }
 
     /// As [`Session::publish`], and says what the streams capturing the key appended (they
@@ -247,6 +251,11 @@ impl Session {
         } else {
             self.store(&route, batch)
         };
+        (self.deliver_route(&route, batch).await, stored)
+    }
+
+    /// Delivers `batch` along `route` (the publish path after the streams).
+    async fn deliver_route(&mut self, route: &Route, batch: Batch<'_>) -> usize {
         let mut delivered = 0;
         for t in &route.fanout {
             delivered += match self.deliver_now(t, batch) {
@@ -277,7 +286,7 @@ impl Session {
                 None => b.push(batch),
             }
         }
-        (delivered, stored)
+        delivered
     }
 
     fn store(&mut self, route: &Route, batch: Batch<'_>) -> Stored {

@@ -262,7 +262,11 @@ impl Conn<'_> {
         match (qos, packet_id) {
             (QoS::AtMostOnce, _) => {
                 if !sys {
-                    self.route(msg, &mut ms.session).await;
+                    if msg.attrs.retain {
+                        self.mqtt.retain(msg);
+                    }
+                    // Nothing to confirm: the plain publish path.
+                    ms.session.publish(Batch::One(msg)).await;
                 }
             }
             (QoS::AtLeastOnce, Some(pid)) => {
