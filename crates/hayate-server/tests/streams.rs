@@ -9,7 +9,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use common::{start, within};
 use hayate_client::streams::{ConsumerConfig, Start, StreamConfig};
 use hayate_client::{Client, ConfirmOutcome, Error, Key, Message};
@@ -559,4 +559,66 @@ async fn a_default_ttl_skips_old_messages_and_work_queue_retention_frees_what_co
         assert!(t.elapsed() < Duration::from_secs(10), "{info:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A publisher that floods PUB_CONFIRM and never reads its CONFIRMs is held back (the broker
+/// stops reading it once its own output is over the outbox budget) instead of growing the
+/// broker's memory; others carry on meanwhile.
+#[tokio::test]
+async fn a_confirm_flooder_that_never_reads_is_held_back() {
+    use hayate_native::{Frame, Hello, PROTOCOL_VERSION, encode};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut config, _d) = data_dir("flood");
+    config.limits.outbox_bytes = 256 * 1024;
+    let b = start(config).await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    c.streams().add(&stream("f", "f/*", "never")).await.unwrap();
+    let mut s = tokio::net::TcpStream::connect(&b.addr).await.unwrap();
+    let mut out = BytesMut::new();
+    encode(
+        &Frame::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            flags: 0,
+            name: "flood".into(),
+            auth: Default::default(),
+        }),
+        &mut out,
+    );
+    s.write_all(&out).await.unwrap();
+    let mut welcome = [0u8; 256];
+    let _ = s.read(&mut welcome).await.unwrap();
+    // 1,000 frames per write; a CONFIRM is ~40 bytes, so 2,000 writes would queue ~80 MB.
+    let mut chunk = BytesMut::new();
+    for i in 0..1000u64 {
+        encode(
+            &Frame::PubConfirm {
+                id: i,
+                msg: Message::new(key("f/x"), vec![0u8; 16]),
+            },
+            &mut chunk,
+        );
+    }
+    let mut writes = 0;
+    let stalled = loop {
+        match tokio::time::timeout(Duration::from_secs(2), s.write_all(&chunk)).await {
+            Ok(Ok(())) => writes += 1,
+            Ok(Err(e)) => panic!("write failed: {e}"),
+            Err(_) => break true,
+        }
+        if writes == 2000 {
+            break false;
+        }
+    };
+    assert!(
+        stalled,
+        "the broker read {writes}k PUB_CONFIRMs from a client that reads nothing"
+    );
+    // Everybody else carries on.
+    let other = Client::connect(&b.addr).await.unwrap();
+    let r = other
+        .publish_confirmed(&Message::new(key("f/y"), "ok"))
+        .await
+        .unwrap();
+    assert!(matches!(r, ConfirmOutcome::Stored { .. }), "{r:?}");
+    drop(s);
 }
