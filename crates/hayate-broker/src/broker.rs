@@ -25,6 +25,10 @@ pub struct BrokerConfig {
     pub max_unacked: usize,
     /// Where streams keep their files (`<data_dir>/streams/<name>`); `None`: no streams.
     pub data_dir: Option<std::path::PathBuf>,
+    /// Most streams the broker keeps (each has files and, unless `never`, a sync thread).
+    pub max_streams: usize,
+    /// Most durable consumers per stream.
+    pub max_consumers: usize,
 }
 
 impl Default for BrokerConfig {
@@ -34,6 +38,8 @@ impl Default for BrokerConfig {
             max_block: Some(Duration::from_secs(2)),
             max_unacked: 1024,
             data_dir: None,
+            max_streams: 256,
+            max_consumers: 1024,
         }
     }
 }

@@ -250,3 +250,33 @@ async fn purge_empties_a_stream_and_offsets_go_on() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test]
+async fn stream_and_consumer_counts_are_capped() {
+    let dir = data_dir("caps");
+    let b = Broker::new(BrokerConfig {
+        data_dir: Some(dir.clone()),
+        max_streams: 2,
+        max_consumers: 1,
+        ..BrokerConfig::default()
+    });
+    b.create_stream(StreamConfig::new("a", &["a"])).unwrap();
+    b.create_stream(StreamConfig::new("b", &["b"])).unwrap();
+    assert!(matches!(
+        b.create_stream(StreamConfig::new("c", &["c"])),
+        Err(StreamError::Invalid(_))
+    ));
+    assert!(
+        !b.create_stream(StreamConfig::new("a", &["a"])).unwrap().1,
+        "an existing one is found"
+    );
+    b.create_consumer(hayate_broker::ConsumerConfig::new("a", "x"))
+        .unwrap();
+    assert!(
+        b.create_consumer(hayate_broker::ConsumerConfig::new("a", "y"))
+            .is_err()
+    );
+    b.delete_stream("b").unwrap();
+    b.create_stream(StreamConfig::new("c", &["c"])).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

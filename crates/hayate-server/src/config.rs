@@ -219,6 +219,10 @@ pub struct Limits {
     pub max_block_ms: u64,
     /// Most deliveries of one session's acknowledged subscriptions in flight at once.
     pub max_unacked: u32,
+    /// Most streams (each has files and, unless its fsync is `never`, a sync thread).
+    pub max_streams: u32,
+    /// Most durable consumers per stream.
+    pub max_consumers: u32,
 }
 
 impl Default for Limits {
@@ -230,6 +234,8 @@ impl Default for Limits {
             handshake_timeout_ms: 10_000,
             max_block_ms: 2_000,
             max_unacked: 1024,
+            max_streams: 256,
+            max_consumers: 1024,
         }
     }
 }

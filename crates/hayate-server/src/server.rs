@@ -149,6 +149,8 @@ impl Server {
             max_unacked: config.limits.max_unacked as usize,
             data_dir: (!config.server.data_dir.is_empty())
                 .then(|| std::path::PathBuf::from(&config.server.data_dir)),
+            max_streams: config.limits.max_streams as usize,
+            max_consumers: config.limits.max_consumers as usize,
         });
         let auth = Arc::new(ConfigAuth::new(&config.auth));
         let mqtt = Mqtt::new(broker.clone(), config, auth.clone());

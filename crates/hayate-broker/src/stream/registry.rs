@@ -154,6 +154,12 @@ impl Broker {
                 Err(StreamError::Exists(config.name))
             };
         }
+        if streams.len() >= self.shared.config.max_streams {
+            return Err(StreamError::Invalid(format!(
+                "the broker keeps at most {} streams (limits.max_streams)",
+                self.shared.config.max_streams
+            )));
+        }
         let dir = root.join(&config.name);
         let io = |source| StreamError::Io {
             name: config.name.clone(),
@@ -254,6 +260,12 @@ impl Broker {
                     config.stream, config.name
                 )))
             };
+        }
+        if map.len() >= self.shared.config.max_consumers {
+            return Err(StreamError::Invalid(format!(
+                "stream {} has the most consumers allowed ({}, limits.max_consumers)",
+                config.stream, self.shared.config.max_consumers
+            )));
         }
         if let Some(dl) = &config.dead_letter
             && self.stream(dl).is_none()
