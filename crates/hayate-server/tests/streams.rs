@@ -505,13 +505,18 @@ async fn a_default_ttl_skips_old_messages_and_work_queue_retention_frees_what_co
     c.streams().add(&s).await.unwrap();
     publish_n(&c, "t/old", 3).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // A message's own TTL (header), shorter than the stream's.
+    let mut short = Message::new(key("t/short"), "x");
+    short.headers = Some(vec![("hayate-ttl".into(), Bytes::from_static(b"1"))]);
+    c.publish_confirmed(&short).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
     publish_n(&c, "t/new", 1).await;
     consumer(&c, ConsumerConfig::new("t", "c")).await;
     let mut sub = c.consume("t", "c").await.unwrap();
     let m = within(10, sub.next()).await.unwrap();
     assert_eq!(
         (m.key.as_str(), m.attrs.stream_offset),
-        ("t/new", Some(3)),
+        ("t/new", Some(4)),
         "expired ones skipped"
     );
 

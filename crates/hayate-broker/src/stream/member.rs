@@ -19,6 +19,9 @@ use crate::{Batch, Broker};
 pub const DELIVER_AT: &str = "hayate-deliver-at";
 /// A message with this header (decimal ms) is not delivered before its publication plus that.
 pub const DELAY: &str = "hayate-delay";
+/// A message with this header (decimal ms) is not delivered once that long has passed since
+/// it was published (a per-message time to live for protocols without one of their own).
+pub const TTL: &str = "hayate-ttl";
 /// Dead letters carry why (`max_deliver`), where from and how often they were delivered.
 pub const DEAD_REASON: &str = "hayate-dead-reason";
 /// See [`DEAD_REASON`].
@@ -158,7 +161,9 @@ fn prepare(
             .saturating_add(i64::try_from(ttl).unwrap_or(i64::MAX))
             < codec::now_ms()
     });
-    if ttl_passed || msg.attrs.expires.is_some_and(|e| e <= Instant::now()) {
+    let own_ttl_passed =
+        header_ms(&msg, TTL).is_some_and(|ttl| rec.timestamp.saturating_add(ttl) < codec::now_ms());
+    if ttl_passed || own_ttl_passed || msg.attrs.expires.is_some_and(|e| e <= Instant::now()) {
         c.done(offset);
         return None;
     }
