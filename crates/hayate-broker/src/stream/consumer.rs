@@ -94,16 +94,7 @@ impl ConsumerConfig {
 
     fn check(&self) -> Result<Option<KeyExpr>, StreamError> {
         let n = &self.name;
-        if n.is_empty()
-            || n.len() > 64
-            || !n
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        {
-            return Err(StreamError::Invalid(format!(
-                "consumer name {n:?}: 1 to 64 of A-Z a-z 0-9 _ -"
-            )));
-        }
+        super::check_name("consumer", n)?;
         if self.ack_wait_ms == 0 || self.max_in_flight == 0 {
             return Err(StreamError::Invalid(format!(
                 "consumer {n}: ack_wait_ms and max_in_flight must be above 0"

@@ -85,14 +85,7 @@ impl StreamConfig {
     pub fn check(&self) -> Result<(Vec<KeyExpr>, LogConfig), StreamError> {
         let bad = |m: String| Err(StreamError::Invalid(m));
         let n = &self.name;
-        if n.is_empty()
-            || n.len() > 64
-            || !n
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        {
-            return bad(format!("stream name {n:?}: 1 to 64 of A-Z a-z 0-9 _ -"));
-        }
+        check_name("stream", n)?;
         if self.capture.is_empty() {
             return bad(format!("stream {n}: capture at least one key expression"));
         }
@@ -119,6 +112,21 @@ impl StreamConfig {
         log.validate()
             .map_err(|e| StreamError::Invalid(format!("stream {n}: {e}")))?;
         Ok((exprs, log))
+    }
+}
+
+/// Checks a stream or consumer name: 1 to 64 of `A-Z a-z 0-9 _ -` (it names files).
+pub(crate) fn check_name(what: &str, n: &str) -> Result<(), StreamError> {
+    let ok = !n.is_empty()
+        && n.len() <= 64
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(StreamError::Invalid(format!(
+            "{what} name {n:?}: 1 to 64 of A-Z a-z 0-9 _ -"
+        )))
     }
 }
 

@@ -356,19 +356,7 @@ impl Inner {
         expr: KeyExpr,
         options: SubscribeOptions,
     ) -> Result<Subscription> {
-        let sid = self.next_sid.fetch_add(1, Ordering::Relaxed);
-        if sid == INBOX_SID {
-            return Err(Error::Protocol("subscription ids exhausted".into()));
-        }
-        let (tx, rx) = mpsc::channel(self.options.subscription_capacity.max(1));
-        let lost = Arc::new(AtomicU64::new(0));
-        lock(&self.subs).insert(
-            sid,
-            SubSlot {
-                tx,
-                lost: lost.clone(),
-            },
-        );
+        let (sid, subscription) = self.new_subscription()?;
         let sub = Sub {
             sid,
             qos: options.qos,
@@ -379,13 +367,7 @@ impl Inner {
             lock(&self.subs).remove(&sid);
             return Err(e);
         }
-        Ok(Subscription {
-            sid,
-            rx,
-            ready: Vec::new().into_iter(),
-            lost,
-            inner: self.clone(),
-        })
+        Ok(subscription)
     }
 
     /// Sends ACK (or, `cumulative`, an ACK of every delivery up to this one) or NACK for
