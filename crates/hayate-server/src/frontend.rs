@@ -126,15 +126,20 @@ impl Memberships {
         let _ = m.task.await;
         let claimed = m.claimed.load(std::sync::atomic::Ordering::Acquire);
         if claimed != member::NONE {
-            m.consumer.give_back(claimed, std::time::Duration::ZERO);
+            let (o, n) = member::unpack(claimed);
+            m.consumer.give_back(o, n, std::time::Duration::ZERO);
         }
         for d in session.outbox().take_unacked(Some(sid)) {
             if let Some(o) = d.msg.attrs.stream_offset {
-                m.consumer.give_back(o, std::time::Duration::ZERO);
+                m.consumer
+                    .give_back(o, d.msg.attrs.deliveries, std::time::Duration::ZERO);
             }
         }
         session.outbox().set_acked(sid, false);
-        m.consumer.persist_if_due();
+        // Saved now, not within 100 ms: this may be the consumer's last change for a while.
+        if let Err(e) = m.consumer.persist_now() {
+            tracing::warn!("saving consumer state: {e}");
+        }
         true
     }
 
@@ -158,7 +163,7 @@ impl Memberships {
             match (self.members.get(&d.sid), d.msg.attrs.stream_offset) {
                 (Some(m), Some(o)) => match nack_delay {
                     None => m.consumer.ack(o),
-                    Some(delay) => m.consumer.give_back(o, delay),
+                    Some(delay) => m.consumer.give_back(o, d.msg.attrs.deliveries, delay),
                 },
                 _ => rest.push(d),
             }

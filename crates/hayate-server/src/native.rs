@@ -239,6 +239,12 @@ impl Handler for Native {
                     self.session.mark_own_output();
                     return Ok(());
                 }
+                Frame::Sub(s) if self.consumers.contains(s.sid) => {
+                    return Err(End::Error(
+                        ErrorCode::BadSubscription,
+                        format!("subscription id {} is in use (CONSUME)", s.sid),
+                    ));
+                }
                 other => return self.handle_other(other).await,
             }
         }

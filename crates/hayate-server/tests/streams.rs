@@ -522,12 +522,12 @@ async fn a_default_ttl_skips_old_messages_and_work_queue_retention_frees_what_co
 
     // Work queue: small segments, two consumers; segments go once both are past them.
     let mut w = stream("wq", "wq/*", "never");
-    w.segment_bytes = Some(4096);
+    w.segment_bytes = Some(1 << 20);
     w.work_queue = true;
     c.streams().add(&w).await.unwrap();
     consumer(&c, ConsumerConfig::new("wq", "a")).await;
     consumer(&c, ConsumerConfig::new("wq", "b")).await;
-    let payload = Bytes::from(vec![1u8; 500]);
+    let payload = Bytes::from(vec![1u8; 40_000]);
     for _ in 0..100 {
         c.publish(&key("wq/x"), payload.clone()).await.unwrap();
     }
@@ -626,4 +626,74 @@ async fn a_confirm_flooder_that_never_reads_is_held_back() {
         .unwrap();
     assert!(matches!(r, ConfirmOutcome::Stored { .. }), "{r:?}");
     drop(s);
+}
+
+/// A member at max_in_flight over a backlog must wait, not spin (on this single-threaded
+/// runtime a spin would freeze the broker), and a client that never acknowledges holds no
+/// more than max_in_flight, however often the ack wait runs out.
+#[tokio::test]
+async fn a_full_member_waits_and_a_non_acking_client_holds_at_most_max_in_flight() {
+    let (config, _d) = data_dir("full");
+    let b = start(config).await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    c.streams()
+        .add(&stream("bl", "bl/*", "never"))
+        .await
+        .unwrap();
+    for _ in 0..1000 {
+        c.publish(&key("bl/x"), "m").await.unwrap();
+    }
+    c.flush().await.unwrap();
+    let mut cfg = ConsumerConfig::new("bl", "slow");
+    cfg.max_in_flight = 5;
+    cfg.ack_wait_ms = 150;
+    consumer(&c, cfg).await;
+    let r = Client::connect(&b.addr).await.unwrap();
+    let mut sub = r.consume("bl", "slow").await.unwrap();
+    let mut got = 0;
+    let until = Instant::now() + Duration::from_secs(1);
+    while let Ok(Some(_)) = tokio::time::timeout_at(until.into(), sub.next()).await {
+        got += 1;
+    }
+    assert_eq!(
+        got, 5,
+        "a client that never acknowledges gets max_in_flight, and no more"
+    );
+    // The broker still answers (nothing spins).
+    let info = within(5, c.streams().consumer_info("bl", "slow"))
+        .await
+        .unwrap();
+    assert!(info.state.in_flight + info.state.waiting <= 5, "{info:?}");
+}
+
+/// A consumer whose saved position is beyond the end of its log (the log lost its tail in a
+/// crash and gives those offsets to new records) is moved back: new records are delivered.
+#[tokio::test]
+async fn a_position_beyond_the_end_of_the_log_is_moved_back() {
+    let (config, d) = data_dir("beyond");
+    {
+        let b = start(config.clone()).await;
+        let c = Client::connect(&b.addr).await.unwrap();
+        c.streams()
+            .add(&stream("be", "be/*", "always"))
+            .await
+            .unwrap();
+        consumer(&c, ConsumerConfig::new("be", "c")).await;
+        publish_n(&c, "be/x", 3).await;
+        c.close().await.unwrap();
+        b.shutdown().await;
+    }
+    // Forge the crash: the consumer had seen offsets the log no longer has.
+    let file = d.0.join("streams/be/consumers/c.json");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["floor"] = 50.into();
+    v["next"] = 50.into();
+    std::fs::write(&file, v.to_string()).unwrap();
+    let b = start(config).await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    publish_n(&c, "be/new", 1).await;
+    let mut sub = c.consume("be", "c").await.unwrap();
+    let m = within(10, sub.next()).await.unwrap();
+    assert_eq!((m.key.as_str(), m.attrs.stream_offset), ("be/new", Some(3)));
 }

@@ -162,8 +162,8 @@ pub(crate) struct CState {
     pub(crate) floor: u64,
     pub(crate) next: u64,
     pub(crate) done: Ranges,
-    /// Offset -> ack deadline.
-    pub(crate) in_flight: HashMap<u64, Instant>,
+    /// Offset -> (ack deadline, which delivery of it this is).
+    pub(crate) in_flight: HashMap<u64, (Instant, u32)>,
     /// Deliveries so far of offsets not done.
     pub(crate) deliveries: HashMap<u64, u32>,
     /// (when, offset): due for delivery at that time.
@@ -178,8 +178,12 @@ pub(crate) struct CState {
 pub(crate) enum Step {
     /// Deliver `offset` (claimed: in flight now); this is its `n`th delivery.
     Deliver { offset: u64, n: u32 },
-    /// Nothing now: wait for a change, for `until`, or for records at `tail`.
-    Wait { until: Option<Instant>, tail: u64 },
+    /// Nothing now: wait for a change, for `until`, or for records at `tail` (none: the
+    /// consumer is full, new records do not matter).
+    Wait {
+        until: Option<Instant>,
+        tail: Option<u64>,
+    },
     /// The consumer was deleted.
     Stop,
 }
@@ -220,6 +224,8 @@ pub struct Consumer {
     state: Mutex<CState>,
     /// Woken on every acknowledgement, NACK, release and deletion.
     pub(crate) changed: tokio::sync::Notify,
+    /// Held while the state file is written (one writer at a time, and not across a delete).
+    persisting: Mutex<()>,
 }
 
 impl Consumer {
@@ -258,8 +264,9 @@ impl Consumer {
             stream,
             path,
             changed: tokio::sync::Notify::new(),
+            persisting: Mutex::new(()),
         };
-        c.persist_now()?;
+        c.write_state(true)?;
         Ok(c)
     }
 
@@ -275,9 +282,17 @@ impl Consumer {
         let filter = s.config.check()?;
         let start = stream.log().start_offset();
         let end = stream.log().end_offset();
+        // A position beyond the end (the log lost its tail in a crash and will give those
+        // offsets to new records) is brought back to the end, or new records would be
+        // skipped as done.
+        if s.floor > end || s.next > end {
+            tracing::warn!(stream = %stream.name(), consumer = %s.config.name, floor = s.floor, next = s.next, end,
+                "consumer position beyond the end of the log (its tail was lost): moved back to the end");
+        }
+        let floor = s.floor.clamp(start, end);
         let mut st = CState {
-            floor: s.floor.max(start),
-            next: s.next.clamp(s.floor.max(start), end.max(s.floor)),
+            floor,
+            next: s.next.clamp(floor, end),
             ..CState::default()
         };
         for (a, b) in s.done {
@@ -291,11 +306,19 @@ impl Consumer {
             .into_iter()
             .filter(|(o, _)| *o >= st.floor && *o < st.next)
             .collect();
+        // Everything between the floor and next that is not done was in flight or waiting:
+        // due now. Walked gap by gap (the done ranges may cover most of it).
         let now = Instant::now();
-        for o in st.floor..st.next {
-            if !st.done.contains(o) {
+        let mut at = st.floor;
+        let ranges: Vec<(u64, u64)> = st.done.0.iter().map(|(a, b)| (*a, *b)).collect();
+        for (a, b) in ranges
+            .into_iter()
+            .chain(std::iter::once((st.next, st.next)))
+        {
+            for o in at..a.min(st.next) {
                 st.due.insert((now, o));
             }
+            at = at.max(b);
         }
         let floor = st.floor;
         st.floor = st.done.take_from(floor).max(floor);
@@ -306,6 +329,7 @@ impl Consumer {
             path,
             state: Mutex::new(st),
             changed: tokio::sync::Notify::new(),
+            persisting: Mutex::new(()),
         })
     }
 
@@ -341,7 +365,7 @@ impl Consumer {
         let expired: Vec<u64> = st
             .in_flight
             .iter()
-            .filter(|(_, d)| **d <= now)
+            .filter(|(_, (d, _))| *d <= now)
             .map(|(o, _)| *o)
             .collect();
         for o in expired {
@@ -361,15 +385,25 @@ impl Consumer {
             st.floor = st.done.take_from(floor);
             st.dirty = true;
         }
-        let full = st.in_flight.len() >= self.config.max_in_flight as usize;
-        let earliest_deadline = st.in_flight.values().min().copied();
-        if !full {
-            if let Some(&(at, o)) = st.due.iter().next()
-                && at <= now
-            {
-                st.due.remove(&(at, o));
-                return self.claim(&mut st, o, now);
+        // Waiting entries of offsets done meanwhile (a late ACK after an ack timeout) go.
+        while let Some(&(at, o)) = st.due.iter().next() {
+            if o >= st.floor && !st.done.contains(o) {
+                break;
             }
+            st.due.remove(&(at, o));
+        }
+        // What is waiting (NACKed with a delay, scheduled) counts against max_in_flight too,
+        // so the consumer's state stays bounded whatever its members do.
+        let held = st.in_flight.len() + st.due.len();
+        let full = held >= self.config.max_in_flight as usize;
+        let earliest_deadline = st.in_flight.values().map(|(d, _)| *d).min();
+        if let Some(&(at, o)) = st.due.iter().next()
+            && at <= now
+        {
+            st.due.remove(&(at, o));
+            return self.claim(&mut st, o, now);
+        }
+        if !full {
             let visible = self.stream.log().confirmed_offset();
             if st.next < visible {
                 let o = st.next;
@@ -378,7 +412,7 @@ impl Consumer {
             }
         }
         let due = st.due.iter().next().map(|(t, _)| *t);
-        let until = match (due.filter(|_| !full), earliest_deadline) {
+        let until = match (due, earliest_deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
@@ -391,15 +425,16 @@ impl Consumer {
         };
         Step::Wait {
             until,
-            tail: st.next,
+            // Full: new records change nothing until an acknowledgement (do not wake on them).
+            tail: (!full).then_some(st.next),
         }
     }
 
     fn claim(&self, st: &mut CState, o: u64, now: Instant) -> Step {
-        st.in_flight.insert(o, now + self.ack_wait());
         let n = st.deliveries.entry(o).or_insert(0);
         *n += 1;
         let n = *n;
+        st.in_flight.insert(o, (now + self.ack_wait(), n));
         st.dirty = true;
         Step::Deliver { offset: o, n }
     }
@@ -429,13 +464,16 @@ impl Consumer {
         self.done(o);
     }
 
-    /// Gives `o` back: due again after `delay` (a NACK), or now (its member went away).
-    pub fn give_back(&self, o: u64, delay: Duration) {
+    /// Gives back delivery `n` of `o`: due again after `delay` (a NACK), or now (its member
+    /// went away). Ignored unless that delivery is the one in flight (an older one, whose
+    /// ack wait ran out and which was delivered again since, changes nothing).
+    pub fn give_back(&self, o: u64, n: u32, delay: Duration) {
         {
             let mut st = self.lock();
-            if st.in_flight.remove(&o).is_none() {
-                return; // already acknowledged, or already due again
+            if st.in_flight.get(&o).is_none_or(|(_, cur)| *cur != n) {
+                return; // acknowledged, due again already, or delivered again since
             }
+            st.in_flight.remove(&o);
             st.due.insert((Instant::now() + delay, o));
         }
         self.changed.notify_waiters();
@@ -464,7 +502,14 @@ impl Consumer {
     }
 
     /// Writes the state file now.
-    pub(crate) fn persist_now(&self) -> Result<(), StreamError> {
+    pub fn persist_now(&self) -> Result<(), StreamError> {
+        self.write_state(false)
+    }
+
+    /// Writes the state file (atomically: a temporary file renamed over it), synced when the
+    /// stream's policy is `always` or `sync` (creation: also the directories).
+    fn write_state(&self, sync: bool) -> Result<(), StreamError> {
+        let _one = self.persisting.lock().unwrap_or_else(|p| p.into_inner());
         let saved = {
             let mut st = self.lock();
             if st.deleted {
@@ -491,17 +536,28 @@ impl Consumer {
             .ok_or_else(|| StreamError::Invalid("consumer path".into()))?;
         std::fs::create_dir_all(dir).map_err(io)?;
         let tmp = self.path.with_extension("json.tmp");
-        std::fs::write(&tmp, &json).map_err(io)?;
-        if self.stream.config.fsync == "always" {
-            std::fs::File::open(&tmp)
-                .and_then(|f| f.sync_all())
-                .map_err(io)?;
+        let fsync = sync || self.stream.config.fsync == "always";
+        let written = (|| {
+            std::fs::write(&tmp, &json)?;
+            if fsync {
+                std::fs::File::open(&tmp)?.sync_all()?;
+            }
+            std::fs::rename(&tmp, &self.path)?;
+            if sync {
+                std::fs::File::open(dir)?.sync_all()?;
+                std::fs::File::open(&self.stream.dir)?.sync_all()?;
+            }
+            Ok(())
+        })();
+        if written.is_err() {
+            self.lock().dirty = true; // try again on the next change or persist
         }
-        std::fs::rename(&tmp, &self.path).map_err(io)
+        written.map_err(io)
     }
 
     /// Marks the consumer deleted (members stop) and removes its state file.
     pub(crate) fn delete(&self) {
+        let _one = self.persisting.lock().unwrap_or_else(|p| p.into_inner());
         self.lock().deleted = true;
         self.changed.notify_waiters();
         let _ = std::fs::remove_file(&self.path);

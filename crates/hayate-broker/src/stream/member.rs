@@ -3,6 +3,7 @@
 //! byte budget holds it back, so a member far behind reads no faster than its client takes).
 
 use std::collections::VecDeque;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,6 +56,17 @@ pub type Claimed = Arc<std::sync::atomic::AtomicU64>;
 /// No offset claimed.
 pub const NONE: u64 = u64::MAX;
 
+/// A claim as [`Claimed`] holds it: the offset in the high 40 bits, the delivery number in
+/// the low 24 (offsets and counts beyond are not expected of one member's claim).
+fn pack(offset: u64, n: u32) -> u64 {
+    (offset << 24) | u64::from(n & 0xff_ffff)
+}
+
+/// The (offset, delivery number) of a packed claim.
+pub fn unpack(claim: u64) -> (u64, u32) {
+    (claim >> 24, (claim & 0xff_ffff) as u32)
+}
+
 /// How a member delivers.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -79,37 +91,68 @@ pub async fn run(
     let mut scratch = VecDeque::new();
     let mut meta = Vec::new();
     let mut ahead = ReadAhead::default();
+    // The wait for new records, kept while it waits for the same offset (a new one per
+    // iteration would leave a waiter behind in the log each time another branch wins).
+    let mut more: Option<(u64, Pin<Box<hayate_log::Confirmed>>)> = None;
+    // What this member's session may hold unacknowledged: the consumer's max_in_flight,
+    // and no more than the session's window sends (beyond it, deliveries would wait unsent
+    // while their ack wait runs).
+    let cap = (consumer.config.max_in_flight as usize).min(broker.config().max_unacked);
+    let mut skipped = 0u32;
     loop {
         consumer.persist_if_due();
         let changed = consumer.changed.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
-        let (offset, n) = match consumer.step(Instant::now()) {
+        // A client that does not acknowledge holds at most `cap` here: the member stops
+        // claiming (what its ack wait gives back goes to other members).
+        let step = if !opts.auto_ack && outbox.unacked() >= cap {
+            Step::Wait {
+                until: Some(Instant::now() + Duration::from_millis(100)),
+                tail: None,
+            }
+        } else {
+            consumer.step(Instant::now())
+        };
+        let (offset, n) = match step {
             Step::Stop => return,
             Step::Deliver { offset, n } => (offset, n),
             Step::Wait { until, tail } => {
                 let until = until.map(tokio::time::Instant::from_std);
-                let log = consumer.stream.log();
-                let more = log.confirmed(tail);
+                if let Some(t) = tail
+                    && more.as_ref().is_none_or(|(at, _)| *at != t)
+                {
+                    more = Some((t, Box::pin(consumer.stream.log().confirmed(t))));
+                }
+                let wait_more = tail.is_some();
                 tokio::select! {
                     () = &mut changed => {}
                     () = tokio::time::sleep_until(until.unwrap_or_else(tokio::time::Instant::now)), if until.is_some() => {}
-                    r = more => if r.is_err() {
-                        // The log failed: nothing new will come; wake for changes only.
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    },
+                    r = async { more.as_mut().map(|(_, f)| f.as_mut()).expect("set above").await }, if wait_more => {
+                        more = None;
+                        if r.is_err() {
+                            // The log failed: nothing new will come; wake for changes only.
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                    }
                 }
                 continue;
             }
         };
         let Some(msg) = prepare(&consumer, &broker, offset, n, &mut meta, &mut ahead) else {
+            // Skipped (filtered out, expired, scheduled): let others run now and then, as
+            // a long run of skips never waits.
+            skipped += 1;
+            if skipped.is_multiple_of(64) {
+                tokio::task::yield_now().await;
+            }
             continue;
         };
-        opts.claimed.store(offset, Ordering::Release);
+        opts.claimed.store(pack(offset, n), Ordering::Release);
         let taken = offer(&outbox, sid, &msg).await;
         opts.claimed.store(NONE, Ordering::Release);
         if !taken {
-            consumer.give_back(offset, Duration::ZERO);
+            consumer.give_back(offset, n, Duration::ZERO);
             consumer.persist_if_due();
             return;
         }
@@ -140,7 +183,7 @@ fn prepare(
         }
         Err(e) => {
             tracing::warn!(stream = %c.stream.name(), offset, "consumer read: {e}");
-            c.give_back(offset, Duration::from_secs(1));
+            c.give_back(offset, n, Duration::from_secs(1));
             return None;
         }
     };
@@ -170,7 +213,7 @@ fn prepare(
     if n == 1
         && let Some(at) = deliver_at(&msg, rec.timestamp)
     {
-        let wait = at - codec::now_ms();
+        let wait = at.saturating_sub(codec::now_ms());
         if wait > 0 {
             c.defer(
                 offset,
@@ -181,8 +224,12 @@ fn prepare(
     }
     let max = c.config.max_deliver;
     if max > 0 && n > max {
-        dead_letter(c, broker, &msg, offset, n - 1, meta);
-        c.done(offset);
+        if dead_letter(c, broker, &msg, offset, n - 1, meta) {
+            c.done(offset);
+        } else {
+            // Not kept by the dead-letter stream: not dropped either; tried again later.
+            c.give_back(offset, n, Duration::from_secs(5));
+        }
         return None;
     }
     msg.attrs.stream_offset = Some(offset);
@@ -191,6 +238,7 @@ fn prepare(
     Some(msg)
 }
 
+/// Keeps a dead letter; false when it could not be kept (to be tried again).
 fn dead_letter(
     c: &Consumer,
     broker: &Broker,
@@ -198,14 +246,14 @@ fn dead_letter(
     offset: u64,
     n: u32,
     meta: &mut Vec<u8>,
-) {
+) -> bool {
     let Some(dl) = c.config.dead_letter.as_deref() else {
         tracing::info!(stream = %c.stream.name(), consumer = %c.config.name, offset, "dropped after {n} deliveries");
-        return;
+        return true;
     };
     let Some(target) = broker.stream(dl) else {
         tracing::warn!(stream = %c.stream.name(), consumer = %c.config.name, dead_letter = dl, "no such dead-letter stream; dropped");
-        return;
+        return true;
     };
     let mut m = msg.clone();
     let h = m.headers.get_or_insert_with(Vec::new);
@@ -214,8 +262,15 @@ fn dead_letter(
     h.push((DEAD_CONSUMER.into(), Bytes::from(c.config.name.clone())));
     h.push((DEAD_OFFSET.into(), Bytes::from(offset.to_string())));
     h.push((DEAD_DELIVERIES.into(), Bytes::from(n.to_string())));
-    if let Err(e) = target.append(Batch::One(&m), meta) {
-        tracing::warn!(dead_letter = dl, "dead letter not kept: {e}");
+    match target.append(Batch::One(&m), meta) {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(
+                dead_letter = dl,
+                "dead letter not kept, tried again later: {e}"
+            );
+            false
+        }
     }
 }
 

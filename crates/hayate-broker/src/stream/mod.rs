@@ -107,6 +107,13 @@ impl StreamConfig {
             ..LogConfig::default()
         };
         if let Some(s) = self.segment_bytes {
+            // Every sealed segment keeps its files open: tiny segments would use up file
+            // descriptors.
+            if s < MIN_SEGMENT_BYTES {
+                return bad(format!(
+                    "stream {n}: segment_bytes {s} is below {MIN_SEGMENT_BYTES} (1 MiB)"
+                ));
+            }
             log.segment_bytes = s;
         }
         log.validate()
@@ -114,6 +121,9 @@ impl StreamConfig {
         Ok((exprs, log))
     }
 }
+
+/// The smallest segment a stream may ask for.
+pub const MIN_SEGMENT_BYTES: u64 = 1 << 20;
 
 /// Checks a stream or consumer name: 1 to 64 of `A-Z a-z 0-9 _ -` (it names files).
 pub(crate) fn check_name(what: &str, n: &str) -> Result<(), StreamError> {
@@ -285,12 +295,26 @@ impl Stream {
         let mut map = self.consumers.lock().unwrap_or_else(|p| p.into_inner());
         for e in entries.flatten() {
             let p = e.path();
-            if p.extension().and_then(|x| x.to_str()) != Some("json") {
-                let _ = std::fs::remove_file(&p); // a temporary file of an interrupted save
-                continue;
+            match p.extension().and_then(|x| x.to_str()) {
+                Some("json") => {}
+                Some("tmp") => {
+                    let _ = std::fs::remove_file(&p); // a temporary file of an interrupted save
+                    continue;
+                }
+                _ => continue, // set aside earlier
             }
-            let c = consumer::Consumer::load(self.clone(), p)?;
-            map.insert(c.config().name.clone(), Arc::new(c));
+            // A state file that cannot be used is moved aside (the broker still starts; the
+            // consumer can be created again).
+            match consumer::Consumer::load(self.clone(), p.clone()) {
+                Ok(c) => {
+                    map.insert(c.config().name.clone(), Arc::new(c));
+                }
+                Err(e) => {
+                    let aside = p.with_extension(format!("json.bad-{}", codec::now_ms()));
+                    tracing::error!(stream = %self.name(), file = %p.display(), "consumer state unusable ({e}); moved to {}", aside.display());
+                    let _ = std::fs::rename(&p, &aside);
+                }
+            }
         }
         Ok(())
     }

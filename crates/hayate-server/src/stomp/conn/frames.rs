@@ -339,12 +339,20 @@ impl Conn<'_> {
         ack: AckMode,
         session: &mut Session,
     ) -> Result<(), Refusal> {
-        let mut cfg = hayate_broker::ConsumerConfig::new(stream.name(), &queue_consumer_name(q));
-        cfg.filter = Some(q.to_owned());
-        let (consumer, _) = session
-            .broker()
-            .create_consumer(cfg)
-            .map_err(|e| refuse("subscribe failed", e.to_string()))?;
+        // One made beforehand (through the API, with its own settings) is used as it is.
+        let name = queue_consumer_name(q);
+        let consumer = match stream.consumer(&name) {
+            Some(c) => c,
+            None => {
+                let mut cfg = hayate_broker::ConsumerConfig::new(stream.name(), &name);
+                cfg.filter = Some(q.to_owned());
+                session
+                    .broker()
+                    .create_consumer(cfg)
+                    .map_err(|e| refuse("subscribe failed", e.to_string()))?
+                    .0
+            }
+        };
         let sid = self.subs.next_sid();
         let expr =
             KeyExpr::new(q).map_err(|e| refuse("invalid destination", format!("{dest:?}: {e}")))?;
