@@ -107,6 +107,10 @@ pub(crate) struct BenchArgs {
     /// compare: output directory (default bench/results/<date>-<host>[-quick]).
     #[arg(long, value_name = "DIR")]
     pub(crate) out: Option<PathBuf>,
+    /// thr, lat: measure durable publishing instead (as `bench durable`: confirmed messages
+    /// per second for thr, confirm latency for lat), per --fsync policy.
+    #[arg(long)]
+    pub(crate) durable: bool,
     /// durable: fsync policies measured, comma-separated.
     #[arg(long, default_value = "always,interval=100")]
     pub(crate) fsync: String,
@@ -254,6 +258,11 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
     }
     if a.test == Test::RpcServer {
         return rpc_server(&a);
+    }
+    let mut a = a;
+    if a.durable && matches!(a.test, Test::Thr | Test::Lat) {
+        // `thr --durable` and `lat --durable`: the durable benchmark measures both.
+        a.test = Test::Durable;
     }
     if a.test == Test::Durable {
         let payloads = match a.payload.as_deref() {
