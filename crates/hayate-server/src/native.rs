@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
-use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 
 use hayate_broker::{Batch, Broker, Delivery, Encoder, OutBuf, Outbox, Session, Settle, Stored};
 use hayate_core::{INBOX_PREFIX, Message};
@@ -283,11 +283,18 @@ impl Handler for Native {
         } else {
             self.confirms.next().await
         };
-        if let Some((id, outcome)) = next {
-            let c = Frame::Confirm { id, outcome };
-            self.session
-                .outbox()
-                .push_control_unbudgeted(|b| encode(&c, b));
+        if let Some(first) = next {
+            // One group commit answers many at once: send every CONFIRM that is ready now,
+            // not one per turn of the connection's loop.
+            let mut ready = vec![first];
+            while let Some(Some(more)) = self.confirms.next().now_or_never() {
+                ready.push(more);
+            }
+            self.session.outbox().push_control_unbudgeted(|b| {
+                for (id, outcome) in ready {
+                    encode(&Frame::Confirm { id, outcome }, b);
+                }
+            });
             self.session.mark_own_output();
         }
         Ok(())

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use bytes::BytesMut;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use hayate_broker::{Batch, Session, Stored};
 use hayate_core::Message;
 use hayate_mqtt::{
@@ -96,7 +96,14 @@ impl Handler for Driven<'_> {
         let kicked = tokio::select! {
             k = self.kick_rx.recv() => k,
             Some((pid, rec, r)) = acks.next(), if waiting => {
-                return self.conn.acked(&mut self.ms, pid, rec, r).map_err(fail_end);
+                self.conn.acked(&mut self.ms, pid, rec, r).map_err(fail_end)?;
+                // Every acknowledgement the same commit made ready, in order, this turn.
+                loop {
+                    let acks = self.conn.acks.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let Some(Some((pid, rec, r))) = acks.next().now_or_never() else { break };
+                    self.conn.acked(&mut self.ms, pid, rec, r).map_err(fail_end)?;
+                }
+                return Ok(());
             }
         };
         match kicked {
