@@ -694,6 +694,9 @@ impl Shared {
         inner.unsynced.retain(|b| gone.iter().all(|s| s.base != *b));
         drop(inner);
         let mut removed = Removed::default();
+        // Oldest first, each removal made durable before the next (unless `never`): a crash
+        // part-way then leaves a shorter log, never a hole (which recovery would have to
+        // take for an interrupted retention).
         for s in &gone {
             removed.segments += 1;
             removed.records += s.records();
@@ -702,11 +705,11 @@ impl Shared {
                 .remove(&log_name(s.base))
                 .map_err(Error::io("remove segment"))?;
             let _ = self.storage.remove(&idx_name(s.base));
-        }
-        if !gone.is_empty() && self.config.fsync != FsyncPolicy::Never {
-            self.storage
-                .sync_dir()
-                .map_err(Error::io("remove segment"))?;
+            if self.config.fsync != FsyncPolicy::Never {
+                self.storage
+                    .sync_dir()
+                    .map_err(Error::io("remove segment"))?;
+            }
         }
         Ok(removed)
     }
