@@ -11,6 +11,7 @@
 //! end let the writer flush and stop ([`Conn::close`]).
 
 use std::collections::VecDeque;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::Duration;
@@ -53,6 +54,27 @@ pub trait Outgoing: Send + Sync + 'static {
     fn cut_off(&self) -> impl Future<Output = ()> + Send + '_;
     /// Nothing more is queued: the writer drains what is there, then shuts down.
     fn close(&self);
+    /// The queued output is over the queue's budget: the peer is not reading what it is
+    /// sent, so the driver stops reading it (it cannot make the server queue answers without
+    /// bound) until [`Outgoing::drained`].
+    fn backed_up(&self) -> bool;
+    /// Resolves once the output is no longer backed up (or the queue closed).
+    fn drained(&self) -> impl Future<Output = ()> + Send + '_;
+}
+
+/// [`Outgoing`]'s back-pressure half, type-erased for the driver.
+trait Pressure: Send + Sync {
+    fn backed_up(&self) -> bool;
+    fn drained(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+}
+
+impl<O: Outgoing> Pressure for O {
+    fn backed_up(&self) -> bool {
+        Outgoing::backed_up(self)
+    }
+    fn drained(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(Outgoing::drained(self))
+    }
 }
 
 /// Why the driver stopped on its own (not because the handler said so).
@@ -123,6 +145,8 @@ enum Woke<E> {
     Read(std::io::Result<usize>),
     Timer,
     Event(Result<(), E>),
+    /// The peer read some of its backed-up output.
+    Drained,
     WriterGone,
     Shutdown,
 }
@@ -161,6 +185,7 @@ pub struct Conn {
     writer_task: JoinHandle<()>,
     shutdown: watch::Receiver<bool>,
     busy: Option<BusyPoll>,
+    out: Arc<dyn Pressure>,
 }
 
 impl Conn {
@@ -176,6 +201,7 @@ impl Conn {
             buf,
             shutdown: io.shutdown,
             busy: io.busy,
+            out: out.clone(),
         }
     }
 
@@ -212,6 +238,7 @@ async fn drive<H: Handler>(h: &mut H, c: &mut Conn) -> H::End {
         writer_task,
         shutdown,
         busy,
+        out,
     } = c;
     // One timer for the connection, moved only when the handler's deadline changes (a timer
     // registered per read would cost more than the read).
@@ -225,7 +252,14 @@ async fn drive<H: Handler>(h: &mut H, c: &mut Conn) -> H::End {
         }
         // Send what this read produced now, from this task, where the sockets can take it.
         h.flush();
-        let limit = h.read_limit(buf);
+        // A peer that does not read its own answers is not read either (whatever the
+        // protocol): its output stays within the queue's budget.
+        let backed_up = out.backed_up();
+        let limit = if backed_up {
+            Some(0)
+        } else {
+            h.read_limit(buf)
+        };
         let deadline = h.deadline();
         if deadline != armed {
             if let Some(at) = deadline {
@@ -236,6 +270,7 @@ async fn drive<H: Handler>(h: &mut H, c: &mut Conn) -> H::End {
         let woke = tokio::select! {
             r = read_some(reader, buf, limit, busy.as_ref()), if limit != Some(0) => Woke::Read(r),
             () = &mut timer, if armed.is_some() => Woke::Timer,
+            () = async { out.drained().await }, if backed_up => Woke::Drained,
             e = h.event() => Woke::Event(e),
             _ = &mut *writer_task => Woke::WriterGone,
             _ = shutdown.changed() => Woke::Shutdown,
@@ -251,7 +286,7 @@ async fn drive<H: Handler>(h: &mut H, c: &mut Conn) -> H::End {
                     return end;
                 }
             }
-            Woke::Event(Ok(())) => {}
+            Woke::Event(Ok(())) | Woke::Drained => {}
             Woke::Event(Err(end)) => {
                 // What the peer sent before the event is handled first: an MQTT client's
                 // DISCONNECT just ahead of its own new connection taking the session over

@@ -57,6 +57,9 @@ pub(crate) use hayate_io::conn::{Conn, Handler, Stop};
 /// delivers each consumer's messages into the session's outbox, and the mapping of the
 /// protocol's acknowledgements back to the consumers. Shared by every front-end that joins
 /// consumers (native CONSUME, STOMP `/queue/` on a stream).
+/// Most consumer memberships one connection may hold (each is a task).
+pub(crate) const MAX_MEMBERSHIPS: usize = 256;
+
 #[derive(Default)]
 pub(crate) struct Memberships {
     members: std::collections::HashMap<u32, Member>,
@@ -77,6 +80,11 @@ impl Memberships {
     /// True when there is none.
     pub(crate) fn is_empty(&self) -> bool {
         self.members.is_empty()
+    }
+
+    /// How many there are.
+    pub(crate) fn len(&self) -> usize {
+        self.members.len()
     }
 
     /// Joins `consumer` as subscription `sid` of `session`: acknowledged deliveries, or with

@@ -135,12 +135,6 @@ struct Native {
 }
 
 impl Native {
-    /// This connection's own output (answers to what it sent) is over the outbox budget:
-    /// it is not reading, so its input is held (it cannot pile up answers without bound).
-    fn answers_backed_up(&self) -> bool {
-        self.session.outbox().backlog().0 > self.session.broker().config().outbox_bytes
-    }
-
     async fn handle_other(&mut self, frame: Frame) -> Result<(), End> {
         let was_welcomed = self.welcomed;
         if let Frame::PubConfirm { id, msg } = frame {
@@ -179,6 +173,12 @@ impl Native {
         let bad = |m: String| End::Error(ErrorCode::BadConsumer, m);
         if self.consumers.contains(sid) || self.session.has_subscription(sid) {
             return Err(bad(format!("subscription id {sid} is already in use")));
+        }
+        if self.consumers.len() >= frontend::MAX_MEMBERSHIPS {
+            return Err(bad(format!(
+                "at most {} CONSUMEs per connection",
+                frontend::MAX_MEMBERSHIPS
+            )));
         }
         let s = self
             .session
@@ -256,29 +256,14 @@ impl Handler for Native {
     }
 
     fn read_limit(&mut self, buf: &mut BytesMut) -> Option<usize> {
-        if self.confirms.len() >= MAX_PENDING_CONFIRMS || self.answers_backed_up() {
+        if self.confirms.len() >= MAX_PENDING_CONFIRMS {
             return Some(0);
         }
         self.planner.plan(buf, READ_BUF)
     }
 
     async fn event(&mut self) -> Result<(), End> {
-        // Input held because this client's own answers (CONFIRM, PONG, API replies) are
-        // not being read: wait until its writer takes some. (Registered only then: asking
-        // for space makes the writer notify after every take.)
-        let next = if self.answers_backed_up() {
-            let outbox = self.session.outbox().clone();
-            let drained = outbox.wait_space();
-            tokio::pin!(drained);
-            drained.as_mut().enable();
-            if !self.answers_backed_up() {
-                return Ok(());
-            }
-            tokio::select! {
-                n = self.confirms.next(), if !self.confirms.is_empty() => n,
-                () = drained => return Ok(()),
-            }
-        } else if self.confirms.is_empty() {
+        let next = if self.confirms.is_empty() {
             std::future::pending().await
         } else {
             self.confirms.next().await

@@ -873,3 +873,55 @@ async fn cut_off_subscriber_takes_later_batches_without_waiting() {
     }
     drop(hog);
 }
+
+/// Publishers that never read their own answers (MQTT PUBACKs, STOMP RECEIPTs, native
+/// PONGs) are held back by the connection driver once their output is over the outbox
+/// budget, whatever the protocol; everybody else carries on.
+#[tokio::test]
+async fn publishers_that_never_read_their_answers_are_held_back() {
+    let mut c = Config::default();
+    c.limits.outbox_bytes = 64 * 1024;
+    let b = start(c).await;
+    // Each attempt writes up to 5,000 chunks; the answers to them would be tens of MB.
+    async fn stalls(addr: &str, hello: &[u8], chunk: &[u8]) -> bool {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(hello).await.unwrap();
+        let mut first = [0u8; 64];
+        let _ = s.read(&mut first).await.unwrap();
+        for _ in 0..5_000 {
+            match tokio::time::timeout(Duration::from_secs(2), s.write_all(chunk)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => panic!("write failed: {e}"),
+                Err(_) => return true,
+            }
+        }
+        false
+    }
+    // MQTT 3.1.1: CONNECT, then QoS 1 PUBLISHes on `ab` (PUBACK: 4 bytes each).
+    let connect = b"\x10\x0d\x00\x04MQTT\x04\x02\x00\x3c\x00\x01c";
+    let mut publishes = Vec::new();
+    for i in 0..1000u16 {
+        publishes.extend_from_slice(&[0x32, 7, 0, 2, b'a', b'b']);
+        publishes.extend_from_slice(&(i + 1).to_be_bytes());
+        publishes.push(b'x');
+    }
+    assert!(
+        stalls(&b.mqtt, connect, &publishes).await,
+        "MQTT: PUBACKs piled up without bound"
+    );
+    // STOMP: SENDs with receipts.
+    let stomp_connect = b"CONNECT\naccept-version:1.2\nhost:/\n\n\0";
+    let mut sends = Vec::new();
+    for i in 0..1000 {
+        sends.extend_from_slice(
+            format!("SEND\ndestination:/topic/ab\nreceipt:r{i}\n\nx\0").as_bytes(),
+        );
+    }
+    assert!(
+        stalls(&b.stomp, stomp_connect, &sends).await,
+        "STOMP: RECEIPTs piled up without bound"
+    );
+    // Everybody else carries on.
+    let other = Client::connect(&b.addr).await.unwrap();
+    within(5, other.flush()).await.unwrap();
+}

@@ -697,3 +697,34 @@ async fn a_position_beyond_the_end_of_the_log_is_moved_back() {
     let m = within(10, sub.next()).await.unwrap();
     assert_eq!((m.key.as_str(), m.attrs.stream_offset), ("be/new", Some(3)));
 }
+
+/// Each CONSUME starts a task: one connection may hold at most 256 (ERR 10 and a close
+/// beyond); others carry on.
+#[tokio::test]
+async fn consume_memberships_per_connection_are_capped() {
+    let (config, _d) = data_dir("capm");
+    let b = start(config).await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    c.streams().add(&stream("m", "m/*", "never")).await.unwrap();
+    consumer(&c, ConsumerConfig::new("m", "c")).await;
+    let greedy = Client::connect(&b.addr).await.unwrap();
+    let mut subs = Vec::new();
+    for _ in 0..257 {
+        subs.push(greedy.consume("m", "c").await.unwrap());
+    }
+    assert!(
+        within(10, greedy.flush()).await.is_err(),
+        "the 257th CONSUME ends the connection"
+    );
+    assert!(
+        matches!(greedy.last_error(), Some(Error::Server { .. })),
+        "{:?}",
+        greedy.last_error()
+    );
+    publish_n(&c, "m/x", 1).await;
+    let mut sub = c.consume("m", "c").await.unwrap();
+    assert_eq!(
+        within(10, sub.next()).await.unwrap().attrs.stream_offset,
+        Some(0)
+    );
+}

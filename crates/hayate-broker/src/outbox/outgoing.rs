@@ -38,4 +38,18 @@ impl Outgoing for Outbox {
     fn close(&self) {
         Outbox::close(self);
     }
+
+    fn backed_up(&self) -> bool {
+        Outbox::backed_up(self)
+    }
+
+    async fn drained(&self) {
+        // Registered before looking again, so a take in between is not missed.
+        let space = self.wait_space();
+        tokio::pin!(space);
+        space.as_mut().enable();
+        if Outbox::backed_up(self) {
+            space.await;
+        }
+    }
 }

@@ -9,6 +9,13 @@ use hayate_io::write_some;
 use super::{Outbox, Taken};
 
 impl Outbox {
+    /// More bytes are queued (not yet taken by a writer) than the budget: the connection's
+    /// peer is not reading. Its driver stops reading it until the writer takes some.
+    pub fn backed_up(&self) -> bool {
+        let st = self.lock();
+        !st.closed && st.buf.len() > self.budget
+    }
+
     /// Bytes queued and not yet taken by a writer, and whether a write is under way.
     pub fn backlog(&self) -> (usize, bool) {
         let st = self.lock();

@@ -164,6 +164,9 @@ pub(crate) struct CState {
     pub(crate) done: Ranges,
     /// Offset -> (ack deadline, which delivery of it this is).
     pub(crate) in_flight: HashMap<u64, (Instant, u32)>,
+    /// The same deadlines ordered, so that a step finds the expired and the earliest one
+    /// without walking every message in flight.
+    deadlines: BTreeSet<(Instant, u64)>,
     /// Deliveries so far of offsets not done.
     pub(crate) deliveries: HashMap<u64, u32>,
     /// (when, offset): due for delivery at that time.
@@ -171,6 +174,21 @@ pub(crate) struct CState {
     pub(crate) dirty: bool,
     pub(crate) last_persist: Option<Instant>,
     pub(crate) deleted: bool,
+}
+
+impl CState {
+    fn fly(&mut self, o: u64, deadline: Instant, n: u32) {
+        if let Some((d, _)) = self.in_flight.insert(o, (deadline, n)) {
+            self.deadlines.remove(&(d, o));
+        }
+        self.deadlines.insert((deadline, o));
+    }
+
+    fn land(&mut self, o: u64) -> Option<(Instant, u32)> {
+        let v = self.in_flight.remove(&o)?;
+        self.deadlines.remove(&(v.0, o));
+        Some(v)
+    }
 }
 
 /// What a member should do next.
@@ -362,14 +380,10 @@ impl Consumer {
             return Step::Stop;
         }
         // Ack timeouts: due again now.
-        let expired: Vec<u64> = st
-            .in_flight
-            .iter()
-            .filter(|(_, (d, _))| *d <= now)
-            .map(|(o, _)| *o)
-            .collect();
-        for o in expired {
-            st.in_flight.remove(&o);
+        while let Some(&(d, o)) = st.deadlines.first()
+            && d <= now
+        {
+            st.land(o);
             st.due.insert((now, o));
         }
         // Records removed by retention while waiting are done.
@@ -380,6 +394,7 @@ impl Consumer {
             st.done.drop_below(first);
             st.due.retain(|(_, o)| *o >= first);
             st.in_flight.retain(|o, _| *o >= first);
+            st.deadlines.retain(|(_, o)| *o >= first);
             st.deliveries.retain(|o, _| *o >= first);
             let floor = st.floor;
             st.floor = st.done.take_from(floor);
@@ -396,7 +411,7 @@ impl Consumer {
         // so the consumer's state stays bounded whatever its members do.
         let held = st.in_flight.len() + st.due.len();
         let full = held >= self.config.max_in_flight as usize;
-        let earliest_deadline = st.in_flight.values().map(|(d, _)| *d).min();
+        let earliest_deadline = st.deadlines.first().map(|(d, _)| *d);
         if let Some(&(at, o)) = st.due.iter().next()
             && at <= now
         {
@@ -434,7 +449,7 @@ impl Consumer {
         let n = st.deliveries.entry(o).or_insert(0);
         *n += 1;
         let n = *n;
-        st.in_flight.insert(o, (now + self.ack_wait(), n));
+        st.fly(o, now + self.ack_wait(), n);
         st.dirty = true;
         Step::Deliver { offset: o, n }
     }
@@ -449,7 +464,7 @@ impl Consumer {
     }
 
     fn finish(st: &mut CState, o: u64) {
-        st.in_flight.remove(&o);
+        st.land(o);
         st.deliveries.remove(&o);
         if o < st.floor || !st.done.insert(o) {
             return;
@@ -473,7 +488,7 @@ impl Consumer {
             if st.in_flight.get(&o).is_none_or(|(_, cur)| *cur != n) {
                 return; // acknowledged, due again already, or delivered again since
             }
-            st.in_flight.remove(&o);
+            st.land(o);
             st.due.insert((Instant::now() + delay, o));
         }
         self.changed.notify_waiters();
@@ -482,7 +497,7 @@ impl Consumer {
     /// Puts `o` (claimed, not delivered) off until `at` (a message scheduled for later).
     pub(crate) fn defer(&self, o: u64, at: Instant) {
         let mut st = self.lock();
-        st.in_flight.remove(&o);
+        st.land(o);
         if let Some(n) = st.deliveries.get_mut(&o) {
             *n = n.saturating_sub(1);
         }

@@ -339,6 +339,15 @@ impl Conn<'_> {
         ack: AckMode,
         session: &mut Session,
     ) -> Result<(), Refusal> {
+        if self.members.len() >= crate::frontend::MAX_MEMBERSHIPS {
+            return Err(refuse(
+                "too many durable queue subscriptions",
+                format!(
+                    "at most {} per connection",
+                    crate::frontend::MAX_MEMBERSHIPS
+                ),
+            ));
+        }
         // One made beforehand (through the API, with its own settings) is used as it is.
         let name = queue_consumer_name(q);
         let consumer = match stream.consumer(&name) {
