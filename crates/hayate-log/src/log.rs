@@ -316,8 +316,7 @@ impl Log {
             };
             let older = match &seg.index {
                 SegIndex::Memory(ix) => ix.older_than(ts),
-                SegIndex::File(Some(ix)) => ix.older_than(ts),
-                SegIndex::File(None) => None,
+                SegIndex::File(ix) => ix.older_than(ts),
             };
             (seg.base + older.map_or(0, |r| u64::from(r) + 1), end)
         };
@@ -673,7 +672,7 @@ impl Shared {
             match written.ok().and_then(SealedIndex::load) {
                 Some((sealed, _)) => {
                     if let Some(s) = inner.segments.iter_mut().find(|s| s.base == meta.base) {
-                        s.index = SegIndex::File(Some(sealed));
+                        s.index = SegIndex::File(sealed);
                     }
                 }
                 None => tracing::warn!(

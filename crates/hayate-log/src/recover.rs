@@ -177,7 +177,7 @@ pub(crate) fn recover(storage: &dyn Storage, cfg: &LogConfig) -> Result<Recovere
                     next: meta.next,
                     size: len,
                     max_ts: meta.max_ts,
-                    index: SegIndex::File(Some(ix)),
+                    index: SegIndex::File(ix),
                 });
                 continue;
             }

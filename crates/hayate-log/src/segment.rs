@@ -54,9 +54,8 @@ pub(crate) fn header(base: u64) -> [u8; SEG_HEADER_LEN as usize] {
 pub(crate) enum SegIndex {
     /// In memory: the active segment, and sealed ones whose `.idx` is not written yet.
     Memory(Index),
-    /// In the segment's `.idx` file; `None` if it could not be read back (reads then scan
-    /// from the segment's start).
-    File(Option<SealedIndex>),
+    /// In the segment's `.idx` file.
+    File(SealedIndex),
 }
 
 /// One segment as the log holds it.
@@ -86,7 +85,7 @@ impl Segment {
                 ix.floor(rel).map_or(SEG_HEADER_LEN, |(_, p)| u64::from(p)),
                 None,
             ),
-            SegIndex::File(f) => (SEG_HEADER_LEN, f.clone()),
+            SegIndex::File(f) => (SEG_HEADER_LEN, Some(f.clone())),
         }
     }
 }
