@@ -99,9 +99,19 @@ pub struct MqttSection {
     pub max_session_expiry: u32,
     /// Period of the `$SYS/broker/...` statistics, in seconds (0: off).
     pub sys_interval_secs: u64,
-    /// Period of saving persistent sessions and retained messages to `server.data_dir`, in
-    /// seconds (0: only at shutdown).
+    /// Period of checkpoints of persistent sessions and retained messages in
+    /// `server.data_dir`, in seconds (0: only at start, shutdown and when the journal has
+    /// grown by 64 MiB). With the journal on, a checkpoint only bounds the journal's size and
+    /// the replay at start; without it, it is all that is saved.
     pub autosave_secs: u64,
+    /// Journal every change to persistent sessions and retained messages before it is
+    /// acknowledged (PUBACK/PUBREC/SUBACK), so that it survives `kill -9`. Off: saved only by
+    /// checkpoints (a crash loses what changed since the last one).
+    pub journal: bool,
+    /// When the journal is synced to disk: `always` (an acknowledgement waits for the group
+    /// commit: survives power loss), `interval=<ms>` or `never` (acknowledged once written:
+    /// survives a process kill; a power loss may lose the last interval).
+    pub journal_fsync: String,
 }
 
 impl Default for MqttSection {
@@ -119,6 +129,8 @@ impl Default for MqttSection {
             max_session_expiry: u32::MAX,
             sys_interval_secs: 10,
             autosave_secs: 60,
+            journal: true,
+            journal_fsync: "interval=100".into(),
         }
     }
 }
@@ -326,6 +338,9 @@ impl Config {
             ));
         }
         let m = &self.mqtt;
+        if let Err(e) = m.journal_fsync.parse::<hayate_log::FsyncPolicy>() {
+            return Err(ConfigError::Invalid(format!("mqtt.journal_fsync: {e}")));
+        }
         if m.max_packet_size < 128 || m.max_packet_size > MQTT_MAX_PACKET {
             return Err(ConfigError::Invalid(format!(
                 "mqtt.max_packet_size must be between 128 and {MQTT_MAX_PACKET} bytes"

@@ -266,7 +266,7 @@ impl Server {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), background).await;
         // Persistent MQTT sessions are parked by now: save them with the retained messages.
         let m = self.mqtt.clone();
-        let _ = tokio::task::spawn_blocking(move || m.save()).await;
+        let _ = tokio::task::spawn_blocking(move || m.save_final()).await;
         if let Some(s) = spinner {
             s.abort();
         }

@@ -41,6 +41,7 @@
 
 pub mod conn;
 pub mod delivery;
+mod journal;
 pub mod persist;
 mod registry;
 mod retained;
@@ -60,6 +61,7 @@ use tokio::sync::watch;
 use crate::auth::Authenticator;
 use crate::config::{Config, MqttSection};
 use delivery::{MqttDeliveries, MqttEncoder, SharedDeliveries};
+use journal::{Durable, Journal};
 use registry::Entry;
 use retained::Retained;
 pub use sys::MqttStats;
@@ -79,6 +81,14 @@ pub struct MqttSession {
     pub(crate) subs: crate::frontend::SubTable,
 }
 
+impl Drop for MqttSession {
+    /// A session dropped has ended: if it was persistent, the journal says so (after the
+    /// checkpoint at shutdown the journal ignores it, so parked sessions stay saved).
+    fn drop(&mut self) {
+        delivery::lock(&self.out).end_persist();
+    }
+}
+
 /// A will waiting for its delay, or for the end of its session.
 #[derive(Debug)]
 pub(crate) struct PendingWill {
@@ -95,6 +105,13 @@ pub struct Mqtt {
     data_dir: Option<PathBuf>,
     registry: Mutex<HashMap<String, Entry>>,
     pub(crate) retained: Mutex<Retained>,
+    /// The journal of persistent sessions and retained messages (with a data directory,
+    /// unless `mqtt.journal` is off).
+    journal: Option<Arc<Journal>>,
+    /// The next generation of a persistent session (see `persist`).
+    next_sgen: AtomicU64,
+    /// One checkpoint at a time; the size of the last one.
+    checkpointing: Mutex<u64>,
     /// Statistics.
     pub stats: MqttStats,
     next_conn: AtomicU64,
@@ -119,11 +136,33 @@ impl Encoder for NoEncoder {
 }
 
 impl Mqtt {
-    /// The front-end for `broker` with `config`'s MQTT, auth and data settings; loads
-    /// saved sessions and retained messages from the data directory.
+    /// The front-end for `broker` with `config`'s MQTT, auth and data settings; restores
+    /// saved sessions and retained messages from the data directory (the last checkpoint and
+    /// the journal after it), then takes a checkpoint.
     pub fn new(broker: Broker, config: &Config, auth: Arc<dyn Authenticator>) -> Arc<Mqtt> {
         let data_dir =
             (!config.server.data_dir.is_empty()).then(|| PathBuf::from(&config.server.data_dir));
+        let journal = match &data_dir {
+            Some(dir) if config.mqtt.journal => {
+                let fsync = config
+                    .mqtt
+                    .journal_fsync
+                    .parse()
+                    .unwrap_or(hayate_log::FsyncPolicy::default());
+                match Journal::open(dir, fsync) {
+                    Ok(j) => Some(Arc::new(j)),
+                    Err(e) => {
+                        tracing::error!(
+                            "mqtt: cannot open the journal in {}: {e}; persistent sessions \
+                             and retained messages are saved only every autosave_secs",
+                            dir.join(journal::DIR).display()
+                        );
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         let mqtt = Arc::new(Mqtt {
             broker,
             cfg: config.mqtt.clone(),
@@ -132,34 +171,79 @@ impl Mqtt {
             data_dir,
             registry: Mutex::new(HashMap::new()),
             retained: Mutex::new(Retained::default()),
+            journal,
+            next_sgen: AtomicU64::new(1),
+            checkpointing: Mutex::new(0),
             stats: MqttStats::default(),
             next_conn: AtomicU64::new(1),
             started: Instant::now(),
         });
         if let Some(dir) = &mqtt.data_dir {
-            match persist::load(&mqtt, dir) {
-                Ok((s, r)) if s + r > 0 => {
-                    tracing::info!("mqtt: restored {s} sessions and {r} retained messages");
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    // Keep the file for inspection rather than overwrite it at the next save.
-                    let aside = dir.join(format!(
-                        "mqtt.state.bad-{}",
-                        std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .map(|d| d.as_secs())
-                            .unwrap_or(0)
-                    ));
-                    let _ = std::fs::rename(dir.join("mqtt.state"), &aside);
-                    tracing::warn!(
-                        "mqtt: cannot load saved state ({e}); moved it to {}",
-                        aside.display()
-                    );
-                }
-            }
+            mqtt.recover(dir);
         }
         mqtt
+    }
+
+    /// Reads the checkpoint, replays the journal over it, restores the result and takes a
+    /// new checkpoint. A checkpoint that cannot be read is moved aside (kept for
+    /// inspection); a journal record that cannot be read ends the replay there.
+    fn recover(&self, dir: &std::path::Path) {
+        let mut saved = match persist::read_file(dir) {
+            Ok(s) => s,
+            Err(e) => {
+                let aside = dir.join(format!(
+                    "{}.bad-{}",
+                    persist::FILE,
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs())
+                        .unwrap_or(0)
+                ));
+                let _ = std::fs::rename(dir.join(persist::FILE), &aside);
+                tracing::warn!(
+                    "mqtt: cannot load saved state ({e}); moved it to {}",
+                    aside.display()
+                );
+                persist::Saved::default()
+            }
+        };
+        if let Some(j) = &self.journal {
+            let from = saved.replay_from;
+            match j.replay(from, |rec| saved.apply(rec).map_err(|e| e.to_string())) {
+                Ok(0) => {}
+                Ok(n) => tracing::info!("mqtt: replayed {n} journal records"),
+                Err(e) => tracing::error!("mqtt: journal replay stopped: {e}"),
+            }
+        }
+        self.next_sgen
+            .store(saved.next_sgen.max(1), Ordering::Relaxed);
+        match persist::restore(self, saved) {
+            Ok((s, r)) if s + r > 0 => {
+                tracing::info!("mqtt: restored {s} sessions and {r} retained messages");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!("mqtt: cannot restore saved state: {e}"),
+        }
+        self.save();
+    }
+
+    /// The journal, if persistent state is journaled.
+    pub(crate) fn journal(&self) -> Option<&Arc<Journal>> {
+        self.journal.as_ref()
+    }
+
+    /// Whether every change journaled so far is durable (writes the journal if needed): what
+    /// an acknowledgement that promises something waits for.
+    pub(crate) fn durable(&self) -> Durable {
+        match &self.journal {
+            Some(j) => j.durable(),
+            None => Durable::Ready(Ok(())),
+        }
+    }
+
+    /// A new generation for a session that becomes persistent.
+    pub(crate) fn new_sgen(&self) -> u64 {
+        self.next_sgen.fetch_add(1, Ordering::Relaxed)
     }
 
     fn next_conn(&self) -> u64 {
@@ -186,14 +270,43 @@ impl Mqtt {
         }
     }
 
-    /// Saves persistent sessions and retained messages to the data directory.
+    /// Takes a checkpoint: saves persistent sessions and retained messages to the data
+    /// directory, then removes the journal segments the checkpoint covers.
     pub fn save(&self) {
         let Some(dir) = &self.data_dir else { return };
-        match persist::save(self, dir) {
-            Ok(Some((s, r))) => tracing::debug!("mqtt: saved {s} sessions, {r} retained"),
-            Ok(None) => {}
+        let mut last = locked(&self.checkpointing);
+        let from = self.journal.as_ref().map_or(0, |j| j.mark());
+        let next_sgen = self.next_sgen.load(Ordering::Relaxed);
+        let (bytes, s, r) = persist::snapshot(self, from, next_sgen);
+        if s + r == 0 && self.journal.is_none() && !dir.join(persist::FILE).exists() {
+            return;
+        }
+        match persist::write_file(dir, &bytes) {
+            Ok(()) => {
+                tracing::debug!("mqtt: checkpoint: {s} sessions, {r} retained");
+                *last = bytes.len() as u64;
+                if let Some(j) = &self.journal {
+                    j.checkpointed(from);
+                }
+            }
             Err(e) => tracing::warn!("mqtt: cannot save state in {}: {e}", dir.display()),
         }
+    }
+
+    /// The last checkpoint at shutdown: later changes (sessions dropped as the process
+    /// ends) are not journaled.
+    pub fn save_final(&self) {
+        self.save();
+        if let Some(j) = &self.journal {
+            j.close();
+        }
+    }
+
+    /// Whether the journal grew enough since the last checkpoint to take one now.
+    fn checkpoint_due(&self) -> bool {
+        let Some(j) = &self.journal else { return false };
+        let last = *locked(&self.checkpointing);
+        j.since_checkpoint() > persist::CHECKPOINT_AT.max(2 * last)
     }
 
     /// Publishes `msg` from `session` (a will, `$SYS`), storing it first if retained.
@@ -222,9 +335,21 @@ impl Mqtt {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_sys: Option<Instant> = None;
         let mut last_save = Instant::now();
+        let mut flush = tokio::time::interval(journal::FLUSH_EVERY);
+        flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
+                _ = flush.tick() => {
+                    // Records nobody waits for (acknowledgements from subscribers, QoS 0
+                    // retained messages) are written within FLUSH_EVERY.
+                    if let Some(j) = &self.journal
+                        && j.has_buffered()
+                    {
+                        let _ = j.flush();
+                    }
+                    continue;
+                }
                 _ = stop.changed() => return,
             }
             let now = Instant::now();
@@ -242,7 +367,9 @@ impl Mqtt {
                 let _ = tokio::time::timeout(patience * 2, self.publish_sys(&mut session)).await;
             }
             let every = self.cfg.autosave_secs;
-            if every > 0 && now.duration_since(last_save).as_secs() >= every {
+            if (every > 0 && now.duration_since(last_save).as_secs() >= every)
+                || self.checkpoint_due()
+            {
                 last_save = now;
                 let me = self.clone();
                 // File I/O off the runtime's worker threads.

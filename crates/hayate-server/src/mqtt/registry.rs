@@ -9,7 +9,7 @@ use hayate_core::Message;
 use hayate_mqtt::ProtocolVersion;
 use tokio::sync::{mpsc, oneshot};
 
-use super::delivery::SharedDeliveries;
+use super::delivery::{Persist, SharedDeliveries};
 use super::{Mqtt, MqttSession, PendingWill, locked};
 
 /// Where a connection that is taken over sends its session, with its will if that waits
@@ -34,8 +34,8 @@ struct Parked {
 pub(super) struct Entry {
     online: Option<Online>,
     parked: Option<Parked>,
-    /// For saving: the session's state, version and expiry interval.
-    info: Option<(SharedDeliveries, ProtocolVersion, u32)>,
+    /// For checkpoints: the session's delivery state (which says whether it is persistent).
+    info: Option<SharedDeliveries>,
 }
 
 impl Mqtt {
@@ -86,7 +86,11 @@ impl Mqtt {
         }
     }
 
-    /// Records what is needed to save the session of `client_id`.
+    /// Records the session of `client_id` that connection `conn` has, with the version and
+    /// session expiry interval it has now: the session becomes persistent (journaled under a
+    /// new generation) if `expiry` > 0, or stops being persistent if 0. Under the registry
+    /// lock, so that a checkpoint (which lists sessions under it) sees every session whose
+    /// journal records precede it.
     pub(crate) fn set_info(
         &self,
         client_id: &str,
@@ -99,7 +103,22 @@ impl Mqtt {
         if let Some(e) = reg.get_mut(client_id)
             && e.online.as_ref().is_some_and(|o| o.conn == conn)
         {
-            e.info = Some((out, version, expiry));
+            {
+                let mut st = super::delivery::lock(&out);
+                match (st.persist().is_some(), expiry > 0) {
+                    (false, true) => st.begin_persist(Persist {
+                        journal: self.journal().cloned(),
+                        client: client_id.into(),
+                        sgen: self.new_sgen(),
+                        version,
+                        expiry,
+                    }),
+                    (true, true) => st.update_persist(version, expiry),
+                    (true, false) => st.end_persist(),
+                    (false, false) => {}
+                }
+            }
+            e.info = Some(out);
         }
     }
 
@@ -153,13 +172,7 @@ impl Mqtt {
     }
 
     /// Parks a restored session (at startup).
-    pub(crate) fn park_restored(
-        &self,
-        client_id: String,
-        session: MqttSession,
-        version: ProtocolVersion,
-        expiry: u32,
-    ) {
+    pub(crate) fn park_restored(&self, client_id: String, session: MqttSession, expiry: u32) {
         let out = session.out.clone();
         locked(&self.registry).insert(
             client_id,
@@ -171,19 +184,16 @@ impl Mqtt {
                         .then(|| Instant::now() + Duration::from_secs(u64::from(expiry))),
                     will: None,
                 }),
-                info: Some((out, version, expiry)),
+                info: Some(out),
             },
         );
     }
 
-    /// Sessions to save: client id, version, expiry interval, state.
-    pub(crate) fn saved_sessions(&self) -> Vec<(String, ProtocolVersion, u32, SharedDeliveries)> {
+    /// The delivery state of every session known (the persistent ones say so).
+    pub(crate) fn session_states(&self) -> Vec<SharedDeliveries> {
         locked(&self.registry)
-            .iter()
-            .filter_map(|(id, e)| {
-                let (out, v, exp) = e.info.as_ref()?;
-                (*exp > 0).then(|| (id.clone(), *v, *exp, out.clone()))
-            })
+            .values()
+            .filter_map(|e| e.info.clone())
             .collect()
     }
     /// Expires parked sessions and collects wills that are due.

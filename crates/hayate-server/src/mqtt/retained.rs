@@ -47,9 +47,16 @@ impl Retained {
 }
 
 impl Mqtt {
-    /// Stores or clears a retained message.
+    /// Stores or clears a retained message (journaled, except the broker's own `$SYS`
+    /// ones: the journal's order for a key is the order of the changes, under this lock).
     pub(crate) fn retain(&self, msg: &Message) {
-        locked(&self.retained).set(msg);
+        let mut r = locked(&self.retained);
+        r.set(msg);
+        if let Some(j) = self.journal()
+            && !super::is_sys(msg.key.as_str())
+        {
+            j.push(|b| super::persist::rec::retained(b, msg));
+        }
     }
 
     /// The retained messages matching `expr`.

@@ -17,6 +17,7 @@ use super::{Conn, Driven, End, Fail, fail};
 use crate::frontend::{Handler, Stop};
 use crate::mqtt::MqttSession;
 use crate::mqtt::delivery::{SubInfo, lock, put_packet};
+use crate::mqtt::journal::Durable;
 use crate::mqtt::translate::{broker_qos, filter_to_expr, publish_message};
 
 impl Handler for Driven<'_> {
@@ -161,7 +162,18 @@ impl Conn<'_> {
                 st.pubcomp(a.packet_id, o);
             }),
             Packet::PubRel(a) => {
-                let known = lock(&ms.out).incoming.remove(&a.packet_id);
+                let known = lock(&ms.out).set_incoming(a.packet_id, false);
+                // The release is durable before PUBCOMP: the client may reuse the packet id
+                // once it has PUBCOMP, and a release forgotten in a crash would make that
+                // new PUBLISH look like a duplicate.
+                if known {
+                    self.mqtt.durable().wait().await.map_err(|e| {
+                        fail(
+                            ReasonCode::UnspecifiedError,
+                            format!("release not stored: {e}"),
+                        )
+                    })?;
+                }
                 let ack = if known || !v.is_v5() {
                     Ack::new(a.packet_id)
                 } else {
@@ -169,8 +181,8 @@ impl Conn<'_> {
                 };
                 self.reply(ms, &Packet::PubComp(ack));
             }
-            Packet::Subscribe(s) => self.subscribe(s, ms)?,
-            Packet::Unsubscribe(u) => self.unsubscribe(u, ms),
+            Packet::Subscribe(s) => self.subscribe(s, ms).await?,
+            Packet::Unsubscribe(u) => self.unsubscribe(u, ms).await?,
             Packet::PingReq => self.reply(ms, &Packet::PingResp),
             Packet::Disconnect(d) => {
                 if let Some(e) = d.properties.session_expiry_interval {
@@ -282,7 +294,8 @@ impl Conn<'_> {
                 } else {
                     self.route(msg, &mut ms.session).await
                 };
-                self.ack_when_stored(ms, pid, false, stored)?;
+                let journaled = self.mqtt.durable();
+                self.ack_when_stored(ms, pid, false, stored, journaled)?;
             }
             (QoS::ExactlyOnce, Some(pid)) => {
                 let first = {
@@ -295,7 +308,7 @@ impl Conn<'_> {
                             "too many QoS 2 messages unreleased",
                         ));
                     } else {
-                        st.incoming.insert(pid);
+                        st.set_incoming(pid, true);
                         true
                     }
                 };
@@ -304,7 +317,8 @@ impl Conn<'_> {
                 } else {
                     Stored::default()
                 };
-                self.ack_when_stored(ms, pid, true, stored)?;
+                let journaled = self.mqtt.durable();
+                self.ack_when_stored(ms, pid, true, stored, journaled)?;
             }
             (_, None) => {
                 return Err(fail(ReasonCode::ProtocolError, "QoS > 0 without packet id"));
@@ -321,22 +335,27 @@ impl Conn<'_> {
     }
 
     /// Sends the PUBACK (or PUBREC, `rec`) of `pid` now if the streams that captured the
-    /// message already count it as durable and no earlier acknowledgement waits, or queues
-    /// it behind the earlier ones until they do (see [`Conn::acked`]).
+    /// message and the MQTT journal (which has it if it was queued for a persistent session
+    /// or retained) already count it as durable and no earlier acknowledgement waits, or
+    /// queues it behind the earlier ones until they do (see [`Conn::acked`]).
     fn ack_when_stored(
         &mut self,
         ms: &mut MqttSession,
         pid: u16,
         rec: bool,
         stored: Stored,
+        journaled: Durable,
     ) -> Result<(), Fail> {
         if self.acks().is_empty()
             && let Some(r) = stored.ready()
+            && let Some(j) = journaled.ready()
         {
-            return self.acked(ms, pid, rec, r.map(drop));
+            return self.acked(ms, pid, rec, r.map(drop).and(j));
         }
         self.acks().push_back(Box::pin(async move {
-            (pid, rec, stored.confirmed().await.map(drop))
+            let r = stored.confirmed().await.map(drop);
+            let j = journaled.wait().await;
+            (pid, rec, r.and(j))
         }));
         Ok(())
     }
@@ -356,7 +375,7 @@ impl Conn<'_> {
             Err(why) if self.version.is_v5() => {
                 tracing::warn!(pid, "PUBLISH not stored: {why}");
                 if rec {
-                    lock(&ms.out).incoming.remove(&pid);
+                    lock(&ms.out).set_incoming(pid, false);
                 }
                 ReasonCode::UnspecifiedError
             }
@@ -379,7 +398,7 @@ impl Conn<'_> {
         Ok(())
     }
 
-    fn subscribe(&mut self, s: Subscribe, ms: &mut MqttSession) -> Result<(), Fail> {
+    async fn subscribe(&mut self, s: Subscribe, ms: &mut MqttSession) -> Result<(), Fail> {
         let v = self.version;
         let sub_id = s.properties.subscription_identifier;
         let mut codes = Vec::with_capacity(s.subscriptions.len());
@@ -417,7 +436,7 @@ impl Conn<'_> {
             let existed = ms.subs.get(sub.filter.as_str());
             let sid = match existed {
                 Some(sid) => {
-                    let before = lock(&ms.out).subs.insert(sid, info).map(|i| i.qos);
+                    let before = lock(&ms.out).set_sub(sid, info).map(|i| i.qos);
                     // QoS 0 drops under congestion, QoS 1/2 block: a change between them
                     // re-registers the subscription with the broker (same id).
                     if before.map(broker_qos) != Some(broker_qos(o.qos)) {
@@ -434,12 +453,12 @@ impl Conn<'_> {
                 None => {
                     let sid = ms.subs.next_sid();
                     // Options first: a delivery may arrive as soon as the broker knows.
-                    lock(&ms.out).subs.insert(sid, info);
+                    lock(&ms.out).set_sub(sid, info);
                     if let Err(e) =
                         ms.session
                             .subscribe(sid, expr.clone(), group, broker_qos(o.qos))
                     {
-                        lock(&ms.out).subs.remove(&sid);
+                        lock(&ms.out).remove_sub(sid);
                         tracing::warn!("mqtt: subscribe failed: {e}");
                         codes.push(ReasonCode::UnspecifiedError);
                         continue;
@@ -459,6 +478,13 @@ impl Conn<'_> {
                 retained.push((sid, self.mqtt.retained_matching(&expr, skip_dollar)));
             }
         }
+        // A persistent session's subscriptions are durable before SUBACK.
+        self.mqtt.durable().wait().await.map_err(|e| {
+            fail(
+                ReasonCode::UnspecifiedError,
+                format!("subscription not stored: {e}"),
+            )
+        })?;
         self.reply(ms, &Packet::SubAck(SubAck::new(s.packet_id, codes)));
         if retained.iter().any(|(_, m)| !m.is_empty()) {
             let out = ms.out.clone();
@@ -475,13 +501,13 @@ impl Conn<'_> {
         Ok(())
     }
 
-    fn unsubscribe(&mut self, u: Unsubscribe, ms: &mut MqttSession) {
+    async fn unsubscribe(&mut self, u: Unsubscribe, ms: &mut MqttSession) -> Result<(), Fail> {
         let mut codes = Vec::with_capacity(u.filters.len());
         for f in &u.filters {
             match ms.subs.remove(f.as_str()) {
                 Some(sid) => {
                     ms.session.unsubscribe(sid);
-                    lock(&ms.out).subs.remove(&sid);
+                    lock(&ms.out).remove_sub(sid);
                     codes.push(ReasonCode::Success);
                 }
                 None => codes.push(ReasonCode::NoSubscriptionExisted),
@@ -490,6 +516,13 @@ impl Conn<'_> {
         if !self.version.is_v5() {
             codes.clear();
         }
+        self.mqtt.durable().wait().await.map_err(|e| {
+            fail(
+                ReasonCode::UnspecifiedError,
+                format!("unsubscription not stored: {e}"),
+            )
+        })?;
         self.reply(ms, &Packet::UnsubAck(UnsubAck::new(u.packet_id, codes)));
+        Ok(())
     }
 }

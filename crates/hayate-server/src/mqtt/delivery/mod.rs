@@ -31,6 +31,8 @@ use hayate_broker::{AckTracker, OutBuf};
 use hayate_core::{Key, Message};
 use hayate_mqtt::{Ack, Packet, ProtocolVersion, PublishProperties, QoS, RetainHandling};
 
+use super::journal::Journal;
+use super::persist::rec;
 use super::translate::qos_of;
 
 /// The delivery state, shared between the encoder and the connection.
@@ -79,12 +81,27 @@ pub(crate) enum Stage {
     Released,
 }
 
-/// A QoS 1 or 2 delivery in the tracker: its packet id (0 while it waits) and stage.
+/// A QoS 1 or 2 delivery in the tracker: its number in the session (journal records name
+/// it), its packet id (0 while it waits) and stage.
 #[derive(Debug, Clone)]
 pub(crate) struct Inflight {
+    pub(crate) qid: u64,
     pub(crate) pid: u16,
     pub(crate) item: Queued,
     pub(crate) stage: Stage,
+}
+
+/// What makes a session persistent: its identity on disk, and the journal its changes go to
+/// (`None` when the journal is off: then only checkpoints save it).
+#[derive(Debug, Clone)]
+pub(crate) struct Persist {
+    pub(crate) journal: Option<Arc<Journal>>,
+    pub(crate) client: Arc<str>,
+    /// The session's generation (see `persist`).
+    pub(crate) sgen: u64,
+    pub(crate) version: ProtocolVersion,
+    /// Session expiry interval, seconds (> 0).
+    pub(crate) expiry: u32,
 }
 
 /// The delivery state of one MQTT session.
@@ -118,6 +135,10 @@ pub(crate) struct MqttDeliveries {
     /// PUBLISH packets sent.
     pub(crate) sent: u64,
     empty: PublishProperties,
+    /// Set while the session is persistent: every change below is journaled.
+    persist: Option<Persist>,
+    /// The number of the next QoS 1/2 delivery.
+    next_qid: u64,
 }
 
 /// What a held delivery counts against the budgets.
@@ -159,7 +180,104 @@ impl MqttDeliveries {
             dropped: 0,
             sent: 0,
             empty: PublishProperties::default(),
+            persist: None,
+            next_qid: 1,
         }
+    }
+
+    /// Appends a journal record if the session is persistent (`f` gets the buffer and the
+    /// session's generation).
+    fn journal(&self, f: impl FnOnce(&mut Vec<u8>, u64)) {
+        if let Some(p) = &self.persist
+            && let Some(j) = &p.journal
+        {
+            j.push(|b| f(b, p.sgen));
+        }
+    }
+
+    /// The session's persistence, if it is persistent.
+    pub(crate) fn persist(&self) -> Option<&Persist> {
+        self.persist.as_ref()
+    }
+
+    /// Makes the session persistent as `p` says: journals its whole state under the new
+    /// generation `p.sgen` (an `O` record, then its subscriptions, unreleased packet ids
+    /// and deliveries).
+    pub(crate) fn begin_persist(&mut self, p: Persist) {
+        if let Some(j) = &p.journal {
+            let sgen = p.sgen;
+            j.push(|b| rec::open(b, &p.client, sgen, p.version, p.expiry));
+            for (sid, s) in &self.subs {
+                j.push(|b| rec::sub(b, sgen, *sid, s));
+            }
+            for pid in &self.incoming {
+                j.push(|b| rec::incoming(b, sgen, *pid, true));
+            }
+            for (_, f) in self.tracker.inflight() {
+                j.push(|b| rec::queue(b, sgen, f.qid, &f.item));
+                j.push(|b| rec::pid(b, sgen, f.qid, f.pid, f.stage == Stage::Released));
+            }
+            for f in self.tracker.pending() {
+                j.push(|b| rec::queue(b, sgen, f.qid, &f.item));
+            }
+        }
+        self.persist = Some(p);
+    }
+
+    /// A restored session's persistence (nothing journaled: the journal has it already).
+    pub(crate) fn resume_persist(&mut self, p: Persist) {
+        self.persist = Some(p);
+    }
+
+    /// The persistent session's protocol version or expiry interval changed.
+    pub(crate) fn update_persist(&mut self, version: ProtocolVersion, expiry: u32) {
+        if let Some(p) = &mut self.persist
+            && (p.version != version || p.expiry != expiry)
+        {
+            p.version = version;
+            p.expiry = expiry;
+            if let Some(j) = &p.journal {
+                j.push(|b| rec::meta(b, p.sgen, version, expiry));
+            }
+        }
+    }
+
+    /// The session is no longer persistent (it ended, or goes on with expiry 0).
+    pub(crate) fn end_persist(&mut self) {
+        if let Some(p) = self.persist.take()
+            && let Some(j) = &p.journal
+        {
+            j.push(|b| rec::end(b, p.sgen));
+        }
+    }
+
+    /// Sets the options of subscription `sid`; returns the previous ones.
+    pub(crate) fn set_sub(&mut self, sid: u32, info: SubInfo) -> Option<SubInfo> {
+        self.journal(|b, sgen| rec::sub(b, sgen, sid, &info));
+        self.subs.insert(sid, info)
+    }
+
+    /// Removes subscription `sid`.
+    pub(crate) fn remove_sub(&mut self, sid: u32) -> Option<SubInfo> {
+        let old = self.subs.remove(&sid);
+        if old.is_some() {
+            self.journal(|b, sgen| rec::unsub(b, sgen, sid));
+        }
+        old
+    }
+
+    /// An inbound QoS 2 PUBLISH `pid` is received (true) or released (false); returns
+    /// whether that changed anything.
+    pub(crate) fn set_incoming(&mut self, pid: u16, add: bool) -> bool {
+        let changed = if add {
+            self.incoming.insert(pid)
+        } else {
+            self.incoming.remove(&pid)
+        };
+        if changed {
+            self.journal(|b, sgen| rec::incoming(b, sgen, pid, add));
+        }
+        changed
     }
 
     /// The version of the attached connection.
@@ -259,7 +377,11 @@ impl MqttDeliveries {
             self.dropped += 1;
             return;
         }
+        let qid = self.next_qid;
+        self.next_qid += 1;
+        self.journal(|b, sgen| rec::queue(b, sgen, qid, &q));
         let item = Inflight {
+            qid,
             pid: 0,
             item: q,
             stage: Stage::Sent,
@@ -268,16 +390,40 @@ impl MqttDeliveries {
         self.fill(out);
     }
 
-    /// Restores a delivery that was in flight when the state was saved.
-    pub(crate) fn restore_inflight(&mut self, pid: u16, item: Queued, stage: Stage) {
-        if pid == 0 || self.pids.contains_key(&pid) {
-            return;
+    /// Restores delivery `qid` that was in flight when the state was saved (restored in
+    /// the order of their numbers).
+    pub(crate) fn restore_inflight(&mut self, qid: u64, pid: u16, item: Queued, stage: Stage) {
+        if self.pids.contains_key(&pid) {
+            return self.restore_pending(qid, item);
         }
+        self.next_qid = self.next_qid.max(qid + 1);
         let size = held_size(&item);
-        let id = self
-            .tracker
-            .insert_in_flight(Inflight { pid, item, stage }, size);
+        let id = self.tracker.insert_in_flight(
+            Inflight {
+                qid,
+                pid,
+                item,
+                stage,
+            },
+            size,
+        );
         self.pids.insert(pid, id);
+        self.sync_held();
+    }
+
+    /// Restores delivery `qid` that was waiting when the state was saved.
+    pub(crate) fn restore_pending(&mut self, qid: u64, item: Queued) {
+        self.next_qid = self.next_qid.max(qid + 1);
+        let size = held_size(&item);
+        self.tracker.push(
+            Inflight {
+                qid,
+                pid: 0,
+                item,
+                stage: Stage::Sent,
+            },
+            size,
+        );
         self.sync_held();
     }
 
@@ -289,17 +435,28 @@ impl MqttDeliveries {
             while let Some((id, f)) = self.tracker.next_ready() {
                 // Expired while it waited, or larger than the client takes: discarded.
                 let expires = f.item.msg.attrs.expires;
+                let qid = f.qid;
                 let pid = alloc_pid(&mut self.next_pid, &self.pids);
                 if expires.is_some_and(|at| Instant::now() >= at)
                     || !write_queued(link, &self.empty, &f.item, pid, false, out)
                 {
                     self.tracker.ack(id);
+                    if let Some(p) = &self.persist
+                        && let Some(j) = &p.journal
+                    {
+                        j.push(|b| rec::ack(b, p.sgen, qid));
+                    }
                     continue;
                 }
                 self.sent += 1;
                 self.pids.insert(pid, id);
                 if let Some(f) = self.tracker.get_mut(id) {
                     f.pid = pid;
+                }
+                if let Some(p) = &self.persist
+                    && let Some(j) = &p.journal
+                {
+                    j.push(|b| rec::pid(b, p.sgen, qid, pid, false));
                 }
             }
         }
@@ -310,8 +467,10 @@ impl MqttDeliveries {
     /// caller then fills the window ([`MqttDeliveries::fill`], which also updates the held
     /// bytes).
     fn remove(&mut self, pid: u16) {
-        if let Some(id) = self.pids.remove(&pid) {
-            self.tracker.ack(id);
+        if let Some(id) = self.pids.remove(&pid)
+            && let Some(f) = self.tracker.ack(id)
+        {
+            self.journal(|b, sgen| rec::ack(b, sgen, f.qid));
         }
     }
 
@@ -358,6 +517,8 @@ impl MqttDeliveries {
                     && let Some(f) = self.tracker.get_mut(id)
                 {
                     f.stage = Stage::Released;
+                    let qid = f.qid;
+                    self.journal(|b, sgen| rec::pid(b, sgen, qid, pid, true));
                 }
                 put_packet(&Packet::PubRel(Ack::new(pid)), version, out);
             }
@@ -400,6 +561,8 @@ impl MqttDeliveries {
             if let Some(mut f) = self.tracker.nack(id) {
                 self.pids.remove(&pid);
                 f.pid = 0;
+                let qid = f.qid;
+                self.journal(|b, sgen| rec::pid(b, sgen, qid, 0, false));
                 let size = held_size(&f.item);
                 self.tracker.push_front(f, size);
             }
@@ -451,7 +614,7 @@ impl MqttDeliveries {
     }
 
     /// Held deliveries, in order.
-    pub(crate) fn pending(&self) -> impl Iterator<Item = &Queued> {
-        self.tracker.pending().map(|f| &f.item)
+    pub(crate) fn pending(&self) -> impl Iterator<Item = &Inflight> {
+        self.tracker.pending()
     }
 }

@@ -1,0 +1,282 @@
+"""Hayate only: `kill -9` of the broker, K times, while third-party clients publish and wait
+for acknowledgements; afterwards every acknowledged message is delivered at least once (0
+lost), duplicates are counted and printed.
+
+- MQTT (paho-mqtt), the default configuration (no stream): a publisher sends QoS 1 messages
+  with up to 32 unacknowledged; one persistent subscriber stays offline the whole run (its
+  messages wait in the broker), another is online, reconnecting after every restart. Their
+  subscriptions were SUBACKed once, before the first kill.
+- STOMP (stomp.py): a publisher SENDs to a /queue/ that a stream captures, each with a
+  receipt; a client-individual subscriber then receives and acknowledges everything.
+
+Short by default (CI): CRASH_KILLS=5. The long run is `scripts/crash-test` (CRASH_KILLS=100,
+after the native-protocol crash test). CRASH_MESSAGES (90,000) caps the MQTT messages of the
+whole run (spread over the runs of the broker)."""
+
+import os
+import random
+import threading
+import time
+
+import paho.mqtt.client as paho
+import pytest
+import stomp as stomppy
+from paho.mqtt.enums import CallbackAPIVersion
+
+from helpers import unique
+
+pytestmark = pytest.mark.hayate_only
+
+KILLS = int(os.environ.get("CRASH_KILLS", "5"))
+# Messages per run of the broker at most: the offline subscriber's queue must hold them all
+# (mqtt.max_queued_messages is 100,000).
+PER_RUN = int(os.environ.get("CRASH_MESSAGES", "90000")) // KILLS
+
+
+class Publisher:
+    """A paho QoS 1 publisher on one run of the broker, with a window of unacknowledged
+    messages; `acked` gets each payload whose PUBACK came."""
+
+    def __init__(self, host, port, topic, version, acked: set, counter, window=32):
+        self.topic, self.acked, self.counter, self.window = topic, acked, counter, window
+        self.left = PER_RUN
+        self.stop = threading.Event()
+        proto = paho.MQTTv5 if version == 5 else paho.MQTTv311
+        self.c = paho.Client(CallbackAPIVersion.VERSION2, client_id=unique("pub"), protocol=proto,
+                             reconnect_on_failure=False)
+        self.c.on_disconnect = lambda *a: self.stop.set()
+        self.c.connect(host, port, 30)
+        self.c.loop_start()
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _collect(self, pending):
+        still = []
+        for info, p in pending:
+            if info.is_published():
+                self.acked.add(p)
+            else:
+                still.append((info, p))
+        return still
+
+    def _run(self):
+        pending = []
+        while not self.stop.is_set():
+            pending = self._collect(pending)
+            if len(pending) >= self.window or self.left == 0:
+                time.sleep(0.001)
+                continue
+            self.left -= 1
+            p = f"m{next(self.counter)}".encode()
+            info = self.c.publish(self.topic, p, qos=1)
+            if info.rc != paho.MQTT_ERR_SUCCESS:
+                time.sleep(0.01)
+                continue
+            pending.append((info, p))
+        self._collect(pending)
+
+    def close(self):
+        self.stop.set()
+        self.t.join(5)
+        self.c.loop_stop()
+        try:
+            self.c.socket() and self.c.socket().close()
+        except Exception:
+            pass
+
+
+class Subscriber:
+    """A persistent-session subscriber; `got` counts every payload received."""
+
+    def __init__(self, cid, version, got: dict):
+        self.cid, self.version, self.got = cid, version, got
+        self.c = None
+        self.lock = threading.Lock()
+        self.last = time.monotonic()
+
+    def connect(self, host, port, topic=None):
+        proto = paho.MQTTv5 if self.version == 5 else paho.MQTTv311
+        c = paho.Client(CallbackAPIVersion.VERSION2, client_id=self.cid, protocol=proto,
+                        clean_session=None if self.version == 5 else False,
+                        reconnect_on_failure=False)
+        c.on_message = self._on_message
+        done = threading.Event()
+        res = {}
+
+        def on_connect(client, userdata, flags, rc, properties):
+            res["present"] = bool(flags.session_present)
+            res["rc"] = rc
+            done.set()
+        c.on_connect = on_connect
+        kw = {}
+        if self.version == 5:
+            from paho.mqtt.packettypes import PacketTypes
+            from paho.mqtt.properties import Properties
+            pr = Properties(PacketTypes.CONNECT)
+            pr.SessionExpiryInterval = 3600
+            kw = {"clean_start": False, "properties": pr}
+        c.connect(host, port, 30, **kw)
+        c.loop_start()
+        assert done.wait(10), "no CONNACK"
+        assert not res["rc"].is_failure, res["rc"]
+        if topic is not None:
+            subacked = threading.Event()
+            c.on_subscribe = lambda *a: subacked.set()
+            c.subscribe(topic, qos=1)
+            assert subacked.wait(10), "no SUBACK"
+        self.c = c
+        return res["present"]
+
+    def _on_message(self, client, userdata, m):
+        with self.lock:
+            self.got[m.payload] = self.got.get(m.payload, 0) + 1
+            self.last = time.monotonic()
+
+    def close(self):
+        if self.c is not None:
+            self.c.loop_stop()
+            try:
+                self.c.socket() and self.c.socket().close()
+            except Exception:
+                pass
+            self.c = None
+
+    def drain(self, quiet=1.0, limit=60.0):
+        """Waits until nothing arrived for `quiet` seconds."""
+        end = time.monotonic() + limit
+        while time.monotonic() < end:
+            time.sleep(0.2)
+            with self.lock:
+                if time.monotonic() - self.last > quiet:
+                    return
+
+
+def report(what, acked, got):
+    lost = sorted(acked - set(got))
+    dups = sum(n - 1 for n in got.values() if n > 1)
+    print(f"crash test {what}: {KILLS} kills, {len(acked)} acknowledged, {len(lost)} lost, "
+          f"{dups} duplicates, {len(set(got))} distinct received")
+    return lost
+
+
+@pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])
+def test_mqtt_qos1_acknowledged_messages_survive_repeated_kill_9(make_broker, version):
+    b = make_broker()
+    topic = unique("crash") + "/t"
+    acked: set = set()
+    counter = iter(range(10**9))
+    offline_got: dict = {}
+    online_got: dict = {}
+    offline = Subscriber(unique("off"), version, offline_got)
+    online = Subscriber(unique("on"), version, online_got)
+    offline.connect(b.host, b.port, topic)
+    offline.close()  # stays offline: everything waits for it in the broker
+    online.connect(b.host, b.port, topic)
+    rnd = random.Random(KILLS)
+    for k in range(KILLS):
+        pub = Publisher(b.host, b.port, topic, version, acked, counter)
+        time.sleep(rnd.uniform(0.2, 0.6))
+        b.stop(graceful=False)  # SIGKILL while messages are in flight
+        pub.close()
+        online.close()
+        b.start()
+        assert online.connect(b.host, b.port) is True, f"the session was lost at kill {k + 1}"
+    assert acked, "nothing was acknowledged"
+    assert offline.connect(b.host, b.port) is True, "the offline session was lost"
+    offline.drain()
+    online.drain()
+    lost_off = report(f"mqtt v{version} offline subscriber", acked, offline_got)
+    lost_on = report(f"mqtt v{version} online subscriber", acked, online_got)
+    offline.close()
+    online.close()
+    assert not lost_off, f"{len(lost_off)} acknowledged messages lost (offline): {lost_off[:10]}"
+    assert not lost_on, f"{len(lost_on)} acknowledged messages lost (online): {lost_on[:10]}"
+
+
+class StompPublisher(stomppy.ConnectionListener):
+    """SENDs with receipts (up to 32 outstanding); `acked` gets each body whose RECEIPT came."""
+
+    def __init__(self, host, port, dest, acked: set, counter, window=32):
+        self.dest, self.acked, self.counter = dest, acked, counter
+        self.sem = threading.Semaphore(window)
+        self.stop = threading.Event()
+        self.pending = {}
+        self.lock = threading.Lock()
+        self.c = stomppy.Connection12([(host, port)], reconnect_attempts_max=1)
+        self.c.set_listener("p", self)
+        self.c.connect(wait=True)
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def on_receipt(self, frame):
+        with self.lock:
+            body = self.pending.pop(frame.headers.get("receipt-id"), None)
+        if body is not None:
+            self.acked.add(body)
+        self.sem.release()
+
+    def on_disconnected(self):
+        self.stop.set()
+
+    def _run(self):
+        while not self.stop.is_set():
+            if not self.sem.acquire(timeout=0.1):
+                continue
+            n = next(self.counter)
+            body = f"s{n}".encode()
+            with self.lock:
+                self.pending[f"r{n}"] = body
+            try:
+                self.c.send(self.dest, body, headers={"receipt": f"r{n}"})
+            except Exception:
+                self.stop.set()
+
+    def close(self):
+        self.stop.set()
+        self.t.join(5)
+        try:
+            self.c.disconnect()
+        except Exception:
+            pass
+
+
+def test_stomp_receipted_sends_survive_repeated_kill_9(make_stomp_server, stomp):
+    import subprocess
+    from conftest import StompServer
+    server = make_stomp_server()
+    b = server.broker
+    base = unique("sc")
+    r = subprocess.run([str(b.bin), "stream", "add", "crashq", "--capture", f"{base}/**",
+                        "--server", f"127.0.0.1:{b.native_port}"], capture_output=True, text=True,
+                       timeout=10)
+    assert r.returncode == 0, r.stderr
+    dest = f"/queue/{base}/jobs"
+    acked: set = set()
+    counter = iter(range(10**9))
+    rnd = random.Random(KILLS + 1)
+    for _ in range(KILLS):
+        pub = StompPublisher(b.host, b.stomp_port, dest, acked, counter)
+        time.sleep(rnd.uniform(0.2, 0.6))
+        b.stop(graceful=False)
+        pub.close()
+        b.start()
+    assert acked, "nothing was receipted"
+    c = stomp(StompServer("hayate", b.host, b.stomp_port, broker=b))
+    sid = c.subscribe(dest, ack="client-individual")
+    got: dict = {}
+    last = time.monotonic()
+    end = time.monotonic() + 60
+    seen = 0
+    while time.monotonic() < end:
+        time.sleep(0.2)
+        msgs = c.received(sub=sid)
+        for m in msgs[seen:]:
+            got[m.body] = got.get(m.body, 0) + 1
+            c.ack(m)
+        if len(msgs) > seen:
+            seen = len(msgs)
+            last = time.monotonic()
+        elif time.monotonic() - last > 1.5:
+            break
+    lost = report("stomp client-individual", acked, got)
+    assert not lost, f"{len(lost)} receipted messages lost: {lost[:10]}"
