@@ -65,7 +65,7 @@ impl System {
     fn params(self) -> &'static [&'static str] {
         match self {
             System::Hayate => &["mode"],
-            System::Mqtt => &["qos", "version", "client", "transport", "path"],
+            System::Mqtt => &["qos", "version", "client", "transport", "path", "session"],
             System::Kafka => &["acks"],
             System::Zenoh => &["mode", "express"],
             _ => &[],

@@ -24,8 +24,8 @@
 //! `writer` → `buf`. `buf` is a leaf: it is taken under outbox, delivery-state, registry and
 //! retained locks, and nothing is taken under it.
 
-use std::path::Path;
-use std::sync::Mutex;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -51,23 +51,32 @@ struct Pending {
 }
 
 /// The writer's state (its lock serialises writes).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Writer {
-    /// The first write error: the log refuses writes from then on (until a restart).
+    /// `None` only while `failed` is set (a reopen failed).
+    log: Option<Log>,
+    /// The first write error: the log refuses writes from then on, until a checkpoint
+    /// reopens it ([`Journal::mark`]).
     failed: Option<String>,
 }
 
 /// The MQTT journal. See the module documentation.
 #[derive(Debug)]
 pub(crate) struct Journal {
-    log: Log,
+    dir: PathBuf,
+    config: LogConfig,
     fsync: FsyncPolicy,
     writer: Mutex<Writer>,
     buf: Mutex<Pending>,
     /// Records pushed so far (raised under `buf`).
     pushed: AtomicU64,
-    /// Records written so far (raised under `writer`, after the write).
+    /// Records written (or dropped after a failure) so far (raised under `writer`, after the
+    /// write); waiters are woken through `notify`.
     written: AtomicU64,
+    /// Records written successfully so far (a record numbered above this and below
+    /// `written` was dropped).
+    ok_upto: AtomicU64,
+    notify: tokio::sync::Notify,
     /// Bytes written since the last checkpoint.
     since_checkpoint: AtomicU64,
 }
@@ -77,6 +86,8 @@ pub(crate) struct Journal {
 pub(crate) enum Durable {
     Ready(Result<(), String>),
     Wait(hayate_log::Confirmed),
+    /// Once the journal has written records up to this number.
+    Later(Arc<Journal>, u64),
 }
 
 impl Durable {
@@ -84,7 +95,7 @@ impl Durable {
     pub(crate) fn ready(&self) -> Option<Result<(), String>> {
         match self {
             Durable::Ready(r) => Some(r.clone()),
-            Durable::Wait(_) => None,
+            Durable::Wait(_) | Durable::Later(..) => None,
         }
     }
 
@@ -93,6 +104,7 @@ impl Durable {
         match self {
             Durable::Ready(r) => r,
             Durable::Wait(c) => c.await.map_err(|e| format!("mqtt journal: {e}")),
+            Durable::Later(j, seq) => j.wait(seq).await,
         }
     }
 }
@@ -108,18 +120,21 @@ impl Journal {
             fsync,
             ..LogConfig::default()
         };
-        let log = Log::open_dir(data_dir.join(DIR), config)?;
-        let r = log.recovery();
-        for line in &r.repairs {
-            tracing::warn!("mqtt journal: {line}");
-        }
+        let dir = data_dir.join(DIR);
+        let log = open_log(&dir, config)?;
         Ok(Journal {
-            log,
+            dir,
+            config,
             fsync,
-            writer: Mutex::new(Writer::default()),
+            writer: Mutex::new(Writer {
+                log: Some(log),
+                failed: None,
+            }),
             buf: Mutex::new(Pending::default()),
             pushed: AtomicU64::new(0),
             written: AtomicU64::new(0),
+            ok_upto: AtomicU64::new(0),
+            notify: tokio::sync::Notify::new(),
             since_checkpoint: AtomicU64::new(0),
         })
     }
@@ -130,8 +145,12 @@ impl Journal {
         from: u64,
         mut f: impl FnMut(&[u8]) -> Result<(), String>,
     ) -> Result<u64, String> {
-        let mut at = from.max(self.log.start_offset());
-        let end = self.log.end_offset();
+        let w = lock(&self.writer);
+        let Some(log) = &w.log else {
+            return Err("mqtt journal: not open".into());
+        };
+        let mut at = from.max(log.start_offset());
+        let end = log.end_offset();
         let mut n = 0;
         while at < end {
             let limit = ReadLimit {
@@ -139,8 +158,7 @@ impl Journal {
                 max_records: 100_000,
                 confirmed_only: false,
             };
-            let batch = self
-                .log
+            let batch = log
                 .read(at, limit)
                 .map_err(|e| format!("mqtt journal: read at {at}: {e}"))?;
             if batch.records.is_empty() {
@@ -176,6 +194,10 @@ impl Journal {
     /// Writes what is buffered; returns the log's end offset after it.
     pub(crate) fn flush(&self) -> Result<u64, String> {
         let mut w = lock(&self.writer);
+        self.flush_locked(&mut w)
+    }
+
+    fn flush_locked(&self, w: &mut Writer) -> Result<u64, String> {
         let (bytes, ends, count) = {
             let mut p = lock(&self.buf);
             let count = self.pushed.load(Ordering::Acquire);
@@ -185,17 +207,19 @@ impl Journal {
                 count,
             )
         };
+        let log = match (&w.failed, &w.log) {
+            (None, Some(log)) => log,
+            (Some(e), _) => {
+                // Nothing is written any more; the records are dropped (the state in memory
+                // still has their changes, and the next checkpoint saves them).
+                self.written.store(count, Ordering::Release);
+                self.notify.notify_waiters();
+                return Err(e.clone());
+            }
+            (None, None) => return Err("mqtt journal: not open".into()),
+        };
         if ends.is_empty() {
-            return match &w.failed {
-                Some(e) => Err(e.clone()),
-                None => Ok(self.log.end_offset()),
-            };
-        }
-        if let Some(e) = &w.failed {
-            // Nothing is written any more; the records are dropped (the state in memory
-            // still has their changes, and the next checkpoint saves them).
-            self.written.store(count, Ordering::Release);
-            return Err(e.clone());
+            return Ok(log.end_offset());
         }
         let now = hayate_broker::stream::codec::now_ms();
         let mut entries = Vec::with_capacity(ends.len());
@@ -209,8 +233,12 @@ impl Journal {
             });
             start = end;
         }
-        let r = self.log.append_batch(&entries);
+        let r = log.append_batch(&entries);
+        if r.is_ok() {
+            self.ok_upto.store(count, Ordering::Release);
+        }
         self.written.store(count, Ordering::Release);
+        self.notify.notify_waiters();
         match r {
             Ok(range) => {
                 self.since_checkpoint
@@ -219,43 +247,142 @@ impl Journal {
             }
             Err(e) => {
                 let e = format!("mqtt journal: {e}");
-                tracing::error!("{e}; acknowledgements that need it fail until a restart");
+                tracing::error!(
+                    "{e}; acknowledgements that need the journal fail until the next \
+                     checkpoint reopens it"
+                );
                 w.failed = Some(e.clone());
                 Err(e)
             }
         }
     }
 
-    /// Whether everything pushed before this call is durable (writes it if needed).
-    pub(crate) fn durable(&self) -> Durable {
-        let pushed = self.pushed.load(Ordering::Acquire);
-        if self.written.load(Ordering::Acquire) >= pushed && self.fsync != FsyncPolicy::Always {
-            // Written (to the page cache) already: durable under `interval` and `never` (a
-            // write error is seen by whoever wrote, and by `failed` below otherwise).
-            if lock(&self.writer).failed.is_none() {
-                return Durable::Ready(Ok(()));
-            }
+    /// Whether records up to number `seq` were written: `None` not yet, `Some(Err)` one of
+    /// them was dropped after a write error.
+    fn written_upto(&self, seq: u64) -> Option<Result<(), String>> {
+        if self.written.load(Ordering::Acquire) < seq {
+            return None;
         }
-        let end = match self.flush() {
+        Some(if self.ok_upto.load(Ordering::Acquire) >= seq {
+            Ok(())
+        } else {
+            Err("mqtt journal: write failed".into())
+        })
+    }
+
+    /// Whether everything pushed before this call is durable, writing it now if needed (for
+    /// acknowledgements that are rare enough to pay a write each: SUBACK, UNSUBACK,
+    /// PUBCOMP).
+    pub(crate) fn durable(&self) -> Durable {
+        let seq = self.pushed.load(Ordering::Acquire);
+        if self.fsync != FsyncPolicy::Always
+            && let Some(r) = self.written_upto(seq)
+        {
+            // Written (to the page cache) already: durable under `interval` and `never`.
+            return Durable::Ready(r);
+        }
+        let mut w = lock(&self.writer);
+        let flushed = self.flush_locked(&mut w);
+        if let Some(Err(e)) = self.written_upto(seq) {
+            return Durable::Ready(Err(e));
+        }
+        let end = match flushed {
             Ok(end) => end,
             Err(e) => return Durable::Ready(Err(e)),
         };
-        if end == 0 || self.log.confirmed_offset() >= end {
-            return Durable::Ready(Ok(()));
+        match &w.log {
+            Some(log) if end > 0 && log.confirmed_offset() < end => {
+                Durable::Wait(log.confirmed(end - 1))
+            }
+            _ => Durable::Ready(Ok(())),
         }
-        Durable::Wait(self.log.confirmed(end - 1))
+    }
+
+    /// Whether everything pushed before this call is durable, without writing it: the
+    /// answer is ready if it was written already, else it comes once somebody writes it
+    /// (the connection at the end of its read, [`Journal::flush_buffered`]; the background
+    /// task within [`FLUSH_EVERY`]). For PUBACK/PUBREC: one write for every PUBLISH of a read.
+    pub(crate) fn durable_later(self: &Arc<Self>) -> Durable {
+        let seq = self.pushed.load(Ordering::Acquire);
+        if self.fsync != FsyncPolicy::Always
+            && let Some(r) = self.written_upto(seq)
+        {
+            return Durable::Ready(r);
+        }
+        Durable::Later(self.clone(), seq)
+    }
+
+    /// Waits until records up to `seq` are written, then (fsync `always`) synced.
+    async fn wait(&self, seq: u64) -> Result<(), String> {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(r) = self.written_upto(seq) {
+                r?;
+                break;
+            }
+            notified.await;
+        }
+        if self.fsync != FsyncPolicy::Always {
+            return Ok(());
+        }
+        let c = {
+            let w = lock(&self.writer);
+            match &w.log {
+                Some(log) if log.end_offset() > log.confirmed_offset() => {
+                    log.confirmed(log.end_offset() - 1)
+                }
+                _ => return Ok(()),
+            }
+        };
+        c.await.map_err(|e| format!("mqtt journal: {e}"))
+    }
+
+    /// Writes what is buffered, if anything (cheap when nothing is).
+    pub(crate) fn flush_buffered(&self) {
+        if self.has_buffered() {
+            let _ = self.flush();
+        }
     }
 
     /// Writes what is buffered and returns the offset a checkpoint taken now covers up to.
+    /// A journal that failed is reopened first (what it had not written is dropped: the
+    /// checkpoint, which reads the state after this, has it).
     pub(crate) fn mark(&self) -> u64 {
-        let _ = self.flush();
-        self.log.end_offset()
+        let mut w = lock(&self.writer);
+        if w.failed.is_some() {
+            {
+                let mut p = lock(&self.buf);
+                p.bytes.clear();
+                p.ends.clear();
+                self.written
+                    .store(self.pushed.load(Ordering::Acquire), Ordering::Release);
+            }
+            // Closed before the directory is opened again.
+            drop(w.log.take());
+            match open_log(&self.dir, self.config) {
+                Ok(log) => {
+                    w.log = Some(log);
+                    w.failed = None;
+                    tracing::info!("mqtt journal: reopened");
+                }
+                Err(e) => tracing::error!("mqtt journal: cannot reopen: {e}"),
+            }
+        } else {
+            let _ = self.flush_locked(&mut w);
+        }
+        // 0 if the journal could not be reopened: the checkpoint then says to replay all
+        // of it, which is harmless (replay is idempotent).
+        w.log.as_ref().map_or(0, Log::end_offset)
     }
 
     /// After a checkpoint covering up to `offset`: removes the segments before it.
     pub(crate) fn checkpointed(&self, offset: u64) {
         self.since_checkpoint.store(0, Ordering::Relaxed);
-        if let Err(e) = self.log.delete_before(offset) {
+        if let Some(log) = &lock(&self.writer).log
+            && let Err(e) = log.delete_before(offset)
+        {
             tracing::warn!("mqtt journal: cannot remove old segments: {e}");
         }
     }
@@ -274,5 +401,59 @@ impl Journal {
     /// are not ended).
     pub(crate) fn close(&self) {
         lock(&self.buf).closed = true;
+    }
+}
+
+fn open_log(dir: &Path, config: LogConfig) -> Result<Log, hayate_log::Error> {
+    let log = Log::open_dir(dir, config)?;
+    for line in &log.recovery().repairs {
+        tracing::warn!("mqtt journal: {line}");
+    }
+    Ok(log)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn records(j: &Journal, from: u64) -> Vec<Vec<u8>> {
+        let mut v = Vec::new();
+        j.replay(from, |r| {
+            v.push(r.to_vec());
+            Ok(())
+        })
+        .unwrap();
+        v
+    }
+
+    #[test]
+    fn pushed_records_are_written_by_durable_and_read_back_after_a_reopen() {
+        let dir = std::env::temp_dir().join(format!("hayate-journal-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let policy = FsyncPolicy::Interval(Duration::from_millis(50));
+        let j = Journal::open(&dir, policy).unwrap();
+        assert!(matches!(j.durable(), Durable::Ready(Ok(()))));
+        for i in 0..3u8 {
+            j.push(|b| b.extend_from_slice(&[i; 10]));
+        }
+        assert!(j.has_buffered());
+        assert!(matches!(j.durable(), Durable::Ready(Ok(()))));
+        assert!(!j.has_buffered());
+        let p = j.mark();
+        assert_eq!(p, 3);
+        j.push(|b| b.push(9));
+        drop(j); // no flush: the record pushed last is not written (a crash)
+        let j = Journal::open(&dir, policy).unwrap();
+        assert_eq!(records(&j, 0), vec![vec![0; 10], vec![1; 10], vec![2; 10]]);
+        assert_eq!(records(&j, 2), vec![vec![2; 10]]);
+        // A checkpoint at the end: replay from there is empty.
+        j.checkpointed(j.mark());
+        assert_eq!(j.since_checkpoint(), 0);
+        assert!(records(&j, 3).is_empty());
+        // Closed: pushes are ignored.
+        j.close();
+        j.push(|b| b.push(1));
+        assert!(!j.has_buffered());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -241,6 +241,22 @@ impl Mqtt {
         }
     }
 
+    /// As [`Mqtt::durable`], without writing: the answer comes once the journal is written
+    /// (by this connection at the end of its read: [`Mqtt::flush_journal`]).
+    pub(crate) fn durable_later(&self) -> Durable {
+        match &self.journal {
+            Some(j) => j.durable_later(),
+            None => Durable::Ready(Ok(())),
+        }
+    }
+
+    /// Writes what the journal has buffered, if anything.
+    pub(crate) fn flush_journal(&self) {
+        if let Some(j) = &self.journal {
+            j.flush_buffered();
+        }
+    }
+
     /// A new generation for a session that becomes persistent.
     pub(crate) fn new_sgen(&self) -> u64 {
         self.next_sgen.fetch_add(1, Ordering::Relaxed)

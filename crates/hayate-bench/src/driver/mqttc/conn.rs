@@ -67,9 +67,24 @@ impl MqttConn {
 
         let mut connect = Connect::new(version, id.as_str());
         connect.keep_alive = KEEP_ALIVE;
-        connect.clean_start = true;
+        // `?session=persistent`: a persistent session (clean start off; 5.0: expiry 60 s),
+        // so that the broker keeps (and, with a journal, stores) its QoS 1 deliveries.
+        let persistent = match target.param("session").unwrap_or("clean") {
+            "clean" => false,
+            "persistent" => true,
+            s => bail!("mqtt: session={s} is not supported (clean or persistent)"),
+        };
+        if persistent && !version.is_v5() {
+            // A 3.1.1 session cannot be ended by its DISCONNECT: the broker would keep every
+            // connection's session (and queue later points' messages into it).
+            bail!("mqtt: session=persistent needs version=5");
+        }
+        connect.clean_start = !persistent;
         if version.is_v5() {
             connect.properties.maximum_packet_size = Some(MAX_PACKET);
+            if persistent {
+                connect.properties.session_expiry_interval = Some(60);
+            }
         }
         let mut hello = BytesMut::new();
         hayate_mqtt::encode(&Packet::from(connect), version, &mut hello)?;
@@ -346,7 +361,11 @@ impl MqttConn {
         let version = self.shared.version;
         let sent = self
             .write(false, |out| {
-                let d = Disconnect::new(ReasonCode::NORMAL_DISCONNECTION);
+                let mut d = Disconnect::new(ReasonCode::NORMAL_DISCONNECTION);
+                if version.is_v5() {
+                    // Ends a persistent session too (expiry 0 now).
+                    d.properties.session_expiry_interval = Some(0);
+                }
                 out.encode(&Packet::Disconnect(d), version);
             })
             .await;

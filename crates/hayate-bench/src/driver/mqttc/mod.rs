@@ -3,7 +3,9 @@
 //! default for `mqtt://` targets; `?client=rumqttc` selects the `rumqttc` driver instead
 //! (feature `peers`).
 //!
-//! - MQTT 3.1.1 by default, `?version=5` for MQTT 5.0. Clean session, keep alive 60 s (a
+//! - MQTT 3.1.1 by default, `?version=5` for MQTT 5.0. Clean session (`?session=persistent`:
+//!   a persistent one, which the broker keeps after the run: 60 s in 5.0, for ever in 3.1.1),
+//!   keep alive 60 s (a
 //!   task sends a PINGREQ when nothing was written for 30 s), a client id unique to the
 //!   process and connection. A refused CONNECT fails with the broker's reason.
 //! - Topics: a key `a/b` is the MQTT topic `a/b` as is (exact topics, no wildcards).

@@ -58,6 +58,9 @@ impl Handler for Driven<'_> {
     }
 
     fn flush(&mut self) {
+        // The PUBACKs / PUBRECs of this read wait for the journal: one write for all of
+        // them (and for every other connection's records buffered meanwhile).
+        self.conn.mqtt.flush_journal();
         self.ms.session.flush();
     }
 
@@ -294,7 +297,7 @@ impl Conn<'_> {
                 } else {
                     self.route(msg, &mut ms.session).await
                 };
-                let journaled = self.mqtt.durable();
+                let journaled = self.mqtt.durable_later();
                 self.ack_when_stored(ms, pid, false, stored, journaled)?;
             }
             (QoS::ExactlyOnce, Some(pid)) => {
@@ -317,7 +320,7 @@ impl Conn<'_> {
                 } else {
                     Stored::default()
                 };
-                let journaled = self.mqtt.durable();
+                let journaled = self.mqtt.durable_later();
                 self.ack_when_stored(ms, pid, true, stored, journaled)?;
             }
             (_, None) => {
