@@ -320,3 +320,30 @@ def test_mqtt_retained_and_subscriptions_survive_kill_9(make_broker, mqtt, versi
     got = r.wait_messages(1)
     assert [(m.topic, m.payload, m.retain) for m in got] == [(f"{base}/r", b"kept", True)]
     assert len(r.quiet(0.3)) == 1
+
+
+def test_mqtt_run_without_journal_in_between_is_not_replayed_over(make_broker, mqtt):
+    """A run with `journal = false` between two with it: the old journal left in the data
+    directory must not be replayed over what the run without it saved."""
+    b = make_broker()
+    base = unique("nj")
+    p = mqtt(b)
+    p.publish(f"{base}/t", b"v1", qos=1, retain=True)
+    p.close()
+    b.stop(graceful=True)
+    b.settings["journal"] = False
+    b._write_hayate_config()
+    b.start()
+    p = mqtt(b)
+    p.publish(f"{base}/t", b"", qos=1, retain=True)  # cleared
+    p.publish(f"{base}/u", b"v2", qos=1, retain=True)
+    p.close()
+    b.stop(graceful=True)
+    del b.settings["journal"]
+    b.config.write_text("")
+    b.start()
+    r = mqtt(b)
+    r.subscribe(f"{base}/#", qos=1)
+    got = r.wait_messages(1)
+    assert [(m.topic, m.payload) for m in got] == [(f"{base}/u", b"v2")]
+    assert len(r.quiet(0.3)) == 1, "the retained message cleared without the journal came back"

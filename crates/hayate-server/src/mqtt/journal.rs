@@ -25,8 +25,8 @@
 //! retained locks, and nothing is taken under it.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hayate_log::{Entry, FsyncPolicy, Log, LogConfig, ReadLimit};
@@ -73,9 +73,15 @@ pub(crate) struct Journal {
     /// Records written (or dropped after a failure) so far (raised under `writer`, after the
     /// write); waiters are woken through `notify`.
     written: AtomicU64,
-    /// Records written successfully so far (a record numbered above this and below
-    /// `written` was dropped).
+    /// While the journal is broken (a write failed, records were dropped): the number of the
+    /// last record written before; `u64::MAX` when not broken. Acknowledgements that need a
+    /// record after it fail until a checkpoint (which has the state the dropped records
+    /// described) is on disk: records written after the failure may depend on dropped ones.
+    broken_after: AtomicU64,
+    /// Records written successfully so far.
     ok_upto: AtomicU64,
+    /// Closed at shutdown (pushes are ignored, acknowledgements fail).
+    closed: std::sync::atomic::AtomicBool,
     notify: tokio::sync::Notify,
     /// Bytes written since the last checkpoint.
     since_checkpoint: AtomicU64,
@@ -133,7 +139,9 @@ impl Journal {
             buf: Mutex::new(Pending::default()),
             pushed: AtomicU64::new(0),
             written: AtomicU64::new(0),
+            broken_after: AtomicU64::new(u64::MAX),
             ok_upto: AtomicU64::new(0),
+            closed: std::sync::atomic::AtomicBool::new(false),
             notify: tokio::sync::Notify::new(),
             since_checkpoint: AtomicU64::new(0),
         })
@@ -252,6 +260,8 @@ impl Journal {
                      checkpoint reopens it"
                 );
                 w.failed = Some(e.clone());
+                let last_good = self.ok_upto.load(Ordering::Acquire);
+                self.broken_after.fetch_min(last_good, Ordering::AcqRel);
                 Err(e)
             }
         }
@@ -260,10 +270,13 @@ impl Journal {
     /// Whether records up to number `seq` were written: `None` not yet, `Some(Err)` one of
     /// them was dropped after a write error.
     fn written_upto(&self, seq: u64) -> Option<Result<(), String>> {
+        if self.closed.load(Ordering::Acquire) {
+            return Some(Err("mqtt journal: closed (shutting down)".into()));
+        }
         if self.written.load(Ordering::Acquire) < seq {
             return None;
         }
-        Some(if self.ok_upto.load(Ordering::Acquire) >= seq {
+        Some(if seq <= self.broken_after.load(Ordering::Acquire) {
             Ok(())
         } else {
             Err("mqtt journal: write failed".into())
@@ -351,7 +364,7 @@ impl Journal {
     /// checkpoint, which reads the state after this, has it).
     pub(crate) fn mark(&self) -> u64 {
         let mut w = lock(&self.writer);
-        if w.failed.is_some() {
+        if w.failed.is_some() || w.log.is_none() {
             {
                 let mut p = lock(&self.buf);
                 p.bytes.clear();
@@ -367,19 +380,30 @@ impl Journal {
                     w.failed = None;
                     tracing::info!("mqtt journal: reopened");
                 }
-                Err(e) => tracing::error!("mqtt journal: cannot reopen: {e}"),
+                Err(e) => {
+                    tracing::error!("mqtt journal: cannot reopen: {e}");
+                    // The checkpoint taken now is the whole state: nothing to replay.
+                    return super::persist::NO_JOURNAL;
+                }
             }
         } else {
             let _ = self.flush_locked(&mut w);
         }
-        // 0 if the journal could not be reopened: the checkpoint then says to replay all
-        // of it, which is harmless (replay is idempotent).
-        w.log.as_ref().map_or(0, Log::end_offset)
+        w.log
+            .as_ref()
+            .map_or(super::persist::NO_JOURNAL, Log::end_offset)
     }
 
-    /// After a checkpoint covering up to `offset`: removes the segments before it.
+    /// After a checkpoint covering up to `offset` is on disk: removes the segments before it,
+    /// and ends a failure (the checkpoint has what the dropped records described).
     pub(crate) fn checkpointed(&self, offset: u64) {
         self.since_checkpoint.store(0, Ordering::Relaxed);
+        if self.broken_after.load(Ordering::Acquire) != u64::MAX
+            && lock(&self.writer).failed.is_none()
+        {
+            self.broken_after.store(u64::MAX, Ordering::Release);
+            tracing::info!("mqtt journal: a checkpoint covers the records dropped");
+        }
         if let Some(log) = &lock(&self.writer).log
             && let Err(e) = log.delete_before(offset)
         {
@@ -392,6 +416,11 @@ impl Journal {
         self.since_checkpoint.load(Ordering::Relaxed)
     }
 
+    /// Whether a write failed (the next checkpoint reopens the journal).
+    pub(crate) fn failed(&self) -> bool {
+        self.broken_after.load(Ordering::Acquire) != u64::MAX
+    }
+
     /// Whether records wait in the buffer.
     pub(crate) fn has_buffered(&self) -> bool {
         self.written.load(Ordering::Acquire) < self.pushed.load(Ordering::Acquire)
@@ -401,6 +430,8 @@ impl Journal {
     /// are not ended).
     pub(crate) fn close(&self) {
         lock(&self.buf).closed = true;
+        self.closed.store(true, Ordering::Release);
+        self.notify.notify_waiters();
     }
 }
 

@@ -207,7 +207,9 @@ impl Mqtt {
                 persist::Saved::default()
             }
         };
-        if let Some(j) = &self.journal {
+        if let Some(j) = &self.journal
+            && saved.replay_from != persist::NO_JOURNAL
+        {
             let from = saved.replay_from;
             match j.replay(from, |rec| saved.apply(rec).map_err(|e| e.to_string())) {
                 Ok(0) => {}
@@ -217,12 +219,9 @@ impl Mqtt {
         }
         self.next_sgen
             .store(saved.next_sgen.max(1), Ordering::Relaxed);
-        match persist::restore(self, saved) {
-            Ok((s, r)) if s + r > 0 => {
-                tracing::info!("mqtt: restored {s} sessions and {r} retained messages");
-            }
-            Ok(_) => {}
-            Err(e) => tracing::error!("mqtt: cannot restore saved state: {e}"),
+        let (s, r) = persist::restore(self, saved);
+        if s + r > 0 {
+            tracing::info!("mqtt: restored {s} sessions and {r} retained messages");
         }
         self.save();
     }
@@ -291,7 +290,10 @@ impl Mqtt {
     pub fn save(&self) {
         let Some(dir) = &self.data_dir else { return };
         let mut last = locked(&self.checkpointing);
-        let from = self.journal.as_ref().map_or(0, |j| j.mark());
+        let from = self
+            .journal
+            .as_ref()
+            .map_or(persist::NO_JOURNAL, |j| j.mark());
         let next_sgen = self.next_sgen.load(Ordering::Relaxed);
         let (bytes, s, r) = persist::snapshot(self, from, next_sgen);
         if s + r == 0 && self.journal.is_none() && !dir.join(persist::FILE).exists() {
@@ -383,8 +385,12 @@ impl Mqtt {
                 let _ = tokio::time::timeout(patience * 2, self.publish_sys(&mut session)).await;
             }
             let every = self.cfg.autosave_secs;
+            // A journal that failed is reopened by a checkpoint: tried every 10 s.
+            let failed = self.journal.as_ref().is_some_and(|j| j.failed())
+                && now.duration_since(last_save) >= Duration::from_secs(10);
             if (every > 0 && now.duration_since(last_save).as_secs() >= every)
                 || self.checkpoint_due()
+                || failed
             {
                 last_save = now;
                 let me = self.clone();

@@ -22,7 +22,8 @@
 //! # Formats
 //! Integers are big-endian; strings and byte strings are a `u32` length and the bytes;
 //! expiry instants are wall-clock milliseconds since the Unix epoch (`u64::MAX`: none).
-//! - File: `HAYATE-MQTT 2\n`, `u64` P, `u64` next generation, then records: `R` a retained
+//! - File: `HAYATE-MQTT 2\n`, `u64` P (`u64::MAX`: the file alone is the state, written
+//!   with no journal: nothing is replayed), `u64` next generation, then records: `R` a retained
 //!   message, `S` a session (client id, generation, protocol level, expiry interval,
 //!   subscriptions, unreleased inbound QoS 2 packet ids, deliveries with their `qid`,
 //!   packet id (0: waiting) and stage). Version 1 files (`HAYATE-MQTT 1\n`, no journal)
@@ -44,6 +45,9 @@ use super::{Mqtt, locked};
 const MAGIC_V1: &[u8] = b"HAYATE-MQTT 1\n";
 const MAGIC: &[u8] = b"HAYATE-MQTT 2\n";
 pub(crate) const FILE: &str = "mqtt.state";
+/// The journal offset of a checkpoint that is the whole state on its own (taken with no
+/// journal, or with a journal that could not be reopened): nothing is replayed over it.
+pub(crate) const NO_JOURNAL: u64 = u64::MAX;
 /// A checkpoint is taken once the journal grew by this much (or by twice the size of the
 /// last checkpoint, if larger) since the last one.
 pub(crate) const CHECKPOINT_AT: u64 = 64 << 20;
@@ -695,7 +699,7 @@ pub(crate) fn parse(data: Bytes) -> Result<Saved, PersistError> {
 /// Makes `saved` live in `mqtt`: retained messages, and sessions parked as if their clients
 /// had just disconnected. Nothing is journaled; the sessions are persistent with their
 /// saved generation. Returns (sessions, retained messages).
-pub(crate) fn restore(mqtt: &Mqtt, saved: Saved) -> Result<(usize, usize), PersistError> {
+pub(crate) fn restore(mqtt: &Mqtt, saved: Saved) -> (usize, usize) {
     let retained = saved.retained.len();
     {
         let mut r = locked(&mqtt.retained);
@@ -711,7 +715,10 @@ pub(crate) fn restore(mqtt: &Mqtt, saved: Saved) -> Result<(usize, usize), Persi
                 Some(sh) => (Some(sh.group.to_string()), sh.filter.to_string()),
                 None => (None, info.filter.clone()),
             };
-            let expr = filter_to_expr(&plain).map_err(|_| PersistError::Corrupt("filter"))?;
+            let Ok(expr) = filter_to_expr(&plain) else {
+                tracing::warn!(client, filter = info.filter, "mqtt: saved filter not valid");
+                continue;
+            };
             let (filter, qos) = (info.filter.clone(), info.qos);
             lock(&ms.out).subs.insert(sid, info);
             if ms
@@ -750,7 +757,7 @@ pub(crate) fn restore(mqtt: &Mqtt, saved: Saved) -> Result<(usize, usize), Persi
         });
         mqtt.park_restored(client, ms, s.expiry);
     }
-    Ok((sessions, retained))
+    (sessions, retained)
 }
 
 #[cfg(test)]

@@ -302,7 +302,7 @@ impl Conn<'_> {
             }
             (QoS::ExactlyOnce, Some(pid)) => {
                 let first = {
-                    let mut st = lock(&ms.out);
+                    let st = lock(&ms.out);
                     if st.incoming.contains(&pid) {
                         false
                     } else if st.incoming.len() >= usize::from(self.mqtt.cfg.receive_maximum) {
@@ -311,7 +311,6 @@ impl Conn<'_> {
                             "too many QoS 2 messages unreleased",
                         ));
                     } else {
-                        st.set_incoming(pid, true);
                         true
                     }
                 };
@@ -320,6 +319,12 @@ impl Conn<'_> {
                 } else {
                     Stored::default()
                 };
+                // Marked received only once routed: the journal's record of it then follows
+                // every delivery it made, so a crash cannot keep the mark (which makes the
+                // client's resend look like a duplicate) without the deliveries.
+                if first {
+                    lock(&ms.out).set_incoming(pid, true);
+                }
                 let journaled = self.mqtt.durable_later();
                 self.ack_when_stored(ms, pid, true, stored, journaled)?;
             }

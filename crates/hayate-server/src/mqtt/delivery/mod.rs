@@ -394,6 +394,12 @@ impl MqttDeliveries {
     /// the order of their numbers).
     pub(crate) fn restore_inflight(&mut self, qid: u64, pid: u16, item: Queued, stage: Stage) {
         if self.pids.contains_key(&pid) {
+            // Not from a consistent state. A delivery already released must not be sent
+            // again as a new PUBLISH; one that was not is sent again (at least once).
+            tracing::warn!(pid, qid, "mqtt: restored delivery with a packet id in use");
+            if stage == Stage::Released {
+                return;
+            }
             return self.restore_pending(qid, item);
         }
         self.next_qid = self.next_qid.max(qid + 1);
