@@ -84,6 +84,19 @@ pub(crate) struct SavedSession {
     pub(crate) items: BTreeMap<u64, SavedItem>,
 }
 
+impl SavedSession {
+    fn new(sgen: u64, version: ProtocolVersion, expiry: u32) -> SavedSession {
+        SavedSession {
+            sgen,
+            version,
+            expiry,
+            subs: BTreeMap::new(),
+            incoming: BTreeSet::new(),
+            items: BTreeMap::new(),
+        }
+    }
+}
+
 /// Persistent sessions and retained messages, as read from a checkpoint and the journal.
 #[derive(Debug, Default)]
 pub(crate) struct Saved {
@@ -132,15 +145,7 @@ impl Saved {
                 self.next_sgen = self.next_sgen.max(sgen + 1);
                 let newer = self.sessions.get(&client).is_some_and(|s| s.sgen >= sgen);
                 if !newer {
-                    let s = SavedSession {
-                        sgen,
-                        version,
-                        expiry,
-                        subs: BTreeMap::new(),
-                        incoming: BTreeSet::new(),
-                        items: BTreeMap::new(),
-                    };
-                    self.insert(client, s);
+                    self.insert(client, SavedSession::new(sgen, version, expiry));
                 }
             }
             b'M' => {
@@ -491,20 +496,8 @@ impl Reader {
         ))
     }
 
-    /// A session of a version 2 file.
-    fn session(&mut self) -> Result<(String, SavedSession), PersistError> {
-        let client = self.string()?;
-        let sgen = self.u64()?;
-        let version = self.version()?;
-        let expiry = self.u32()?;
-        let mut s = SavedSession {
-            sgen,
-            version,
-            expiry,
-            subs: BTreeMap::new(),
-            incoming: BTreeSet::new(),
-            items: BTreeMap::new(),
-        };
+    /// A session's subscriptions and unreleased packet ids (both file versions), into `s`.
+    fn session_head(&mut self, s: &mut SavedSession) -> Result<(), PersistError> {
         for _ in 0..self.u32()? {
             let (sid, info) = self.sub()?;
             s.subs.insert(sid, info);
@@ -512,6 +505,16 @@ impl Reader {
         for _ in 0..self.u32()? {
             s.incoming.insert(self.u16()?);
         }
+        Ok(())
+    }
+
+    /// A session of a version 2 file.
+    fn session(&mut self) -> Result<(String, SavedSession), PersistError> {
+        let client = self.string()?;
+        let sgen = self.u64()?;
+        let version = self.version()?;
+        let mut s = SavedSession::new(sgen, version, self.u32()?);
+        self.session_head(&mut s)?;
         for _ in 0..self.u32()? {
             let qid = self.u64()?;
             let pid = self.u16()?;
@@ -530,22 +533,8 @@ impl Reader {
     ) -> Result<(String, SavedSession), PersistError> {
         let client = self.string()?;
         let version = self.version()?;
-        let expiry = self.u32()?;
-        let mut s = SavedSession {
-            sgen,
-            version,
-            expiry,
-            subs: BTreeMap::new(),
-            incoming: BTreeSet::new(),
-            items: BTreeMap::new(),
-        };
-        for _ in 0..self.u32()? {
-            let (sid, info) = self.sub()?;
-            s.subs.insert(sid, info);
-        }
-        for _ in 0..self.u32()? {
-            s.incoming.insert(self.u16()?);
-        }
+        let mut s = SavedSession::new(sgen, version, self.u32()?);
+        self.session_head(&mut s)?;
         let mut qid = 1;
         for _ in 0..self.u32()? {
             let pid = self.u16()?;
@@ -837,14 +826,7 @@ mod tests {
     }
 
     fn empty(sgen: u64) -> SavedSession {
-        SavedSession {
-            sgen,
-            version: ProtocolVersion::V5,
-            expiry: 60,
-            subs: BTreeMap::new(),
-            incoming: BTreeSet::new(),
-            items: BTreeMap::new(),
-        }
+        SavedSession::new(sgen, ProtocolVersion::V5, 60)
     }
 
     /// Applies `op` to the world and returns its journal records (pushed under the same
