@@ -211,9 +211,19 @@ impl Mqtt {
             && saved.replay_from != persist::NO_JOURNAL
         {
             let from = saved.replay_from;
-            match j.replay(from, |rec| saved.apply(rec).map_err(|e| e.to_string())) {
+            // A record that passed the log's CRC but cannot be decoded (a bug, or a newer
+            // format) is skipped and counted: the records after it are still applied.
+            let mut skipped = 0u64;
+            let r = j.replay(from, |rec| {
+                if let Err(e) = saved.apply(rec) {
+                    skipped += 1;
+                    tracing::error!("mqtt: journal record skipped: {e}");
+                }
+                Ok(())
+            });
+            match r {
                 Ok(0) => {}
-                Ok(n) => tracing::info!("mqtt: replayed {n} journal records"),
+                Ok(n) => tracing::info!("mqtt: replayed {n} journal records ({skipped} skipped)"),
                 Err(e) => tracing::error!("mqtt: journal replay stopped: {e}"),
             }
         }
