@@ -58,6 +58,7 @@ SETTINGS = {
     "max_keep_alive": ("mqtt", "max_keepalive", False),
     "sys_interval_secs": ("mqtt", "sys_interval", False),
     "journal": ("mqtt", None, False),
+    "max_queued_bytes": ("mqtt", None, False),
     "allow_anonymous": ("auth", "allow_anonymous", False),
     "users": ("auth", "password_file", False),
     # STOMP (Hayate only; see RABBITMQ_SETTINGS for what the RabbitMQ mode does with them).

@@ -347,3 +347,49 @@ def test_mqtt_run_without_journal_in_between_is_not_replayed_over(make_broker, m
     got = r.wait_messages(1)
     assert [(m.topic, m.payload) for m in got] == [(f"{base}/u", b"v2")]
     assert len(r.quiet(0.3)) == 1, "the retained message cleared without the journal came back"
+
+
+def _dir_bytes(path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def test_mqtt_journal_stays_bounded_with_subscribers_that_never_read(make_broker, mqtt):
+    """Hostile: 20 persistent sessions subscribe and never read or acknowledge while a
+    publisher floods 64 KiB QoS 1 messages at them. Each session holds at most
+    max_queued_bytes (1 MiB): what is held is journaled, what is dropped is not, so the data
+    directory stays near 20 x 1 MiB; the publisher and another client carry on; after kill -9
+    the held messages are still there."""
+    import socket
+    from mqttraw import RawClient, connect, subscribe
+    b = make_broker(max_queued_bytes=1 << 20)
+    base = unique("hog")
+    hogs = []
+    for i in range(20):
+        r = RawClient(b.host, b.port)
+        r.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        r.send(connect(client_id=f"{base}-{i}", clean=False))
+        assert r.recv_packet().type == 2  # CONNACK
+        r.send(subscribe(f"{base}/t", qos=1))
+        assert r.recv_packet().type == 9  # SUBACK
+        hogs.append(r)  # never read again
+    p = mqtt(b)
+    payload = b"x" * 65536
+    for _ in range(400):  # 25 MiB, to each of the 20 sessions
+        p.publish(f"{base}/t", payload, qos=1, timeout=20)
+    # Another client is served meanwhile.
+    other = mqtt(b)
+    other.subscribe(f"{base}/other", qos=1)
+    p.publish(f"{base}/other", b"still here", qos=1)
+    assert [m.payload for m in other.wait_messages(1)] == [b"still here"]
+    size = _dir_bytes(b.data_dir)
+    print(f"hostile: data directory {size / 2**20:.1f} MiB after 400 x 64 KiB to 20 stalled sessions")
+    # 20 sessions x 1 MiB held, journaled once plus a checkpoint, plus the segment in use.
+    assert size < 80 << 20, f"data directory grew to {size} bytes"
+    b.stop(graceful=False)
+    b.start()
+    late = mqtt(b, client_id=f"{base}-0", **{"clean": False})
+    assert late.session_present is True
+    got = late.wait_messages(1)
+    assert got[0].payload == payload
+    for r in hogs:
+        r.sock.close()
