@@ -242,6 +242,18 @@ impl Journal {
             start = end;
         }
         let r = log.append_batch(&entries);
+        drop(entries);
+        let written_bytes = bytes.len() as u64;
+        // The buffer goes back for the next records (no allocation per write).
+        {
+            let mut bytes = bytes;
+            bytes.clear();
+            let mut p = lock(&self.buf);
+            if p.bytes.is_empty() && bytes.capacity() <= FLUSH_AT * 2 {
+                let fresh = std::mem::replace(&mut p.bytes, bytes);
+                drop(fresh);
+            }
+        }
         if r.is_ok() {
             self.ok_upto.store(count, Ordering::Release);
         }
@@ -250,7 +262,7 @@ impl Journal {
         match r {
             Ok(range) => {
                 self.since_checkpoint
-                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                    .fetch_add(written_bytes, Ordering::Relaxed);
                 Ok(range.end)
             }
             Err(e) => {

@@ -104,6 +104,17 @@ pub(crate) struct Persist {
     pub(crate) expiry: u32,
 }
 
+/// Appends a journal record if `persist` says the session is persistent (`f` gets the buffer
+/// and the session's generation). A function of the field, not of the state: `fill` calls it
+/// while it holds the link.
+fn journal_to(persist: &Option<Persist>, f: impl FnOnce(&mut Vec<u8>, u64)) {
+    if let Some(p) = persist
+        && let Some(j) = &p.journal
+    {
+        j.push(|b| f(b, p.sgen));
+    }
+}
+
 /// The delivery state of one MQTT session.
 #[derive(Debug)]
 pub(crate) struct MqttDeliveries {
@@ -188,11 +199,7 @@ impl MqttDeliveries {
     /// Appends a journal record if the session is persistent (`f` gets the buffer and the
     /// session's generation).
     fn journal(&self, f: impl FnOnce(&mut Vec<u8>, u64)) {
-        if let Some(p) = &self.persist
-            && let Some(j) = &p.journal
-        {
-            j.push(|b| f(b, p.sgen));
-        }
+        journal_to(&self.persist, f);
     }
 
     /// The session's persistence, if it is persistent.
@@ -447,11 +454,7 @@ impl MqttDeliveries {
                     || !write_queued(link, &self.empty, &f.item, pid, false, out)
                 {
                     self.tracker.ack(id);
-                    if let Some(p) = &self.persist
-                        && let Some(j) = &p.journal
-                    {
-                        j.push(|b| rec::ack(b, p.sgen, qid));
-                    }
+                    journal_to(&self.persist, |b, g| rec::ack(b, g, qid));
                     continue;
                 }
                 self.sent += 1;
@@ -459,11 +462,7 @@ impl MqttDeliveries {
                 if let Some(f) = self.tracker.get_mut(id) {
                     f.pid = pid;
                 }
-                if let Some(p) = &self.persist
-                    && let Some(j) = &p.journal
-                {
-                    j.push(|b| rec::pid(b, p.sgen, qid, pid, false));
-                }
+                journal_to(&self.persist, |b, g| rec::pid(b, g, qid, pid, false));
             }
         }
         self.sync_held();
