@@ -27,6 +27,8 @@ pub(crate) struct Page {
     pub(crate) thr: Vec<Record>,
     pub(crate) lat: Vec<Record>,
     pub(crate) rpc: Vec<Record>,
+    /// Durable publishing (test `"durable"`).
+    pub(crate) durable: Vec<Record>,
     /// (file name, SVG text).
     pub(crate) charts: Vec<(String, String)>,
 }
@@ -149,6 +151,10 @@ pub(crate) fn render(p: &Page) -> String {
     h.push_str(&lat_table(&p.lat));
     h.push_str("<h2>RPC (request/reply, concurrency 1)</h2>\n");
     h.push_str(&rpc_table(&p.rpc, &p.peers));
+    if !p.durable.is_empty() {
+        h.push_str("<h2>Durable publishing (confirmed once stored)</h2>\n");
+        h.push_str(&durable_table(&p.durable));
+    }
 
     let skipped: Vec<&PeerRow> = p.peers.iter().filter(|r| r.skipped.is_some()).collect();
     if !skipped.is_empty() {
@@ -388,6 +394,69 @@ fn rpc_table(rpc: &[Record], peers: &[PeerRow]) -> String {
     h
 }
 
+/// One row per system and setting, a column group per payload: confirmed messages per second
+/// (with the ratio to Hayate's `interval` setting at that payload) and the confirm latency.
+fn durable_table(rows: &[Record]) -> String {
+    let systems = systems(rows);
+    let mut payloads: Vec<usize> = rows.iter().map(|r| r.payload_bytes).collect();
+    payloads.sort_unstable();
+    payloads.dedup();
+    let mut h = String::from(
+        "<p>A publisher that waits for each message to be stored: Hayate's confirm (a stream \
+         captured the key and its fsync policy is met) against Kafka's acks=1. Throughput with \
+         many confirms outstanding; latency p50 / p99 of one message at a time (Kafka's tool \
+         reports whole milliseconds). The ratio is to Hayate with <code>fsync \
+         interval=100</code> at the same payload.</p>\n<table><tr><th>system</th>",
+    );
+    for &p in &payloads {
+        let _ = write!(
+            h,
+            "<th>{} msg/s</th><th>{} p50 / p99 µs</th>",
+            format_size(p),
+            format_size(p)
+        );
+    }
+    h.push_str("</tr>\n");
+    for s in &systems {
+        let _ = write!(h, "<tr><td>{}</td>", esc(s));
+        for &p in &payloads {
+            let at = |label: &str| {
+                rows.iter()
+                    .find(|r| r.label() == label && r.payload_bytes == p)
+            };
+            match at(s) {
+                Some(r) if r.error.is_some() => {
+                    let _ = write!(
+                        h,
+                        "<td class=\"n err\" colspan=\"2\">failed: {}</td>",
+                        esc(&truncate(r.error.as_deref().unwrap_or(""), 40))
+                    );
+                }
+                Some(r) => {
+                    let reference = at("hayate (fsync interval=100)").and_then(|x| x.msgs_per_sec);
+                    let ratio = match (r.msgs_per_sec, reference) {
+                        (Some(v), Some(x)) if x > 0.0 && r.system != "hayate" => {
+                            format!(" <small>×{:.2}</small>", v / x)
+                        }
+                        _ => String::new(),
+                    };
+                    let _ = write!(
+                        h,
+                        "<td class=\"n\">{}{ratio}</td><td class=\"n\">{} / {}</td>",
+                        r.msgs_per_sec.map(format_rate).unwrap_or_default(),
+                        us(r.p50_us),
+                        us(r.p99_us)
+                    );
+                }
+                None => h.push_str("<td></td><td></td>"),
+            }
+        }
+        h.push_str("</tr>\n");
+    }
+    h.push_str("</table>\n");
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -440,6 +509,10 @@ mod tests {
             ],
             lat: vec![raw, lat],
             rpc: vec![rec("hayate", "brokered", "rpc", 0, 30_000.0)],
+            durable: vec![
+                rec("hayate", "fsync interval=100", "durable", 1024, 300_000.0),
+                rec("kafka", "acks=1", "durable", 1024, 150_000.0),
+            ],
             charts: vec![(
                 "thr-msgs.svg".into(),
                 "<svg width=\"1000\" height=\"650\" xmlns=\"x\"></svg>".into(),
@@ -464,6 +537,11 @@ mod tests {
         assert!(h.contains("skipped: driver not compiled in"));
         assert!(h.contains("<td>nats</td><td></td><td></td><td></td><td></td><td>not yet</td>"));
         assert!(h.contains("viewBox=\"0 0 1000 650\""));
+        assert!(h.contains("Durable publishing"));
+        assert!(
+            h.contains("<td>kafka (acks=1)</td><td class=\"n\">150k msg/s <small>×0.50</small>"),
+            "{h}"
+        );
         assert!(!h.contains("<script"));
     }
 }

@@ -87,6 +87,9 @@ pub(crate) struct Shared {
     pub(crate) registry: RwLock<Registry>,
     /// Streams by name. Lock order: registry -> streams.
     pub(crate) streams: RwLock<crate::stream::registry::StreamMap>,
+    /// Serialises creating and deleting streams, so that their file work runs without
+    /// holding `streams` (which routing and every stream lookup read). Taken before `streams`.
+    pub(crate) stream_admin: std::sync::Mutex<()>,
     /// Bumped (under the registry write lock) on every subscription change.
     pub(crate) generation: AtomicU64,
     pub(crate) next_session: AtomicU64,
@@ -122,6 +125,7 @@ impl Broker {
             shared: Arc::new(Shared {
                 registry: RwLock::new(Registry::default()),
                 streams: RwLock::new(Default::default()),
+                stream_admin: std::sync::Mutex::new(()),
                 generation: AtomicU64::new(1),
                 next_session: AtomicU64::new(1),
                 config,

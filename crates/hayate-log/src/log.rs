@@ -226,6 +226,7 @@ impl Log {
             FsyncPolicy::Never => {
                 sh.marks.raise(Some(range.end), None);
                 if rolled {
+                    let _round = lock(&sh.round);
                     sh.write_pending_indexes();
                 }
             }
@@ -431,6 +432,21 @@ impl Log {
         Ok(removed)
     }
 
+    /// The log's files are about to be removed (its stream is being deleted): from now on it
+    /// writes, syncs, creates and removes nothing (appends fail with [`Error::Closed`]; what
+    /// was written can still be read through the files already open). Waits for a sync round
+    /// or an index write in progress to finish, so that once this returns no file of this
+    /// log's directory is touched again, even if a new log is created there.
+    pub fn discard(&self) {
+        self.shared.marks.stop();
+        let _round = lock(&self.shared.round);
+        let mut inner = lock(&self.shared.inner);
+        inner.closed = true;
+        inner.pending.clear();
+        inner.unsynced.clear();
+        inner.dir_dirty = false;
+    }
+
     /// Stops the syncer, syncs what was written (unless the policy is `never`) and writes the
     /// pending indexes. Dropping the log does the same.
     pub fn close(mut self) -> Result<()> {
@@ -446,6 +462,7 @@ impl Log {
         let res = match poisoned {
             Some(p) => Err(Error::Poisoned(p)),
             None if self.shared.config.fsync == FsyncPolicy::Never => {
+                let _round = lock(&self.shared.round);
                 self.shared.write_pending_indexes();
                 Ok(())
             }
@@ -588,6 +605,9 @@ impl Shared {
             if let Some(p) = &inner.poisoned {
                 return Err(Error::Poisoned(p.clone()));
             }
+            if inner.closed {
+                return Ok(()); // discarded (or closed): nothing more to make durable
+            }
             let sealed: Vec<_> = inner
                 .segments
                 .iter()
@@ -632,7 +652,8 @@ impl Shared {
 
     /// Writes the `.idx` of each pending sealed segment (synced unless the policy is `never`)
     /// and switches the segment to it. A failure leaves the in-memory index in use; the next
-    /// open rebuilds the file.
+    /// open rebuilds the file. The caller holds `round` (so that [`Log::discard`] waits for
+    /// it), except at open, when nobody else has the log yet.
     fn write_pending_indexes(&self) {
         let todo: Vec<(Index, SealedMeta)> = {
             let inner = lock(&self.inner);
@@ -658,6 +679,9 @@ impl Shared {
                 .collect()
         };
         for (ix, meta) in todo {
+            if lock(&self.inner).closed {
+                return;
+            }
             let written = (|| {
                 let f = self.storage.open(&idx_name(meta.base), true)?;
                 f.set_len(0)?;
@@ -700,6 +724,12 @@ impl Shared {
             removed.segments += 1;
             removed.records += s.records();
             removed.bytes += s.size;
+            // Under `round`, so that a discarded log removes nothing from a directory that a
+            // new log may now use (`discard` waits for `round`).
+            let _round = lock(&self.round);
+            if lock(&self.inner).closed {
+                continue;
+            }
             self.storage
                 .remove(&log_name(s.base))
                 .map_err(Error::io("remove segment"))?;

@@ -16,6 +16,7 @@ use crate::config::LogConfig;
 use crate::error::{Error, Result};
 use crate::index::{Index, SealedIndex};
 use crate::record::{self, Corruption, Record};
+use crate::storage::map::MAP_MIN;
 use crate::storage::{StorageFile, read_full_at};
 
 pub(crate) const SEG_MAGIC: &[u8; 8] = b"HYTLOG01";
@@ -208,8 +209,18 @@ pub(crate) struct ReadPlan {
     pub(crate) max_records: usize,
 }
 
+/// What to do after taking one record.
+enum Took {
+    More,
+    Done,
+}
+
 /// Reads the records of one segment in `[plan.from, plan.upto)` that fit the limits (at least
 /// one whole record when there is one, however large).
+///
+/// Records of [`MAP_MIN`] bytes or more are not copied where the storage can map them
+/// (zero-copy: the record's fields are slices of a read-only mapping of the file); smaller ones
+/// are read in chunks, one copy each.
 pub(crate) fn read(plan: &ReadPlan, max_body: u32, out: &mut Vec<Record>) -> Result<()> {
     let mut pos = plan.start;
     let mut bytes = 0usize;
@@ -218,7 +229,60 @@ pub(crate) fn read(plan: &ReadPlan, max_body: u32, out: &mut Vec<Record>) -> Res
         position: pos,
         kind,
     };
+    // Takes one checked record (`frame` starts at it): skips it below `from`, stops at `upto`
+    // or at the limits.
+    let mut take = |l: record::Layout, frame: &Bytes, out: &mut Vec<Record>| -> Option<Took> {
+        if l.offset >= plan.upto {
+            return None;
+        }
+        if l.offset >= plan.from {
+            if !out.is_empty() && bytes + l.len > plan.max_bytes {
+                return None;
+            }
+            bytes += l.len;
+            out.push(l.record(&frame.slice(..l.len)));
+            if out.len() >= plan.max_records {
+                return Some(Took::Done);
+            }
+        }
+        Some(Took::More)
+    };
+    let mappable = plan.file.map(pos, 0).is_some();
+    // The length of the record at `pos`, read from its frame header (mappable storage only:
+    // it decides between mapping the record and reading a chunk).
+    let peek = |pos: u64| -> Result<Option<usize>> {
+        if !mappable || pos + record::FRAME_HEADER_LEN as u64 > plan.end {
+            return Ok(None);
+        }
+        let mut h = [0u8; record::FRAME_HEADER_LEN];
+        let n = read_full_at(&*plan.file, &mut h, pos).map_err(Error::io("read"))?;
+        record::frame_len(&h[..n], max_body).map_err(|c| corrupt(pos, c))
+    };
+    let mut next_len = peek(pos)?;
     while pos < plan.end && out.len() < plan.max_records {
+        if let Some(len) = next_len.take()
+            && len >= MAP_MIN
+        {
+            if pos + len as u64 > plan.end {
+                return Err(corrupt(pos, Corruption::LengthTooLarge(len as u32)));
+            }
+            let frame = match plan.file.map(pos, len) {
+                Some(Ok(b)) => b,
+                Some(Err(e)) => return Err(Error::io("map")(e)),
+                None => unreachable!("mappable storage stopped mapping"),
+            };
+            match record::check(&frame, max_body) {
+                Ok(Ok(l)) => match take(l, &frame, out) {
+                    None | Some(Took::Done) => return Ok(()),
+                    Some(Took::More) => {}
+                },
+                Ok(Err(_)) => return Err(corrupt(pos, Corruption::LengthTooSmall(len as u32))),
+                Err(c) => return Err(corrupt(pos, c)),
+            }
+            pos += len as u64;
+            next_len = peek(pos)?;
+            continue;
+        }
         let want = usize::try_from(plan.end - pos)
             .unwrap_or(usize::MAX)
             .min(plan.max_bytes.max(64 << 10));
@@ -233,22 +297,19 @@ pub(crate) fn read(plan: &ReadPlan, max_body: u32, out: &mut Vec<Record>) -> Res
         loop {
             match record::check(&chunk[used..], max_body) {
                 Ok(Ok(l)) => {
-                    if l.offset >= plan.upto {
-                        return Ok(());
+                    let len = l.len;
+                    match take(l, &chunk.slice(used..), out) {
+                        None | Some(Took::Done) => return Ok(()),
+                        Some(Took::More) => {}
                     }
-                    if l.offset >= plan.from {
-                        if !out.is_empty() && bytes + l.len > plan.max_bytes {
-                            return Ok(());
-                        }
-                        bytes += l.len;
-                        out.push(l.record(&chunk.slice(used..used + l.len)));
-                        if out.len() >= plan.max_records {
-                            return Ok(());
-                        }
-                    }
-                    used += l.len;
+                    used += len;
                 }
                 Ok(Err(need)) => {
+                    if mappable && need >= MAP_MIN {
+                        // A large record next: map it rather than read it.
+                        next_len = Some(need);
+                        break;
+                    }
                     if used == 0 {
                         // One record larger than the chunk: read exactly it.
                         if pos + need as u64 > plan.end {

@@ -449,3 +449,140 @@ fn a_purged_log_reopens_at_the_same_offset() {
     let log = Log::open(s.clone() as Arc<dyn Storage>, small(FsyncPolicy::Always)).unwrap();
     assert_eq!((log.start_offset(), log.end_offset()), (100, 100));
 }
+
+/// Records from 64 KiB up are mapped rather than copied on the real file system: mixed sizes
+/// around the threshold read back the same from every offset, under every limit, from sealed
+/// and active segments, and a mapped record stays readable after its segment is purged.
+#[test]
+fn large_records_read_through_mappings_are_the_records_written() {
+    let dir = std::env::temp_dir().join(format!("hayate-log-map-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = LogConfig {
+        segment_bytes: 1 << 20,
+        index_interval_bytes: 4096,
+        fsync: FsyncPolicy::Never,
+        ..LogConfig::default()
+    };
+    let sizes = [
+        10usize,
+        (64 << 10) - 40,
+        (64 << 10) - 33, // the record is just under 64 KiB with its overhead
+        (64 << 10) - 32, // and just at it
+        70_000,
+        200,
+        300_000,
+        1,
+        (1 << 20) + 5, // larger than a segment: one of its own
+        5_000,
+        65_536,
+        65_536,
+        9,
+    ];
+    let body = |i: usize, n: usize| -> Vec<u8> {
+        (0..n).map(|j| (j as u64 * 31 + i as u64) as u8).collect()
+    };
+    let log = Log::open_dir(&dir, cfg).unwrap();
+    for round in 0..3 {
+        for (i, &n) in sizes.iter().enumerate() {
+            let v = body(round * 100 + i, n);
+            log.append(&Entry {
+                timestamp: 1,
+                key: b"k",
+                headers: b"",
+                value: &v,
+            })
+            .unwrap();
+        }
+    }
+    assert!(log.stats().segments > 3, "{:?}", log.stats());
+    let want: Vec<Vec<u8>> = (0..3)
+        .flat_map(|round| {
+            sizes
+                .iter()
+                .enumerate()
+                .map(move |(i, &n)| (round * 100 + i, n))
+        })
+        .map(|(i, n)| body(i, n))
+        .collect();
+    for (max_bytes, max_records) in [
+        (1usize, 1usize),
+        (100_000, 3),
+        (1 << 20, 1000),
+        (usize::MAX, 2),
+    ] {
+        let limit = ReadLimit {
+            max_bytes,
+            max_records,
+            confirmed_only: false,
+        };
+        for from in 0..want.len() as u64 {
+            let mut at = from;
+            while at < log.end_offset() {
+                let b = log.read(at, limit).unwrap();
+                assert!(!b.records.is_empty() && b.records.len() <= max_records);
+                for r in &b.records {
+                    assert_eq!(r.offset, at);
+                    assert_eq!(r.value, want[at as usize], "offset {at} limit {limit:?}");
+                    at += 1;
+                }
+                assert_eq!(b.next, at);
+            }
+        }
+    }
+    let held = log
+        .read(
+            4,
+            ReadLimit {
+                max_bytes: 1,
+                max_records: 1,
+                confirmed_only: false,
+            },
+        )
+        .unwrap();
+    log.purge().unwrap();
+    assert_eq!(held.records[0].value, want[4]);
+    log.close().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A discarded log (its stream deleted) touches no file again, even when a new log is created
+/// in the same directory while the old one is still held: no index, no segment, no removal.
+#[test]
+fn a_discarded_log_leaves_a_recreated_directory_alone() {
+    for fsync in [FsyncPolicy::Never, FsyncPolicy::Always] {
+        let dir = std::env::temp_dir().join(format!(
+            "hayate-log-discard-{}-{fsync:?}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let old = Log::open_dir(&dir, small(fsync)).unwrap();
+        append_n(&old, 0, 40); // several segments, the last .idx maybe still pending
+        old.discard();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let new = Log::open_dir(&dir, small(fsync)).unwrap();
+        append_n(&new, 0, 3);
+        let before: std::collections::BTreeSet<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        let appended = old.append(&Entry {
+            timestamp: 1,
+            key: b"k",
+            headers: b"",
+            value: b"v",
+        });
+        let purged = old.purge();
+        old.apply_retention(i64::MAX).unwrap();
+        drop(old);
+        let after: std::collections::BTreeSet<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(before, after, "{fsync:?}");
+        assert!(matches!(appended, Err(hayate_log::Error::Closed)));
+        assert!(purged.is_err());
+        check(&read_all(&new, 0), 0, 3);
+        new.close().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

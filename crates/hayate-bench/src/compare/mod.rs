@@ -3,7 +3,8 @@
 //! Starts each peer (through its `bench/peers/<name>.sh` script; Hayate's own broker from the
 //! given executable), runs the throughput sweep (all targets interleaved per payload, with the
 //! raw TCP baseline), the 64 B latency test, the RPC test (Hayate and NATS), iperf3 over
-//! loopback (the ideal line) and Cyclone DDS' `ddsperf` where installed, then writes the data
+//! loopback (the ideal line), Cyclone DDS' `ddsperf` where installed, and durable publishing
+//! (Hayate streams against Kafka, when `hayate` is among the peers), then writes the data
 //! (JSON, CSV), the charts and a self-contained HTML page. Every process it started is stopped
 //! at the end, also on error ([`Cleanup`] is shared with the caller for Ctrl-C).
 //!
@@ -18,13 +19,16 @@
 //!   free ports;
 //! - `run`: [`compare`] itself: the measurements, then the data, the charts and the HTML page;
 //! - `iperf`: iperf3 over loopback (the ideal line);
-//! - `ddsperf`: Cyclone DDS' `ddsperf` (throughput and latency) and the parsing of its output.
+//! - `ddsperf`: Cyclone DDS' `ddsperf` (throughput and latency) and the parsing of its output;
+//! - `durable`: durable publishing (Hayate streams against Kafka) through
+//!   `bench/durable-vs-kafka.sh`, after the live measurements.
 
 use std::path::PathBuf;
 
 use crate::Record;
 
 mod ddsperf;
+mod durable;
 mod hayate;
 mod iperf;
 mod peers;
@@ -87,4 +91,6 @@ pub struct CompareResult {
     pub lat: Vec<Record>,
     /// RPC records.
     pub rpc: Vec<Record>,
+    /// Durable publishing records (Hayate streams and Kafka; test `"durable"`).
+    pub durable: Vec<Record>,
 }

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 use super::ddsperf::{ddsperf_lat, ddsperf_thr};
+use super::durable::durable;
 use super::iperf::iperf3;
 use super::peers::{Peer, prepare, script_path, spec};
 use super::process::{Cleanup, Guard, run_script};
@@ -160,10 +161,38 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
         )),
     };
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+
+    // Durable publishing, with every other server stopped: Hayate's streams and Kafka, each
+    // starting its own server.
+    let mut durable_rows = Vec::new();
+    if names.iter().any(|n| n == "hayate") {
+        let kafka = active(&peers, "kafka");
+        println!(
+            "compare: durable publishing (Hayate streams{})",
+            if kafka { " and Kafka" } else { "" }
+        );
+        match durable(
+            &opts.root,
+            &opts.hayate_exe,
+            &out.join("durable"),
+            kafka,
+            quick,
+        ) {
+            Ok(r) => durable_rows = r,
+            Err(e) => println!("compare: durable publishing failed: {e:#}"),
+        }
+    }
     crate::write_json(&out.join("thr.json"), &thr)?;
     crate::write_json(&out.join("lat.json"), &lat)?;
     crate::write_json(&out.join("rpc.json"), &rpc)?;
-    let all: Vec<Record> = thr.iter().chain(&lat).chain(&rpc).cloned().collect();
+    crate::write_json(&out.join("durable.json"), &durable_rows)?;
+    let all: Vec<Record> = thr
+        .iter()
+        .chain(&lat)
+        .chain(&rpc)
+        .chain(&durable_rows)
+        .cloned()
+        .collect();
     crate::write_csv(&out.join("results.csv"), &all)?;
     let mut charts = Vec::new();
     for f in crate::write_charts(&out.join("thr"), &thr)? {
@@ -226,6 +255,23 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
             ),
         ),
     ];
+    if !durable_rows.is_empty() {
+        settings.push((
+            "durable".to_string(),
+            format!(
+                "bench/durable-vs-kafka.sh (raw outputs in durable/): Hayate `bench durable`, \
+                 one connection, 1024 confirms outstanding for {} s, then 2000 messages one at a \
+                 time for the confirm latency; Kafka 4.1 KRaft, 1 partition, its own \
+                 ProducerPerformance at full speed ({} records), latency at 500 records/s",
+                if quick { 2 } else { 5 },
+                if quick {
+                    "600k / 200k / 6k"
+                } else {
+                    "3M / 1M / 30k"
+                }
+            ),
+        ));
+    }
     if let Some(bps) = iperf_bps {
         settings.push((
             "iperf3".to_string(),
@@ -264,6 +310,7 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
         thr: thr.clone(),
         lat: lat.clone(),
         rpc: rpc.clone(),
+        durable: durable_rows.clone(),
         charts: svgs,
     };
     std::fs::write(out.join("index.html"), html::render(&page))?;
@@ -275,7 +322,13 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
             Err(e) => println!("compare: screenshot failed: {e:#}"),
         }
     }
-    Ok(CompareResult { out, thr, lat, rpc })
+    Ok(CompareResult {
+        out,
+        thr,
+        lat,
+        rpc,
+        durable: durable_rows,
+    })
 }
 
 fn mark_skipped(peers: &mut [Peer], name: &str, why: String) {

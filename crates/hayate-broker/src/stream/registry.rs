@@ -142,23 +142,32 @@ impl Broker {
     pub fn create_stream(&self, config: StreamConfig) -> Result<(Arc<Stream>, bool), StreamError> {
         config.check()?;
         let root = self.streams_dir()?;
-        let mut streams = self
+        // Creations and deletions one at a time; the table itself is locked only to look and
+        // to insert, not across the file work (directories, fsyncs, opening the log).
+        let _admin = self
             .shared
-            .streams
-            .write()
+            .stream_admin
+            .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if let Some(s) = streams.get(&config.name) {
-            return if s.config() == &config {
-                Ok((s.clone(), false))
-            } else {
-                Err(StreamError::Exists(config.name))
-            };
-        }
-        if streams.len() >= self.shared.config.max_streams {
-            return Err(StreamError::Invalid(format!(
-                "the broker keeps at most {} streams (limits.max_streams)",
-                self.shared.config.max_streams
-            )));
+        {
+            let streams = self
+                .shared
+                .streams
+                .read()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(s) = streams.get(&config.name) {
+                return if s.config() == &config {
+                    Ok((s.clone(), false))
+                } else {
+                    Err(StreamError::Exists(config.name))
+                };
+            }
+            if streams.len() >= self.shared.config.max_streams {
+                return Err(StreamError::Invalid(format!(
+                    "the broker keeps at most {} streams (limits.max_streams)",
+                    self.shared.config.max_streams
+                )));
+            }
         }
         let dir = root.join(&config.name);
         let io = |source| StreamError::Io {
@@ -177,8 +186,11 @@ impl Broker {
         std::fs::File::open(&root)
             .and_then(|f| f.sync_all())
             .map_err(io)?;
-        streams.insert(config.name.clone(), s.clone());
-        drop(streams);
+        self.shared
+            .streams
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(config.name.clone(), s.clone());
         self.bump();
         tracing::info!(stream = %config.name, capture = ?config.capture, fsync = %config.fsync, "stream created");
         Ok((s, true))
@@ -186,6 +198,11 @@ impl Broker {
 
     /// Deletes a stream and its files.
     pub fn delete_stream(&self, name: &str) -> Result<(), StreamError> {
+        let _admin = self
+            .shared
+            .stream_admin
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let s = self
             .shared
             .streams
@@ -195,6 +212,9 @@ impl Broker {
             .ok_or_else(|| StreamError::NotFound(name.to_owned()))?;
         self.bump();
         s.deleted.store(true, Ordering::Release);
+        // No file of the old log is touched after this (a stream of the same name may be
+        // created in the same directory right after), whoever still holds the stream.
+        s.log().discard();
         for c in s.consumer_list() {
             c.delete();
         }

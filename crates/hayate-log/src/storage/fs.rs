@@ -48,6 +48,9 @@ impl StorageFile for FsFile {
     fn sync_data(&self) -> io::Result<()> {
         self.0.sync_data()
     }
+    fn map(&self, pos: u64, len: usize) -> Option<io::Result<bytes::Bytes>> {
+        Some(super::map::map(&self.0, pos, len))
+    }
 }
 
 impl Storage for FsStorage {

@@ -10,8 +10,11 @@ use std::fmt;
 use std::io;
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 mod faulty;
 mod fs;
+pub(crate) mod map;
 
 pub use faulty::{CrashMode, FaultyStorage};
 pub use fs::FsStorage;
@@ -29,6 +32,12 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// Makes the data written so far durable (fdatasync).
     fn sync_data(&self) -> io::Result<()>;
+    /// `len` bytes at `pos` without copying them (a memory mapping), where the storage can;
+    /// `None` where it cannot (the log then reads a copy). The log asks only for whole
+    /// records it will not rewrite or truncate (see `map.rs` for the invariants).
+    fn map(&self, _pos: u64, _len: usize) -> Option<io::Result<Bytes>> {
+        None
+    }
 }
 
 /// A directory of files.
