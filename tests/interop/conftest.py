@@ -163,7 +163,13 @@ class Broker:
         if users is not None:
             if "auth" not in sections:
                 text += "[auth]\n\n"
-            text += "[auth.users]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in users.items())
+            # Plaintext passwords are refused: `hayate user add` hashes each (argon2).
+            for name, password in users.items():
+                out = subprocess.run(
+                    [str(self.bin), "user", "add", name, "--password", password],
+                    check=True, capture_output=True, text=True,
+                ).stdout
+                text += out + "\n"
         self.config = self.tmp / "hayate.toml"
         self.config.write_text(text)
 

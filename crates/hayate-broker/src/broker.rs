@@ -65,11 +65,21 @@ pub struct BrokerStats {
     pub store_failed: AtomicU64,
 }
 
+/// Decides, key by key, whether a subscription may receive messages its expression selects
+/// (permissions: a wildcard subscription that covers keys its owner may not read, or other
+/// clients' reply inboxes). Checked when a route is built for a key (routes are cached per
+/// key until subscriptions change, so the cost is not paid per message).
+pub trait KeyGuard: Send + Sync + std::fmt::Debug {
+    /// True when the subscription may receive messages published on `key`.
+    fn admits(&self, key: &hayate_core::Key) -> bool;
+}
+
 #[derive(Debug)]
 pub(crate) struct SubEntry {
     pub(crate) outbox: Arc<Outbox>,
     pub(crate) group: Option<Arc<str>>,
     pub(crate) qos: Qos,
+    pub(crate) guard: Option<Arc<dyn KeyGuard>>,
 }
 
 #[derive(Debug, Default)]

@@ -32,7 +32,7 @@ pub mod stream;
 
 pub use ack::AckTracker;
 pub use batch::Batch;
-pub use broker::{Broker, BrokerConfig, BrokerStats, SubscribeError};
+pub use broker::{Broker, BrokerConfig, BrokerStats, KeyGuard, SubscribeError};
 pub use index::SubscriptionIndex;
 pub use outbox::{Delivery, Encoder, OutBuf, Outbox, Settle, Taken};
 pub use queue::Backlog;

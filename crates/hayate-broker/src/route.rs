@@ -51,6 +51,9 @@ impl Broker {
         let mut by_group: Vec<(Arc<str>, Vec<Target>)> = Vec::new();
         for sk in reg.index.matches(key) {
             let Some(e) = reg.subs.get(&sk) else { continue };
+            if e.guard.as_ref().is_some_and(|g| !g.admits(key)) {
+                continue;
+            }
             let t = Target {
                 outbox: e.outbox.clone(),
                 session: sk.0,

@@ -45,6 +45,8 @@ use bytes::Bytes;
 pub use error::{Error, Result};
 pub use hayate_core::{Key, KeyExpr, Message, Qos};
 pub use hayate_native::ConfirmOutcome;
+/// Credentials sent in HELLO: none, a user and password, or a bearer token.
+pub use hayate_native::HelloAuth as Auth;
 pub use sub::Subscription;
 
 use conn::Inner;
@@ -67,6 +69,9 @@ pub struct ConnectOptions {
     /// PINGs sent with no input at all in between before the client gives the connection
     /// up as dead (its calls then fail with `Error::Io("... presumed dead")`).
     pub max_pings_out: u32,
+    /// Credentials for HELLO. A `hayate://user:password@host:port` address sets them too
+    /// (when these are [`Auth::Anonymous`]).
+    pub auth: Auth,
 }
 
 impl Default for ConnectOptions {
@@ -78,11 +83,27 @@ impl Default for ConnectOptions {
             subscription_capacity: 64,
             ping_interval: Some(Duration::from_secs(30)),
             max_pings_out: 2,
+            auth: Auth::Anonymous,
         }
     }
 }
 
 impl ConnectOptions {
+    /// Logs in as `user` with `password`.
+    pub fn password(mut self, user: impl Into<String>, password: impl AsRef<[u8]>) -> Self {
+        self.auth = Auth::Password {
+            user: user.into(),
+            password: Bytes::copy_from_slice(password.as_ref()),
+        };
+        self
+    }
+
+    /// Logs in with a bearer token (`hyt_...`).
+    pub fn token(mut self, token: impl AsRef<[u8]>) -> Self {
+        self.auth = Auth::Token(Bytes::copy_from_slice(token.as_ref()));
+        self
+    }
+
     /// Sets the client name.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();

@@ -204,11 +204,100 @@ impl KeyExpr {
             .all(|s| matches!(s, Segment::Literal(_)))
     }
 
+    /// Does every key that `other` selects match this expression too? (`a/**` includes
+    /// `a/*/c`; `a/*` does not include `a/**`.) Exact for expressions of up to 63 segments;
+    /// beyond, `false` (the safe answer for a permission check: not covered).
+    pub fn includes(&self, other: &KeyExpr) -> bool {
+        walk(&self.segments, &other.segments, true).unwrap_or(false)
+    }
+
+    /// Is there a key that both expressions select? Exact for expressions of up to 63
+    /// segments; beyond, `true` (the safe answer for a permission check: may overlap).
+    pub fn intersects(&self, other: &KeyExpr) -> bool {
+        walk(&self.segments, &other.segments, false).unwrap_or(true)
+    }
+
     /// Does this expression select `key`?
     pub fn matches(&self, key: &Key) -> bool {
         let segs: Vec<&[u8]> = key.segments().collect();
         match_segments(&self.segments, &segs)
     }
+}
+
+/// The states of a pattern's automaton reachable from `set` without reading a segment
+/// (a `**` may match none): bit `i` = "matched the first `i` segments of the pattern".
+fn closure(p: &[Segment], mut set: u64) -> u64 {
+    for (i, seg) in p.iter().enumerate() {
+        if set & (1 << i) != 0 && *seg == Segment::DoubleStar {
+            set |= 1 << (i + 1);
+        }
+    }
+    set
+}
+
+/// The states after reading one segment `sym` (`None`: a segment no literal names).
+fn step(p: &[Segment], set: u64, sym: Option<&[u8]>) -> u64 {
+    let mut next = 0u64;
+    for (i, seg) in p.iter().enumerate() {
+        if set & (1 << i) == 0 {
+            continue;
+        }
+        match seg {
+            Segment::DoubleStar => next |= 1 << i,
+            Segment::Star => next |= 1 << (i + 1),
+            Segment::Literal(l) if Some(&**l) == sym => next |= 1 << (i + 1),
+            Segment::Literal(_) => {}
+        }
+    }
+    closure(p, next)
+}
+
+/// Inclusion (`a` selects every key `b` selects) or intersection, by walking both patterns'
+/// automata over every segment either names plus one neither does (all other segments
+/// behave alike), keys of one or more segments only. `None` when a pattern is too long
+/// for the 64-bit state sets.
+fn walk(a: &[Segment], b: &[Segment], include: bool) -> Option<bool> {
+    if a.len() >= 63 || b.len() >= 63 {
+        return None;
+    }
+    let mut syms: Vec<Option<&[u8]>> = vec![None];
+    for seg in a.iter().chain(b) {
+        if let Segment::Literal(l) = seg
+            && !syms.contains(&Some(&**l))
+        {
+            syms.push(Some(l));
+        }
+    }
+    let (fa, fb) = (1u64 << a.len(), 1u64 << b.len());
+    let start = (closure(a, 1), closure(b, 1));
+    let mut seen = std::collections::HashSet::new();
+    let mut todo = Vec::new();
+    // States after at least one segment (a key is never empty).
+    for &sym in &syms {
+        let s = (step(a, start.0, sym), step(b, start.1, sym));
+        if seen.insert(s) {
+            todo.push(s);
+        }
+    }
+    while let Some((sa, sb)) = todo.pop() {
+        let (acc_a, acc_b) = (sa & fa != 0, sb & fb != 0);
+        if include && acc_b && !acc_a {
+            return Some(false);
+        }
+        if !include && acc_a && acc_b {
+            return Some(true);
+        }
+        if sb == 0 || (!include && sa == 0) {
+            continue;
+        }
+        for &sym in &syms {
+            let s = (step(a, sa, sym), step(b, sb, sym));
+            if seen.insert(s) {
+                todo.push(s);
+            }
+        }
+    }
+    Some(include)
 }
 
 /// Glob matching over segments, with backtracking to the last `**` only (linear for the
@@ -351,6 +440,42 @@ mod tests {
             }
         }
         Ok(())
+    }
+
+    /// Every key of up to 5 segments over the literals the patterns use plus a fresh one.
+    fn witnesses() -> Vec<Key> {
+        let alpha = ["a", "b", "c", "ab", "q"];
+        let mut out = Vec::new();
+        let mut cur: Vec<Vec<&str>> = vec![vec![]];
+        for _ in 0..5 {
+            let mut next = Vec::new();
+            for k in &cur {
+                for a in alpha {
+                    let mut k2 = k.clone();
+                    k2.push(a);
+                    out.push(Key::new(&k2.join("/")).unwrap());
+                    next.push(k2);
+                }
+            }
+            cur = next;
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn includes_and_intersects_agree_with_the_keys(
+            a in proptest::collection::vec(pat_seg(), 1..4),
+            b in proptest::collection::vec(pat_seg(), 1..4),
+        ) {
+            let (a, b) = (KeyExpr::new(&a.join("/")).unwrap(), KeyExpr::new(&b.join("/")).unwrap());
+            let keys = witnesses();
+            let both = keys.iter().any(|k| a.matches(k) && b.matches(k));
+            let covered = keys.iter().all(|k| !b.matches(k) || a.matches(k));
+            prop_assert_eq!(a.intersects(&b), both, "{} ∩ {}", a, b);
+            prop_assert_eq!(a.includes(&b), covered, "{} ⊇ {}", a, b);
+        }
     }
 
     proptest! {

@@ -162,6 +162,8 @@ pub struct Accepted {
     pub shutdown: watch::Receiver<bool>,
     /// Busy-polling: reads note their input here.
     pub busy: Option<BusyPoll>,
+    /// The client's address (TCP), for authentication throttling and logs.
+    pub peer: Option<std::net::SocketAddr>,
 }
 
 impl Accepted {
@@ -172,6 +174,7 @@ impl Accepted {
             writer,
             shutdown,
             busy: None,
+            peer: None,
         }
     }
 }

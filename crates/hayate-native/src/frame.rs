@@ -53,8 +53,85 @@ pub struct Hello {
     pub flags: u16,
     /// The client's name, for logs and admin views.
     pub name: String,
-    /// Opaque authentication data (reserved; empty today).
+    /// Credentials, in one of the forms of [`HelloAuth`] (empty: anonymous).
     pub auth: Bytes,
+}
+
+/// What HELLO's `auth` field holds (docs/protocol.md, *Session*).
+#[derive(Clone, PartialEq, Eq)]
+pub enum HelloAuth {
+    /// Empty: no credentials.
+    Anonymous,
+    /// `0x01`, `user: str16`, `password: bytes16`.
+    Password {
+        /// The user name.
+        user: String,
+        /// The password.
+        password: Bytes,
+    },
+    /// `0x02`, then the token: the rest of the field.
+    Token(Bytes),
+}
+
+impl std::fmt::Debug for HelloAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print secrets.
+        match self {
+            HelloAuth::Anonymous => f.write_str("Anonymous"),
+            HelloAuth::Password { user, .. } => write!(f, "Password {{ user: {user:?}, .. }}"),
+            HelloAuth::Token(_) => f.write_str("Token(..)"),
+        }
+    }
+}
+
+impl HelloAuth {
+    /// The field's bytes.
+    pub fn encode(&self) -> Bytes {
+        match self {
+            HelloAuth::Anonymous => Bytes::new(),
+            HelloAuth::Password { user, password } => {
+                let mut b = Vec::with_capacity(5 + user.len() + password.len());
+                b.push(1);
+                b.extend_from_slice(&(user.len().min(u16::MAX as usize) as u16).to_be_bytes());
+                b.extend_from_slice(&user.as_bytes()[..user.len().min(u16::MAX as usize)]);
+                let n = password.len().min(u16::MAX as usize);
+                b.extend_from_slice(&(n as u16).to_be_bytes());
+                b.extend_from_slice(&password[..n]);
+                b.into()
+            }
+            HelloAuth::Token(t) => {
+                let mut b = Vec::with_capacity(1 + t.len());
+                b.push(2);
+                b.extend_from_slice(t);
+                b.into()
+            }
+        }
+    }
+
+    /// Parses the field; `None` when it is none of the forms (ERR 8).
+    pub fn decode(b: &Bytes) -> Option<HelloAuth> {
+        let Some((&kind, rest)) = b.split_first() else {
+            return Some(HelloAuth::Anonymous);
+        };
+        match kind {
+            1 => {
+                let ulen = usize::from(u16::from_be_bytes(rest.get(..2)?.try_into().ok()?));
+                let user = std::str::from_utf8(rest.get(2..2 + ulen)?).ok()?.to_owned();
+                let rest = &rest[2 + ulen..];
+                let plen = usize::from(u16::from_be_bytes(rest.get(..2)?.try_into().ok()?));
+                if rest.len() != 2 + plen {
+                    return None;
+                }
+                let at = 1 + 2 + ulen + 2;
+                Some(HelloAuth::Password {
+                    user,
+                    password: b.slice(at..at + plen),
+                })
+            }
+            2 => Some(HelloAuth::Token(b.slice(1..))),
+            _ => None,
+        }
+    }
 }
 
 /// WELCOME: the server's answer to HELLO.
@@ -230,7 +307,7 @@ pub enum ErrorCode {
     BadKey,
     /// Unsupported protocol version or magic.
     UnsupportedVersion,
-    /// Not authorized (reserved).
+    /// Refused credentials, or an operation the user's permissions do not allow.
     NotAuthorized,
     /// No input from the peer through `max_pings_out` PINGs: the connection is presumed dead.
     Stale,

@@ -19,5 +19,7 @@ pub use codec::{
     encode_msg_batch_item_head, encode_msg_head, encode_ping, encode_pub, encode_pub_batch_head,
     encode_sub,
 };
-pub use frame::{ConfirmOutcome, ErrorCode, Frame, Hello, MAGIC, PROTOCOL_VERSION, Sub, Welcome};
+pub use frame::{
+    ConfirmOutcome, ErrorCode, Frame, Hello, HelloAuth, MAGIC, PROTOCOL_VERSION, Sub, Welcome,
+};
 pub use read::{LARGE_FRAME, ReadPlanner};

@@ -484,3 +484,36 @@ fn every_frame_type_round_trips() {
     }
     assert!(buf.is_empty());
 }
+
+#[test]
+fn hello_auth_forms_round_trip_and_garbage_is_refused() {
+    use hayate_native::HelloAuth;
+    for a in [
+        HelloAuth::Anonymous,
+        HelloAuth::Password {
+            user: "alice".into(),
+            password: bytes::Bytes::from_static(b"s3cret\0x"),
+        },
+        HelloAuth::Password {
+            user: String::new(),
+            password: bytes::Bytes::new(),
+        },
+        HelloAuth::Token(bytes::Bytes::from_static(b"hyt_abc")),
+    ] {
+        assert_eq!(HelloAuth::decode(&a.encode()), Some(a.clone()), "{a:?}");
+    }
+    for bad in [
+        &b"\x03"[..],
+        b"\x01",
+        b"\x01\x00\x05ab",
+        b"\x01\x00\x01a\x00\x02x",
+        b"\x01\x00\x01a\x00\x01xy",
+        b"\x01\x00\x01\xff\x00\x00",
+    ] {
+        assert_eq!(
+            HelloAuth::decode(&bytes::Bytes::copy_from_slice(bad)),
+            None,
+            "{bad:?}"
+        );
+    }
+}

@@ -165,22 +165,135 @@ impl Default for StompSection {
     }
 }
 
-/// `[auth]`
+/// `[auth]`: who may connect and what they may do (docs/security.md).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthSection {
-    /// Whether clients without a user name may connect.
-    pub allow_anonymous: bool,
-    /// Users and their passwords (`name = "password"`).
-    pub users: std::collections::BTreeMap<String, String>,
+    /// Whether clients without credentials may connect. Unset: yes when no user is
+    /// configured, no otherwise; `true` with users configured is an error (anonymous access
+    /// is off whenever users exist).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_anonymous: Option<bool>,
+    /// Users by name (`[auth.users.NAME]`).
+    pub users: std::collections::BTreeMap<String, UserConfig>,
+    /// Groups' permissions by name (`[auth.groups.NAME]`), joined to their members'.
+    pub groups: std::collections::BTreeMap<String, Permissions>,
+    /// Failed logins from one address within a minute before it is locked out (0: never).
+    pub max_failures: u32,
+    /// Seconds an address stays locked out (its logins refused without being checked).
+    pub lockout_secs: u64,
 }
 
 impl Default for AuthSection {
     fn default() -> Self {
         AuthSection {
-            allow_anonymous: true,
+            allow_anonymous: None,
             users: Default::default(),
+            groups: Default::default(),
+            max_failures: 10,
+            lockout_secs: 60,
         }
+    }
+}
+
+/// `[auth.users.NAME]`. A plain string (`alice = "secret"`, a plaintext password) is refused
+/// with a pointer to `hayate user add`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub struct UserConfig {
+    /// argon2 hash of the password, as a PHC string (`hayate user add NAME` makes it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password_hash: Option<String>,
+    /// Digests of the user's bearer tokens, `sha256:<hex>` (`hayate user token NAME`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tokens: Vec<String>,
+    /// Groups whose permissions the user also has.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
+    /// The user's own permissions.
+    #[serde(skip_serializing_if = "Permissions::is_empty")]
+    pub permissions: Permissions,
+}
+
+impl UserConfig {
+    /// A user logging in with `password` (hashed here with argon2; tests and tools).
+    pub fn with_password(password: &str) -> Result<UserConfig, String> {
+        Ok(UserConfig {
+            password_hash: Some(crate::auth::hash_password(password)?),
+            ..UserConfig::default()
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UserTable {
+    #[serde(default)]
+    password_hash: Option<String>,
+    #[serde(default)]
+    tokens: Vec<String>,
+    #[serde(default)]
+    groups: Vec<String>,
+    #[serde(default)]
+    permissions: Permissions,
+}
+
+impl<'de> Deserialize<'de> for UserConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = UserConfig;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a user table (password_hash, tokens, groups, permissions)")
+            }
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<UserConfig, E> {
+                Err(E::custom(
+                    "plaintext passwords are refused: store an argon2 hash instead \
+                     (`hayate user add NAME` prints the [auth.users.NAME] table)",
+                ))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, m: A) -> Result<UserConfig, A::Error> {
+                let t = UserTable::deserialize(serde::de::value::MapAccessDeserializer::new(m))?;
+                Ok(UserConfig {
+                    password_hash: t.password_hash,
+                    tokens: t.tokens,
+                    groups: t.groups,
+                    permissions: t.permissions,
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Allow and deny rules on key expressions (MQTT topics and STOMP destinations are checked
+/// as the keys they map to). An allow list that is absent allows every key; deny wins.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Permissions {
+    /// Keys the user may publish on (without a reply-to).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub publish: Option<Vec<String>>,
+    /// Expressions the user may subscribe to (without a queue group).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subscribe: Option<Vec<String>>,
+    /// Expressions the user may serve: subscribe to in a queue group (unset: as `subscribe`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serve: Option<Vec<String>>,
+    /// Keys the user may call: publish on with a reply-to (unset: as `publish`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call: Option<Vec<String>>,
+    /// Keys the user may not publish or call on.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub deny_publish: Vec<String>,
+    /// Keys the user may not receive, through any subscription or queue group.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub deny_subscribe: Vec<String>,
+}
+
+impl Permissions {
+    /// No rule at all.
+    pub fn is_empty(&self) -> bool {
+        *self == Permissions::default()
     }
 }
 
@@ -289,6 +402,7 @@ impl Config {
 
     /// Checks values are in range.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        crate::auth::ConfigAuth::from_section(&self.auth).map_err(ConfigError::Invalid)?;
         for s in &self.stream {
             s.check()
                 .map_err(|e| ConfigError::Invalid(format!("[[stream]] {e}")))?;

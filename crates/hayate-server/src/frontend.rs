@@ -179,3 +179,112 @@ impl Memberships {
         rest
     }
 }
+
+/// Why a subscription was refused.
+#[derive(Debug)]
+pub(crate) enum SubFail {
+    /// The identity's permissions (or the inbox rule) do not allow it.
+    Denied(crate::auth::Denied),
+    /// The broker refused it (a duplicate id).
+    Broker(hayate_broker::SubscribeError),
+}
+
+impl std::fmt::Display for SubFail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SubFail::Denied(d) => d.fmt(f),
+            SubFail::Broker(e) => e.fmt(f),
+        }
+    }
+}
+
+/// Subscribes `session` through `who`'s permissions: refused, or subscribed with a guard
+/// that keeps from it the keys its expression covers but `who` may not read. Every
+/// front-end subscribes through this.
+pub(crate) fn subscribe_checked(
+    session: &mut hayate_broker::Session,
+    who: &crate::auth::Identity,
+    sid: u32,
+    expr: hayate_core::KeyExpr,
+    group: Option<&str>,
+    qos: hayate_core::Qos,
+) -> Result<(), SubFail> {
+    let guard = who
+        .access
+        .check_subscribe(&expr, group.is_some(), session.inbox())
+        .map_err(|d| {
+            tracing::info!(
+                user = who.name(),
+                expr = expr.as_str(),
+                "subscription refused: {d}"
+            );
+            SubFail::Denied(d)
+        })?;
+    session
+        .subscribe_guarded(sid, expr, group, qos, guard)
+        .map_err(SubFail::Broker)
+}
+
+/// May `who` publish `msg`? Logs a refusal. Every front-end publishes through this.
+pub(crate) fn check_publish(
+    who: &crate::auth::Identity,
+    key: &hayate_core::Key,
+    with_reply: bool,
+) -> Result<(), crate::auth::Denied> {
+    who.access.check_publish(key, with_reply).map_err(|d| {
+        tracing::info!(
+            user = who.name(),
+            key = key.as_str(),
+            "publish refused: {d}"
+        );
+        d
+    })
+}
+
+/// May `who` join `consumer` (a work queue: serving)? Checked on the consumer's filter, or on
+/// each expression its stream captures.
+pub(crate) fn check_consume(
+    who: &crate::auth::Identity,
+    stream: &hayate_broker::Stream,
+    consumer: &hayate_broker::Consumer,
+) -> Result<(), crate::auth::Denied> {
+    let exprs: Vec<hayate_core::KeyExpr> = match consumer
+        .config()
+        .filter
+        .as_deref()
+        .and_then(|f| hayate_core::KeyExpr::new(f).ok())
+    {
+        Some(f) => vec![f],
+        None => stream
+            .config()
+            .capture
+            .iter()
+            .filter_map(|c| hayate_core::KeyExpr::new(c).ok())
+            .collect(),
+    };
+    let rule = &who.access.serve;
+    if rule.is_open() {
+        return Ok(());
+    }
+    for e in &exprs {
+        // A consumer's deliveries are not filtered per member: all of it must be allowed.
+        let ok = !rule.deny.iter().any(|d| d.intersects(e))
+            && rule
+                .allow
+                .as_ref()
+                .is_none_or(|a| a.iter().any(|x| x.includes(e)));
+        if !ok {
+            let d = crate::auth::Denied::Rule {
+                what: "serve",
+                on: e.as_str().to_owned(),
+            };
+            tracing::info!(
+                user = who.name(),
+                stream = stream.name(),
+                "consume refused: {d}"
+            );
+            return Err(d);
+        }
+    }
+    Ok(())
+}

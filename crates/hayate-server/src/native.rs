@@ -9,7 +9,10 @@ use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 
 use hayate_broker::{Batch, Broker, Delivery, Encoder, OutBuf, Outbox, Session, Settle, Stored};
-use hayate_core::{INBOX_PREFIX, Message};
+use hayate_core::Message;
+use hayate_native::HelloAuth;
+
+use crate::auth::{Authenticator, Credentials, Identity};
 use hayate_native::{
     ConfirmOutcome, ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, encode,
     encode_msg_acked_head, encode_msg_batch_head, encode_msg_head,
@@ -132,11 +135,18 @@ struct Native {
     confirms: FuturesUnordered<PendingConfirm>,
     /// Stream consumers this connection is a member of, by subscription id.
     consumers: frontend::Memberships,
+    auth: Arc<dyn Authenticator>,
+    /// Who the client is (anonymous until HELLO's credentials are checked).
+    identity: Identity,
+    peer: Option<std::net::IpAddr>,
 }
 
 impl Native {
     async fn handle_other(&mut self, frame: Frame) -> Result<(), End> {
         let was_welcomed = self.welcomed;
+        if let (false, Frame::Hello(h)) = (self.welcomed, &frame) {
+            self.login(h).await?;
+        }
         if let Frame::PubConfirm { id, msg } = frame {
             if !self.welcomed {
                 return Err(End::Error(
@@ -145,6 +155,8 @@ impl Native {
                 ));
             }
             check_payload(msg.payload.len(), &self.limits).map_err(|(c, m)| End::Error(c, m))?;
+            frontend::check_publish(&self.identity, &msg.key, msg.reply_to.is_some())
+                .map_err(|d| End::Error(ErrorCode::NotAuthorized, d.to_string()))?;
             let (_, stored) = self.session.publish_stored(Batch::One(&msg)).await;
             confirm(id, stored, &mut self.session, &mut self.confirms);
             return Ok(());
@@ -155,6 +167,7 @@ impl Native {
             &mut self.welcomed,
             &self.limits,
             &self.server_name,
+            &self.identity,
         )
         .await
         {
@@ -165,6 +178,39 @@ impl Native {
         if self.welcomed && !was_welcomed {
             self.deadline = self.keepalive.interval.map(|i| Instant::now() + i);
         }
+        Ok(())
+    }
+
+    /// Checks HELLO's credentials; on success the connection's identity is the user's.
+    async fn login(&mut self, h: &hayate_native::Hello) -> Result<(), End> {
+        let refused = |m: String| End::Error(ErrorCode::NotAuthorized, m);
+        let Some(form) = HelloAuth::decode(&h.auth) else {
+            return Err(refused(
+                "HELLO's auth field is none of its forms (empty, 0x01 user/password, 0x02 token)"
+                    .into(),
+            ));
+        };
+        let creds = match &form {
+            HelloAuth::Anonymous => Credentials::default(),
+            HelloAuth::Password { user, password } => Credentials {
+                user: Some(user),
+                password: Some(password),
+                ..Credentials::default()
+            },
+            HelloAuth::Token(t) => Credentials {
+                token: Some(t),
+                ..Credentials::default()
+            },
+        };
+        let creds = Credentials {
+            peer: self.peer,
+            ..creds
+        };
+        self.identity = self
+            .auth
+            .authenticate("native", creds)
+            .await
+            .map_err(|e| refused(e.to_string()))?;
         Ok(())
     }
 
@@ -188,6 +234,8 @@ impl Native {
         let consumer = s
             .consumer(name)
             .ok_or_else(|| bad(format!("no consumer {stream}/{name}")))?;
+        frontend::check_consume(&self.identity, &s, &consumer)
+            .map_err(|d| End::Error(ErrorCode::NotAuthorized, d.to_string()))?;
         self.consumers.join(&self.session, sid, consumer, false);
         Ok(())
     }
@@ -341,7 +389,9 @@ pub async fn serve(
     limits: Arc<Limits>,
     server_name: Arc<str>,
     keepalive: Keepalive,
+    auth: Arc<dyn Authenticator>,
 ) {
+    let peer = io.peer.map(|a| a.ip());
     let session = broker.open_session(Box::new(NativeEncoder));
     let outbox = session.outbox().clone();
     let mut conn = frontend::Conn::new(io, BytesMut::with_capacity(READ_BUF), &outbox);
@@ -359,6 +409,9 @@ pub async fn serve(
         pings_out: 0,
         confirms: FuturesUnordered::new(),
         consumers: frontend::Memberships::default(),
+        auth,
+        identity: Identity::anonymous(),
+        peer,
     };
     let end = conn.drive(&mut h).await;
     // What this connection's consumer memberships had in flight goes back to the consumers.
@@ -399,6 +452,7 @@ async fn handle(
     welcomed: &mut bool,
     limits: &Limits,
     server_name: &str,
+    who: &Identity,
 ) -> Result<bool, Refusal> {
     if !*welcomed {
         let Frame::Hello(h) = frame else {
@@ -419,7 +473,7 @@ async fn handle(
             session: session.id(),
             max_payload: limits.max_payload,
             server: server_name.to_string(),
-            inbox: format!("{INBOX_PREFIX}/{}", session.id()),
+            inbox: session.inbox().to_owned(),
         });
         session.outbox().push_control_unbudgeted(|b| encode(&w, b));
         session.mark_own_output();
@@ -428,6 +482,8 @@ async fn handle(
     match frame {
         Frame::Pub(m) => {
             check_payload(m.payload.len(), limits)?;
+            frontend::check_publish(who, &m.key, m.reply_to.is_some())
+                .map_err(|d| (ErrorCode::NotAuthorized, d.to_string()))?;
             if m.key.as_bytes().starts_with(API_PREFIX.as_bytes()) {
                 api_request(session, &m).await;
             } else {
@@ -438,6 +494,8 @@ async fn handle(
             for p in &payloads {
                 check_payload(p.len(), limits)?;
             }
+            frontend::check_publish(who, &key, false)
+                .map_err(|d| (ErrorCode::NotAuthorized, d.to_string()))?;
             session
                 .publish(Batch::Plain {
                     key: &key,
@@ -446,9 +504,11 @@ async fn handle(
                 .await;
         }
         Frame::Sub(s) => {
-            session
-                .subscribe(s.sid, s.expr, s.group.as_deref(), s.qos)
-                .map_err(|e| (ErrorCode::BadSubscription, e.to_string()))?;
+            frontend::subscribe_checked(session, who, s.sid, s.expr, s.group.as_deref(), s.qos)
+                .map_err(|e| match e {
+                    frontend::SubFail::Denied(d) => (ErrorCode::NotAuthorized, d.to_string()),
+                    frontend::SubFail::Broker(e) => (ErrorCode::BadSubscription, e.to_string()),
+                })?;
         }
         Frame::Unsub { sid } => {
             // Unacknowledged deliveries go to another member first (they need the

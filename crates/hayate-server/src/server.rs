@@ -12,7 +12,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::auth::ConfigAuth;
+use crate::auth::{Authenticator, ConfigAuth};
 use crate::config::{Config, Limits};
 use crate::frontend::Accepted;
 use crate::mqtt::Mqtt;
@@ -61,6 +61,7 @@ pub struct Server {
     keepalive: native::Keepalive,
     mqtt: Arc<Mqtt>,
     stomp: Arc<Stomp>,
+    auth: Arc<dyn Authenticator>,
     busy_poll: Duration,
     /// The busy-polling state its connections note input in (when `busy_poll` is set).
     busy: Option<BusyPoll>,
@@ -152,9 +153,17 @@ impl Server {
             max_streams: config.limits.max_streams as usize,
             max_consumers: config.limits.max_consumers as usize,
         });
-        let auth = Arc::new(ConfigAuth::new(&config.auth));
+        let auth: Arc<dyn Authenticator> = match ConfigAuth::from_section(&config.auth) {
+            Ok(a) => Arc::new(a),
+            Err(e) => {
+                // `bind` validates first; a server assembled from an invalid section fails
+                // closed.
+                tracing::error!("[auth]: {e}: every login is refused");
+                Arc::new(ConfigAuth::deny_all())
+            }
+        };
         let mqtt = Mqtt::new(broker.clone(), config, auth.clone());
-        let stomp = Stomp::new(broker.clone(), config, auth);
+        let stomp = Stomp::new(broker.clone(), config, auth.clone());
         Server {
             broker,
             listeners,
@@ -167,6 +176,7 @@ impl Server {
             },
             mqtt,
             stomp,
+            auth,
             busy_poll: Duration::from_micros(config.server.busy_poll_us),
             busy: (config.server.busy_poll_us > 0).then(BusyPoll::new),
         }
@@ -245,6 +255,7 @@ impl Server {
                 live: live.clone(),
                 mqtt: self.mqtt.clone(),
                 stomp: self.stomp.clone(),
+                auth: self.auth.clone(),
             };
             if let Listener::Unix(_, p) = &l {
                 paths.push(p.clone());
@@ -284,6 +295,7 @@ struct Ctx {
     live: Arc<AtomicUsize>,
     mqtt: Arc<Mqtt>,
     stomp: Arc<Stomp>,
+    auth: Arc<dyn Authenticator>,
 }
 
 struct LiveGuard(Arc<AtomicUsize>);
@@ -296,16 +308,16 @@ impl Drop for LiveGuard {
 async fn accept_loop(l: Listener, ctx: Ctx) {
     loop {
         let accepted = match &l {
-            Listener::Tcp(t, p) => t.accept().await.map(|(s, _)| {
+            Listener::Tcp(t, p) => t.accept().await.map(|(s, a)| {
                 let _ = s.set_nodelay(true);
-                (Stream::Tcp(s), *p)
+                (Stream::Tcp(s), *p, Some(a))
             }),
             Listener::Unix(u, _) => u
                 .accept()
                 .await
-                .map(|(s, _)| (Stream::Unix(s), Protocol::Native)),
+                .map(|(s, _)| (Stream::Unix(s), Protocol::Native, None)),
         };
-        let (stream, proto) = match accepted {
+        let (stream, proto, peer) = match accepted {
             Ok(rw) => rw,
             Err(e) => {
                 tracing::warn!("accept failed: {e}");
@@ -343,10 +355,11 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
                 writer: w,
                 shutdown: c.stop,
                 busy: c.busy,
+                peer,
             };
             match proto {
                 Protocol::Native => {
-                    native::serve(io, c.broker, c.limits, c.name, c.keepalive).await;
+                    native::serve(io, c.broker, c.limits, c.name, c.keepalive, c.auth).await;
                 }
                 Protocol::Mqtt | Protocol::MqttWs => {
                     mqtt::conn::serve(io, c.mqtt).await;

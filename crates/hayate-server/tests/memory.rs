@@ -52,7 +52,7 @@ impl Hub {
         let mut config = Config::default();
         config.server.data_dir.clear(); // nothing on disk
         let broker = Broker::new(BrokerConfig::default());
-        let auth = Arc::new(ConfigAuth::new(&config.auth));
+        let auth = Arc::new(ConfigAuth::from_section(&config.auth).expect("default auth"));
         Hub {
             mqtt: Mqtt::new(broker.clone(), &config, auth.clone()),
             stomp: Stomp::new(broker, &config, auth),

@@ -342,8 +342,11 @@ async fn silent_client_is_dropped_after_twice_its_heart_beat() {
 #[tokio::test]
 async fn bad_credentials_are_refused() {
     let mut config = hayate_server::Config::default();
-    config.auth.allow_anonymous = false;
-    config.auth.users.insert("alice".into(), "secret".into());
+    config.auth.allow_anonymous = Some(false);
+    config.auth.users.insert(
+        "alice".into(),
+        hayate_server::config::UserConfig::with_password("secret").unwrap(),
+    );
     let b = start(config).await;
     let _ok = Stomp::connect_with(&b.stomp, &[("login", "alice"), ("passcode", "secret")]).await;
     let mut raw = TcpStream::connect(&b.stomp).await.unwrap();

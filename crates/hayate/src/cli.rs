@@ -35,6 +35,8 @@ pub(crate) enum Command {
     Config(ConfigCmd),
     /// Manage streams (durable logs of captured keys) on a running broker.
     Stream(crate::stream::StreamArgs),
+    /// Users of the `[auth]` section: hash a password, make a token.
+    User(crate::user::UserArgs),
 }
 
 #[derive(Debug, Args, Default)]
@@ -82,6 +84,38 @@ pub(crate) enum ConfigCmd {
     Show(Box<BrokerArgs>),
 }
 
+/// Credentials of the client commands (also `hayate://user:password@host:port`).
+#[derive(Debug, Args, Default, Clone)]
+pub(crate) struct ClientAuth {
+    /// User name to log in as (with --password).
+    #[arg(long, global = true, env = "HAYATE_USER")]
+    pub(crate) user: Option<String>,
+    /// Password of --user (prefer the environment variable: a flag shows in `ps`).
+    #[arg(long, global = true, env = "HAYATE_PASSWORD", hide_env_values = true)]
+    pub(crate) password: Option<String>,
+    /// Bearer token (`hyt_...`, from `hayate user token`).
+    #[arg(
+        long,
+        global = true,
+        env = "HAYATE_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "user"
+    )]
+    pub(crate) token: Option<String>,
+}
+
+impl ClientAuth {
+    /// Connection options with these credentials.
+    pub(crate) fn options(&self, name: &str) -> hayate_client::ConnectOptions {
+        let o = hayate_client::ConnectOptions::default().name(name);
+        match (&self.token, &self.user) {
+            (Some(t), _) => o.token(t),
+            (None, Some(u)) => o.password(u, self.password.as_deref().unwrap_or("")),
+            (None, None) => o,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct PubArgs {
     /// Key to publish on, e.g. `demo/x`.
@@ -95,9 +129,11 @@ pub(crate) struct PubArgs {
     /// and print it.
     #[arg(long)]
     pub(crate) confirm: bool,
-    /// Broker address (`HOST:PORT` or `unix:PATH`).
+    /// Broker address (`HOST:PORT`, `user:password@HOST:PORT` or `unix:PATH`).
     #[arg(long, env = "HAYATE_SERVER", default_value = DEFAULT_SERVER)]
     pub(crate) server: String,
+    #[command(flatten)]
+    pub(crate) auth: ClientAuth,
 }
 
 #[derive(Debug, Args)]
@@ -110,9 +146,11 @@ pub(crate) struct SubArgs {
     /// Exit after this many messages (0 = never).
     #[arg(long, default_value_t = 0)]
     pub(crate) count: u64,
-    /// Broker address (`HOST:PORT` or `unix:PATH`).
+    /// Broker address (`HOST:PORT`, `user:password@HOST:PORT` or `unix:PATH`).
     #[arg(long, env = "HAYATE_SERVER", default_value = DEFAULT_SERVER)]
     pub(crate) server: String,
+    #[command(flatten)]
+    pub(crate) auth: ClientAuth,
 }
 
 #[derive(Debug, Args)]
@@ -124,9 +162,11 @@ pub(crate) struct RequestArgs {
     /// How long to wait for the reply (e.g. `500ms`, `2s`).
     #[arg(long, default_value = "5s")]
     pub(crate) timeout: String,
-    /// Broker address (`HOST:PORT` or `unix:PATH`).
+    /// Broker address (`HOST:PORT`, `user:password@HOST:PORT` or `unix:PATH`).
     #[arg(long, env = "HAYATE_SERVER", default_value = DEFAULT_SERVER)]
     pub(crate) server: String,
+    #[command(flatten)]
+    pub(crate) auth: ClientAuth,
 }
 
 #[derive(Debug, Args)]
@@ -139,9 +179,11 @@ pub(crate) struct ReplyArgs {
     /// Exit after this many replies (0 = never).
     #[arg(long, default_value_t = 0)]
     pub(crate) count: u64,
-    /// Broker address (`HOST:PORT` or `unix:PATH`).
+    /// Broker address (`HOST:PORT`, `user:password@HOST:PORT` or `unix:PATH`).
     #[arg(long, env = "HAYATE_SERVER", default_value = DEFAULT_SERVER)]
     pub(crate) server: String,
+    #[command(flatten)]
+    pub(crate) auth: ClientAuth,
     /// Serve peer to peer instead of through a broker: listen on this address (`HOST:PORT`,
     /// port 0 for a free one) for clients that connect directly (`hayate request --server`
     /// with the address printed at start).

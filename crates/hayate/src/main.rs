@@ -4,6 +4,7 @@ mod bench;
 mod cli;
 mod durable;
 mod stream;
+mod user;
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
@@ -48,6 +49,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Reply(a) => reply(a).await,
         Command::Bench(a) => bench::run(*a).await,
         Command::Stream(a) => stream::run(a).await,
+        Command::User(a) => user::run(a),
         Command::Config(ConfigCmd::Default) => {
             print!("{DEFAULT_CONFIG}");
             Ok(())
@@ -141,8 +143,8 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-async fn connect(server: &str, name: &str) -> Result<Client> {
-    Client::connect_with(server, hayate_client::ConnectOptions::default().name(name))
+async fn connect(server: &str, auth: &cli::ClientAuth, name: &str) -> Result<Client> {
+    Client::connect_with(server, auth.options(name))
         .await
         .with_context(|| format!("cannot connect to {server}"))
 }
@@ -157,7 +159,7 @@ async fn publish(a: cli::PubArgs) -> Result<()> {
             v.into()
         }
     };
-    let c = connect(&a.server, "hayate-pub").await?;
+    let c = connect(&a.server, &a.auth, "hayate-pub").await?;
     for _ in 0..a.count {
         if a.confirm {
             match c
@@ -182,7 +184,7 @@ async fn publish(a: cli::PubArgs) -> Result<()> {
 }
 
 async fn subscribe(a: cli::SubArgs) -> Result<()> {
-    let c = connect(&a.server, "hayate-sub").await?;
+    let c = connect(&a.server, &a.auth, "hayate-sub").await?;
     let mut sub = c
         .subscribe_with(
             &a.expr,
@@ -219,7 +221,7 @@ fn show_payload(p: &[u8]) -> std::borrow::Cow<'_, str> {
 
 async fn request(a: cli::RequestArgs) -> Result<()> {
     let key = Key::new(&a.key).with_context(|| format!("invalid key {:?}", a.key))?;
-    let c = connect(&a.server, "hayate-request").await?;
+    let c = connect(&a.server, &a.auth, "hayate-request").await?;
     let timeout = cli::parse_duration(&a.timeout)?;
     let reply = c.request(&key, a.payload.clone(), timeout).await?;
     println!("{}", show_payload(&reply.payload));
@@ -231,7 +233,7 @@ async fn reply(a: cli::ReplyArgs) -> Result<()> {
     if let Some(addr) = &a.direct {
         return reply_direct(addr, &a.expr, a.count).await;
     }
-    let c = connect(&a.server, "hayate-reply").await?;
+    let c = connect(&a.server, &a.auth, "hayate-reply").await?;
     let mut sub = match &a.group {
         Some(g) => c.queue_subscribe(&a.expr, g).await?,
         None => c.subscribe(&a.expr).await?,

@@ -16,6 +16,8 @@ pub(crate) struct StreamArgs {
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
+    #[command(flatten)]
+    auth: crate::cli::ClientAuth,
 }
 
 #[derive(Debug, Subcommand)]
@@ -94,12 +96,9 @@ fn show(info: &[StreamInfo], json: bool) -> Result<()> {
 }
 
 pub(crate) async fn run(a: StreamArgs) -> Result<()> {
-    let c = hayate_client::Client::connect_with(
-        &a.server,
-        hayate_client::ConnectOptions::default().name("hayate-stream"),
-    )
-    .await
-    .with_context(|| format!("cannot connect to {}", a.server))?;
+    let c = hayate_client::Client::connect_with(&a.server, a.auth.options("hayate-stream"))
+        .await
+        .with_context(|| format!("cannot connect to {}", a.server))?;
     let s = c.streams();
     match a.cmd {
         StreamCmd::Add {

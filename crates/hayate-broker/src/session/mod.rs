@@ -35,6 +35,28 @@ pub struct Session {
     scratch: VecDeque<Bytes>,
     /// Reused for stored messages' metadata.
     meta: Vec<u8>,
+    /// This session's reply inbox, `_inbox/<24 random hex digits>`: unguessable, and readable
+    /// by this session alone when permissions are enforced.
+    inbox: Arc<str>,
+}
+
+/// A fresh inbox name: 96 random bits (a fallback mixes the session id into a per-process
+/// random hasher if the OS has no randomness to give).
+fn new_inbox(id: u64) -> Arc<str> {
+    let mut b = [0u8; 12];
+    if getrandom::fill(&mut b).is_err() {
+        use std::hash::BuildHasher;
+        let h = foldhash::fast::RandomState::default().hash_one((id, std::time::Instant::now()));
+        b[..8].copy_from_slice(&h.to_le_bytes());
+        b[8..].copy_from_slice(&(id as u32).to_le_bytes());
+    }
+    let mut s = String::with_capacity(hayate_core::INBOX_PREFIX.len() + 25);
+    s.push_str(hayate_core::INBOX_PREFIX);
+    s.push('/');
+    for x in b {
+        s.push_str(&format!("{x:02x}"));
+    }
+    s.into()
 }
 
 const CACHE_LIMIT: usize = 4096;
@@ -51,7 +73,14 @@ impl Session {
             to_flush: Vec::new(),
             scratch: VecDeque::new(),
             meta: Vec::new(),
+            inbox: new_inbox(id),
         }
+    }
+
+    /// This session's reply inbox (`_inbox/<random>`): replies to its requests are
+    /// published under it.
+    pub fn inbox(&self) -> &str {
+        &self.inbox
     }
 
     /// The session id (unique for the broker's life).
@@ -81,6 +110,19 @@ impl Session {
         expr: KeyExpr,
         group: Option<&str>,
         qos: Qos,
+    ) -> Result<(), SubscribeError> {
+        self.subscribe_guarded(sid, expr, group, qos, None)
+    }
+
+    /// [`Session::subscribe`], with a guard that decides key by key what the subscription
+    /// may receive (permissions; see [`crate::KeyGuard`]).
+    pub fn subscribe_guarded(
+        &mut self,
+        sid: u32,
+        expr: KeyExpr,
+        group: Option<&str>,
+        qos: Qos,
+        guard: Option<Arc<dyn crate::KeyGuard>>,
     ) -> Result<(), SubscribeError> {
         if self.subs.contains_key(&sid) {
             return Err(SubscribeError::DuplicateId(sid));
@@ -112,6 +154,7 @@ impl Session {
                 outbox: self.outbox.clone(),
                 group: group.clone(),
                 qos,
+                guard: guard.clone(),
             },
         );
         // A declared queue's waiting messages go to its first member, before anything
@@ -121,6 +164,9 @@ impl Session {
             && let Some((_, backlog)) = reg.queues.get(g)
         {
             for m in backlog.open() {
+                if guard.as_ref().is_some_and(|g| !g.admits(&m.key)) {
+                    continue; // not this member's to read: dropped, as a route would skip it
+                }
                 self.outbox.force_unbudgeted(sid, 0, Batch::One(&m));
                 drained = true;
             }

@@ -121,15 +121,46 @@ async fn open(addr: &str) -> Result<(Reader, Writer)> {
     Ok(transport::tcp(s))
 }
 
+/// Splits credentials off an address: `[hayate://]user:password@host:port` → (the address
+/// without them, the credentials). A `user` without `:password` logs in with an empty
+/// password; a password starting `hyt_` with an empty user is a token.
+pub(crate) fn split_credentials(addr: &str) -> (String, Option<crate::Auth>) {
+    let (scheme, rest) = match addr.strip_prefix("hayate://") {
+        Some(r) => ("hayate://", r),
+        None => ("", addr),
+    };
+    if rest.starts_with("unix:") {
+        return (addr.to_owned(), None);
+    }
+    let Some((cred, host)) = rest.rsplit_once('@') else {
+        return (addr.to_owned(), None);
+    };
+    let (user, password) = cred.split_once(':').unwrap_or((cred, ""));
+    let auth = if user.is_empty() && password.starts_with("hyt_") {
+        crate::Auth::Token(Bytes::copy_from_slice(password.as_bytes()))
+    } else {
+        crate::Auth::Password {
+            user: user.to_owned(),
+            password: Bytes::copy_from_slice(password.as_bytes()),
+        }
+    };
+    (format!("{scheme}{host}"), Some(auth))
+}
+
 pub(crate) async fn connect(addr: &str, options: ConnectOptions) -> Result<Arc<Inner>> {
-    let (mut r, w) = open(addr).await?;
+    let (addr, from_url) = split_credentials(addr);
+    let auth = match (&options.auth, from_url) {
+        (crate::Auth::Anonymous, Some(a)) => a,
+        (a, _) => a.clone(),
+    };
+    let (mut r, w) = open(&addr).await?;
     let mut b = BytesMut::new();
     encode(
         &Frame::Hello(Hello {
             version: PROTOCOL_VERSION,
             flags: 0,
             name: truncate(&options.name, u16::MAX as usize).to_string(),
-            auth: Bytes::new(),
+            auth: auth.encode(),
         }),
         &mut b,
     );

@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use super::delivery::{Link, lock, put_packet};
 use super::translate::will_message;
 use super::{Mqtt, MqttSession, PendingWill};
-use crate::auth::AuthError;
+use crate::auth::{AuthError, Credentials};
 use crate::frontend::{self, Accepted};
 
 mod packets;
@@ -62,6 +62,8 @@ enum End {
 /// The connection's settings and per-connection state.
 struct Conn<'a> {
     mqtt: &'a Mqtt,
+    /// Who the client is: its permissions.
+    identity: crate::auth::Identity,
     version: ProtocolVersion,
     /// Topic aliases the client set (alias → topic).
     aliases: HashMap<u16, ByteStr>,
@@ -113,6 +115,7 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         writer,
         mut shutdown,
         busy,
+        peer,
     } = io;
     let mut buf = BytesMut::with_capacity(READ_BUF);
     let max_packet = mqtt.cfg.max_packet_size;
@@ -180,18 +183,24 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         refuse(ReasonCode::BadAuthenticationMethod).await;
         return;
     }
-    if let Err(e) = mqtt.auth.authenticate(
-        "mqtt",
-        connect.username.as_deref(),
-        connect.password.as_deref(),
-    ) {
-        refuse(match e {
-            AuthError::NotAuthorized => ReasonCode::NotAuthorized,
-            AuthError::BadCredentials => ReasonCode::BadUserNameOrPassword,
-        })
-        .await;
-        return;
-    }
+    let creds = Credentials {
+        user: connect.username.as_deref(),
+        password: connect.password.as_deref(),
+        token: None,
+        peer: peer.map(|a| a.ip()),
+    };
+    let identity = match mqtt.auth.authenticate("mqtt", creds).await {
+        Ok(id) => id,
+        Err(e) => {
+            refuse(match e {
+                AuthError::NotAuthorized => ReasonCode::NotAuthorized,
+                AuthError::BadCredentials => ReasonCode::BadUserNameOrPassword,
+                AuthError::Throttled => ReasonCode::ServerBusy,
+            })
+            .await;
+            return;
+        }
+    };
     let mut assigned = None;
     let client_id = if connect.client_id.is_empty() {
         if !version.is_v5() && !connect.clean_start {
@@ -211,6 +220,12 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
             return;
         }
     };
+    if let Some(w) = &will
+        && crate::frontend::check_publish(&identity, &w.0.key, w.0.reply_to.is_some()).is_err()
+    {
+        refuse(ReasonCode::NotAuthorized).await;
+        return;
+    }
     let expiry = if version.is_v5() {
         connect
             .properties
@@ -278,6 +293,7 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         writer,
         shutdown,
         busy,
+        peer,
     };
     let mut io = frontend::Conn::new(accepted, buf, &outbox);
     outbox.push_reply_unbudgeted(|o| {
@@ -290,6 +306,7 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
 
     let conn = Conn {
         mqtt: &mqtt,
+        identity,
         version,
         aliases: HashMap::new(),
         expiry,

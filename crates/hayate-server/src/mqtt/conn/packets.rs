@@ -268,6 +268,11 @@ impl Conn<'_> {
         let sys = crate::mqtt::is_sys(topic.as_str());
         let msg = publish_message(topic, p)
             .map_err(|e| fail(ReasonCode::TopicNameInvalid, e.to_string()))?;
+        // A PUBLISH the user may not make (or into `$SYS`) is acknowledged and dropped, as
+        // `$SYS` always was: 5.0 acknowledgements say Not authorized (`publish`).
+        let sys = sys
+            || crate::frontend::check_publish(&self.identity, &msg.key, msg.reply_to.is_some())
+                .is_err();
         self.mqtt.stats.received.fetch_add(1, Ordering::Relaxed);
         Ok((msg, sys))
     }
@@ -281,6 +286,20 @@ impl Conn<'_> {
         sys: bool,
         ms: &mut MqttSession,
     ) -> Result<(), Fail> {
+        if sys
+            && self.version.is_v5()
+            && let Some(pid) = packet_id
+            && qos != QoS::AtMostOnce
+        {
+            let ack = Ack::with_reason(pid, ReasonCode::NotAuthorized);
+            let p = if qos == QoS::AtLeastOnce {
+                Packet::PubAck(ack)
+            } else {
+                Packet::PubRec(ack)
+            };
+            self.reply(ms, &p);
+            return Ok(());
+        }
         match (qos, packet_id) {
             (QoS::AtMostOnce, _) => {
                 if !sys {
@@ -449,10 +468,14 @@ impl Conn<'_> {
                     // re-registers the subscription with the broker (same id).
                     if before.map(broker_qos) != Some(broker_qos(o.qos)) {
                         ms.session.unsubscribe(sid);
-                        if let Err(e) =
-                            ms.session
-                                .subscribe(sid, expr.clone(), group, broker_qos(o.qos))
-                        {
+                        if let Err(e) = crate::frontend::subscribe_checked(
+                            &mut ms.session,
+                            &self.identity,
+                            sid,
+                            expr.clone(),
+                            group,
+                            broker_qos(o.qos),
+                        ) {
                             tracing::warn!("mqtt: subscribe failed: {e}");
                         }
                     }
@@ -462,13 +485,25 @@ impl Conn<'_> {
                     let sid = ms.subs.next_sid();
                     // Options first: a delivery may arrive as soon as the broker knows.
                     lock(&ms.out).set_sub(sid, info);
-                    if let Err(e) =
-                        ms.session
-                            .subscribe(sid, expr.clone(), group, broker_qos(o.qos))
-                    {
+                    if let Err(e) = crate::frontend::subscribe_checked(
+                        &mut ms.session,
+                        &self.identity,
+                        sid,
+                        expr.clone(),
+                        group,
+                        broker_qos(o.qos),
+                    ) {
                         lock(&ms.out).remove_sub(sid);
-                        tracing::warn!("mqtt: subscribe failed: {e}");
-                        codes.push(ReasonCode::UnspecifiedError);
+                        codes.push(match e {
+                            crate::frontend::SubFail::Denied(_) if v.is_v5() => {
+                                ReasonCode::NotAuthorized
+                            }
+                            crate::frontend::SubFail::Denied(_) => ReasonCode::UnspecifiedError,
+                            crate::frontend::SubFail::Broker(e) => {
+                                tracing::warn!("mqtt: subscribe failed: {e}");
+                                ReasonCode::UnspecifiedError
+                            }
+                        });
                         continue;
                     }
                     ms.subs.bind(sub.filter.as_str().to_string(), sid);

@@ -36,7 +36,7 @@ impl Conn<'_> {
         if !self.connected {
             return match f.command {
                 Command::Connect | Command::Stomp => {
-                    self.connect(&f, session)?;
+                    self.connect(&f, session).await?;
                     Ok(true)
                 }
                 other => Err(refuse(
@@ -197,6 +197,8 @@ impl Conn<'_> {
             .get("destination")
             .ok_or_else(|| refuse("missing destination", "SEND needs a destination header"))?;
         let key = self.send_key(dest, session)?;
+        crate::frontend::check_publish(&self.identity, &key, f.get("reply-to").is_some())
+            .map_err(|d| refuse("access refused", d.to_string()))?;
         let mut msg = Message::new(key, f.body.clone());
         if let Some(r) = f.get("reply-to") {
             msg.reply_to = Some(if let Some(t) = r.strip_prefix("/temp-queue/") {
@@ -318,9 +320,19 @@ impl Conn<'_> {
         } else {
             Qos::ACKED
         };
-        if let Err(e) = session.subscribe(sid, expr, group.as_deref(), qos) {
+        if let Err(e) = crate::frontend::subscribe_checked(
+            session,
+            &self.identity,
+            sid,
+            expr,
+            group.as_deref(),
+            qos,
+        ) {
             lock(&self.out).subs.remove(&sid);
-            return Err(refuse("subscribe failed", e.to_string()));
+            return Err(match e {
+                crate::frontend::SubFail::Denied(d) => refuse("access refused", d.to_string()),
+                crate::frontend::SubFail::Broker(e) => refuse("subscribe failed", e.to_string()),
+            });
         }
         self.subs.bind(id, sid);
         Ok(())

@@ -7,10 +7,15 @@ use hayate_broker::Session;
 use hayate_stomp::{Command, Frame, Version};
 
 use super::{Conn, Refusal, refuse};
+use crate::auth::Credentials;
 use crate::stomp::delivery::lock;
 
 impl Conn<'_> {
-    pub(super) fn connect(&mut self, f: &Frame, session: &mut Session) -> Result<(), Refusal> {
+    pub(super) async fn connect(
+        &mut self,
+        f: &Frame,
+        session: &mut Session,
+    ) -> Result<(), Refusal> {
         let version = match f.get("accept-version") {
             None => Version::V1_0,
             Some(a) => match Version::parse_accept(a) {
@@ -26,15 +31,15 @@ impl Conn<'_> {
                 }
             },
         };
-        let login = f.get("login");
-        let passcode = f.get("passcode").map(str::as_bytes);
-        if self
-            .stomp
-            .auth
-            .authenticate("stomp", login, passcode)
-            .is_err()
-        {
-            return Err(refuse("access refused", "bad login or passcode"));
+        let creds = Credentials {
+            user: f.get("login"),
+            password: f.get("passcode").map(str::as_bytes),
+            token: None,
+            peer: self.peer,
+        };
+        match self.stomp.auth.authenticate("stomp", creds).await {
+            Ok(id) => self.identity = id,
+            Err(e) => return Err(refuse("access refused", e.to_string())),
         }
         let (cx, cy) = match f.get("heart-beat") {
             None => (0, 0),

@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use hayate_broker::Session;
-use hayate_core::INBOX_PREFIX;
 use hayate_stomp::{Command, Frame, Item, Limits, Version, decode, encode};
 use tokio::time::Instant;
 
@@ -48,6 +47,9 @@ fn refuse(message: impl Into<String>, detail: impl Into<String>) -> Refusal {
 /// Per-connection state.
 struct Conn<'a> {
     stomp: &'a Stomp,
+    /// Who the client is (anonymous until CONNECT's login is checked).
+    identity: crate::auth::Identity,
+    peer: Option<std::net::IpAddr>,
     out: Arc<Mutex<StompDeliveries>>,
     connected: bool,
     version: Version,
@@ -186,6 +188,7 @@ impl Handler for Driven<'_> {
 
 /// Serves one STOMP connection until it closes.
 pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
+    let peer = io.peer.map(|a| a.ip());
     let limits = Limits {
         max_headers: stomp.cfg.max_headers,
         max_header_bytes: 64 * 1024,
@@ -195,12 +198,14 @@ pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
     let session = stomp
         .broker
         .open_session(Box::new(StompEncoder { out: out.clone() }));
-    lock(&out).temp_prefix = format!("{INBOX_PREFIX}/{}/", session.id());
+    lock(&out).temp_prefix = format!("{}/", session.inbox());
     let outbox = session.outbox().clone();
     let mut conn = frontend::Conn::new(io, BytesMut::with_capacity(READ_BUF), &outbox);
     let mut h = Driven {
         c: Conn {
             stomp: &stomp,
+            identity: crate::auth::Identity::anonymous(),
+            peer,
             out: out.clone(),
             connected: false,
             version: Version::V1_0,

@@ -1,0 +1,292 @@
+//! What an identity may do: allow/deny rules on key expressions, and the rules every client
+//! gets whatever its permissions (`$SYS` read-only, reply inboxes private).
+
+use std::sync::Arc;
+
+use hayate_broker::KeyGuard;
+use hayate_core::{INBOX_PREFIX, Key, KeyExpr};
+
+/// The key prefix of the broker's own status topics: clients may read, never publish.
+pub const SYS_PREFIX: &str = "$SYS";
+
+/// One kind of operation's rules: keys allowed (`None`: every key) minus keys denied.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rule {
+    /// `None`: no allow list, every key is allowed (but the denied ones).
+    pub allow: Option<Vec<KeyExpr>>,
+    /// Denied keys: deny wins over allow.
+    pub deny: Vec<KeyExpr>,
+}
+
+impl Rule {
+    /// Does the rule let the operation through on `key`?
+    pub fn admits(&self, key: &Key) -> bool {
+        !self.deny.iter().any(|d| d.matches(key))
+            && self
+                .allow
+                .as_ref()
+                .is_none_or(|a| a.iter().any(|x| x.matches(key)))
+    }
+
+    /// True when the rule allows everything (nothing to check).
+    pub fn is_open(&self) -> bool {
+        self.allow.is_none() && self.deny.is_empty()
+    }
+}
+
+/// Why an operation was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denied {
+    /// Publishing under `$SYS` (read-only for clients).
+    Sys,
+    /// Subscribing to other clients' reply inboxes.
+    Inbox,
+    /// The user's permissions do not allow it.
+    Rule {
+        /// `publish`, `subscribe`, `serve` or `call`.
+        what: &'static str,
+        /// The key or expression.
+        on: String,
+    },
+}
+
+impl std::fmt::Display for Denied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Denied::Sys => write!(f, "not authorized: {SYS_PREFIX} is read-only"),
+            Denied::Inbox => write!(
+                f,
+                "not authorized: another client's reply inbox ({INBOX_PREFIX}/...)"
+            ),
+            Denied::Rule { what, on } => write!(f, "not authorized to {what} on {on}"),
+        }
+    }
+}
+
+/// What an identity may do. Built once per user (shared by its connections).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Access {
+    /// Publishing without a reply-to.
+    pub publish: Rule,
+    /// Subscribing without a queue group.
+    pub subscribe: Rule,
+    /// Subscribing in a queue group (serving a service's requests).
+    pub serve: Rule,
+    /// Publishing with a reply-to (calling a service).
+    pub call: Rule,
+}
+
+impl Access {
+    /// Everything allowed (but the rules every client gets).
+    pub fn all() -> Arc<Access> {
+        Arc::new(Access::default())
+    }
+
+    /// May this identity publish on `key` (`with_reply`: the message carries a reply-to,
+    /// a call)?
+    pub fn check_publish(&self, key: &Key, with_reply: bool) -> Result<(), Denied> {
+        let k = key.as_str();
+        if k == SYS_PREFIX
+            || (k.starts_with(SYS_PREFIX) && k.as_bytes().get(SYS_PREFIX.len()) == Some(&b'/'))
+        {
+            return Err(Denied::Sys);
+        }
+        let (rule, what) = if with_reply {
+            (&self.call, "call")
+        } else {
+            (&self.publish, "publish")
+        };
+        if rule.is_open() || rule.admits(key) {
+            Ok(())
+        } else {
+            Err(Denied::Rule {
+                what,
+                on: k.to_owned(),
+            })
+        }
+    }
+
+    /// May this identity subscribe to `expr` (`group`: in a queue group, i.e. serve)? `inbox`
+    /// is the session's own reply inbox (`_inbox/<id>`). `Ok(Some(guard))`: yes, but the
+    /// subscription's expression also covers keys it may not read, which the guard keeps
+    /// from it (other clients' inboxes, denied keys, keys outside the allow list).
+    pub fn check_subscribe(
+        &self,
+        expr: &KeyExpr,
+        group: bool,
+        inbox: &str,
+    ) -> Result<Option<Arc<dyn KeyGuard>>, Denied> {
+        let (rule, what) = if group {
+            (&self.serve, "serve")
+        } else {
+            (&self.subscribe, "subscribe")
+        };
+        let refused = || Denied::Rule {
+            what,
+            on: expr.as_str().to_owned(),
+        };
+        if rule.deny.iter().any(|d| d.includes(expr)) {
+            return Err(refused());
+        }
+        if let Some(allow) = &rule.allow
+            && !allow.iter().any(|a| a.intersects(expr))
+        {
+            return Err(refused());
+        }
+        let (all_inboxes, own) = inbox_exprs(inbox);
+        let touches_inboxes = all_inboxes.intersects(expr);
+        let own_only = own.iter().any(|o| o.includes(expr));
+        if touches_inboxes && !own_only && all_inboxes.includes(expr) {
+            return Err(Denied::Inbox);
+        }
+        let rule_guard = rule.deny.iter().any(|d| d.intersects(expr))
+            || rule
+                .allow
+                .as_ref()
+                .is_some_and(|a| !a.iter().any(|x| x.includes(expr)));
+        let inbox_guard = touches_inboxes && !own_only;
+        if !rule_guard && !inbox_guard {
+            return Ok(None);
+        }
+        Ok(Some(Arc::new(Guard {
+            rule: rule_guard.then(|| rule.clone()),
+            inbox: inbox_guard.then(|| inbox.to_owned()),
+        })))
+    }
+}
+
+/// `_inbox/**`, and the session's own inbox (itself and everything under it).
+fn inbox_exprs(inbox: &str) -> (KeyExpr, Vec<KeyExpr>) {
+    let all = KeyExpr::new(&format!("{INBOX_PREFIX}/**")).unwrap_or_else(|_| unreachable_expr());
+    let own = [inbox.to_owned(), format!("{inbox}/**")]
+        .iter()
+        .filter_map(|s| KeyExpr::new(s).ok())
+        .collect();
+    (all, own)
+}
+
+#[cold]
+fn unreachable_expr() -> KeyExpr {
+    // `_inbox/**` is a valid expression; this only keeps the code free of unwraps.
+    KeyExpr::new("**").unwrap_or_else(|_| std::process::abort())
+}
+
+/// Keeps from one subscription the keys its owner may not read.
+#[derive(Debug)]
+struct Guard {
+    rule: Option<Rule>,
+    /// The owner's inbox: keys under other inboxes are kept out.
+    inbox: Option<String>,
+}
+
+impl KeyGuard for Guard {
+    fn admits(&self, key: &Key) -> bool {
+        if let Some(own) = &self.inbox {
+            let k = key.as_str();
+            let under_inboxes = k
+                .strip_prefix(INBOX_PREFIX)
+                .is_some_and(|rest| rest.starts_with('/'));
+            let under_own = k == own
+                || k.strip_prefix(own.as_str())
+                    .is_some_and(|rest| rest.starts_with('/'));
+            if under_inboxes && !under_own {
+                return false;
+            }
+        }
+        self.rule.as_ref().is_none_or(|r| r.admits(key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(s: &str) -> KeyExpr {
+        KeyExpr::new(s).unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+    fn k(s: &str) -> Key {
+        Key::new(s).unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn sys_is_read_only_and_inboxes_private() {
+        let a = Access::all();
+        assert_eq!(a.check_publish(&k("$SYS/x"), false), Err(Denied::Sys));
+        assert_eq!(a.check_publish(&k("$SYS"), true), Err(Denied::Sys));
+        assert!(a.check_publish(&k("$SYSTEM/x"), false).is_ok());
+        assert!(a.check_subscribe(&e("$SYS/**"), false, "_inbox/me").is_ok());
+        let me = "_inbox/me";
+        assert!(matches!(
+            a.check_subscribe(&e("_inbox/me/*"), false, me),
+            Ok(None)
+        ));
+        assert!(matches!(
+            a.check_subscribe(&e("_inbox/me"), false, me),
+            Ok(None)
+        ));
+        assert_eq!(
+            a.check_subscribe(&e("_inbox/other/**"), false, me).err(),
+            Some(Denied::Inbox)
+        );
+        assert_eq!(
+            a.check_subscribe(&e("_inbox/**"), false, me).err(),
+            Some(Denied::Inbox)
+        );
+        let g = a
+            .check_subscribe(&e("**"), false, me)
+            .expect("allowed")
+            .expect("guarded");
+        assert!(g.admits(&k("a/b")));
+        assert!(g.admits(&k("_inbox/me/1")));
+        assert!(g.admits(&k("_inbox/me")));
+        assert!(!g.admits(&k("_inbox/mex/1")));
+        assert!(!g.admits(&k("_inbox/other/1")));
+        assert!(g.admits(&k("_inboxes/x")));
+        assert!(matches!(a.check_subscribe(&e("a/**"), false, me), Ok(None)));
+    }
+
+    #[test]
+    fn allow_and_deny_lists() {
+        let a = Access {
+            subscribe: Rule {
+                allow: Some(vec![e("sensors/**"), e("alerts/*")]),
+                deny: vec![e("sensors/secret/**")],
+            },
+            publish: Rule {
+                allow: None,
+                deny: vec![e("secret/**")],
+            },
+            serve: Rule {
+                allow: Some(vec![e("svc/math")]),
+                deny: vec![],
+            },
+            call: Rule::default(),
+        };
+        let me = "_inbox/me";
+        assert!(a.check_publish(&k("secret/x"), false).is_err());
+        assert!(a.check_publish(&k("public/x"), false).is_ok());
+        assert!(
+            a.check_publish(&k("secret/x"), true).is_ok(),
+            "call has its own rule"
+        );
+        assert!(
+            a.check_subscribe(&e("sensors/secret/**"), false, me)
+                .is_err()
+        );
+        assert!(a.check_subscribe(&e("other/**"), false, me).is_err());
+        assert!(matches!(
+            a.check_subscribe(&e("alerts/fire"), false, me),
+            Ok(None)
+        ));
+        let g = a
+            .check_subscribe(&e("**"), false, me)
+            .expect("intersects the allow list")
+            .expect("guarded");
+        assert!(g.admits(&k("sensors/a")));
+        assert!(!g.admits(&k("sensors/secret/a")));
+        assert!(!g.admits(&k("other/a")));
+        assert!(!g.admits(&k("alerts/a/b")));
+        assert!(a.check_subscribe(&e("svc/math"), true, me).is_ok());
+        assert!(a.check_subscribe(&e("svc/other"), true, me).is_err());
+    }
+}

@@ -1,0 +1,97 @@
+//! Who may connect, and what they may do: the same users, tokens and permissions for every
+//! front-end.
+//!
+//! - [`Authenticator`] is the hook front-ends call with what the client presented
+//!   ([`Credentials`]) and where it came from; it answers with an [`Identity`] or an
+//!   [`AuthError`]. [`ConfigAuth`] is the implementation over the `[auth]` section: users with
+//!   argon2 password hashes, bearer tokens (stored as SHA-256 digests), groups, and failed-login
+//!   throttling per source address (`users.rs`).
+//! - An [`Identity`] carries the user's [`Access`]: allow/deny rules on key expressions for
+//!   publishing, subscribing, serving (queue-group subscriptions) and calling (publishing with a
+//!   reply-to), plus the rules every client gets: `$SYS` is read-only, and each session's reply
+//!   inbox is readable by that session alone (`access.rs`).
+//!
+//! docs/security.md is the user-facing description; keep the two in step.
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+mod access;
+mod users;
+
+pub use access::{Access, Denied, Rule, SYS_PREFIX};
+pub use users::{ConfigAuth, TOKEN_PREFIX, hash_password, new_token, token_digest};
+
+/// Why a client was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthError {
+    /// No credentials, and anonymous access is off.
+    NotAuthorized,
+    /// Unknown user, wrong password or unknown token.
+    BadCredentials,
+    /// Too many failed logins from this address lately: refused without checking.
+    Throttled,
+}
+
+impl std::fmt::Display for AuthError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AuthError::NotAuthorized => "not authorized: credentials required",
+            AuthError::BadCredentials => "bad user name, password or token",
+            AuthError::Throttled => "too many failed logins from this address: try again later",
+        })
+    }
+}
+
+/// What a client presented.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Credentials<'a> {
+    /// The user name, if any (MQTT user name, STOMP `login`, native user/password form).
+    pub user: Option<&'a str>,
+    /// The password, if any. A password that starts with [`TOKEN_PREFIX`] is a bearer token.
+    pub password: Option<&'a [u8]>,
+    /// A bearer token given as such (native HELLO token form).
+    pub token: Option<&'a [u8]>,
+    /// The source address (throttling); `None` for Unix sockets and in-process transports.
+    pub peer: Option<IpAddr>,
+}
+
+/// Who a connected client is.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// The user; `None` for an anonymous client.
+    pub user: Option<Arc<str>>,
+    /// What it may do.
+    pub access: Arc<Access>,
+}
+
+impl Identity {
+    /// An anonymous client with every permission (brokers without users).
+    pub fn anonymous() -> Identity {
+        Identity {
+            user: None,
+            access: Access::all(),
+        }
+    }
+
+    /// The user name for logs (`-` when anonymous).
+    pub fn name(&self) -> &str {
+        self.user.as_deref().unwrap_or("-")
+    }
+}
+
+/// The future [`Authenticator::authenticate`] returns.
+pub type AuthFuture<'a> = Pin<Box<dyn Future<Output = Result<Identity, AuthError>> + Send + 'a>>;
+
+/// Decides who may connect and what they may do.
+pub trait Authenticator: Send + Sync + std::fmt::Debug + 'static {
+    /// Checks what a client presented. `protocol` names the front-end (`"native"`,
+    /// `"mqtt"`, `"stomp"`) for logs. Slow checks (password hashes) run off the async
+    /// threads.
+    fn authenticate<'a>(&'a self, protocol: &'a str, creds: Credentials<'a>) -> AuthFuture<'a>;
+
+    /// True when clients must present credentials (no anonymous access).
+    fn required(&self) -> bool;
+}

@@ -1,0 +1,201 @@
+//! Authentication and permissions over the native protocol: credentials in HELLO (ERR 8 on
+//! refusal), tokens, anonymous access, deny rules under wildcards, private reply inboxes,
+//! the serve permission, `$SYS` read-only.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{start, within};
+use hayate_client::{Client, ConnectOptions, Error, Key};
+use hayate_native::ErrorCode;
+use hayate_server::Config;
+use hayate_server::config::{Permissions, UserConfig};
+
+fn config(token: &str) -> Config {
+    let mut c = Config::default();
+    let mut alice = UserConfig::with_password("wonderland").unwrap();
+    alice.permissions = Permissions {
+        deny_subscribe: vec!["secret/**".into()],
+        ..Permissions::default()
+    };
+    alice.tokens = vec![hayate_server::auth::token_digest(token.as_bytes())];
+    c.auth.users.insert("alice".into(), alice);
+    let mut svc = UserConfig::with_password("svc-pw").unwrap();
+    svc.groups = vec!["services".into()];
+    c.auth.users.insert("svc".into(), svc);
+    let mut bob = UserConfig::with_password("bob-pw").unwrap();
+    bob.permissions = Permissions {
+        serve: Some(vec!["nothing/here".into()]),
+        ..Permissions::default()
+    };
+    c.auth.users.insert("bob".into(), bob);
+    c.auth.groups.insert(
+        "services".into(),
+        Permissions {
+            serve: Some(vec!["svc/**".into()]),
+            ..Permissions::default()
+        },
+    );
+    c
+}
+
+async fn login(addr: &str, user: &str, pw: &str) -> Result<Client, Error> {
+    Client::connect_with(addr, ConnectOptions::default().password(user, pw)).await
+}
+
+/// Waits for the server to end the connection with an ERR, and returns its code.
+async fn refused(c: &Client) -> ErrorCode {
+    within(10, async {
+        loop {
+            if let Some(Error::Server { code, .. }) = c.last_error() {
+                return code;
+            }
+            let _ = c.flush().await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn credentials_are_checked_in_hello() {
+    let token = hayate_server::auth::new_token().unwrap();
+    let b = start(config(&token)).await;
+    // Anonymous access is off as soon as users exist.
+    match Client::connect(&b.addr).await {
+        Err(Error::Server { code, .. }) => assert_eq!(code, ErrorCode::NotAuthorized),
+        other => panic!("anonymous HELLO accepted: {other:?}"),
+    }
+    match login(&b.addr, "alice", "nope").await {
+        Err(Error::Server { code, .. }) => assert_eq!(code, ErrorCode::NotAuthorized),
+        other => panic!("wrong password accepted: {other:?}"),
+    }
+    match login(&b.addr, "mallory", "x").await {
+        Err(Error::Server { code, .. }) => assert_eq!(code, ErrorCode::NotAuthorized),
+        other => panic!("unknown user accepted: {other:?}"),
+    }
+    login(&b.addr, "alice", "wonderland").await.unwrap();
+    Client::connect_with(&b.addr, ConnectOptions::default().token(&token))
+        .await
+        .unwrap();
+    // The URL form.
+    Client::connect(&format!("hayate://alice:wonderland@{}", b.addr))
+        .await
+        .unwrap();
+    Client::connect(&format!("hayate://:{token}@{}", b.addr))
+        .await
+        .unwrap();
+    match Client::connect_with(&b.addr, ConnectOptions::default().token("hyt_0123")).await {
+        Err(Error::Server { code, .. }) => assert_eq!(code, ErrorCode::NotAuthorized),
+        other => panic!("unknown token accepted: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_wildcard_does_not_reach_denied_keys_nor_other_inboxes() {
+    let token = hayate_server::auth::new_token().unwrap();
+    let b = start(config(&token)).await;
+    let alice = login(&b.addr, "alice", "wonderland").await.unwrap();
+    let mut all = alice.subscribe("**").await.unwrap();
+    let svc = login(&b.addr, "svc", "svc-pw").await.unwrap();
+    let mut requests = svc.queue_subscribe("svc/echo", "echo").await.unwrap();
+    let caller = login(&b.addr, "bob", "bob-pw").await.unwrap();
+    alice.flush().await.unwrap();
+    svc.flush().await.unwrap();
+    let server = tokio::spawn(async move {
+        let req = requests.next().await.unwrap();
+        svc.reply(&req, "the answer").await.unwrap();
+        svc.flush().await.unwrap();
+        svc
+    });
+    let reply = within(
+        10,
+        caller.request(&Key::new("svc/echo").unwrap(), "q", Duration::from_secs(5)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(&reply.payload[..], b"the answer");
+    let _svc = server.await.unwrap();
+    caller
+        .publish(&Key::new("secret/x").unwrap(), "hidden")
+        .await
+        .unwrap();
+    caller
+        .publish(&Key::new("public/x").unwrap(), "seen")
+        .await
+        .unwrap();
+    caller.flush().await.unwrap();
+    // Alice's `**` got the request (svc/echo) and public/x; not the reply in bob's inbox,
+    // not secret/x.
+    let mut got = Vec::new();
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(500), all.next()).await {
+        if !m.key.as_str().starts_with("$SYS/") {
+            got.push(m.key.as_str().to_owned()); // ($SYS status comes every few seconds)
+        }
+    }
+    assert_eq!(got, ["svc/echo", "public/x"], "{got:?}");
+    // Subscribing to the inboxes outright is refused.
+    let snoop = login(&b.addr, "alice", "wonderland").await.unwrap();
+    let _s = snoop.subscribe("_inbox/**").await.unwrap();
+    assert_eq!(refused(&snoop).await, ErrorCode::NotAuthorized);
+}
+
+#[tokio::test]
+async fn serving_needs_the_serve_permission_and_sys_is_read_only() {
+    let token = hayate_server::auth::new_token().unwrap();
+    let b = start(config(&token)).await;
+    // Bob may serve nothing/here only: joining svc/echo's queue group is refused.
+    let bob = login(&b.addr, "bob", "bob-pw").await.unwrap();
+    let _s = bob.queue_subscribe("svc/echo", "echo").await.unwrap();
+    assert_eq!(refused(&bob).await, ErrorCode::NotAuthorized);
+    // A plain subscription on the same key is not serving (Bob may subscribe to anything).
+    let bob = login(&b.addr, "bob", "bob-pw").await.unwrap();
+    let _s = bob.subscribe("svc/echo").await.unwrap();
+    bob.flush().await.unwrap();
+    assert!(bob.last_error().is_none());
+    // `$SYS` is read-only, whoever publishes.
+    let alice = login(&b.addr, "alice", "wonderland").await.unwrap();
+    alice
+        .publish(&Key::new("$SYS/broker/uptime").unwrap(), "forged")
+        .await
+        .unwrap();
+    assert_eq!(refused(&alice).await, ErrorCode::NotAuthorized);
+}
+
+#[tokio::test]
+async fn without_users_anonymous_clients_may_do_everything_but_read_other_inboxes() {
+    let b = start(Config::default()).await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    let mut all = c.subscribe("**").await.unwrap();
+    let d = Client::connect(&b.addr).await.unwrap();
+    let mut echo = d.subscribe("svc/x").await.unwrap();
+    c.flush().await.unwrap();
+    d.flush().await.unwrap();
+    let e = Client::connect(&b.addr).await.unwrap();
+    let answer = tokio::spawn(async move {
+        let r = echo.next().await.unwrap();
+        d.reply(&r, "ok").await.unwrap();
+        d.flush().await.unwrap();
+        d
+    });
+    let r = e
+        .request(&Key::new("svc/x").unwrap(), "q", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(&r.payload[..], b"ok");
+    let _d = answer.await.unwrap();
+    let mut got = Vec::new();
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(300), all.next()).await {
+        if !m.key.as_str().starts_with("$SYS/") {
+            got.push(m.key.as_str().to_owned()); // ($SYS status comes every few seconds)
+        }
+    }
+    assert_eq!(got, ["svc/x"], "{got:?}");
+    // Inbox names are not guessable: 24 hex digits after `_inbox/`.
+    let inbox = r.key.as_str().to_owned();
+    let id = inbox.split('/').nth(1).unwrap();
+    assert_eq!(id.len(), 24, "{inbox}");
+}
