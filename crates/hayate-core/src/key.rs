@@ -35,6 +35,10 @@ pub enum KeyError {
     /// A key expression has `*` inside a segment (`a*b`).
     #[error("`*` may only be a whole segment (`*` or `**`) in a key expression")]
     PartialWildcard,
+    /// The key has a control character (U+0000 to U+001F, U+007F): some protocol could not
+    /// carry it intact (a NUL ends a STOMP frame, a line feed a header).
+    #[error("key has a control character (byte 0x{0:02x})")]
+    Control(u8),
 }
 
 fn check_common(b: &[u8]) -> Result<&str, KeyError> {
@@ -51,6 +55,9 @@ fn check_common(b: &[u8]) -> Result<&str, KeyError> {
     for &c in b {
         if c == b'/' && prev == b'/' {
             return Err(KeyError::EmptySegment);
+        }
+        if c < 0x20 || c == 0x7f {
+            return Err(KeyError::Control(c));
         }
         prev = c;
     }
@@ -480,8 +487,13 @@ mod tests {
 
     proptest! {
         #[test]
-        fn key_validation_like_naive(s in "[a/*é]{0,12}") {
-            prop_assert_eq!(Key::new(&s).map(|_| ()), naive_key(&s));
+        fn key_validation_like_naive(s in "[a/*é\u{0}\u{1f}\u{7f}]{0,12}") {
+            if s.bytes().any(|c| c < 0x20 || c == 0x7f) {
+                prop_assert!(Key::new(&s).is_err(), "{:?}", s);
+                prop_assert!(KeyExpr::new(&s).is_err(), "{:?}", s);
+            } else {
+                prop_assert_eq!(Key::new(&s).map(|_| ()), naive_key(&s));
+            }
         }
 
         #[test]

@@ -199,3 +199,57 @@ async fn without_users_anonymous_clients_may_do_everything_but_read_other_inboxe
     let id = inbox.split('/').nth(1).unwrap();
     assert_eq!(id.len(), 24, "{inbox}");
 }
+
+/// A key with a control character (here a NUL and a line feed, which would end a STOMP frame
+/// or header) is refused at the edge: ERR 6, nothing reaches a STOMP subscriber.
+#[tokio::test]
+async fn keys_with_control_characters_are_refused() {
+    use bytes::{Bytes, BytesMut};
+    use hayate_native::{Frame, Hello, codec};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let b = start(Config::default()).await;
+    let mut s = tokio::net::TcpStream::connect(&b.addr).await.unwrap();
+    let mut out = BytesMut::new();
+    codec::encode(
+        &Frame::Hello(Hello {
+            version: hayate_native::PROTOCOL_VERSION,
+            flags: 0,
+            name: "t".into(),
+            auth: Bytes::new(),
+        }),
+        &mut out,
+    );
+    // Encoded with a placeholder key of the same length, then patched (the library will
+    // not build such a key).
+    let at = out.len();
+    codec::encode(
+        &Frame::Pub(hayate_client::Message::new(
+            Key::new("a__ERROR_x").unwrap(),
+            "boom",
+        )),
+        &mut out,
+    );
+    let i = at
+        + out[at..]
+            .windows(10)
+            .position(|w| w == b"a__ERROR_x")
+            .unwrap();
+    out[i..i + 10].copy_from_slice(b"a\0\nERROR\nx");
+    s.write_all(&out).await.unwrap();
+    let mut buf = BytesMut::new();
+    let code = within(10, async {
+        loop {
+            while let Some(f) = codec::decode(&mut buf, 1 << 20).unwrap() {
+                if let Frame::Err { code, .. } = f {
+                    return code;
+                }
+            }
+            assert!(
+                s.read_buf(&mut buf).await.unwrap() > 0,
+                "closed without ERR"
+            );
+        }
+    })
+    .await;
+    assert_eq!(code, ErrorCode::BadKey);
+}

@@ -3,6 +3,7 @@
 //! over from another connection), releasing it at the end of a connection, parking
 //! restored sessions, the sessions to save, and expiry.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hayate_core::Message;
@@ -36,26 +37,47 @@ pub(super) struct Entry {
     parked: Option<Parked>,
     /// For checkpoints: the session's delivery state (which says whether it is persistent).
     info: Option<SharedDeliveries>,
+    /// The user whose client id this is (when users are configured): another user may not
+    /// take the session over. Kept while the broker runs (a session restored from disk is
+    /// claimed by the first user who connects with its client id).
+    owner: Option<Arc<str>>,
 }
+
+/// `acquire` refused: the client id belongs to another user.
+#[derive(Debug)]
+pub(crate) struct NotOwner;
 
 impl Mqtt {
     /// Claims `client_id` for connection `conn`: returns the client's existing session,
     /// taken from the registry or from the connection that has it now (which is told to
     /// hand it over), if any.
+    ///
+    /// `owner`: the authenticated user connecting (`None`: no ownership enforced, as when no
+    /// users are configured); a client id another user owns is refused ([`NotOwner`]).
     pub(crate) async fn acquire(
         &self,
         client_id: &str,
         conn: u64,
         kick: mpsc::UnboundedSender<Handover>,
-    ) -> (Option<MqttSession>, Option<PendingWill>) {
+        owner: Option<&Arc<str>>,
+    ) -> Result<(Option<MqttSession>, Option<PendingWill>), NotOwner> {
         let me = Online { conn, kick };
         let handover = {
             let mut reg = locked(&self.registry);
+            if let (Some(me), Some(Some(o))) = (owner, reg.get(client_id).map(|e| e.owner.as_ref()))
+                && o != me
+            {
+                return Err(NotOwner);
+            }
             let e = reg.entry(client_id.to_string()).or_insert(Entry {
                 online: None,
                 parked: None,
                 info: None,
+                owner: None,
             });
+            if let Some(me) = owner {
+                e.owner = Some(me.clone());
+            }
             match e.online.replace(me) {
                 Some(old) => {
                     let (tx, rx) = oneshot::channel();
@@ -67,23 +89,25 @@ impl Mqtt {
                     }
                 }
                 None => {
-                    return match e.parked.take() {
+                    return Ok(match e.parked.take() {
                         Some(p) => (Some(p.session), p.will),
                         None => (None, None),
-                    };
+                    });
                 }
             }
         };
         let Some(rx) = handover else {
-            return (None, None);
+            return Ok((None, None));
         };
-        match tokio::time::timeout(Duration::from_secs(5), rx).await {
-            Ok(Ok(handed)) => handed,
-            _ => {
-                tracing::warn!(client_id, "mqtt: session takeover timed out");
-                (None, None)
-            }
-        }
+        Ok(
+            match tokio::time::timeout(Duration::from_secs(5), rx).await {
+                Ok(Ok(handed)) => handed,
+                _ => {
+                    tracing::warn!(client_id, "mqtt: session takeover timed out");
+                    (None, None)
+                }
+            },
+        )
     }
 
     /// Records the session of `client_id` that connection `conn` has, with the version and
@@ -185,6 +209,7 @@ impl Mqtt {
                     will: None,
                 }),
                 info: Some(out),
+                owner: None,
             },
         );
     }

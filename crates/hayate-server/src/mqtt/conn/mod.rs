@@ -242,7 +242,24 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
     // The session: new, parked, or taken over from another connection.
     let conn_id = mqtt.next_conn();
     let (kick_tx, kick_rx) = mpsc::unbounded_channel();
-    let (prior, prior_will) = mqtt.acquire(&client_id, conn_id, kick_tx).await;
+    // With users configured a client id belongs to the user whose session it is.
+    let owner = mqtt
+        .auth
+        .required()
+        .then(|| identity.user.clone())
+        .flatten();
+    let Ok((prior, prior_will)) = mqtt
+        .acquire(&client_id, conn_id, kick_tx, owner.as_ref())
+        .await
+    else {
+        tracing::info!(
+            client_id,
+            user = identity.name(),
+            "mqtt: client id owned by another user"
+        );
+        refuse(ReasonCode::NotAuthorized).await;
+        return;
+    };
     let (mut ms, present) = match prior {
         Some(s) if !connect.clean_start => (s, true),
         Some(mut old) => {
