@@ -82,7 +82,9 @@ impl Broker {
             .unwrap_or_else(|p| p.into_inner())
             .values()
         {
-            if s.captures(key) {
+            // Replies (`_inbox/...`) are never stored: an inbox is readable by its session
+            // alone, and a stream's consumers would read it too.
+            if s.captures(key) && !is_inbox(key) {
                 route.streams.push(s.clone());
             }
         }
@@ -97,4 +99,11 @@ impl Broker {
         }
         (generation, Arc::new(route))
     }
+}
+
+/// Is `key` under `_inbox/` (a reply to a session)?
+fn is_inbox(key: &Key) -> bool {
+    key.as_str()
+        .strip_prefix(hayate_core::INBOX_PREFIX)
+        .is_some_and(|r| r.starts_with('/'))
 }

@@ -72,6 +72,11 @@ pub struct ConnectOptions {
     /// Credentials for HELLO. A `hayate://user:password@host:port` address sets them too
     /// (when these are [`Auth::Anonymous`]).
     pub auth: Auth,
+    /// PEM file with the CA certificate(s) a `tls://` server's certificate must chain to
+    /// (needed for `tls://` addresses).
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// A client certificate chain and key (PEM files) for servers that ask for one.
+    pub tls_client_cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 impl Default for ConnectOptions {
@@ -84,6 +89,8 @@ impl Default for ConnectOptions {
             ping_interval: Some(Duration::from_secs(30)),
             max_pings_out: 2,
             auth: Auth::Anonymous,
+            tls_ca: None,
+            tls_client_cert: None,
         }
     }
 }
@@ -95,6 +102,22 @@ impl ConnectOptions {
             user: user.into(),
             password: Bytes::copy_from_slice(password.as_ref()),
         };
+        self
+    }
+
+    /// Trusts the CA certificate(s) in `pem` for `tls://` servers.
+    pub fn tls_ca(mut self, pem: impl Into<std::path::PathBuf>) -> Self {
+        self.tls_ca = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate (chain and key, PEM) to TLS servers that ask.
+    pub fn tls_client_cert(
+        mut self,
+        cert: impl Into<std::path::PathBuf>,
+        key: impl Into<std::path::PathBuf>,
+    ) -> Self {
+        self.tls_client_cert = Some((cert.into(), key.into()));
         self
     }
 
@@ -127,7 +150,8 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects to `addr` (`HOST:PORT`, or `unix:PATH`) with default options.
+    /// Connects to `addr` (`HOST:PORT`, `tls://HOST:PORT` with a CA in the options, or
+    /// `unix:PATH`) with default options.
     pub async fn connect(addr: &str) -> Result<Client> {
         Client::connect_with(addr, ConnectOptions::default()).await
     }

@@ -164,6 +164,9 @@ pub struct Accepted {
     pub busy: Option<BusyPoll>,
     /// The client's address (TCP), for authentication throttling and logs.
     pub peer: Option<std::net::SocketAddr>,
+    /// A name the transport vouches for (the subject CN of a verified TLS client
+    /// certificate, when the server maps certificates to users).
+    pub verified_name: Option<String>,
 }
 
 impl Accepted {
@@ -175,6 +178,7 @@ impl Accepted {
             shutdown,
             busy: None,
             peer: None,
+            verified_name: None,
         }
     }
 }

@@ -28,8 +28,11 @@ pub struct Config {
     pub mqtt: MqttSection,
     /// STOMP listeners and settings.
     pub stomp: StompSection,
-    /// Who may connect (MQTT, STOMP; the native protocol later).
+    /// Who may connect and what they may do (every protocol).
     pub auth: AuthSection,
+    /// Certificates for the TLS listeners (`native.tls`, `mqtt.tls`, `mqtt.wss`,
+    /// `stomp.tls`).
+    pub tls: TlsSection,
     /// Limits.
     pub limits: Limits,
     /// Streams to create at start (`[[stream]]`; kept in `server.data_dir`). A stream that
@@ -73,6 +76,10 @@ pub struct MqttSection {
     pub listen: Vec<String>,
     /// TCP addresses for MQTT over WebSocket (subprotocol `mqtt`, any path).
     pub ws: Vec<String>,
+    /// TCP addresses for MQTT over TLS (usually port 8883; needs `[tls]`).
+    pub tls: Vec<String>,
+    /// TCP addresses for MQTT over WebSocket over TLS (`wss://`; needs `[tls]`).
+    pub wss: Vec<String>,
     /// Largest MQTT packet accepted, in bytes (advertised to 5.0 clients); larger ones
     /// close the connection (5.0: DISCONNECT 0x95).
     pub max_packet_size: u32,
@@ -119,6 +126,8 @@ impl Default for MqttSection {
         MqttSection {
             listen: vec![DEFAULT_MQTT_LISTEN.to_string()],
             ws: vec![DEFAULT_MQTT_WS_LISTEN.to_string()],
+            tls: Vec::new(),
+            wss: Vec::new(),
             max_packet_size: MQTT_MAX_PACKET,
             receive_maximum: 1024,
             max_inflight: 1024,
@@ -141,6 +150,8 @@ impl Default for MqttSection {
 pub struct StompSection {
     /// TCP addresses for STOMP 1.0, 1.1 and 1.2 (empty: no STOMP listener).
     pub listen: Vec<String>,
+    /// TCP addresses for STOMP over TLS (needs `[tls]`).
+    pub tls: Vec<String>,
     /// Heart-beat interval in milliseconds the server offers to send and wants to receive
     /// (negotiated with the client's `heart-beat` header; 0: none). A client silent for
     /// twice its negotiated interval is disconnected.
@@ -157,12 +168,32 @@ impl Default for StompSection {
     fn default() -> Self {
         StompSection {
             listen: vec![DEFAULT_STOMP_LISTEN.to_string()],
+            tls: Vec::new(),
             heart_beat_ms: 10_000,
             queue_max_backlog: 10_000,
             max_frame_size: 64 * 1024 * 1024,
             max_headers: 128,
         }
     }
+}
+
+/// `[tls]`: the server's certificate for every TLS listener, and client certificates.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSection {
+    /// PEM file with the server's certificate chain (leaf first).
+    pub cert: String,
+    /// PEM file with the server's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: String,
+    /// PEM file with the CA certificates that client certificates must chain to. Empty:
+    /// client certificates are not asked for.
+    pub client_ca: String,
+    /// With `client_ca`: refuse clients without a valid certificate (else a certificate is
+    /// optional, and checked when given).
+    pub require_client_cert: bool,
+    /// A client whose verified certificate's subject common name (CN) is a configured user
+    /// is logged in as that user without a password.
+    pub cert_user: bool,
 }
 
 /// `[auth]`: who may connect and what they may do (docs/security.md).
@@ -303,6 +334,8 @@ impl Permissions {
 pub struct NativeSection {
     /// TCP addresses to listen on (`HOST:PORT`; port 0 picks a free port).
     pub listen: Vec<String>,
+    /// TCP addresses for the native protocol over TLS (needs `[tls]`).
+    pub tls: Vec<String>,
     /// Unix socket paths to listen on.
     pub unix: Vec<String>,
     /// Milliseconds of silence from a client after which the server sends it a PING
@@ -317,6 +350,7 @@ impl Default for NativeSection {
     fn default() -> Self {
         NativeSection {
             listen: vec![DEFAULT_LISTEN.to_string()],
+            tls: Vec::new(),
             unix: Vec::new(),
             ping_interval_ms: 30_000,
             max_pings_out: 2,
@@ -403,6 +437,13 @@ impl Config {
     /// Checks values are in range.
     pub fn validate(&self) -> Result<(), ConfigError> {
         crate::auth::ConfigAuth::from_section(&self.auth).map_err(ConfigError::Invalid)?;
+        let tls_listeners = !(self.native.tls.is_empty()
+            && self.mqtt.tls.is_empty()
+            && self.mqtt.wss.is_empty()
+            && self.stomp.tls.is_empty());
+        if tls_listeners || !self.tls.cert.is_empty() || !self.tls.key.is_empty() {
+            crate::tls::ServerTls::load(&self.tls).map_err(ConfigError::Invalid)?;
+        }
         for s in &self.stream {
             s.check()
                 .map_err(|e| ConfigError::Invalid(format!("[[stream]] {e}")))?;

@@ -25,6 +25,7 @@ pub mod mqtt;
 pub mod native;
 pub mod server;
 pub mod stomp;
+pub mod tls;
 pub mod ws;
 
 pub use config::Config;

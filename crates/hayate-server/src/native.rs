@@ -139,6 +139,8 @@ struct Native {
     /// Who the client is (anonymous until HELLO's credentials are checked).
     identity: Identity,
     peer: Option<std::net::IpAddr>,
+    /// The user a verified client certificate names (TLS with `tls.cert_user`).
+    verified_name: Option<String>,
 }
 
 impl Native {
@@ -204,6 +206,7 @@ impl Native {
         };
         let creds = Credentials {
             peer: self.peer,
+            verified: self.verified_name.as_deref(),
             ..creds
         };
         self.identity = self
@@ -392,6 +395,7 @@ pub async fn serve(
     auth: Arc<dyn Authenticator>,
 ) {
     let peer = io.peer.map(|a| a.ip());
+    let verified_name = io.verified_name.clone();
     let session = broker.open_session(Box::new(NativeEncoder));
     let outbox = session.outbox().clone();
     let mut conn = frontend::Conn::new(io, BytesMut::with_capacity(READ_BUF), &outbox);
@@ -412,6 +416,7 @@ pub async fn serve(
         auth,
         identity: Identity::anonymous(),
         peer,
+        verified_name,
     };
     let end = conn.drive(&mut h).await;
     // What this connection's consumer memberships had in flight goes back to the consumers.

@@ -17,6 +17,7 @@ use crate::config::{Config, Limits};
 use crate::frontend::Accepted;
 use crate::mqtt::Mqtt;
 use crate::stomp::Stomp;
+use crate::tls::ServerTls;
 use crate::{mqtt, native, stomp, ws};
 
 /// The protocol a listener speaks.
@@ -30,6 +31,14 @@ pub enum Protocol {
     MqttWs,
     /// STOMP 1.0, 1.1 and 1.2 over TCP.
     Stomp,
+    /// The native protocol over TLS.
+    NativeTls,
+    /// MQTT over TLS.
+    MqttTls,
+    /// MQTT over WebSocket over TLS (`wss://`).
+    MqttWss,
+    /// STOMP over TLS.
+    StompTls,
 }
 
 impl Protocol {
@@ -40,6 +49,29 @@ impl Protocol {
             Protocol::Mqtt => "mqtt",
             Protocol::MqttWs => "mqtt over websocket",
             Protocol::Stomp => "stomp",
+            Protocol::NativeTls => "native protocol over tls",
+            Protocol::MqttTls => "mqtt over tls",
+            Protocol::MqttWss => "mqtt over websocket over tls",
+            Protocol::StompTls => "stomp over tls",
+        }
+    }
+
+    /// Whether connections start with a TLS handshake.
+    pub fn is_tls(self) -> bool {
+        matches!(
+            self,
+            Protocol::NativeTls | Protocol::MqttTls | Protocol::MqttWss | Protocol::StompTls
+        )
+    }
+
+    /// The protocol spoken once TLS is set up.
+    fn inner(self) -> Protocol {
+        match self {
+            Protocol::NativeTls => Protocol::Native,
+            Protocol::MqttTls => Protocol::Mqtt,
+            Protocol::MqttWss => Protocol::MqttWs,
+            Protocol::StompTls => Protocol::Stomp,
+            p => p,
         }
     }
 }
@@ -62,6 +94,7 @@ pub struct Server {
     mqtt: Arc<Mqtt>,
     stomp: Arc<Stomp>,
     auth: Arc<dyn Authenticator>,
+    tls: Option<Arc<ServerTls>>,
     busy_poll: Duration,
     /// The busy-polling state its connections note input in (when `busy_poll` is set).
     busy: Option<BusyPoll>,
@@ -89,6 +122,16 @@ impl Server {
         }
         for addr in &config.stomp.listen {
             listeners.push(Listener::Tcp(bind_tcp(addr).await?, Protocol::Stomp));
+        }
+        for (addrs, p) in [
+            (&config.native.tls, Protocol::NativeTls),
+            (&config.mqtt.tls, Protocol::MqttTls),
+            (&config.mqtt.wss, Protocol::MqttWss),
+            (&config.stomp.tls, Protocol::StompTls),
+        ] {
+            for addr in addrs {
+                listeners.push(Listener::Tcp(bind_tcp(addr).await?, p));
+            }
         }
         for path in &config.native.unix {
             // A stale socket file from an earlier run would make bind fail.
@@ -162,6 +205,18 @@ impl Server {
                 Arc::new(ConfigAuth::deny_all())
             }
         };
+        let tls = if config.tls.cert.is_empty() {
+            None
+        } else {
+            match ServerTls::load(&config.tls) {
+                Ok(t) => Some(Arc::new(t)),
+                Err(e) => {
+                    // `bind` validates first; here TLS connections are refused.
+                    tracing::error!("[tls]: {e}: TLS listeners refuse every connection");
+                    None
+                }
+            }
+        };
         let mqtt = Mqtt::new(broker.clone(), config, auth.clone());
         let stomp = Stomp::new(broker.clone(), config, auth.clone());
         Server {
@@ -177,9 +232,15 @@ impl Server {
             mqtt,
             stomp,
             auth,
+            tls,
             busy_poll: Duration::from_micros(config.server.busy_poll_us),
             busy: (config.server.busy_poll_us > 0).then(BusyPoll::new),
         }
+    }
+
+    /// The TLS settings, for reloading them (SIGHUP) while the server runs.
+    pub fn tls(&self) -> Option<Arc<ServerTls>> {
+        self.tls.clone()
     }
 
     /// The MQTT front-end's shared state (statistics, saving).
@@ -256,6 +317,8 @@ impl Server {
                 mqtt: self.mqtt.clone(),
                 stomp: self.stomp.clone(),
                 auth: self.auth.clone(),
+                tls: self.tls.clone(),
+                handshake: Duration::from_millis(self.limits.handshake_timeout_ms.max(1)),
             };
             if let Listener::Unix(_, p) = &l {
                 paths.push(p.clone());
@@ -296,6 +359,8 @@ struct Ctx {
     mqtt: Arc<Mqtt>,
     stomp: Arc<Stomp>,
     auth: Arc<dyn Authenticator>,
+    tls: Option<Arc<ServerTls>>,
+    handshake: Duration,
 }
 
 struct LiveGuard(Arc<AtomicUsize>);
@@ -336,19 +401,47 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
         // `live` counts it until it ends.
         tokio::spawn(async move {
             let _guard = guard;
-            let (r, w) = match (proto, stream) {
-                (Protocol::MqttWs, Stream::Tcp(s)) => {
-                    let max = c.mqtt.cfg.max_packet_size as usize;
-                    match ws::accept(s, "mqtt", max.saturating_add(1024)).await {
-                        Ok(rw) => rw,
+            let mut verified_name = None;
+            let (r, w) = match stream {
+                Stream::Tcp(s) if proto.is_tls() => {
+                    let Some(tls) = c.tls.clone() else {
+                        tracing::warn!(
+                            ?peer,
+                            "TLS connection refused: no usable [tls] configuration"
+                        );
+                        return;
+                    };
+                    match transport::tls::accept(s, tls.config(), c.handshake).await {
+                        Ok((r, w, certs)) => {
+                            if tls.cert_user() {
+                                verified_name = certs
+                                    .as_ref()
+                                    .and_then(|c| c.first())
+                                    .and_then(|c| crate::tls::subject_cn(c));
+                            }
+                            (r, w)
+                        }
                         Err(e) => {
-                            tracing::debug!("websocket handshake failed: {e}");
+                            tracing::debug!(?peer, "TLS handshake failed: {e}");
                             return;
                         }
                     }
                 }
-                (_, Stream::Tcp(s)) => transport::tcp(s),
-                (_, Stream::Unix(s)) => transport::unix(s),
+                Stream::Tcp(s) => transport::tcp(s),
+                Stream::Unix(s) => transport::unix(s),
+            };
+            let proto = proto.inner();
+            let (r, w) = if proto == Protocol::MqttWs {
+                let max = c.mqtt.cfg.max_packet_size as usize;
+                match ws::accept(r, w, "mqtt", max.saturating_add(1024)).await {
+                    Ok(rw) => rw,
+                    Err(e) => {
+                        tracing::debug!("websocket handshake failed: {e}");
+                        return;
+                    }
+                }
+            } else {
+                (r, w)
             };
             let io = Accepted {
                 reader: r,
@@ -356,6 +449,7 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
                 shutdown: c.stop,
                 busy: c.busy,
                 peer,
+                verified_name,
             };
             match proto {
                 Protocol::Native => {
@@ -367,6 +461,11 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
                 Protocol::Stomp => {
                     stomp::conn::serve(io, c.stomp).await;
                 }
+                // `inner()` took the TLS variants off.
+                Protocol::NativeTls
+                | Protocol::MqttTls
+                | Protocol::MqttWss
+                | Protocol::StompTls => {}
             }
         });
     }

@@ -60,6 +60,24 @@ pub(crate) struct BrokerArgs {
     /// STOMP TCP address (repeatable; replaces the configured list; `off` for none).
     #[arg(long, value_name = "HOST:PORT")]
     pub(crate) stomp: Vec<String>,
+    /// Native protocol over TLS: TCP address (repeatable; needs --tls-cert and --tls-key).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub(crate) native_tls: Vec<String>,
+    /// MQTT over TLS: TCP address (repeatable; usually port 8883).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub(crate) mqtt_tls: Vec<String>,
+    /// MQTT over WebSocket over TLS (`wss://`): TCP address (repeatable).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub(crate) wss: Vec<String>,
+    /// STOMP over TLS: TCP address (repeatable).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub(crate) stomp_tls: Vec<String>,
+    /// PEM file with the server's certificate chain (`[tls] cert`).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) tls_cert: Option<String>,
+    /// PEM file with the server's private key (`[tls] key`).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) tls_key: Option<String>,
     /// Data directory (persistent MQTT sessions, retained messages).
     #[arg(long, value_name = "DIR")]
     pub(crate) data: Option<String>,
@@ -102,12 +120,27 @@ pub(crate) struct ClientAuth {
         conflicts_with = "user"
     )]
     pub(crate) token: Option<String>,
+    /// PEM file with the CA of a `tls://HOST:PORT` server.
+    #[arg(long, global = true, env = "HAYATE_TLS_CA", value_name = "FILE")]
+    pub(crate) tls_ca: Option<PathBuf>,
+    /// Client certificate chain (PEM) for servers that ask for one (with --tls-client-key).
+    #[arg(long, global = true, value_name = "FILE", requires = "tls_client_key")]
+    pub(crate) tls_client_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-client-cert.
+    #[arg(long, global = true, value_name = "FILE", requires = "tls_client_cert")]
+    pub(crate) tls_client_key: Option<PathBuf>,
 }
 
 impl ClientAuth {
     /// Connection options with these credentials.
     pub(crate) fn options(&self, name: &str) -> hayate_client::ConnectOptions {
-        let o = hayate_client::ConnectOptions::default().name(name);
+        let mut o = hayate_client::ConnectOptions::default().name(name);
+        if let Some(ca) = &self.tls_ca {
+            o = o.tls_ca(ca);
+        }
+        if let (Some(c), Some(k)) = (&self.tls_client_cert, &self.tls_client_key) {
+            o = o.tls_client_cert(c, k);
+        }
         match (&self.token, &self.user) {
             (Some(t), _) => o.token(t),
             (None, Some(u)) => o.password(u, self.password.as_deref().unwrap_or("")),
@@ -129,7 +162,8 @@ pub(crate) struct PubArgs {
     /// and print it.
     #[arg(long)]
     pub(crate) confirm: bool,
-    /// Broker address (`HOST:PORT`, `user:password@HOST:PORT` or `unix:PATH`).
+    /// Broker address (`HOST:PORT`, `tls://HOST:PORT` with --tls-ca,
+    /// `user:password@HOST:PORT` or `unix:PATH`).
     #[arg(long, env = "HAYATE_SERVER", default_value = DEFAULT_SERVER)]
     pub(crate) server: String,
     #[command(flatten)]
@@ -146,7 +180,8 @@ pub(crate) struct SubArgs {
     /// Exit after this many messages (0 = never).
     #[arg(long, default_value_t = 0)]
     pub(crate) count: u64,
-    /// Broker address (`HOST:PORT`, `user:password@HOST:PORT` or `unix:PATH`).
+    /// Broker address (`HOST:PORT`, `tls://HOST:PORT` with --tls-ca,
+    /// `user:password@HOST:PORT` or `unix:PATH`).
     #[arg(long, env = "HAYATE_SERVER", default_value = DEFAULT_SERVER)]
     pub(crate) server: String,
     #[command(flatten)]
@@ -162,7 +197,8 @@ pub(crate) struct RequestArgs {
     /// How long to wait for the reply (e.g. `500ms`, `2s`).
     #[arg(long, default_value = "5s")]
     pub(crate) timeout: String,
-    /// Broker address (`HOST:PORT`, `user:password@HOST:PORT` or `unix:PATH`).
+    /// Broker address (`HOST:PORT`, `tls://HOST:PORT` with --tls-ca,
+    /// `user:password@HOST:PORT` or `unix:PATH`).
     #[arg(long, env = "HAYATE_SERVER", default_value = DEFAULT_SERVER)]
     pub(crate) server: String,
     #[command(flatten)]
@@ -179,7 +215,8 @@ pub(crate) struct ReplyArgs {
     /// Exit after this many replies (0 = never).
     #[arg(long, default_value_t = 0)]
     pub(crate) count: u64,
-    /// Broker address (`HOST:PORT`, `user:password@HOST:PORT` or `unix:PATH`).
+    /// Broker address (`HOST:PORT`, `tls://HOST:PORT` with --tls-ca,
+    /// `user:password@HOST:PORT` or `unix:PATH`).
     #[arg(long, env = "HAYATE_SERVER", default_value = DEFAULT_SERVER)]
     pub(crate) server: String,
     #[command(flatten)]

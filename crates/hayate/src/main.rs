@@ -85,6 +85,22 @@ fn effective_config(args: &cli::BrokerArgs) -> Result<Config> {
     if !args.stomp.is_empty() {
         config.stomp.listen = listen_list(&args.stomp);
     }
+    for (flag, list) in [
+        (&args.native_tls, &mut config.native.tls),
+        (&args.mqtt_tls, &mut config.mqtt.tls),
+        (&args.wss, &mut config.mqtt.wss),
+        (&args.stomp_tls, &mut config.stomp.tls),
+    ] {
+        if !flag.is_empty() {
+            *list = listen_list(flag);
+        }
+    }
+    if let Some(c) = &args.tls_cert {
+        config.tls.cert = c.clone();
+    }
+    if let Some(k) = &args.tls_key {
+        config.tls.key = k.clone();
+    }
     if let Some(d) = &args.data {
         config.server.data_dir = d.clone();
     }
@@ -117,6 +133,24 @@ async fn broker(args: cli::BrokerArgs) -> Result<()> {
         println!("hayate broker: {} on {a}", proto.label());
     }
     println!("hayate broker: ready (Ctrl-C to stop)");
+    #[cfg(unix)]
+    if let Some(tls) = server.tls() {
+        // SIGHUP: read the certificate, key and CA files again (new handshakes use them;
+        // connections up keep theirs). A bad file keeps the current ones.
+        if let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        {
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    match tls.reload() {
+                        Ok(()) => tracing::info!("SIGHUP: TLS certificates reloaded"),
+                        Err(e) => tracing::error!(
+                            "SIGHUP: TLS reload failed, keeping the current certificates: {e}"
+                        ),
+                    }
+                }
+            });
+        }
+    }
     server.run(shutdown_signal()).await;
     println!("hayate broker: stopped");
     Ok(())
@@ -146,7 +180,22 @@ async fn shutdown_signal() {
 async fn connect(server: &str, auth: &cli::ClientAuth, name: &str) -> Result<Client> {
     Client::connect_with(server, auth.options(name))
         .await
-        .with_context(|| format!("cannot connect to {server}"))
+        .with_context(|| format!("cannot connect to {}", redact(server)))
+}
+
+/// An address for messages: `user:password@` becomes `user:***@`.
+pub(crate) fn redact(addr: &str) -> String {
+    match addr.rsplit_once('@') {
+        Some((cred, host)) => {
+            let (scheme, cred) = match cred.split_once("://") {
+                Some((s, c)) => (format!("{s}://"), c),
+                None => (String::new(), cred),
+            };
+            let user = cred.split_once(':').map_or(cred, |(u, _)| u);
+            format!("{scheme}{user}:***@{host}")
+        }
+        None => addr.to_owned(),
+    }
 }
 
 async fn publish(a: cli::PubArgs) -> Result<()> {

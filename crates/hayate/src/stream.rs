@@ -98,7 +98,7 @@ fn show(info: &[StreamInfo], json: bool) -> Result<()> {
 pub(crate) async fn run(a: StreamArgs) -> Result<()> {
     let c = hayate_client::Client::connect_with(&a.server, a.auth.options("hayate-stream"))
         .await
-        .with_context(|| format!("cannot connect to {}", a.server))?;
+        .with_context(|| format!("cannot connect to {}", crate::redact(&a.server)))?;
     let s = c.streams();
     match a.cmd {
         StreamCmd::Add {

@@ -110,10 +110,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Connects to `addr` (`unix:<path>`, or `[hayate://]host:port` with TCP_NODELAY) and splits
 /// the stream into hayate-io's transport halves.
-async fn open(addr: &str) -> Result<(Reader, Writer)> {
+async fn open(addr: &str, options: &ConnectOptions) -> Result<(Reader, Writer)> {
     if let Some(path) = addr.strip_prefix("unix:") {
         let s = tokio::net::UnixStream::connect(path).await?;
         return Ok(transport::unix(s));
+    }
+    if let Some(hostport) = addr.strip_prefix("tls://") {
+        return open_tls(hostport, options).await;
     }
     let addr = addr.strip_prefix("hayate://").unwrap_or(addr);
     let s = tokio::net::TcpStream::connect(addr).await?;
@@ -121,13 +124,65 @@ async fn open(addr: &str) -> Result<(Reader, Writer)> {
     Ok(transport::tcp(s))
 }
 
+/// TLS to `hostport`, verified against `options.tls_ca`, with the host as the server name.
+async fn open_tls(hostport: &str, options: &ConnectOptions) -> Result<(Reader, Writer)> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let bad = |m: String| Error::Protocol(m);
+    let ca = options.tls_ca.as_ref().ok_or_else(|| {
+        bad("a tls:// address needs the server's CA (ConnectOptions::tls_ca, --tls-ca)".into())
+    })?;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).map_err(|e| bad(format!("{}: {e}", ca.display())))? {
+        let c = c.map_err(|e| bad(format!("{}: {e}", ca.display())))?;
+        roots
+            .add(c)
+            .map_err(|e| bad(format!("{}: {e}", ca.display())))?;
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| bad(e.to_string()))?
+    .with_root_certificates(roots);
+    let config = match &options.tls_client_cert {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+                .map_err(|e| bad(format!("{}: {e}", cert.display())))?
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e| bad(format!("{}: {e}", cert.display())))?;
+            let key = PrivateKeyDer::from_pem_file(key)
+                .map_err(|e| bad(format!("{}: {e}", key.display())))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| bad(e.to_string()))?
+        }
+    };
+    let host = match hostport.rsplit_once(':') {
+        Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
+        None => hostport,
+    };
+    let name = ServerName::try_from(host.to_owned())
+        .map_err(|e| bad(format!("server name {host:?}: {e}")))?;
+    let s = tokio::net::TcpStream::connect(hostport).await?;
+    s.set_nodelay(true)?;
+    Ok(transport::tls::connect(
+        s,
+        std::sync::Arc::new(config),
+        name,
+        options.connect_timeout,
+    )
+    .await?)
+}
+
 /// Splits credentials off an address: `[hayate://]user:password@host:port` → (the address
 /// without them, the credentials). A `user` without `:password` logs in with an empty
 /// password; a password starting `hyt_` with an empty user is a token.
 pub(crate) fn split_credentials(addr: &str) -> (String, Option<crate::Auth>) {
-    let (scheme, rest) = match addr.strip_prefix("hayate://") {
-        Some(r) => ("hayate://", r),
-        None => ("", addr),
+    let (scheme, rest) = match addr.split_once("://") {
+        Some((sch, r)) if sch == "hayate" || sch == "tls" => (&addr[..sch.len() + 3], r),
+        _ => ("", addr),
     };
     if rest.starts_with("unix:") {
         return (addr.to_owned(), None);
@@ -153,7 +208,7 @@ pub(crate) async fn connect(addr: &str, options: ConnectOptions) -> Result<Arc<I
         (crate::Auth::Anonymous, Some(a)) => a,
         (a, _) => a.clone(),
     };
-    let (mut r, w) = open(&addr).await?;
+    let (mut r, w) = open(&addr, &options).await?;
     let mut b = BytesMut::new();
     encode(
         &Frame::Hello(Hello {

@@ -4,8 +4,8 @@
 //! by the session's writer task and by inline flushes from publishers' tasks (so it writes
 //! through `&self`: a non-blocking vectored write plus a readiness wait). TCP ([`Tcp`]) and
 //! Unix sockets ([`Unix`]) implement it directly, [`memory`] is an in-memory pair for tests;
-//! WebSocket (hayate-server's `ws`) frames a TCP stream in process; TLS and shared
-//! memory will be further implementations. [`write_chunks`] is the one blocking write loop
+//! WebSocket (hayate-server's `ws`) frames another transport in process; [`tls`] is TLS over
+//! TCP (rustls); shared memory will be a further implementation. [`write_chunks`] is the one blocking write loop
 //! over any of them (the non-blocking one is [`write_some`], which this calls).
 
 use std::collections::VecDeque;
@@ -22,6 +22,7 @@ use crate::sink::{Sink, write_some};
 mod memory;
 #[cfg(test)]
 mod tests;
+pub mod tls;
 
 pub use memory::{Memory, MemoryPeer, memory};
 

@@ -91,6 +91,11 @@ impl Access {
         {
             return Err(Denied::Sys);
         }
+        if is_inbox_key(k) {
+            // A reply: the inbox name is the capability (unguessable, learnt only from a
+            // request's reply-to), so replies are not subject to publish rules.
+            return Ok(());
+        }
         let (rule, what) = if with_reply {
             (&self.call, "call")
         } else {
@@ -125,6 +130,12 @@ impl Access {
             what,
             on: expr.as_str().to_owned(),
         };
+        let (all_inboxes, own) = inbox_exprs(inbox);
+        if own.iter().any(|o| o.includes(expr)) {
+            // A session's own inbox is always its to read, whatever its rules (the client
+            // library subscribes to it on connecting).
+            return Ok(None);
+        }
         if rule.deny.iter().any(|d| d.includes(expr)) {
             return Err(refused());
         }
@@ -133,10 +144,8 @@ impl Access {
         {
             return Err(refused());
         }
-        let (all_inboxes, own) = inbox_exprs(inbox);
         let touches_inboxes = all_inboxes.intersects(expr);
-        let own_only = own.iter().any(|o| o.includes(expr));
-        if touches_inboxes && !own_only && all_inboxes.includes(expr) {
+        if touches_inboxes && all_inboxes.includes(expr) {
             return Err(Denied::Inbox);
         }
         let rule_guard = rule.deny.iter().any(|d| d.intersects(expr))
@@ -144,7 +153,7 @@ impl Access {
                 .allow
                 .as_ref()
                 .is_some_and(|a| !a.iter().any(|x| x.includes(expr)));
-        let inbox_guard = touches_inboxes && !own_only;
+        let inbox_guard = touches_inboxes;
         if !rule_guard && !inbox_guard {
             return Ok(None);
         }
@@ -153,6 +162,12 @@ impl Access {
             inbox: inbox_guard.then(|| inbox.to_owned()),
         })))
     }
+}
+
+/// Is `k` under `_inbox/`?
+pub(crate) fn is_inbox_key(k: &str) -> bool {
+    k.strip_prefix(INBOX_PREFIX)
+        .is_some_and(|rest| rest.starts_with('/'))
 }
 
 /// `_inbox/**`, and the session's own inbox (itself and everything under it).
@@ -287,6 +302,12 @@ mod tests {
         assert!(!g.admits(&k("other/a")));
         assert!(!g.admits(&k("alerts/a/b")));
         assert!(a.check_subscribe(&e("svc/math"), true, me).is_ok());
+        // Its own inbox is readable whatever the rules; replies may always be published.
+        assert!(matches!(
+            a.check_subscribe(&e("_inbox/me/*"), false, me),
+            Ok(None)
+        ));
+        assert!(a.check_publish(&k("_inbox/other/7"), false).is_ok());
         assert!(a.check_subscribe(&e("svc/other"), true, me).is_err());
     }
 }

@@ -56,6 +56,9 @@ pub struct Credentials<'a> {
     pub token: Option<&'a [u8]>,
     /// The source address (throttling); `None` for Unix sockets and in-process transports.
     pub peer: Option<IpAddr>,
+    /// A user name the transport vouches for: the subject CN of a verified TLS client
+    /// certificate (with `tls.cert_user`). Logs in as that user without a password.
+    pub verified: Option<&'a str>,
 }
 
 /// Who a connected client is.

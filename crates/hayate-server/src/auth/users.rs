@@ -337,6 +337,16 @@ impl ConfigAuth {
     }
 
     async fn check(&self, creds: Credentials<'_>) -> Result<Identity, AuthError> {
+        if let Some(name) = creds.verified {
+            // A verified client certificate: its CN must be a user, and the user name given
+            // (if any) the same.
+            return match self.users.get(name) {
+                Some(u) if creds.user.is_none_or(|n| n.is_empty() || n == name) => {
+                    Ok(self.identity(u))
+                }
+                _ => Err(AuthError::BadCredentials),
+            };
+        }
         let token = creds.token.or_else(|| {
             creds
                 .password
@@ -458,6 +468,7 @@ mod tests {
             password,
             token: None,
             peer,
+            verified: None,
         };
         assert!(rt.block_on(open.authenticate("t", c(None, None))).is_ok());
         assert!(

@@ -32,10 +32,9 @@ use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use hayate_io::transport::{Reader, Writer};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::AsyncReadExt;
 
 mod frame;
 mod reader;
@@ -68,13 +67,13 @@ fn invalid(msg: impl Into<String>) -> io::Error {
 /// accepted without one. Messages larger than `max_message` bytes close the connection. The
 /// handshake must finish within 10 seconds and its request fit in 8 KiB.
 pub async fn accept(
-    mut stream: TcpStream,
+    mut reader: Reader,
+    writer: Writer,
     subprotocol: &'static str,
     max_message: usize,
 ) -> io::Result<(Reader, Writer)> {
-    stream.set_nodelay(true)?;
     let (head_len, mut buf) =
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_request(&mut stream)).await {
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_request(&mut reader)).await {
             Ok(r) => r?,
             Err(_) => {
                 return Err(io::Error::new(
@@ -92,20 +91,19 @@ pub async fn accept(
                  content-length: {}\r\n\r\n{body}",
                 body.len()
             );
-            let _ = stream.write_all(refusal.as_bytes()).await;
-            let _ = stream.shutdown().await;
+            let _ = hayate_io::transport::write_all(&*writer, Bytes::from(refusal)).await;
+            writer.shutdown();
             return Err(invalid(format!("WebSocket upgrade refused: {why}")));
         }
     };
-    stream.write_all(response.as_bytes()).await?;
+    hayate_io::transport::write_all(&*writer, Bytes::from(response)).await?;
     buf.advance(head_len);
-    let (r, w) = stream.into_split();
     let writer = Arc::new(WsWrite {
-        tcp: w,
+        tcp: writer,
         out: Mutex::new(Out::default()),
     });
     let reader = WsReader {
-        tcp: r,
+        tcp: reader,
         raw: buf,
         frame: None,
         message: 0,
@@ -119,7 +117,7 @@ pub async fn accept(
 
 /// Reads the upgrade request; returns its length (through the blank line) and everything
 /// read (a client may not send frames before our answer, but what it sent is kept).
-async fn read_request(stream: &mut TcpStream) -> io::Result<(usize, BytesMut)> {
+async fn read_request(stream: &mut Reader) -> io::Result<(usize, BytesMut)> {
     let mut buf = BytesMut::with_capacity(1024);
     loop {
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, BytesMut};
+use hayate_io::transport::Reader;
 use tokio::io::{AsyncRead, ReadBuf};
-use tokio::net::tcp::OwnedReadHalf;
 
 use super::READ_CHUNK;
 use super::frame::{close_frame, code, control_frame, op, parse_header, unmask};
@@ -28,7 +28,8 @@ pub(super) struct InFrame {
 
 /// The client → broker direction: a byte stream of the data messages' payloads.
 pub struct WsReader {
-    pub(super) tcp: OwnedReadHalf,
+    /// The transport under the WebSocket (TCP, or TLS for `wss`).
+    pub(super) tcp: Reader,
     /// Bytes read from the socket and not yet decoded.
     pub(super) raw: BytesMut,
     pub(super) frame: Option<InFrame>,

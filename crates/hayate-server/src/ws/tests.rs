@@ -6,7 +6,8 @@ use super::*;
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use hayate_io::transport::write_all;
-use tokio::net::TcpListener;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::{StatusCode, header};
@@ -26,7 +27,8 @@ async fn server(max_message: usize) -> (std::net::SocketAddr, Accepted) {
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
         let (stream, _) = listener.accept().await?;
-        accept(stream, "mqtt", max_message).await
+        let (r, w) = hayate_io::transport::tcp(stream);
+        accept(r, w, "mqtt", max_message).await
     });
     (addr, task)
 }

@@ -10,7 +10,7 @@ use bytes::{Buf, BytesMut};
 use hayate_io::Sink;
 use hayate_io::chunks::MAX_IOV;
 use hayate_io::transport::WriteHalf;
-use tokio::net::tcp::OwnedWriteHalf;
+use hayate_io::transport::Writer;
 
 use super::MAX_OUT_FRAME;
 use super::frame::{close_frame, code, frame_header, op};
@@ -30,7 +30,8 @@ pub(super) struct Out {
 
 /// The broker → client direction (see the module docs).
 pub struct WsWrite {
-    pub(super) tcp: OwnedWriteHalf,
+    /// The transport under the WebSocket (TCP, or TLS for `wss`).
+    pub(super) tcp: Writer,
     pub(super) out: Mutex<Out>,
 }
 
@@ -41,9 +42,9 @@ impl std::fmt::Debug for WsWrite {
 }
 
 /// Writes `b` until it is empty (true) or the socket would block (false).
-fn write_buf(tcp: &OwnedWriteHalf, b: &mut BytesMut) -> io::Result<bool> {
+fn write_buf(tcp: &Writer, b: &mut BytesMut) -> io::Result<bool> {
     while !b.is_empty() {
-        match tcp.try_write(b) {
+        match tcp.try_write_vectored(&[IoSlice::new(b)]) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => b.advance(n),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
@@ -167,10 +168,10 @@ impl WriteHalf for WsWrite {
                 let mut out = self.lock();
                 if self.flush_before(&mut out)? {
                     drop(out);
-                    return self.tcp.as_ref().poll_write_ready(cx);
+                    return self.tcp.poll_write_ready(cx);
                 }
             }
-            ready!(self.tcp.as_ref().poll_write_ready(cx))?;
+            ready!(self.tcp.poll_write_ready(cx))?;
         }
     }
 
@@ -185,14 +186,15 @@ impl WriteHalf for WsWrite {
                 let _ = self.flush_before(&mut out);
             }
         }
-        if let Err(e) =
-            socket2::SockRef::from(self.tcp.as_ref()).shutdown(std::net::Shutdown::Write)
-        {
-            tracing::debug!("ws shutdown: {e}");
-        }
+        drop(out);
+        self.tcp.shutdown();
     }
 
     fn name(&self) -> &'static str {
-        "ws"
+        if self.tcp.name() == "tls" {
+            "wss"
+        } else {
+            "ws"
+        }
     }
 }

@@ -116,6 +116,7 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         mut shutdown,
         busy,
         peer,
+        verified_name,
     } = io;
     let mut buf = BytesMut::with_capacity(READ_BUF);
     let max_packet = mqtt.cfg.max_packet_size;
@@ -188,6 +189,7 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         password: connect.password.as_deref(),
         token: None,
         peer: peer.map(|a| a.ip()),
+        verified: verified_name.as_deref(),
     };
     let identity = match mqtt.auth.authenticate("mqtt", creds).await {
         Ok(id) => id,
@@ -311,6 +313,7 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         shutdown,
         busy,
         peer,
+        verified_name: None,
     };
     let mut io = frontend::Conn::new(accepted, buf, &outbox);
     outbox.push_reply_unbudgeted(|o| {

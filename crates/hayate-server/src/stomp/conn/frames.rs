@@ -360,6 +360,25 @@ impl Conn<'_> {
                 ),
             ));
         }
+        // A durable queue member serves the queue's key: the same permission as an
+        // in-memory queue's.
+        let qexpr =
+            KeyExpr::new(q).map_err(|e| refuse("invalid destination", format!("{dest:?}: {e}")))?;
+        match self
+            .identity
+            .access
+            .check_subscribe(&qexpr, true, session.inbox())
+        {
+            Ok(None) => {}
+            Ok(Some(_)) | Err(_) => {
+                let d = crate::auth::Denied::Rule {
+                    what: "serve",
+                    on: q.to_owned(),
+                };
+                tracing::info!(user = self.identity.name(), "subscription refused: {d}");
+                return Err(refuse("access refused", d.to_string()));
+            }
+        }
         // One made beforehand (through the API, with its own settings) is used as it is.
         let name = queue_consumer_name(q);
         let consumer = match stream.consumer(&name) {
@@ -374,9 +393,10 @@ impl Conn<'_> {
                     .0
             }
         };
+        crate::frontend::check_consume(&self.identity, stream, &consumer)
+            .map_err(|d| refuse("access refused", d.to_string()))?;
         let sid = self.subs.next_sid();
-        let expr =
-            KeyExpr::new(q).map_err(|e| refuse("invalid destination", format!("{dest:?}: {e}")))?;
+        let expr = qexpr;
         lock(&self.out).subs.insert(
             sid,
             Sub {

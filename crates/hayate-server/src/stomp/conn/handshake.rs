@@ -36,6 +36,7 @@ impl Conn<'_> {
             password: f.get("passcode").map(str::as_bytes),
             token: None,
             peer: self.peer,
+            verified: self.verified_name.as_deref(),
         };
         match self.stomp.auth.authenticate("stomp", creds).await {
             Ok(id) => self.identity = id,

@@ -50,6 +50,8 @@ struct Conn<'a> {
     /// Who the client is (anonymous until CONNECT's login is checked).
     identity: crate::auth::Identity,
     peer: Option<std::net::IpAddr>,
+    /// The user a verified client certificate names (TLS with `tls.cert_user`).
+    verified_name: Option<String>,
     out: Arc<Mutex<StompDeliveries>>,
     connected: bool,
     version: Version,
@@ -189,6 +191,7 @@ impl Handler for Driven<'_> {
 /// Serves one STOMP connection until it closes.
 pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
     let peer = io.peer.map(|a| a.ip());
+    let verified_name = io.verified_name.clone();
     let limits = Limits {
         max_headers: stomp.cfg.max_headers,
         max_header_bytes: 64 * 1024,
@@ -206,6 +209,7 @@ pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
             stomp: &stomp,
             identity: crate::auth::Identity::anonymous(),
             peer,
+            verified_name,
             out: out.clone(),
             connected: false,
             version: Version::V1_0,

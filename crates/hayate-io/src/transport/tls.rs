@@ -1,0 +1,245 @@
+//! TLS over TCP as a transport: the read half decrypts, the shared write half encrypts, both
+//! around one rustls connection behind a mutex (held only for the non-blocking calls, never
+//! across an `.await`). The handshake is done first with tokio-rustls ([`accept`],
+//! [`connect`]), with a deadline; then the connection and the socket are split like plain TCP.
+//!
+//! Writes follow the transport contract: [`WriteHalf`]'s `try_write_vectored` hands plaintext
+//! to rustls only while its outgoing buffer is below [`TLS_BUFFER`] (past it: `WouldBlock`),
+//! and pushes the ciphertext to the socket without blocking; `poll_write_ready` waits for the
+//! socket until that buffer has drained. So a client that stops reading holds at most
+//! `TLS_BUFFER` bytes of ciphertext here, beyond the outbox's own budget.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+
+use super::{Reader, WriteHalf, Writer};
+use crate::sink::Sink;
+
+pub use tokio_rustls::rustls;
+
+/// Ciphertext the write half lets rustls hold before it reports `WouldBlock`.
+pub const TLS_BUFFER: usize = 256 * 1024;
+
+struct Shared {
+    conn: Mutex<rustls::Connection>,
+    tcp: OwnedWriteHalf,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tls")
+    }
+}
+
+fn lock(m: &Mutex<rustls::Connection>) -> MutexGuard<'_, rustls::Connection> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `io::Write` over the socket's non-blocking writes.
+struct SockW<'a>(&'a OwnedWriteHalf);
+impl Write for SockW<'_> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.0.try_write(b)
+    }
+    fn write_vectored(&mut self, b: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.0.try_write_vectored(b)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `io::Read` over the socket's non-blocking reads.
+struct SockR<'a>(&'a OwnedReadHalf);
+impl Read for SockR<'_> {
+    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        self.0.try_read(b)
+    }
+}
+
+/// Pushes rustls' pending ciphertext to the socket: `Ok(true)` when all of it went.
+fn flush(conn: &mut rustls::Connection, tcp: &OwnedWriteHalf) -> io::Result<bool> {
+    while conn.wants_write() {
+        match conn.write_tls(&mut SockW(tcp)) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// The write half of a TLS connection.
+#[derive(Debug)]
+pub struct TlsWrite(Arc<Shared>);
+
+impl Sink for TlsWrite {
+    fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        let mut c = lock(&self.0.conn);
+        flush(&mut c, &self.0.tcp)?;
+        let n = c.writer().write_vectored(bufs)?;
+        flush(&mut c, &self.0.tcp)?;
+        if n == 0 && bufs.iter().any(|b| !b.is_empty()) {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    }
+}
+
+impl WriteHalf for TlsWrite {
+    fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            {
+                let mut c = lock(&self.0.conn);
+                if flush(&mut c, &self.0.tcp)? {
+                    return Poll::Ready(Ok(()));
+                }
+            }
+            match self.0.tcp.as_ref().poll_write_ready(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+    fn shutdown(&self) {
+        {
+            let mut c = lock(&self.0.conn);
+            c.send_close_notify();
+            let _ = flush(&mut c, &self.0.tcp);
+        }
+        if let Err(e) =
+            socket2::SockRef::from(self.0.tcp.as_ref()).shutdown(std::net::Shutdown::Write)
+        {
+            tracing::debug!("shutdown: {e}");
+        }
+    }
+    fn name(&self) -> &'static str {
+        "tls"
+    }
+}
+
+/// The read half of a TLS connection.
+pub struct TlsRead {
+    shared: Arc<Shared>,
+    tcp: OwnedReadHalf,
+    eof: bool,
+}
+
+impl AsyncRead for TlsRead {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        loop {
+            {
+                let mut c = lock(&this.shared.conn);
+                match c.reader().read(out.initialize_unfilled()) {
+                    Ok(n) => {
+                        // 0: the peer's close_notify (a clean end).
+                        out.advance(n);
+                        return Poll::Ready(Ok(()));
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    // The peer closed without close_notify: an end like TCP's.
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                        return Poll::Ready(Ok(()));
+                    }
+                    Err(e) => return Poll::Ready(Err(e)),
+                }
+                if this.eof {
+                    return Poll::Ready(Ok(()));
+                }
+                match c.read_tls(&mut SockR(&this.tcp)) {
+                    Ok(0) => this.eof = true,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        drop(c);
+                        match this.tcp.as_ref().poll_read_ready(cx) {
+                            Poll::Ready(Ok(())) => continue,
+                            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                            Poll::Pending => return Poll::Pending,
+                        }
+                    }
+                    Err(e) => return Poll::Ready(Err(e)),
+                }
+                if let Err(e) = c.process_new_packets() {
+                    // Send the alert rustls queued for the peer, then fail.
+                    let _ = flush(&mut c, &this.shared.tcp);
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, e)));
+                }
+                // Answers rustls owes the peer (key updates, tickets): best effort here, the
+                // writer pushes the rest.
+                let _ = flush(&mut c, &this.shared.tcp);
+            }
+        }
+    }
+}
+
+fn split(tcp: TcpStream, mut conn: rustls::Connection) -> (Reader, Writer) {
+    conn.set_buffer_limit(Some(TLS_BUFFER));
+    let (r, w) = tcp.into_split();
+    let shared = Arc::new(Shared {
+        conn: Mutex::new(conn),
+        tcp: w,
+    });
+    (
+        Box::new(TlsRead {
+            shared: shared.clone(),
+            tcp: r,
+            eof: false,
+        }),
+        Arc::new(TlsWrite(shared)),
+    )
+}
+
+fn timed_out() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
+}
+
+/// The server side of a TLS handshake on `tcp` (within `deadline`), then the connection as
+/// transport halves, with the client's certificate chain if it sent one.
+pub async fn accept(
+    tcp: TcpStream,
+    config: Arc<rustls::ServerConfig>,
+    deadline: Duration,
+) -> io::Result<(
+    Reader,
+    Writer,
+    Option<Vec<rustls::pki_types::CertificateDer<'static>>>,
+)> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    let s = tokio::time::timeout(deadline, acceptor.accept(tcp))
+        .await
+        .map_err(|_| timed_out())??;
+    let (tcp, conn) = s.into_inner();
+    let certs = conn.peer_certificates().map(<[_]>::to_vec);
+    let (r, w) = split(tcp, rustls::Connection::Server(conn));
+    Ok((r, w, certs))
+}
+
+/// The client side of a TLS handshake with `server_name` on `tcp` (within `deadline`), then
+/// the connection as transport halves.
+pub async fn connect(
+    tcp: TcpStream,
+    config: Arc<rustls::ClientConfig>,
+    server_name: rustls::pki_types::ServerName<'static>,
+    deadline: Duration,
+) -> io::Result<(Reader, Writer)> {
+    let connector = tokio_rustls::TlsConnector::from(config);
+    let s = tokio::time::timeout(deadline, connector.connect(server_name, tcp))
+        .await
+        .map_err(|_| timed_out())??;
+    let (tcp, conn) = s.into_inner();
+    Ok(split(tcp, rustls::Connection::Client(conn)))
+}

@@ -1,0 +1,275 @@
+//! TLS listeners: the native protocol over TLS with the client library (small and large
+//! messages both ways), a client that does not trust the server's CA, client certificates
+//! naming the user (`tls.cert_user`), a reload, and hostile handshakes (garbage, silence)
+//! cut off within the handshake timeout while a TLS client carries on.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::within;
+use hayate_client::{Client, ConnectOptions, Key};
+use hayate_server::config::UserConfig;
+use hayate_server::{Config, Protocol, Server};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+struct Files {
+    dir: PathBuf,
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+    alice_cert: PathBuf,
+    alice_key: PathBuf,
+    other_ca: PathBuf,
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn write(dir: &Path, name: &str, text: String) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// A CA, a server certificate for localhost / 127.0.0.1, a client certificate with CN alice,
+/// and an unrelated CA.
+fn files(tag: &str) -> Files {
+    let dir = std::env::temp_dir().join(format!("hayate-tls-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "hayate test CA");
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let server_key = KeyPair::generate().unwrap();
+    let server = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&server_key, &issuer)
+        .unwrap();
+    let alice_key = KeyPair::generate().unwrap();
+    let mut ap = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ap.distinguished_name.push(DnType::CommonName, "alice");
+    ap.distinguished_name
+        .push(DnType::OrganizationName, "hayate tests");
+    let alice = ap.signed_by(&alice_key, &issuer).unwrap();
+    let other_key = KeyPair::generate().unwrap();
+    let mut op = CertificateParams::new(Vec::<String>::new()).unwrap();
+    op.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let other = op.self_signed(&other_key).unwrap();
+    Files {
+        ca: write(&dir, "ca.pem", ca_cert.pem()),
+        cert: write(&dir, "server.pem", server.pem()),
+        key: write(&dir, "server.key", server_key.serialize_pem()),
+        alice_cert: write(&dir, "alice.pem", alice.pem()),
+        alice_key: write(&dir, "alice.key", alice_key.serialize_pem()),
+        other_ca: write(&dir, "other.pem", other.pem()),
+        dir,
+    }
+}
+
+/// A broker with a plain and a TLS native listener; returns (plain, tls) addresses.
+async fn start(config: Config) -> (String, String, tokio::sync::oneshot::Sender<()>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let t = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (plain, tls) = (
+        l.local_addr().unwrap().to_string(),
+        t.local_addr().unwrap().to_string(),
+    );
+    let mut config = config;
+    config.server.data_dir.clear();
+    config.validate().unwrap();
+    let server = Server::from_listeners(
+        vec![(l, Protocol::Native), (t, Protocol::NativeTls)],
+        &config,
+    );
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(server.run(async {
+        let _ = rx.await;
+    }));
+    (plain, tls, tx)
+}
+
+fn tls_config(f: &Files) -> Config {
+    let mut c = Config::default();
+    c.tls.cert = f.cert.display().to_string();
+    c.tls.key = f.key.display().to_string();
+    c
+}
+
+#[tokio::test]
+async fn the_native_protocol_runs_over_tls() {
+    let f = files("native");
+    let (plain, tls, _stop) = start(tls_config(&f)).await;
+    let opts = || ConnectOptions::default().tls_ca(&f.ca);
+    let sub = Client::connect_with(&format!("tls://{tls}"), opts())
+        .await
+        .unwrap();
+    let mut s = sub.subscribe("t/**").await.unwrap();
+    sub.flush().await.unwrap();
+    // A TLS publisher and a plain one reach the TLS subscriber; payloads up to 4 MiB (past
+    // the 256 KiB ciphertext buffer of the write half).
+    let p = Client::connect_with(
+        &format!("tls://localhost:{}", tls.rsplit_once(':').unwrap().1),
+        opts(),
+    )
+    .await
+    .unwrap();
+    let q = Client::connect(&plain).await.unwrap();
+    let sizes = [0usize, 1, 1000, 70_000, 4 << 20];
+    for (i, n) in sizes.iter().enumerate() {
+        let body: Vec<u8> = (0..*n).map(|j| (j * 7 + i) as u8).collect();
+        let c = if i % 2 == 0 { &p } else { &q };
+        c.publish(&Key::new(&format!("t/{i}")).unwrap(), body)
+            .await
+            .unwrap();
+    }
+    p.flush().await.unwrap();
+    q.flush().await.unwrap();
+    // (Two publishers: no order between them.)
+    let mut got = Vec::new();
+    for _ in &sizes {
+        got.push(within(20, s.next()).await.unwrap());
+    }
+    got.sort_by(|a, b| a.key.as_str().cmp(b.key.as_str()));
+    for (i, n) in sizes.iter().enumerate() {
+        let m = &got[i];
+        assert_eq!(m.key.as_str(), format!("t/{i}"));
+        assert_eq!(m.payload.len(), *n);
+        assert!(
+            m.payload
+                .iter()
+                .enumerate()
+                .all(|(j, b)| *b == (j * 7 + i) as u8)
+        );
+    }
+    // A request/reply over TLS.
+    let mut svc = sub.subscribe("svc").await.unwrap();
+    sub.flush().await.unwrap();
+    let server = tokio::spawn(async move {
+        let r = svc.next().await.unwrap();
+        sub.reply(&r, "pong").await.unwrap();
+        sub.flush().await.unwrap();
+        sub
+    });
+    let r = within(
+        10,
+        p.request(&Key::new("svc").unwrap(), "ping", Duration::from_secs(5)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(&r.payload[..], b"pong");
+    let _ = server.await;
+    // A client that does not trust the server's CA fails the handshake.
+    let bad = Client::connect_with(
+        &format!("tls://{tls}"),
+        ConnectOptions::default().tls_ca(&f.other_ca),
+    )
+    .await;
+    assert!(bad.is_err());
+    // And tls:// without a CA is refused by the library with a reason.
+    match Client::connect(&format!("tls://{tls}")).await {
+        Err(e) => assert!(e.to_string().contains("CA"), "{e}"),
+        Ok(_) => panic!("tls:// without a CA connected"),
+    }
+}
+
+#[tokio::test]
+async fn a_client_certificate_names_the_user() {
+    let f = files("mtls");
+    let mut c = tls_config(&f);
+    c.tls.client_ca = f.ca.display().to_string();
+    c.tls.cert_user = true;
+    c.auth
+        .users
+        .insert("alice".into(), UserConfig::with_password("pw").unwrap());
+    let (_plain, tls, _stop) = start(c).await;
+    let addr = format!("tls://{tls}");
+    // Without a certificate or a password: anonymous, refused (users exist).
+    assert!(
+        Client::connect_with(&addr, ConnectOptions::default().tls_ca(&f.ca))
+            .await
+            .is_err()
+    );
+    // With the password: fine.
+    Client::connect_with(
+        &addr,
+        ConnectOptions::default()
+            .tls_ca(&f.ca)
+            .password("alice", "pw"),
+    )
+    .await
+    .unwrap();
+    // With alice's certificate and no password: logged in as alice.
+    let opts = ConnectOptions::default()
+        .tls_ca(&f.ca)
+        .tls_client_cert(&f.alice_cert, &f.alice_key);
+    Client::connect_with(&addr, opts.clone()).await.unwrap();
+    // The certificate and another user name: refused.
+    assert!(
+        Client::connect_with(&addr, opts.password("bob", "x"))
+            .await
+            .is_err()
+    );
+}
+
+#[tokio::test]
+async fn hostile_handshakes_are_cut_off_and_reload_keeps_serving() {
+    let f = files("hostile");
+    let mut c = tls_config(&f);
+    c.limits.handshake_timeout_ms = 500;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tls = l.local_addr().unwrap().to_string();
+    c.server.data_dir.clear();
+    let server = Server::from_listeners(vec![(l, Protocol::NativeTls)], &c);
+    let handle = server.tls().expect("tls loaded");
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.run(async {
+        let _ = rx.await;
+    }));
+    let started = Instant::now();
+    // Garbage instead of a ClientHello, a half ClientHello, and silence.
+    let mut garbage = tokio::net::TcpStream::connect(&tls).await.unwrap();
+    garbage.write_all(&[0xff; 300]).await.unwrap();
+    let mut half = tokio::net::TcpStream::connect(&tls).await.unwrap();
+    half.write_all(&[0x16, 0x03, 0x01, 0x40, 0x00, 0x01])
+        .await
+        .unwrap();
+    let mut silent = tokio::net::TcpStream::connect(&tls).await.unwrap();
+    let opts = ConnectOptions::default().tls_ca(&f.ca);
+    let good = Client::connect_with(&format!("tls://{tls}"), opts.clone())
+        .await
+        .unwrap();
+    for s in [&mut garbage, &mut half, &mut silent] {
+        let mut b = Vec::new();
+        within(5, s.read_to_end(&mut b)).await.ok();
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // The good client was served meanwhile, and still is after a reload.
+    handle.reload().unwrap();
+    good.flush().await.unwrap();
+    Client::connect_with(&format!("tls://{tls}"), opts)
+        .await
+        .unwrap();
+    // A reload with a broken file keeps the current certificate.
+    std::fs::write(&f.key, "not a key").unwrap();
+    assert!(handle.reload().is_err());
+    Client::connect_with(
+        &format!("tls://{tls}"),
+        ConnectOptions::default().tls_ca(&f.ca),
+    )
+    .await
+    .unwrap();
+    let _ = tx.send(());
+}
