@@ -179,6 +179,43 @@ pub(crate) async fn connect_tcp(
     Ok(stream.into_split())
 }
 
+/// A TLS client connection (tokio-rustls) to `target`, trusting the CA in PEM file `ca`,
+/// split in halves: the MQTT driver's `transport=tls` (the same client code for every
+/// broker measured).
+pub(crate) async fn connect_tls(
+    target: &Target,
+    ca: &str,
+    timeout: std::time::Duration,
+) -> anyhow::Result<(
+    tokio::io::ReadHalf<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
+    tokio::io::WriteHalf<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
+)> {
+    use anyhow::Context as _;
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).with_context(|| format!("ca={ca}"))? {
+        roots.add(c.with_context(|| format!("ca={ca}"))?)?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let stream = tokio::time::timeout(timeout, tokio::net::TcpStream::connect(target.addr()))
+        .await
+        .with_context(|| format!("connecting to {target}: timed out"))?
+        .with_context(|| format!("connecting to {target}"))?;
+    stream.set_nodelay(true)?;
+    let name = rustls::pki_types::ServerName::try_from(target.host.clone())?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, stream)
+        .await
+        .with_context(|| format!("TLS handshake with {target}"))?;
+    Ok(tokio::io::split(tls))
+}
+
 /// A key prefix unique to one point of one process: `bench/<pid>-<n>`.
 pub(crate) fn point_prefix() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -220,7 +257,15 @@ impl Conn {
         match target.system {
             System::Grpc => bail!("{target}: {GRPC_RPC_ONLY}"),
             System::Hayate => {
-                let opts = hayate_client::ConnectOptions::default().name(name);
+                let mut opts = hayate_client::ConnectOptions::default().name(name);
+                // `?ca=FILE`: over TLS, trusting that CA.
+                let addr = match target.param("ca") {
+                    Some(ca) => {
+                        opts = opts.tls_ca(ca);
+                        format!("tls://{addr}")
+                    }
+                    None => addr.clone(),
+                };
                 let c = hayate_client::Client::connect_with(addr.as_str(), opts)
                     .await
                     .with_context(|| format!("connecting to {target}"))?;

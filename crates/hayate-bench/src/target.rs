@@ -64,8 +64,16 @@ impl System {
     /// The query parameters a target URL of this system accepts, besides `name`.
     fn params(self) -> &'static [&'static str] {
         match self {
-            System::Hayate => &["mode"],
-            System::Mqtt => &["qos", "version", "client", "transport", "path", "session"],
+            System::Hayate => &["mode", "ca"],
+            System::Mqtt => &[
+                "qos",
+                "version",
+                "client",
+                "transport",
+                "path",
+                "session",
+                "ca",
+            ],
             System::Kafka => &["acks"],
             System::Zenoh => &["mode", "express"],
             _ => &[],
@@ -229,10 +237,16 @@ impl Target {
             match (t.param("transport"), t.param("client")) {
                 (None | Some("tcp"), _) => {}
                 (Some("ws"), None | Some("hayate")) => {}
-                (Some("ws"), Some(c)) => {
-                    bail!("target {url:?}: transport=ws needs the hayate client, not {c}")
+                (Some("tls"), None | Some("hayate")) if t.param("ca").is_some() => {}
+                (Some("tls"), None | Some("hayate")) => {
+                    bail!("target {url:?}: transport=tls needs ca=FILE (the server's CA, PEM)")
                 }
-                (Some(x), _) => bail!("target {url:?}: unknown mqtt transport {x:?} (tcp or ws)"),
+                (Some(x @ ("ws" | "tls")), Some(c)) => {
+                    bail!("target {url:?}: transport={x} needs the hayate client, not {c}")
+                }
+                (Some(x), _) => {
+                    bail!("target {url:?}: unknown mqtt transport {x:?} (tcp, ws or tls)")
+                }
             }
             crate::driver::mqttc::version(&t).with_context(|| format!("target {url:?}"))?;
         }

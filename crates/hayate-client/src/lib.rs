@@ -22,7 +22,9 @@
 //!   messages to subscriptions a read's worth at a time.
 //! - [`Subscription`]: a stream of [`Message`]s; dropping it unsubscribes.
 //! - Request/reply: [`Client::request`] publishes with a reply-to key under this session's
-//!   inbox (`_inbox/<session>/<token>`) and waits for the reply; [`Client::reply`] answers.
+//!   inbox (`<inbox>/<token>`: the inbox named in WELCOME, from a broker `_inbox/` and 24
+//!   random hex digits; the token a decimal counter of the connection) and waits for the
+//!   reply; [`Client::reply`] answers.
 //! - [`rpc`]: an RPC layer in the style of oslo.messaging on top of request/reply and queue
 //!   groups: [`Client::call`], [`Client::cast`], [`Client::fanout`] and [`Client::serve`]
 //!   (wire convention in `docs/rpc.md`).

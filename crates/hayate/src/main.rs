@@ -134,18 +134,23 @@ async fn broker(args: cli::BrokerArgs) -> Result<()> {
     }
     println!("hayate broker: ready (Ctrl-C to stop)");
     #[cfg(unix)]
-    if let Some(tls) = server.tls() {
+    {
         // SIGHUP: read the certificate, key and CA files again (new handshakes use them;
-        // connections up keep theirs). A bad file keeps the current ones.
+        // connections up keep theirs). A bad file keeps the current ones. Caught even
+        // without TLS, so that a SIGHUP never stops the broker.
+        let tls = server.tls();
         if let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         {
             tokio::spawn(async move {
                 while hup.recv().await.is_some() {
-                    match tls.reload() {
-                        Ok(()) => tracing::info!("SIGHUP: TLS certificates reloaded"),
-                        Err(e) => tracing::error!(
-                            "SIGHUP: TLS reload failed, keeping the current certificates: {e}"
-                        ),
+                    match &tls {
+                        None => tracing::info!("SIGHUP: no TLS configured, nothing to reload"),
+                        Some(t) => match t.reload() {
+                            Ok(()) => tracing::info!("SIGHUP: TLS certificates reloaded"),
+                            Err(e) => tracing::error!(
+                                "SIGHUP: TLS reload failed, keeping the current certificates: {e}"
+                            ),
+                        },
                     }
                 }
             });

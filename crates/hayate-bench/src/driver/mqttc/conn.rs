@@ -62,7 +62,14 @@ impl MqttConn {
                 let (r, w) = crate::driver::ws::connect(stream, &target.host, path).await?;
                 (Box::new(r), Box::new(w))
             }
-            Some(t) => bail!("mqtt: unknown transport {t:?} (tcp or ws)"),
+            Some("tls") => {
+                let ca = target
+                    .param("ca")
+                    .context("mqtt: transport=tls needs ca=FILE (the server's CA, PEM)")?;
+                let (r, w) = crate::driver::connect_tls(target, ca, timeout).await?;
+                (Box::new(r), Box::new(w))
+            }
+            Some(t) => bail!("mqtt: unknown transport {t:?} (tcp, ws or tls)"),
         };
 
         let mut connect = Connect::new(version, id.as_str());
