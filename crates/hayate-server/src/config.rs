@@ -370,6 +370,13 @@ pub struct Limits {
     pub outbox_bytes: u64,
     /// Most simultaneous connections; further ones are accepted and closed at once.
     pub max_connections: usize,
+    /// Connections open at once from one source address (0: no limit); further ones are
+    /// closed at accept.
+    pub max_connections_per_address: usize,
+    /// Largest frame or packet accepted before the client has logged in (native HELLO, MQTT
+    /// CONNECT with its will, STOMP CONNECT), in bytes: an unauthenticated client cannot
+    /// make the broker buffer more (a larger one gets the protocol's error and a close).
+    pub max_preauth_bytes: u32,
     /// Milliseconds a new connection has to send HELLO.
     pub handshake_timeout_ms: u64,
     /// Longest a publisher waits for room in one `block` subscriber's outbox (ms); past it
@@ -390,6 +397,8 @@ impl Default for Limits {
             max_payload: 64 * 1024 * 1024,
             outbox_bytes: 8 * 1024 * 1024,
             max_connections: 100_000,
+            max_connections_per_address: 4096,
+            max_preauth_bytes: 64 * 1024,
             handshake_timeout_ms: 10_000,
             max_block_ms: 2_000,
             max_unacked: 1024,

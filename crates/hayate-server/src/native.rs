@@ -249,8 +249,15 @@ impl Handler for Native {
     type End = End;
 
     fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, End> {
+        // Before WELCOME a frame may be at most `max_preauth_bytes` (an anonymous client
+        // cannot make the broker buffer a 64 MiB HELLO).
+        let max = if self.welcomed {
+            self.max_frame
+        } else {
+            self.max_frame.min(self.limits.max_preauth_bytes as usize)
+        };
         self.planner
-            .decode(buf, self.max_frame)
+            .decode(buf, max)
             .map_err(|e| End::Error(e.code(), e.to_string()))
     }
 

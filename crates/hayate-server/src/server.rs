@@ -290,6 +290,7 @@ impl Server {
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let (stop_tx, stop_rx) = watch::channel(false);
         let live = Arc::new(AtomicUsize::new(0));
+        let per_address = PerAddress::default();
         let mut accepts = JoinSet::new();
         let mut paths = Vec::new();
         let background = tokio::spawn(self.mqtt.clone().background(stop_rx.clone()));
@@ -319,6 +320,7 @@ impl Server {
                 auth: self.auth.clone(),
                 tls: self.tls.clone(),
                 handshake: Duration::from_millis(self.limits.handshake_timeout_ms.max(1)),
+                per_address: per_address.clone(),
             };
             if let Listener::Unix(_, p) = &l {
                 paths.push(p.clone());
@@ -361,12 +363,25 @@ struct Ctx {
     auth: Arc<dyn Authenticator>,
     tls: Option<Arc<ServerTls>>,
     handshake: Duration,
+    per_address: PerAddress,
 }
 
-struct LiveGuard(Arc<AtomicUsize>);
+/// Connections open per source address (shared by every listener of a server).
+type PerAddress = Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>;
+
+struct LiveGuard(Arc<AtomicUsize>, Option<(PerAddress, std::net::IpAddr)>);
 impl Drop for LiveGuard {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
+        if let Some((map, ip)) = &self.1 {
+            let mut m = map.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = m.get_mut(ip) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(ip);
+                }
+            }
+        }
     }
 }
 
@@ -394,8 +409,22 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
             tracing::warn!("connection refused: max_connections reached");
             continue;
         }
+        let per_address = match peer.map(|a| a.ip()) {
+            Some(ip) if ctx.limits.max_connections_per_address > 0 => {
+                let mut m = ctx.per_address.lock().unwrap_or_else(|p| p.into_inner());
+                let n = m.entry(ip).or_insert(0);
+                if *n >= ctx.limits.max_connections_per_address {
+                    drop(m);
+                    tracing::warn!(peer = %ip, "connection refused: max_connections_per_address reached");
+                    continue;
+                }
+                *n += 1;
+                Some((ctx.per_address.clone(), ip))
+            }
+            _ => None,
+        };
         ctx.live.fetch_add(1, Ordering::AcqRel);
-        let guard = LiveGuard(ctx.live.clone());
+        let guard = LiveGuard(ctx.live.clone(), per_address);
         let c = ctx.clone();
         // Detached: a connection outlives the accept loop long enough to flush on shutdown;
         // `live` counts it until it ends.

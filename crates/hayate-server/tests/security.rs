@@ -253,3 +253,89 @@ async fn keys_with_control_characters_are_refused() {
     .await;
     assert_eq!(code, ErrorCode::BadKey);
 }
+
+/// Before login a client cannot make the broker buffer more than `max_preauth_bytes`: a
+/// 200 KiB HELLO (native) is ERR 3, an MQTT CONNECT announcing 100 MiB and a STOMP CONNECT
+/// with a 200 KiB body are closed; and one address gets at most
+/// `max_connections_per_address` connections while others carry on.
+#[tokio::test]
+async fn unauthenticated_clients_are_bounded() {
+    use bytes::{Bytes, BytesMut};
+    use hayate_native::{Frame, Hello, codec};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut config = Config::default();
+    config.limits.max_connections_per_address = 3;
+    let b = start(config).await;
+    // Native: a HELLO of 200 KiB.
+    let mut s = tokio::net::TcpStream::connect(&b.addr).await.unwrap();
+    let mut out = BytesMut::new();
+    codec::encode(
+        &Frame::Hello(Hello {
+            version: hayate_native::PROTOCOL_VERSION,
+            flags: 0,
+            name: "big".into(),
+            auth: Bytes::from(vec![2u8; 200 << 10]),
+        }),
+        &mut out,
+    );
+    let _ = s.write_all(&out).await;
+    let mut buf = BytesMut::new();
+    // ERR 3, or a reset: the broker closed with most of the frame unread (had it read the
+    // whole HELLO it would have answered its bad auth field with ERR 8).
+    let code = within(10, async {
+        loop {
+            while let Some(f) = codec::decode(&mut buf, 1 << 20).unwrap() {
+                if let Frame::Err { code, .. } = f {
+                    return Some(code);
+                }
+            }
+            match s.read_buf(&mut buf).await {
+                Ok(0) => panic!("closed without ERR"),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    })
+    .await;
+    assert!(
+        matches!(code, None | Some(ErrorCode::FrameTooLarge)),
+        "{code:?}"
+    );
+    drop(s);
+    // MQTT: CONNECT with a remaining length of 100 MiB; the broker closes at the header.
+    let mut m = tokio::net::TcpStream::connect(&b.mqtt).await.unwrap();
+    m.write_all(&[0x10, 0x80, 0x80, 0x80, 0x32]).await.unwrap();
+    let _ = m.write_all(&[0u8; 1024]).await;
+    let mut sink = Vec::new();
+    within(10, m.read_to_end(&mut sink)).await.ok();
+    drop(m);
+    // STOMP: CONNECT with a 200 KiB body.
+    let mut st = tokio::net::TcpStream::connect(&b.stomp).await.unwrap();
+    let mut frame = b"CONNECT\naccept-version:1.2\ncontent-length:204800\n\n".to_vec();
+    frame.extend(std::iter::repeat_n(b'x', 200 << 10));
+    frame.push(0);
+    let _ = st.write_all(&frame).await;
+    let mut answer = Vec::new();
+    // An ERROR, or a reset (closed with the body unread).
+    let _ = within(10, st.read_to_end(&mut answer)).await;
+    assert!(
+        answer.is_empty() || answer.starts_with(b"ERROR"),
+        "{:?}",
+        String::from_utf8_lossy(&answer[..answer.len().min(200)])
+    );
+    drop(st);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Three connections from 127.0.0.1 at most: the fourth is closed at once.
+    let keep: Vec<_> = futures::future::join_all((0..3).map(|_| Client::connect(&b.addr)))
+        .await
+        .into_iter()
+        .map(|c| c.unwrap())
+        .collect();
+    assert!(Client::connect(&b.addr).await.is_err());
+    for c in &keep {
+        c.close().await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Client::connect(&b.addr).await.unwrap();
+}

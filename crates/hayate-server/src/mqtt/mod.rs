@@ -102,6 +102,8 @@ pub struct Mqtt {
     pub(crate) cfg: MqttSection,
     pub(crate) auth: Arc<dyn Authenticator>,
     pub(crate) handshake_timeout: Duration,
+    /// Largest CONNECT accepted (`limits.max_preauth_bytes`).
+    pub(crate) max_preauth: u32,
     data_dir: Option<PathBuf>,
     registry: Mutex<HashMap<String, Entry>>,
     pub(crate) retained: Mutex<Retained>,
@@ -168,6 +170,7 @@ impl Mqtt {
             cfg: config.mqtt.clone(),
             auth,
             handshake_timeout: Duration::from_millis(config.limits.handshake_timeout_ms),
+            max_preauth: config.limits.max_preauth_bytes.max(64),
             data_dir,
             registry: Mutex::new(HashMap::new()),
             retained: Mutex::new(Retained::default()),

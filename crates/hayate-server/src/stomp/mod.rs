@@ -37,6 +37,8 @@ pub struct Stomp {
     pub(crate) auth: Arc<dyn Authenticator>,
     pub(crate) server_name: String,
     pub(crate) handshake_timeout: std::time::Duration,
+    /// Largest CONNECT frame accepted (`limits.max_preauth_bytes`).
+    pub(crate) max_preauth: usize,
 }
 
 impl std::fmt::Debug for Stomp {
@@ -54,6 +56,7 @@ impl Stomp {
             auth,
             server_name: config.server.name.clone(),
             handshake_timeout: std::time::Duration::from_millis(config.limits.handshake_timeout_ms),
+            max_preauth: (config.limits.max_preauth_bytes as usize).max(64),
         })
     }
 }

@@ -126,7 +126,7 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         let deadline = tokio::time::sleep(mqtt.handshake_timeout);
         tokio::pin!(deadline);
         loop {
-            match decode_connect(&mut buf, max_packet) {
+            match decode_connect(&mut buf, max_packet.min(mqtt.max_preauth)) {
                 Ok(Some(c)) => break c,
                 Ok(None) => {}
                 Err(e) => {

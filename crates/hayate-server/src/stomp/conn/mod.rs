@@ -93,7 +93,20 @@ impl Handler for Driven<'_> {
     type End = End;
 
     fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Item>, End> {
-        decode(buf, self.c.version, &self.limits)
+        // Before CONNECT is accepted a frame may be at most `max_preauth_bytes` (headers and
+        // body each).
+        let pre;
+        let limits = if self.c.connected {
+            &self.limits
+        } else {
+            pre = Limits {
+                max_headers: self.limits.max_headers,
+                max_header_bytes: self.limits.max_header_bytes.min(self.c.stomp.max_preauth),
+                max_body: self.limits.max_body.min(self.c.stomp.max_preauth),
+            };
+            &pre
+        };
+        decode(buf, self.c.version, limits)
             .map_err(|e| Some(refuse("malformed frame", e.to_string())))
     }
 
