@@ -421,6 +421,8 @@ impl Authenticator for ConfigAuth {
     fn authenticate<'a>(&'a self, protocol: &'a str, creds: Credentials<'a>) -> AuthFuture<'a> {
         Box::pin(async move {
             if self.throttled(creds.peer) {
+                // Not logged above debug: a locked-out address could flood the log.
+                tracing::debug!(protocol, peer = ?creds.peer, "login refused: address locked out");
                 return Err(AuthError::Throttled);
             }
             let r = self.check(creds).await;
