@@ -29,6 +29,8 @@ pub struct BrokerConfig {
     pub max_streams: usize,
     /// Most durable consumers per stream.
     pub max_consumers: usize,
+    /// Most subscriptions one session may hold (0: no limit).
+    pub max_subscriptions: usize,
 }
 
 impl Default for BrokerConfig {
@@ -40,6 +42,7 @@ impl Default for BrokerConfig {
             data_dir: None,
             max_streams: 256,
             max_consumers: 1024,
+            max_subscriptions: 10_000,
         }
     }
 }
@@ -126,6 +129,9 @@ pub enum SubscribeError {
     /// The session already has a subscription with this id.
     #[error("subscription id {0} is already in use")]
     DuplicateId(u32),
+    /// The session holds `limits.max_subscriptions` already.
+    #[error("at most {0} subscriptions per session (limits.max_subscriptions)")]
+    TooMany(usize),
 }
 
 impl Broker {

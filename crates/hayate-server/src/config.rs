@@ -373,6 +373,9 @@ pub struct Limits {
     /// Connections open at once from one source address (0: no limit); further ones are
     /// closed at accept.
     pub max_connections_per_address: usize,
+    /// Subscriptions one connection (session) may hold (0: no limit): native ERR 5, MQTT
+    /// SUBACK 0x97 Quota exceeded (3.1.1: 0x80), STOMP ERROR past it.
+    pub max_subscriptions: usize,
     /// Largest frame or packet accepted before the client has logged in (native HELLO, MQTT
     /// CONNECT with its will, STOMP CONNECT), in bytes: an unauthenticated client cannot
     /// make the broker buffer more (a larger one gets the protocol's error and a close).
@@ -398,6 +401,7 @@ impl Default for Limits {
             outbox_bytes: 8 * 1024 * 1024,
             max_connections: 100_000,
             max_connections_per_address: 4096,
+            max_subscriptions: 10_000,
             max_preauth_bytes: 64 * 1024,
             handshake_timeout_ms: 10_000,
             max_block_ms: 2_000,

@@ -195,6 +195,7 @@ impl Server {
                 .then(|| std::path::PathBuf::from(&config.server.data_dir)),
             max_streams: config.limits.max_streams as usize,
             max_consumers: config.limits.max_consumers as usize,
+            max_subscriptions: config.limits.max_subscriptions,
         });
         let auth: Arc<dyn Authenticator> = match ConfigAuth::from_section(&config.auth) {
             Ok(a) => Arc::new(a),

@@ -339,3 +339,31 @@ async fn unauthenticated_clients_are_bounded() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     Client::connect(&b.addr).await.unwrap();
 }
+
+/// A connection holds at most `max_subscriptions` (the client library's inbox included):
+/// the next SUB is ERR 5.
+#[tokio::test]
+async fn subscriptions_per_connection_are_bounded() {
+    let mut config = Config::default();
+    config.limits.max_subscriptions = 3;
+    let b = start(config).await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    let mut held = Vec::new();
+    let code = within(10, async {
+        for i in 0..10 {
+            match c.subscribe(&format!("k/{i}")).await {
+                Ok(s) => held.push(s),
+                Err(Error::Server { code, .. }) => return code,
+                Err(e) => panic!("{e}"),
+            }
+            let _ = c.flush().await;
+            if let Some(Error::Server { code, .. }) = c.last_error() {
+                return code;
+            }
+        }
+        panic!("10 subscriptions accepted");
+    })
+    .await;
+    assert_eq!(code, ErrorCode::BadSubscription);
+    assert!(held.len() <= 3, "{}", held.len());
+}

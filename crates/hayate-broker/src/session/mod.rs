@@ -127,6 +127,10 @@ impl Session {
         if self.subs.contains_key(&sid) {
             return Err(SubscribeError::DuplicateId(sid));
         }
+        let max = self.broker.shared.config.max_subscriptions;
+        if max > 0 && self.subs.len() >= max {
+            return Err(SubscribeError::TooMany(max));
+        }
         let mut reg = self.broker.write();
         // A queue group is a name *and* an expression (as NATS queue groups are per subject
         // and MQTT shared subscriptions per share name and filter): `g` on `a/**` and `g`

@@ -499,6 +499,9 @@ impl Conn<'_> {
                                 ReasonCode::NotAuthorized
                             }
                             crate::frontend::SubFail::Denied(_) => ReasonCode::UnspecifiedError,
+                            crate::frontend::SubFail::Broker(
+                                hayate_broker::SubscribeError::TooMany(_),
+                            ) if v.is_v5() => ReasonCode::QuotaExceeded,
                             crate::frontend::SubFail::Broker(e) => {
                                 tracing::warn!("mqtt: subscribe failed: {e}");
                                 ReasonCode::UnspecifiedError
