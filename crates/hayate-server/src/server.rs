@@ -463,7 +463,7 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
             let proto = proto.inner();
             let (r, w) = if proto == Protocol::MqttWs {
                 let max = c.mqtt.cfg.max_packet_size as usize;
-                match ws::accept(r, w, "mqtt", max.saturating_add(1024)).await {
+                match ws::accept(r, w, "mqtt", max.saturating_add(1024), c.handshake).await {
                     Ok(rw) => rw,
                     Err(e) => {
                         tracing::debug!("websocket handshake failed: {e}");

@@ -46,6 +46,7 @@ use writer::Out;
 pub use writer::WsWrite;
 
 /// How long a client has to complete the HTTP upgrade.
+#[cfg(test)]
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest upgrade request accepted.
 const MAX_REQUEST: usize = 8 * 1024;
@@ -71,9 +72,10 @@ pub async fn accept(
     writer: Writer,
     subprotocol: &'static str,
     max_message: usize,
+    handshake_timeout: Duration,
 ) -> io::Result<(Reader, Writer)> {
     let (head_len, mut buf) =
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_request(&mut reader)).await {
+        match tokio::time::timeout(handshake_timeout, read_request(&mut reader)).await {
             Ok(r) => r?,
             Err(_) => {
                 return Err(io::Error::new(

@@ -28,7 +28,7 @@ async fn server(max_message: usize) -> (std::net::SocketAddr, Accepted) {
     let task = tokio::spawn(async move {
         let (stream, _) = listener.accept().await?;
         let (r, w) = hayate_io::transport::tcp(stream);
-        accept(r, w, "mqtt", max_message).await
+        accept(r, w, "mqtt", max_message, HANDSHAKE_TIMEOUT).await
     });
     (addr, task)
 }
