@@ -501,10 +501,12 @@ async fn a_default_ttl_skips_old_messages_and_work_queue_retention_frees_what_co
     let b = start(config).await;
     let c = Client::connect(&b.addr).await.unwrap();
     let mut s = stream("t", "t/*", "interval=10");
-    s.default_ttl_ms = Some(150);
+    // 1 s: long enough that t/new (published below) is still fresh when the consumer
+    // reads it on a loaded machine (150 ms made this test flaky under load).
+    s.default_ttl_ms = Some(1000);
     c.streams().add(&s).await.unwrap();
     publish_n(&c, "t/old", 3).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     // A message's own TTL (header), shorter than the stream's.
     let mut short = Message::new(key("t/short"), "x");
     short.headers = Some(vec![("hayate-ttl".into(), Bytes::from_static(b"1"))]);
