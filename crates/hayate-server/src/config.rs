@@ -213,6 +213,8 @@ pub struct AuthSection {
     pub max_failures: u32,
     /// Seconds an address stays locked out (its logins refused without being checked).
     pub lockout_secs: u64,
+    /// Connections one configured user may have open at once (0: no limit).
+    pub max_connections_per_user: usize,
 }
 
 impl Default for AuthSection {
@@ -223,6 +225,7 @@ impl Default for AuthSection {
             groups: Default::default(),
             max_failures: 10,
             lockout_secs: 60,
+            max_connections_per_user: 1024,
         }
     }
 }

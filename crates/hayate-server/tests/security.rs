@@ -367,3 +367,33 @@ async fn subscriptions_per_connection_are_bounded() {
     assert_eq!(code, ErrorCode::BadSubscription);
     assert!(held.len() <= 3, "{}", held.len());
 }
+
+/// A user has at most `auth.max_connections_per_user` connections open: the next login is
+/// ERR 8; one closes, and the user may log in again.
+#[tokio::test]
+async fn connections_per_user_are_bounded() {
+    let token = hayate_server::auth::new_token().unwrap();
+    let mut config = config(&token);
+    config.auth.max_connections_per_user = 2;
+    let b = start(config).await;
+    let one = login(&b.addr, "alice", "wonderland").await.unwrap();
+    let _two = Client::connect_with(&b.addr, ConnectOptions::default().token(&token))
+        .await
+        .unwrap();
+    match login(&b.addr, "alice", "wonderland").await {
+        Err(Error::Server { code, message }) => {
+            assert_eq!(code, ErrorCode::NotAuthorized);
+            assert!(message.contains("max_connections_per_user"), "{message}");
+        }
+        other => panic!("a third connection of alice: {other:?}"),
+    }
+    // Another user is not affected.
+    login(&b.addr, "bob", "bob-pw").await.unwrap();
+    one.close().await.unwrap();
+    within(10, async {
+        while login(&b.addr, "alice", "wonderland").await.is_err() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}

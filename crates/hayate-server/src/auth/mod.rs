@@ -22,7 +22,7 @@ mod access;
 mod users;
 
 pub use access::{Access, Denied, Rule, SYS_PREFIX};
-pub use users::{ConfigAuth, TOKEN_PREFIX, hash_password, new_token, token_digest};
+pub use users::{ConfigAuth, Slot, TOKEN_PREFIX, hash_password, new_token, token_digest};
 
 /// Why a client was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +33,8 @@ pub enum AuthError {
     BadCredentials,
     /// Too many failed logins from this address lately: refused without checking.
     Throttled,
+    /// The user has `auth.max_connections_per_user` connections open already.
+    TooManyConnections,
 }
 
 impl std::fmt::Display for AuthError {
@@ -41,6 +43,9 @@ impl std::fmt::Display for AuthError {
             AuthError::NotAuthorized => "not authorized: credentials required",
             AuthError::BadCredentials => "bad user name, password or token",
             AuthError::Throttled => "too many failed logins from this address: try again later",
+            AuthError::TooManyConnections => {
+                "the user has as many connections as it may (auth.max_connections_per_user)"
+            }
         })
     }
 }
@@ -68,6 +73,9 @@ pub struct Identity {
     pub user: Option<Arc<str>>,
     /// What it may do.
     pub access: Arc<Access>,
+    /// The connection's place in its user's count (`auth.max_connections_per_user`): freed
+    /// when the identity (the connection) goes.
+    pub slot: Option<Arc<users::Slot>>,
 }
 
 impl Identity {
@@ -76,6 +84,7 @@ impl Identity {
         Identity {
             user: None,
             access: Access::all(),
+            slot: None,
         }
     }
 

@@ -73,6 +73,28 @@ struct Failures {
     locked_until: Option<Instant>,
 }
 
+/// Connections open per user.
+type PerUser = Arc<Mutex<HashMap<Arc<str>, usize>>>;
+
+/// One connection of a user, counted while it lives.
+#[derive(Debug)]
+pub struct Slot {
+    user: Arc<str>,
+    counts: PerUser,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut m = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.user) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.user);
+            }
+        }
+    }
+}
+
 /// The `[auth]` section as an [`Authenticator`].
 #[derive(Debug)]
 pub struct ConfigAuth {
@@ -90,6 +112,8 @@ pub struct ConfigAuth {
     max_failures: u32,
     window: Duration,
     lockout: Duration,
+    per_user: PerUser,
+    max_per_user: usize,
 }
 
 fn exprs(list: &[String], what: &str) -> Result<Vec<KeyExpr>, String> {
@@ -220,6 +244,8 @@ impl ConfigAuth {
             max_failures: section.max_failures,
             window: Duration::from_secs(60),
             lockout: Duration::from_secs(section.lockout_secs),
+            per_user: PerUser::default(),
+            max_per_user: section.max_connections_per_user,
         })
     }
 
@@ -238,6 +264,8 @@ impl ConfigAuth {
             max_failures: 0,
             window: Duration::from_secs(60),
             lockout: Duration::ZERO,
+            per_user: PerUser::default(),
+            max_per_user: 0,
         }
     }
 
@@ -245,7 +273,27 @@ impl ConfigAuth {
         Identity {
             user: Some(u.name.clone()),
             access: u.access.clone(),
+            slot: None,
         }
+    }
+
+    /// Counts one more connection of `id`'s user (configured users only), or refuses it.
+    fn take_slot(&self, mut id: Identity) -> Result<Identity, AuthError> {
+        let Some(user) = id.user.clone().filter(|_| !self.open) else {
+            return Ok(id);
+        };
+        let mut m = self.per_user.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(user.clone()).or_insert(0);
+        if self.max_per_user > 0 && *n >= self.max_per_user {
+            return Err(AuthError::TooManyConnections);
+        }
+        *n += 1;
+        drop(m);
+        id.slot = Some(Arc::new(Slot {
+            user,
+            counts: self.per_user.clone(),
+        }));
+        Ok(id)
     }
 
     fn throttled(&self, peer: Option<IpAddr>) -> bool {
@@ -378,6 +426,7 @@ impl ConfigAuth {
                 Ok(Identity {
                     user: Some(name.into()),
                     access: Access::all(),
+                    slot: None,
                 })
             } else {
                 Err(AuthError::BadCredentials)
@@ -425,7 +474,7 @@ impl Authenticator for ConfigAuth {
                 tracing::debug!(protocol, peer = ?creds.peer, "login refused: address locked out");
                 return Err(AuthError::Throttled);
             }
-            let r = self.check(creds).await;
+            let r = self.check(creds).await.and_then(|id| self.take_slot(id));
             match &r {
                 Ok(id) => {
                     tracing::debug!(protocol, user = id.name(), peer = ?creds.peer, "login");

@@ -198,6 +198,7 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
                 AuthError::NotAuthorized => ReasonCode::NotAuthorized,
                 AuthError::BadCredentials => ReasonCode::BadUserNameOrPassword,
                 AuthError::Throttled => ReasonCode::ServerBusy,
+                AuthError::TooManyConnections => ReasonCode::QuotaExceeded,
             })
             .await;
             return;
