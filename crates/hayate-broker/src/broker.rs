@@ -31,6 +31,8 @@ pub struct BrokerConfig {
     pub max_consumers: usize,
     /// Most subscriptions one session may hold (0: no limit).
     pub max_subscriptions: usize,
+    /// Most payload bytes waiting in one declared queue without members (0: no limit).
+    pub queue_max_bytes: usize,
 }
 
 impl Default for BrokerConfig {
@@ -43,6 +45,7 @@ impl Default for BrokerConfig {
             max_streams: 256,
             max_consumers: 1024,
             max_subscriptions: 10_000,
+            queue_max_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -178,10 +181,12 @@ impl Broker {
         let b = Arc::new(Backlog {
             q: std::sync::Mutex::new(BacklogState {
                 q: VecDeque::new(),
+                bytes: 0,
                 served: reg.groups.contains_key(&id),
             }),
             id: id.clone(),
             limit,
+            max_bytes: self.shared.config.queue_max_bytes,
             dropped: AtomicU64::new(0),
         });
         reg.queues.insert(id, (expr.clone(), b.clone()));

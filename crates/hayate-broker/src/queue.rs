@@ -15,12 +15,16 @@ pub struct Backlog {
     pub(crate) id: Arc<str>,
     pub(crate) q: std::sync::Mutex<BacklogState>,
     pub(crate) limit: usize,
+    /// Most payload bytes waiting (0: no limit).
+    pub(crate) max_bytes: usize,
     pub(crate) dropped: AtomicU64,
 }
 
 #[derive(Debug, Default)]
 pub(crate) struct BacklogState {
     pub(crate) q: VecDeque<hayate_core::Message>,
+    /// Payload bytes in `q`.
+    pub(crate) bytes: usize,
     /// The group has members (set and cleared under the registry write lock, with the
     /// drain): a publisher whose route still says "no member" must not park here.
     pub(crate) served: bool,
@@ -41,24 +45,30 @@ impl Backlog {
         if st.served {
             return false;
         }
-        self.push_locked(&mut st.q, batch);
+        self.push_locked(&mut st, batch);
         true
     }
 
     /// Puts `batch` in the backlog whatever the members (messages given back).
     pub(crate) fn push(&self, batch: Batch<'_>) {
         let mut st = self.lock();
-        self.push_locked(&mut st.q, batch);
+        self.push_locked(&mut st, batch);
     }
 
-    fn push_locked(&self, q: &mut VecDeque<hayate_core::Message>, batch: Batch<'_>) {
+    /// Parks what fits: at most `limit` messages and `max_bytes` payload bytes wait; the
+    /// rest is dropped and counted.
+    fn push_locked(&self, st: &mut BacklogState, batch: Batch<'_>) {
         for i in 0..batch.len() {
-            if q.len() >= self.limit {
+            let m = batch.message(i);
+            let full = st.q.len() >= self.limit
+                || (self.max_bytes > 0 && st.bytes + m.payload.len() > self.max_bytes);
+            if full {
                 self.dropped
                     .fetch_add((batch.len() - i) as u64, Ordering::Relaxed);
                 return;
             }
-            q.push_back(batch.message(i));
+            st.bytes += m.payload.len();
+            st.q.push_back(m);
         }
     }
 
@@ -66,6 +76,7 @@ impl Backlog {
     pub(crate) fn open(&self) -> VecDeque<hayate_core::Message> {
         let mut st = self.lock();
         st.served = true;
+        st.bytes = 0;
         std::mem::take(&mut st.q)
     }
 

@@ -256,6 +256,24 @@ async fn backlog_is_bounded() {
     assert_eq!(m_log.payloads(), ["0", "1", "2"]);
 }
 
+/// A backlog holds at most `queue_max_bytes` of payloads: what does not fit is dropped and
+/// counted, and what waits is delivered in order.
+#[tokio::test]
+async fn backlog_bytes_are_bounded() {
+    let b = Broker::new(BrokerConfig {
+        queue_max_bytes: 3,
+        ..Default::default()
+    });
+    let e = expr("jobs/*");
+    let backlog = b.declare_queue("work", &e, 100);
+    let (mut p, _) = open(&b);
+    publish_numbered(&mut p, "jobs/a", 0..5, 0).await; // payloads of 1 byte each
+    assert_eq!((backlog.len(), backlog.dropped()), (3, 2));
+    let (mut m, m_log) = open(&b);
+    m.subscribe(1, e, Some("work"), Qos::default()).unwrap();
+    assert_eq!(m_log.payloads(), ["0", "1", "2"]);
+}
+
 /// A backlog is handed over whatever the outbox budget: nothing is lost and the new member
 /// does not block.
 #[tokio::test]

@@ -97,6 +97,9 @@ pub struct MqttSection {
     /// client is connected they also count against its outbox budget (`limits.outbox_bytes`),
     /// so a client that does not acknowledge slows its publishers. 0: no limit.
     pub max_queued_bytes: u64,
+    /// Bytes of retained messages (keys and payloads) the broker keeps (0: no limit); past
+    /// it a new retained message is routed but not kept (counted).
+    pub max_retained_bytes: u64,
     /// Highest topic alias a client may use (0: none).
     pub topic_alias_maximum: u16,
     /// Longest keep alive, in seconds, a client may ask for; a 5.0 client asking more (or
@@ -133,6 +136,7 @@ impl Default for MqttSection {
             max_inflight: 1024,
             max_queued_messages: 100_000,
             max_queued_bytes: 64 * 1024 * 1024,
+            max_retained_bytes: 256 * 1024 * 1024,
             topic_alias_maximum: 1024,
             max_keep_alive: 0,
             max_session_expiry: u32::MAX,
@@ -158,6 +162,9 @@ pub struct StompSection {
     pub heart_beat_ms: u32,
     /// Messages a `/queue/` keeps while it has no consumer; further ones are dropped.
     pub queue_max_backlog: usize,
+    /// Payload bytes a `/queue/` keeps while it has no consumer (0: no limit); further
+    /// messages are dropped.
+    pub queue_max_bytes: u64,
     /// Largest frame body accepted, in bytes; larger frames get an ERROR and a close.
     pub max_frame_size: usize,
     /// Most headers in one frame.
@@ -171,6 +178,7 @@ impl Default for StompSection {
             tls: Vec::new(),
             heart_beat_ms: 10_000,
             queue_max_backlog: 10_000,
+            queue_max_bytes: 64 * 1024 * 1024,
             max_frame_size: 64 * 1024 * 1024,
             max_headers: 128,
         }

@@ -196,6 +196,7 @@ impl Server {
             max_streams: config.limits.max_streams as usize,
             max_consumers: config.limits.max_consumers as usize,
             max_subscriptions: config.limits.max_subscriptions,
+            queue_max_bytes: usize::try_from(config.stomp.queue_max_bytes).unwrap_or(usize::MAX),
         });
         let auth: Arc<dyn Authenticator> = match ConfigAuth::from_section(&config.auth) {
             Ok(a) => Arc::new(a),

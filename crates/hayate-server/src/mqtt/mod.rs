@@ -173,7 +173,9 @@ impl Mqtt {
             max_preauth: config.limits.max_preauth_bytes.max(64),
             data_dir,
             registry: Mutex::new(HashMap::new()),
-            retained: Mutex::new(Retained::default()),
+            retained: Mutex::new(Retained::new(
+                usize::try_from(config.mqtt.max_retained_bytes).unwrap_or(usize::MAX),
+            )),
             journal,
             next_sgen: AtomicU64::new(1),
             checkpointing: Mutex::new(0),

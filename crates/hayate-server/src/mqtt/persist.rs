@@ -692,8 +692,12 @@ pub(crate) fn restore(mqtt: &Mqtt, saved: Saved) -> (usize, usize) {
     let retained = saved.retained.len();
     {
         let mut r = locked(&mqtt.retained);
-        for m in saved.retained.values() {
-            r.set(m);
+        let refused = saved.retained.values().filter(|m| !r.set(m)).count();
+        if refused > 0 {
+            tracing::warn!(
+                refused,
+                "retained messages past mqtt.max_retained_bytes not restored"
+            );
         }
     }
     let sessions = saved.sessions.len();

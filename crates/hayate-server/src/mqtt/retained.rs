@@ -8,27 +8,65 @@ use hayate_core::{Key, KeyExpr, Message};
 
 use super::{Mqtt, locked};
 
-/// Retained messages by key.
+/// Retained messages by key, at most `max_bytes` of keys and payloads together.
 #[derive(Debug, Default)]
 pub(crate) struct Retained {
     map: HashMap<Key, Message>,
+    bytes: usize,
+    /// 0: no limit.
+    max_bytes: usize,
+}
+
+fn size(m: &Message) -> usize {
+    m.key.as_bytes().len() + m.payload.len()
 }
 
 impl Retained {
-    /// Stores `msg` as the retained message of its key (an empty payload clears it).
-    pub(crate) fn set(&mut self, msg: &Message) {
+    /// An empty store holding at most `max_bytes` (0: no limit).
+    pub(crate) fn new(max_bytes: usize) -> Retained {
+        Retained {
+            max_bytes,
+            ..Retained::default()
+        }
+    }
+
+    /// Stores `msg` as the retained message of its key (an empty payload clears it). False
+    /// when storing it would take the store past its budget: nothing changes then (the
+    /// key keeps its earlier retained message, if any).
+    pub(crate) fn set(&mut self, msg: &Message) -> bool {
+        let old = self.map.get(&msg.key).map_or(0, size);
         if msg.payload.is_empty() {
             self.map.remove(&msg.key);
-        } else {
-            self.map.insert(msg.key.clone(), msg.clone());
+            self.bytes -= old;
+            return true;
         }
+        let new = size(msg);
+        if self.max_bytes > 0 && self.bytes - old + new > self.max_bytes {
+            return false;
+        }
+        self.map.insert(msg.key.clone(), msg.clone());
+        self.bytes = self.bytes - old + new;
+        true
+    }
+
+    /// Bytes held (keys and payloads).
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// The retained messages matching `expr` (not `$` keys when `skip_dollar`).
     pub(crate) fn matching(&mut self, expr: &KeyExpr, skip_dollar: bool) -> Vec<Message> {
         let now = Instant::now();
-        self.map
-            .retain(|_, m| m.attrs.expires.is_none_or(|at| at > now));
+        let mut freed = 0;
+        self.map.retain(|_, m| {
+            let keep = m.attrs.expires.is_none_or(|at| at > now);
+            if !keep {
+                freed += size(m);
+            }
+            keep
+        });
+        self.bytes -= freed;
         self.map
             .values()
             .filter(|m| !(skip_dollar && m.key.as_bytes().first() == Some(&b'$')))
@@ -51,7 +89,18 @@ impl Mqtt {
     /// ones: the journal's order for a key is the order of the changes, under this lock).
     pub(crate) fn retain(&self, msg: &Message) {
         let mut r = locked(&self.retained);
-        r.set(msg);
+        if !r.set(msg) {
+            // Routed live all the same; not kept. Counted, and logged at debug (a client
+            // could otherwise fill the log).
+            self.stats
+                .retained_refused
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::debug!(
+                key = msg.key.as_str(),
+                "retained message not kept: mqtt.max_retained_bytes reached"
+            );
+            return;
+        }
         if let Some(j) = self.journal()
             && !super::is_sys(msg.key.as_str())
         {
@@ -62,5 +111,32 @@ impl Mqtt {
     /// The retained messages matching `expr`.
     pub(crate) fn retained_matching(&self, expr: &KeyExpr, skip_dollar: bool) -> Vec<Message> {
         locked(&self.retained).matching(expr, skip_dollar)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(k: &str, n: usize) -> Message {
+        Message::new(Key::new(k).unwrap_or_else(|e| panic!("{e}")), vec![7u8; n])
+    }
+
+    #[test]
+    fn the_budget_counts_keys_and_payloads_and_replacements() {
+        let mut r = Retained::new(100);
+        assert!(r.set(&m("a", 40))); // 41
+        assert!(r.set(&m("b", 40))); // 82
+        assert!(!r.set(&m("c", 40)), "past the budget: refused");
+        assert_eq!((r.len(), r.bytes()), (2, 82));
+        assert!(
+            r.set(&m("a", 10)),
+            "a replacement frees the old one's bytes"
+        ); // 52
+        assert!(r.set(&m("c", 40))); // 93
+        assert!(r.set(&m("b", 0)), "an empty payload clears"); // 52
+        assert_eq!((r.len(), r.bytes()), (2, 52));
+        let mut open = Retained::new(0);
+        assert!(open.set(&m("x", 1 << 20)));
     }
 }

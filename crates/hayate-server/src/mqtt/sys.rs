@@ -18,6 +18,8 @@ pub struct MqttStats {
     pub received: AtomicU64,
     /// Connections accepted over the broker's life.
     pub connections: AtomicU64,
+    /// Retained messages not kept because `mqtt.max_retained_bytes` was reached.
+    pub retained_refused: AtomicU64,
 }
 
 impl Mqtt {
