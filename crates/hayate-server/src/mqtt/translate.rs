@@ -30,7 +30,9 @@
 //! `**` (which, as in MQTT, also matches the parent: `a/#` matches `a`); other levels are
 //! mapped as above. Back from Hayate to MQTT, `%` alone is an empty level and `%25`/`%2A`
 //! decode; any other `%` sequence and any `*` inside a segment (native keys such as
-//! `a/b*c`) are kept as they are.
+//! `a/b*c`) are kept as they are; a `+` or `#` in a key (legal natively, never in an MQTT
+//! topic name) goes out as `%2B` / `%23`, so an MQTT subscriber never receives a topic name
+//! with a wildcard character in it.
 //!
 //! # Metadata
 //!
@@ -85,10 +87,30 @@ fn segment_to_level(seg: &str) -> Cow<'_, str> {
     if seg == "%" {
         return Cow::Borrowed("");
     }
-    if !seg.contains('%') {
+    if !seg.contains(['%', '+', '#']) {
         return Cow::Borrowed(seg);
     }
-    Cow::Owned(seg.replace("%2A", "*").replace("%25", "%"))
+    let mut out = String::with_capacity(seg.len() + 4);
+    let mut rest = seg;
+    while let Some(c) = rest.chars().next() {
+        let (piece, n) = match c {
+            '%' if rest.starts_with("%2A") => ("*", 3),
+            '%' if rest.starts_with("%25") => ("%", 3),
+            // Wildcards cannot appear in an MQTT topic name: a native key holding them
+            // reaches MQTT subscribers percent-encoded (not reversible: MQTT has no way
+            // to name that key).
+            '+' => ("%2B", 1),
+            '#' => ("%23", 1),
+            _ => {
+                out.push(c);
+                rest = &rest[c.len_utf8()..];
+                continue;
+            }
+        };
+        out.push_str(piece);
+        rest = &rest[n..];
+    }
+    Cow::Owned(out)
 }
 
 /// Whether `topic` is its own key: no empty level, no `%` or `*` to escape.
@@ -138,7 +160,7 @@ pub fn topic_into_key(topic: ByteStr) -> Result<Key, MapError> {
 
 /// The MQTT topic name of a Hayate key.
 pub fn key_to_topic(key: &str) -> Cow<'_, str> {
-    if !key.contains('%') {
+    if !key.contains(['%', '+', '#']) {
         return Cow::Borrowed(key);
     }
     let levels: Vec<Cow<'_, str>> = key.split('/').map(segment_to_level).collect();
@@ -381,6 +403,8 @@ mod tests {
     #[test]
     fn native_keys_with_stars_reach_mqtt_unchanged() {
         assert_eq!(key_to_topic("a/b*c"), "a/b*c");
+        assert_eq!(key_to_topic("a/+/x#y"), "a/%2B/x%23y");
+        assert_eq!(key_to_topic("%/a+%25"), "/a%2B%");
         assert_eq!(key_to_topic("a/%zz"), "a/%zz");
     }
 
