@@ -397,3 +397,65 @@ async fn connections_per_user_are_bounded() {
     })
     .await;
 }
+
+/// Connects with rumqttc (3.1.1, persistent session) as `user`; the CONNACK's outcome:
+/// `Ok(session_present)` or the refusal.
+async fn mqtt_login(addr: &str, id: &str, user: &str, pw: &str) -> Result<bool, String> {
+    use rumqttc::{AsyncClient, ConnectionError, Event, MqttOptions, Packet};
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let mut o = MqttOptions::new(id, host, port.parse().unwrap());
+    o.set_clean_session(false).set_credentials(user, pw);
+    let (c, mut el) = AsyncClient::new(o, 10);
+    let r = within(10, async {
+        loop {
+            match el.poll().await {
+                Ok(Event::Incoming(Packet::ConnAck(a))) => return Ok(a.session_present),
+                Ok(_) => {}
+                Err(ConnectionError::ConnectionRefused(code)) => return Err(format!("{code:?}")),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    })
+    .await;
+    if r.is_ok() {
+        let _ = c.disconnect().await;
+        for _ in 0..5 {
+            if el.poll().await.is_err() {
+                break;
+            }
+        }
+    }
+    r
+}
+
+/// An MQTT client id belongs to the user whose persistent session it is, across a restart
+/// (the owner is journaled with the session and kept in the checkpoint).
+#[tokio::test]
+async fn mqtt_client_id_ownership_survives_a_restart() {
+    let d = std::env::temp_dir().join(format!("hayate-owner-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    let token = hayate_server::auth::new_token().unwrap();
+    let mut c = config(&token);
+    c.server.data_dir = d.to_string_lossy().into_owned();
+    for restart in [false, true] {
+        let b = start(c.clone()).await;
+        if !restart {
+            assert_eq!(
+                mqtt_login(&b.mqtt, "alices-id", "alice", "wonderland").await,
+                Ok(false)
+            );
+        }
+        let refused = mqtt_login(&b.mqtt, "alices-id", "bob", "bob-pw").await;
+        assert!(
+            refused.is_err(),
+            "restart {restart}: bob took alice's client id: {refused:?}"
+        );
+        assert_eq!(
+            mqtt_login(&b.mqtt, "alices-id", "alice", "wonderland").await,
+            Ok(true),
+            "restart {restart}: alice's session is there"
+        );
+        b.shutdown().await;
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -82,6 +82,8 @@ pub(crate) struct SavedSession {
     pub(crate) subs: BTreeMap<u32, SubInfo>,
     pub(crate) incoming: BTreeSet<u16>,
     pub(crate) items: BTreeMap<u64, SavedItem>,
+    /// The user who owns the client id (journal `W`, checkpoint `W`).
+    pub(crate) owner: Option<String>,
 }
 
 impl SavedSession {
@@ -93,6 +95,7 @@ impl SavedSession {
             subs: BTreeMap::new(),
             incoming: BTreeSet::new(),
             items: BTreeMap::new(),
+            owner: None,
         }
     }
 }
@@ -154,6 +157,13 @@ impl Saved {
                 if let Some(s) = self.session(sgen) {
                     s.version = version;
                     s.expiry = expiry;
+                }
+            }
+            b'W' => {
+                let sgen = r.u64()?;
+                let user = r.string()?;
+                if let Some(s) = self.session(sgen) {
+                    s.owner = Some(user);
                 }
             }
             b'E' => {
@@ -319,6 +329,12 @@ pub(crate) mod rec {
         b.put_u64(sgen);
         b.put_u8(v.level());
         b.put_u32(exp);
+    }
+    /// `W` generation, user: the user who owns the session's client id.
+    pub(crate) fn owner(b: &mut Vec<u8>, sgen: u64, user: &str) {
+        b.put_u8(b'W');
+        b.put_u64(sgen);
+        put_bytes(b, user.as_bytes());
     }
     /// `E` generation: the session ended.
     pub(crate) fn end(b: &mut Vec<u8>, sgen: u64) {
@@ -610,6 +626,13 @@ pub(crate) fn snapshot(mqtt: &Mqtt, replay_from: u64, next_sgen: u64) -> (Vec<u8
             b.put_u8(0);
             put_queued(&mut b, &f.item);
         }
+        // `W` client, user: the session's owner (read by this version on; an older one
+        // refuses a checkpoint with it).
+        if let Some(o) = &p.owner {
+            b.put_u8(b'W');
+            put_bytes(&mut b, p.client.as_bytes());
+            put_bytes(&mut b, o.as_bytes());
+        }
     }
     (b, sessions, retained)
 }
@@ -679,6 +702,13 @@ pub(crate) fn parse(data: Bytes) -> Result<Saved, PersistError> {
                 };
                 saved.insert(client, s);
             }
+            b'W' if !v1 => {
+                let client = r.string()?;
+                let user = r.string()?;
+                if let Some(s) = saved.sessions.get_mut(&client) {
+                    s.owner = Some(user);
+                }
+            }
             _ => return Err(PersistError::Corrupt("unknown record")),
         }
     }
@@ -741,14 +771,16 @@ pub(crate) fn restore(mqtt: &Mqtt, saved: Saved) -> (usize, usize) {
         // The restored session is offline: no connection takes its output yet.
         let out = ms.out.clone();
         ms.session.outbox().detach(|| lock(&out).go_offline());
+        let owner: Option<std::sync::Arc<str>> = s.owner.as_deref().map(Into::into);
         lock(&ms.out).resume_persist(Persist {
             journal: mqtt.journal().cloned(),
             client: client.as_str().into(),
             sgen: s.sgen,
             version: s.version,
             expiry: s.expiry,
+            owner: owner.clone(),
         });
-        mqtt.park_restored(client, ms, s.expiry);
+        mqtt.park_restored(client, ms, s.expiry, owner);
     }
     (sessions, retained)
 }

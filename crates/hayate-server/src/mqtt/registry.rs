@@ -38,8 +38,8 @@ pub(super) struct Entry {
     /// For checkpoints: the session's delivery state (which says whether it is persistent).
     info: Option<SharedDeliveries>,
     /// The user whose client id this is (when users are configured): another user may not
-    /// take the session over. Kept while the broker runs (a session restored from disk is
-    /// claimed by the first user who connects with its client id).
+    /// take the session over. A persistent session keeps it in the journal and checkpoint,
+    /// so it survives a restart.
     owner: Option<Arc<str>>,
 }
 
@@ -136,6 +136,7 @@ impl Mqtt {
                         sgen: self.new_sgen(),
                         version,
                         expiry,
+                        owner: e.owner.clone(),
                     }),
                     (true, true) => st.update_persist(version, expiry),
                     (true, false) => st.end_persist(),
@@ -196,7 +197,13 @@ impl Mqtt {
     }
 
     /// Parks a restored session (at startup).
-    pub(crate) fn park_restored(&self, client_id: String, session: MqttSession, expiry: u32) {
+    pub(crate) fn park_restored(
+        &self,
+        client_id: String,
+        session: MqttSession,
+        expiry: u32,
+        owner: Option<Arc<str>>,
+    ) {
         let out = session.out.clone();
         locked(&self.registry).insert(
             client_id,
@@ -209,7 +216,7 @@ impl Mqtt {
                     will: None,
                 }),
                 info: Some(out),
-                owner: None,
+                owner,
             },
         );
     }

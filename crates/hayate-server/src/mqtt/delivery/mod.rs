@@ -102,6 +102,9 @@ pub(crate) struct Persist {
     pub(crate) version: ProtocolVersion,
     /// Session expiry interval, seconds (> 0).
     pub(crate) expiry: u32,
+    /// The user whose client id this is (when users are configured), kept with the session
+    /// so that ownership survives a restart.
+    pub(crate) owner: Option<Arc<str>>,
 }
 
 /// Appends a journal record if `persist` says the session is persistent (`f` gets the buffer
@@ -214,6 +217,9 @@ impl MqttDeliveries {
         if let Some(j) = &p.journal {
             let sgen = p.sgen;
             j.push(|b| rec::open(b, &p.client, sgen, p.version, p.expiry));
+            if let Some(o) = &p.owner {
+                j.push(|b| rec::owner(b, sgen, o));
+            }
             for (sid, s) in &self.subs {
                 j.push(|b| rec::sub(b, sgen, *sid, s));
             }
