@@ -191,25 +191,15 @@ pub(crate) async fn connect_tls(
     tokio::io::WriteHalf<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
 )> {
     use anyhow::Context as _;
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(ca).with_context(|| format!("ca={ca}"))? {
-        roots.add(c.with_context(|| format!("ca={ca}"))?)?;
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let config = hayate_client::tls_client_config(std::path::Path::new(ca), None)
+        .with_context(|| format!("ca={ca}"))?;
     let stream = tokio::time::timeout(timeout, tokio::net::TcpStream::connect(target.addr()))
         .await
         .with_context(|| format!("connecting to {target}: timed out"))?
         .with_context(|| format!("connecting to {target}"))?;
     stream.set_nodelay(true)?;
     let name = rustls::pki_types::ServerName::try_from(target.host.clone())?;
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+    let tls = tokio_rustls::TlsConnector::from(config)
         .connect(name, stream)
         .await
         .with_context(|| format!("TLS handshake with {target}"))?;

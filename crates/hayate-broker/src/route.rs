@@ -84,7 +84,7 @@ impl Broker {
         {
             // Replies (`_inbox/...`) are never stored: an inbox is readable by its session
             // alone, and a stream's consumers would read it too.
-            if s.captures(key) && !is_inbox(key) {
+            if s.captures(key) && !hayate_core::is_inbox_key(key.as_str()) {
                 route.streams.push(s.clone());
             }
         }
@@ -99,11 +99,4 @@ impl Broker {
         }
         (generation, Arc::new(route))
     }
-}
-
-/// Is `key` under `_inbox/` (a reply to a session)?
-fn is_inbox(key: &Key) -> bool {
-    key.as_str()
-        .strip_prefix(hayate_core::INBOX_PREFIX)
-        .is_some_and(|r| r.starts_with('/'))
 }

@@ -46,6 +46,9 @@ use std::time::Duration;
 use bytes::Bytes;
 pub use error::{Error, Result};
 pub use hayate_core::{Key, KeyExpr, Message, Qos};
+/// A TLS client configuration trusting a PEM CA file (and presenting a client certificate):
+/// what `tls://` connections use, for other TLS clients that should behave the same.
+pub use hayate_io::transport::tls::client_config as tls_client_config;
 pub use hayate_native::ConfirmOutcome;
 /// Credentials sent in HELLO: none, a user and password, or a bearer token.
 pub use hayate_native::HelloAuth as Auth;

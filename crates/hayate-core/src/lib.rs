@@ -20,3 +20,15 @@ pub use qos::{Congestion, Qos, Reliability, Stall};
 
 /// The prefix of per-session reply inboxes: `_inbox/<session-id>/...`.
 pub const INBOX_PREFIX: &str = "_inbox";
+
+/// Is `key` `prefix` itself or under it (`prefix/...`)? Segment-wise: `_inboxes` is not
+/// under `_inbox`.
+pub fn is_under(key: &str, prefix: &str) -> bool {
+    key.strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+/// Is `key` a reply inbox key (under `_inbox/`)?
+pub fn is_inbox_key(key: &str) -> bool {
+    key.len() > INBOX_PREFIX.len() && is_under(key, INBOX_PREFIX)
+}

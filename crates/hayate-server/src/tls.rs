@@ -42,16 +42,10 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(p)
 }
 
-/// Reads the certificates of a PEM file (at least one).
+/// Reads the certificates of a PEM file (at least one); `what` names the setting in errors.
 pub fn load_certs(path: &str, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("{what} {path:?}: {e}"))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{what} {path:?}: {e}"))?;
-    if certs.is_empty() {
-        return Err(format!("{what} {path:?}: no CERTIFICATE in the file"));
-    }
-    Ok(certs)
+    hayate_io::transport::tls::load_certs(std::path::Path::new(path))
+        .map_err(|e| format!("{what} {e}"))
 }
 
 fn build(s: &TlsSection) -> Result<Arc<rustls::ServerConfig>, String> {

@@ -273,3 +273,45 @@ async fn hostile_handshakes_are_cut_off_and_reload_keeps_serving() {
     .unwrap();
     let _ = tx.send(());
 }
+
+/// A TLS subscriber that never reads holds nobody up for long: a publisher keeps going (the
+/// stalled subscriber is cut after `max_block_ms`, its TLS buffer being bounded), and another
+/// subscriber receives everything.
+#[tokio::test]
+async fn a_tls_subscriber_that_never_reads_is_cut_off() {
+    let f = files("stall");
+    let mut c = tls_config(&f);
+    c.limits.max_block_ms = 300;
+    let (plain, tls, _stop) = start(c).await;
+    // Subscribes over raw TLS, then never reads again.
+    let stalled = Client::connect_with(
+        &format!("tls://{tls}"),
+        ConnectOptions::default().tls_ca(&f.ca),
+    )
+    .await
+    .unwrap();
+    let _never_read = stalled.subscribe("flood").await.unwrap();
+    stalled.flush().await.unwrap();
+    let good = Client::connect(&plain).await.unwrap();
+    let mut s = good.subscribe("flood").await.unwrap();
+    good.flush().await.unwrap();
+    let p = Client::connect(&plain).await.unwrap();
+    let body = bytes::Bytes::from(vec![7u8; 64 << 10]);
+    let n = 1024; // 64 MiB: well past the outbox and TLS buffers of the stalled subscriber
+    let reader = tokio::spawn(async move {
+        for _ in 0..n {
+            let m = s.next().await.unwrap();
+            assert_eq!(m.payload.len(), 64 << 10);
+        }
+    });
+    within(60, async {
+        for _ in 0..n {
+            p.publish(&Key::new("flood").unwrap(), body.clone())
+                .await
+                .unwrap();
+        }
+        p.flush().await.unwrap();
+    })
+    .await;
+    within(60, reader).await.unwrap();
+}

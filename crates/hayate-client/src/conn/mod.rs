@@ -126,39 +126,16 @@ async fn open(addr: &str, options: &ConnectOptions) -> Result<(Reader, Writer)> 
 
 /// TLS to `hostport`, verified against `options.tls_ca`, with the host as the server name.
 async fn open_tls(hostport: &str, options: &ConnectOptions) -> Result<(Reader, Writer)> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use rustls::pki_types::ServerName;
     let bad = |m: String| Error::Protocol(m);
     let ca = options.tls_ca.as_ref().ok_or_else(|| {
         bad("a tls:// address needs the server's CA (ConnectOptions::tls_ca, --tls-ca)".into())
     })?;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(ca).map_err(|e| bad(format!("{}: {e}", ca.display())))? {
-        let c = c.map_err(|e| bad(format!("{}: {e}", ca.display())))?;
-        roots
-            .add(c)
-            .map_err(|e| bad(format!("{}: {e}", ca.display())))?;
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| bad(e.to_string()))?
-    .with_root_certificates(roots);
-    let config = match &options.tls_client_cert {
-        None => builder.with_no_client_auth(),
-        Some((cert, key)) => {
-            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-                .map_err(|e| bad(format!("{}: {e}", cert.display())))?
-                .collect::<std::result::Result<_, _>>()
-                .map_err(|e| bad(format!("{}: {e}", cert.display())))?;
-            let key = PrivateKeyDer::from_pem_file(key)
-                .map_err(|e| bad(format!("{}: {e}", key.display())))?;
-            builder
-                .with_client_auth_cert(chain, key)
-                .map_err(|e| bad(e.to_string()))?
-        }
-    };
+    let client = options
+        .tls_client_cert
+        .as_ref()
+        .map(|(c, k)| (c.as_path(), k.as_path()));
+    let config = transport::tls::client_config(ca, client).map_err(|e| bad(e.to_string()))?;
     let host = match hostport.rsplit_once(':') {
         Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
         None => hostport,
@@ -167,13 +144,7 @@ async fn open_tls(hostport: &str, options: &ConnectOptions) -> Result<(Reader, W
         .map_err(|e| bad(format!("server name {host:?}: {e}")))?;
     let s = tokio::net::TcpStream::connect(hostport).await?;
     s.set_nodelay(true)?;
-    Ok(transport::tls::connect(
-        s,
-        std::sync::Arc::new(config),
-        name,
-        options.connect_timeout,
-    )
-    .await?)
+    Ok(transport::tls::connect(s, config, name, options.connect_timeout).await?)
 }
 
 /// Splits credentials off an address: `[hayate://]user:password@host:port` → (the address

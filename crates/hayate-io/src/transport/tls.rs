@@ -203,6 +203,60 @@ fn split(tcp: TcpStream, mut conn: rustls::Connection) -> (Reader, Writer) {
     )
 }
 
+fn invalid(path: &std::path::Path, e: impl std::fmt::Display) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("{}: {e}", path.display()),
+    )
+}
+
+/// The certificates of a PEM file (at least one).
+pub fn load_certs(
+    path: &std::path::Path,
+) -> io::Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| invalid(path, e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| invalid(path, e))?;
+    if certs.is_empty() {
+        return Err(invalid(path, "no CERTIFICATE in the file"));
+    }
+    Ok(certs)
+}
+
+/// A client configuration (ring, safe protocol versions) trusting the CA certificates in
+/// PEM file `ca`, presenting `client_cert` (chain and key, PEM) to servers that ask.
+pub fn client_config(
+    ca: &std::path::Path,
+    client_cert: Option<(&std::path::Path, &std::path::Path)>,
+) -> io::Result<Arc<rustls::ClientConfig>> {
+    use rustls::pki_types::PrivateKeyDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in load_certs(ca)? {
+        roots.add(c).map_err(|e| invalid(ca, e))?;
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(io::Error::other)?
+    .with_root_certificates(roots);
+    let config = match client_cert {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let chain = load_certs(cert)?;
+            let key = PrivateKeyDer::from_pem_file(key).map_err(|e| invalid(key, e))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(io::Error::other)?
+        }
+    };
+    Ok(Arc::new(config))
+}
+
 fn timed_out() -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
 }

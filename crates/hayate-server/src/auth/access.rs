@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use hayate_broker::KeyGuard;
-use hayate_core::{INBOX_PREFIX, Key, KeyExpr};
+use hayate_core::{INBOX_PREFIX, Key, KeyExpr, is_inbox_key, is_under};
 
 /// The key prefix of the broker's own status topics: clients may read, never publish.
 pub const SYS_PREFIX: &str = "$SYS";
@@ -86,9 +86,7 @@ impl Access {
     /// a call)?
     pub fn check_publish(&self, key: &Key, with_reply: bool) -> Result<(), Denied> {
         let k = key.as_str();
-        if k == SYS_PREFIX
-            || (k.starts_with(SYS_PREFIX) && k.as_bytes().get(SYS_PREFIX.len()) == Some(&b'/'))
-        {
+        if is_under(k, SYS_PREFIX) {
             return Err(Denied::Sys);
         }
         if is_inbox_key(k) {
@@ -164,12 +162,6 @@ impl Access {
     }
 }
 
-/// Is `k` under `_inbox/`?
-pub(crate) fn is_inbox_key(k: &str) -> bool {
-    k.strip_prefix(INBOX_PREFIX)
-        .is_some_and(|rest| rest.starts_with('/'))
-}
-
 /// `_inbox/**`, and the session's own inbox (itself and everything under it).
 fn inbox_exprs(inbox: &str) -> (KeyExpr, Vec<KeyExpr>) {
     let all = KeyExpr::new(&format!("{INBOX_PREFIX}/**")).unwrap_or_else(|_| unreachable_expr());
@@ -198,12 +190,7 @@ impl KeyGuard for Guard {
     fn admits(&self, key: &Key) -> bool {
         if let Some(own) = &self.inbox {
             let k = key.as_str();
-            let under_inboxes = k
-                .strip_prefix(INBOX_PREFIX)
-                .is_some_and(|rest| rest.starts_with('/'));
-            let under_own = k == own
-                || k.strip_prefix(own.as_str())
-                    .is_some_and(|rest| rest.starts_with('/'));
+            let (under_inboxes, under_own) = (is_inbox_key(k), is_under(k, own));
             if under_inboxes && !under_own {
                 return false;
             }
