@@ -7,6 +7,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use hayate_core::{KeyExpr, Qos};
+use hayate_io::memory::{Charge, Memory};
 
 use crate::index::{SubKey, SubscriptionIndex};
 use crate::outbox::{Encoder, Outbox};
@@ -33,6 +34,9 @@ pub struct BrokerConfig {
     pub max_subscriptions: usize,
     /// Most payload bytes waiting in one declared queue without members (0: no limit).
     pub queue_max_bytes: usize,
+    /// The broker-wide memory budget every outbox and queue charges (shared with the
+    /// server's front-ends, which charge their input and stores to it).
+    pub memory: Arc<Memory>,
 }
 
 impl Default for BrokerConfig {
@@ -46,6 +50,7 @@ impl Default for BrokerConfig {
             max_consumers: 1024,
             max_subscriptions: 10_000,
             queue_max_bytes: 64 * 1024 * 1024,
+            memory: Memory::unlimited(),
         }
     }
 }
@@ -182,7 +187,9 @@ impl Broker {
             q: std::sync::Mutex::new(BacklogState {
                 q: VecDeque::new(),
                 bytes: 0,
+                held: 0,
                 served: reg.groups.contains_key(&id),
+                charge: Charge::new(&self.shared.config.memory),
             }),
             id: id.clone(),
             limit,
@@ -201,10 +208,11 @@ impl Broker {
             .stats
             .sessions_opened
             .fetch_add(1, Ordering::Relaxed);
-        let outbox = Arc::new(Outbox::with_window(
+        let outbox = Arc::new(Outbox::with_memory(
             self.shared.config.outbox_bytes,
             encoder,
             self.shared.config.max_unacked,
+            &self.shared.config.memory,
         ));
         Session::new(self.clone(), id, outbox)
     }

@@ -34,7 +34,7 @@ pub use ack::AckTracker;
 pub use batch::Batch;
 pub use broker::{Broker, BrokerConfig, BrokerStats, KeyGuard, SubscribeError};
 pub use index::SubscriptionIndex;
-pub use outbox::{Delivery, Encoder, OutBuf, Outbox, Settle, Taken};
+pub use outbox::{Delivery, Encoder, FREE_BYTES, OutBuf, Outbox, Settle, Taken};
 pub use queue::Backlog;
 pub use session::Session;
 pub use stream::consumer::{Consumer, ConsumerConfig, ConsumerInfo, Start};

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use hayate_core::KeyExpr;
 
+use hayate_io::memory::Charge;
+
 use crate::Batch;
 
 /// Messages waiting for a declared queue's first member, oldest first, at most `limit`.
@@ -20,14 +22,18 @@ pub struct Backlog {
     pub(crate) dropped: AtomicU64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct BacklogState {
     pub(crate) q: VecDeque<hayate_core::Message>,
     /// Payload bytes in `q`.
     pub(crate) bytes: usize,
+    /// Payload and key bytes in `q` (what the memory budget is charged for).
+    pub(crate) held: usize,
     /// The group has members (set and cleared under the registry write lock, with the
     /// drain): a publisher whose route still says "no member" must not park here.
     pub(crate) served: bool,
+    /// The waiting messages' share of the broker-wide memory budget.
+    pub(crate) charge: Charge,
 }
 
 impl Backlog {
@@ -55,19 +61,23 @@ impl Backlog {
         self.push_locked(&mut st, batch);
     }
 
-    /// Parks what fits: at most `limit` messages and `max_bytes` payload bytes wait; the
-    /// rest is dropped and counted.
+    /// Parks what fits: at most `limit` messages and `max_bytes` payload bytes wait, within
+    /// the broker-wide memory budget; the rest is dropped and counted.
     fn push_locked(&self, st: &mut BacklogState, batch: Batch<'_>) {
         for i in 0..batch.len() {
             let m = batch.message(i);
             let full = st.q.len() >= self.limit
-                || (self.max_bytes > 0 && st.bytes + m.payload.len() > self.max_bytes);
+                || (self.max_bytes > 0 && st.bytes + m.payload.len() > self.max_bytes)
+                || !st
+                    .charge
+                    .cover(st.held + m.payload.len() + m.key.as_bytes().len());
             if full {
                 self.dropped
                     .fetch_add((batch.len() - i) as u64, Ordering::Relaxed);
                 return;
             }
             st.bytes += m.payload.len();
+            st.held += m.payload.len() + m.key.as_bytes().len();
             st.q.push_back(m);
         }
     }
@@ -77,6 +87,8 @@ impl Backlog {
         let mut st = self.lock();
         st.served = true;
         st.bytes = 0;
+        st.held = 0;
+        st.charge.shrink(0);
         std::mem::take(&mut st.q)
     }
 

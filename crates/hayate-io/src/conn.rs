@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::busy::BusyPoll;
+use crate::memory::{Charge, Memory, STEP};
 use crate::sink::Sink;
 use crate::transport::{Reader, Writer, read_some, write_chunks};
 
@@ -89,6 +90,34 @@ pub enum Stop {
     WriterGone,
     /// The server is shutting down.
     Shutdown,
+    /// The broker-wide memory budget had no room for the rest of a frame larger than the
+    /// connection's free input allowance for longer than its wait (see [`InputBudget`]).
+    Memory,
+}
+
+/// Unhandled input a connection may hold without charging the memory budget: frames up to
+/// this size never wait for it.
+pub const FREE_INPUT: usize = 256 * 1024;
+
+/// How a connection's input draws on the broker-wide memory budget: input past
+/// [`FREE_INPUT`] (the part of a large frame read so far) is charged before it is read.
+/// When the budget has no room, the connection is not read (its sender is slowed by TCP
+/// back-pressure); after `wait` without room it is ended ([`Stop::Memory`]).
+#[derive(Debug, Clone)]
+pub struct InputBudget {
+    /// The pool charged.
+    pub memory: Arc<Memory>,
+    /// Longest a connection waits for room with a frame half read (`None`: forever).
+    pub wait: Option<Duration>,
+}
+
+impl Default for InputBudget {
+    fn default() -> Self {
+        InputBudget {
+            memory: Memory::unlimited(),
+            wait: None,
+        }
+    }
 }
 
 /// A protocol's server side, as the driver sees it.
@@ -147,6 +176,8 @@ enum Woke<E> {
     Event(Result<(), E>),
     /// The peer read some of its backed-up output.
     Drained,
+    /// Time to look for room in the memory budget again.
+    Retry,
     WriterGone,
     Shutdown,
 }
@@ -167,6 +198,8 @@ pub struct Accepted {
     /// A name the transport vouches for (the subject CN of a verified TLS client
     /// certificate, when the server maps certificates to users).
     pub verified_name: Option<String>,
+    /// What the connection's input draws on.
+    pub budget: InputBudget,
 }
 
 impl Accepted {
@@ -179,6 +212,7 @@ impl Accepted {
             busy: None,
             peer: None,
             verified_name: None,
+            budget: InputBudget::default(),
         }
     }
 }
@@ -193,6 +227,8 @@ pub struct Conn {
     shutdown: watch::Receiver<bool>,
     busy: Option<BusyPoll>,
     out: Arc<dyn Pressure>,
+    input: Charge,
+    wait: Option<Duration>,
 }
 
 impl Conn {
@@ -209,6 +245,8 @@ impl Conn {
             shutdown: io.shutdown,
             busy: io.busy,
             out: out.clone(),
+            input: Charge::new(&io.budget.memory),
+            wait: io.budget.wait,
         }
     }
 
@@ -246,7 +284,10 @@ async fn drive<H: Handler>(h: &mut H, c: &mut Conn) -> H::End {
         shutdown,
         busy,
         out,
+        input,
+        wait,
     } = c;
+    let mut starved_since: Option<Instant> = None;
     // One timer for the connection, moved only when the handler's deadline changes (a timer
     // registered per read would cost more than the read).
     let timer = tokio::time::sleep(Duration::from_secs(86_400));
@@ -262,11 +303,35 @@ async fn drive<H: Handler>(h: &mut H, c: &mut Conn) -> H::End {
         // A peer that does not read its own answers is not read either (whatever the
         // protocol): its output stays within the queue's budget.
         let backed_up = out.backed_up();
-        let limit = if backed_up {
+        let mut limit = if backed_up {
             Some(0)
         } else {
             h.read_limit(buf)
         };
+        // Input past the free allowance is read only as far as the memory budget covers it.
+        input.shrink(buf.len().saturating_sub(FREE_INPUT));
+        let mut starved = false;
+        if limit != Some(0) {
+            let room = |input: &Charge| (FREE_INPUT + input.bytes()).saturating_sub(buf.len());
+            if room(input) < READ_AHEAD {
+                input.cover((buf.len() + READ_AHEAD + STEP).saturating_sub(FREE_INPUT));
+            }
+            let r = room(input);
+            if r == 0 {
+                starved = true;
+                limit = Some(0);
+            } else {
+                limit = Some(limit.map_or(r, |l| l.min(r)));
+            }
+        }
+        if starved {
+            let since = *starved_since.get_or_insert_with(Instant::now);
+            if wait.is_some_and(|w| since.elapsed() >= w) {
+                return h.stopped(Stop::Memory);
+            }
+        } else {
+            starved_since = None;
+        }
         let deadline = h.deadline();
         if deadline != armed {
             if let Some(at) = deadline {
@@ -278,6 +343,7 @@ async fn drive<H: Handler>(h: &mut H, c: &mut Conn) -> H::End {
             r = read_some(reader, buf, limit, busy.as_ref()), if limit != Some(0) => Woke::Read(r),
             () = &mut timer, if armed.is_some() => Woke::Timer,
             () = async { out.drained().await }, if backed_up => Woke::Drained,
+            () = tokio::time::sleep(RETRY), if starved => Woke::Retry,
             e = h.event() => Woke::Event(e),
             _ = &mut *writer_task => Woke::WriterGone,
             _ = shutdown.changed() => Woke::Shutdown,
@@ -293,7 +359,7 @@ async fn drive<H: Handler>(h: &mut H, c: &mut Conn) -> H::End {
                     return end;
                 }
             }
-            Woke::Event(Ok(())) | Woke::Drained => {}
+            Woke::Event(Ok(())) | Woke::Drained | Woke::Retry => {}
             Woke::Event(Err(end)) => {
                 // What the peer sent before the event is handled first: an MQTT client's
                 // DISCONNECT just ahead of its own new connection taking the session over
@@ -309,6 +375,12 @@ async fn drive<H: Handler>(h: &mut H, c: &mut Conn) -> H::End {
         }
     }
 }
+
+/// What one read may bring before the budget is asked for more room.
+const READ_AHEAD: usize = 64 * 1024;
+
+/// How often a connection waiting for room in the memory budget looks again.
+const RETRY: Duration = Duration::from_millis(5);
 
 /// Decodes and handles every complete frame in `buf`.
 async fn handle_buffered<H: Handler>(h: &mut H, buf: &mut BytesMut) -> Result<(), H::End> {

@@ -16,6 +16,8 @@
 //! - [`conn`]: the connection driver, one lifecycle for every protocol's server side
 //!   ([`conn::Handler`], [`conn::Conn`]) over an output queue ([`conn::Outgoing`], the
 //!   broker's outbox) and its writer task.
+//! - [`memory`]: [`memory::Memory`], the broker-wide memory budget, and [`memory::Charge`],
+//!   one holder's share of it.
 //! - [`busy`]: [`busy::BusyPoll`], busy-polling of the I/O driver (an opt-in latency mode).
 //!
 //! Nothing here knows about a protocol or the broker: this crate depends on no other Hayate
@@ -24,6 +26,7 @@
 pub mod busy;
 pub mod chunks;
 pub mod conn;
+pub mod memory;
 pub mod sink;
 pub mod transport;
 

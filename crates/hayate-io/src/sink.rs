@@ -13,11 +13,19 @@ use crate::chunks::{MAX_IOV, advance, fill_iov};
 pub trait Sink: Send + Sync + 'static {
     /// Writes what it can without blocking; `WouldBlock` when nothing can be written now.
     fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
+
+    /// Bytes it accepted are still waiting inside it (TLS records not yet on the socket): a
+    /// writer must wait for readiness (which pushes them) before its queue counts as
+    /// written. Never, for a plain socket.
+    fn pending(&self) -> bool {
+        false
+    }
 }
 
 /// The one vectored write loop: writes chunks of `q` to `sink` (up to [`MAX_IOV`] slices a
-/// call) until `q` is empty (`Ok(true)`) or the sink would block (`Ok(false)`); written bytes
-/// leave `q`. A sink that accepts 0 bytes is an error (`WriteZero`). A connection's writer
+/// call) until `q` is empty and the sink holds nothing back (`Ok(true)`) or the sink would
+/// block (`Ok(false)`, possibly with `q` empty: see [`Sink::pending`]); written bytes leave
+/// `q`. A sink that accepts 0 bytes is an error (`WriteZero`). A connection's writer
 /// waits for readiness between calls ([`crate::transport::write_chunks`]); an inline flush
 /// stops at the first `false`.
 pub fn write_some<S: Sink + ?Sized>(sink: &S, q: &mut VecDeque<Bytes>) -> io::Result<bool> {
@@ -31,5 +39,5 @@ pub fn write_some<S: Sink + ?Sized>(sink: &S, q: &mut VecDeque<Bytes>) -> io::Re
             Err(e) => return Err(e),
         }
     }
-    Ok(true)
+    Ok(!sink.pending())
 }

@@ -313,6 +313,9 @@ pub enum ErrorCode {
     Stale,
     /// CONSUME named a stream or consumer that does not exist, or a subscription id in use.
     BadConsumer,
+    /// The broker's memory budget is spent: a frame larger than the connection's free input
+    /// allowance could not be read within `limits.max_block_ms`.
+    ServerBusy,
     /// A code this version does not know.
     Other(u16),
 }
@@ -331,6 +334,7 @@ impl ErrorCode {
             ErrorCode::NotAuthorized => 8,
             ErrorCode::Stale => 9,
             ErrorCode::BadConsumer => 10,
+            ErrorCode::ServerBusy => 11,
             ErrorCode::Other(c) => c,
         }
     }
@@ -348,6 +352,7 @@ impl ErrorCode {
             8 => ErrorCode::NotAuthorized,
             9 => ErrorCode::Stale,
             10 => ErrorCode::BadConsumer,
+            11 => ErrorCode::ServerBusy,
             c => ErrorCode::Other(c),
         }
     }

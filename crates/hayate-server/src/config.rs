@@ -403,6 +403,16 @@ pub struct Limits {
     pub max_streams: u32,
     /// Most durable consumers per stream.
     pub max_consumers: u32,
+    /// The broker-wide memory budget in bytes (0: half the machine's memory, or of the
+    /// container's limit). Outboxes past their first 256 KiB, unhandled input past a
+    /// connection's first 256 KiB, offline MQTT sessions, queues without consumers and
+    /// retained messages all draw on it; when it is spent, publishers are slowed (their
+    /// input is not read) or their messages refused (dropped and counted), never an
+    /// out-of-memory kill.
+    pub memory_budget: u64,
+    /// New connections accepted per second from one source address (a burst of as many is
+    /// allowed; 0: no limit); further ones are closed at accept.
+    pub max_connection_rate_per_address: u32,
 }
 
 impl Default for Limits {
@@ -419,11 +429,27 @@ impl Default for Limits {
             max_unacked: 1024,
             max_streams: 256,
             max_consumers: 1024,
+            memory_budget: 0,
+            max_connection_rate_per_address: 1000,
         }
     }
 }
 
 impl Limits {
+    /// The memory budget in bytes: `memory_budget`, or half of what the machine (or the
+    /// cgroup the broker runs in, when it is smaller) has.
+    pub fn memory_budget_bytes(&self) -> usize {
+        if self.memory_budget > 0 {
+            return usize::try_from(self.memory_budget).unwrap_or(usize::MAX);
+        }
+        let total = physical_memory().unwrap_or(2 * 1024 * 1024 * 1024);
+        let total = match cgroup_memory_limit() {
+            Some(c) if c < total => c,
+            _ => total,
+        };
+        usize::try_from(total / 2).unwrap_or(usize::MAX)
+    }
+
     /// The largest frame (type byte + body) a connection accepts.
     pub fn max_frame(&self) -> usize {
         usize::try_from(self.max_payload)
@@ -532,4 +558,27 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// `MemTotal` of /proc/meminfo, in bytes.
+fn physical_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The memory limit of the cgroup (v2, then v1) the process runs in, if it has one.
+fn cgroup_memory_limit() -> Option<u64> {
+    for path in [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ] {
+        if let Ok(s) = std::fs::read_to_string(path)
+            && let Ok(v) = s.trim().parse::<u64>()
+        {
+            return Some(v);
+        }
+    }
+    None
 }

@@ -50,7 +50,7 @@ impl SubTable {
     }
 }
 
-pub use hayate_io::conn::Accepted;
+pub use hayate_io::conn::{Accepted, InputBudget};
 pub(crate) use hayate_io::conn::{Conn, Handler, Stop};
 
 /// A connection's memberships of stream consumers, by broker subscription id: the task that

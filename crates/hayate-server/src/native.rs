@@ -386,6 +386,10 @@ impl Handler for Native {
         match why {
             Stop::Eof | Stop::Shutdown => End::Graceful,
             Stop::Io | Stop::WriterGone => End::Io,
+            Stop::Memory => End::Error(
+                ErrorCode::ServerBusy,
+                "memory budget spent: frame not read within limits.max_block_ms".into(),
+            ),
         }
     }
 }

@@ -3,10 +3,11 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hayate_broker::{Broker, BrokerConfig};
 use hayate_io::busy::BusyPoll;
+use hayate_io::memory::Memory;
 use hayate_io::transport;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
@@ -14,7 +15,7 @@ use tokio::task::JoinSet;
 
 use crate::auth::{Authenticator, ConfigAuth};
 use crate::config::{Config, Limits};
-use crate::frontend::Accepted;
+use crate::frontend::{Accepted, InputBudget};
 use crate::mqtt::Mqtt;
 use crate::stomp::Stomp;
 use crate::tls::ServerTls;
@@ -197,6 +198,7 @@ impl Server {
             max_consumers: config.limits.max_consumers as usize,
             max_subscriptions: config.limits.max_subscriptions,
             queue_max_bytes: usize::try_from(config.stomp.queue_max_bytes).unwrap_or(usize::MAX),
+            memory: Memory::new(config.limits.memory_budget_bytes()),
         });
         let auth: Arc<dyn Authenticator> = match ConfigAuth::from_section(&config.auth) {
             Ok(a) => Arc::new(a),
@@ -293,6 +295,7 @@ impl Server {
         let (stop_tx, stop_rx) = watch::channel(false);
         let live = Arc::new(AtomicUsize::new(0));
         let per_address = PerAddress::default();
+        let rate = Arc::new(ConnRate::new(self.limits.max_connection_rate_per_address));
         let mut accepts = JoinSet::new();
         let mut paths = Vec::new();
         let background = tokio::spawn(self.mqtt.clone().background(stop_rx.clone()));
@@ -323,6 +326,12 @@ impl Server {
                 tls: self.tls.clone(),
                 handshake: Duration::from_millis(self.limits.handshake_timeout_ms.max(1)),
                 per_address: per_address.clone(),
+                rate: rate.clone(),
+                budget: InputBudget {
+                    memory: self.broker.config().memory.clone(),
+                    wait: (self.limits.max_block_ms > 0)
+                        .then(|| Duration::from_millis(self.limits.max_block_ms)),
+                },
             };
             if let Listener::Unix(_, p) = &l {
                 paths.push(p.clone());
@@ -366,6 +375,47 @@ struct Ctx {
     tls: Option<Arc<ServerTls>>,
     handshake: Duration,
     per_address: PerAddress,
+    rate: Arc<ConnRate>,
+    budget: InputBudget,
+}
+
+/// New connections per second per source address: a token bucket per address holding at
+/// most `per_sec` tokens, refilled at `per_sec` a second.
+struct ConnRate {
+    per_sec: u32,
+    buckets: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, (f64, Instant)>>,
+}
+
+impl ConnRate {
+    fn new(per_sec: u32) -> ConnRate {
+        ConnRate {
+            per_sec,
+            buckets: Default::default(),
+        }
+    }
+
+    /// Takes a token for a connection from `ip`; false if it has none left.
+    fn allow(&self, ip: std::net::IpAddr) -> bool {
+        if self.per_sec == 0 {
+            return true;
+        }
+        let now = Instant::now();
+        let full = f64::from(self.per_sec);
+        let mut m = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        if m.len() >= 65_536 {
+            // Buckets refilled by now are the same as none: forget them.
+            m.retain(|_, (_, at)| now.duration_since(*at) < Duration::from_secs(1));
+        }
+        let (tokens, at) = m.entry(ip).or_insert((full, now));
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * full).min(full);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 /// Connections open per source address (shared by every listener of a server).
@@ -409,6 +459,12 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
         };
         if ctx.live.load(Ordering::Acquire) >= ctx.limits.max_connections {
             tracing::warn!("connection refused: max_connections reached");
+            continue;
+        }
+        if let Some(ip) = peer.map(|a| a.ip())
+            && !ctx.rate.allow(ip)
+        {
+            tracing::debug!(peer = %ip, "connection refused: max_connection_rate_per_address reached");
             continue;
         }
         let per_address = match peer.map(|a| a.ip()) {
@@ -481,6 +537,7 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
                 busy: c.busy,
                 peer,
                 verified_name,
+                budget: c.budget,
             };
             match proto {
                 Protocol::Native => {

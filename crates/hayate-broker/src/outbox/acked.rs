@@ -63,6 +63,7 @@ impl Outbox {
         if st.cut {
             st.buf = OutBuf::default();
         }
+        st.settle_charge();
         if st.sink.is_none() && !st.buf.is_empty() {
             self.wake(st);
         }
@@ -108,6 +109,7 @@ impl Outbox {
             st.acks.push(d, size);
         }
         Self::fill_window(&mut st);
+        st.settle_charge();
         drop(st);
         self.after_take();
         taken

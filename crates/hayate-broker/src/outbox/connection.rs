@@ -24,6 +24,7 @@ impl Outbox {
         }
         st.cut = true;
         st.buf = OutBuf::default();
+        st.settle_charge();
         st.lost.clear();
         st.sink = None;
         st.wake_pending = true;
@@ -67,6 +68,9 @@ impl Outbox {
         st.lost.clear();
         st.sink = None;
         st.writing = false;
+        st.taken = 0;
+        st.sink_pending = false;
+        st.settle_charge();
         st.wake_pending = false;
         st.stalled = false;
         st.cut = false;

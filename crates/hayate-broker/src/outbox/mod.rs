@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex};
 
 use hayate_core::Message;
 use hayate_io::Sink;
+use hayate_io::memory::{Charge, Memory};
 use tokio::sync::Notify;
 
 mod acked;
@@ -108,6 +109,32 @@ struct State {
     /// The connection is being cut off as a slow consumer: output is discarded, the writer
     /// stops, the connection ends (see [`Outbox::cut`]).
     cut: bool,
+    /// Bytes a writer took and has not yet written (they are still in memory).
+    taken: usize,
+    /// An inline flush left bytes inside the sink (TLS records not yet on the socket): the
+    /// writer must run, even with nothing queued, to push them once the socket is ready.
+    sink_pending: bool,
+    /// This outbox's share of the broker-wide memory budget: what it holds past
+    /// [`FREE_BYTES`].
+    charge: Charge,
+}
+
+/// What an outbox may hold (queued, being written, held for acknowledgements) without
+/// charging the broker-wide memory budget: a subscriber that keeps up never touches it.
+pub const FREE_BYTES: usize = 256 * 1024;
+
+impl State {
+    /// Bytes of this outbox that count against the broker-wide budget. (An encoder's held
+    /// deliveries, an MQTT session's queue, are charged by the encoder itself.)
+    fn pooled(&self) -> usize {
+        (self.buf.len() + self.taken + self.acks.held_bytes()).saturating_sub(FREE_BYTES)
+    }
+
+    /// Gives back the budget this outbox no longer needs.
+    fn settle_charge(&mut self) {
+        let p = self.pooled();
+        self.charge.shrink(p);
+    }
 }
 
 /// What an acknowledgement covers (see [`Outbox::settle`]).
@@ -164,6 +191,19 @@ impl Outbox {
     /// An outbox as [`Outbox::new`] whose acknowledged subscriptions have at most `window`
     /// deliveries in flight.
     pub fn with_window(budget: usize, encoder: Box<dyn Encoder>, window: usize) -> Outbox {
+        Outbox::with_memory(budget, encoder, window, &Memory::unlimited())
+    }
+
+    /// An outbox as [`Outbox::with_window`] that charges what it holds past [`FREE_BYTES`]
+    /// to `memory`: when the pool has no room, an offer takes nothing more (the publisher
+    /// drops or waits as for a full outbox), except the one delivery an empty outbox always
+    /// takes.
+    pub fn with_memory(
+        budget: usize,
+        encoder: Box<dyn Encoder>,
+        window: usize,
+        memory: &Arc<Memory>,
+    ) -> Outbox {
         Outbox {
             state: Mutex::new(State {
                 buf: OutBuf::default(),
@@ -178,6 +218,9 @@ impl Outbox {
                 acked: Vec::new(),
                 stalled: false,
                 cut: false,
+                taken: 0,
+                sink_pending: false,
+                charge: Charge::new(memory),
             }),
             budget,
             data: Notify::new(),

@@ -42,6 +42,9 @@ impl Outbox {
             fit += 1;
         }
         let st = &mut *st;
+        if fit > 0 && !st.cut {
+            fit = Self::charge_offer(st, &batch, fit, size, queued == 0);
+        }
         if fit > 0 {
             if let Some(i) = st.lost.iter().position(|&(s, _)| s == sid) {
                 let (_, n) = st.lost.swap_remove(i);
@@ -55,6 +58,37 @@ impl Outbox {
             self.wake(st);
         }
         Offer::Took(fit)
+    }
+
+    /// Charges the broker-wide budget for the first `fit` items of `batch` (`size` bytes);
+    /// returns how many it covers. When the pool has no room, only what the charge already
+    /// covers is taken, and at least one item when the outbox is `empty` (forced: it is
+    /// what guarantees every subscriber progress).
+    fn charge_offer(
+        st: &mut State,
+        batch: &Batch<'_>,
+        fit: usize,
+        size: usize,
+        empty: bool,
+    ) -> usize {
+        let held = st.buf.len() + st.taken + st.acks.held_bytes();
+        let need = (held + size).saturating_sub(super::FREE_BYTES);
+        if st.charge.cover(need) {
+            return fit;
+        }
+        let allowed = super::FREE_BYTES + st.charge.bytes();
+        let mut n = 0;
+        let mut total = held;
+        while n < fit && total + batch.cost(n) <= allowed {
+            total += batch.cost(n);
+            n += 1;
+        }
+        if n == 0 && empty {
+            st.charge
+                .force((held + batch.cost(0)).saturating_sub(super::FREE_BYTES));
+            n = 1;
+        }
+        n
     }
 
     /// Records that `n` messages for `sid` were dropped; reported before its next delivery
@@ -78,6 +112,10 @@ impl Outbox {
             return false;
         }
         let st = &mut *st;
+        let held = st.buf.len() + st.taken + st.acks.held_bytes();
+        let size: usize = (0..batch.len()).map(|i| batch.cost(i)).sum();
+        st.charge
+            .force((held + size).saturating_sub(super::FREE_BYTES));
         Self::put(st, sid, origin, batch);
         self.wake(st);
         true

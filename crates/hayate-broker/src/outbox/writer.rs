@@ -35,7 +35,9 @@ impl Outbox {
                 }
                 if !st.writing {
                     Self::encode_lost(st);
-                    if !st.buf.is_empty() {
+                    if !st.buf.is_empty() || st.sink_pending {
+                        st.sink_pending = false;
+                        st.taken = st.buf.len();
                         st.buf.take_into(into);
                         st.wake_pending = false;
                         st.writing = true;
@@ -58,6 +60,8 @@ impl Outbox {
         let mut st = self.lock();
         if st.epoch == epoch {
             st.writing = false;
+            st.taken = 0;
+            st.settle_charge();
             if st.stalled
                 && st.buf.len() + st.acks.held_bytes() + st.encoder.held_bytes() < self.budget / 2
             {
@@ -83,12 +87,14 @@ impl Outbox {
             if st.buf.is_empty() {
                 return;
             }
+            st.taken = st.buf.len();
             st.buf.take_into(scratch);
             st.writing = true;
             (sink, st.epoch)
         };
         self.after_take();
-        let failed = write_some(&*sink, scratch).is_err();
+        let result = write_some(&*sink, scratch);
+        let failed = result.is_err();
         let mut st = self.lock();
         if st.epoch != epoch {
             // Detached meanwhile: the rest belonged to the old connection.
@@ -96,6 +102,7 @@ impl Outbox {
             return;
         }
         st.writing = false;
+        st.taken = 0;
         if failed {
             // The connection is broken: its writer fails too and ends it. The outbox stays
             // open (a persistent session outlives its connection).
@@ -104,9 +111,12 @@ impl Outbox {
             self.space.notify_waiters();
         } else if !scratch.is_empty() {
             st.buf.restore_front(scratch);
+        } else if result.is_ok_and(|done| !done) {
+            st.sink_pending = true;
         }
+        st.settle_charge();
         // The writer finishes whatever is left (or notices the close).
-        if !st.buf.is_empty() || st.closed {
+        if !st.buf.is_empty() || st.sink_pending || st.closed {
             st.wake_pending = false;
             self.wake(&mut st);
         }

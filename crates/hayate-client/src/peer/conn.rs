@@ -408,7 +408,7 @@ impl Handler for Peer {
         match why {
             Stop::Eof => End::Closed,
             Stop::Shutdown => End::Shutdown,
-            Stop::Io | Stop::WriterGone => End::Gone,
+            Stop::Io | Stop::WriterGone | Stop::Memory => End::Gone,
         }
     }
 }

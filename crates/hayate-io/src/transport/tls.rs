@@ -92,6 +92,10 @@ impl Sink for TlsWrite {
         }
         Ok(n)
     }
+
+    fn pending(&self) -> bool {
+        lock(&self.0.conn).wants_write()
+    }
 }
 
 impl WriteHalf for TlsWrite {

@@ -142,6 +142,7 @@ impl Mqtt {
     /// saved sessions and retained messages from the data directory (the last checkpoint and
     /// the journal after it), then takes a checkpoint.
     pub fn new(broker: Broker, config: &Config, auth: Arc<dyn Authenticator>) -> Arc<Mqtt> {
+        let memory = broker.config().memory.clone();
         let data_dir =
             (!config.server.data_dir.is_empty()).then(|| PathBuf::from(&config.server.data_dir));
         let journal = match &data_dir {
@@ -173,9 +174,12 @@ impl Mqtt {
             max_preauth: config.limits.max_preauth_bytes.max(64),
             data_dir,
             registry: Mutex::new(HashMap::new()),
-            retained: Mutex::new(Retained::new(
-                usize::try_from(config.mqtt.max_retained_bytes).unwrap_or(usize::MAX),
-            )),
+            retained: Mutex::new(
+                Retained::new(
+                    usize::try_from(config.mqtt.max_retained_bytes).unwrap_or(usize::MAX),
+                )
+                .with_memory(&memory),
+            ),
             journal,
             next_sgen: AtomicU64::new(1),
             checkpointing: Mutex::new(0),
@@ -287,6 +291,7 @@ impl Mqtt {
             self.cfg.max_queued_messages,
             usize::try_from(self.cfg.max_queued_bytes).unwrap_or(usize::MAX),
             self.cfg.max_inflight,
+            &self.broker.config().memory,
         )));
         let session = self.broker.open_session(Box::new(MqttEncoder {
             out: out.clone(),

@@ -2,9 +2,11 @@
 //! `$SYS`) and sent to new subscriptions.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use hayate_core::{Key, KeyExpr, Message};
+use hayate_io::memory::{Charge, Memory};
 
 use super::{Mqtt, locked};
 
@@ -15,6 +17,8 @@ pub(crate) struct Retained {
     bytes: usize,
     /// 0: no limit.
     max_bytes: usize,
+    /// The retained messages' share of the broker-wide memory budget.
+    charge: Option<Charge>,
 }
 
 fn size(m: &Message) -> usize {
@@ -38,15 +42,37 @@ impl Retained {
         if msg.payload.is_empty() {
             self.map.remove(&msg.key);
             self.bytes -= old;
+            self.settle_charge();
             return true;
         }
         let new = size(msg);
         if self.max_bytes > 0 && self.bytes - old + new > self.max_bytes {
             return false;
         }
+        if let Some(c) = &mut self.charge
+            && !c.cover(self.bytes - old + new)
+        {
+            return false;
+        }
         self.map.insert(msg.key.clone(), msg.clone());
         self.bytes = self.bytes - old + new;
+        self.settle_charge();
         true
+    }
+
+    /// Charges what is kept to `memory` from now on: a message the budget has no room for
+    /// is not kept (as past `max_bytes`).
+    pub(crate) fn with_memory(mut self, memory: &Arc<Memory>) -> Retained {
+        let mut c = Charge::new(memory);
+        c.force(self.bytes);
+        self.charge = Some(c);
+        self
+    }
+
+    fn settle_charge(&mut self) {
+        if let Some(c) = &mut self.charge {
+            c.shrink(self.bytes);
+        }
     }
 
     /// Bytes held (keys and payloads).
@@ -67,6 +93,7 @@ impl Retained {
             keep
         });
         self.bytes -= freed;
+        self.settle_charge();
         self.map
             .values()
             .filter(|m| !(skip_dollar && m.key.as_bytes().first() == Some(&b'$')))

@@ -117,6 +117,7 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         busy,
         peer,
         verified_name,
+        budget,
     } = io;
     let mut buf = BytesMut::with_capacity(READ_BUF);
     let max_packet = mqtt.cfg.max_packet_size;
@@ -315,6 +316,7 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         busy,
         peer,
         verified_name: None,
+        budget,
     };
     let mut io = frontend::Conn::new(accepted, buf, &outbox);
     outbox.push_reply_unbudgeted(|o| {

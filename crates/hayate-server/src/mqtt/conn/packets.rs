@@ -123,6 +123,10 @@ impl Handler for Driven<'_> {
         match why {
             Stop::Shutdown => End::Shutdown,
             Stop::Eof | Stop::Io | Stop::WriterGone => End::Closed,
+            Stop::Memory => End::Error(
+                ReasonCode::QuotaExceeded,
+                "memory budget spent: packet not read within limits.max_block_ms".into(),
+            ),
         }
     }
 }

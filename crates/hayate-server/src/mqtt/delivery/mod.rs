@@ -29,6 +29,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use hayate_broker::{AckTracker, OutBuf};
 use hayate_core::{Key, Message};
+use hayate_io::memory::{Charge, Memory};
 use hayate_mqtt::{Ack, Packet, ProtocolVersion, PublishProperties, QoS, RetainHandling};
 
 use super::journal::Journal;
@@ -141,6 +142,8 @@ pub(crate) struct MqttDeliveries {
     held: Arc<AtomicUsize>,
     /// A connection is attached (held bytes count against the budget only then).
     online: Arc<AtomicBool>,
+    /// The held bytes' share of the broker-wide memory budget (online or not).
+    charge: Charge,
     max_inflight: u16,
     /// Packet ids of inbound QoS 2 PUBLISHes received and not yet released (PUBREL).
     pub(crate) incoming: HashSet<u16>,
@@ -177,6 +180,7 @@ impl MqttDeliveries {
         max_queued: usize,
         max_queued_bytes: usize,
         max_inflight: u16,
+        memory: &Arc<Memory>,
     ) -> MqttDeliveries {
         MqttDeliveries {
             session_id,
@@ -189,6 +193,7 @@ impl MqttDeliveries {
             max_queued_bytes,
             held: Arc::new(AtomicUsize::new(0)),
             online: Arc::new(AtomicBool::new(false)),
+            charge: Charge::new(memory),
             max_inflight,
             incoming: HashSet::new(),
             dropped: 0,
@@ -386,6 +391,14 @@ impl MqttDeliveries {
             self.dropped += 1;
             return;
         }
+        // Within the broker-wide budget too; a session holding nothing always takes one.
+        if !self.charge.cover(held + size) {
+            if held > 0 {
+                self.dropped += 1;
+                return;
+            }
+            self.charge.force(size);
+        }
         if !sends_now && self.max_queued > 0 && self.tracker.pending_len() >= self.max_queued {
             self.dropped += 1;
             return;
@@ -497,9 +510,12 @@ impl MqttDeliveries {
         true
     }
 
-    fn sync_held(&self) {
-        self.held
-            .store(self.tracker.held_bytes(), Ordering::Relaxed);
+    fn sync_held(&mut self) {
+        let held = self.tracker.held_bytes();
+        self.held.store(held, Ordering::Relaxed);
+        // Restored deliveries exist already (forced); freed ones give their share back.
+        self.charge.force(held);
+        self.charge.shrink(held);
     }
 
     fn stage_of(&self, pid: u16) -> Option<(QoS, Stage)> {

@@ -197,6 +197,10 @@ impl Handler for Driven<'_> {
         match why {
             Stop::Shutdown => Some(refuse("server shutting down", "")),
             Stop::Eof | Stop::Io | Stop::WriterGone => None,
+            Stop::Memory => Some(refuse(
+                "server busy",
+                "the broker's memory budget is spent: the frame was not read within limits.max_block_ms",
+            )),
         }
     }
 }
