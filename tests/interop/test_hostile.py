@@ -31,7 +31,9 @@ HAYATE = Path(os.environ.get("HAYATE_BIN", REPO / "target/debug/hayate"))
 LINE = re.compile(r"hayate broker: (.+?) on (\S+)")
 HANDSHAKE_MS = 2000
 PER_KIND = 15          # hostile connections of each kind per listener
-RSS_LIMIT_MB = 300     # the broker's resident memory while under attack (debug build)
+BUDGET_MB = 256        # limits.memory_budget
+RSS_LIMIT_MB = 300     # the broker's resident memory while under attack (debug build): the
+                       # budget plus the process and per-connection buffers it does not count
 MESSAGES = 2000
 
 
@@ -70,6 +72,7 @@ cert = "{d / 's.pem'}"
 key = "{d / 's.key'}"
 [limits]
 handshake_timeout_ms = {HANDSHAKE_MS}
+memory_budget = {BUDGET_MB * 1024 * 1024}
 """)
     log = d / "broker.log"
     with open(log, "wb") as f:

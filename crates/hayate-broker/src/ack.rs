@@ -161,6 +161,17 @@ impl<T> AckTracker<T> {
         self.inflight.iter().map(|(&id, h)| (id, &h.item))
     }
 
+    /// Every delivery held, in flight and pending, to change in place (its accounted size
+    /// stays as it was pushed).
+    pub fn for_each_mut(&mut self, mut f: impl FnMut(&mut T)) {
+        for h in self.inflight.values_mut() {
+            f(&mut h.item);
+        }
+        for h in &mut self.pending {
+            f(&mut h.item);
+        }
+    }
+
     /// Pending deliveries, oldest first.
     pub fn pending(&self) -> impl DoubleEndedIterator<Item = &T> {
         self.pending.iter().map(|h| &h.item)

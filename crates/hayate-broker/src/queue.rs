@@ -78,7 +78,9 @@ impl Backlog {
             }
             st.bytes += m.payload.len();
             st.held += m.payload.len() + m.key.as_bytes().len();
-            st.q.push_back(m);
+            // Kept until a member comes: in allocations of its own, not pinning the
+            // publisher's read buffer.
+            st.q.push_back(m.compact());
         }
     }
 

@@ -110,6 +110,14 @@ impl Key {
         &self.0
     }
 
+    /// The same key in an allocation of its own. A key decoded from a connection's input
+    /// shares that read buffer (64 KiB and more); whatever keeps a key long after the
+    /// message (a route cache, a retained message, an offline session) keeps this copy, so
+    /// it does not pin the whole buffer.
+    pub fn compact(&self) -> Key {
+        Key(Bytes::copy_from_slice(&self.0))
+    }
+
     /// The key as shared bytes.
     pub fn as_shared(&self) -> &Bytes {
         &self.0

@@ -69,6 +69,28 @@ pub struct Attrs {
 }
 
 impl Message {
+    /// The same message with its key, payload, reply-to, correlation id and header values
+    /// in allocations of their own (see [`Key::compact`]): what a store that keeps messages
+    /// for long (retained messages, offline sessions, queues without consumers) keeps, so
+    /// that a small message does not pin the read buffer it arrived in. Costs one copy.
+    pub fn compact(&self) -> Message {
+        Message {
+            key: self.key.compact(),
+            payload: Bytes::copy_from_slice(&self.payload),
+            reply_to: self.reply_to.as_ref().map(Key::compact),
+            correlation_id: self
+                .correlation_id
+                .as_ref()
+                .map(|c| Bytes::copy_from_slice(c)),
+            headers: self.headers.as_ref().map(|h| {
+                h.iter()
+                    .map(|(n, v)| (n.clone(), Bytes::copy_from_slice(v)))
+                    .collect()
+            }),
+            attrs: self.attrs,
+        }
+    }
+
     /// A plain message: key and payload, no metadata.
     pub fn new(key: Key, payload: impl Into<Bytes>) -> Message {
         Message {

@@ -393,7 +393,10 @@ impl Session {
         }
         let (generation, route) = self.broker.route(key);
         if generation == self.cache_generation {
-            self.cache.insert(key.as_shared().clone(), route.clone());
+            // A copy: the key may be a slice of the publisher's read buffer, which the cache
+            // must not keep alive (4096 keys could pin 4096 buffers of 64 KiB and more).
+            self.cache
+                .insert(key.compact().as_shared().clone(), route.clone());
         }
         route
     }

@@ -54,7 +54,9 @@ impl Retained {
         {
             return false;
         }
-        self.map.insert(msg.key.clone(), msg.clone());
+        // Kept for long: in allocations of its own, not pinning the read buffer it came in.
+        let msg = msg.compact();
+        self.map.insert(msg.key.clone(), msg);
         self.bytes = self.bytes - old + new;
         self.settle_charge();
         true

@@ -406,6 +406,11 @@ impl MqttDeliveries {
         let qid = self.next_qid;
         self.next_qid += 1;
         self.journal(|b, sgen| rec::queue(b, sgen, qid, &q));
+        let mut q = q;
+        if self.link.is_none() {
+            // Held for an offline session: see `go_offline`.
+            q.msg = q.msg.compact();
+        }
         let item = Inflight {
             qid,
             pid: 0,
@@ -623,6 +628,10 @@ impl MqttDeliveries {
     pub(crate) fn go_offline(&mut self) {
         self.link = None;
         self.online.store(false, Ordering::Relaxed);
+        // Held until the client comes back, maybe for long: in allocations of their own,
+        // not pinning the read buffers they arrived in.
+        self.tracker
+            .for_each_mut(|f| f.item.msg = f.item.msg.compact());
     }
 
     /// What the encoder reads for
