@@ -262,6 +262,18 @@ pub(crate) fn check_consume(
             .filter_map(|c| hayate_core::KeyExpr::new(c).ok())
             .collect(),
     };
+    if let Some(owner) = &consumer.config().owner
+        && who.user.as_deref() != Some(owner.as_str())
+    {
+        return Err(crate::auth::Denied::Owner {
+            what: format!(
+                "consumer {}/{}",
+                consumer.config().stream,
+                consumer.config().name
+            ),
+            owner: owner.clone(),
+        });
+    }
     let rule = &who.access.serve;
     if rule.is_open() {
         return Ok(());

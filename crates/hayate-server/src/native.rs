@@ -501,7 +501,7 @@ async fn handle(
             frontend::check_publish(who, &m.key, m.reply_to.is_some())
                 .map_err(|d| (ErrorCode::NotAuthorized, d.to_string()))?;
             if m.key.as_bytes().starts_with(API_PREFIX.as_bytes()) {
-                api_request(session, &m).await;
+                api_request(session, &m, who.user.as_deref()).await;
             } else {
                 session.publish(Batch::One(&m)).await;
             }
@@ -589,17 +589,19 @@ fn check_payload(len: usize, limits: &Limits) -> Result<(), Refusal> {
 
 /// Answers a request to the broker's API (`$hayate/api/...`) on its reply-to key (nothing is
 /// sent without one). The request is not delivered to subscribers.
-async fn api_request(session: &mut Session, m: &Message) {
+async fn api_request(session: &mut Session, m: &Message, caller: Option<&str>) {
     let broker = session.broker().clone();
     let (key, body) = (m.key.as_str().to_owned(), m.payload.clone());
+    let caller = caller.map(str::to_owned);
     // Creating, deleting and purging streams touch files: off the I/O threads.
-    let reply = tokio::task::spawn_blocking(move || api::handle(&broker, &key, &body))
-        .await
-        .unwrap_or_else(|e| api::ApiReply {
-            ok: false,
-            error: Some(e.to_string()),
-            ..Default::default()
-        });
+    let reply =
+        tokio::task::spawn_blocking(move || api::handle(&broker, &key, &body, caller.as_deref()))
+            .await
+            .unwrap_or_else(|e| api::ApiReply {
+                ok: false,
+                error: Some(e.to_string()),
+                ..Default::default()
+            });
     let payload = serde_json::to_vec(&reply).unwrap_or_default();
     if let Some(r) = m.reply(payload) {
         session.publish(Batch::One(&r)).await;

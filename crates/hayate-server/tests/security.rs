@@ -459,3 +459,60 @@ async fn mqtt_client_id_ownership_survives_a_restart() {
     }
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A stream and a durable consumer created through the API by a user belong to that user:
+/// another user cannot join the consumer (ERR 8), delete it, nor delete or purge the stream;
+/// the owner can. The owner is set by the broker, whatever the request says.
+#[tokio::test]
+async fn streams_and_consumers_belong_to_their_creator() {
+    let d = std::env::temp_dir().join(format!("hayate-sec-owner-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    let mut cfg = config(&hayate_server::auth::new_token().unwrap());
+    cfg.server.data_dir = d.to_string_lossy().into_owned();
+    let b = start(cfg).await;
+    let alice = login(&b.addr, "alice", "wonderland").await.unwrap();
+    let bob = login(&b.addr, "bob-admin", "x").await;
+    assert!(bob.is_err(), "no such user");
+    let bob = login(&b.addr, "svc", "svc-pw").await.unwrap();
+
+    let mut s = hayate_client::streams::StreamConfig::new("orders", &["svc/orders/**"]);
+    s.owner = Some("svc".into()); // ignored: the broker sets the caller
+    let (info, created) = alice.streams().add(&s).await.unwrap();
+    assert!(created);
+    assert_eq!(info.config.owner.as_deref(), Some("alice"));
+    let c = hayate_client::streams::ConsumerConfig::new("orders", "billing");
+    let (view, _) = alice.streams().consumer_add(&c).await.unwrap();
+    assert_eq!(view.config.owner.as_deref(), Some("alice"));
+
+    // svc may serve svc/** but the consumer is alice's.
+    let mut sub = bob.consume("orders", "billing").await.unwrap();
+    assert!(within(10, sub.next()).await.is_none());
+    assert_eq!(refused(&bob).await, ErrorCode::NotAuthorized);
+    let bob = login(&b.addr, "svc", "svc-pw").await.unwrap();
+    for r in [
+        bob.streams().consumer_remove("orders", "billing").await,
+        bob.streams().remove("orders").await,
+        bob.streams().purge("orders").await.map(|_| ()),
+    ] {
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains("belongs to user alice"), "{e}");
+    }
+    // Re-adding it under another owner is refused too (not a silent takeover).
+    assert!(bob.streams().add(&s).await.is_err());
+    // The owner joins, and deletes.
+    let mut mine = alice.consume("orders", "billing").await.unwrap();
+    bob.publish(&Key::new("svc/orders/1").unwrap(), "o1")
+        .await
+        .unwrap();
+    bob.flush().await.unwrap();
+    assert_eq!(&within(10, mine.next()).await.unwrap().payload[..], b"o1");
+    drop(mine);
+    alice
+        .streams()
+        .consumer_remove("orders", "billing")
+        .await
+        .unwrap();
+    alice.streams().remove("orders").await.unwrap();
+    drop(b);
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -122,6 +122,7 @@ pub(crate) async fn run(a: StreamArgs) -> Result<()> {
                 segment_bytes,
                 default_ttl_ms: default_ttl,
                 work_queue,
+                owner: None,
             };
             let (info, created) = s.add(&config).await?;
             if !a.json {

@@ -102,27 +102,54 @@ fn body<'a, T: Deserialize<'a>>(b: &'a [u8]) -> Result<T, String> {
     serde_json::from_slice(b).map_err(|e| format!("bad request body: {e}"))
 }
 
+/// Refuses `caller` an operation on something `owner` created (`what` names it).
+fn owned_by(owner: Option<&str>, caller: Option<&str>, what: &str) -> Result<(), String> {
+    match owner {
+        Some(o) if caller != Some(o) => Err(format!("{what} belongs to user {o}")),
+        _ => Ok(()),
+    }
+}
+
 /// Handles the API request published on `key` (which starts with [`API_PREFIX`]) with
-/// `payload`. Blocking file I/O (creating, deleting, purging): call it where that is fine.
-pub fn handle(broker: &Broker, key: &str, payload: &[u8]) -> ApiReply {
+/// `payload`, for `caller` (the logged-in user; `None`: anonymous). What a user creates is
+/// theirs: its `owner` is set to the caller (whatever the request said), and only the
+/// owner may delete or purge it, or join the consumer. Blocking file I/O (creating,
+/// deleting, purging): call it where that is fine.
+pub fn handle(broker: &Broker, key: &str, payload: &[u8], caller: Option<&str>) -> ApiReply {
     if let Some(op) = key.strip_prefix(CONSUMER_API) {
-        return consumer_op(broker, op, payload).unwrap_or_else(ApiReply::err);
+        return consumer_op(broker, op, payload, caller).unwrap_or_else(ApiReply::err);
     }
     let Some(op) = key.strip_prefix(STREAM_API) else {
         return ApiReply::err(format!("unknown API {key}"));
     };
+    let stream_owner = |name: &str| broker.stream(name).and_then(|s| s.config().owner.clone());
     let r = match op {
-        "add" => body::<StreamConfig>(payload).map(|c| match broker.create_stream(c) {
-            Ok((s, created)) => ApiReply {
-                created: Some(created),
-                info: Some(s.info()),
-                ..ApiReply::ok()
-            },
-            Err(e) => ApiReply::err(e),
+        "add" => body::<StreamConfig>(payload).and_then(|mut c| {
+            c.owner = caller.map(str::to_owned);
+            owned_by(
+                stream_owner(&c.name).as_deref(),
+                caller,
+                &format!("stream {}", c.name),
+            )?;
+            Ok(match broker.create_stream(c) {
+                Ok((s, created)) => ApiReply {
+                    created: Some(created),
+                    info: Some(s.info()),
+                    ..ApiReply::ok()
+                },
+                Err(e) => ApiReply::err(e),
+            })
         }),
-        "rm" => body::<NameRequest>(payload).map(|n| match broker.delete_stream(&n.name) {
-            Ok(()) => ApiReply::ok(),
-            Err(e) => ApiReply::err(e),
+        "rm" => body::<NameRequest>(payload).and_then(|n| {
+            owned_by(
+                stream_owner(&n.name).as_deref(),
+                caller,
+                &format!("stream {}", n.name),
+            )?;
+            Ok(match broker.delete_stream(&n.name) {
+                Ok(()) => ApiReply::ok(),
+                Err(e) => ApiReply::err(e),
+            })
         }),
         "info" => body::<NameRequest>(payload).map(|n| match broker.stream(&n.name) {
             Some(s) => ApiReply {
@@ -135,16 +162,23 @@ pub fn handle(broker: &Broker, key: &str, payload: &[u8]) -> ApiReply {
             streams: Some(broker.streams().iter().map(|s| s.info()).collect()),
             ..ApiReply::ok()
         }),
-        "purge" => body::<NameRequest>(payload).map(|n| match broker.purge_stream(&n.name) {
-            Ok(r) => ApiReply {
-                removed: Some(RemovedInfo {
-                    records: r.records,
-                    bytes: r.bytes,
-                    segments: r.segments,
-                }),
-                ..ApiReply::ok()
-            },
-            Err(e) => ApiReply::err(e),
+        "purge" => body::<NameRequest>(payload).and_then(|n| {
+            owned_by(
+                stream_owner(&n.name).as_deref(),
+                caller,
+                &format!("stream {}", n.name),
+            )?;
+            Ok(match broker.purge_stream(&n.name) {
+                Ok(r) => ApiReply {
+                    removed: Some(RemovedInfo {
+                        records: r.records,
+                        bytes: r.bytes,
+                        segments: r.segments,
+                    }),
+                    ..ApiReply::ok()
+                },
+                Err(e) => ApiReply::err(e),
+            })
         }),
         _ => Err(format!(
             "unknown stream operation {op:?} (add, rm, ls, info, purge)"
@@ -160,13 +194,29 @@ fn view(c: &Consumer) -> ConsumerView {
     }
 }
 
-fn consumer_op(broker: &Broker, op: &str, payload: &[u8]) -> Result<ApiReply, String> {
+fn consumer_op(
+    broker: &Broker,
+    op: &str,
+    payload: &[u8],
+    caller: Option<&str>,
+) -> Result<ApiReply, String> {
     let e = |e: super::StreamError| e.to_string();
+    let owner = |stream: &str, name: &str| {
+        broker
+            .stream(stream)
+            .and_then(|s| s.consumer(name))
+            .and_then(|c| c.config().owner.clone())
+    };
     Ok(match op {
         "add" => {
-            let (c, created) = broker
-                .create_consumer(body::<ConsumerConfig>(payload)?)
-                .map_err(e)?;
+            let mut cfg = body::<ConsumerConfig>(payload)?;
+            cfg.owner = caller.map(str::to_owned);
+            owned_by(
+                owner(&cfg.stream, &cfg.name).as_deref(),
+                caller,
+                &format!("consumer {}/{}", cfg.stream, cfg.name),
+            )?;
+            let (c, created) = broker.create_consumer(cfg).map_err(e)?;
             ApiReply {
                 created: Some(created),
                 consumer: Some(view(&c)),
@@ -175,6 +225,11 @@ fn consumer_op(broker: &Broker, op: &str, payload: &[u8]) -> Result<ApiReply, St
         }
         "rm" => {
             let r = body::<ConsumerRequest>(payload)?;
+            owned_by(
+                owner(&r.stream, &r.name).as_deref(),
+                caller,
+                &format!("consumer {}/{}", r.stream, r.name),
+            )?;
             broker.delete_consumer(&r.stream, &r.name).map_err(e)?;
             ApiReply::ok()
         }

@@ -75,6 +75,11 @@ pub struct ConsumerConfig {
     /// is not used: the original key is kept, with headers saying why).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<String>,
+    /// The user who created it through the API (set by the broker from the caller's
+    /// login, never taken from a request): only that user may join it (native CONSUME,
+    /// STOMP) or delete it. `None`: anyone allowed to serve its keys may.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 impl ConsumerConfig {
@@ -89,6 +94,7 @@ impl ConsumerConfig {
             max_in_flight: default_max_in_flight(),
             max_deliver: 0,
             dead_letter: None,
+            owner: None,
         }
     }
 

@@ -59,6 +59,12 @@ pub struct StreamConfig {
     /// records are kept until their receivers free them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub work_queue: bool,
+    /// The user who created it through the API (set by the broker from the caller's
+    /// login, never taken from a request): only that user may delete or purge it. `None`:
+    /// made by the configuration, the command line or an anonymous client; anyone allowed
+    /// the API may.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 fn default_fsync() -> String {
@@ -78,6 +84,7 @@ impl StreamConfig {
             segment_bytes: None,
             default_ttl_ms: None,
             work_queue: false,
+            owner: None,
         }
     }
 

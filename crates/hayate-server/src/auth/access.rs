@@ -48,6 +48,13 @@ pub enum Denied {
         /// The key or expression.
         on: String,
     },
+    /// Joining a durable consumer another user created.
+    Owner {
+        /// What is owned (`consumer <stream>/<name>`).
+        what: String,
+        /// Its owner.
+        owner: String,
+    },
 }
 
 impl std::fmt::Display for Denied {
@@ -59,6 +66,9 @@ impl std::fmt::Display for Denied {
                 "not authorized: another client's reply inbox ({INBOX_PREFIX}/...)"
             ),
             Denied::Rule { what, on } => write!(f, "not authorized to {what} on {on}"),
+            Denied::Owner { what, owner } => {
+                write!(f, "not authorized: {what} belongs to user {owner}")
+            }
         }
     }
 }
