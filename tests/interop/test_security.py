@@ -341,3 +341,49 @@ def test_stomp_permissions(hayate, certs):
     while not errors and time.monotonic() < deadline:
         time.sleep(0.05)
     assert errors and "access refused" in errors[0], errors
+
+
+def test_client_id_ownership_survives_kill_9(tmp_path, certs):
+    """bob's persistent MQTT session (3.1.1, clean session off) is SUBACKed, then the broker is
+    killed with SIGKILL at once: after the restart (journal replay), alice still cannot take
+    bob's client id, and bob finds his session."""
+    h = Hayate(tmp_path, certs)
+    try:
+        bob = paho.Client(CallbackAPIVersion.VERSION2, client_id="bobs-persistent",
+                          protocol=paho.MQTTv311, clean_session=False)
+        bob.username_pw_set("bob", "builder")
+        subscribed = threading.Event()
+        bob.on_subscribe = lambda *a, **k: subscribed.set()
+        bob.connect("127.0.0.1", h.ports["mqtt"], keepalive=30)
+        bob.loop_start()
+        bob.subscribe("bob/#", qos=1)
+        assert subscribed.wait(10), "no SUBACK"
+        h.proc.kill()  # SIGKILL, right after the SUBACK
+        h.proc.wait()
+        bob.loop_stop()
+    finally:
+        h.stop()
+    h = Hayate(tmp_path, certs)
+    try:
+        c, rc = mqtt_client(h, certs, user="alice", password="wonderland", client_id="bobs-persistent",
+                            port_kind="mqtt")
+        assert c is None and rc == 0x87, rc
+        present = {}
+        back = threading.Event()
+
+        def on_connect(client, userdata, flags, rc, props=None):
+            present["session"] = flags.session_present
+            back.set()
+
+        bob = paho.Client(CallbackAPIVersion.VERSION2, client_id="bobs-persistent",
+                          protocol=paho.MQTTv311, clean_session=False)
+        bob.username_pw_set("bob", "builder")
+        bob.on_connect = on_connect
+        bob.connect("127.0.0.1", h.ports["mqtt"], keepalive=30)
+        bob.loop_start()
+        assert back.wait(10), "no CONNACK"
+        assert present["session"] is True
+        bob.disconnect()
+        bob.loop_stop()
+    finally:
+        h.stop()
