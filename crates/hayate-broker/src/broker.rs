@@ -189,7 +189,7 @@ impl Broker {
                 bytes: 0,
                 held: 0,
                 served: reg.groups.contains_key(&id),
-                charge: Charge::new(&self.shared.config.memory),
+                charge: Charge::exact(&self.shared.config.memory),
             }),
             id: id.clone(),
             limit,

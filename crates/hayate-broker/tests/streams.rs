@@ -280,3 +280,64 @@ async fn stream_and_consumer_counts_are_capped() {
     b.create_stream(StreamConfig::new("c", &["c"])).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Owners through the API: bob's request cannot delete, purge or redefine alice's stream
+/// or consumer; a stream of the configuration (no owner) that a user re-made through the
+/// API still opens as the configuration defines it on the next start (the owner is not
+/// part of the comparison); the `stomp-` consumers made through the API have no owner.
+#[test]
+fn owners_are_checked_by_the_api_and_do_not_break_a_restart() {
+    use hayate_broker::stream::api::handle;
+    let d = data_dir("owners");
+    let b = broker(&d);
+    let body = |v: serde_json::Value| serde_json::to_vec(&v).unwrap();
+    let add = body(serde_json::json!({"name": "orders", "capture": ["o/**"]}));
+    let r = handle(&b, "$hayate/api/stream/add", &add, Some("alice"));
+    assert!(r.ok, "{r:?}");
+    assert_eq!(
+        b.stream("orders").unwrap().config().owner.as_deref(),
+        Some("alice")
+    );
+    let name = body(serde_json::json!({"name": "orders"}));
+    for op in ["rm", "purge", "add"] {
+        let req = if op == "add" { &add } else { &name };
+        let r = handle(&b, &format!("$hayate/api/stream/{op}"), req, Some("bob"));
+        assert!(!r.ok);
+        assert_eq!(
+            r.error.as_deref(),
+            Some("stream orders belongs to user alice"),
+            "{op}"
+        );
+    }
+    let c = body(serde_json::json!({"stream": "orders", "name": "billing"}));
+    assert!(handle(&b, "$hayate/api/consumer/add", &c, Some("alice")).ok);
+    let r = handle(&b, "$hayate/api/consumer/rm", &c, Some("bob"));
+    assert_eq!(
+        r.error.as_deref(),
+        Some("consumer orders/billing belongs to user alice")
+    );
+    let s = body(serde_json::json!({"stream": "orders", "name": "stomp-jobs"}));
+    assert!(handle(&b, "$hayate/api/consumer/add", &s, Some("bob")).ok);
+    let sc = b.stream("orders").unwrap().consumer("stomp-jobs").unwrap();
+    assert_eq!(
+        sc.config().owner,
+        None,
+        "a STOMP queue's consumer is shared"
+    );
+    assert!(handle(&b, "$hayate/api/stream/rm", &name, Some("alice")).ok);
+
+    // A stream of the configuration, deleted and re-made by bob through the API.
+    let cfg = StreamConfig::new("conf", &["c/**"]);
+    b.create_stream(cfg.clone()).unwrap();
+    let conf = body(serde_json::json!({"name": "conf"}));
+    assert!(handle(&b, "$hayate/api/stream/rm", &conf, Some("bob")).ok);
+    let again = body(serde_json::json!({"name": "conf", "capture": ["c/**"]}));
+    assert!(handle(&b, "$hayate/api/stream/add", &again, Some("bob")).ok);
+    drop(b);
+    let b = broker(&d);
+    let (s, created) = b.create_stream(cfg).unwrap();
+    assert!(!created);
+    assert_eq!(s.config().owner.as_deref(), Some("bob"));
+    drop(b);
+    let _ = std::fs::remove_dir_all(&d);
+}

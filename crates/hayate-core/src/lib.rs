@@ -15,7 +15,7 @@ pub mod message;
 pub mod qos;
 
 pub use key::{Key, KeyError, KeyExpr};
-pub use message::{Attrs, Guarantee, Headers, Message};
+pub use message::{Attrs, COMPACT_PAYLOAD_MAX, Guarantee, Headers, Message};
 pub use qos::{Congestion, Qos, Reliability, Stall};
 
 /// The prefix of per-session reply inboxes: `_inbox/<session-id>/...`.

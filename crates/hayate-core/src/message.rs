@@ -9,6 +9,9 @@ use crate::Key;
 /// Optional message headers: ordered name/value pairs (a name may repeat).
 pub type Headers = Vec<(String, Bytes)>;
 
+/// Payloads shorter than this are copied by [`Message::compact`].
+pub const COMPACT_PAYLOAD_MAX: usize = 32 * 1024;
+
 /// A message as it travels through Hayate.
 ///
 /// Cloning is cheap: the key and payload are reference-counted [`Bytes`], so fan-out to many
@@ -69,14 +72,21 @@ pub struct Attrs {
 }
 
 impl Message {
-    /// The same message with its key, payload, reply-to, correlation id and header values
-    /// in allocations of their own (see [`Key::compact`]): what a store that keeps messages
-    /// for long (retained messages, offline sessions, queues without consumers) keeps, so
-    /// that a small message does not pin the read buffer it arrived in. Costs one copy.
+    /// The same message with its key, reply-to, correlation id, header values and (below
+    /// [`COMPACT_PAYLOAD_MAX`]) payload in allocations of their own (see [`Key::compact`]):
+    /// what a store that keeps messages for long (retained messages, offline sessions,
+    /// queues without consumers) keeps, so that a small message does not pin the read
+    /// buffer it arrived in. A larger payload is shared as it is: it fills most of its
+    /// buffer (or has one of its own), and copying it for each of many stores would cost
+    /// more than it saves.
     pub fn compact(&self) -> Message {
         Message {
             key: self.key.compact(),
-            payload: Bytes::copy_from_slice(&self.payload),
+            payload: if self.payload.len() < COMPACT_PAYLOAD_MAX {
+                Bytes::copy_from_slice(&self.payload)
+            } else {
+                self.payload.clone()
+            },
             reply_to: self.reply_to.as_ref().map(Key::compact),
             correlation_id: self
                 .correlation_id

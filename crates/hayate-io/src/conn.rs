@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::busy::BusyPoll;
-use crate::memory::{Charge, Memory, STEP};
+use crate::memory::{Charge, Memory};
 use crate::sink::Sink;
 use crate::transport::{Reader, Writer, read_some, write_chunks};
 
@@ -314,7 +314,10 @@ async fn drive<H: Handler>(h: &mut H, c: &mut Conn) -> H::End {
         if limit != Some(0) {
             let room = |input: &Charge| (FREE_INPUT + input.bytes()).saturating_sub(buf.len());
             if room(input) < READ_AHEAD {
-                input.cover((buf.len() + READ_AHEAD + STEP).saturating_sub(FREE_INPUT));
+                // A full read ahead if the pool has it, else whatever a small read needs:
+                // a frame a few KiB short of complete must not wait for 64 KiB of room.
+                let _ = input.cover((buf.len() + READ_AHEAD).saturating_sub(FREE_INPUT))
+                    || input.cover((buf.len() + SMALL_READ).saturating_sub(FREE_INPUT));
             }
             let r = room(input);
             if r == 0 {
@@ -378,6 +381,9 @@ async fn drive<H: Handler>(h: &mut H, c: &mut Conn) -> H::End {
 
 /// What one read may bring before the budget is asked for more room.
 const READ_AHEAD: usize = 64 * 1024;
+
+/// The least a read asks the budget room for when it cannot have [`READ_AHEAD`].
+const SMALL_READ: usize = 4 * 1024;
 
 /// How often a connection waiting for room in the memory budget looks again.
 const RETRY: Duration = Duration::from_millis(5);

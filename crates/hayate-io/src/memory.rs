@@ -123,6 +123,8 @@ impl Memory {
 pub struct Charge {
     pool: Arc<Memory>,
     bytes: usize,
+    /// [`STEP`], or 1 for an exact charge.
+    step: usize,
 }
 
 impl fmt::Debug for Charge {
@@ -133,17 +135,30 @@ impl fmt::Debug for Charge {
     }
 }
 
-fn round_up(n: usize) -> usize {
-    n.div_ceil(STEP).saturating_mul(STEP)
-}
-
 impl Charge {
-    /// Nothing charged yet, to `pool`.
+    /// Nothing charged yet, to `pool`; grows and shrinks in steps of [`STEP`] (for holders
+    /// that charge only past a free allowance: few holders, often crossing boundaries).
     pub fn new(pool: &Arc<Memory>) -> Charge {
         Charge {
             pool: pool.clone(),
             bytes: 0,
+            step: STEP,
         }
+    }
+
+    /// Nothing charged yet, to `pool`; charges exactly what is held, without steps or slack
+    /// (for holders that charge from their first byte: many small holders, such as offline
+    /// sessions, would otherwise each take a step).
+    pub fn exact(pool: &Arc<Memory>) -> Charge {
+        Charge {
+            pool: pool.clone(),
+            bytes: 0,
+            step: 1,
+        }
+    }
+
+    fn round_up(&self, n: usize) -> usize {
+        n.div_ceil(self.step).saturating_mul(self.step)
     }
 
     /// The pool charged.
@@ -162,7 +177,7 @@ impl Charge {
         if need <= self.bytes {
             return true;
         }
-        let target = round_up(need);
+        let target = self.round_up(need);
         if target > need && self.pool.try_charge(target - self.bytes) {
             self.bytes = target;
             return true;
@@ -182,14 +197,14 @@ impl Charge {
         }
     }
 
-    /// The holder now holds `held` bytes: gives back what the charge no longer needs. It
-    /// keeps one step of slack (so a holder hovering around a boundary does not touch the
-    /// pool each time) except when nothing is held.
+    /// The holder now holds `held` bytes: gives back what the charge no longer needs. A
+    /// stepped charge keeps one step of slack (so a holder hovering around a boundary does
+    /// not touch the pool each time) except when nothing is held.
     pub fn shrink(&mut self, held: usize) {
-        let keep = if held == 0 {
-            0
+        let keep = if held == 0 || self.step == 1 {
+            held
         } else {
-            round_up(held).saturating_add(STEP)
+            self.round_up(held).saturating_add(self.step)
         };
         if keep < self.bytes {
             self.pool.release(self.bytes - keep);
@@ -235,6 +250,21 @@ mod tests {
         assert!(a.cover(STEP + 10));
         assert_eq!(a.bytes(), STEP + 10);
         assert!(!Charge::new(&m).cover(1));
+    }
+
+    #[test]
+    fn an_exact_charge_has_no_steps_nor_slack() {
+        let m = Memory::new(1000);
+        let mut a = Charge::exact(&m);
+        assert!(a.cover(10));
+        assert_eq!(m.used(), 10);
+        assert!(a.cover(990));
+        assert!(!a.cover(1001));
+        a.shrink(7);
+        assert_eq!(m.used(), 7);
+        let mut b = Charge::exact(&m);
+        assert!(b.cover(993));
+        assert!(!b.cover(994));
     }
 
     #[test]

@@ -241,45 +241,34 @@ pub(crate) fn check_publish(
     })
 }
 
-/// May `who` join `consumer` (a work queue: serving)? Checked on the consumer's filter, or on
-/// each expression its stream captures.
-pub(crate) fn check_consume(
-    who: &crate::auth::Identity,
-    stream: &hayate_broker::Stream,
-    consumer: &hayate_broker::Consumer,
-) -> Result<(), crate::auth::Denied> {
-    let exprs: Vec<hayate_core::KeyExpr> = match consumer
-        .config()
-        .filter
-        .as_deref()
-        .and_then(|f| hayate_core::KeyExpr::new(f).ok())
-    {
+/// The expressions a consumer delivers from: its filter, or each expression its stream
+/// captures.
+fn consumer_exprs(
+    stream: &hayate_broker::StreamConfig,
+    filter: Option<&str>,
+) -> Vec<hayate_core::KeyExpr> {
+    match filter.and_then(|f| hayate_core::KeyExpr::new(f).ok()) {
         Some(f) => vec![f],
         None => stream
-            .config()
             .capture
             .iter()
             .filter_map(|c| hayate_core::KeyExpr::new(c).ok())
             .collect(),
-    };
-    if let Some(owner) = &consumer.config().owner
-        && who.user.as_deref() != Some(owner.as_str())
-    {
-        return Err(crate::auth::Denied::Owner {
-            what: format!(
-                "consumer {}/{}",
-                consumer.config().stream,
-                consumer.config().name
-            ),
-            owner: owner.clone(),
-        });
     }
+}
+
+/// May `who` serve everything a consumer with `filter` on `stream` delivers? (A consumer's
+/// deliveries are not filtered per member: all of it must be allowed.)
+fn check_serve_all(
+    who: &crate::auth::Identity,
+    stream: &hayate_broker::StreamConfig,
+    filter: Option<&str>,
+) -> Result<(), crate::auth::Denied> {
     let rule = &who.access.serve;
     if rule.is_open() {
         return Ok(());
     }
-    for e in &exprs {
-        // A consumer's deliveries are not filtered per member: all of it must be allowed.
+    for e in &consumer_exprs(stream, filter) {
         let ok = !rule.deny.iter().any(|d| d.intersects(e))
             && rule
                 .allow
@@ -292,11 +281,65 @@ pub(crate) fn check_consume(
             };
             tracing::info!(
                 user = who.name(),
-                stream = stream.name(),
+                stream = stream.name.as_str(),
                 "consume refused: {d}"
             );
             return Err(d);
         }
     }
     Ok(())
+}
+
+/// May `who` join `consumer` (a work queue: serving)? It must be the consumer's owner if
+/// it has one, and be allowed to serve the consumer's filter, or each expression its
+/// stream captures.
+pub(crate) fn check_consume(
+    who: &crate::auth::Identity,
+    stream: &hayate_broker::Stream,
+    consumer: &hayate_broker::Consumer,
+) -> Result<(), crate::auth::Denied> {
+    let cfg = consumer.config();
+    if let Some(owner) = &cfg.owner
+        && who.user.as_deref() != Some(owner.as_str())
+    {
+        return Err(crate::auth::Denied::Owner {
+            what: format!("consumer {}/{}", cfg.stream, cfg.name),
+            owner: owner.clone(),
+        });
+    }
+    check_serve_all(who, stream.config(), cfg.filter.as_deref())
+}
+
+/// May `who` create (`add`) or delete (`rm`) a durable consumer through the stream API? Only
+/// if it may serve what the consumer delivers: otherwise a user could fill a stream's
+/// consumers, hold back a work-queue stream's retention, or delete another's queue state.
+/// (Ownership is checked by the broker itself.) `op` and `body` are the API request's.
+pub(crate) fn check_consumer_api(
+    who: &crate::auth::Identity,
+    broker: &hayate_broker::Broker,
+    op: &str,
+    body: &[u8],
+) -> Result<(), crate::auth::Denied> {
+    use hayate_broker::stream::api::ConsumerRequest;
+    let (stream, filter) = match op {
+        "add" => match serde_json::from_slice::<hayate_broker::ConsumerConfig>(body) {
+            Ok(c) => (c.stream, c.filter),
+            Err(_) => return Ok(()), // the API answers a bad body itself
+        },
+        "rm" => match serde_json::from_slice::<ConsumerRequest>(body) {
+            Ok(r) => {
+                let filter = broker
+                    .stream(&r.stream)
+                    .and_then(|s| s.consumer(&r.name))
+                    .and_then(|c| c.config().filter.clone());
+                (r.stream, filter)
+            }
+            Err(_) => return Ok(()),
+        },
+        _ => return Ok(()),
+    };
+    match broker.stream(&stream) {
+        Some(s) => check_serve_all(who, s.config(), filter.as_deref()),
+        None => Ok(()), // the API says there is no such stream
+    }
 }

@@ -501,7 +501,7 @@ async fn handle(
             frontend::check_publish(who, &m.key, m.reply_to.is_some())
                 .map_err(|d| (ErrorCode::NotAuthorized, d.to_string()))?;
             if m.key.as_bytes().starts_with(API_PREFIX.as_bytes()) {
-                api_request(session, &m, who.user.as_deref()).await;
+                api_request(session, &m, who).await;
             } else {
                 session.publish(Batch::One(&m)).await;
             }
@@ -589,10 +589,23 @@ fn check_payload(len: usize, limits: &Limits) -> Result<(), Refusal> {
 
 /// Answers a request to the broker's API (`$hayate/api/...`) on its reply-to key (nothing is
 /// sent without one). The request is not delivered to subscribers.
-async fn api_request(session: &mut Session, m: &Message, caller: Option<&str>) {
+async fn api_request(session: &mut Session, m: &Message, who: &Identity) {
     let broker = session.broker().clone();
     let (key, body) = (m.key.as_str().to_owned(), m.payload.clone());
-    let caller = caller.map(str::to_owned);
+    if let Some(op) = key.strip_prefix(api::CONSUMER_API)
+        && let Err(d) = frontend::check_consumer_api(who, &broker, op, &body)
+    {
+        let reply = api::ApiReply {
+            ok: false,
+            error: Some(d.to_string()),
+            ..Default::default()
+        };
+        if let Some(r) = m.reply(serde_json::to_vec(&reply).unwrap_or_default()) {
+            session.publish(Batch::One(&r)).await;
+        }
+        return;
+    }
+    let caller = who.user.as_deref().map(str::to_owned);
     // Creating, deleting and purging streams touch files: off the I/O threads.
     let reply =
         tokio::task::spawn_blocking(move || api::handle(&broker, &key, &body, caller.as_deref()))

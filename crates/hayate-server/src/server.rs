@@ -383,7 +383,29 @@ struct Ctx {
 /// most `per_sec` tokens, refilled at `per_sec` a second.
 struct ConnRate {
     per_sec: u32,
-    buckets: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, (f64, Instant)>>,
+    buckets: std::sync::Mutex<Buckets>,
+}
+
+#[derive(Default)]
+struct Buckets {
+    map: std::collections::HashMap<std::net::IpAddr, (f64, Instant)>,
+    swept: Option<Instant>,
+}
+
+/// Most source addresses tracked at once; past it, new addresses are not limited until a
+/// sweep (at most once a second) forgets the refilled ones.
+const MAX_TRACKED: usize = 65_536;
+
+/// The address a connection's rate is counted for: IPv4 as it is, IPv6 by its /64 (one
+/// host usually has a whole /64 to pick addresses from).
+fn rate_key(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V6(v6) if v6.to_ipv4_mapped().is_none() => {
+            let s = v6.segments();
+            std::net::IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+        other => other,
+    }
 }
 
 impl ConnRate {
@@ -401,12 +423,22 @@ impl ConnRate {
         }
         let now = Instant::now();
         let full = f64::from(self.per_sec);
-        let mut m = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        if m.len() >= 65_536 {
-            // Buckets refilled by now are the same as none: forget them.
-            m.retain(|_, (_, at)| now.duration_since(*at) < Duration::from_secs(1));
+        let ip = rate_key(ip);
+        let mut b = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        if b.map.len() >= MAX_TRACKED && !b.map.contains_key(&ip) {
+            if b.swept
+                .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
+            {
+                // Buckets refilled by now are the same as none: forget them.
+                b.map
+                    .retain(|_, (_, at)| now.duration_since(*at) < Duration::from_secs(1));
+                b.swept = Some(now);
+            }
+            if b.map.len() >= MAX_TRACKED {
+                return true; // not tracked: the per-address connection limit still applies
+            }
         }
-        let (tokens, at) = m.entry(ip).or_insert((full, now));
+        let (tokens, at) = b.map.entry(ip).or_insert((full, now));
         *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * full).min(full);
         *at = now;
         if *tokens >= 1.0 {

@@ -499,6 +499,19 @@ async fn streams_and_consumers_belong_to_their_creator() {
     }
     // Re-adding it under another owner is refused too (not a silent takeover).
     assert!(bob.streams().add(&s).await.is_err());
+    // Making or deleting a consumer needs the serve permission on what it delivers: svc
+    // serves svc/** only.
+    let p = hayate_client::streams::StreamConfig::new("private", &["alice/**"]);
+    alice.streams().add(&p).await.unwrap();
+    let e = bob
+        .streams()
+        .consumer_add(&hayate_client::streams::ConsumerConfig::new(
+            "private", "spy",
+        ))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not authorized to serve on alice/**"), "{e}");
     // The owner joins, and deletes.
     let mut mine = alice.consume("orders", "billing").await.unwrap();
     bob.publish(&Key::new("svc/orders/1").unwrap(), "o1")

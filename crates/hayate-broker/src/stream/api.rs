@@ -16,6 +16,11 @@ pub const STREAM_API: &str = "$hayate/api/stream/";
 /// Every consumer operation's key starts with this.
 pub const CONSUMER_API: &str = "$hayate/api/consumer/";
 
+/// The names of the consumers the STOMP front-end makes for a durable `/queue/<name>`
+/// start with this (`stomp-<name>`, see hayate-server's STOMP front-end). They have no
+/// owner.
+pub const STOMP_CONSUMER_PREFIX: &str = "stomp-";
+
 /// A request body naming one consumer (`consumer/rm`, `consumer/info`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -102,14 +107,6 @@ fn body<'a, T: Deserialize<'a>>(b: &'a [u8]) -> Result<T, String> {
     serde_json::from_slice(b).map_err(|e| format!("bad request body: {e}"))
 }
 
-/// Refuses `caller` an operation on something `owner` created (`what` names it).
-fn owned_by(owner: Option<&str>, caller: Option<&str>, what: &str) -> Result<(), String> {
-    match owner {
-        Some(o) if caller != Some(o) => Err(format!("{what} belongs to user {o}")),
-        _ => Ok(()),
-    }
-}
-
 /// Handles the API request published on `key` (which starts with [`API_PREFIX`]) with
 /// `payload`, for `caller` (the logged-in user; `None`: anonymous). What a user creates is
 /// theirs: its `owner` is set to the caller (whatever the request said), and only the
@@ -122,35 +119,24 @@ pub fn handle(broker: &Broker, key: &str, payload: &[u8], caller: Option<&str>) 
     let Some(op) = key.strip_prefix(STREAM_API) else {
         return ApiReply::err(format!("unknown API {key}"));
     };
-    let stream_owner = |name: &str| broker.stream(name).and_then(|s| s.config().owner.clone());
     let r = match op {
-        "add" => body::<StreamConfig>(payload).and_then(|mut c| {
+        "add" => body::<StreamConfig>(payload).map(|mut c| {
             c.owner = caller.map(str::to_owned);
-            owned_by(
-                stream_owner(&c.name).as_deref(),
-                caller,
-                &format!("stream {}", c.name),
-            )?;
-            Ok(match broker.create_stream(c) {
+            match broker.create_stream(c) {
                 Ok((s, created)) => ApiReply {
                     created: Some(created),
                     info: Some(s.info()),
                     ..ApiReply::ok()
                 },
                 Err(e) => ApiReply::err(e),
-            })
+            }
         }),
-        "rm" => body::<NameRequest>(payload).and_then(|n| {
-            owned_by(
-                stream_owner(&n.name).as_deref(),
-                caller,
-                &format!("stream {}", n.name),
-            )?;
-            Ok(match broker.delete_stream(&n.name) {
+        "rm" => {
+            body::<NameRequest>(payload).map(|n| match broker.delete_stream_by(&n.name, caller) {
                 Ok(()) => ApiReply::ok(),
                 Err(e) => ApiReply::err(e),
             })
-        }),
+        }
         "info" => body::<NameRequest>(payload).map(|n| match broker.stream(&n.name) {
             Some(s) => ApiReply {
                 info: Some(s.info()),
@@ -162,13 +148,8 @@ pub fn handle(broker: &Broker, key: &str, payload: &[u8], caller: Option<&str>) 
             streams: Some(broker.streams().iter().map(|s| s.info()).collect()),
             ..ApiReply::ok()
         }),
-        "purge" => body::<NameRequest>(payload).and_then(|n| {
-            owned_by(
-                stream_owner(&n.name).as_deref(),
-                caller,
-                &format!("stream {}", n.name),
-            )?;
-            Ok(match broker.purge_stream(&n.name) {
+        "purge" => {
+            body::<NameRequest>(payload).map(|n| match broker.purge_stream_by(&n.name, caller) {
                 Ok(r) => ApiReply {
                     removed: Some(RemovedInfo {
                         records: r.records,
@@ -179,7 +160,7 @@ pub fn handle(broker: &Broker, key: &str, payload: &[u8], caller: Option<&str>) 
                 },
                 Err(e) => ApiReply::err(e),
             })
-        }),
+        }
         _ => Err(format!(
             "unknown stream operation {op:?} (add, rm, ls, info, purge)"
         )),
@@ -201,21 +182,15 @@ fn consumer_op(
     caller: Option<&str>,
 ) -> Result<ApiReply, String> {
     let e = |e: super::StreamError| e.to_string();
-    let owner = |stream: &str, name: &str| {
-        broker
-            .stream(stream)
-            .and_then(|s| s.consumer(name))
-            .and_then(|c| c.config().owner.clone())
-    };
     Ok(match op {
         "add" => {
             let mut cfg = body::<ConsumerConfig>(payload)?;
-            cfg.owner = caller.map(str::to_owned);
-            owned_by(
-                owner(&cfg.stream, &cfg.name).as_deref(),
-                caller,
-                &format!("consumer {}/{}", cfg.stream, cfg.name),
-            )?;
+            // The consumers the STOMP front-end makes for a durable `/queue/` (`stomp-...`)
+            // are shared work queues: one made beforehand through the API is not owned
+            // either, or its maker could keep everyone else off the queue.
+            cfg.owner = caller
+                .filter(|_| !cfg.name.starts_with(STOMP_CONSUMER_PREFIX))
+                .map(str::to_owned);
             let (c, created) = broker.create_consumer(cfg).map_err(e)?;
             ApiReply {
                 created: Some(created),
@@ -225,12 +200,9 @@ fn consumer_op(
         }
         "rm" => {
             let r = body::<ConsumerRequest>(payload)?;
-            owned_by(
-                owner(&r.stream, &r.name).as_deref(),
-                caller,
-                &format!("consumer {}/{}", r.stream, r.name),
-            )?;
-            broker.delete_consumer(&r.stream, &r.name).map_err(e)?;
+            broker
+                .delete_consumer_by(&r.stream, &r.name, caller)
+                .map_err(e)?;
             ApiReply::ok()
         }
         "info" => {

@@ -163,6 +163,14 @@ pub enum StreamError {
     /// The broker has no data directory (streams need one).
     #[error("streams need a data directory")]
     NoDataDir,
+    /// The caller is not the owner of the stream or consumer it names.
+    #[error("{what} belongs to user {owner}")]
+    NotOwner {
+        /// `stream <name>` or `consumer <stream>/<name>`.
+        what: String,
+        /// Its owner.
+        owner: String,
+    },
     /// The stream's files or its log failed.
     #[error("stream {name}: {source}")]
     Log {
@@ -181,6 +189,21 @@ pub enum StreamError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Refuses `caller` an operation on something `owner` created (`what` names it).
+pub(crate) fn check_owner(
+    owner: Option<&str>,
+    caller: Option<&str>,
+    what: impl FnOnce() -> String,
+) -> Result<(), StreamError> {
+    match owner {
+        Some(o) if caller != Some(o) => Err(StreamError::NotOwner {
+            what: what(),
+            owner: o.to_owned(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// One stream: its definition and its log.

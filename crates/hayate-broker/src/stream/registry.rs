@@ -156,7 +156,20 @@ impl Broker {
                 .read()
                 .unwrap_or_else(|p| p.into_inner());
             if let Some(s) = streams.get(&config.name) {
-                return if s.config() == &config {
+                // Owned by someone else: not theirs to define. Otherwise the owner is not
+                // part of the comparison (a stream of the config file re-made through the
+                // API by a user must not stop the next start).
+                let existing = s.config();
+                if let Some(caller) = &config.owner {
+                    super::check_owner(existing.owner.as_deref(), Some(caller), || {
+                        format!("stream {}", config.name)
+                    })?;
+                }
+                let same = StreamConfig {
+                    owner: existing.owner.clone(),
+                    ..config.clone()
+                } == *existing;
+                return if same {
                     Ok((s.clone(), false))
                 } else {
                     Err(StreamError::Exists(config.name))
@@ -198,18 +211,41 @@ impl Broker {
 
     /// Deletes a stream and its files.
     pub fn delete_stream(&self, name: &str) -> Result<(), StreamError> {
+        self.delete_stream_as(name, None, false)
+    }
+
+    /// Deletes a stream and its files for `caller`, who must be its owner if it has one
+    /// (checked under the same locks as the removal).
+    pub fn delete_stream_by(&self, name: &str, caller: Option<&str>) -> Result<(), StreamError> {
+        self.delete_stream_as(name, caller, true)
+    }
+
+    fn delete_stream_as(
+        &self,
+        name: &str,
+        caller: Option<&str>,
+        check: bool,
+    ) -> Result<(), StreamError> {
         let _admin = self
             .shared
             .stream_admin
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let s = self
-            .shared
-            .streams
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(name)
-            .ok_or_else(|| StreamError::NotFound(name.to_owned()))?;
+        let s = {
+            let mut streams = self
+                .shared
+                .streams
+                .write()
+                .unwrap_or_else(|p| p.into_inner());
+            if check && let Some(s) = streams.get(name) {
+                super::check_owner(s.config().owner.as_deref(), caller, || {
+                    format!("stream {name}")
+                })?;
+            }
+            streams
+                .remove(name)
+                .ok_or_else(|| StreamError::NotFound(name.to_owned()))?
+        };
         self.bump();
         s.deleted.store(true, Ordering::Release);
         // No file of the old log is touched after this (a stream of the same name may be
@@ -231,9 +267,33 @@ impl Broker {
 
     /// Removes every record of a stream (offsets go on).
     pub fn purge_stream(&self, name: &str) -> Result<Removed, StreamError> {
+        self.purge_stream_as(name, None, false)
+    }
+
+    /// Purges a stream for `caller`, who must be its owner if it has one.
+    pub fn purge_stream_by(
+        &self,
+        name: &str,
+        caller: Option<&str>,
+    ) -> Result<Removed, StreamError> {
+        self.purge_stream_as(name, caller, true)
+    }
+
+    fn purge_stream_as(
+        &self,
+        name: &str,
+        caller: Option<&str>,
+        check: bool,
+    ) -> Result<Removed, StreamError> {
         let s = self
             .stream(name)
             .ok_or_else(|| StreamError::NotFound(name.to_owned()))?;
+        if check {
+            // The stream purged is the one checked (the same `Arc`).
+            super::check_owner(s.config().owner.as_deref(), caller, || {
+                format!("stream {name}")
+            })?;
+        }
         s.log().purge().map_err(|source| StreamError::Log {
             name: name.to_owned(),
             source,
@@ -272,7 +332,17 @@ impl Broker {
             .ok_or_else(|| StreamError::NotFound(config.stream.clone()))?;
         let mut map = s.consumers.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = map.get(&config.name) {
-            return if c.config() == &config {
+            let existing = c.config();
+            if let Some(caller) = &config.owner {
+                super::check_owner(existing.owner.as_deref(), Some(caller), || {
+                    format!("consumer {}/{}", config.stream, config.name)
+                })?;
+            }
+            let same = ConsumerConfig {
+                owner: existing.owner.clone(),
+                ..config.clone()
+            } == *existing;
+            return if same {
                 Ok((c.clone(), false))
             } else {
                 Err(StreamError::Exists(format!(
@@ -300,15 +370,40 @@ impl Broker {
 
     /// Deletes a consumer (its members stop).
     pub fn delete_consumer(&self, stream: &str, name: &str) -> Result<(), StreamError> {
+        self.delete_consumer_as(stream, name, None, false)
+    }
+
+    /// Deletes a durable consumer for `caller`, who must be its owner if it has one
+    /// (checked under the lock of the removal).
+    pub fn delete_consumer_by(
+        &self,
+        stream: &str,
+        name: &str,
+        caller: Option<&str>,
+    ) -> Result<(), StreamError> {
+        self.delete_consumer_as(stream, name, caller, true)
+    }
+
+    fn delete_consumer_as(
+        &self,
+        stream: &str,
+        name: &str,
+        caller: Option<&str>,
+        check: bool,
+    ) -> Result<(), StreamError> {
         let s = self
             .stream(stream)
             .ok_or_else(|| StreamError::NotFound(stream.to_owned()))?;
-        let c = s
-            .consumers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(name)
-            .ok_or_else(|| StreamError::NotFound(format!("{stream}/{name}")))?;
+        let c = {
+            let mut map = s.consumers.lock().unwrap_or_else(|p| p.into_inner());
+            if check && let Some(c) = map.get(name) {
+                super::check_owner(c.config().owner.as_deref(), caller, || {
+                    format!("consumer {stream}/{name}")
+                })?;
+            }
+            map.remove(name)
+                .ok_or_else(|| StreamError::NotFound(format!("{stream}/{name}")))?
+        };
         c.delete();
         Ok(())
     }

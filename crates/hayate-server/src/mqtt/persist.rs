@@ -722,7 +722,7 @@ pub(crate) fn restore(mqtt: &Mqtt, saved: Saved) -> (usize, usize) {
     let retained = saved.retained.len();
     {
         let mut r = locked(&mqtt.retained);
-        let refused = saved.retained.values().filter(|m| !r.set(m)).count();
+        let refused = saved.retained.values().filter(|m| !r.restore(m)).count();
         if refused > 0 {
             tracing::warn!(
                 refused,

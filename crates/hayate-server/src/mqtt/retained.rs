@@ -38,6 +38,16 @@ impl Retained {
     /// when storing it would take the store past its budget: nothing changes then (the
     /// key keeps its earlier retained message, if any).
     pub(crate) fn set(&mut self, msg: &Message) -> bool {
+        self.set_as(msg, false)
+    }
+
+    /// As [`Retained::set`] for a message restored from disk: it exists already, so the
+    /// memory budget takes it whatever it holds (`max_bytes` still applies).
+    pub(crate) fn restore(&mut self, msg: &Message) -> bool {
+        self.set_as(msg, true)
+    }
+
+    fn set_as(&mut self, msg: &Message, forced: bool) -> bool {
         let old = self.map.get(&msg.key).map_or(0, size);
         if msg.payload.is_empty() {
             self.map.remove(&msg.key);
@@ -49,10 +59,13 @@ impl Retained {
         if self.max_bytes > 0 && self.bytes - old + new > self.max_bytes {
             return false;
         }
-        if let Some(c) = &mut self.charge
-            && !c.cover(self.bytes - old + new)
-        {
-            return false;
+        if let Some(c) = &mut self.charge {
+            let need = self.bytes - old + new;
+            if forced {
+                c.force(need);
+            } else if !c.cover(need) {
+                return false;
+            }
         }
         // Kept for long: in allocations of its own, not pinning the read buffer it came in.
         let msg = msg.compact();
@@ -65,7 +78,7 @@ impl Retained {
     /// Charges what is kept to `memory` from now on: a message the budget has no room for
     /// is not kept (as past `max_bytes`).
     pub(crate) fn with_memory(mut self, memory: &Arc<Memory>) -> Retained {
-        let mut c = Charge::new(memory);
+        let mut c = Charge::exact(memory);
         c.force(self.bytes);
         self.charge = Some(c);
         self

@@ -159,6 +159,11 @@ impl Sink for WsWrite {
         }
         Ok(payload)
     }
+
+    fn pending(&self) -> bool {
+        // What the transport under the WebSocket holds back (TLS records, for wss).
+        self.tcp.pending()
+    }
 }
 
 impl WriteHalf for WsWrite {

@@ -193,7 +193,7 @@ impl MqttDeliveries {
             max_queued_bytes,
             held: Arc::new(AtomicUsize::new(0)),
             online: Arc::new(AtomicBool::new(false)),
-            charge: Charge::new(memory),
+            charge: Charge::exact(memory),
             max_inflight,
             incoming: HashSet::new(),
             dropped: 0,
@@ -391,17 +391,18 @@ impl MqttDeliveries {
             self.dropped += 1;
             return;
         }
+        if !sends_now && self.max_queued > 0 && self.tracker.pending_len() >= self.max_queued {
+            self.dropped += 1;
+            return;
+        }
         // Within the broker-wide budget too; a session holding nothing always takes one.
-        if !self.charge.cover(held + size) {
+        let need = self.pooled(held + size);
+        if !self.charge.cover(need) {
             if held > 0 {
                 self.dropped += 1;
                 return;
             }
-            self.charge.force(size);
-        }
-        if !sends_now && self.max_queued > 0 && self.tracker.pending_len() >= self.max_queued {
-            self.dropped += 1;
-            return;
+            self.charge.force(need);
         }
         let qid = self.next_qid;
         self.next_qid += 1;
@@ -519,8 +520,21 @@ impl MqttDeliveries {
         let held = self.tracker.held_bytes();
         self.held.store(held, Ordering::Relaxed);
         // Restored deliveries exist already (forced); freed ones give their share back.
-        self.charge.force(held);
-        self.charge.shrink(held);
+        let need = self.pooled(held);
+        self.charge.force(need);
+        self.charge.shrink(need);
+    }
+
+    /// What `held` bytes of deliveries charge the memory budget: past the outbox's free
+    /// allowance while a connection is attached (a session that keeps up never touches
+    /// the pool), all of them while the session is offline (offline sessions are not
+    /// bounded by the number of connections).
+    fn pooled(&self, held: usize) -> usize {
+        if self.link.is_some() {
+            held.saturating_sub(hayate_broker::FREE_BYTES)
+        } else {
+            held
+        }
     }
 
     fn stage_of(&self, pid: u16) -> Option<(QoS, Stage)> {
@@ -629,9 +643,11 @@ impl MqttDeliveries {
         self.link = None;
         self.online.store(false, Ordering::Relaxed);
         // Held until the client comes back, maybe for long: in allocations of their own,
-        // not pinning the read buffers they arrived in.
+        // not pinning the read buffers they arrived in. All of it now charges the budget
+        // (it exists: forced).
         self.tracker
             .for_each_mut(|f| f.item.msg = f.item.msg.compact());
+        self.sync_held();
     }
 
     /// What the encoder reads for
