@@ -136,7 +136,15 @@ pub struct TlsRead {
     shared: Arc<Shared>,
     tcp: OwnedReadHalf,
     eof: bool,
+    /// Plaintext rustls holds for us, as its last `process_new_packets` said (`None`: not
+    /// known, at the start): what a read asks for, so that only that much of the caller's
+    /// buffer is zeroed first. (Zeroing all of it cost a memset of the whole reserved
+    /// frame per record read: quadratic in a large frame.)
+    avail: Option<usize>,
 }
+
+/// The most plaintext one TLS record carries: what a read asks for when it does not know.
+const MAX_RECORD: usize = 16 * 1024;
 
 impl AsyncRead for TlsRead {
     fn poll_read(
@@ -145,16 +153,30 @@ impl AsyncRead for TlsRead {
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        if out.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
         loop {
             {
                 let mut c = lock(&this.shared.conn);
-                match c.reader().read(out.initialize_unfilled()) {
+                let want = out.remaining().min(this.avail.unwrap_or(MAX_RECORD));
+                let r = if want == 0 {
+                    Err(io::ErrorKind::WouldBlock.into())
+                } else {
+                    c.reader().read(out.initialize_unfilled_to(want))
+                };
+                match r {
                     Ok(n) => {
                         // 0: the peer's close_notify (a clean end).
+                        if let Some(a) = &mut this.avail {
+                            *a = a.saturating_sub(n);
+                        }
                         out.advance(n);
                         return Poll::Ready(Ok(()));
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        this.avail = Some(0);
+                    }
                     // The peer closed without close_notify: an end like TCP's.
                     Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                         return Poll::Ready(Ok(()));
@@ -177,10 +199,19 @@ impl AsyncRead for TlsRead {
                     }
                     Err(e) => return Poll::Ready(Err(e)),
                 }
-                if let Err(e) = c.process_new_packets() {
-                    // Send the alert rustls queued for the peer, then fail.
-                    let _ = flush(&mut c, &this.shared.tcp);
-                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, e)));
+                match c.process_new_packets() {
+                    // After the peer's close_notify, a read gives the clean end (0).
+                    Ok(state)
+                        if state.peer_has_closed() && state.plaintext_bytes_to_read() == 0 =>
+                    {
+                        this.avail = None;
+                    }
+                    Ok(state) => this.avail = Some(state.plaintext_bytes_to_read()),
+                    Err(e) => {
+                        // Send the alert rustls queued for the peer, then fail.
+                        let _ = flush(&mut c, &this.shared.tcp);
+                        return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, e)));
+                    }
                 }
                 // Answers rustls owes the peer (key updates, tickets): best effort here, the
                 // writer pushes the rest.
@@ -202,6 +233,7 @@ fn split(tcp: TcpStream, mut conn: rustls::Connection) -> (Reader, Writer) {
             shared: shared.clone(),
             tcp: r,
             eof: false,
+            avail: None,
         }),
         Arc::new(TlsWrite(shared)),
     )
