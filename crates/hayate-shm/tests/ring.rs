@@ -1,0 +1,132 @@
+//! The ring through its public API: order, loss reports, limits, and hostile regions (a
+//! reader given any bytes gets an error or a message, never a panic or an out-of-bounds
+//! read). The model-checked interleavings are in tests/loom.rs.
+
+#![cfg(not(loom))]
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hayate_shm::{LayoutError, ReadError, Reader, Ring, TooLarge, Writer, region_words};
+use proptest::prelude::*;
+
+fn region(words: usize) -> Vec<AtomicU64> {
+    (0..words).map(|_| AtomicU64::new(0)).collect()
+}
+
+#[test]
+fn readers_get_every_message_in_order_one_copy_for_all() {
+    let mem = region(region_words(8, 100));
+    let ring = Ring::init(&mem, 8, 100).unwrap();
+    let mut w = Writer::new(ring);
+    let mut readers: Vec<Reader<'_>> = (0..3)
+        .map(|_| Reader::new(Ring::attach(&mem).unwrap()))
+        .collect();
+    let mut out = Vec::new();
+    for round in 0..5u8 {
+        for i in 0..6u8 {
+            let p = vec![round ^ i; usize::from(i) * 17];
+            w.publish(&p).unwrap();
+        }
+        for r in &mut readers {
+            for i in 0..6u8 {
+                let n = r.read(&mut out).unwrap().unwrap();
+                assert_eq!(n, u64::from(round) * 6 + u64::from(i));
+                assert_eq!(out, vec![round ^ i; usize::from(i) * 17]);
+            }
+            assert_eq!(r.read(&mut out), Ok(None));
+        }
+    }
+}
+
+#[test]
+fn a_slow_reader_is_told_how_many_it_lost_and_goes_on() {
+    let mem = region(region_words(4, 8));
+    let ring = Ring::init(&mem, 4, 8).unwrap();
+    let mut w = Writer::new(ring);
+    let mut r = Reader::new(ring);
+    let mut out = Vec::new();
+    for i in 0..10u64 {
+        w.publish(&i.to_le_bytes()).unwrap();
+    }
+    assert_eq!(r.read(&mut out), Err(ReadError::Lost(6)));
+    for i in 6..10u64 {
+        assert_eq!(r.read(&mut out), Ok(Some(i)));
+        assert_eq!(out, i.to_le_bytes());
+    }
+    assert_eq!(r.read(&mut out), Ok(None));
+}
+
+#[test]
+fn limits_and_geometry() {
+    let mem = region(region_words(2, 16));
+    let ring = Ring::init(&mem, 2, 16).unwrap();
+    assert_eq!(ring.max_payload(), 16);
+    let mut w = Writer::new(ring);
+    assert_eq!(w.publish(&[0; 17]), Err(TooLarge { len: 17, max: 16 }));
+    assert!(matches!(
+        Ring::init(&mem, 3, 16),
+        Err(LayoutError::Geometry { .. })
+    ));
+    assert!(matches!(
+        Ring::init(&mem, 0, 16),
+        Err(LayoutError::Geometry { .. })
+    ));
+    let small = region(10);
+    assert_eq!(Ring::attach(&small).err(), Some(LayoutError::Magic));
+    // A header claiming more than the region: refused, not read past.
+    mem[1].store(1000 | (1000 << 32), Ordering::Relaxed);
+    assert!(matches!(
+        Ring::attach(&mem),
+        Err(LayoutError::Geometry { .. })
+    ));
+}
+
+#[test]
+fn damage_is_reported_as_corrupt() {
+    let mem = region(region_words(4, 16));
+    let ring = Ring::init(&mem, 4, 16).unwrap();
+    let mut w = Writer::new(ring);
+    let mut r = Reader::new(ring);
+    w.publish(b"hello").unwrap();
+    // A length past the slot.
+    let len_word = hayate_shm::HEADER_WORDS + 1;
+    mem[len_word].store(1 << 40, Ordering::Relaxed);
+    let mut out = Vec::new();
+    assert_eq!(r.read(&mut out), Err(ReadError::Corrupt));
+    // A head that went backwards.
+    let mut r2 = Reader::new(ring);
+    mem[8].store(0, Ordering::Relaxed);
+    assert_eq!(r2.read(&mut out), Err(ReadError::Corrupt));
+}
+
+proptest! {
+    /// Any contents of a region: attaching either fails or gives a geometry within it, and
+    /// reading never panics.
+    #[test]
+    fn hostile_regions_never_crash_a_reader(
+        words in proptest::collection::vec(any::<u64>(), 0..256),
+        magic in any::<bool>(),
+        slots in 0u64..40,
+        slot_words in 0u64..40,
+    ) {
+        let mem: Vec<AtomicU64> = words.iter().map(|&w| AtomicU64::new(w)).collect();
+        if magic && mem.len() > 1 {
+            mem[0].store(hayate_shm::MAGIC, Ordering::Relaxed);
+            mem[1].store(slots | (slot_words << 32), Ordering::Relaxed);
+        }
+        if let Ok(ring) = Ring::attach(&mem) {
+            prop_assert!(hayate_shm::HEADER_WORDS + ring.slots() * (ring.max_payload() / 8 + 2) <= mem.len());
+            let mut r = Reader::new(ring);
+            let mut out = Vec::new();
+            for _ in 0..8 {
+                // Moving the head around as a hostile writer would.
+                let h = words.first().copied().unwrap_or(0);
+                mem[8].store(if h % 2 == 0 { h % 64 } else { h }, Ordering::Relaxed);
+                if let Ok(Some(_)) = r.read(&mut out) {
+                    prop_assert!(out.len() <= ring.max_payload());
+                }
+            }
+        }
+    }
+}
