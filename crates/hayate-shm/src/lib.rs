@@ -2,12 +2,13 @@
 //! peer-to-peer issue (one writer, any number of readers on the same host, one copy of each
 //! message whatever the number of readers).
 //!
-//! This crate is the ring alone, over any region of 64-bit words: the mapping of a memfd,
-//! its announcement over a Unix socket and the transport built on it come next. It is safe
-//! Rust: the region is `&[AtomicU64]`, and every byte of a message is moved by atomic word
-//! loads and stores, so a reader racing the writer (or a hostile process writing the
-//! region) can read torn data but never cause undefined behaviour. Turning a mapping into
-//! `&[AtomicU64]` is the one `unsafe` step, left to the module that maps.
+//! The ring works over any region of 64-bit words; [`segment`] provides the region shared
+//! between processes (a sealed memfd); announcing it over a Unix socket and the transport
+//! built on it come next. The ring is safe Rust: the region is `&[AtomicU64]`, and every
+//! byte of a message is moved by atomic word loads and stores, so a reader racing the
+//! writer (or a hostile process writing the region) can read torn data but never cause
+//! undefined behaviour. Mapping the memfd and viewing it as `&[AtomicU64]` is the crate's
+//! one `unsafe`, confined to [`segment`] with its invariants beside it.
 //!
 //! # Layout (all little-endian 64-bit words)
 //!
@@ -34,6 +35,9 @@
 //! Nothing a reader finds in the region is trusted: the geometry in the header is checked
 //! against the region's size, and a length larger than its slot, or a `seq` or `head` that
 //! cannot be, is [`ReadError::Corrupt`].
+
+#[cfg(not(loom))]
+pub mod segment;
 
 #[cfg(loom)]
 use loom::sync::atomic::{AtomicU64, Ordering, fence};

@@ -1,0 +1,114 @@
+//! The memory a ring lives in: a memfd, sealed against resizing, mapped shared by the writer
+//! and by every reader (each in its own process, given the descriptor over a Unix socket).
+//!
+//! A memfd has no name in any file system: when the last descriptor and mapping go (its
+//! writer and readers exited, however they died), the kernel frees it, so a dead peer never
+//! leaves a segment behind. The seals matter for readers: a writer that could shrink the
+//! file would make a reader's next access past the new end a SIGBUS; so [`Segment::open`]
+//! refuses a descriptor that is not sealed against shrinking, growing and further sealing.
+//!
+//! The one `unsafe` of the crate is here: mapping the file ([`memmap2::MmapOptions::map_mut`]:
+//! the file must not be truncated while mapped, which the seals guarantee) and viewing the
+//! mapping as `&[AtomicU64]` (see [`Segment::words`] for why that is sound).
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::AtomicU64;
+
+use rustix::fs::{MemfdFlags, SealFlags};
+
+/// Largest segment accepted (a reader must not map whatever size a hostile peer claims).
+pub const MAX_SEGMENT_BYTES: u64 = 1 << 34;
+
+/// The seals a segment must carry.
+const SEALS: SealFlags = SealFlags::SHRINK
+    .union(SealFlags::GROW)
+    .union(SealFlags::SEAL);
+
+/// Why a descriptor is not a usable segment.
+#[derive(Debug, thiserror::Error)]
+pub enum SegmentError {
+    /// A system call failed.
+    #[error("shared memory: {0}")]
+    Io(#[from] io::Error),
+    /// The memfd can still be resized (or is not a memfd).
+    #[error("shared memory: the segment is not sealed against resizing")]
+    NotSealed,
+    /// Empty, not a whole number of 64-bit words, or larger than [`MAX_SEGMENT_BYTES`].
+    #[error("shared memory: a segment of {0} bytes is not acceptable")]
+    Size(u64),
+}
+
+/// A mapped segment.
+#[derive(Debug)]
+pub struct Segment {
+    fd: OwnedFd,
+    map: memmap2::MmapMut,
+    words: usize,
+}
+
+impl Segment {
+    /// A new segment of `bytes` bytes (rounded up to whole words), zeroed and sealed.
+    pub fn create(name: &str, bytes: usize) -> Result<Segment, SegmentError> {
+        let bytes = bytes.div_ceil(8) as u64 * 8;
+        if bytes == 0 || bytes > MAX_SEGMENT_BYTES {
+            return Err(SegmentError::Size(bytes));
+        }
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .map_err(io::Error::from)?;
+        rustix::fs::ftruncate(&fd, bytes).map_err(io::Error::from)?;
+        rustix::fs::fcntl_add_seals(&fd, SEALS).map_err(io::Error::from)?;
+        Segment::map(fd)
+    }
+
+    /// Maps a segment another process made (its descriptor, received over a Unix socket),
+    /// after checking its seals and size.
+    pub fn open(fd: OwnedFd) -> Result<Segment, SegmentError> {
+        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|_| SegmentError::NotSealed)?;
+        if !seals.contains(SEALS) {
+            return Err(SegmentError::NotSealed);
+        }
+        Segment::map(fd)
+    }
+
+    fn map(fd: OwnedFd) -> Result<Segment, SegmentError> {
+        let size = rustix::fs::fstat(&fd).map_err(io::Error::from)?.st_size as u64;
+        if size == 0 || !size.is_multiple_of(8) || size > MAX_SEGMENT_BYTES {
+            return Err(SegmentError::Size(size));
+        }
+        let file = File::from(fd.try_clone()?);
+        #[allow(unsafe_code)]
+        // SAFETY: the file cannot shrink while mapped (sealed: checked by `open`, applied by
+        // `create`), so no access within `size` bytes faults. Its contents may change under
+        // us (that is the point), which is why it is only ever read as atomics.
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .len(size as usize)
+                .map_mut(&file)?
+        };
+        Ok(Segment {
+            fd,
+            words: size as usize / 8,
+            map,
+        })
+    }
+
+    /// The segment as words, for [`crate::Ring`].
+    pub fn words(&self) -> &[AtomicU64] {
+        #[allow(unsafe_code)]
+        // SAFETY: the mapping is page-aligned (so aligned for `AtomicU64`, which has the size
+        // and alignment of `u64`), at least `words * 8` bytes long, and lives as long as
+        // `self`. Every access goes through `AtomicU64`, so other threads and processes
+        // writing the same memory at the same time is no data race in this process; what
+        // they write may be nonsense, which the ring's reader checks.
+        unsafe {
+            std::slice::from_raw_parts(self.map.as_ptr().cast::<AtomicU64>(), self.words)
+        }
+    }
+
+    /// The descriptor, to hand to readers.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
