@@ -37,6 +37,8 @@
 //! cannot be, is [`ReadError::Corrupt`].
 
 #[cfg(not(loom))]
+pub mod announce;
+#[cfg(not(loom))]
 pub mod segment;
 
 #[cfg(loom)]

@@ -77,3 +77,29 @@ fn nothing_is_left_behind() {
         .unwrap_or(false);
     assert!(!in_dev_shm);
 }
+
+#[test]
+fn announcements_carry_one_segment_and_refuse_anything_else() {
+    use hayate_shm::announce::{ReceiveError, receive, send};
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    let (a, b) = UnixStream::pair().unwrap();
+    let seg = Segment::create("hayate-test-announce", 4096).unwrap();
+    send(&a, &seg, b"hello").unwrap();
+    let (got, msg) = receive(&b).unwrap();
+    assert_eq!(msg, b"hello");
+    assert_eq!(got.words().len(), 512);
+    // Bytes without a descriptor.
+    (&a).write_all(&[5, 0, b'h', b'e', b'l', b'l', b'o'])
+        .unwrap();
+    assert!(matches!(receive(&b), Err(ReceiveError::Descriptors(0))));
+    // A length prefix that does not match.
+    send(&a, &seg, b"x").unwrap();
+    let (c, d) = UnixStream::pair().unwrap();
+    drop(c);
+    assert!(matches!(receive(&d), Err(ReceiveError::Io(_))));
+    assert!(receive(&b).is_ok());
+    // Empty or oversized messages are not sent.
+    assert!(send(&a, &seg, b"").is_err());
+    assert!(send(&a, &seg, &[0; 5000]).is_err());
+}
