@@ -16,10 +16,12 @@
 //! |---|---|
 //! | 0 | magic `HYTSHM01` |
 //! | 1 | `slots` (low 32 bits), `slot_words` (high 32 bits) |
-//! | 2..8 | zero (the header's cache line) |
+//! | 2 | registrations so far (the tag of the next cursor) |
+//! | 3..8 | zero (the header's cache line) |
 //! | 8 | `head`: the number of messages published |
 //! | 9..16 | zero (`head` alone on its cache line) |
-//! | 16.. | `slots` slots of `slot_words` words: `seq`, `len`, then the payload |
+//! | 16..80 | the cursor table: per registered reader, a 16-bit tag (never 0) and its next message modulo 2^48 (0: free) |
+//! | 80.. | `slots` slots of `slot_words` words: `seq`, `len`, then the payload |
 //!
 //! # Protocol (a sequence lock per slot)
 //!
@@ -48,8 +50,21 @@ use std::sync::atomic::{AtomicU64, Ordering, fence};
 
 /// The first word of a ring ("HYTSHM01").
 pub const MAGIC: u64 = u64::from_le_bytes(*b"HYTSHM01");
+/// Readers that can register a cursor (the reliable mode's readers).
+pub const MAX_READERS: usize = 64;
+/// Where the cursor table starts.
+const CURSORS: usize = 16;
+/// The header word counting registrations (the next cursor's tag).
+const REGISTRATIONS: usize = 2;
+/// A cursor's position bits (the rest is its tag).
+const POS_MASK: u64 = (1 << 48) - 1;
+
+/// A cursor word: `tag` (1..=65535) and position `next` modulo 2^48.
+fn cursor_word(tag: u64, next: u64) -> u64 {
+    (tag << 48) | (next & POS_MASK)
+}
 /// Words before the first slot.
-pub const HEADER_WORDS: usize = 16;
+pub const HEADER_WORDS: usize = CURSORS + MAX_READERS;
 /// Words of a slot before its payload (`seq`, `len`).
 pub const SLOT_HEADER_WORDS: usize = 2;
 
@@ -102,7 +117,7 @@ pub struct Ring<'a> {
 /// The number of words a ring of `slots` slots holding payloads of up to `max_payload` bytes
 /// needs.
 pub fn region_words(slots: usize, max_payload: usize) -> usize {
-    HEADER_WORDS + slots * (SLOT_HEADER_WORDS + max_payload.div_ceil(8))
+    HEADER_WORDS + slots * (SLOT_HEADER_WORDS + max_payload.div_ceil(8).max(1))
 }
 
 impl<'a> Ring<'a> {
@@ -220,6 +235,32 @@ impl<'a> Writer<'a> {
         }
     }
 
+    /// Publishes `payload` unless that would overwrite a message a registered reader has not
+    /// read yet (the reliable mode): `Ok(None)` then, and the caller waits and tries again.
+    /// Unregistered readers are not waited for. A registered reader that stops reading
+    /// holds the writer back until it is evicted ([`Writer::evict`]).
+    pub fn try_publish(&mut self, payload: &[u8]) -> Result<Option<u64>, TooLarge> {
+        let slots = self.ring.slots as u64;
+        for c in &self.ring.words[CURSORS..CURSORS + MAX_READERS] {
+            let v = c.load(Ordering::Acquire);
+            // Unread by that reader: from its position to ours (modulo 2^48: a reader is
+            // never 2^47 messages behind).
+            let unread = self.next.wrapping_sub(v) & POS_MASK;
+            if v != 0 && unread >= slots && unread < 1 << 47 {
+                return Ok(None);
+            }
+        }
+        self.publish(payload).map(Some)
+    }
+
+    /// Frees cursor `index` of the table (a registered reader that died): the writer no
+    /// longer waits for it. Its process, if alive, reads on without a cursor.
+    pub fn evict(&self, index: usize) {
+        if index < MAX_READERS {
+            self.ring.words[CURSORS + index].store(0, Ordering::Release);
+        }
+    }
+
     /// Publishes `payload` as the next message; returns its number. Never waits: a reader
     /// that has not read the message this overwrites loses it.
     pub fn publish(&mut self, payload: &[u8]) -> Result<u64, TooLarge> {
@@ -252,7 +293,14 @@ impl<'a> Writer<'a> {
 pub struct Reader<'a> {
     ring: Ring<'a>,
     next: u64,
+    /// Its entry in the cursor table and its tag, if registered.
+    cursor: Option<(usize, u64)>,
 }
+
+/// Every cursor of the table is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the ring has {MAX_READERS} registered readers already")]
+pub struct NoCursor;
 
 impl<'a> Reader<'a> {
     /// A reader of `ring` starting with the next message published.
@@ -260,7 +308,61 @@ impl<'a> Reader<'a> {
         Reader {
             next: ring.head().min(MAX_MESSAGES),
             ring,
+            cursor: None,
         }
+    }
+
+    /// A reader that the writer's [`Writer::try_publish`] waits for: it takes an entry of
+    /// the cursor table (released when the reader is dropped). It gets every message from
+    /// the first it reads on; messages published while it registers may be reported lost.
+    pub fn register(ring: Ring<'a>) -> Result<Reader<'a>, NoCursor> {
+        let next = ring.head().min(MAX_MESSAGES);
+        let tag = ring.words[REGISTRATIONS].fetch_add(1, Ordering::Relaxed) % 0xffff + 1;
+        for (i, c) in ring.words[CURSORS..CURSORS + MAX_READERS]
+            .iter()
+            .enumerate()
+        {
+            if c.compare_exchange(
+                0,
+                cursor_word(tag, next),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+            {
+                return Ok(Reader {
+                    ring,
+                    next,
+                    cursor: Some((i, tag)),
+                });
+            }
+        }
+        Err(NoCursor)
+    }
+
+    /// Its entry in the cursor table (for the writer's [`Writer::evict`]), if registered.
+    pub fn cursor(&self) -> Option<usize> {
+        self.cursor.map(|(i, _)| i)
+    }
+
+    fn advance(&mut self, next: u64) {
+        if let Some((i, tag)) = self.cursor {
+            // Release: the copies of what it read are done before the writer may reuse
+            // those slots. A compare-exchange: if the writer evicted this reader (and the
+            // entry went to another), it reads on unregistered.
+            let c = &self.ring.words[CURSORS + i];
+            if c.compare_exchange(
+                cursor_word(tag, self.next),
+                cursor_word(tag, next),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_err()
+            {
+                self.cursor = None;
+            }
+        }
+        self.next = next;
     }
 
     /// The number of the next message this reader expects.
@@ -283,7 +385,7 @@ impl<'a> Reader<'a> {
         if head - self.next > slots {
             let oldest = head - slots;
             let lost = oldest - self.next;
-            self.next = oldest;
+            self.advance(oldest);
             return Err(ReadError::Lost(lost));
         }
         let n = self.next;
@@ -318,7 +420,7 @@ impl<'a> Reader<'a> {
         if !fits {
             return Err(ReadError::Corrupt);
         }
-        self.next = n + 1;
+        self.advance(n + 1);
         Ok(Some(n))
     }
 
@@ -326,7 +428,21 @@ impl<'a> Reader<'a> {
     fn lapped(&mut self, n: u64) -> Result<Option<u64>, ReadError> {
         let head = self.ring.head();
         let oldest = head.saturating_sub(self.ring.slots as u64).max(n + 1);
-        self.next = oldest;
+        self.advance(oldest);
         Err(ReadError::Lost(oldest - n))
+    }
+}
+
+impl Drop for Reader<'_> {
+    fn drop(&mut self) {
+        if let Some((i, tag)) = self.cursor {
+            // Only its own entry: after an eviction it may be someone else's.
+            let _ = self.ring.words[CURSORS + i].compare_exchange(
+                cursor_word(tag, self.next),
+                0,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+        }
     }
 }

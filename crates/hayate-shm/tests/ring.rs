@@ -130,3 +130,46 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_reliable_mode_waits_for_registered_readers_only() {
+    use hayate_shm::{MAX_READERS, NoCursor};
+    let mem = region(region_words(4, 8));
+    let ring = Ring::init(&mem, 4, 8).unwrap();
+    let mut w = Writer::new(ring);
+    let mut slow = Reader::register(ring).unwrap();
+    let mut casual = Reader::new(ring);
+    let mut out = Vec::new();
+    for i in 0..4u64 {
+        assert_eq!(w.try_publish(&i.to_le_bytes()), Ok(Some(i)));
+    }
+    // The registered reader has read nothing: a fifth would overwrite message 0.
+    assert_eq!(w.try_publish(b"no"), Ok(None));
+    assert_eq!(slow.read(&mut out), Ok(Some(0)));
+    assert_eq!(w.try_publish(&4u64.to_le_bytes()), Ok(Some(4)));
+    assert_eq!(w.try_publish(b"no"), Ok(None));
+    for i in 1..5u64 {
+        assert_eq!(slow.read(&mut out), Ok(Some(i)));
+        assert_eq!(out, i.to_le_bytes());
+    }
+    // The unregistered reader was not waited for, nor did it lose anything yet.
+    assert_eq!(casual.read(&mut out), Err(ReadError::Lost(1)));
+    // Evicting (a dead reader) and dropping free the cursor.
+    let stuck = Reader::register(ring).unwrap();
+    for i in 5..9u64 {
+        assert_eq!(w.try_publish(&i.to_le_bytes()), Ok(Some(i)));
+    }
+    assert_eq!(w.try_publish(b"no"), Ok(None));
+    w.evict(stuck.cursor().unwrap());
+    drop(slow);
+    assert_eq!(w.try_publish(&9u64.to_le_bytes()), Ok(Some(9)));
+    // The table is bounded; the evicted reader's drop leaves its old entry's new owner be.
+    let all: Vec<_> = (0..MAX_READERS)
+        .map(|_| Reader::register(ring).unwrap())
+        .collect();
+    assert_eq!(Reader::register(ring).err(), Some(NoCursor));
+    drop(stuck);
+    assert_eq!(Reader::register(ring).err(), Some(NoCursor));
+    drop(all);
+    assert!(Reader::register(ring).is_ok());
+}
