@@ -18,13 +18,7 @@ tmp="$(mktemp -d)"
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
 
-cd "$tmp"
-openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj "/CN=bench CA" 2>/dev/null
-echo "subjectAltName=IP:127.0.0.1" >san.cnf
-openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj "/CN=127.0.0.1" 2>/dev/null
-openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2 \
-    -extfile san.cnf 2>/dev/null
-cd "$ROOT"
+"$ROOT/bench/tls-certs.sh" "$tmp"
 
 "$HAYATE" broker --listen 127.0.0.1:0 --native-tls 127.0.0.1:0 --mqtt 127.0.0.1:0 --mqtt-tls 127.0.0.1:0 \
     --ws off --stomp off --data "" --tls-cert "$tmp/server.pem" --tls-key "$tmp/server.key" \

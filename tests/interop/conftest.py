@@ -90,6 +90,36 @@ def wait_port(host: str, port: int, proc: subprocess.Popen, timeout: float, log:
     raise RuntimeError(f"broker did not accept on {host}:{port} within {timeout}s:\n{tail(log)}")
 
 
+BROKER_LINE = re.compile(r"hayate broker: (.+?) on (\S+)")
+
+
+def start_hayate(binary: Path, config: Path, log: Path) -> tuple[subprocess.Popen, dict[str, int]]:
+    """`binary broker --config config`, its output in `log`; waits for "ready" (15 s) and
+    returns the process and each listener's port by the name it logs (e.g. "mqtt over tls")."""
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([str(binary), "broker", "--config", str(config)], stdout=f,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 15
+    while True:
+        text = log.read_text(errors="replace")
+        if "ready" in text:
+            return proc, {w: int(a.rsplit(":", 1)[1]) for w, a in BROKER_LINE.findall(text)}
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"hayate did not start:\n{tail(log)}")
+        time.sleep(0.02)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 15) -> None:
+    """SIGINT, then SIGKILL after `timeout` seconds."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def tail(path: Path, n: int = 40) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])

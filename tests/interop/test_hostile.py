@@ -9,8 +9,6 @@ resident memory stays under a bound while it all happens."""
 from __future__ import annotations
 
 import os
-import re
-import signal
 import socket
 import ssl
 import subprocess
@@ -23,12 +21,11 @@ import pytest
 import stomp
 from paho.mqtt.enums import CallbackAPIVersion
 
-from conftest import KIND, REPO, tail
+from conftest import KIND, REPO, start_hayate, stop_process, tail
 
 pytestmark = pytest.mark.skipif(KIND != "hayate", reason="Hayate's listeners and limits")
 
 HAYATE = Path(os.environ.get("HAYATE_BIN", REPO / "target/debug/hayate"))
-LINE = re.compile(r"hayate broker: (.+?) on (\S+)")
 HANDSHAKE_MS = 2000
 PER_KIND = 15          # hostile connections of each kind per listener
 BUDGET_MB = 256        # limits.memory_budget
@@ -75,27 +72,9 @@ handshake_timeout_ms = {HANDSHAKE_MS}
 memory_budget = {BUDGET_MB * 1024 * 1024}
 """)
     log = d / "broker.log"
-    with open(log, "wb") as f:
-        proc = subprocess.Popen([str(HAYATE), "broker", "--config", str(cfg)], stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
-    ports = {}
-    deadline = time.monotonic() + 15
-    while True:
-        text = log.read_text(errors="replace")
-        if "ready" in text:
-            ports = {w: int(a.rsplit(":", 1)[1]) for w, a in LINE.findall(text)}
-            break
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"hayate did not start:\n{tail(log)}")
-        time.sleep(0.02)
+    proc, ports = start_hayate(HAYATE, cfg, log)
     yield proc, ports, d
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_process(proc, 10)
 
 
 def hostile_payloads(kind: str) -> dict[str, bytes]:

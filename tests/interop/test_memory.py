@@ -17,11 +17,8 @@ connection buffers, allocator slack). The figures are printed for the record."""
 from __future__ import annotations
 
 import os
-import re
-import signal
 import socket
 import struct
-import subprocess
 import threading
 import time
 import uuid
@@ -32,12 +29,11 @@ import pytest
 import stomp
 from paho.mqtt.enums import CallbackAPIVersion
 
-from conftest import KIND, REPO, tail
+from conftest import KIND, REPO, start_hayate, stop_process, tail
 
 pytestmark = pytest.mark.skipif(KIND != "hayate", reason="Hayate's memory budget")
 
 HAYATE = Path(os.environ.get("HAYATE_BIN", REPO / "target/debug/hayate"))
-LINE = re.compile(r"hayate broker: (.+?) on (\S+)")
 MIB = 1024 * 1024
 BUDGET_MB = int(os.environ.get("MEMORY_TEST_BUDGET_MB", "96"))
 # What the budget does not count: the process (code, runtime, a debug build's larger frames),
@@ -71,26 +67,9 @@ max_block_ms = 1000
 handshake_timeout_ms = 3000
 """)
     log = tmp_path / "broker.log"
-    with open(log, "wb") as f:
-        proc = subprocess.Popen([str(HAYATE), "broker", "--config", str(cfg)], stdout=f,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 15
-    while True:
-        text = log.read_text(errors="replace")
-        if "ready" in text:
-            ports = {w: int(a.rsplit(":", 1)[1]) for w, a in LINE.findall(text)}
-            break
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"hayate did not start:\n{tail(log)}")
-        time.sleep(0.02)
+    proc, ports = start_hayate(HAYATE, cfg, log)
     yield proc, ports, log
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_process(proc)
 
 
 def port_of(ports: dict, word: str) -> int:

@@ -10,8 +10,6 @@ Test certificates are made with the openssl command line: a CA, a server certifi
 from __future__ import annotations
 
 import os
-import re
-import signal
 import ssl
 import subprocess
 import threading
@@ -24,12 +22,11 @@ import stomp
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 
-from conftest import KIND, REPO, tail
+from conftest import KIND, REPO, start_hayate, stop_process, tail
 
 pytestmark = pytest.mark.skipif(KIND != "hayate", reason="Hayate's own security settings")
 
 HAYATE = Path(os.environ.get("HAYATE_BIN", REPO / "target/debug/hayate"))
-LINE = re.compile(r"hayate broker: (.+?) on (\S+)")
 
 
 def openssl(*args, cwd):
@@ -96,29 +93,10 @@ deny_subscribe = ["secret/**"]
         cfg += extra
         (tmp / "hayate.toml").write_text(cfg)
         self.log = tmp / "broker.log"
-        with open(self.log, "wb") as logf:
-            self.proc = subprocess.Popen([str(HAYATE), "broker", "--config", str(tmp / "hayate.toml")],
-                                         stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        self.ports: dict[str, int] = {}
-        deadline = time.monotonic() + 15
-        while True:
-            text = self.log.read_text(errors="replace")
-            if "ready" in text:
-                for what, addr in LINE.findall(text):
-                    self.ports[what] = int(addr.rsplit(":", 1)[1])
-                break
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"hayate did not start:\n{tail(self.log)}")
-            time.sleep(0.02)
+        self.proc, self.ports = start_hayate(HAYATE, tmp / "hayate.toml", self.log)
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 10)
 
 
 @pytest.fixture
