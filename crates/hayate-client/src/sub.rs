@@ -8,7 +8,11 @@ use std::task::{Context, Poll};
 use hayate_core::Message;
 use tokio::sync::mpsc;
 
-use crate::conn::Inner;
+/// Whoever delivers into a subscription and must hear when it is dropped: a broker
+/// connection, or a peer [`Node`](crate::peer::Node).
+pub(crate) trait Unsubscribe: Send + Sync + std::fmt::Debug {
+    fn unsubscribe(&self, sid: u32);
+}
 
 /// A stream of the messages delivered to one subscription. Dropping it unsubscribes.
 #[derive(Debug)]
@@ -17,7 +21,7 @@ pub struct Subscription {
     pub(crate) rx: mpsc::Receiver<Vec<Message>>,
     pub(crate) ready: std::vec::IntoIter<Message>,
     pub(crate) lost: Arc<AtomicU64>,
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) owner: Arc<dyn Unsubscribe>,
 }
 
 impl Subscription {
@@ -31,8 +35,8 @@ impl Subscription {
         self.ready.next()
     }
 
-    /// Messages the broker dropped for this subscription (a `drop` subscription whose
-    /// outbox was full), as reported so far.
+    /// Messages dropped for this subscription (a `drop` subscription whose outbox was full
+    /// at the broker, or whose queue was full at a peer node), as reported so far.
     pub fn lost(&self) -> u64 {
         self.lost.load(Ordering::Relaxed)
     }
@@ -63,6 +67,6 @@ impl futures::Stream for Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.inner.unsubscribe(self.sid);
+        self.owner.unsubscribe(self.sid);
     }
 }

@@ -244,6 +244,12 @@ pub(crate) async fn connect(addr: &str, options: ConnectOptions) -> Result<Arc<I
     Ok(inner)
 }
 
+impl crate::sub::Unsubscribe for Inner {
+    fn unsubscribe(&self, sid: u32) {
+        Inner::unsubscribe(self, sid);
+    }
+}
+
 impl Inner {
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
@@ -403,7 +409,7 @@ impl Inner {
                 rx,
                 ready: Vec::new().into_iter(),
                 lost,
-                inner: self.clone(),
+                owner: self.clone(),
             },
         ))
     }
@@ -456,6 +462,32 @@ impl Inner {
     pub(crate) fn unsubscribe(&self, sid: u32) {
         if lock(&self.subs).remove(&sid).is_some() {
             let _ = self.queue_frame(|t| encode(&Frame::Unsub { sid }, t));
+        }
+    }
+
+    /// Queues `msg` without waiting for room (small control messages: a peer node's
+    /// interest announcements, which must go out in order under the node's lock).
+    pub(crate) fn publish_now(&self, msg: &Message) -> Result<()> {
+        self.check_size(msg.payload.len())?;
+        check_options(msg).map_err(|e| Error::InvalidMessage(e.into()))?;
+        self.queue_frame(|t| encode_pub(msg, t))
+    }
+
+    /// Whether the outgoing buffer is under its limit (a publish would not wait).
+    pub(crate) fn has_room(&self) -> bool {
+        lock(&self.out).len() < self.options.write_buffer
+    }
+
+    /// Resolves once the connection has ended.
+    pub(crate) async fn closed(&self) {
+        loop {
+            let n = self.closed_notify.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if self.is_closed() {
+                return;
+            }
+            n.await;
         }
     }
 

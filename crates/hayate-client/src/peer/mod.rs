@@ -45,6 +45,9 @@ use tokio::task::JoinHandle;
 use crate::{Error, Result};
 
 mod conn;
+pub mod node;
+
+pub use node::{Node, NodeOptions, NodeStats, ScoutOptions};
 
 use conn::{LINGER, serve_conn};
 

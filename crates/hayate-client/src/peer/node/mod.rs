@@ -1,0 +1,1025 @@
+//! Peer mode for pub/sub: a [`Node`] publishes straight to the nodes whose subscriptions
+//! match, with no broker (docs/peer.md; wire in docs/protocol.md, "Peer mode").
+//!
+//! # How it works
+//! - Every node listens (native protocol, server side: [`server`]) and keeps one outgoing
+//!   *link* to every node it knows: an ordinary [`Client`] connection to that node's
+//!   listener. A link carries, one way, the dialling node's publications for the other node
+//!   and its interest announcements ([`interest`]): so between two nodes there are two TCP
+//!   connections, each written by one side. A node that is dialled by a node it has no link
+//!   to dials back (the HELLO names the dialler's id and listening address).
+//! - Each node keeps the interest every other node announced, with its own subscriptions,
+//!   in one table; a publication is matched against it once per key (a route, cached until
+//!   the table changes) and sent once to each node with a matching subscription (that node
+//!   hands it to each of its matching subscriptions), and handed to local subscriptions
+//!   directly.
+//! - Queue groups span nodes: the publishing node picks one member among all nodes' members
+//!   (round robin) and names it in the message ([`TO_HEADER`]); a node delivers a message to
+//!   its queue-group members only when named (or, for a message from a plain client, to one
+//!   of its own members, round robin).
+//! - Request/reply: [`Node::request`] publishes with a reply-to key under the node's inbox
+//!   (`_inbox/peer-<id>/<token>`), a subscription every node announces; [`Node::reply`]
+//!   publishes the answer like any message.
+//! - Reliability per subscription, as with a broker: `block` (the default) holds the
+//!   publisher (locally: the publishing task waits for room in the subscription's queue;
+//!   across nodes: the receiving node stops reading the link, TCP pushes back, the link's
+//!   write buffer fills and the publisher waits) up to [`NodeOptions::max_block`], after
+//!   which the subscription is ended as a slow consumer; `drop` loses what does not fit
+//!   and counts it ([`Subscription::lost`]).
+//! - Discovery ([`NodeOptions`]): a static list of addresses (redialled while
+//!   unreachable), UDP multicast scouting ([`scout`]), and a broker used as a rendezvous,
+//!   all at once; a scouting socket that cannot be opened is a warning.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hayate_core::qos::Congestion;
+use hayate_core::{Key, KeyExpr, Message, Qos};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::sub::{Subscription, Unsubscribe};
+use crate::{Client, ConnectOptions, Error, Result, SubscribeOptions};
+
+pub(crate) mod interest;
+mod rendezvous;
+pub mod scout;
+mod server;
+
+pub use interest::INTEREST_KEY;
+use interest::Interest;
+pub use scout::ScoutOptions;
+
+/// The header a publishing node adds to name the queue-group members (on the receiving
+/// node) a message is for: one header per member, its value the member's subscription id
+/// (u32, big-endian) followed by the group's name. Removed before delivery.
+pub const TO_HEADER: &str = "hayate-peer-to";
+
+/// HELLO names and WELCOME server names of nodes start with this.
+const NODE_PREFIX: &str = "hayate-peer/1 ";
+
+/// The subscription id of a node's reply inbox.
+const INBOX_SID: u32 = u32::MAX;
+
+/// Routes cached per node, at most (the cache is cleared past it).
+const ROUTE_CACHE: usize = 4096;
+
+/// Settings of a [`Node`].
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// Where the node listens for other nodes (`HOST:PORT`; port 0 picks one).
+    pub listen: String,
+    /// The address other nodes should dial (`HOST:PORT`); by default the listening address.
+    /// An unspecified host (`0.0.0.0`) is replaced, by whoever receives it, with the address
+    /// the announcement came from.
+    pub advertise: Option<String>,
+    /// Nodes to link to, dialled at start and redialled (every [`NodeOptions::redial`])
+    /// while unreachable or after their link breaks.
+    pub peers: Vec<String>,
+    /// UDP multicast scouting (`None`: off).
+    pub scout: Option<ScoutOptions>,
+    /// A broker (`HOST:PORT`) used as a rendezvous: nodes announce themselves there and dial
+    /// whoever else does.
+    pub rendezvous: Option<String>,
+    /// Options of the links this node dials (write buffer: how much a publisher may get
+    /// ahead of a slow link before it waits).
+    pub link: ConnectOptions,
+    /// Batches of messages a subscription queues before its publishers wait (`block`) or
+    /// its messages are dropped (`drop`). A batch is what one read of a link brought for
+    /// the subscription, or one message published on this node (default 256).
+    pub subscription_capacity: usize,
+    /// The largest payload this node accepts from others (and announces).
+    pub max_payload: u64,
+    /// How long a new incoming connection may take to send HELLO.
+    pub handshake_timeout: Duration,
+    /// How long a `block` subscription may hold its publishers before it is ended as a slow
+    /// consumer.
+    pub max_block: Duration,
+    /// Pause between attempts to dial an unreachable static peer.
+    pub redial: Duration,
+    /// How long [`Node::subscribe`] waits for each linked node to confirm the interest.
+    pub confirm_timeout: Duration,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        NodeOptions {
+            listen: "127.0.0.1:0".into(),
+            advertise: None,
+            peers: Vec::new(),
+            scout: None,
+            rendezvous: None,
+            link: ConnectOptions {
+                connect_timeout: Duration::from_secs(5),
+                ..ConnectOptions::default()
+            },
+            subscription_capacity: 256,
+            max_payload: 64 * 1024 * 1024,
+            handshake_timeout: Duration::from_secs(10),
+            max_block: Duration::from_secs(10),
+            redial: Duration::from_secs(1),
+            confirm_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Counters of a node.
+#[derive(Debug, Default)]
+pub struct NodeStats {
+    /// Messages not sent to a node because its link was full and all its matching
+    /// subscriptions are `drop`.
+    pub dropped_on_links: AtomicU64,
+    /// Subscriptions ended because they held their publishers past `max_block`.
+    pub slow_consumers: AtomicU64,
+    /// Queue-group deliveries whose named member had gone and that no other local member of
+    /// its group could take.
+    pub unroutable: AtomicU64,
+}
+
+/// Where a local delivery goes.
+#[derive(Debug, Clone)]
+enum Sink {
+    Sub {
+        tx: mpsc::Sender<Vec<Message>>,
+        lost: Arc<AtomicU64>,
+        drop: bool,
+    },
+    /// The node's reply inbox: completes a waiting request.
+    Inbox,
+}
+
+#[derive(Debug, Clone)]
+struct LocalTarget {
+    sid: u32,
+    sink: Sink,
+}
+
+#[derive(Debug)]
+struct Local {
+    sid: u32,
+    expr: KeyExpr,
+    qos: Qos,
+    group: Option<Arc<str>>,
+    target: LocalTarget,
+}
+
+/// A subscription another node announced.
+#[derive(Debug)]
+struct Remote {
+    expr: KeyExpr,
+    group: Option<Arc<str>>,
+    drop: bool,
+}
+
+/// One incoming connection from another node: who, and what it announced.
+#[derive(Debug)]
+struct Inbound {
+    peer: u64,
+    interest: HashMap<u32, Remote>,
+}
+
+#[derive(Debug, Clone)]
+struct Link {
+    client: Client,
+    addr: String,
+}
+
+#[derive(Debug, Clone)]
+enum Member {
+    Local(LocalTarget),
+    Remote {
+        peer: u64,
+        link: Client,
+        sid: u32,
+        drop: bool,
+    },
+}
+
+#[derive(Debug)]
+struct GroupRoute {
+    name: Arc<str>,
+    members: Vec<Member>,
+}
+
+#[derive(Debug)]
+struct RemoteRoute {
+    peer: u64,
+    link: Client,
+    /// Every matching subscription of that node is `drop`.
+    drop: bool,
+}
+
+/// Queue-group members chosen on one node: the node, its link, whether all are `drop`, and
+/// the members (subscription id, group).
+type Named = (u64, Client, bool, Vec<(u32, Arc<str>)>);
+
+/// Where messages on one key go.
+#[derive(Debug, Default)]
+struct Route {
+    locals: Vec<LocalTarget>,
+    remotes: Vec<RemoteRoute>,
+    groups: Vec<GroupRoute>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    locals: Vec<Local>,
+    inbound: HashMap<u64, Inbound>,
+    links: HashMap<u64, Link>,
+    /// Addresses being dialled.
+    dialing: HashSet<String>,
+    cache: HashMap<Key, Arc<Route>>,
+    stopped: bool,
+}
+
+impl State {
+    fn changed(&mut self) {
+        self.cache.clear();
+    }
+
+    fn route(&mut self, key: &Key) -> Arc<Route> {
+        if let Some(r) = self.cache.get(key) {
+            return r.clone();
+        }
+        let mut r = Route::default();
+        let group = |r: &mut Route, name: &Arc<str>, m: Member| match r
+            .groups
+            .iter_mut()
+            .find(|g| g.name == *name)
+        {
+            Some(g) => g.members.push(m),
+            None => r.groups.push(GroupRoute {
+                name: name.clone(),
+                members: vec![m],
+            }),
+        };
+        for l in &self.locals {
+            if !l.expr.matches(key) {
+                continue;
+            }
+            match &l.group {
+                None => r.locals.push(l.target.clone()),
+                Some(g) => group(&mut r, g, Member::Local(l.target.clone())),
+            }
+        }
+        // Each node once, even if it announced on two connections (a redial racing the old
+        // link's end).
+        let mut seen: HashMap<(u64, u32), ()> = HashMap::new();
+        for inb in self.inbound.values() {
+            let Some(link) = self.links.get(&inb.peer) else {
+                continue; // not linked yet: its interest waits for the link
+            };
+            for (sid, rem) in &inb.interest {
+                if !rem.expr.matches(key) || seen.insert((inb.peer, *sid), ()).is_some() {
+                    continue;
+                }
+                match &rem.group {
+                    None => match r.remotes.iter_mut().find(|x| x.peer == inb.peer) {
+                        Some(x) => x.drop &= rem.drop,
+                        None => r.remotes.push(RemoteRoute {
+                            peer: inb.peer,
+                            link: link.client.clone(),
+                            drop: rem.drop,
+                        }),
+                    },
+                    Some(g) => group(
+                        &mut r,
+                        g,
+                        Member::Remote {
+                            peer: inb.peer,
+                            link: link.client.clone(),
+                            sid: *sid,
+                            drop: rem.drop,
+                        },
+                    ),
+                }
+            }
+        }
+        let r = Arc::new(r);
+        if self.cache.len() >= ROUTE_CACHE {
+            self.cache.clear();
+        }
+        self.cache.insert(key.compact(), r.clone());
+        r
+    }
+}
+
+/// Shared state of a node.
+#[derive(Debug)]
+pub(crate) struct NodeInner {
+    id: u64,
+    /// `HOST:PORT` other nodes dial.
+    advertise: String,
+    local_addr: SocketAddr,
+    options: NodeOptions,
+    state: Mutex<State>,
+    next_sid: AtomicU32,
+    next_token: AtomicU64,
+    next_conn: AtomicU64,
+    rr: AtomicUsize,
+    requests: Mutex<HashMap<u64, oneshot::Sender<Message>>>,
+    inbox: String,
+    stop: watch::Sender<bool>,
+    stopping: AtomicBool,
+    stats: NodeStats,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Stops the node when the last [`Node`] handle goes.
+#[derive(Debug)]
+struct StopGuard(Arc<NodeInner>);
+
+impl Drop for StopGuard {
+    fn drop(&mut self) {
+        self.0.shutdown();
+    }
+}
+
+/// A peer-to-peer pub/sub node (see the [module](self) documentation). Cloning gives another
+/// handle; the node stops when the last handle is dropped or [`Node::close`] is called.
+#[derive(Debug, Clone)]
+pub struct Node {
+    inner: Arc<NodeInner>,
+    _guard: Arc<StopGuard>,
+}
+
+fn random_id() -> u64 {
+    let mut b = [0u8; 8];
+    if getrandom::fill(&mut b).is_err() {
+        // No entropy source: time and pid still tell nodes of one run apart.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        b = (t ^ (u64::from(std::process::id()) << 32)).to_be_bytes();
+    }
+    u64::from_be_bytes(b).max(1)
+}
+
+/// Parses a node's HELLO name: its id and advertised address.
+fn parse_hello_name(name: &str) -> Option<(u64, String)> {
+    let rest = name.strip_prefix(NODE_PREFIX)?;
+    let (id, addr) = rest.split_once(' ')?;
+    Some((u64::from_str_radix(id, 16).ok()?, addr.to_string()))
+}
+
+/// `addr` with an unspecified host replaced by `seen` (the address it came from).
+pub(crate) fn resolve_advertised(addr: &str, seen: std::net::IpAddr) -> Option<String> {
+    let a: SocketAddr = addr.parse().ok()?;
+    if a.ip().is_unspecified() {
+        Some(SocketAddr::new(seen, a.port()).to_string())
+    } else {
+        Some(a.to_string())
+    }
+}
+
+impl Node {
+    /// Starts a node with `options`: binds the listener, then dials the static peers and
+    /// starts scouting and the rendezvous in the background.
+    pub async fn start(options: NodeOptions) -> Result<Node> {
+        if options.max_payload == 0 || options.max_payload > u64::from(u32::MAX) {
+            return Err(Error::Protocol(
+                "max_payload must be between 1 and 4 GiB".into(),
+            ));
+        }
+        let listener = TcpListener::bind(&options.listen).await?;
+        let local_addr = listener.local_addr()?;
+        let advertise = match &options.advertise {
+            Some(a) => a
+                .parse::<SocketAddr>()
+                .map_err(|e| Error::Protocol(format!("advertise {a:?}: {e}")))?
+                .to_string(),
+            None => local_addr.to_string(),
+        };
+        let id = random_id();
+        let (stop, stop_rx) = watch::channel(false);
+        let inbox = format!("{}/peer-{id:016x}", hayate_core::INBOX_PREFIX);
+        let inner = Arc::new(NodeInner {
+            id,
+            advertise,
+            local_addr,
+            state: Mutex::new(State::default()),
+            next_sid: AtomicU32::new(1),
+            next_token: AtomicU64::new(1),
+            next_conn: AtomicU64::new(1),
+            rr: AtomicUsize::new(0),
+            requests: Mutex::new(HashMap::new()),
+            inbox: inbox.clone(),
+            stop,
+            stopping: AtomicBool::new(false),
+            stats: NodeStats::default(),
+            options,
+        });
+        lock(&inner.state).locals.push(Local {
+            sid: INBOX_SID,
+            expr: KeyExpr::new(&format!("{inbox}/*"))?,
+            qos: Qos::RELIABLE,
+            group: None,
+            target: LocalTarget {
+                sid: INBOX_SID,
+                sink: Sink::Inbox,
+            },
+        });
+        tokio::spawn(server::accept_loop(listener, inner.clone(), stop_rx));
+        for addr in inner.options.peers.clone() {
+            tokio::spawn(inner.clone().keep_linked(addr));
+        }
+        if let Some(s) = inner.options.scout.clone() {
+            scout::start(inner.clone(), s);
+        }
+        if let Some(b) = inner.options.rendezvous.clone() {
+            tokio::spawn(rendezvous::run(inner.clone(), b));
+        }
+        Ok(Node {
+            _guard: Arc::new(StopGuard(inner.clone())),
+            inner,
+        })
+    }
+
+    /// Starts a node listening on `listen` and linking to `peers`, other settings default.
+    pub async fn bind(listen: &str, peers: &[&str]) -> Result<Node> {
+        Node::start(NodeOptions {
+            listen: listen.to_string(),
+            peers: peers.iter().map(|p| p.to_string()).collect(),
+            ..NodeOptions::default()
+        })
+        .await
+    }
+
+    /// This node's id (random, 64 bits).
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.local_addr
+    }
+
+    /// The ids of the nodes this node has a link to.
+    pub fn peers(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = lock(&self.inner.state).links.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Waits until this node has links to at least `n` nodes, and they to it (each has
+    /// announced its interest here), or `timeout` passes (`Error::Timeout`).
+    pub async fn wait_peers(&self, n: usize, timeout: Duration) -> Result<()> {
+        let until = tokio::time::Instant::now() + timeout;
+        loop {
+            {
+                let st = lock(&self.inner.state);
+                let both = st
+                    .links
+                    .keys()
+                    .filter(|p| st.inbound.values().any(|i| i.peer == **p))
+                    .count();
+                if both >= n {
+                    return Ok(());
+                }
+            }
+            if tokio::time::Instant::now() >= until {
+                return Err(Error::Timeout);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &NodeStats {
+        &self.inner.stats
+    }
+
+    /// Dials `addr` now (besides the static list and discovery).
+    pub async fn link(&self, addr: &str) -> Result<()> {
+        self.inner.clone().dial(addr.to_string()).await.map(|_| ())
+    }
+
+    /// Publishes `payload` on `key` to every matching subscription, local or on another
+    /// node. Waits while a `block` subscriber's queue or a link's write buffer is full.
+    pub async fn publish(&self, key: &Key, payload: impl Into<Bytes>) -> Result<()> {
+        self.inner
+            .publish(Message::new(key.clone(), payload.into()))
+            .await
+    }
+
+    /// Publishes a message with its metadata (reply-to, correlation id, headers).
+    pub async fn publish_message(&self, msg: &Message) -> Result<()> {
+        self.inner.publish(msg.clone()).await
+    }
+
+    /// Subscribes to a key expression (fan-out, reliable back-pressure).
+    pub async fn subscribe(&self, expr: &str) -> Result<Subscription> {
+        self.subscribe_with(expr, SubscribeOptions::default()).await
+    }
+
+    /// Joins queue group `group` on `expr`: each message goes to one member, on whichever
+    /// node.
+    pub async fn queue_subscribe(&self, expr: &str, group: &str) -> Result<Subscription> {
+        self.subscribe_with(
+            expr,
+            SubscribeOptions {
+                group: Some(group.to_string()),
+                qos: Qos::default(),
+            },
+        )
+        .await
+    }
+
+    /// Subscribes with explicit options. Acknowledged subscriptions need a broker (refused
+    /// here). Returns once every linked node has the interest (or
+    /// [`NodeOptions::confirm_timeout`] passed for the slow ones).
+    pub async fn subscribe_with(
+        &self,
+        expr: &str,
+        options: SubscribeOptions,
+    ) -> Result<Subscription> {
+        let expr = KeyExpr::new(expr)?;
+        if options.qos.ack {
+            return Err(Error::Protocol(
+                "acknowledged subscriptions need a broker; peer mode has none".into(),
+            ));
+        }
+        if let Some(g) = &options.group
+            && (g.is_empty() || g.len() > usize::from(u16::MAX))
+        {
+            return Err(Error::Protocol(
+                "a queue group name must be 1..=65535 bytes".into(),
+            ));
+        }
+        if expr.as_str().len() > usize::from(u16::MAX) {
+            return Err(Error::Protocol("key expression over 65535 bytes".into()));
+        }
+        self.inner.subscribe(expr, options).await
+    }
+
+    /// Sends a request and waits up to `timeout` for its reply.
+    pub async fn request(
+        &self,
+        key: &Key,
+        payload: impl Into<Bytes>,
+        timeout: Duration,
+    ) -> Result<Message> {
+        self.inner
+            .request(Message::new(key.clone(), payload.into()), timeout)
+            .await
+    }
+
+    /// Sends `msg` as a request (its reply-to and correlation id replaced) and waits up to
+    /// `timeout` for the reply.
+    pub async fn request_message(&self, msg: Message, timeout: Duration) -> Result<Message> {
+        self.inner.request(msg, timeout).await
+    }
+
+    /// Answers `request` by publishing `payload` to its reply-to key.
+    pub async fn reply(&self, request: &Message, payload: impl Into<Bytes>) -> Result<()> {
+        let m = request.reply(payload).ok_or(Error::NoReplyTo)?;
+        self.inner.publish(m).await
+    }
+
+    /// Waits until every linked node has handled everything this node sent it before the
+    /// call (a round trip on each link).
+    pub async fn flush(&self) -> Result<()> {
+        let links: Vec<Client> = lock(&self.inner.state)
+            .links
+            .values()
+            .map(|l| l.client.clone())
+            .collect();
+        for l in links {
+            // A link that broke meanwhile is not an error of this node's.
+            let _ = l.flush().await;
+        }
+        Ok(())
+    }
+
+    /// Stops the node: no more accepting, links closed (what they buffered is sent first),
+    /// subscriptions ended.
+    pub async fn close(&self) {
+        let links: Vec<Client> = lock(&self.inner.state)
+            .links
+            .values()
+            .map(|l| l.client.clone())
+            .collect();
+        for l in &links {
+            let _ = tokio::time::timeout(Duration::from_secs(5), l.close()).await;
+        }
+        self.inner.shutdown();
+    }
+}
+
+impl NodeInner {
+    fn shutdown(&self) {
+        if self.stopping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let _ = self.stop.send(true);
+        let mut st = lock(&self.state);
+        st.stopped = true;
+        // Subscriptions end once what they hold is read.
+        st.locals.retain(|l| l.sid == INBOX_SID);
+        st.links.clear();
+        st.inbound.clear();
+        st.changed();
+        lock(&self.requests).clear();
+    }
+
+    fn is_stopped(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
+    fn hello_name(&self) -> String {
+        format!("{NODE_PREFIX}{:016x} {}", self.id, self.advertise)
+    }
+
+    fn welcome_name(&self) -> String {
+        format!("{NODE_PREFIX}{:016x}", self.id)
+    }
+
+    /// Dials `addr`; `Ok(Some(id))` once linked (or already linked) to node `id`, `Ok(None)`
+    /// when `addr` is this node.
+    async fn dial(self: Arc<Self>, addr: String) -> Result<Option<u64>> {
+        if self.is_stopped() {
+            return Err(Error::Closed);
+        }
+        if !lock(&self.state).dialing.insert(addr.clone()) {
+            return Ok(None); // someone is at it
+        }
+        let r = self.clone().dial_inner(&addr).await;
+        lock(&self.state).dialing.remove(&addr);
+        if let Err(e) = &r {
+            tracing::debug!(node = %format_args!("{:016x}", self.id), %addr, "peer: dial failed: {e}");
+        }
+        r
+    }
+
+    async fn dial_inner(self: Arc<Self>, addr: &str) -> Result<Option<u64>> {
+        let mut options = self.options.link.clone();
+        options.name = self.hello_name();
+        let client = Client::connect_with(addr, options).await?;
+        let Some(rid) = client
+            .server_name()
+            .strip_prefix(NODE_PREFIX)
+            .and_then(|id| u64::from_str_radix(id, 16).ok())
+        else {
+            let _ = client.close().await;
+            return Err(Error::Protocol(format!(
+                "{addr} is not a peer node (server {:?})",
+                client.server_name()
+            )));
+        };
+        if rid == self.id {
+            let _ = client.close().await;
+            return Ok(None);
+        }
+        // Ok(true): linked now; Ok(false): linked already; Err: stopping.
+        let linked: Result<bool> = {
+            let mut st = lock(&self.state);
+            if st.stopped {
+                Err(Error::Closed)
+            } else if st.links.contains_key(&rid) {
+                Ok(false)
+            } else {
+                // Everything this node subscribes to, in order, before any publication can
+                // use the link (both under the lock that subscribe and unsubscribe take).
+                let mut r = announce(&client, &Interest::Reset);
+                for l in &st.locals {
+                    r = r.and_then(|()| announce(&client, &add(l)));
+                }
+                r.map(|()| {
+                    st.links.insert(
+                        rid,
+                        Link {
+                            client: client.clone(),
+                            addr: addr.to_string(),
+                        },
+                    );
+                    st.changed();
+                    true
+                })
+            }
+        };
+        match linked {
+            Ok(true) => {}
+            Ok(false) => {
+                let _ = client.close().await;
+                return Ok(Some(rid));
+            }
+            Err(e) => {
+                let _ = client.close().await;
+                return Err(e);
+            }
+        }
+        tracing::debug!(node = %format_args!("{:016x}", self.id), peer = %format_args!("{rid:016x}"), %addr, "peer: linked");
+        let me = self.clone();
+        tokio::spawn(async move {
+            client.inner.closed().await;
+            let mut st = lock(&me.state);
+            if st
+                .links
+                .get(&rid)
+                .is_some_and(|l| Arc::ptr_eq(&l.client.inner, &client.inner))
+            {
+                st.links.remove(&rid);
+                st.changed();
+            }
+        });
+        Ok(Some(rid))
+    }
+
+    /// Keeps a link to the static peer at `addr`: dials until it answers, and again after
+    /// its link breaks.
+    async fn keep_linked(self: Arc<Self>, addr: String) {
+        let mut stop = self.stop.subscribe();
+        loop {
+            if self.is_stopped() {
+                return;
+            }
+            let linked = match self.clone().dial(addr.clone()).await {
+                Ok(Some(id)) => lock(&self.state).links.get(&id).map(|l| l.client.clone()),
+                // This node itself, someone else dialling it now, or unreachable: look again
+                // later.
+                Ok(None) | Err(_) => None,
+            };
+            match linked {
+                Some(c) => {
+                    tokio::select! {
+                        () = c.inner.closed() => {}
+                        _ = stop.changed() => return,
+                    }
+                }
+                None => {
+                    tokio::select! {
+                        () = tokio::time::sleep(self.options.redial) => {}
+                        _ = stop.changed() => return,
+                    }
+                }
+            }
+        }
+    }
+
+    /// A node announced itself at `addr` (scouting, rendezvous, or its own HELLO): dial it
+    /// unless linked already.
+    fn discovered(self: &Arc<Self>, id: u64, addr: String) {
+        if id == self.id || self.is_stopped() {
+            return;
+        }
+        {
+            let st = lock(&self.state);
+            if st.links.contains_key(&id)
+                || st.dialing.contains(&addr)
+                || st.links.values().any(|l| l.addr == addr)
+            {
+                return;
+            }
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            let _ = me.dial(addr).await;
+        });
+    }
+
+    fn route(&self, key: &Key) -> Arc<Route> {
+        lock(&self.state).route(key)
+    }
+
+    async fn publish(&self, msg: Message) -> Result<()> {
+        if self.is_stopped() {
+            return Err(Error::Closed);
+        }
+        if msg.payload.len() as u64 > self.options.max_payload {
+            return Err(Error::PayloadTooLarge {
+                size: msg.payload.len(),
+                max: self.options.max_payload,
+            });
+        }
+        let route = self.route(&msg.key);
+        if route.locals.is_empty() && route.remotes.is_empty() && route.groups.is_empty() {
+            return Ok(());
+        }
+        // Queue groups: one member each, anywhere.
+        let mut local_members: Vec<LocalTarget> = Vec::new();
+        let mut named: Vec<Named> = Vec::new();
+        for g in &route.groups {
+            let i = self.rr.fetch_add(1, Ordering::Relaxed) % g.members.len();
+            match &g.members[i] {
+                Member::Local(t) => local_members.push(t.clone()),
+                Member::Remote {
+                    peer,
+                    link,
+                    sid,
+                    drop,
+                } => match named.iter_mut().find(|n| n.0 == *peer) {
+                    Some(n) => {
+                        n.2 &= *drop;
+                        n.3.push((*sid, g.name.clone()));
+                    }
+                    None => named.push((*peer, link.clone(), *drop, vec![(*sid, g.name.clone())])),
+                },
+            }
+        }
+        for t in route.locals.iter().chain(local_members.iter()) {
+            self.deliver(t, vec![msg.clone()]).await;
+        }
+        for r in &route.remotes {
+            let (drop, to) = match named.iter().position(|n| n.0 == r.peer) {
+                Some(i) => {
+                    let n = named.swap_remove(i);
+                    (r.drop && n.2, n.3)
+                }
+                None => (r.drop, Vec::new()),
+            };
+            self.send_remote(&r.link, &msg, &to, drop).await;
+        }
+        for (_, link, drop, to) in &named {
+            self.send_remote(link, &msg, to, *drop).await;
+        }
+        Ok(())
+    }
+
+    async fn send_remote(&self, link: &Client, msg: &Message, to: &[(u32, Arc<str>)], drop: bool) {
+        if drop && !link.inner.has_room() {
+            self.stats.dropped_on_links.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let r = if to.is_empty() {
+            link.inner.publish_message(msg).await
+        } else {
+            let mut m = msg.clone();
+            let h = m.headers.get_or_insert_with(Vec::new);
+            for (sid, g) in to {
+                let mut v = Vec::with_capacity(4 + g.len());
+                v.extend_from_slice(&sid.to_be_bytes());
+                v.extend_from_slice(g.as_bytes());
+                h.push((TO_HEADER.to_string(), Bytes::from(v)));
+            }
+            link.inner.publish_message(&m).await
+        };
+        if let Err(e) = r {
+            // The link broke: its watcher removes it; the message is lost for that node as
+            // it would be for a subscriber whose connection to a broker broke.
+            tracing::debug!("peer: send on a link failed: {e}");
+        }
+    }
+
+    /// Hands `batch` to one local target, as its QoS says (waits for room for `block`, at
+    /// most `max_block`, then ends the subscription as a slow consumer).
+    async fn deliver(&self, t: &LocalTarget, batch: Vec<Message>) {
+        match &t.sink {
+            Sink::Inbox => {
+                for m in batch {
+                    self.complete_request(m);
+                }
+            }
+            Sink::Sub { tx, lost, drop } => match tx.try_send(batch) {
+                Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+                Err(mpsc::error::TrySendError::Full(b)) if *drop => {
+                    lost.fetch_add(b.len() as u64, Ordering::Relaxed);
+                }
+                Err(mpsc::error::TrySendError::Full(b)) => {
+                    match tokio::time::timeout(self.options.max_block, tx.reserve()).await {
+                        Ok(Ok(permit)) => permit.send(b),
+                        Ok(Err(_)) => {}
+                        Err(_) => self.cut_slow(t.sid),
+                    }
+                }
+            },
+        }
+    }
+
+    /// Ends local subscription `sid`, which held its publishers past `max_block`.
+    fn cut_slow(&self, sid: u32) {
+        tracing::warn!(
+            sid,
+            "peer: a subscription held its publishers past max_block: ended as a slow consumer"
+        );
+        self.stats.slow_consumers.fetch_add(1, Ordering::Relaxed);
+        self.remove_local(sid);
+    }
+
+    fn complete_request(&self, m: Message) {
+        let token = m
+            .key
+            .as_str()
+            .rsplit('/')
+            .next()
+            .and_then(|t| t.parse::<u64>().ok());
+        if let Some(tx) = token.and_then(|t| lock(&self.requests).remove(&t)) {
+            let _ = tx.send(m);
+        }
+    }
+
+    async fn request(&self, mut m: Message, timeout: Duration) -> Result<Message> {
+        let token = self.next_token.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.requests).insert(token, tx);
+        m.reply_to = Some(Key::new(&format!("{}/{token}", self.inbox))?);
+        m.correlation_id = Some(Bytes::copy_from_slice(&token.to_be_bytes()));
+        if let Err(e) = self.publish(m).await {
+            lock(&self.requests).remove(&token);
+            return Err(e);
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(_)) => Err(Error::Closed),
+            Err(_) => {
+                lock(&self.requests).remove(&token);
+                Err(Error::Timeout)
+            }
+        }
+    }
+
+    async fn subscribe(
+        self: &Arc<Self>,
+        expr: KeyExpr,
+        options: SubscribeOptions,
+    ) -> Result<Subscription> {
+        let sid = self.next_sid.fetch_add(1, Ordering::Relaxed);
+        if sid == INBOX_SID {
+            return Err(Error::Protocol("subscription ids exhausted".into()));
+        }
+        let (tx, rx) = mpsc::channel(self.options.subscription_capacity.max(1));
+        let lost = Arc::new(AtomicU64::new(0));
+        let drop = options.qos.effective_congestion() == Congestion::Drop;
+        let local = Local {
+            sid,
+            expr,
+            qos: options.qos,
+            group: options.group.map(Arc::from),
+            target: LocalTarget {
+                sid,
+                sink: Sink::Sub {
+                    tx,
+                    lost: lost.clone(),
+                    drop,
+                },
+            },
+        };
+        let links: Vec<Client> = {
+            let mut st = lock(&self.state);
+            if st.stopped {
+                return Err(Error::Closed);
+            }
+            let a = add(&local);
+            let links: Vec<Client> = st.links.values().map(|l| l.client.clone()).collect();
+            for l in &links {
+                // A link that broke is removed by its watcher; the interest goes with the
+                // next link.
+                let _ = announce(l, &a);
+            }
+            st.locals.push(local);
+            st.changed();
+            links
+        };
+        // Every linked node has handled the announcement once its PONG is back.
+        for l in links {
+            let _ = tokio::time::timeout(self.options.confirm_timeout, l.flush()).await;
+        }
+        Ok(Subscription {
+            sid,
+            rx,
+            ready: Vec::new().into_iter(),
+            lost,
+            owner: self.clone(),
+        })
+    }
+
+    fn remove_local(&self, sid: u32) {
+        let mut st = lock(&self.state);
+        let before = st.locals.len();
+        st.locals.retain(|l| l.sid != sid);
+        if st.locals.len() == before {
+            return;
+        }
+        for l in st.links.values() {
+            let _ = announce(&l.client, &Interest::Remove { sid });
+        }
+        st.changed();
+    }
+}
+
+impl Unsubscribe for NodeInner {
+    fn unsubscribe(&self, sid: u32) {
+        self.remove_local(sid);
+    }
+}
+
+fn add(l: &Local) -> Interest {
+    Interest::Add {
+        sid: l.sid,
+        qos: l.qos,
+        group: l.group.as_deref().map(str::to_string),
+        expr: l.expr.clone(),
+    }
+}
+
+fn announce(link: &Client, i: &Interest) -> Result<()> {
+    let key = Key::new(INTEREST_KEY)?;
+    link.inner.publish_now(&Message::new(key, i.encode()))
+}

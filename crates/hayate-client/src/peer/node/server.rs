@@ -1,0 +1,580 @@
+//! A node's listener: the native protocol's server side for the links other nodes dial (and
+//! for plain clients that only publish). Publications are handed to this node's local
+//! subscriptions (never forwarded to other nodes: every node sends to every other itself);
+//! interest announcements update what this node sends back on its own link to that node.
+//!
+//! Runs on hayate-io's connection driver, like [`PeerServer`](crate::peer::PeerServer)'s
+//! connections. Deliveries decoded from one read are handed over per subscription, one
+//! batch each, after the read (`Handler::flush`); a `block` subscription whose queue is full
+//! holds the connection: no more input is decoded or read (TCP pushes back on the
+//! publishing node) until it has room, or until `max_block` has passed and it is ended as a
+//! slow consumer. A PING is answered only once everything before it is handed over.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use hayate_broker::{Batch, Encoder, OutBuf, Outbox};
+use hayate_core::{Key, Message};
+use hayate_io::conn::{Accepted, Conn, Handler, Stop};
+use hayate_io::transport;
+use hayate_native::{ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, encode};
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use super::interest::{INTEREST_KEY, Interest};
+use super::{
+    Inbound, LocalTarget, Member, NodeInner, Remote, Route, Sink, TO_HEADER, lock,
+    parse_hello_name, resolve_advertised,
+};
+
+/// Read buffer: start size and the free space kept before each read.
+const READ_BUF: usize = 64 * 1024;
+
+/// Output (WELCOME, PONG, ERR) queued at most.
+const OUT_BUDGET: usize = 256 * 1024;
+
+/// How long a closed connection reads and discards what the other side still sends.
+const LINGER: Duration = Duration::from_millis(500);
+
+pub(super) async fn accept_loop(
+    listener: TcpListener,
+    node: Arc<NodeInner>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, addr)) => {
+                    let id = node.next_conn.fetch_add(1, Ordering::Relaxed);
+                    conns.spawn(serve_conn(s, addr, id, node.clone(), stop.clone()));
+                }
+                Err(e) => {
+                    tracing::warn!("peer node: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            _ = stop.changed() => break,
+        }
+    }
+    drop(listener);
+    let all = async { while conns.join_next().await.is_some() {} };
+    if tokio::time::timeout(Duration::from_secs(2), all)
+        .await
+        .is_err()
+    {
+        conns.abort_all();
+    }
+}
+
+#[derive(Debug)]
+enum End {
+    Refused,
+    Closed,
+    Gone,
+}
+
+struct NoDeliveries;
+
+impl Encoder for NoDeliveries {
+    fn encode(&mut self, _sid: u32, _batch: Batch<'_>, _origin: u64, _out: &mut OutBuf) {}
+    fn encode_lost(&mut self, _sid: u32, _count: u64, _out: &mut OutBuf) {}
+}
+
+struct PeerConn {
+    id: u64,
+    node: Arc<NodeInner>,
+    outbox: Arc<Outbox>,
+    scratch: VecDeque<Bytes>,
+    addr: SocketAddr,
+    welcomed: bool,
+    /// The node at the other end (`None`: a plain client).
+    from: Option<u64>,
+    handshake_until: Instant,
+    planner: ReadPlanner,
+    max_frame: usize,
+    /// Deliveries decoded from this read, one batch per target.
+    pending: Vec<(LocalTarget, Vec<Message>)>,
+    /// Batches for `block` targets that had no room, oldest first.
+    stuck: VecDeque<(LocalTarget, Vec<Message>)>,
+    stuck_since: Option<Instant>,
+    /// PINGs to answer once `stuck` is empty.
+    pongs: Vec<u64>,
+}
+
+async fn serve_conn(
+    stream: TcpStream,
+    addr: SocketAddr,
+    id: u64,
+    node: Arc<NodeInner>,
+    stop: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    let (reader, writer) = transport::tcp(stream);
+    let outbox = Arc::new(Outbox::new(OUT_BUDGET, Box::new(NoDeliveries)));
+    let mut accepted = Accepted::new(reader, writer, stop);
+    accepted.peer = Some(addr);
+    let mut conn = Conn::new(accepted, BytesMut::with_capacity(READ_BUF), &outbox);
+    let mut p = PeerConn {
+        id,
+        max_frame: usize::try_from(node.options.max_payload)
+            .unwrap_or(usize::MAX)
+            .saturating_add(64 * 1024),
+        handshake_until: Instant::now() + node.options.handshake_timeout,
+        node,
+        outbox: outbox.clone(),
+        scratch: VecDeque::new(),
+        addr,
+        welcomed: false,
+        from: None,
+        planner: ReadPlanner::new(),
+        pending: Vec::new(),
+        stuck: VecDeque::new(),
+        stuck_since: None,
+        pongs: Vec::new(),
+    };
+    let end = conn.drive(&mut p).await;
+    tracing::debug!(conn = id, ?end, "peer node: connection ends");
+    if p.from.is_some() {
+        let mut st = lock(&p.node.state);
+        if st.inbound.remove(&id).is_some() {
+            st.changed();
+        }
+    }
+    if matches!(end, End::Refused) {
+        p.outbox.try_flush(&mut p.scratch);
+    }
+    drop(p);
+    let Ok(mut reader) = tokio::time::timeout(Duration::from_secs(2), conn.close(&*outbox)).await
+    else {
+        outbox.cut();
+        return;
+    };
+    let _ = tokio::time::timeout(LINGER, async {
+        let mut sink = [0u8; 4096];
+        while matches!(reader.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
+
+/// The queue-group members a node named in `m` (removed from its headers).
+fn take_named(m: &mut Message) -> Vec<(u32, Bytes)> {
+    let Some(h) = m.headers.as_mut() else {
+        return Vec::new();
+    };
+    if !h.iter().any(|(n, _)| n == TO_HEADER) {
+        return Vec::new();
+    }
+    let mut named = Vec::new();
+    h.retain(|(n, v)| {
+        if n != TO_HEADER {
+            return true;
+        }
+        if v.len() >= 4 {
+            named.push((u32::from_be_bytes([v[0], v[1], v[2], v[3]]), v.slice(4..)));
+        }
+        false
+    });
+    if h.is_empty() {
+        m.headers = None;
+    }
+    named
+}
+
+impl PeerConn {
+    fn send(&self, f: &Frame) {
+        self.outbox.push_reply_unbudgeted(|o| encode(f, o.tail()));
+    }
+
+    fn refuse(&self, code: ErrorCode, message: &str) -> End {
+        tracing::debug!(
+            conn = self.id,
+            code = code.code(),
+            message,
+            "peer node: protocol error"
+        );
+        self.send(&Frame::Err {
+            code,
+            message: message.to_string(),
+        });
+        End::Refused
+    }
+
+    fn too_large(&self, len: usize) -> Option<End> {
+        let max = self.node.options.max_payload;
+        (len as u64 > max).then(|| {
+            self.refuse(
+                ErrorCode::FrameTooLarge,
+                &format!("payload of {len} bytes exceeds max_payload {max}"),
+            )
+        })
+    }
+
+    fn push(&mut self, t: &LocalTarget, m: Message) {
+        match self.pending.iter_mut().find(|(p, _)| p.sid == t.sid) {
+            Some((_, v)) => v.push(m),
+            None => self.pending.push((t.clone(), vec![m])),
+        }
+    }
+
+    /// Hands `m` to the local subscriptions of `route`: every plain one, and one member of
+    /// each queue group (the one the publishing node named, or for a plain client's
+    /// message one of ours, round robin).
+    fn dispatch(&mut self, route: &Route, mut m: Message) {
+        let named = if self.from.is_some() {
+            take_named(&mut m)
+        } else {
+            Vec::new()
+        };
+        for g in &route.groups {
+            let locals: Vec<&LocalTarget> = g
+                .members
+                .iter()
+                .filter_map(|m| match m {
+                    Member::Local(t) => Some(t),
+                    Member::Remote { .. } => None,
+                })
+                .collect();
+            let chosen = if self.from.is_some() {
+                let Some((sid, _)) = named.iter().find(|(_, n)| n[..] == *g.name.as_bytes()) else {
+                    continue; // the publisher chose a member elsewhere
+                };
+                match locals.iter().find(|t| t.sid == *sid) {
+                    Some(t) => Some(*t),
+                    // The named member has gone meanwhile: another of ours, if any.
+                    None if !locals.is_empty() => {
+                        let i = self.node.rr.fetch_add(1, Ordering::Relaxed) % locals.len();
+                        Some(locals[i])
+                    }
+                    None => {
+                        self.node.stats.unroutable.fetch_add(1, Ordering::Relaxed);
+                        None
+                    }
+                }
+            } else if locals.is_empty() {
+                None
+            } else {
+                let i = self.node.rr.fetch_add(1, Ordering::Relaxed) % locals.len();
+                Some(locals[i])
+            };
+            if let Some(t) = chosen {
+                let t = t.clone();
+                self.push(&t, m.clone());
+            }
+        }
+        for t in &route.locals {
+            self.push(t, m.clone());
+        }
+    }
+
+    fn on_publish(&mut self, m: Message) -> Result<(), End> {
+        if let Some(end) = self.too_large(m.payload.len()) {
+            return Err(end);
+        }
+        if self.from.is_some() && m.key.as_str() == INTEREST_KEY {
+            return self.on_interest(&m.payload);
+        }
+        let route = self.node.route(&m.key);
+        self.dispatch(&route, m);
+        Ok(())
+    }
+
+    fn on_interest(&mut self, payload: &[u8]) -> Result<(), End> {
+        let i = Interest::decode(payload).map_err(|e| self.refuse(ErrorCode::Protocol, &e))?;
+        let mut st = lock(&self.node.state);
+        let Some(inb) = st.inbound.get_mut(&self.id) else {
+            return Ok(()); // the node is stopping
+        };
+        match i {
+            Interest::Add {
+                sid,
+                qos,
+                group,
+                expr,
+            } => {
+                inb.interest.insert(
+                    sid,
+                    Remote {
+                        expr,
+                        group: group.map(Arc::from),
+                        drop: qos.effective_congestion() == hayate_core::Congestion::Drop,
+                    },
+                );
+            }
+            Interest::Remove { sid } => {
+                inb.interest.remove(&sid);
+            }
+            Interest::Reset => inb.interest.clear(),
+        }
+        st.changed();
+        Ok(())
+    }
+
+    fn hello(&mut self, frame: Frame) -> Result<(), End> {
+        let Frame::Hello(h) = frame else {
+            return Err(self.refuse(ErrorCode::Protocol, "the first frame must be HELLO"));
+        };
+        if h.version != PROTOCOL_VERSION {
+            return Err(self.refuse(
+                ErrorCode::UnsupportedVersion,
+                &format!(
+                    "protocol version {} is not supported (this node speaks {PROTOCOL_VERSION})",
+                    h.version
+                ),
+            ));
+        }
+        self.welcomed = true;
+        if let Some((peer, advertised)) = parse_hello_name(&h.name) {
+            self.from = Some(peer);
+            {
+                let mut st = lock(&self.node.state);
+                if st.stopped {
+                    return Err(End::Closed);
+                }
+                st.inbound.insert(
+                    self.id,
+                    Inbound {
+                        peer,
+                        interest: std::collections::HashMap::new(),
+                    },
+                );
+            }
+            // Dial back: this node's publications travel on its own link to that node.
+            match resolve_advertised(&advertised, self.addr.ip()) {
+                Some(a) => self.node.discovered(peer, a),
+                None => {
+                    return Err(self.refuse(
+                        ErrorCode::Protocol,
+                        &format!("node HELLO with a bad address {advertised:?}"),
+                    ));
+                }
+            }
+        }
+        self.send(&Frame::Welcome(Welcome {
+            version: PROTOCOL_VERSION,
+            session: self.id,
+            max_payload: self.node.options.max_payload,
+            server: self.node.welcome_name(),
+            inbox: format!("{}/peer-conn-{}", hayate_core::INBOX_PREFIX, self.id),
+        }));
+        Ok(())
+    }
+
+    fn on_frame(&mut self, frame: Frame) -> Result<(), End> {
+        if !self.welcomed {
+            return self.hello(frame);
+        }
+        match frame {
+            Frame::Pub(m) => self.on_publish(m)?,
+            Frame::PubBatch { key, payloads } => {
+                if let Some(end) = payloads.iter().find_map(|p| self.too_large(p.len())) {
+                    return Err(end);
+                }
+                if self.from.is_some() && key.as_str() == INTEREST_KEY {
+                    for p in &payloads {
+                        self.on_interest(p)?;
+                    }
+                } else {
+                    let route = self.node.route(&key);
+                    for p in payloads {
+                        self.dispatch(&route, Message::new(Key::clone(&key), p));
+                    }
+                }
+            }
+            Frame::PubConfirm { id, msg } => {
+                self.on_publish(msg)?;
+                self.send(&Frame::Confirm {
+                    id,
+                    outcome: hayate_native::ConfirmOutcome::NotCaptured,
+                });
+            }
+            // Every client subscribes its reply inbox first (sid u32::MAX): accepted, and
+            // nothing is ever sent to it.
+            Frame::Sub(s) if s.sid == u32::MAX => {}
+            Frame::Sub(_) => {
+                return Err(self.refuse(
+                    ErrorCode::BadSubscription,
+                    "a peer node takes no subscriptions over the wire: subscribe through a \
+                     Node of your own",
+                ));
+            }
+            Frame::Unsub { .. } | Frame::Pong(_) | Frame::Ack { .. } | Frame::Nack { .. } => {}
+            Frame::Ping(t) => {
+                self.hand_over();
+                if self.stuck.is_empty() {
+                    self.send(&Frame::Pong(t));
+                } else {
+                    self.pongs.push(t);
+                }
+            }
+            Frame::Close => return Err(End::Closed),
+            Frame::Err { code, message } => {
+                tracing::debug!(
+                    conn = self.id,
+                    code = code.code(),
+                    message,
+                    "peer node: error from the other side"
+                );
+                return Err(End::Closed);
+            }
+            Frame::Hello(_) => {
+                return Err(self.refuse(ErrorCode::Protocol, "HELLO was already received"));
+            }
+            Frame::Welcome(_)
+            | Frame::Msg { .. }
+            | Frame::MsgBatch { .. }
+            | Frame::MsgAcked { .. }
+            | Frame::Confirm { .. }
+            | Frame::Consume { .. }
+            | Frame::Lost { .. } => {
+                return Err(self.refuse(ErrorCode::Protocol, "a client may not send this frame"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands the batches decoded so far to their subscriptions without waiting; those a
+    /// full `block` subscription cannot take wait in `stuck`.
+    fn hand_over(&mut self) {
+        for (t, batch) in std::mem::take(&mut self.pending) {
+            match &t.sink {
+                Sink::Inbox => {
+                    for m in batch {
+                        self.node.complete_request(m);
+                    }
+                }
+                Sink::Sub { tx, lost, drop } => {
+                    if !*drop && self.stuck.iter().any(|(s, _)| s.sid == t.sid) {
+                        self.stuck.push_back((t, batch)); // keeps its order
+                        continue;
+                    }
+                    match tx.try_send(batch) {
+                        Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+                        Err(mpsc::error::TrySendError::Full(b)) if *drop => {
+                            lost.fetch_add(b.len() as u64, Ordering::Relaxed);
+                        }
+                        Err(mpsc::error::TrySendError::Full(b)) => {
+                            self.stuck_since.get_or_insert_with(Instant::now);
+                            self.stuck.push_back((t, b));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits for room for the oldest stuck batch (until `max_block` from when it got
+    /// stuck), then hands over what fits.
+    async fn unstick(&mut self) {
+        let Some((t, _)) = self.stuck.front() else {
+            return;
+        };
+        let Sink::Sub { tx, .. } = &t.sink else {
+            return;
+        };
+        let (tx, sid) = (tx.clone(), t.sid);
+        let since = *self.stuck_since.get_or_insert_with(Instant::now);
+        match tokio::time::timeout_at(since + self.node.options.max_block, tx.reserve_owned()).await
+        {
+            Ok(Ok(permit)) => {
+                if let Some((_, b)) = self.stuck.pop_front() {
+                    permit.send(b);
+                }
+            }
+            Ok(Err(_)) => {
+                self.stuck.pop_front();
+            }
+            Err(_) => {
+                self.stuck.retain(|(s, _)| s.sid != sid);
+                self.node.cut_slow(sid);
+            }
+        }
+        // The rest, as far as it goes without waiting.
+        while let Some((t, b)) = self.stuck.pop_front() {
+            let Sink::Sub { tx, .. } = &t.sink else {
+                continue;
+            };
+            match tx.try_send(b) {
+                Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+                Err(mpsc::error::TrySendError::Full(b)) => {
+                    self.stuck.push_front((t, b));
+                    break;
+                }
+            }
+        }
+        if self.stuck.is_empty() {
+            self.stuck_since = None;
+            for t in std::mem::take(&mut self.pongs) {
+                self.send(&Frame::Pong(t));
+            }
+            self.outbox.try_flush(&mut self.scratch);
+        } else {
+            self.stuck_since = Some(Instant::now());
+        }
+    }
+}
+
+impl Handler for PeerConn {
+    type Frame = Frame;
+    type End = End;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, End> {
+        if !self.stuck.is_empty() {
+            return Ok(None); // the rest waits, in order, until there is room
+        }
+        let max_frame = self.max_frame;
+        self.planner
+            .decode(buf, max_frame)
+            .map_err(|e| self.refuse(e.code(), &e.to_string()))
+    }
+
+    async fn handle(&mut self, frame: Frame) -> Result<(), End> {
+        self.on_frame(frame)
+    }
+
+    fn flush(&mut self) {
+        self.hand_over();
+        self.outbox.try_flush(&mut self.scratch);
+    }
+
+    fn read_limit(&mut self, buf: &mut BytesMut) -> Option<usize> {
+        if self.stuck.is_empty() {
+            self.planner.plan(buf, READ_BUF)
+        } else {
+            Some(0)
+        }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        (!self.welcomed).then_some(self.handshake_until)
+    }
+
+    async fn on_timer(&mut self) -> Result<(), End> {
+        if self.welcomed || Instant::now() < self.handshake_until {
+            return Ok(());
+        }
+        Err(self.refuse(ErrorCode::Protocol, "no HELLO within the handshake timeout"))
+    }
+
+    async fn event(&mut self) -> Result<(), End> {
+        if self.stuck.is_empty() {
+            return std::future::pending().await;
+        }
+        self.unstick().await;
+        Ok(())
+    }
+
+    fn stopped(&mut self, why: Stop) -> End {
+        match why {
+            Stop::Eof | Stop::Shutdown => End::Closed,
+            Stop::Io | Stop::WriterGone | Stop::Memory => End::Gone,
+        }
+    }
+}
