@@ -90,6 +90,8 @@ pub(crate) fn client_name(target: &Target) -> &'static str {
 #[derive(Clone)]
 pub(crate) enum Conn {
     Hayate(hayate_client::Client),
+    /// `hayate://HOST:0?mode=peer`: a peer node (no broker); see [`hayate_peer`].
+    HayatePeer(hayate_client::peer::Node),
     Nats(NatsConn),
     Stomp(stomp::StompConn),
     Mqtt(mqttc::MqttConn),
@@ -216,6 +218,47 @@ pub(crate) fn point_prefix() -> String {
     )
 }
 
+/// Hayate peer mode: the first connection made for an address starts a node listening on
+/// `HOST:0`; the next one starts a node linked to it (as the Zenoh driver pairs its peer
+/// sessions: the harness makes a point's connections one after the other, subscriber then
+/// publisher, echo then pinger) and waits until both have linked. No broker, no scouting.
+async fn hayate_peer(target: &Target) -> anyhow::Result<hayate_client::peer::Node> {
+    use hayate_client::peer::{Node, NodeOptions};
+    static PENDING: Mutex<Option<std::collections::HashMap<String, String>>> = Mutex::new(None);
+    let host = if target.host.contains(':') {
+        format!("[{}]", target.host)
+    } else {
+        target.host.clone()
+    };
+    let partner = PENDING
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(Default::default)
+        .remove(&target.addr());
+    let options = NodeOptions {
+        listen: format!("{host}:0"),
+        peers: partner.iter().cloned().collect(),
+        ..NodeOptions::default()
+    };
+    let node = Node::start(options)
+        .await
+        .with_context(|| format!("starting a peer node for {target}"))?;
+    match partner {
+        Some(_) => node
+            .wait_peers(1, Duration::from_secs(10))
+            .await
+            .with_context(|| format!("{target}: the peer nodes did not link"))?,
+        None => {
+            PENDING
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert_with(Default::default)
+                .insert(target.addr(), node.local_addr().to_string());
+        }
+    }
+    Ok(node)
+}
+
 impl NatsConn {
     /// A round trip through nats-server on this connection: subscribes a fresh inbox, publishes
     /// one empty message to it and waits for that message. nats-server handles a connection's
@@ -246,6 +289,9 @@ impl Conn {
         let addr = target.addr();
         match target.system {
             System::Grpc => bail!("{target}: {GRPC_RPC_ONLY}"),
+            System::Hayate if target.param("mode") == Some("peer") => {
+                Ok(Conn::HayatePeer(hayate_peer(target).await?))
+            }
             System::Hayate => {
                 let mut opts = hayate_client::ConnectOptions::default().name(name);
                 // `?ca=FILE`: over TLS, trusting that CA.
@@ -327,7 +373,7 @@ impl Conn {
 
     pub(crate) async fn topic(&self, key: &str) -> anyhow::Result<Topic> {
         Ok(match self {
-            Conn::Hayate(_) => Topic::Hayate(hayate_core::Key::new(key)?),
+            Conn::Hayate(_) | Conn::HayatePeer(_) => Topic::Hayate(hayate_core::Key::new(key)?),
             Conn::Nats(_) => Topic::Nats(async_nats::Subject::from(nats_subject(key))),
             Conn::Stomp(_) => Topic::Peer(stomp::topic_destination(key)),
             #[cfg(feature = "peers")]
@@ -349,6 +395,7 @@ impl Conn {
     pub(crate) async fn publish(&self, topic: &Topic, payload: Bytes) -> anyhow::Result<()> {
         match (self, topic) {
             (Conn::Hayate(c), Topic::Hayate(k)) => c.publish(k, payload).await?,
+            (Conn::HayatePeer(n), Topic::Hayate(k)) => n.publish(k, payload).await?,
             (Conn::Nats(n), Topic::Nats(s)) => n.client.publish(s.clone(), payload).await?,
             (Conn::Stomp(c), Topic::Peer(t)) => c.publish(t, payload).await?,
             #[cfg(feature = "peers")]
@@ -370,6 +417,7 @@ impl Conn {
     pub(crate) async fn subscribe(&self, key: &str) -> anyhow::Result<Sub> {
         Ok(match self {
             Conn::Hayate(c) => Sub::Hayate(c.subscribe(key).await?),
+            Conn::HayatePeer(n) => Sub::Hayate(n.subscribe(key).await?),
             Conn::Nats(n) => Sub::Nats(n.client.subscribe(nats_subject(key)).await?),
             Conn::Stomp(c) => Sub::Stomp(c.subscribe(key).await?),
             #[cfg(feature = "peers")]
@@ -391,6 +439,7 @@ impl Conn {
     pub(crate) async fn flush(&self) -> anyhow::Result<()> {
         match self {
             Conn::Hayate(c) => c.flush().await?,
+            Conn::HayatePeer(n) => n.flush().await?,
             Conn::Nats(n) => n.round_trip().await?,
             Conn::Stomp(c) => c.flush(FLUSH_TIMEOUT).await?,
             #[cfg(feature = "peers")]
@@ -413,6 +462,13 @@ impl Conn {
     pub(crate) fn trouble(&self) -> Option<String> {
         match self {
             Conn::Hayate(c) => c.last_error().map(|e| format!("connection ended: {e}")),
+            Conn::HayatePeer(n) => {
+                let slow = n
+                    .stats()
+                    .slow_consumers
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                (slow > 0).then(|| format!("{slow} subscription(s) cut as slow consumers"))
+            }
             Conn::Nats(n) => n.trouble.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             Conn::Stomp(c) => c.trouble(),
             #[cfg(feature = "peers")]
@@ -433,6 +489,7 @@ impl Conn {
     pub(crate) fn max_payload(&self) -> Option<usize> {
         match self {
             Conn::Hayate(c) => Some(usize::try_from(c.max_payload()).unwrap_or(usize::MAX)),
+            Conn::HayatePeer(_) => Some(64 << 20),
             Conn::Nats(n) => Some(n.client.server_info().max_payload),
             _ => None,
         }
@@ -462,6 +519,7 @@ impl Conn {
             })
             .await
             .is_ok(),
+            Conn::HayatePeer(n) => tokio::time::timeout(timeout, n.close()).await.is_ok(),
             Conn::Nats(n) => tokio::time::timeout(timeout, async move {
                 if let Err(e) = n.client.drain().await {
                     tracing::debug!("draining nats connection: {e}");

@@ -149,6 +149,60 @@ impl ClientAuth {
     }
 }
 
+/// Peer mode of `pub` and `sub` (docs/peer.md): no broker, the command is a peer node.
+#[derive(Debug, Args, Default, Clone)]
+pub(crate) struct PeerArgs {
+    /// Peer mode: no broker; this command is a peer node linked to the others directly.
+    #[arg(long)]
+    pub(crate) peer: bool,
+    /// Where the node listens for other nodes (peer mode; `0.0.0.0:0` to be reachable from
+    /// other hosts or namespaces).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:0")]
+    pub(crate) peer_listen: String,
+    /// A node to link to (peer mode; repeatable): the static list.
+    #[arg(long = "peer-connect", value_name = "HOST:PORT")]
+    pub(crate) peer_connect: Vec<String>,
+    /// Find other nodes by UDP multicast scouting (peer mode).
+    #[arg(long)]
+    pub(crate) scout: bool,
+    /// The interface address scouting sends and listens on.
+    #[arg(long, value_name = "IPV4")]
+    pub(crate) scout_interface: Option<std::net::Ipv4Addr>,
+    /// The scouting group and port (default 239.255.47.1:4701).
+    #[arg(long, value_name = "GROUP:PORT")]
+    pub(crate) scout_group: Option<std::net::SocketAddrV4>,
+    /// Meet other nodes at this broker (peer mode).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub(crate) rendezvous: Option<String>,
+    /// `pub` in peer mode: linked nodes to wait for before publishing.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) wait_peers: usize,
+}
+
+impl PeerArgs {
+    /// The node's options.
+    pub(crate) fn options(&self) -> hayate_client::peer::NodeOptions {
+        let scout = self.scout.then(|| {
+            let mut s = hayate_client::peer::ScoutOptions {
+                interface: self.scout_interface,
+                ..Default::default()
+            };
+            if let Some(g) = self.scout_group {
+                s.group = *g.ip();
+                s.port = g.port();
+            }
+            s
+        });
+        hayate_client::peer::NodeOptions {
+            listen: self.peer_listen.clone(),
+            peers: self.peer_connect.clone(),
+            scout,
+            rendezvous: self.rendezvous.clone(),
+            ..Default::default()
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct PubArgs {
     /// Key to publish on, e.g. `demo/x`.
@@ -168,6 +222,8 @@ pub(crate) struct PubArgs {
     pub(crate) server: String,
     #[command(flatten)]
     pub(crate) auth: ClientAuth,
+    #[command(flatten)]
+    pub(crate) peer: PeerArgs,
 }
 
 #[derive(Debug, Args)]
@@ -186,6 +242,8 @@ pub(crate) struct SubArgs {
     pub(crate) server: String,
     #[command(flatten)]
     pub(crate) auth: ClientAuth,
+    #[command(flatten)]
+    pub(crate) peer: PeerArgs,
 }
 
 #[derive(Debug, Args)]

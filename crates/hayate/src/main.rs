@@ -213,6 +213,18 @@ async fn publish(a: cli::PubArgs) -> Result<()> {
             v.into()
         }
     };
+    if a.peer.peer {
+        let node = hayate_client::peer::Node::start(a.peer.options()).await?;
+        node.wait_peers(a.peer.wait_peers, std::time::Duration::from_secs(30))
+            .await
+            .with_context(|| format!("fewer than {} peer nodes linked", a.peer.wait_peers))?;
+        for _ in 0..a.count {
+            node.publish(&key, payload.clone()).await?;
+        }
+        node.flush().await?;
+        node.close().await;
+        return Ok(());
+    }
     let c = connect(&a.server, &a.auth, "hayate-pub").await?;
     for _ in 0..a.count {
         if a.confirm {
@@ -238,6 +250,30 @@ async fn publish(a: cli::PubArgs) -> Result<()> {
 }
 
 async fn subscribe(a: cli::SubArgs) -> Result<()> {
+    let options = SubscribeOptions {
+        group: a.group.clone(),
+        qos: Default::default(),
+    };
+    if a.peer.peer {
+        let node = hayate_client::peer::Node::start(a.peer.options()).await?;
+        let mut sub = node.subscribe_with(&a.expr, options).await?;
+        eprintln!(
+            "subscribed to {} as peer node {:016x} on {}",
+            a.expr,
+            node.id(),
+            node.local_addr()
+        );
+        let mut n = 0u64;
+        while a.count == 0 || n < a.count {
+            let Some(m) = sub.next().await else {
+                bail!("the subscription ended (cut as a slow consumer?)");
+            };
+            n += 1;
+            println!("{}: {}", m.key, show_payload(&m.payload));
+        }
+        node.close().await;
+        return Ok(());
+    }
     let c = connect(&a.server, &a.auth, "hayate-sub").await?;
     let mut sub = c
         .subscribe_with(

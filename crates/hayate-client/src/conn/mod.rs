@@ -37,6 +37,12 @@ const INBOX_SID: u32 = u32::MAX;
 const MAX_BATCH: usize = 256 * 1024;
 /// Payloads at least this large are queued by reference, not copied.
 const ZERO_COPY: usize = 64 * 1024;
+/// A publish that finds nothing queued, nobody writing, and no such publish in the last
+/// `INLINE_GAP`, is written by the publishing task itself (one non-blocking write, the rest
+/// left to the writer task): an isolated message (request/reply, ping-pong) saves the
+/// writer task's wake-up, while a stream of publishes (closer together than this) still
+/// goes out in batches from the writer task.
+const INLINE_GAP: Duration = Duration::from_micros(5);
 /// Largest frame accepted from the server beyond its announced maximum payload.
 const FRAME_SLACK: usize = 128 * 1024;
 
@@ -55,6 +61,11 @@ struct Out {
     batch: Option<OpenBatch>,
     wake_pending: bool,
     closing: bool,
+    /// Someone (the writer task, or a publisher writing inline) is writing taken data.
+    writing: bool,
+    /// When the last plain publish that found the queue empty was made (for
+    /// [`INLINE_GAP`]).
+    last_publish: Option<std::time::Instant>,
 }
 
 impl Out {
@@ -94,6 +105,8 @@ pub(crate) struct Inner {
     error: Mutex<Option<Error>>,
     writer_done: Notify,
     writer_finished: AtomicBool,
+    /// The write half, for publishers writing inline (see [`INLINE_GAP`]).
+    inline: Writer,
 }
 
 impl std::fmt::Debug for Inner {
@@ -225,6 +238,7 @@ pub(crate) async fn connect(addr: &str, options: ConnectOptions) -> Result<Arc<I
         error: Mutex::new(None),
         writer_done: Notify::new(),
         writer_finished: AtomicBool::new(false),
+        inline: w.clone(),
     });
     // The reply inbox, subscribed before anything else is sent.
     let inbox_expr = KeyExpr::new(&format!("{}/*", inner.inbox))?;
@@ -314,11 +328,21 @@ impl Inner {
     pub(crate) async fn publish_plain(&self, key: &Key, payload: Bytes) -> Result<()> {
         self.check_size(payload.len())?;
         {
-            let mut out = lock(&self.out);
-            if out.closing || self.is_closed() {
+            let mut guard = lock(&self.out);
+            if guard.closing || self.is_closed() {
                 return Err(self.closed_error());
             }
-            let out = &mut *out;
+            let out = &mut *guard;
+            // The clock is read only when the queue is empty and nobody writes: at most
+            // once per batch while publishes stream.
+            let inline = out.tail.is_empty() && out.chunks.is_empty() && !out.writing && {
+                let now = std::time::Instant::now();
+                let gap = out
+                    .last_publish
+                    .is_none_or(|t| now.duration_since(t) >= INLINE_GAP);
+                out.last_publish = Some(now);
+                gap
+            };
             if payload.len() >= ZERO_COPY {
                 out.batch = None;
                 encode_pub_batch_head(key, 4 + payload.len(), &mut out.tail);
@@ -355,12 +379,39 @@ impl Inner {
                     });
                 }
             }
+            if inline {
+                out.seal_tail();
+                let mut q = std::mem::take(&mut out.chunks);
+                out.writing = true;
+                drop(guard);
+                self.write_inline(&mut q);
+                return Ok(());
+            }
             self.wake(out);
             if out.tail.len() < self.options.write_buffer && out.chunks.is_empty() {
                 return Ok(());
             }
         }
         self.wait_room().await
+    }
+
+    /// Writes `q` (everything that was queued) without waiting; what the socket does not
+    /// take now goes back in front of the queue for the writer task, which is woken for it
+    /// (and for anything queued meanwhile, or for a failed write, which it will see too).
+    fn write_inline(&self, q: &mut VecDeque<Bytes>) {
+        let r = hayate_io::write_some(&*self.inline, q);
+        let mut out = lock(&self.out);
+        out.writing = false;
+        if r.is_err() {
+            q.clear();
+        }
+        while let Some(b) = q.pop_back() {
+            out.chunks.push_front(b);
+        }
+        if r.is_err() || !out.tail.is_empty() || !out.chunks.is_empty() || out.closing {
+            out.wake_pending = false;
+            self.wake(&mut out);
+        }
     }
 
     pub(crate) async fn publish_message(&self, msg: &Message) -> Result<()> {

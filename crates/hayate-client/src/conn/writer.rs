@@ -18,7 +18,10 @@ pub(super) async fn write_loop(inner: Arc<Inner>, w: Writer) {
             let has_data = {
                 let mut out = lock(&inner.out);
                 out.wake_pending = false;
-                if out.tail.is_empty() && out.chunks.is_empty() {
+                if out.writing {
+                    // A publisher is writing inline; it wakes this task for what is left.
+                    false
+                } else if out.tail.is_empty() && out.chunks.is_empty() {
                     if out.closing || inner.is_closed() {
                         return Ok(());
                     }
@@ -26,12 +29,15 @@ pub(super) async fn write_loop(inner: Arc<Inner>, w: Writer) {
                 } else {
                     out.seal_tail();
                     q.append(&mut out.chunks);
+                    out.writing = true;
                     true
                 }
             };
             if has_data {
                 inner.space.notify_waiters();
-                write_chunks(&*w, &mut q).await?;
+                let r = write_chunks(&*w, &mut q).await;
+                lock(&inner.out).writing = false;
+                r?;
                 continue;
             }
             let notified = inner.wake_writer.notified();
@@ -39,7 +45,7 @@ pub(super) async fn write_loop(inner: Arc<Inner>, w: Writer) {
             notified.as_mut().enable();
             let idle = {
                 let out = lock(&inner.out);
-                out.tail.is_empty() && out.chunks.is_empty() && !out.closing
+                out.writing || (out.tail.is_empty() && out.chunks.is_empty() && !out.closing)
             };
             if idle && !inner.is_closed() {
                 notified.await;

@@ -180,6 +180,9 @@ struct Remote {
 struct Inbound {
     peer: u64,
     interest: HashMap<u32, Remote>,
+    /// The first PING has come: the interest the node announced when it linked (which it
+    /// follows with a PING) is all here.
+    ready: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -469,8 +472,9 @@ impl Node {
         v
     }
 
-    /// Waits until this node has links to at least `n` nodes, and they to it (each has
-    /// announced its interest here), or `timeout` passes (`Error::Timeout`).
+    /// Waits until this node has links to at least `n` nodes, and they to it with all the
+    /// interest they had when they linked announced here, or `timeout` passes
+    /// (`Error::Timeout`).
     pub async fn wait_peers(&self, n: usize, timeout: Duration) -> Result<()> {
         let until = tokio::time::Instant::now() + timeout;
         loop {
@@ -479,7 +483,7 @@ impl Node {
                 let both = st
                     .links
                     .keys()
-                    .filter(|p| st.inbound.values().any(|i| i.peer == **p))
+                    .filter(|p| st.inbound.values().any(|i| i.peer == **p && i.ready))
                     .count();
                 if both >= n {
                     return Ok(());
@@ -716,6 +720,8 @@ impl NodeInner {
                 return Err(e);
             }
         }
+        // The PING after the announcements tells the other node they are all there.
+        let _ = tokio::time::timeout(self.options.confirm_timeout, client.flush()).await;
         tracing::debug!(node = %format_args!("{:016x}", self.id), peer = %format_args!("{rid:016x}"), %addr, "peer: linked");
         let me = self.clone();
         tokio::spawn(async move {

@@ -97,6 +97,8 @@ struct PeerConn {
     welcomed: bool,
     /// The node at the other end (`None`: a plain client).
     from: Option<u64>,
+    /// A PING came from that node (see `Inbound::ready`).
+    ready: bool,
     handshake_until: Instant,
     planner: ReadPlanner,
     max_frame: usize,
@@ -134,6 +136,7 @@ async fn serve_conn(
         addr,
         welcomed: false,
         from: None,
+        ready: false,
         planner: ReadPlanner::new(),
         pending: Vec::new(),
         stuck: VecDeque::new(),
@@ -343,6 +346,7 @@ impl PeerConn {
                     Inbound {
                         peer,
                         interest: std::collections::HashMap::new(),
+                        ready: false,
                     },
                 );
             }
@@ -407,6 +411,12 @@ impl PeerConn {
             }
             Frame::Unsub { .. } | Frame::Pong(_) | Frame::Ack { .. } | Frame::Nack { .. } => {}
             Frame::Ping(t) => {
+                if self.from.is_some() && !self.ready {
+                    self.ready = true;
+                    if let Some(i) = lock(&self.node.state).inbound.get_mut(&self.id) {
+                        i.ready = true;
+                    }
+                }
                 self.hand_over();
                 if self.stuck.is_empty() {
                     self.send(&Frame::Pong(t));
