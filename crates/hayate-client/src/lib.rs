@@ -29,7 +29,8 @@
 //!   groups: [`Client::call`], [`Client::cast`], [`Client::fanout`] and [`Client::serve`]
 //!   (wire convention in `docs/rpc.md`).
 //! - [`peer`]: [`peer::PeerServer`], a listener that answers clients directly, peer to
-//!   peer, without a broker hop ([`rpc::serve_peer`] for RPC).
+//!   peer, without a broker hop ([`rpc::serve_peer`] for RPC); [`peer::Node`], peer-mode
+//!   pub/sub (queue groups, request/reply, discovery) with no broker at all.
 //! - [`blocking`]: a synchronous wrapper for programs without an async runtime.
 
 pub mod blocking;
