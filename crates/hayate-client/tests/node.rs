@@ -380,3 +380,20 @@ async fn hostile_input_closes_that_connection_only() {
     a.publish(&key("h"), "still fine").await.unwrap();
     assert_eq!(take(&mut sub, 1).await, vec![b"still fine".to_vec()]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_dropped_without_close_ends_its_links() {
+    let a = node(&[]).await;
+    let b = node(&[&a]).await;
+    within(a.wait_peers(1, WAIT)).await.unwrap();
+    drop(b);
+    within(async {
+        while !a.peers().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // a's own static peer list naming a itself is harmless.
+    a.link(&a.local_addr().to_string()).await.unwrap();
+    assert!(a.peers().is_empty());
+}

@@ -628,7 +628,16 @@ impl NodeInner {
         st.stopped = true;
         // Subscriptions end once what they hold is read.
         st.locals.retain(|l| l.sid == INBOX_SID);
-        st.links.clear();
+        // The links are closed too (sending what they buffered) when a runtime is at hand:
+        // a node dropped without `close` must not leave its connections open.
+        let links: Vec<Client> = st.links.drain().map(|(_, l)| l.client).collect();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                for c in links {
+                    let _ = tokio::time::timeout(Duration::from_secs(5), c.close()).await;
+                }
+            });
+        }
         st.inbound.clear();
         st.changed();
         lock(&self.requests).clear();
@@ -646,8 +655,9 @@ impl NodeInner {
         format!("{NODE_PREFIX}{:016x}", self.id)
     }
 
-    /// Dials `addr`; `Ok(Some(id))` once linked (or already linked) to node `id`, `Ok(None)`
-    /// when `addr` is this node.
+    /// Dials `addr`; `Ok(Some(id))` once linked (or already linked) to node `id` (this
+    /// node's own id when `addr` is this node), `Ok(None)` when someone is dialling it
+    /// already.
     async fn dial(self: Arc<Self>, addr: String) -> Result<Option<u64>> {
         if self.is_stopped() {
             return Err(Error::Closed);
@@ -680,7 +690,7 @@ impl NodeInner {
         };
         if rid == self.id {
             let _ = client.close().await;
-            return Ok(None);
+            return Ok(Some(rid)); // this node itself
         }
         // Ok(true): linked now; Ok(false): linked already; Err: stopping.
         let linked: Result<bool> = {
@@ -748,6 +758,10 @@ impl NodeInner {
                 return;
             }
             let linked = match self.clone().dial(addr.clone()).await {
+                Ok(Some(id)) if id == self.id => {
+                    tracing::debug!(%addr, "peer: a static peer address is this node itself");
+                    return;
+                }
                 Ok(Some(id)) => lock(&self.state).links.get(&id).map(|l| l.client.clone()),
                 // This node itself, someone else dialling it now, or unreachable: look again
                 // later.
