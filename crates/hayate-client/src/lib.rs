@@ -140,6 +140,16 @@ impl ConnectOptions {
     }
 }
 
+/// A queue group name must be 1..=65535 bytes (it travels with a u16 length).
+pub(crate) fn check_group(group: Option<&str>) -> Result<()> {
+    match group {
+        Some(g) if g.is_empty() || g.len() > usize::from(u16::MAX) => Err(Error::Protocol(
+            "a queue group name must be 1..=65535 bytes".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Subscription settings.
 #[derive(Debug, Clone, Default)]
 pub struct SubscribeOptions {
@@ -287,13 +297,7 @@ impl Client {
         options: SubscribeOptions,
     ) -> Result<Subscription> {
         let expr = KeyExpr::new(expr)?;
-        if let Some(g) = &options.group
-            && (g.is_empty() || g.len() > u16::MAX as usize)
-        {
-            return Err(Error::Protocol(
-                "a queue group name must be 1..=65535 bytes".into(),
-            ));
-        }
+        check_group(options.group.as_deref())?;
         self.inner.subscribe(expr, options)
     }
 

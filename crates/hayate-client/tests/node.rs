@@ -397,3 +397,104 @@ async fn a_node_dropped_without_close_ends_its_links() {
     a.link(&a.local_addr().to_string()).await.unwrap();
     assert!(a.peers().is_empty());
 }
+
+/// A node whose listener has small limits, linked to `a`.
+async fn small_node(a: &Node) -> Node {
+    let n = Node::start(NodeOptions {
+        peers: vec![a.local_addr().to_string()],
+        max_connections: 8,
+        memory_budget: 1 << 20,
+        max_block: Duration::from_millis(300),
+        handshake_timeout: Duration::from_millis(300),
+        ..NodeOptions::default()
+    })
+    .await
+    .unwrap();
+    within(n.wait_peers(1, WAIT)).await.unwrap();
+    within(a.wait_peers(1, WAIT)).await.unwrap();
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_limit_are_closed_and_links_carry_on() {
+    let a = node(&[]).await;
+    let b = small_node(&a).await;
+    let mut sub = b.subscribe("many").await.unwrap();
+    // One connection is a's link; 7 more fit, the rest are closed at once.
+    let mut held = Vec::new();
+    for _ in 0..7 {
+        let mut s = TcpStream::connect(b.local_addr()).await.unwrap();
+        s.write_all(&hello("x")).await.unwrap();
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for _ in 0..10 {
+        let mut s = TcpStream::connect(b.local_addr()).await.unwrap();
+        let mut one = [0u8; 1];
+        let n = within(s.read(&mut one)).await.unwrap_or(0);
+        assert_eq!(n, 0, "a connection past max_connections is closed");
+    }
+    a.publish(&key("many"), "through").await.unwrap();
+    assert_eq!(take(&mut sub, 1).await, vec![b"through".to_vec()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_frames_past_the_memory_budget_get_server_busy() {
+    let a = node(&[]).await;
+    let b = small_node(&a).await;
+    let mut sub = b.subscribe("m").await.unwrap();
+    // Four connections each announce a 4 MiB PUB and send 900 KiB of it: past the free
+    // 256 KiB each they draw on the 1 MiB budget, which cannot hold them all.
+    let mut hogs = Vec::new();
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(b.local_addr()).await.unwrap();
+        s.write_all(&hello("hog")).await.unwrap();
+        let mut f = BytesMut::new();
+        encode(
+            &Frame::Pub(hayate_client::Message::new(key("m"), vec![7u8; 4 << 20])),
+            &mut f,
+        );
+        let part = f.split_to(900 * 1024);
+        let _ = tokio::time::timeout(Duration::from_secs(2), s.write_all(&part)).await;
+        hogs.push(s);
+    }
+    // Those the budget could not hold are cut after max_block; the others wait for the
+    // rest of their frame (so each is given 2 s, not until it closes).
+    let mut busy = 0;
+    for s in &mut hogs {
+        if let Ok(Some(e)) = tokio::time::timeout(Duration::from_secs(2), err_then_close(s)).await
+            && e.contains("memory budget")
+        {
+            busy += 1;
+        }
+    }
+    assert!(
+        busy >= 1,
+        "at least one half-sent frame is cut with SERVER_BUSY"
+    );
+    a.publish(&key("m"), "still served").await.unwrap();
+    assert_eq!(take(&mut sub, 1).await, vec![b"still served".to_vec()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_handshakes_and_clients_that_never_read_do_not_hold_the_node() {
+    let a = node(&[]).await;
+    let b = small_node(&a).await;
+    let mut sub = b.subscribe("r").await.unwrap();
+    // No HELLO: an ERR after the handshake timeout, then closed.
+    let mut silent = TcpStream::connect(b.local_addr()).await.unwrap();
+    let e = err_then_close(&mut silent).await.expect("an ERR");
+    assert!(e.contains("HELLO"), "{e}");
+    // A client that sends PINGs and never reads a PONG: once its unread answers pass the
+    // connection's output budget the node stops reading it; the node itself carries on.
+    let mut deaf = TcpStream::connect(b.local_addr()).await.unwrap();
+    deaf.write_all(&hello("deaf")).await.unwrap();
+    let mut pings = BytesMut::new();
+    for t in 0..20_000u64 {
+        encode(&Frame::Ping(t), &mut pings);
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(2), deaf.write_all(&pings)).await;
+    a.publish(&key("r"), "unaffected").await.unwrap();
+    assert_eq!(take(&mut sub, 1).await, vec![b"unaffected".to_vec()]);
+    drop(deaf);
+}

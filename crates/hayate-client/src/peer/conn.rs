@@ -15,20 +15,20 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
-use hayate_broker::{Batch, Encoder, OutBuf, Outbox};
+use hayate_broker::Outbox;
 use hayate_core::{INBOX_PREFIX, KeyExpr, Message};
 use hayate_io::conn::{Accepted, Conn, Handler, Stop};
 use hayate_io::transport;
 use hayate_native::{
-    ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, check_options, encode,
-    encode_msg_head,
+    ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, check_options, encode_msg_head,
 };
-use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{READ_BUF, Reply, Shared};
+use super::{
+    NoDeliveries, READ_BUF, Reply, Shared, check_hello, close_and_linger, send_frame, too_large,
+};
 
 /// How long a closed connection reads (and discards) what the caller still sends, so that
 /// closing with unread input does not reset the connection and lose the last replies.
@@ -65,15 +65,6 @@ struct Peer {
     running: FuturesUnordered<Reply>,
     planner: ReadPlanner,
     max_frame: usize,
-}
-
-/// The outbox's encoder: nothing is routed to a peer connection by a broker, so there is
-/// nothing to encode; replies are written with [`Outbox::push_reply_unbudgeted`].
-struct NoDeliveries;
-
-impl Encoder for NoDeliveries {
-    fn encode(&mut self, _sid: u32, _batch: Batch<'_>, _origin: u64, _out: &mut OutBuf) {}
-    fn encode_lost(&mut self, _sid: u32, _count: u64, _out: &mut OutBuf) {}
 }
 
 pub(super) async fn serve_conn(
@@ -116,21 +107,7 @@ pub(super) async fn serve_conn(
         End::Gone => {}
     }
     drop(p);
-    let mut reader = match tokio::time::timeout_at(deadline, conn.close(&*outbox)).await {
-        Ok(reader) => reader,
-        Err(_) => {
-            // The writer is stuck on a caller that does not read: cut it off.
-            outbox.cut();
-            return;
-        }
-    };
-    // Drain what the caller still sends until it closes (or briefly), so that the close
-    // does not reset the connection with replies still in flight.
-    let _ = tokio::time::timeout(LINGER, async {
-        let mut sink = [0u8; 4096];
-        while matches!(reader.read(&mut sink).await, Ok(n) if n > 0) {}
-    })
-    .await;
+    close_and_linger(conn, &outbox, deadline, LINGER).await;
 }
 
 impl Peer {
@@ -180,7 +157,7 @@ impl Peer {
 
     /// Queues a frame for the caller.
     fn send(&self, f: &Frame) {
-        self.outbox.push_reply_unbudgeted(|o| encode(f, o.tail()));
+        send_frame(&self.outbox, f);
     }
 
     /// Queues an ERR frame; the connection closes after writing it.
@@ -221,28 +198,11 @@ impl Peer {
     }
 
     fn too_large(&self, len: usize) -> Option<End> {
-        let max = self.shared.options.max_payload;
-        (len as u64 > max).then(|| {
-            self.refuse(
-                ErrorCode::FrameTooLarge,
-                &format!("payload of {len} bytes exceeds max_payload {max}"),
-            )
-        })
+        too_large(len, self.shared.options.max_payload).map(|(c, m)| self.refuse(c, &m))
     }
 
     fn hello(&mut self, frame: Frame) -> Result<(), End> {
-        let Frame::Hello(h) = frame else {
-            return Err(self.refuse(ErrorCode::Protocol, "the first frame must be HELLO"));
-        };
-        if h.version != PROTOCOL_VERSION {
-            return Err(self.refuse(
-                ErrorCode::UnsupportedVersion,
-                &format!(
-                    "protocol version {} is not supported (this peer speaks {PROTOCOL_VERSION})",
-                    h.version
-                ),
-            ));
-        }
+        check_hello(frame, "peer").map_err(|(c, m)| self.refuse(c, &m))?;
         self.welcomed = true;
         self.send(&Frame::Welcome(Welcome {
             version: PROTOCOL_VERSION,

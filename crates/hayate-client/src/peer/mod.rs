@@ -37,7 +37,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use hayate_broker::{Batch, Encoder, OutBuf, Outbox};
 use hayate_core::{KeyExpr, Message};
+use hayate_native::{ErrorCode, Frame, Hello, PROTOCOL_VERSION, encode};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -203,4 +206,69 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch
     if tokio::time::timeout(bound, all).await.is_err() {
         conns.abort_all();
     }
+}
+
+/// The outbox encoder of a connection nothing is routed to by a broker (a `PeerServer`'s or
+/// a node's listener): its frames are written with [`Outbox::push_reply_unbudgeted`].
+pub(crate) struct NoDeliveries;
+
+impl Encoder for NoDeliveries {
+    fn encode(&mut self, _sid: u32, _batch: Batch<'_>, _origin: u64, _out: &mut OutBuf) {}
+    fn encode_lost(&mut self, _sid: u32, _count: u64, _out: &mut OutBuf) {}
+}
+
+/// Queues frame `f` on `outbox`.
+pub(crate) fn send_frame(outbox: &Outbox, f: &Frame) {
+    outbox.push_reply_unbudgeted(|o| encode(f, o.tail()));
+}
+
+/// The HELLO a listener's first frame must be, checked: `Err` with the ERR to send.
+pub(crate) fn check_hello(
+    frame: Frame,
+    who: &str,
+) -> std::result::Result<Hello, (ErrorCode, String)> {
+    let Frame::Hello(h) = frame else {
+        return Err((ErrorCode::Protocol, "the first frame must be HELLO".into()));
+    };
+    if h.version != PROTOCOL_VERSION {
+        return Err((
+            ErrorCode::UnsupportedVersion,
+            format!(
+                "protocol version {} is not supported (this {who} speaks {PROTOCOL_VERSION})",
+                h.version
+            ),
+        ));
+    }
+    Ok(h)
+}
+
+/// Closes a listener's connection: the writer gets until `deadline` to send what is queued
+/// (a writer stuck on a peer that does not read is cut off instead), then what the other side
+/// still sends is read and discarded for up to `linger`, so that closing with unread input
+/// does not reset the connection and lose the last frames.
+pub(crate) async fn close_and_linger(
+    conn: hayate_io::conn::Conn,
+    outbox: &Outbox,
+    deadline: tokio::time::Instant,
+    linger: Duration,
+) {
+    let Ok(mut reader) = tokio::time::timeout_at(deadline, conn.close(outbox)).await else {
+        outbox.cut();
+        return;
+    };
+    let _ = tokio::time::timeout(linger, async {
+        let mut sink = [0u8; 4096];
+        while matches!(reader.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
+
+/// A payload of `len` bytes over `max`: the ERR to send.
+pub(crate) fn too_large(len: usize, max: u64) -> Option<(ErrorCode, String)> {
+    (len as u64 > max).then(|| {
+        (
+            ErrorCode::FrameTooLarge,
+            format!("payload of {len} bytes exceeds max_payload {max}"),
+        )
+    })
 }

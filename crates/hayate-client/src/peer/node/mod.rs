@@ -103,6 +103,13 @@ pub struct NodeOptions {
     pub redial: Duration,
     /// How long [`Node::subscribe`] waits for each linked node to confirm the interest.
     pub confirm_timeout: Duration,
+    /// Bytes the listener's connections may hold in partly read frames (past a free 256 KiB
+    /// each), together; a connection that cannot read on within `max_block` is closed with
+    /// ERR 11 (`SERVER_BUSY`). The same mechanism as the broker's memory budget.
+    pub memory_budget: usize,
+    /// Connections the listener serves at once (links from other nodes and plain clients);
+    /// past it, new ones are closed at once.
+    pub max_connections: usize,
 }
 
 impl Default for NodeOptions {
@@ -123,6 +130,8 @@ impl Default for NodeOptions {
             max_block: Duration::from_secs(10),
             redial: Duration::from_secs(1),
             confirm_timeout: Duration::from_secs(5),
+            memory_budget: 256 * 1024 * 1024,
+            max_connections: 1024,
         }
     }
 }
@@ -205,7 +214,10 @@ enum Member {
 #[derive(Debug)]
 struct GroupRoute {
     name: Arc<str>,
+    /// Every member, on whichever node (a publishing node picks among these).
     members: Vec<Member>,
+    /// The members on this node (a receiving node picks among these).
+    locals: Vec<LocalTarget>,
 }
 
 #[derive(Debug)]
@@ -249,16 +261,23 @@ impl State {
             return r.clone();
         }
         let mut r = Route::default();
-        let group = |r: &mut Route, name: &Arc<str>, m: Member| match r
-            .groups
-            .iter_mut()
-            .find(|g| g.name == *name)
-        {
-            Some(g) => g.members.push(m),
-            None => r.groups.push(GroupRoute {
-                name: name.clone(),
-                members: vec![m],
-            }),
+        let group = |r: &mut Route, name: &Arc<str>, m: Member| {
+            let i = match r.groups.iter().position(|g| g.name == *name) {
+                Some(i) => i,
+                None => {
+                    r.groups.push(GroupRoute {
+                        name: name.clone(),
+                        members: Vec::new(),
+                        locals: Vec::new(),
+                    });
+                    r.groups.len() - 1
+                }
+            };
+            let g = &mut r.groups[i];
+            if let Member::Local(t) = &m {
+                g.locals.push(t.clone());
+            }
+            g.members.push(m);
         };
         for l in &self.locals {
             if !l.expr.matches(key) {
@@ -271,13 +290,13 @@ impl State {
         }
         // Each node once, even if it announced on two connections (a redial racing the old
         // link's end).
-        let mut seen: HashMap<(u64, u32), ()> = HashMap::new();
+        let mut seen: HashSet<(u64, u32)> = HashSet::new();
         for inb in self.inbound.values() {
             let Some(link) = self.links.get(&inb.peer) else {
                 continue; // not linked yet: its interest waits for the link
             };
             for (sid, rem) in &inb.interest {
-                if !rem.expr.matches(key) || seen.insert((inb.peer, *sid), ()).is_some() {
+                if !rem.expr.matches(key) || !seen.insert((inb.peer, *sid)) {
                     continue;
                 }
                 match &rem.group {
@@ -329,6 +348,8 @@ pub(crate) struct NodeInner {
     stop: watch::Sender<bool>,
     stopping: AtomicBool,
     stats: NodeStats,
+    /// What the listener's connections' input draws on.
+    memory: Arc<hayate_io::memory::Memory>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -417,6 +438,7 @@ impl Node {
             stop,
             stopping: AtomicBool::new(false),
             stats: NodeStats::default(),
+            memory: hayate_io::memory::Memory::new(options.memory_budget),
             options,
         });
         lock(&inner.state).locals.push(Local {
@@ -551,13 +573,7 @@ impl Node {
                 "acknowledged subscriptions need a broker; peer mode has none".into(),
             ));
         }
-        if let Some(g) = &options.group
-            && (g.is_empty() || g.len() > usize::from(u16::MAX))
-        {
-            return Err(Error::Protocol(
-                "a queue group name must be 1..=65535 bytes".into(),
-            ));
-        }
+        crate::check_group(options.group.as_deref())?;
         if expr.as_str().len() > usize::from(u16::MAX) {
             return Err(Error::Protocol("key expression over 65535 bytes".into()));
         }

@@ -17,21 +17,21 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use hayate_broker::{Batch, Encoder, OutBuf, Outbox};
+use hayate_broker::Outbox;
 use hayate_core::{Key, Message};
-use hayate_io::conn::{Accepted, Conn, Handler, Stop};
+use hayate_io::conn::{Accepted, Conn, Handler, InputBudget, Stop};
 use hayate_io::transport;
-use hayate_native::{ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, encode};
-use tokio::io::AsyncReadExt;
+use hayate_native::{ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::interest::{INTEREST_KEY, Interest};
 use super::{
-    Inbound, LocalTarget, Member, NodeInner, Remote, Route, Sink, TO_HEADER, lock,
-    parse_hello_name, resolve_advertised,
+    Inbound, LocalTarget, NodeInner, Remote, Route, Sink, TO_HEADER, lock, parse_hello_name,
+    resolve_advertised,
 };
+use crate::peer::{NoDeliveries, check_hello, close_and_linger, send_frame, too_large};
 
 /// Read buffer: start size and the free space kept before each read.
 const READ_BUF: usize = 64 * 1024;
@@ -51,6 +51,10 @@ pub(super) async fn accept_loop(
     loop {
         tokio::select! {
             r = listener.accept() => match r {
+                Ok((s, addr)) if conns.len() >= node.options.max_connections => {
+                    tracing::warn!(%addr, "peer node: at max_connections: connection closed");
+                    drop(s);
+                }
                 Ok((s, addr)) => {
                     let id = node.next_conn.fetch_add(1, Ordering::Relaxed);
                     conns.spawn(serve_conn(s, addr, id, node.clone(), stop.clone()));
@@ -79,13 +83,6 @@ enum End {
     Refused,
     Closed,
     Gone,
-}
-
-struct NoDeliveries;
-
-impl Encoder for NoDeliveries {
-    fn encode(&mut self, _sid: u32, _batch: Batch<'_>, _origin: u64, _out: &mut OutBuf) {}
-    fn encode_lost(&mut self, _sid: u32, _count: u64, _out: &mut OutBuf) {}
 }
 
 struct PeerConn {
@@ -123,6 +120,10 @@ async fn serve_conn(
     let outbox = Arc::new(Outbox::new(OUT_BUDGET, Box::new(NoDeliveries)));
     let mut accepted = Accepted::new(reader, writer, stop);
     accepted.peer = Some(addr);
+    accepted.budget = InputBudget {
+        memory: node.memory.clone(),
+        wait: Some(node.options.max_block),
+    };
     let mut conn = Conn::new(accepted, BytesMut::with_capacity(READ_BUF), &outbox);
     let mut p = PeerConn {
         id,
@@ -155,15 +156,12 @@ async fn serve_conn(
         p.outbox.try_flush(&mut p.scratch);
     }
     drop(p);
-    let Ok(mut reader) = tokio::time::timeout(Duration::from_secs(2), conn.close(&*outbox)).await
-    else {
-        outbox.cut();
-        return;
-    };
-    let _ = tokio::time::timeout(LINGER, async {
-        let mut sink = [0u8; 4096];
-        while matches!(reader.read(&mut sink).await, Ok(n) if n > 0) {}
-    })
+    close_and_linger(
+        conn,
+        &outbox,
+        Instant::now() + Duration::from_secs(2),
+        LINGER,
+    )
     .await;
 }
 
@@ -193,7 +191,7 @@ fn take_named(m: &mut Message) -> Vec<(u32, Bytes)> {
 
 impl PeerConn {
     fn send(&self, f: &Frame) {
-        self.outbox.push_reply_unbudgeted(|o| encode(f, o.tail()));
+        send_frame(&self.outbox, f);
     }
 
     fn refuse(&self, code: ErrorCode, message: &str) -> End {
@@ -211,13 +209,7 @@ impl PeerConn {
     }
 
     fn too_large(&self, len: usize) -> Option<End> {
-        let max = self.node.options.max_payload;
-        (len as u64 > max).then(|| {
-            self.refuse(
-                ErrorCode::FrameTooLarge,
-                &format!("payload of {len} bytes exceeds max_payload {max}"),
-            )
-        })
+        too_large(len, self.node.options.max_payload).map(|(c, m)| self.refuse(c, &m))
     }
 
     fn push(&mut self, t: &LocalTarget, m: Message) {
@@ -237,24 +229,17 @@ impl PeerConn {
             Vec::new()
         };
         for g in &route.groups {
-            let locals: Vec<&LocalTarget> = g
-                .members
-                .iter()
-                .filter_map(|m| match m {
-                    Member::Local(t) => Some(t),
-                    Member::Remote { .. } => None,
-                })
-                .collect();
+            let locals = &g.locals;
             let chosen = if self.from.is_some() {
                 let Some((sid, _)) = named.iter().find(|(_, n)| n[..] == *g.name.as_bytes()) else {
                     continue; // the publisher chose a member elsewhere
                 };
                 match locals.iter().find(|t| t.sid == *sid) {
-                    Some(t) => Some(*t),
+                    Some(t) => Some(t),
                     // The named member has gone meanwhile: another of ours, if any.
                     None if !locals.is_empty() => {
                         let i = self.node.rr.fetch_add(1, Ordering::Relaxed) % locals.len();
-                        Some(locals[i])
+                        Some(&locals[i])
                     }
                     None => {
                         self.node.stats.unroutable.fetch_add(1, Ordering::Relaxed);
@@ -265,11 +250,10 @@ impl PeerConn {
                 None
             } else {
                 let i = self.node.rr.fetch_add(1, Ordering::Relaxed) % locals.len();
-                Some(locals[i])
+                Some(&locals[i])
             };
             if let Some(t) = chosen {
-                let t = t.clone();
-                self.push(&t, m.clone());
+                self.push(t, m.clone());
             }
         }
         for t in &route.locals {
@@ -321,18 +305,7 @@ impl PeerConn {
     }
 
     fn hello(&mut self, frame: Frame) -> Result<(), End> {
-        let Frame::Hello(h) = frame else {
-            return Err(self.refuse(ErrorCode::Protocol, "the first frame must be HELLO"));
-        };
-        if h.version != PROTOCOL_VERSION {
-            return Err(self.refuse(
-                ErrorCode::UnsupportedVersion,
-                &format!(
-                    "protocol version {} is not supported (this node speaks {PROTOCOL_VERSION})",
-                    h.version
-                ),
-            ));
-        }
+        let h = check_hello(frame, "node").map_err(|(c, m)| self.refuse(c, &m))?;
         self.welcomed = true;
         if let Some((peer, advertised)) = parse_hello_name(&h.name) {
             self.from = Some(peer);
@@ -584,7 +557,11 @@ impl Handler for PeerConn {
     fn stopped(&mut self, why: Stop) -> End {
         match why {
             Stop::Eof | Stop::Shutdown => End::Closed,
-            Stop::Io | Stop::WriterGone | Stop::Memory => End::Gone,
+            Stop::Io | Stop::WriterGone => End::Gone,
+            Stop::Memory => self.refuse(
+                ErrorCode::ServerBusy,
+                "memory budget spent: frame not read within max_block",
+            ),
         }
     }
 }
