@@ -5,7 +5,7 @@
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 use rustix::net::{
@@ -21,17 +21,30 @@ pub const MAX_ANNOUNCE: usize = 4096;
 /// Sends `segment`'s descriptor and `message` (at most [`MAX_ANNOUNCE`] bytes) in one
 /// datagram-like write: the receiver gets both or neither.
 pub fn send(sock: &UnixStream, segment: &Segment, message: &[u8]) -> io::Result<()> {
+    send_fds(sock, &[segment.fd()], message)
+}
+
+/// The most descriptors one message carries.
+pub const MAX_FDS: usize = 4;
+
+/// Sends `fds` (1 to [`MAX_FDS`]) and `message` (1 to [`MAX_ANNOUNCE`] bytes) in one write.
+pub fn send_fds(sock: &UnixStream, fds: &[BorrowedFd<'_>], message: &[u8]) -> io::Result<()> {
     if message.is_empty() || message.len() > MAX_ANNOUNCE {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "an announcement is 1 to 4096 bytes",
         ));
     }
-    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    if fds.is_empty() || fds.len() > MAX_FDS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "an announcement carries 1 to 4 descriptors",
+        ));
+    }
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = SendAncillaryBuffer::new(&mut space);
-    let fds = [segment.fd()];
-    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
-        return Err(io::Error::other("no room for the descriptor"));
+    if !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(io::Error::other("no room for the descriptors"));
     }
     let mut len = [0u8; 2];
     len.copy_from_slice(&(message.len() as u16).to_le_bytes());
@@ -53,8 +66,8 @@ pub enum ReceiveError {
     /// Reading the socket failed, or it closed.
     #[error("announcement: {0}")]
     Io(#[from] io::Error),
-    /// No descriptor came with the message, or more than one.
-    #[error("announcement: expected one descriptor, got {0}")]
+    /// Not as many descriptors came with the message as expected.
+    #[error("announcement: unexpected number of descriptors ({0})")]
     Descriptors(usize),
     /// The message's length prefix is out of range or the message is cut short.
     #[error("announcement: malformed message")]
@@ -66,10 +79,21 @@ pub enum ReceiveError {
 
 /// Receives one announcement: the segment (mapped, after its checks) and its message.
 pub fn receive(sock: &UnixStream) -> Result<(Segment, Vec<u8>), ReceiveError> {
+    let (mut fds, message) = receive_fds(sock, 1)?;
+    let fd = fds.pop().ok_or(ReceiveError::Descriptors(0))?;
+    Ok((Segment::open(fd)?, message))
+}
+
+/// Receives one message with exactly `want` descriptors (1 to [`MAX_FDS`]; extra ones are
+/// received and closed, not left queued).
+pub fn receive_fds(
+    sock: &UnixStream,
+    want: usize,
+) -> Result<(Vec<OwnedFd>, Vec<u8>), ReceiveError> {
     let mut buf = vec![0u8; 2 + MAX_ANNOUNCE];
-    // Room for a few descriptors, so that extra ones are received (and closed) rather than
-    // left in the kernel's queue.
-    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    // Room for more descriptors than any message carries, so that extra ones are received
+    // (and closed) rather than left in the kernel's queue.
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2 * MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let got = {
         let mut iov = [IoSliceMut::new(&mut buf)];
@@ -90,7 +114,7 @@ pub fn receive(sock: &UnixStream) -> Result<(Segment, Vec<u8>), ReceiveError> {
     if got.bytes == 0 && fds.is_empty() {
         return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
     }
-    if fds.len() != 1 {
+    if fds.len() != want {
         return Err(ReceiveError::Descriptors(fds.len()));
     }
     if got.bytes < 2 {
@@ -100,9 +124,14 @@ pub fn receive(sock: &UnixStream) -> Result<(Segment, Vec<u8>), ReceiveError> {
     if len == 0 || len > MAX_ANNOUNCE || got.bytes != 2 + len {
         return Err(ReceiveError::Malformed);
     }
-    let fd = fds.pop().ok_or(ReceiveError::Descriptors(0))?;
-    let segment = Segment::open(fd)?;
     buf.truncate(2 + len);
     buf.drain(..2);
-    Ok((segment, buf))
+    Ok((fds, buf))
+}
+
+/// Whether the process at the other end of `sock` runs as this process's user (a segment is
+/// only exchanged between processes of one user).
+pub fn same_user(sock: &UnixStream) -> io::Result<bool> {
+    let cred = rustix::net::sockopt::socket_peercred(sock.as_fd())?;
+    Ok(cred.uid == rustix::process::getuid())
 }

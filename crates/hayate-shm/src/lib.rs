@@ -19,8 +19,10 @@
 //! | 2 | registrations so far (the tag of the next cursor) |
 //! | 3..8 | zero (the header's cache line) |
 //! | 8 | `head`: the number of messages published |
-//! | 9..16 | zero (`head` alone on its cache line) |
-//! | 16..80 | the cursor table: per registered reader, a 16-bit tag (never 0) and its next message modulo 2^48 (0: free) |
+//! | 9 | sleepers: bit `i` set while the reader of cursor `i` waits for a wake-up |
+//! | 10 | the writer waits for a registered reader (non-zero) |
+//! | 11..16 | zero (`head` and the wake-up words on their own cache line) |
+//! | 16..80 | the cursor table: per registered reader, a 16-bit tag (never 0; its top bit set: the writer does not wait for it) and its next message modulo 2^48 (0: free) |
 //! | 80.. | `slots` slots of `slot_words` words: `seq`, `len`, then the payload |
 //!
 //! # Protocol (a sequence lock per slot)
@@ -41,6 +43,8 @@
 #[cfg(not(loom))]
 pub mod announce;
 #[cfg(not(loom))]
+pub mod doorbell;
+#[cfg(not(loom))]
 pub mod segment;
 
 #[cfg(loom)]
@@ -58,6 +62,13 @@ const CURSORS: usize = 16;
 const REGISTRATIONS: usize = 2;
 /// A cursor's position bits (the rest is its tag).
 const POS_MASK: u64 = (1 << 48) - 1;
+/// A cursor with this bit (the tag's top bit) is not waited for by the writer: a registered
+/// reader in best-effort mode (it takes an entry for the wake-ups).
+const NO_WAIT: u64 = 1 << 63;
+/// The sleepers' bitmask (bit `i`: the reader of cursor `i` waits for a wake-up).
+const SLEEPERS: usize = 9;
+/// Non-zero while the writer waits for a registered reader to read on.
+const WRITER_WAITS: usize = 10;
 
 /// A cursor word: `tag` (1..=65535) and position `next` modulo 2^48.
 fn cursor_word(tag: u64, next: u64) -> u64 {
@@ -240,17 +251,52 @@ impl<'a> Writer<'a> {
     /// Unregistered readers are not waited for. A registered reader that stops reading
     /// holds the writer back until it is evicted ([`Writer::evict`]).
     pub fn try_publish(&mut self, payload: &[u8]) -> Result<Option<u64>, TooLarge> {
+        if self.blocking_reader().is_some() {
+            return Ok(None);
+        }
+        self.publish(payload).map(Some)
+    }
+
+    /// The entry of a registered reader (waited for) that has not read the message the next
+    /// publication would overwrite, if any.
+    pub fn blocking_reader(&self) -> Option<usize> {
         let slots = self.ring.slots as u64;
-        for c in &self.ring.words[CURSORS..CURSORS + MAX_READERS] {
+        for (i, c) in self.ring.words[CURSORS..CURSORS + MAX_READERS]
+            .iter()
+            .enumerate()
+        {
             let v = c.load(Ordering::Acquire);
             // Unread by that reader: from its position to ours (modulo 2^48: a reader is
             // never 2^47 messages behind).
             let unread = self.next.wrapping_sub(v) & POS_MASK;
-            if v != 0 && unread >= slots && unread < 1 << 47 {
-                return Ok(None);
+            if v != 0 && v & NO_WAIT == 0 && unread >= slots && unread < 1 << 47 {
+                return Some(i);
             }
         }
-        self.publish(payload).map(Some)
+        None
+    }
+
+    /// The writer is about to wait for a registered reader: flags it, so that the reader,
+    /// once it has read on, wakes the writer ([`Reader::writer_waits`]). The caller then
+    /// tries again ([`Writer::try_publish`]) before it sleeps: a reader that read on
+    /// before the flag was up does not wake it.
+    pub fn prepare_wait(&self) {
+        self.ring.words[WRITER_WAITS].store(1, Ordering::SeqCst);
+    }
+
+    /// The readers waiting for a wake-up since the last call (a bitmask of cursor entries;
+    /// their bits are cleared): the caller wakes each. Call after publishing.
+    pub fn sleepers(&self) -> u64 {
+        // Orders the `head` just stored before the load of the sleepers (a reader sets its
+        // bit, then looks at `head`: one of the two sees the other).
+        fence(Ordering::SeqCst);
+        let s = &self.ring.words[SLEEPERS];
+        let m = s.load(Ordering::Relaxed);
+        if m == 0 {
+            return 0;
+        }
+        s.fetch_and(!m, Ordering::SeqCst);
+        m
     }
 
     /// Frees cursor `index` of the table (a registered reader that died): the writer no
@@ -276,10 +322,18 @@ impl<'a> Writer<'a> {
         slot[0].store(2 * n + 1, Ordering::Relaxed);
         fence(Ordering::Release);
         slot[1].store(payload.len() as u64, Ordering::Relaxed);
-        for (w, chunk) in slot[SLOT_HEADER_WORDS..].iter().zip(payload.chunks(8)) {
+        let words = &slot[SLOT_HEADER_WORDS..];
+        let whole = payload.chunks_exact(8);
+        let rest = whole.remainder();
+        for (w, chunk) in words.iter().zip(whole) {
             let mut b = [0u8; 8];
-            b[..chunk.len()].copy_from_slice(chunk);
+            b.copy_from_slice(chunk);
             w.store(u64::from_le_bytes(b), Ordering::Relaxed);
+        }
+        if !rest.is_empty() {
+            let mut b = [0u8; 8];
+            b[..rest.len()].copy_from_slice(rest);
+            words[payload.len() / 8].store(u64::from_le_bytes(b), Ordering::Relaxed);
         }
         slot[0].store(2 * n + 2, Ordering::Release);
         self.next = n + 1;
@@ -316,8 +370,17 @@ impl<'a> Reader<'a> {
     /// the cursor table (released when the reader is dropped). It gets every message from
     /// the first it reads on; messages published while it registers may be reported lost.
     pub fn register(ring: Ring<'a>) -> Result<Reader<'a>, NoCursor> {
+        Reader::register_with(ring, true)
+    }
+
+    /// A registered reader that the writer waits for (`waits`) or not (best effort: it
+    /// takes an entry for the wake-ups, [`Reader::prepare_sleep`]).
+    pub fn register_with(ring: Ring<'a>, waits: bool) -> Result<Reader<'a>, NoCursor> {
         let next = ring.head().min(MAX_MESSAGES);
-        let tag = ring.words[REGISTRATIONS].fetch_add(1, Ordering::Relaxed) % 0xffff + 1;
+        let mut tag = ring.words[REGISTRATIONS].fetch_add(1, Ordering::Relaxed) % 0x7fff + 1;
+        if !waits {
+            tag |= NO_WAIT >> 48;
+        }
         for (i, c) in ring.words[CURSORS..CURSORS + MAX_READERS]
             .iter()
             .enumerate()
@@ -343,6 +406,77 @@ impl<'a> Reader<'a> {
     /// Its entry in the cursor table (for the writer's [`Writer::evict`]), if registered.
     pub fn cursor(&self) -> Option<usize> {
         self.cursor.map(|(i, _)| i)
+    }
+
+    /// Whether the writer waits for this reader (registered, and not best effort).
+    pub fn waited_for(&self) -> bool {
+        self.cursor
+            .is_some_and(|(_, tag)| tag & (NO_WAIT >> 48) == 0)
+    }
+
+    /// Makes the writer wait for this registered reader, or stop waiting for it. `false`
+    /// when it is not registered (any more: evicted).
+    pub fn set_waited_for(&mut self, waits: bool) -> bool {
+        let Some((i, tag)) = self.cursor else {
+            return false;
+        };
+        let new = if waits {
+            tag & !(NO_WAIT >> 48)
+        } else {
+            tag | (NO_WAIT >> 48)
+        };
+        if new == tag {
+            return true;
+        }
+        let c = &self.ring.words[CURSORS + i];
+        if c.compare_exchange(
+            cursor_word(tag, self.next),
+            cursor_word(new, self.next),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        )
+        .is_ok()
+        {
+            self.cursor = Some((i, new));
+            true
+        } else {
+            self.cursor = None;
+            false
+        }
+    }
+
+    /// Before waiting for the writer's wake-up (its doorbell): flags this reader as asleep
+    /// and looks at `head` again. `true`: nothing new, sleep (the writer wakes it after its
+    /// next publication); `false`: something came, read on (the flag is taken down). Only a
+    /// registered reader can sleep (its entry names it): `false` otherwise.
+    pub fn prepare_sleep(&self) -> bool {
+        let Some((i, _)) = self.cursor else {
+            return false;
+        };
+        let s = &self.ring.words[SLEEPERS];
+        s.fetch_or(1 << i, Ordering::SeqCst);
+        if self.ring.words[HEAD].load(Ordering::SeqCst) == self.next {
+            return true;
+        }
+        s.fetch_and(!(1 << i), Ordering::SeqCst);
+        false
+    }
+
+    /// After a wake-up (or giving up waiting): takes this reader's flag down.
+    pub fn end_sleep(&self) {
+        if let Some((i, _)) = self.cursor {
+            self.ring.words[SLEEPERS].fetch_and(!(1 << i), Ordering::SeqCst);
+        }
+    }
+
+    /// After reading on: whether the writer waits for a reader to read on (and then takes
+    /// its flag down): the caller wakes it.
+    pub fn writer_waits(&self) -> bool {
+        // Orders the cursor just advanced before the load of the flag (the writer raises
+        // it, then looks at the cursors: one of the two sees the other).
+        fence(Ordering::SeqCst);
+        let w = &self.ring.words[WRITER_WAITS];
+        w.load(Ordering::Relaxed) != 0 && w.swap(0, Ordering::SeqCst) != 0
     }
 
     fn advance(&mut self, next: u64) {
@@ -405,8 +539,10 @@ impl<'a> Reader<'a> {
         out.clear();
         if fits {
             let len = len as usize;
-            for w in &slot[SLOT_HEADER_WORDS..SLOT_HEADER_WORDS + len.div_ceil(8)] {
-                out.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+            let words = &slot[SLOT_HEADER_WORDS..SLOT_HEADER_WORDS + len.div_ceil(8)];
+            out.resize(words.len() * 8, 0);
+            for (b, w) in out.chunks_exact_mut(8).zip(words) {
+                b.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
             }
             out.truncate(len);
         }
@@ -443,6 +579,240 @@ impl Drop for Reader<'_> {
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             );
+        }
+    }
+}
+
+#[cfg(not(loom))]
+pub use owned::{SharedReader, SharedRing, SharedWriter};
+
+/// A ring in a [`segment::Segment`] held by reference count, with an owned writer and owned
+/// readers (for tasks that outlive any borrow): the same [`Writer`] and [`Reader`], over a
+/// geometry checked once.
+#[cfg(not(loom))]
+mod owned {
+    use std::sync::Arc;
+
+    use super::{LayoutError, NoCursor, ReadError, Reader, Ring, TooLarge, Writer};
+    use crate::segment::Segment;
+
+    /// A segment and the ring in it (geometry checked when made).
+    #[derive(Debug, Clone)]
+    pub struct SharedRing {
+        segment: Arc<Segment>,
+        slots: usize,
+        slot_words: usize,
+    }
+
+    impl SharedRing {
+        /// Makes `segment` an empty ring ([`Ring::init`]).
+        pub fn init(
+            segment: Segment,
+            slots: usize,
+            max_payload: usize,
+        ) -> Result<SharedRing, LayoutError> {
+            let (slots, slot_words) = {
+                let r = Ring::init(segment.words(), slots, max_payload)?;
+                (r.slots, r.slot_words)
+            };
+            Ok(SharedRing {
+                segment: Arc::new(segment),
+                slots,
+                slot_words,
+            })
+        }
+
+        /// The ring another process made in `segment` ([`Ring::attach`]: checked against
+        /// the segment's size once; the geometry is not read again).
+        pub fn attach(segment: Segment) -> Result<SharedRing, LayoutError> {
+            let (slots, slot_words) = {
+                let r = Ring::attach(segment.words())?;
+                (r.slots, r.slot_words)
+            };
+            Ok(SharedRing {
+                segment: Arc::new(segment),
+                slots,
+                slot_words,
+            })
+        }
+
+        /// The ring, borrowed.
+        pub fn ring(&self) -> Ring<'_> {
+            Ring {
+                words: self.segment.words(),
+                slots: self.slots,
+                slot_words: self.slot_words,
+            }
+        }
+
+        /// [`Writer::evict`], without the writer (which may be busy waiting for that
+        /// reader): the writer's next look at the cursors no longer sees it.
+        pub fn evict(&self, index: usize) {
+            Writer {
+                ring: self.ring(),
+                next: 0,
+            }
+            .evict(index);
+        }
+
+        /// The segment (to hand its descriptor to readers).
+        pub fn segment(&self) -> &Segment {
+            &self.segment
+        }
+    }
+
+    /// The writer of a [`SharedRing`], owned.
+    #[derive(Debug)]
+    pub struct SharedWriter {
+        ring: SharedRing,
+        next: u64,
+    }
+
+    impl SharedWriter {
+        /// The writer, continuing after what the ring holds.
+        pub fn new(ring: SharedRing) -> SharedWriter {
+            let next = ring.ring().head();
+            SharedWriter { ring, next }
+        }
+
+        fn with<T>(&mut self, f: impl FnOnce(&mut Writer<'_>) -> T) -> T {
+            let mut w = Writer {
+                ring: self.ring.ring(),
+                next: self.next,
+            };
+            let r = f(&mut w);
+            self.next = w.next;
+            r
+        }
+
+        /// [`Writer::publish`].
+        pub fn publish(&mut self, payload: &[u8]) -> Result<u64, TooLarge> {
+            self.with(|w| w.publish(payload))
+        }
+
+        /// [`Writer::try_publish`].
+        pub fn try_publish(&mut self, payload: &[u8]) -> Result<Option<u64>, TooLarge> {
+            self.with(|w| w.try_publish(payload))
+        }
+
+        /// [`Writer::blocking_reader`].
+        pub fn blocking_reader(&mut self) -> Option<usize> {
+            self.with(|w| w.blocking_reader())
+        }
+
+        /// [`Writer::evict`].
+        pub fn evict(&mut self, index: usize) {
+            self.with(|w| w.evict(index));
+        }
+
+        /// [`Writer::prepare_wait`].
+        pub fn prepare_wait(&mut self) {
+            self.with(|w| w.prepare_wait());
+        }
+
+        /// [`Writer::sleepers`].
+        pub fn sleepers(&mut self) -> u64 {
+            self.with(|w| w.sleepers())
+        }
+
+        /// The largest payload a slot holds.
+        pub fn max_payload(&self) -> usize {
+            self.ring.ring().max_payload()
+        }
+
+        /// The ring.
+        pub fn shared(&self) -> &SharedRing {
+            &self.ring
+        }
+    }
+
+    /// A reader of a [`SharedRing`], owned (its cursor entry, if registered, is freed when
+    /// it is dropped).
+    #[derive(Debug)]
+    pub struct SharedReader {
+        ring: SharedRing,
+        next: u64,
+        cursor: Option<(usize, u64)>,
+    }
+
+    impl SharedReader {
+        /// [`Reader::register_with`].
+        pub fn register(ring: SharedRing, waits: bool) -> Result<SharedReader, NoCursor> {
+            let (next, cursor) = {
+                let mut r = Reader::register_with(ring.ring(), waits)?;
+                (r.next, r.cursor.take())
+            };
+            Ok(SharedReader { ring, next, cursor })
+        }
+
+        fn with<T>(&mut self, f: impl FnOnce(&mut Reader<'_>) -> T) -> T {
+            let mut r = Reader {
+                ring: self.ring.ring(),
+                next: self.next,
+                cursor: self.cursor.take(),
+            };
+            let out = f(&mut r);
+            self.next = r.next;
+            // Taken back, so that dropping `r` leaves the entry registered.
+            self.cursor = r.cursor.take();
+            out
+        }
+
+        /// [`Reader::read`].
+        pub fn read(&mut self, out: &mut Vec<u8>) -> Result<Option<u64>, ReadError> {
+            self.with(|r| r.read(out))
+        }
+
+        /// [`Reader::cursor`].
+        pub fn cursor(&self) -> Option<usize> {
+            self.cursor.map(|(i, _)| i)
+        }
+
+        /// [`Reader::waited_for`].
+        pub fn waited_for(&mut self) -> bool {
+            self.with(|r| r.waited_for())
+        }
+
+        /// [`Reader::set_waited_for`].
+        pub fn set_waited_for(&mut self, waits: bool) -> bool {
+            self.with(|r| r.set_waited_for(waits))
+        }
+
+        /// [`Reader::prepare_sleep`].
+        pub fn prepare_sleep(&mut self) -> bool {
+            self.with(|r| r.prepare_sleep())
+        }
+
+        /// [`Reader::end_sleep`].
+        pub fn end_sleep(&mut self) {
+            self.with(|r| r.end_sleep());
+        }
+
+        /// [`Reader::writer_waits`].
+        pub fn writer_waits(&mut self) -> bool {
+            self.with(|r| r.writer_waits())
+        }
+
+        /// Whether the writer has published past this reader's position (there is
+        /// something to read, or to learn lost).
+        pub fn pending(&self) -> bool {
+            self.ring.ring().head() != self.next
+        }
+
+        /// [`Reader::position`].
+        pub fn position(&self) -> u64 {
+            self.next
+        }
+    }
+
+    impl Drop for SharedReader {
+        fn drop(&mut self) {
+            // The borrowed reader's drop frees the entry.
+            drop(Reader {
+                ring: self.ring.ring(),
+                next: self.next,
+                cursor: self.cursor.take(),
+            });
         }
     }
 }

@@ -50,7 +50,7 @@ use crate::{Error, Result};
 mod conn;
 pub mod node;
 
-pub use node::{Node, NodeOptions, NodeStats, ScoutOptions};
+pub use node::{Node, NodeOptions, NodeStats, ScoutOptions, ShmMode, ShmOptions};
 
 use conn::{LINGER, serve_conn};
 

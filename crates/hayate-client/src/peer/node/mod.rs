@@ -49,10 +49,12 @@ pub(crate) mod interest;
 mod rendezvous;
 pub mod scout;
 mod server;
+pub mod shm;
 
 pub use interest::INTEREST_KEY;
 use interest::Interest;
 pub use scout::ScoutOptions;
+pub use shm::{ShmMode, ShmOptions};
 
 /// The header a publishing node adds to name the queue-group members (on the receiving
 /// node) a message is for: one header per member, its value the member's subscription id
@@ -110,6 +112,8 @@ pub struct NodeOptions {
     /// Connections the listener serves at once (links from other nodes and plain clients);
     /// past it, new ones are closed at once.
     pub max_connections: usize,
+    /// Shared memory with nodes on this host (docs/shm.md).
+    pub shm: ShmOptions,
 }
 
 impl Default for NodeOptions {
@@ -132,6 +136,7 @@ impl Default for NodeOptions {
             confirm_timeout: Duration::from_secs(5),
             memory_budget: 256 * 1024 * 1024,
             max_connections: 1024,
+            shm: ShmOptions::default(),
         }
     }
 }
@@ -147,6 +152,17 @@ pub struct NodeStats {
     /// Queue-group deliveries whose named member had gone and that no other local member of
     /// its group could take.
     pub unroutable: AtomicU64,
+    /// Messages this node wrote into its shared-memory ring (once each, whatever the number
+    /// of local nodes reading it).
+    pub shm_sent: AtomicU64,
+    /// Messages this node read from other nodes' rings (whether or not a subscription here
+    /// wanted them).
+    pub shm_received: AtomicU64,
+    /// Messages lost in other nodes' rings (overwritten before this node read them: it had
+    /// only `drop` subscriptions, so the writer did not wait for it).
+    pub shm_lost: AtomicU64,
+    /// Rings found corrupt (no longer read).
+    pub shm_corrupt: AtomicU64,
 }
 
 /// Where a local delivery goes.
@@ -198,6 +214,8 @@ struct Inbound {
 struct Link {
     client: Client,
     addr: String,
+    /// The node reads this node's ring: publications for it go there.
+    shm: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -208,6 +226,7 @@ enum Member {
         link: Client,
         sid: u32,
         drop: bool,
+        shm: bool,
     },
 }
 
@@ -226,6 +245,8 @@ struct RemoteRoute {
     link: Client,
     /// Every matching subscription of that node is `drop`.
     drop: bool,
+    /// The node reads this node's ring.
+    shm: bool,
 }
 
 /// Queue-group members chosen on one node: the node, its link, whether all are `drop`, and
@@ -306,6 +327,7 @@ impl State {
                             peer: inb.peer,
                             link: link.client.clone(),
                             drop: rem.drop,
+                            shm: link.shm,
                         }),
                     },
                     Some(g) => group(
@@ -316,6 +338,7 @@ impl State {
                             link: link.client.clone(),
                             sid: *sid,
                             drop: rem.drop,
+                            shm: link.shm,
                         },
                     ),
                 }
@@ -350,6 +373,8 @@ pub(crate) struct NodeInner {
     stats: NodeStats,
     /// What the listener's connections' input draws on.
     memory: Arc<hayate_io::memory::Memory>,
+    /// This node's shared-memory ring (`None`: shared memory off, or unavailable).
+    outgoing: Option<Arc<shm::Outgoing>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -422,6 +447,17 @@ impl Node {
             None => local_addr.to_string(),
         };
         let id = random_id();
+        let outgoing = match options.shm.mode {
+            ShmMode::Off => None,
+            _ => match shm::Outgoing::new(&options.shm, id) {
+                Ok(o) => Some(Arc::new(o)),
+                Err(e) if options.shm.mode == ShmMode::Require => return Err(e),
+                Err(e) => {
+                    tracing::warn!("peer: no shared memory: {e}");
+                    None
+                }
+            },
+        };
         let (stop, stop_rx) = watch::channel(false);
         let inbox = format!("{}/peer-{id:016x}", hayate_core::INBOX_PREFIX);
         let inner = Arc::new(NodeInner {
@@ -439,6 +475,7 @@ impl Node {
             stopping: AtomicBool::new(false),
             stats: NodeStats::default(),
             memory: hayate_io::memory::Memory::new(options.memory_budget),
+            outgoing,
             options,
         });
         lock(&inner.state).locals.push(Local {
@@ -451,6 +488,9 @@ impl Node {
                 sink: Sink::Inbox,
             },
         });
+        if inner.options.shm.mode != ShmMode::Off {
+            shm::listen(inner.clone(), stop_rx.clone());
+        }
         tokio::spawn(server::accept_loop(listener, inner.clone(), stop_rx));
         for addr in inner.options.peers.clone() {
             tokio::spawn(inner.clone().keep_linked(addr));
@@ -708,6 +748,29 @@ impl NodeInner {
             let _ = client.close().await;
             return Ok(Some(rid)); // this node itself
         }
+        if lock(&self.state).links.contains_key(&rid) {
+            let _ = client.close().await;
+            return Ok(Some(rid));
+        }
+        // Shared memory first, before any publication can use the link: all of this node's
+        // publications for that node then go through the ring.
+        let shm = match self.options.shm.mode {
+            ShmMode::Off => false,
+            mode => match self.shm_offer(rid, &client).await {
+                Ok(true) => true,
+                Ok(false) | Err(_) if mode == ShmMode::Require => {
+                    let _ = client.close().await;
+                    return Err(Error::Protocol(format!(
+                        "{addr}: shared memory required, and that node cannot take it"
+                    )));
+                }
+                Ok(false) => false,
+                Err(e) => {
+                    tracing::debug!("peer: shared memory with {rid:016x} failed: {e}");
+                    false
+                }
+            },
+        };
         // Ok(true): linked now; Ok(false): linked already; Err: stopping.
         let linked: Result<bool> = {
             let mut st = lock(&self.state);
@@ -728,6 +791,7 @@ impl NodeInner {
                         Link {
                             client: client.clone(),
                             addr: addr.to_string(),
+                            shm,
                         },
                     );
                     st.changed();
@@ -748,7 +812,7 @@ impl NodeInner {
         }
         // The PING after the announcements tells the other node they are all there.
         let _ = tokio::time::timeout(self.options.confirm_timeout, client.flush()).await;
-        tracing::debug!(node = %format_args!("{:016x}", self.id), peer = %format_args!("{rid:016x}"), %addr, "peer: linked");
+        tracing::debug!(node = %format_args!("{:016x}", self.id), peer = %format_args!("{rid:016x}"), %addr, shm, "peer: linked");
         let me = self.clone();
         tokio::spawn(async move {
             client.inner.closed().await;
@@ -842,15 +906,23 @@ impl NodeInner {
         // Queue groups: one member each, anywhere.
         let mut local_members: Vec<LocalTarget> = Vec::new();
         let mut named: Vec<Named> = Vec::new();
+        // Members on nodes reading the ring: (node, subscription, group).
+        let mut shm_named: Vec<(u64, u32, Arc<str>)> = Vec::new();
+        let mut to_ring = false;
         for g in &route.groups {
             let i = self.rr.fetch_add(1, Ordering::Relaxed) % g.members.len();
             match &g.members[i] {
                 Member::Local(t) => local_members.push(t.clone()),
+                Member::Remote { peer, sid, shm, .. } if *shm => {
+                    to_ring = true;
+                    shm_named.push((*peer, *sid, g.name.clone()));
+                }
                 Member::Remote {
                     peer,
                     link,
                     sid,
                     drop,
+                    ..
                 } => match named.iter_mut().find(|n| n.0 == *peer) {
                     Some(n) => {
                         n.2 &= *drop;
@@ -864,6 +936,10 @@ impl NodeInner {
             self.deliver(t, vec![msg.clone()]).await;
         }
         for r in &route.remotes {
+            if r.shm {
+                to_ring = true;
+                continue;
+            }
             let (drop, to) = match named.iter().position(|n| n.0 == r.peer) {
                 Some(i) => {
                     let n = named.swap_remove(i);
@@ -875,6 +951,10 @@ impl NodeInner {
         }
         for (_, link, drop, to) in &named {
             self.send_remote(link, &msg, to, *drop).await;
+        }
+        if to_ring && let Some(out) = &self.outgoing {
+            self.shm_publish(out, &msg, &shm_named).await;
+            self.stats.shm_sent.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -1024,6 +1104,14 @@ impl NodeInner {
             lost,
             owner: self.clone(),
         })
+    }
+
+    /// Whether every subscription of this node is `drop` (and there is at least one): the
+    /// writers of the rings it reads need not wait for it.
+    fn all_drop(&self) -> bool {
+        let st = lock(&self.state);
+        let mut subs = st.locals.iter().filter(|l| l.sid != INBOX_SID).peekable();
+        subs.peek().is_some() && subs.all(|l| matches!(l.target.sink, Sink::Sub { drop: true, .. }))
     }
 
     fn remove_local(&self, sid: u32) {

@@ -189,6 +189,57 @@ fn take_named(m: &mut Message) -> Vec<(u32, Bytes)> {
     named
 }
 
+/// Adds `m` to the batch for target `t`.
+pub(super) fn push(pending: &mut Vec<(LocalTarget, Vec<Message>)>, t: &LocalTarget, m: Message) {
+    match pending.iter_mut().find(|(p, _)| p.sid == t.sid) {
+        Some((_, v)) => v.push(m),
+        None => pending.push((t.clone(), vec![m])),
+    }
+}
+
+/// Hands `m` to the local subscriptions of `route`: every plain one, and one member of
+/// each queue group: the one the publishing node named (`named`: from a node), or for a
+/// plain client's message (`None`) one of ours, round robin.
+pub(super) fn dispatch(
+    node: &NodeInner,
+    route: &Route,
+    m: Message,
+    named: Option<Vec<(u32, Bytes)>>,
+    push: &mut dyn FnMut(&LocalTarget, Message),
+) {
+    for g in &route.groups {
+        let locals = &g.locals;
+        let chosen = if let Some(named) = &named {
+            let Some((sid, _)) = named.iter().find(|(_, n)| n[..] == *g.name.as_bytes()) else {
+                continue; // the publisher chose a member elsewhere
+            };
+            match locals.iter().find(|t| t.sid == *sid) {
+                Some(t) => Some(t),
+                // The named member has gone meanwhile: another of ours, if any.
+                None if !locals.is_empty() => {
+                    let i = node.rr.fetch_add(1, Ordering::Relaxed) % locals.len();
+                    Some(&locals[i])
+                }
+                None => {
+                    node.stats.unroutable.fetch_add(1, Ordering::Relaxed);
+                    None
+                }
+            }
+        } else if locals.is_empty() {
+            None
+        } else {
+            let i = node.rr.fetch_add(1, Ordering::Relaxed) % locals.len();
+            Some(&locals[i])
+        };
+        if let Some(t) = chosen {
+            push(t, m.clone());
+        }
+    }
+    for t in &route.locals {
+        push(t, m.clone());
+    }
+}
+
 impl PeerConn {
     fn send(&self, f: &Frame) {
         send_frame(&self.outbox, f);
@@ -212,53 +263,14 @@ impl PeerConn {
         too_large(len, self.node.options.max_payload).map(|(c, m)| self.refuse(c, &m))
     }
 
-    fn push(&mut self, t: &LocalTarget, m: Message) {
-        match self.pending.iter_mut().find(|(p, _)| p.sid == t.sid) {
-            Some((_, v)) => v.push(m),
-            None => self.pending.push((t.clone(), vec![m])),
-        }
-    }
-
-    /// Hands `m` to the local subscriptions of `route`: every plain one, and one member of
-    /// each queue group (the one the publishing node named, or for a plain client's
-    /// message one of ours, round robin).
+    /// Hands `m` to the local subscriptions of `route` (see [`dispatch`]).
     fn dispatch(&mut self, route: &Route, mut m: Message) {
-        let named = if self.from.is_some() {
-            take_named(&mut m)
-        } else {
-            Vec::new()
-        };
-        for g in &route.groups {
-            let locals = &g.locals;
-            let chosen = if self.from.is_some() {
-                let Some((sid, _)) = named.iter().find(|(_, n)| n[..] == *g.name.as_bytes()) else {
-                    continue; // the publisher chose a member elsewhere
-                };
-                match locals.iter().find(|t| t.sid == *sid) {
-                    Some(t) => Some(t),
-                    // The named member has gone meanwhile: another of ours, if any.
-                    None if !locals.is_empty() => {
-                        let i = self.node.rr.fetch_add(1, Ordering::Relaxed) % locals.len();
-                        Some(&locals[i])
-                    }
-                    None => {
-                        self.node.stats.unroutable.fetch_add(1, Ordering::Relaxed);
-                        None
-                    }
-                }
-            } else if locals.is_empty() {
-                None
-            } else {
-                let i = self.node.rr.fetch_add(1, Ordering::Relaxed) % locals.len();
-                Some(&locals[i])
-            };
-            if let Some(t) = chosen {
-                self.push(t, m.clone());
-            }
-        }
-        for t in &route.locals {
-            self.push(t, m.clone());
-        }
+        let named = self.from.is_some().then(|| take_named(&mut m));
+        let mut pending = std::mem::take(&mut self.pending);
+        dispatch(&self.node, route, m, named, &mut |t, m| {
+            push(&mut pending, t, m)
+        });
+        self.pending = pending;
     }
 
     fn on_publish(&mut self, m: Message) -> Result<(), End> {

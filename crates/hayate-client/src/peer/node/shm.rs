@@ -1,0 +1,671 @@
+//! Shared memory between nodes on one host (docs/shm.md, "The transport").
+//!
+//! Each node that publishes to local nodes has one ring (`hayate_shm`, a sealed memfd): it
+//! writes each publication for any of them once, whatever their number, and every local
+//! node it is linked to reads the ring and keeps what its own subscriptions match (queue
+//! group members are named in the message, with the node's id). The ring is offered when a
+//! node dials another: over the other node's Unix socket (abstract name
+//! `hayate-peer/<id>`, so it exists only while the node runs and only in its network
+//! namespace) the dialler sends the segment and its doorbell (an eventfd); the other node
+//! registers a reader and answers with its cursor entry and its own doorbell. No socket, no
+//! shared memory: the link carries the node's publications over TCP as before.
+//!
+//! The Unix connection stays open as long as the attachment: when either end closes (or its
+//! process dies), the other learns it at once. A writer then evicts the reader (it no longer
+//! waits for it) and closes the link; a reader reads what the ring still holds, then stops.
+
+use std::os::fd::AsFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use hayate_core::Message;
+use hayate_native::Frame;
+use hayate_shm::announce;
+use hayate_shm::doorbell::Doorbell;
+use hayate_shm::segment::Segment;
+use hayate_shm::{MAX_READERS, ReadError, SharedReader, SharedRing, SharedWriter};
+use tokio::io::Interest as IoInterest;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{LocalTarget, NodeInner, lock, server};
+use crate::{Client, Error, Result};
+
+/// The header naming queue-group members in a ring message: one per member, its value the
+/// node's id (u64), the subscription id (u32), both big-endian, then the group's name.
+pub const SHM_TO_HEADER: &str = "hayate-peer-shm-to";
+
+/// First word of both handshake messages.
+const HANDSHAKE: &str = "HAYATE-SHM/1";
+
+/// A chunk's first byte: more chunks of the same frame follow.
+const MORE: u8 = 1;
+
+/// How a node uses shared memory with local nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ShmMode {
+    /// Never: every link is TCP.
+    Off,
+    /// With every node that is on this host (its Unix socket answers); TCP otherwise.
+    #[default]
+    Auto,
+    /// With every node: a link to a node that cannot take the ring is refused (and redialled
+    /// like an unreachable one).
+    Require,
+}
+
+impl std::str::FromStr for ShmMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "off" => Ok(ShmMode::Off),
+            "auto" => Ok(ShmMode::Auto),
+            "require" | "on" => Ok(ShmMode::Require),
+            _ => Err(format!("shm mode {s:?}: expected off, auto or require")),
+        }
+    }
+}
+
+/// Settings of a node's shared memory.
+#[derive(Debug, Clone)]
+pub struct ShmOptions {
+    /// When to use it.
+    pub mode: ShmMode,
+    /// Slots of this node's ring: messages a reliable reader may be behind before the
+    /// publisher waits (default 1024).
+    pub slots: usize,
+    /// Bytes of a slot (default 64 KiB); a larger message takes several consecutive slots.
+    /// The ring's size is about `slots` x `slot_bytes` (64 MiB by default, of which only
+    /// the pages written are backed by memory).
+    pub slot_bytes: usize,
+    /// How long a reader that finds its ring empty keeps looking (yielding to other tasks)
+    /// before it sleeps until the writer's wake-up: lower latency for a core kept busy
+    /// (default 0: sleeps at once).
+    pub spin: Duration,
+}
+
+impl Default for ShmOptions {
+    fn default() -> Self {
+        ShmOptions {
+            mode: ShmMode::Auto,
+            slots: 1024,
+            slot_bytes: 64 * 1024,
+            spin: Duration::ZERO,
+        }
+    }
+}
+
+/// A doorbell the runtime's reactor watches.
+fn async_bell(bell: Doorbell) -> Result<AsyncFd<Doorbell>> {
+    // `with_interest` is deprecated because a type whose `as_raw_fd` may change or close
+    // under the reactor makes it unsound; a `Doorbell` owns its descriptor (an `OwnedFd`,
+    // never replaced) for as long as it lives, which is the condition the unsafe
+    // `register_with_interest` asks its callers to uphold.
+    #[allow(deprecated)]
+    Ok(AsyncFd::with_interest(bell, IoInterest::READABLE)?)
+}
+
+/// The abstract Unix socket name of node `id`.
+fn socket_name(id: u64) -> String {
+    format!("hayate-peer/{id:016x}")
+}
+
+fn unix_addr(id: u64) -> std::io::Result<UnixAddr> {
+    UnixAddr::from_abstract_name(socket_name(id).as_bytes())
+}
+
+/// A node reading this node's ring.
+#[derive(Debug, Clone)]
+pub(super) struct ReaderEntry {
+    peer: u64,
+    bell: Arc<Doorbell>,
+    /// This node's link to it.
+    link: Client,
+}
+
+/// This node's ring and the readers attached to it.
+#[derive(Debug)]
+pub(super) struct Outgoing {
+    /// The writer, and the encoding buffer; an async lock: a publication waits for room
+    /// while holding it (the chunks of one message are consecutive).
+    writer: tokio::sync::Mutex<(SharedWriter, BytesMut)>,
+    /// This writer's doorbell (readers ring it when it waits for them).
+    doorbell: AsyncFd<Doorbell>,
+    /// Per cursor entry: the node reading with it.
+    readers: Mutex<Vec<Option<ReaderEntry>>>,
+    /// The ring (to hand out and to evict readers without the writer's lock).
+    ring: SharedRing,
+    /// Payload bytes of a chunk (a slot less the chunk's flag byte).
+    chunk: usize,
+}
+
+impl Outgoing {
+    pub(super) fn new(options: &ShmOptions, id: u64) -> Result<Outgoing> {
+        let slot = options.slot_bytes.max(64);
+        let words = hayate_shm::region_words(options.slots.max(2), slot);
+        let segment = Segment::create(&format!("hayate-peer-{id:016x}"), words * 8)
+            .map_err(|e| Error::Protocol(e.to_string()))?;
+        let ring = SharedRing::init(segment, options.slots.max(2), slot)
+            .map_err(|e| Error::Protocol(e.to_string()))?;
+        let writer = SharedWriter::new(ring.clone());
+        let chunk = writer.max_payload() - 1;
+        Ok(Outgoing {
+            ring,
+            writer: tokio::sync::Mutex::new((writer, BytesMut::new())),
+            doorbell: async_bell(Doorbell::new()?)?,
+            readers: Mutex::new(vec![None; MAX_READERS]),
+            chunk,
+        })
+    }
+
+    fn wake(&self, mask: u64) {
+        if mask == 0 {
+            return;
+        }
+        let readers = lock(&self.readers);
+        for (i, r) in readers.iter().enumerate() {
+            if mask & (1 << i) != 0
+                && let Some(r) = r
+            {
+                r.bell.ring();
+            }
+        }
+    }
+}
+
+impl NodeInner {
+    /// Writes `msg` once into this node's ring, naming the queue-group members `named`
+    /// (node, subscription, group) chosen on local nodes. Waits while a reliable reader is a
+    /// ring behind, at most `max_block`; then that reader is evicted (a slow consumer: its
+    /// link closes).
+    pub(super) async fn shm_publish(
+        &self,
+        out: &Outgoing,
+        msg: &Message,
+        named: &[(u64, u32, Arc<str>)],
+    ) {
+        let mut guard = out.writer.lock().await;
+        let (writer, buf) = &mut *guard;
+        buf.clear();
+        buf.extend_from_slice(&[0]); // room for the first chunk's flag
+        if named.is_empty() {
+            hayate_native::encode_pub(msg, buf);
+        } else {
+            let mut m = msg.clone();
+            let h = m.headers.get_or_insert_with(Vec::new);
+            for (node, sid, g) in named {
+                let mut v = Vec::with_capacity(12 + g.len());
+                v.extend_from_slice(&node.to_be_bytes());
+                v.extend_from_slice(&sid.to_be_bytes());
+                v.extend_from_slice(g.as_bytes());
+                h.push((SHM_TO_HEADER.to_string(), Bytes::from(v)));
+            }
+            hayate_native::encode_pub(&m, buf);
+        }
+        // Chunk k is the byte before it (its flag, written over the frame's byte there and
+        // put back after) and up to `chunk` bytes of the frame: no copy of the frame.
+        let total = buf.len() - 1;
+        let mut at = 1;
+        let mut since: Option<Instant> = None;
+        while at <= total {
+            let end = (at + out.chunk).min(total + 1);
+            let saved = buf[at - 1];
+            buf[at - 1] = if end <= total { MORE } else { 0 };
+            loop {
+                match writer.try_publish(&buf[at - 1..end]) {
+                    Ok(Some(_)) => break,
+                    Ok(None) => {}
+                    Err(_) => unreachable!("a chunk fits its slot"),
+                }
+                // A reliable reader is a ring behind: wake whoever sleeps, then wait for it.
+                out.wake(writer.sleepers());
+                writer.prepare_wait();
+                if writer
+                    .try_publish(&buf[at - 1..end])
+                    .ok()
+                    .flatten()
+                    .is_some()
+                {
+                    break;
+                }
+                let deadline = *since.get_or_insert_with(Instant::now) + self.options.max_block;
+                match tokio::time::timeout_at(deadline, out.doorbell.readable()).await {
+                    Ok(Ok(mut g)) => {
+                        if !g.get_inner().drain() {
+                            g.clear_ready();
+                        }
+                    }
+                    Ok(Err(_)) => tokio::time::sleep(Duration::from_millis(1)).await,
+                    Err(_) => {
+                        if let Some(i) = writer.blocking_reader() {
+                            writer.evict(i);
+                            let reader = lock(&out.readers)[i].take();
+                            self.shm_slow_reader(reader);
+                        }
+                        since = None;
+                    }
+                }
+            }
+            buf[at - 1] = saved;
+            at = end;
+        }
+        out.wake(writer.sleepers());
+    }
+
+    /// A reader of this node's ring held it past `max_block`: it is evicted, and its link
+    /// closed (the node redials or is redialled, and attaches again).
+    fn shm_slow_reader(&self, reader: Option<ReaderEntry>) {
+        tracing::warn!(
+            peer = ?reader.as_ref().map(|r| format!("{:016x}", r.peer)),
+            "peer: a node held this node's ring past max_block: evicted as a slow consumer"
+        );
+        self.stats.slow_consumers.fetch_add(1, Ordering::Relaxed);
+        if let Some(r) = reader {
+            tokio::spawn(async move { r.link.close().await });
+        }
+    }
+
+    /// Offers this node's ring to node `rid`, just linked by `link`: `Ok(true)` once it
+    /// reads it, `Ok(false)` when it is not on this host (its socket does not answer) or
+    /// refuses. The attachment lasts as long as `link`.
+    pub(super) async fn shm_offer(self: &Arc<Self>, rid: u64, link: &Client) -> Result<bool> {
+        let Some(out) = self.outgoing.clone() else {
+            return Ok(false);
+        };
+        let me = self.id;
+        let timeout = self.options.handshake_timeout;
+        let writer_bell = out.doorbell.get_ref().as_fd().try_clone_to_owned()?;
+        let segment_fd = out.ring.segment().fd().try_clone_to_owned()?;
+        let done = tokio::task::spawn_blocking(move || -> std::io::Result<Option<_>> {
+            let Ok(sock) = UnixStream::connect_addr(&unix_addr(rid)?) else {
+                return Ok(None); // not on this host, or shared memory off there
+            };
+            sock.set_read_timeout(Some(timeout))?;
+            sock.set_write_timeout(Some(timeout))?;
+            if !announce::same_user(&sock)? {
+                return Ok(None);
+            }
+            let offer = format!("{HANDSHAKE} OFFER {me:016x} {rid:016x}");
+            announce::send_fds(
+                &sock,
+                &[segment_fd.as_fd(), writer_bell.as_fd()],
+                offer.as_bytes(),
+            )?;
+            let Ok((mut fds, answer)) = announce::receive_fds(&sock, 1) else {
+                return Ok(None); // refused: the socket closed
+            };
+            let answer = String::from_utf8_lossy(&answer).into_owned();
+            let entry = answer
+                .strip_prefix(HANDSHAKE)
+                .and_then(|a| a.strip_prefix(" OK "))
+                .and_then(|e| e.parse::<usize>().ok())
+                .filter(|e| *e < MAX_READERS);
+            let (Some(entry), Some(fd)) = (entry, fds.pop()) else {
+                return Ok(None);
+            };
+            let bell = Doorbell::from_fd(fd)?;
+            sock.set_read_timeout(None)?;
+            sock.set_nonblocking(true)?;
+            Ok(Some((sock, entry, bell)))
+        })
+        .await
+        .map_err(|e| Error::Protocol(format!("shm offer: {e}")))??;
+        let Some((sock, entry, bell)) = done else {
+            return Ok(false);
+        };
+        let bell = Arc::new(bell);
+        lock(&out.readers)[entry] = Some(ReaderEntry {
+            peer: rid,
+            bell: bell.clone(),
+            link: link.clone(),
+        });
+        // When the attachment or the link ends (or the node stops): stop waiting for that
+        // reader, and end both.
+        let sock = tokio::net::UnixStream::from_std(sock)?;
+        let link = link.clone();
+        let mut stop = self.stop.subscribe();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = closed(&sock) => {}
+                () = link.inner.closed() => {}
+                _ = stop.changed() => {}
+            }
+            let mine = {
+                let mut readers = lock(&out.readers);
+                let mine = readers[entry]
+                    .as_ref()
+                    .is_some_and(|r| Arc::ptr_eq(&r.bell, &bell));
+                if mine {
+                    readers[entry] = None;
+                }
+                mine
+            };
+            if mine {
+                // Not through the writer, which may be waiting for this very reader: wake
+                // it to look again.
+                out.ring.evict(entry);
+                out.doorbell.get_ref().ring();
+            }
+            drop(sock);
+            let _ = tokio::time::timeout(Duration::from_secs(5), link.close()).await;
+        });
+        Ok(true)
+    }
+}
+
+/// Serves offers of rings from nodes dialling this one.
+pub(super) fn listen(node: Arc<NodeInner>, stop: watch::Receiver<bool>) {
+    let listener = match UnixListener::bind_addr(&match unix_addr(node.id) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!("peer: no shared memory (socket name: {e})");
+            return;
+        }
+    }) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!("peer: no shared memory (cannot listen on its Unix socket: {e})");
+            return;
+        }
+    };
+    let listener = match listener
+        .set_nonblocking(true)
+        .and_then(|()| tokio::net::UnixListener::from_std(listener))
+    {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!("peer: no shared memory ({e})");
+            return;
+        }
+    };
+    tokio::spawn(async move {
+        let mut stop2 = stop.clone();
+        loop {
+            tokio::select! {
+                r = listener.accept() => {
+                    let Ok((sock, _)) = r else { continue };
+                    let node = node.clone();
+                    let stop = stop.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = accept_offer(node, sock, stop).await {
+                            tracing::debug!("peer: shm offer refused: {e}");
+                        }
+                    });
+                }
+                _ = stop2.changed() => return,
+            }
+        }
+    });
+}
+
+/// Takes an offer: checks who offers, attaches the ring, registers a reader, answers, and
+/// reads until the attachment or the node ends.
+async fn accept_offer(
+    node: Arc<NodeInner>,
+    sock: tokio::net::UnixStream,
+    stop: watch::Receiver<bool>,
+) -> Result<()> {
+    let sock = sock.into_std()?;
+    sock.set_nonblocking(false)?;
+    let timeout = node.options.handshake_timeout;
+    let me = node.id;
+    let waits = !node.all_drop();
+    // The blocking part of the handshake (SCM_RIGHTS on a std socket, with timeouts).
+    let (sock, from, reader, bell, writer_bell) =
+        tokio::task::spawn_blocking(move || -> std::result::Result<_, String> {
+            sock.set_read_timeout(Some(timeout))
+                .map_err(|e| e.to_string())?;
+            sock.set_write_timeout(Some(timeout))
+                .map_err(|e| e.to_string())?;
+            if !announce::same_user(&sock).map_err(|e| e.to_string())? {
+                return Err("an offer from another user".into());
+            }
+            let (mut fds, offer) = announce::receive_fds(&sock, 2).map_err(|e| e.to_string())?;
+            let offer = String::from_utf8_lossy(&offer).into_owned();
+            let mut words = offer.split(' ');
+            let (Some(HANDSHAKE), Some("OFFER"), Some(from), Some(to), None) = (
+                words.next(),
+                words.next(),
+                words.next(),
+                words.next(),
+                words.next(),
+            ) else {
+                return Err(format!("a malformed offer {offer:?}"));
+            };
+            let from = u64::from_str_radix(from, 16).map_err(|_| "a malformed offer id")?;
+            if u64::from_str_radix(to, 16).ok() != Some(me) {
+                return Err("an offer meant for another node".into());
+            }
+            let (Some(bell_fd), Some(seg_fd)) = (fds.pop(), fds.pop()) else {
+                return Err("an offer without its descriptors".into());
+            };
+            let segment = Segment::open(seg_fd).map_err(|e| e.to_string())?;
+            let ring = SharedRing::attach(segment).map_err(|e| e.to_string())?;
+            let writer_bell = Doorbell::from_fd(bell_fd).map_err(|e| e.to_string())?;
+            let reader = SharedReader::register(ring, waits).map_err(|e| e.to_string())?;
+            let entry = reader.cursor().ok_or("no cursor")?;
+            let bell = Doorbell::new().map_err(|e| e.to_string())?;
+            announce::send_fds(
+                &sock,
+                &[bell.as_fd()],
+                format!("{HANDSHAKE} OK {entry}").as_bytes(),
+            )
+            .map_err(|e| e.to_string())?;
+            sock.set_nonblocking(true).map_err(|e| e.to_string())?;
+            Ok((sock, from, reader, bell, writer_bell))
+        })
+        .await
+        .map_err(|e| Error::Protocol(e.to_string()))?
+        .map_err(Error::Protocol)?;
+    // Only from a node linked to this one (its HELLO came on the TCP listener first).
+    if !lock(&node.state).inbound.values().any(|i| i.peer == from) {
+        return Err(Error::Protocol(format!(
+            "an offer from {from:016x}, which has no link to this node"
+        )));
+    }
+    let sock = tokio::net::UnixStream::from_std(sock)?;
+    let bell = async_bell(bell)?;
+    tracing::debug!(peer = %format_args!("{from:016x}"), "peer: reading its ring");
+    RingReader {
+        node,
+        from,
+        reader,
+        bell,
+        writer_bell,
+        sock,
+        assembling: BytesMut::new(),
+        chunk: Vec::new(),
+    }
+    .run(stop)
+    .await;
+    Ok(())
+}
+
+/// Resolves when the other end of `sock` has closed (or the socket failed); what it sends
+/// is read and ignored.
+async fn closed(sock: &tokio::net::UnixStream) {
+    let mut b = [0u8; 64];
+    loop {
+        if sock.readable().await.is_err() {
+            return;
+        }
+        match sock.try_read(&mut b) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return,
+        }
+    }
+}
+
+struct RingReader {
+    node: Arc<NodeInner>,
+    from: u64,
+    reader: SharedReader,
+    bell: AsyncFd<Doorbell>,
+    writer_bell: Doorbell,
+    sock: tokio::net::UnixStream,
+    /// The frame being put together from chunks.
+    assembling: BytesMut,
+    chunk: Vec<u8>,
+}
+
+/// Messages read in one go before they are handed over.
+const READ_BURST: usize = 256;
+
+impl RingReader {
+    async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let max_frame = usize::try_from(self.node.options.max_payload)
+            .unwrap_or(usize::MAX)
+            .saturating_add(64 * 1024);
+        let spin = self.node.options.shm.spin;
+        let mut pending: Vec<(LocalTarget, Vec<Message>)> = Vec::new();
+        let mut closing = false;
+        loop {
+            let mut got = 0;
+            while got < READ_BURST {
+                match self.reader.read(&mut self.chunk) {
+                    Ok(Some(_)) => {
+                        got += 1;
+                        if self.on_chunk(max_frame, &mut pending).is_err() {
+                            return self.corrupt();
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(ReadError::Lost(k)) => {
+                        got += 1;
+                        self.assembling.clear();
+                        self.node.stats.shm_lost.fetch_add(k, Ordering::Relaxed);
+                    }
+                    Err(ReadError::Corrupt) => return self.corrupt(),
+                }
+            }
+            if got > 0 {
+                for (t, batch) in pending.drain(..) {
+                    self.node.deliver(&t, batch).await;
+                }
+                if self.reader.writer_waits() {
+                    self.writer_bell.ring();
+                }
+                continue;
+            }
+            if closing || self.node.is_stopped() {
+                return;
+            }
+            // Nothing new: keep looking for `spin`, then sleep until the writer rings.
+            if !spin.is_zero() {
+                let until = Instant::now() + spin;
+                let mut found = false;
+                while Instant::now() < until {
+                    tokio::task::yield_now().await;
+                    if self.has_more() {
+                        found = true;
+                        break;
+                    }
+                }
+                if found {
+                    continue;
+                }
+            }
+            let waits = !self.node.all_drop();
+            if self.reader.waited_for() != waits {
+                self.reader.set_waited_for(waits);
+            }
+            if !self.reader.prepare_sleep() {
+                if self.reader.cursor().is_none() {
+                    // Evicted: this node is no longer read from; the writer closes the link.
+                    return;
+                }
+                continue;
+            }
+            tokio::select! {
+                r = self.bell.readable() => {
+                    if let Ok(mut g) = r && !g.get_inner().drain() {
+                        g.clear_ready();
+                    }
+                }
+                // The writer closed or died: read what the ring holds, then stop.
+                () = closed(&self.sock) => closing = true,
+                _ = stop.changed() => {}
+            }
+            self.reader.end_sleep();
+        }
+    }
+
+    fn has_more(&mut self) -> bool {
+        self.reader.pending()
+    }
+
+    /// One chunk read: appends it; a complete frame is decoded and dispatched.
+    fn on_chunk(
+        &mut self,
+        max_frame: usize,
+        pending: &mut Vec<(LocalTarget, Vec<Message>)>,
+    ) -> std::result::Result<(), ()> {
+        let Some((&flag, body)) = self.chunk.split_first() else {
+            return Err(());
+        };
+        if flag & !MORE != 0 || self.assembling.len() + body.len() > max_frame {
+            return Err(());
+        }
+        self.assembling.extend_from_slice(body);
+        if flag & MORE != 0 {
+            return Ok(());
+        }
+        let mut frame = std::mem::take(&mut self.assembling);
+        let m = match hayate_native::decode(&mut frame, max_frame) {
+            Ok(Some(Frame::Pub(m))) if frame.is_empty() => m,
+            _ => return Err(()),
+        };
+        self.node.stats.shm_received.fetch_add(1, Ordering::Relaxed);
+        let mut m = m;
+        let named = take_named_shm(&mut m, self.node.id);
+        let route = self.node.route(&m.key);
+        server::dispatch(&self.node, &route, m, Some(named), &mut |t, m| {
+            server::push(pending, t, m)
+        });
+        Ok(())
+    }
+
+    /// The ring holds what a Hayate writer cannot produce: it is no longer read, and the
+    /// attachment closes (the writer then closes its link to this node).
+    fn corrupt(self) {
+        tracing::warn!(
+            peer = %format_args!("{:016x}", self.from),
+            "peer: the ring of this node is corrupt: no longer read"
+        );
+        self.node.stats.shm_corrupt.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The queue-group members named for node `me` in `m` (every such header is removed).
+fn take_named_shm(m: &mut Message, me: u64) -> Vec<(u32, Bytes)> {
+    let Some(h) = m.headers.as_mut() else {
+        return Vec::new();
+    };
+    if !h.iter().any(|(n, _)| n == SHM_TO_HEADER) {
+        return Vec::new();
+    }
+    let mut named = Vec::new();
+    h.retain(|(n, v)| {
+        if n != SHM_TO_HEADER {
+            return true;
+        }
+        if v.len() >= 12 && v[..8] == me.to_be_bytes() {
+            named.push((
+                u32::from_be_bytes([v[8], v[9], v[10], v[11]]),
+                v.slice(12..),
+            ));
+        }
+        false
+    });
+    if h.is_empty() {
+        m.headers = None;
+    }
+    named
+}

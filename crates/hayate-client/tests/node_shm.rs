@@ -1,0 +1,293 @@
+//! Peer mode over shared memory (nodes on one host): one copy of each message in the
+//! publisher's ring for any number of local nodes, messages larger than a slot, a reader
+//! process killed with SIGKILL (the writer carries on, nothing is left mapped), and a ring
+//! that a hostile process corrupts (an error, not a crash). The killed reader is this test
+//! binary run again with `HAYATE_NODE_CHILD` set (the `child` test does nothing otherwise).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::os::fd::AsFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use hayate_client::peer::{Node, NodeOptions, ShmMode, ShmOptions};
+use hayate_client::{Key, Subscription};
+use hayate_shm::doorbell::Doorbell;
+use hayate_shm::segment::Segment;
+use hayate_shm::{SharedRing, SharedWriter, announce};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, f).await.expect("test watchdog")
+}
+
+fn opts(peers: &[&Node]) -> NodeOptions {
+    NodeOptions {
+        peers: peers.iter().map(|p| p.local_addr().to_string()).collect(),
+        shm: ShmOptions {
+            mode: ShmMode::Require,
+            ..ShmOptions::default()
+        },
+        ..NodeOptions::default()
+    }
+}
+
+async fn take(sub: &mut Subscription, n: usize) -> Vec<Vec<u8>> {
+    let mut v = Vec::new();
+    while v.len() < n {
+        let m = within(sub.next()).await.expect("subscription ended");
+        v.push(m.payload.to_vec());
+    }
+    v
+}
+
+fn key(k: &str) -> Key {
+    Key::new(k).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_copy_in_the_ring_reaches_every_local_node() {
+    // Small slots: a 200 KiB message takes several.
+    let a = Node::start(NodeOptions {
+        shm: ShmOptions {
+            mode: ShmMode::Require,
+            slots: 64,
+            slot_bytes: 16 * 1024,
+            ..ShmOptions::default()
+        },
+        ..NodeOptions::default()
+    })
+    .await
+    .unwrap();
+    let mut readers = Vec::new();
+    for _ in 0..3 {
+        let n = Node::start(opts(&[&a])).await.unwrap();
+        within(n.wait_peers(1, WAIT)).await.unwrap();
+        readers.push(n);
+    }
+    within(a.wait_peers(3, WAIT)).await.unwrap();
+    let mut subs = Vec::new();
+    let mut group = Vec::new();
+    for n in &readers {
+        subs.push(n.subscribe("s/*").await.unwrap());
+        group.push(n.queue_subscribe("s/*", "workers").await.unwrap());
+    }
+    let count = 500u32;
+    let big: Vec<u8> = (0..200 * 1024).map(|i| (i % 251) as u8).collect();
+    within(async {
+        for i in 0..count {
+            a.publish(&key("s/x"), i.to_be_bytes().to_vec())
+                .await
+                .unwrap();
+        }
+        a.publish(&key("s/big"), big.clone()).await.unwrap();
+    })
+    .await;
+    let want: Vec<Vec<u8>> = (0..count).map(|i| i.to_be_bytes().to_vec()).collect();
+    for s in &mut subs {
+        let got = take(s, count as usize + 1).await;
+        assert_eq!(got[..count as usize], want[..], "in order, every one");
+        assert_eq!(got[count as usize], big, "the large message, whole");
+    }
+    // The queue group: each message to exactly one member, among the three nodes.
+    let mut per_member = Vec::new();
+    let mut all = Vec::new();
+    for g in &mut group {
+        let mut got = Vec::new();
+        while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(300), g.next()).await {
+            got.push(m.payload.to_vec());
+        }
+        per_member.push(got.len());
+        all.extend(got);
+    }
+    assert_eq!(all.len(), count as usize + 1, "per member {per_member:?}");
+    assert!(per_member.iter().all(|n| *n > 0), "{per_member:?}");
+    // One copy in the ring per message, whatever the number of nodes reading it.
+    assert_eq!(
+        a.stats().shm_sent.load(Ordering::Relaxed),
+        u64::from(count) + 1
+    );
+    for n in &readers {
+        assert_eq!(
+            n.stats().shm_received.load(Ordering::Relaxed),
+            u64::from(count) + 1
+        );
+    }
+}
+
+/// The node process killed in the test below: links to the node at `HAYATE_NODE_CHILD`,
+/// subscribes to `k/*` with room for one batch, never reads, says `READY <id>` and waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child() {
+    let Ok(addr) = std::env::var("HAYATE_NODE_CHILD") else {
+        return;
+    };
+    let n = Node::start(NodeOptions {
+        peers: vec![addr],
+        subscription_capacity: 1,
+        max_block: Duration::from_secs(600),
+        shm: ShmOptions {
+            mode: ShmMode::Require,
+            ..ShmOptions::default()
+        },
+        ..NodeOptions::default()
+    })
+    .await
+    .unwrap();
+    n.wait_peers(1, WAIT).await.unwrap();
+    let _sub = n.subscribe("k/*").await.unwrap();
+    println!("READY {:016x}", n.id());
+    tokio::time::sleep(Duration::from_secs(600)).await;
+}
+
+/// A child process killed when the test ends, whichever way.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Mappings and descriptors of this process that name a memfd of node `id`.
+fn held_segments(id: &str) -> usize {
+    let name = format!("hayate-peer-{id}");
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let mapped = maps.lines().filter(|l| l.contains(&name)).count();
+    let fds = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|p| p.to_string_lossy().contains(&name))
+        .count();
+    mapped + fds
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_killed_with_sigkill_neither_holds_the_writer_nor_leaves_its_segment() {
+    // A small ring, and a max_block far longer than the test: only the death of the reader
+    // can release the writer.
+    let a = Node::start(NodeOptions {
+        max_block: Duration::from_secs(600),
+        shm: ShmOptions {
+            mode: ShmMode::Require,
+            slots: 16,
+            ..ShmOptions::default()
+        },
+        ..NodeOptions::default()
+    })
+    .await
+    .unwrap();
+    let c = Node::start(opts(&[&a])).await.unwrap();
+    within(c.wait_peers(1, WAIT)).await.unwrap();
+    let mut on_c = c.subscribe("k/*").await.unwrap();
+
+    let mut child = KillOnDrop(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child", "--nocapture", "--test-threads=1"])
+            .env("HAYATE_NODE_CHILD", a.local_addr().to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let out = child.0.stdout.take().unwrap();
+    let child_id = tokio::task::spawn_blocking(move || {
+        let mut lines = BufReader::new(out).lines();
+        loop {
+            let l = lines.next().expect("child ended").unwrap();
+            // The harness writes "test child ... " before it, on the same line.
+            if let Some((_, id)) = l.split_once("READY ") {
+                return id.trim().to_string();
+            }
+        }
+    });
+    let child_id = within(child_id).await.unwrap();
+    within(a.wait_peers(2, WAIT)).await.unwrap();
+    assert!(
+        held_segments(&child_id) > 0,
+        "this process reads the child's ring"
+    );
+
+    // The child reads one batch and stops: the ring (16 slots) fills and the publisher waits.
+    let n = 2_000u32;
+    let reading = tokio::spawn(async move { take(&mut on_c, n as usize).await });
+    let publisher = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            for i in 0..n {
+                a.publish(&key("k/x"), i.to_be_bytes().to_vec())
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !publisher.is_finished(),
+        "the publisher waits for the child"
+    );
+    child.0.kill().unwrap(); // SIGKILL
+    child.0.wait().unwrap();
+    within(publisher).await.unwrap();
+    let got = within(reading).await.unwrap();
+    assert_eq!(
+        got,
+        (0..n).map(|i| i.to_be_bytes().to_vec()).collect::<Vec<_>>(),
+        "the other reader got every message, in order"
+    );
+    // Nothing of the dead node stays mapped or open here.
+    within(async {
+        while held_segments(&child_id) > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(a.stats().slow_consumers.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_ring_is_an_error_for_that_ring_only() {
+    let b = Node::start(opts(&[])).await.unwrap();
+    let x = Node::start(opts(&[&b])).await.unwrap();
+    within(b.wait_peers(1, WAIT)).await.unwrap();
+    let mut sub = b.subscribe("c/*").await.unwrap();
+    // A hostile process offers b a ring in x's name (x is linked to b), then writes into it
+    // what no writer produces: a length past the slot.
+    let (b_id, x_id) = (b.id(), x.id());
+    let sock = tokio::task::spawn_blocking(move || {
+        let name = format!("hayate-peer/{b_id:016x}");
+        let sock = UnixStream::connect_addr(&UnixAddr::from_abstract_name(name).unwrap()).unwrap();
+        let words = hayate_shm::region_words(8, 64);
+        let ring = SharedRing::init(Segment::create("evil", words * 8).unwrap(), 8, 64).unwrap();
+        let bell = Doorbell::new().unwrap();
+        announce::send_fds(
+            &sock,
+            &[ring.segment().fd(), bell.as_fd()],
+            format!("HAYATE-SHM/1 OFFER {x_id:016x} {b_id:016x}").as_bytes(),
+        )
+        .unwrap();
+        let (mut fds, answer) = announce::receive_fds(&sock, 1).unwrap();
+        assert!(answer.starts_with(b"HAYATE-SHM/1 OK "));
+        let b_bell = Doorbell::from_fd(fds.pop().unwrap()).unwrap();
+        let mut w = SharedWriter::new(ring.clone());
+        w.publish(b"\x00garbage that is no frame").unwrap();
+        b_bell.ring();
+        (sock, ring)
+    });
+    let (_sock, _ring) = within(sock).await.unwrap();
+    within(async {
+        while b.stats().shm_corrupt.load(Ordering::Relaxed) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // b carries on: x's own ring still delivers.
+    x.publish(&key("c/1"), "after").await.unwrap();
+    assert_eq!(take(&mut sub, 1).await, vec![b"after".to_vec()]);
+}
