@@ -15,9 +15,14 @@ bpid=$!
 trap 'kill $bpid 2>/dev/null || true; wait $bpid 2>/dev/null || true; rm -rf "$tmp"' EXIT
 for _ in $(seq 100); do grep -q 'native protocol on' "$tmp/out" && break; sleep 0.05; done
 addr=$(sed -n 's/.*native protocol on \(.*\)$/\1/p' "$tmp/out" | head -1)
-targets=(--target "hayate://127.0.0.1:0?mode=peer&name=hayate-p2p"
+# hayate-p2p: peer nodes over TCP (shared memory off); hayate-shm: the same nodes over shared
+# memory (both in this process, so on one host); hayate-shm-spin: readers poll their ring
+# for 200 us before sleeping (busy polling, for the latency bar).
+targets=(--target "hayate://127.0.0.1:0?mode=peer&shm=off&name=hayate-p2p"
+         --target "hayate://127.0.0.1:0?mode=peer&shm=require&name=hayate-shm"
          --target "zenoh://127.0.0.1:0?mode=peer&name=zenoh-p2p"
          --target "hayate://$addr?name=hayate-brokered")
-"$BIN" bench thr "${targets[@]}" --baseline --payload 64,1KiB --duration "$DURATION" --json "$OUT/thr.json"
-"$BIN" bench lat "${targets[@]}" --baseline --payload 64 --duration "$DURATION" --json "$OUT/lat.json"
+"$BIN" bench thr "${targets[@]}" --baseline --payload 64,1KiB,1MiB --duration "$DURATION" --json "$OUT/thr.json"
+"$BIN" bench lat "${targets[@]}" --target "hayate://127.0.0.1:0?mode=peer&shm=require&spin=200&name=hayate-shm-spin" \
+    --baseline --payload 64 --duration "$DURATION" --json "$OUT/lat.json"
 cat /proc/cpuinfo | grep -m1 "model name" >"$OUT/machine.txt"; nproc >>"$OUT/machine.txt"

@@ -235,11 +235,20 @@ async fn hayate_peer(target: &Target) -> anyhow::Result<hayate_client::peer::Nod
         .unwrap_or_else(|e| e.into_inner())
         .get_or_insert_with(Default::default)
         .remove(&target.addr());
-    let options = NodeOptions {
+    let mut options = NodeOptions {
         listen: format!("{host}:0"),
         peers: partner.iter().cloned().collect(),
         ..NodeOptions::default()
     };
+    if let Some(m) = target.param("shm") {
+        options.shm.mode = m.parse().map_err(anyhow::Error::msg)?;
+    }
+    if let Some(us) = target.param("spin") {
+        options.shm.spin = Duration::from_micros(
+            us.parse()
+                .with_context(|| format!("{target}: spin is in microseconds"))?,
+        );
+    }
     let node = Node::start(options)
         .await
         .with_context(|| format!("starting a peer node for {target}"))?;

@@ -64,7 +64,7 @@ impl System {
     /// The query parameters a target URL of this system accepts, besides `name`.
     fn params(self) -> &'static [&'static str] {
         match self {
-            System::Hayate => &["mode", "ca"],
+            System::Hayate => &["mode", "ca", "shm", "spin"],
             System::Mqtt => &[
                 "qos",
                 "version",
@@ -124,8 +124,11 @@ impl Target {
     /// `version=3.1.1|5`, `client=hayate|rumqttc` (mqtt; rumqttc needs feature `peers`) and
     /// `transport=tcp|ws` (mqtt, hayate client: MQTT over WebSocket, `path=/mqtt` by default),
     /// `acks=0|1|all` (kafka), `mode=client|peer` and `express=0|1` (zenoh), `mode=peer`
-    /// (hayate, `bench rpc` only: the server is a `PeerServer` that callers reach directly;
-    /// HOST is where it listens, the port is ignored).
+    /// (hayate: with `bench rpc` the server is a `PeerServer` that callers reach directly;
+    /// with `thr`/`lat` publisher and subscriber are two peer nodes in this process; HOST is
+    /// where they listen, the port is ignored), `shm=off|auto|require` and `spin=MICROS`
+    /// (hayate `mode=peer`: shared memory between the nodes, default auto, which they use
+    /// since they share a host; how long a reader polls its ring before it sleeps).
     pub fn parse(url: &str) -> anyhow::Result<Target> {
         let url = url.trim();
         let (scheme, rest) = url

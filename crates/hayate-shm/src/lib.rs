@@ -225,6 +225,9 @@ impl<'a> Ring<'a> {
 pub struct Writer<'a> {
     ring: Ring<'a>,
     next: u64,
+    /// Messages it may publish before it looks at the cursors again (no reader waited for
+    /// can be a ring behind before then: readers only move on).
+    room: u64,
 }
 
 /// A payload larger than the ring's slots.
@@ -243,6 +246,7 @@ impl<'a> Writer<'a> {
         Writer {
             next: ring.head(),
             ring,
+            room: 0,
         }
     }
 
@@ -251,10 +255,38 @@ impl<'a> Writer<'a> {
     /// Unregistered readers are not waited for. A registered reader that stops reading
     /// holds the writer back until it is evicted ([`Writer::evict`]).
     pub fn try_publish(&mut self, payload: &[u8]) -> Result<Option<u64>, TooLarge> {
-        if self.blocking_reader().is_some() {
-            return Ok(None);
+        self.try_publish_parts(&[payload])
+    }
+
+    /// [`Writer::try_publish`] of the concatenation of `parts` (one message).
+    pub fn try_publish_parts(&mut self, parts: &[&[u8]]) -> Result<Option<u64>, TooLarge> {
+        if self.room == 0 {
+            self.room = self.room_now();
+            if self.room == 0 {
+                return Ok(None);
+            }
         }
-        self.publish(payload).map(Some)
+        self.publish_parts(parts).map(Some)
+    }
+
+    /// Messages it may publish now without overwriting one that a reader it waits for has
+    /// not read.
+    fn room_now(&self) -> u64 {
+        let slots = self.ring.slots as u64;
+        let mut room = slots;
+        for c in &self.ring.words[CURSORS..CURSORS + MAX_READERS] {
+            let v = c.load(Ordering::Acquire);
+            if v == 0 || v & NO_WAIT != 0 {
+                continue;
+            }
+            // Unread by that reader: from its position to ours (modulo 2^48: a reader is
+            // never 2^47 messages behind).
+            let unread = self.next.wrapping_sub(v) & POS_MASK;
+            if unread < 1 << 47 {
+                room = room.min(slots.saturating_sub(unread));
+            }
+        }
+        room
     }
 
     /// The entry of a registered reader (waited for) that has not read the message the next
@@ -310,33 +342,57 @@ impl<'a> Writer<'a> {
     /// Publishes `payload` as the next message; returns its number. Never waits: a reader
     /// that has not read the message this overwrites loses it.
     pub fn publish(&mut self, payload: &[u8]) -> Result<u64, TooLarge> {
+        self.publish_parts(&[payload])
+    }
+
+    /// [`Writer::publish`] of the concatenation of `parts` (one message), copied once, into
+    /// the slot.
+    pub fn publish_parts(&mut self, parts: &[&[u8]]) -> Result<u64, TooLarge> {
         let max = self.ring.max_payload();
-        if payload.len() > max {
-            return Err(TooLarge {
-                len: payload.len(),
-                max,
-            });
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len > max {
+            return Err(TooLarge { len, max });
         }
         let n = self.next;
         let slot = self.ring.slot(n);
         slot[0].store(2 * n + 1, Ordering::Relaxed);
         fence(Ordering::Release);
-        slot[1].store(payload.len() as u64, Ordering::Relaxed);
+        slot[1].store(len as u64, Ordering::Relaxed);
         let words = &slot[SLOT_HEADER_WORDS..];
-        let whole = payload.chunks_exact(8);
-        let rest = whole.remainder();
-        for (w, chunk) in words.iter().zip(whole) {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(chunk);
-            w.store(u64::from_le_bytes(b), Ordering::Relaxed);
+        // Whole words straight from each part; the bytes where two parts meet gather in
+        // `acc` (`fill` of its 8 bytes taken).
+        let (mut wi, mut acc, mut fill) = (0, [0u8; 8], 0);
+        for part in parts {
+            let mut p = *part;
+            if fill > 0 {
+                let take = (8 - fill).min(p.len());
+                acc[fill..fill + take].copy_from_slice(&p[..take]);
+                fill += take;
+                p = &p[take..];
+                if fill < 8 {
+                    continue; // this part is used up
+                }
+                words[wi].store(u64::from_le_bytes(acc), Ordering::Relaxed);
+                wi += 1;
+            }
+            let whole = p.chunks_exact(8);
+            let rest = whole.remainder();
+            for c in whole {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(c);
+                words[wi].store(u64::from_le_bytes(b), Ordering::Relaxed);
+                wi += 1;
+            }
+            acc[..rest.len()].copy_from_slice(rest);
+            fill = rest.len();
         }
-        if !rest.is_empty() {
-            let mut b = [0u8; 8];
-            b[..rest.len()].copy_from_slice(rest);
-            words[payload.len() / 8].store(u64::from_le_bytes(b), Ordering::Relaxed);
+        if fill > 0 {
+            acc[fill..].fill(0);
+            words[wi].store(u64::from_le_bytes(acc), Ordering::Relaxed);
         }
         slot[0].store(2 * n + 2, Ordering::Release);
         self.next = n + 1;
+        self.room = self.room.saturating_sub(1);
         self.ring.words[HEAD].store(self.next, Ordering::Release);
         Ok(n)
     }
@@ -507,6 +563,14 @@ impl<'a> Reader<'a> {
     /// Reads the next message into `out` (replacing its contents): `Ok(Some(n))` with its
     /// number, `Ok(None)` when nothing new was published, or why not.
     pub fn read(&mut self, out: &mut Vec<u8>) -> Result<Option<u64>, ReadError> {
+        out.clear();
+        self.read_append(out)
+    }
+
+    /// [`Reader::read`], appending the message to `out` (which keeps what it held, and only
+    /// that when no message is read).
+    pub fn read_append(&mut self, out: &mut Vec<u8>) -> Result<Option<u64>, ReadError> {
+        let base = out.len();
         let head = self.ring.head();
         if head == self.next {
             return Ok(None);
@@ -536,21 +600,20 @@ impl<'a> Reader<'a> {
         }
         let len = slot[1].load(Ordering::Relaxed);
         let fits = usize::try_from(len).is_ok_and(|l| l <= self.ring.max_payload());
-        out.clear();
         if fits {
             let len = len as usize;
             let words = &slot[SLOT_HEADER_WORDS..SLOT_HEADER_WORDS + len.div_ceil(8)];
-            out.resize(words.len() * 8, 0);
-            for (b, w) in out.chunks_exact_mut(8).zip(words) {
+            out.resize(base + words.len() * 8, 0);
+            for (b, w) in out[base..].chunks_exact_mut(8).zip(words) {
                 b.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
             }
-            out.truncate(len);
+            out.truncate(base + len);
         }
         fence(Ordering::Acquire);
         let s2 = slot[0].load(Ordering::Relaxed);
         if s2 != s1 {
             // Overwritten while copied (the length too, maybe): what was copied is torn.
-            out.clear();
+            out.truncate(base);
             return self.lapped(n);
         }
         if !fits {
@@ -651,6 +714,7 @@ mod owned {
             Writer {
                 ring: self.ring(),
                 next: 0,
+                room: 0,
             }
             .evict(index);
         }
@@ -666,22 +730,29 @@ mod owned {
     pub struct SharedWriter {
         ring: SharedRing,
         next: u64,
+        room: u64,
     }
 
     impl SharedWriter {
         /// The writer, continuing after what the ring holds.
         pub fn new(ring: SharedRing) -> SharedWriter {
             let next = ring.ring().head();
-            SharedWriter { ring, next }
+            SharedWriter {
+                ring,
+                next,
+                room: 0,
+            }
         }
 
         fn with<T>(&mut self, f: impl FnOnce(&mut Writer<'_>) -> T) -> T {
             let mut w = Writer {
                 ring: self.ring.ring(),
                 next: self.next,
+                room: self.room,
             };
             let r = f(&mut w);
             self.next = w.next;
+            self.room = w.room;
             r
         }
 
@@ -693,6 +764,11 @@ mod owned {
         /// [`Writer::try_publish`].
         pub fn try_publish(&mut self, payload: &[u8]) -> Result<Option<u64>, TooLarge> {
             self.with(|w| w.try_publish(payload))
+        }
+
+        /// [`Writer::try_publish_parts`].
+        pub fn try_publish_parts(&mut self, parts: &[&[u8]]) -> Result<Option<u64>, TooLarge> {
+            self.with(|w| w.try_publish_parts(parts))
         }
 
         /// [`Writer::blocking_reader`].
@@ -766,6 +842,11 @@ mod owned {
         /// [`Reader::cursor`].
         pub fn cursor(&self) -> Option<usize> {
             self.cursor.map(|(i, _)| i)
+        }
+
+        /// [`Reader::read_append`].
+        pub fn read_append(&mut self, out: &mut Vec<u8>) -> Result<Option<u64>, ReadError> {
+            self.with(|r| r.read_append(out))
         }
 
         /// [`Reader::waited_for`].

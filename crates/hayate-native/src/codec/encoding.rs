@@ -86,14 +86,21 @@ pub fn check_options(msg: &Message) -> Result<(), &'static str> {
 
 /// Encodes PUB for `msg` (payload included).
 pub fn encode_pub(msg: &Message, out: &mut BytesMut) {
+    out.reserve(msg.payload.len());
+    encode_pub_head(msg, out);
+    out.put_slice(&msg.payload);
+}
+
+/// Encodes a PUB frame *without its payload*: the frame length counts the payload, which the
+/// caller writes right after.
+pub fn encode_pub_head(msg: &Message, out: &mut BytesMut) {
     let (flags, opt) = options_len(msg);
-    out.reserve(HEADER_LEN + 3 + msg.key.as_bytes().len() + opt + msg.payload.len());
+    out.reserve(HEADER_LEN + 3 + msg.key.as_bytes().len() + opt);
     let start = begin(out, ty::PUB);
     out.put_u8(flags);
     put_str16(out, msg.key.as_bytes());
     put_options(out, msg);
-    out.put_slice(&msg.payload);
-    finish(out, start, 0);
+    finish(out, start, msg.payload.len());
 }
 
 /// Encodes a MSG frame *without its payload*: the frame length counts the payload, which the

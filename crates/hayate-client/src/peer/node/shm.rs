@@ -190,11 +190,10 @@ impl NodeInner {
         named: &[(u64, u32, Arc<str>)],
     ) {
         let mut guard = out.writer.lock().await;
-        let (writer, buf) = &mut *guard;
-        buf.clear();
-        buf.extend_from_slice(&[0]); // room for the first chunk's flag
+        let (writer, head) = &mut *guard;
+        head.clear();
         if named.is_empty() {
-            hayate_native::encode_pub(msg, buf);
+            hayate_native::encode_pub_head(msg, head);
         } else {
             let mut m = msg.clone();
             let h = m.headers.get_or_insert_with(Vec::new);
@@ -205,19 +204,23 @@ impl NodeInner {
                 v.extend_from_slice(g.as_bytes());
                 h.push((SHM_TO_HEADER.to_string(), Bytes::from(v)));
             }
-            hayate_native::encode_pub(&m, buf);
+            hayate_native::encode_pub_head(&m, head);
         }
-        // Chunk k is the byte before it (its flag, written over the frame's byte there and
-        // put back after) and up to `chunk` bytes of the frame: no copy of the frame.
-        let total = buf.len() - 1;
-        let mut at = 1;
+        // The frame is the head then the payload, copied once, straight into the slots: a
+        // chunk is the frame's bytes from `at` to `end` (from the head, the payload or both)
+        // and the flag byte.
+        let payload = &msg.payload[..];
+        let total = head.len() + payload.len();
+        let mut at = 0;
         let mut since: Option<Instant> = None;
-        while at <= total {
-            let end = (at + out.chunk).min(total + 1);
-            let saved = buf[at - 1];
-            buf[at - 1] = if end <= total { MORE } else { 0 };
+        while at < total {
+            let end = (at + out.chunk).min(total);
+            let flag = [if end < total { MORE } else { 0 }];
+            let h = &head[at.min(head.len())..end.min(head.len())];
+            let p = &payload[at.max(head.len()) - head.len()..end.max(head.len()) - head.len()];
+            let parts: [&[u8]; 3] = [h, p, &flag];
             loop {
-                match writer.try_publish(&buf[at - 1..end]) {
+                match writer.try_publish_parts(&parts) {
                     Ok(Some(_)) => break,
                     Ok(None) => {}
                     Err(_) => unreachable!("a chunk fits its slot"),
@@ -225,12 +228,7 @@ impl NodeInner {
                 // A reliable reader is a ring behind: wake whoever sleeps, then wait for it.
                 out.wake(writer.sleepers());
                 writer.prepare_wait();
-                if writer
-                    .try_publish(&buf[at - 1..end])
-                    .ok()
-                    .flatten()
-                    .is_some()
-                {
+                if writer.try_publish_parts(&parts).ok().flatten().is_some() {
                     break;
                 }
                 let deadline = *since.get_or_insert_with(Instant::now) + self.options.max_block;
@@ -243,7 +241,7 @@ impl NodeInner {
                     Ok(Err(_)) => tokio::time::sleep(Duration::from_millis(1)).await,
                     Err(_) => {
                         if let Some(i) = writer.blocking_reader() {
-                            writer.evict(i);
+                            out.ring.evict(i);
                             let reader = lock(&out.readers)[i].take();
                             self.shm_slow_reader(reader);
                         }
@@ -251,7 +249,6 @@ impl NodeInner {
                     }
                 }
             }
-            buf[at - 1] = saved;
             at = end;
         }
         out.wake(writer.sleepers());
@@ -478,8 +475,7 @@ async fn accept_offer(
         bell,
         writer_bell,
         sock,
-        assembling: BytesMut::new(),
-        chunk: Vec::new(),
+        assembling: Vec::new(),
     }
     .run(stop)
     .await;
@@ -511,8 +507,7 @@ struct RingReader {
     writer_bell: Doorbell,
     sock: tokio::net::UnixStream,
     /// The frame being put together from chunks.
-    assembling: BytesMut,
-    chunk: Vec<u8>,
+    assembling: Vec<u8>,
 }
 
 /// Messages read in one go before they are handed over.
@@ -529,15 +524,17 @@ impl RingReader {
         loop {
             let mut got = 0;
             while got < READ_BURST {
-                match self.reader.read(&mut self.chunk) {
+                let before = self.assembling.len();
+                match self.reader.read_append(&mut self.assembling) {
                     Ok(Some(_)) => {
                         got += 1;
-                        if self.on_chunk(max_frame, &mut pending).is_err() {
+                        if self.on_chunk(before, max_frame, &mut pending).is_err() {
                             return self.corrupt();
                         }
                     }
                     Ok(None) => break,
                     Err(ReadError::Lost(k)) => {
+                        // A frame cut by the loss is lost with it.
                         got += 1;
                         self.assembling.clear();
                         self.node.stats.shm_lost.fetch_add(k, Ordering::Relaxed);
@@ -601,23 +598,34 @@ impl RingReader {
         self.reader.pending()
     }
 
-    /// One chunk read: appends it; a complete frame is decoded and dispatched.
+    /// One chunk read (appended to `assembling` from `before` on, its flag last): a complete
+    /// frame is decoded and dispatched.
     fn on_chunk(
         &mut self,
+        before: usize,
         max_frame: usize,
         pending: &mut Vec<(LocalTarget, Vec<Message>)>,
     ) -> std::result::Result<(), ()> {
-        let Some((&flag, body)) = self.chunk.split_first() else {
-            return Err(());
-        };
-        if flag & !MORE != 0 || self.assembling.len() + body.len() > max_frame {
+        if self.assembling.len() == before {
+            return Err(()); // not even the flag
+        }
+        let flag = self.assembling.pop().unwrap_or(0);
+        if flag & !MORE != 0 || self.assembling.len() > max_frame.saturating_add(4) {
             return Err(());
         }
-        self.assembling.extend_from_slice(body);
+        if before == 0 && self.assembling.len() >= 4 {
+            // The first chunk: room for the whole frame at once (its length is checked first).
+            let a = &self.assembling;
+            let len = u32::from_be_bytes([a[0], a[1], a[2], a[3]]) as usize;
+            if len > max_frame {
+                return Err(());
+            }
+            self.assembling.reserve((4 + len).saturating_sub(a.len()));
+        }
         if flag & MORE != 0 {
             return Ok(());
         }
-        let mut frame = std::mem::take(&mut self.assembling);
+        let mut frame = BytesMut::from(Bytes::from(std::mem::take(&mut self.assembling)));
         let m = match hayate_native::decode(&mut frame, max_frame) {
             Ok(Some(Frame::Pub(m))) if frame.is_empty() => m,
             _ => return Err(()),
