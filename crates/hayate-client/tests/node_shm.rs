@@ -291,3 +291,38 @@ async fn a_corrupt_ring_is_an_error_for_that_ring_only() {
     x.publish(&key("c/1"), "after").await.unwrap();
     assert_eq!(take(&mut sub, 1).await, vec![b"after".to_vec()]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_larger_than_one_reader_accepts_is_skipped_by_that_reader_only() {
+    let a = Node::start(NodeOptions {
+        shm: ShmOptions {
+            mode: ShmMode::Require,
+            slot_bytes: 4096,
+            ..ShmOptions::default()
+        },
+        ..NodeOptions::default()
+    })
+    .await
+    .unwrap();
+    let small = Node::start(NodeOptions {
+        max_payload: 1024,
+        ..opts(&[&a])
+    })
+    .await
+    .unwrap();
+    let big = Node::start(opts(&[&a])).await.unwrap();
+    within(a.wait_peers(2, WAIT)).await.unwrap();
+    let mut on_small = small.subscribe("m/*").await.unwrap();
+    let mut on_big = big.subscribe("m/*").await.unwrap();
+    a.publish(&key("m/1"), "before").await.unwrap();
+    a.publish(&key("m/1"), vec![7u8; 64 * 1024]).await.unwrap();
+    a.publish(&key("m/1"), "after").await.unwrap();
+    a.flush().await.unwrap();
+    let got = take(&mut on_small, 2).await;
+    let lens: Vec<usize> = got.iter().map(Vec::len).collect();
+    assert_eq!(lens, [6, 5], "before and after, not the large one");
+    let got = take(&mut on_big, 3).await;
+    assert!(got[1] == vec![7u8; 64 * 1024], "the large one, whole");
+    assert_eq!(small.stats().shm_too_large.load(Ordering::Relaxed), 1);
+    assert_eq!(small.stats().shm_corrupt.load(Ordering::Relaxed), 0);
+}

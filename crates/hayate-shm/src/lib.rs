@@ -139,6 +139,16 @@ impl<'a> Ring<'a> {
         slots: usize,
         max_payload: usize,
     ) -> Result<Ring<'a>, LayoutError> {
+        Ring::init_with(words, slots, max_payload, true)
+    }
+
+    /// [`Ring::init`]; `zero: false` for a region known to be all zeros.
+    fn init_with(
+        words: &'a [AtomicU64],
+        slots: usize,
+        max_payload: usize,
+        zero: bool,
+    ) -> Result<Ring<'a>, LayoutError> {
         let slot_words = SLOT_HEADER_WORDS + max_payload.div_ceil(8).max(1);
         let bad = || LayoutError::Geometry {
             slots: slots as u64,
@@ -155,8 +165,10 @@ impl<'a> Ring<'a> {
         if need > words.len() {
             return Err(bad());
         }
-        for w in &words[..need] {
-            w.store(0, Ordering::Relaxed);
+        if zero {
+            for w in &words[..need] {
+                w.store(0, Ordering::Relaxed);
+            }
         }
         words[1].store(
             slots as u64 | ((slot_words as u64) << 32),
@@ -405,6 +417,11 @@ pub struct Reader<'a> {
     next: u64,
     /// Its entry in the cursor table and its tag, if registered.
     cursor: Option<(usize, u64)>,
+    /// The position its cursor shows the writer (behind `next` until [`Reader::commit`]
+    /// when `deferred`).
+    committed: u64,
+    /// The cursor moves on only at [`Reader::commit`], not at each read.
+    deferred: bool,
 }
 
 /// Every cursor of the table is taken.
@@ -415,10 +432,13 @@ pub struct NoCursor;
 impl<'a> Reader<'a> {
     /// A reader of `ring` starting with the next message published.
     pub fn new(ring: Ring<'a>) -> Reader<'a> {
+        let next = ring.head().min(MAX_MESSAGES);
         Reader {
-            next: ring.head().min(MAX_MESSAGES),
+            next,
             ring,
             cursor: None,
+            committed: next,
+            deferred: false,
         }
     }
 
@@ -453,6 +473,8 @@ impl<'a> Reader<'a> {
                     ring,
                     next,
                     cursor: Some((i, tag)),
+                    committed: next,
+                    deferred: false,
                 });
             }
         }
@@ -471,7 +493,9 @@ impl<'a> Reader<'a> {
     }
 
     /// Makes the writer wait for this registered reader, or stop waiting for it. `false`
-    /// when it is not registered (any more: evicted).
+    /// when it is not registered (any more: evicted). The writer may still publish the room
+    /// it counted before it looks at the cursors again (at most a ring): switch to `true`
+    /// when caught up with `head` (as before sleeping), and that overwrites nothing unread.
     pub fn set_waited_for(&mut self, waits: bool) -> bool {
         let Some((i, tag)) = self.cursor else {
             return false;
@@ -486,8 +510,8 @@ impl<'a> Reader<'a> {
         }
         let c = &self.ring.words[CURSORS + i];
         if c.compare_exchange(
-            cursor_word(tag, self.next),
-            cursor_word(new, self.next),
+            cursor_word(tag, self.committed),
+            cursor_word(new, self.committed),
             Ordering::AcqRel,
             Ordering::Relaxed,
         )
@@ -536,23 +560,48 @@ impl<'a> Reader<'a> {
     }
 
     fn advance(&mut self, next: u64) {
-        if let Some((i, tag)) = self.cursor {
+        self.next = next;
+        if !self.deferred {
+            self.commit();
+        }
+    }
+
+    /// Makes the cursor move on only at [`Reader::commit`] (`true`), not at every read: the
+    /// writer may then not reuse the slots of what was read (a reader that hands messages
+    /// on in batches commits once they are handed on), and the cursor's cache line moves
+    /// between the processes once per batch rather than once per message.
+    pub fn set_deferred(&mut self, deferred: bool) {
+        self.deferred = deferred;
+        if !deferred {
+            self.commit();
+        }
+    }
+
+    /// Shows the writer this reader's position (what it read is done with). `false` when
+    /// it is not registered (any more: evicted).
+    pub fn commit(&mut self) -> bool {
+        let Some((i, tag)) = self.cursor else {
+            return false;
+        };
+        if self.committed != self.next {
             // Release: the copies of what it read are done before the writer may reuse
             // those slots. A compare-exchange: if the writer evicted this reader (and the
             // entry went to another), it reads on unregistered.
             let c = &self.ring.words[CURSORS + i];
             if c.compare_exchange(
+                cursor_word(tag, self.committed),
                 cursor_word(tag, self.next),
-                cursor_word(tag, next),
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             )
             .is_err()
             {
                 self.cursor = None;
+                return false;
             }
+            self.committed = self.next;
         }
-        self.next = next;
+        true
     }
 
     /// The number of the next message this reader expects.
@@ -637,7 +686,7 @@ impl Drop for Reader<'_> {
         if let Some((i, tag)) = self.cursor {
             // Only its own entry: after an eviction it may be someone else's.
             let _ = self.ring.words[CURSORS + i].compare_exchange(
-                cursor_word(tag, self.next),
+                cursor_word(tag, self.committed),
                 0,
                 Ordering::AcqRel,
                 Ordering::Relaxed,
@@ -675,7 +724,9 @@ mod owned {
             max_payload: usize,
         ) -> Result<SharedRing, LayoutError> {
             let (slots, slot_words) = {
-                let r = Ring::init(segment.words(), slots, max_payload)?;
+                // A segment just made is zero already: writing zeros would make every page
+                // of it resident at once.
+                let r = Ring::init_with(segment.words(), slots, max_payload, !segment.fresh())?;
                 (r.slots, r.slot_words)
             };
             Ok(SharedRing {
@@ -706,6 +757,24 @@ mod owned {
                 slots: self.slots,
                 slot_words: self.slot_words,
             }
+        }
+
+        /// Messages published so far.
+        pub fn head(&self) -> u64 {
+            self.ring().head()
+        }
+
+        /// Whether the reader registered at cursor `index` has committed every message
+        /// before `upto` (or that entry is free now: no one to wait for).
+        pub fn has_read(&self, index: usize, upto: u64) -> bool {
+            if index >= super::MAX_READERS {
+                return true;
+            }
+            let v = self.ring().words[super::CURSORS + index]
+                .load(std::sync::atomic::Ordering::Acquire);
+            // Behind `upto` by less than 2^47 (modulo 2^48): not yet.
+            let behind = upto.wrapping_sub(v) & super::POS_MASK;
+            v == 0 || behind == 0 || behind >= 1 << 47
         }
 
         /// [`Writer::evict`], without the writer (which may be busy waiting for that
@@ -809,6 +878,8 @@ mod owned {
         ring: SharedRing,
         next: u64,
         cursor: Option<(usize, u64)>,
+        committed: u64,
+        deferred: bool,
     }
 
     impl SharedReader {
@@ -818,20 +889,47 @@ mod owned {
                 let mut r = Reader::register_with(ring.ring(), waits)?;
                 (r.next, r.cursor.take())
             };
-            Ok(SharedReader { ring, next, cursor })
+            Ok(SharedReader {
+                ring,
+                next,
+                cursor,
+                committed: next,
+                deferred: false,
+            })
         }
 
-        fn with<T>(&mut self, f: impl FnOnce(&mut Reader<'_>) -> T) -> T {
-            let mut r = Reader {
+        fn borrowed(&mut self) -> Reader<'_> {
+            Reader {
                 ring: self.ring.ring(),
                 next: self.next,
                 cursor: self.cursor.take(),
-            };
+                committed: self.committed,
+                deferred: self.deferred,
+            }
+        }
+
+        fn with<T>(&mut self, f: impl FnOnce(&mut Reader<'_>) -> T) -> T {
+            let mut r = self.borrowed();
             let out = f(&mut r);
-            self.next = r.next;
+            let (next, committed, deferred) = (r.next, r.committed, r.deferred);
             // Taken back, so that dropping `r` leaves the entry registered.
-            self.cursor = r.cursor.take();
+            let cursor = r.cursor.take();
+            drop(r);
+            self.next = next;
+            self.committed = committed;
+            self.deferred = deferred;
+            self.cursor = cursor;
             out
+        }
+
+        /// [`Reader::set_deferred`].
+        pub fn set_deferred(&mut self, deferred: bool) {
+            self.with(|r| r.set_deferred(deferred));
+        }
+
+        /// [`Reader::commit`].
+        pub fn commit(&mut self) -> bool {
+            self.with(|r| r.commit())
         }
 
         /// [`Reader::read`].
@@ -889,11 +987,7 @@ mod owned {
     impl Drop for SharedReader {
         fn drop(&mut self) {
             // The borrowed reader's drop frees the entry.
-            drop(Reader {
-                ring: self.ring.ring(),
-                next: self.next,
-                cursor: self.cursor.take(),
-            });
+            drop(self.borrowed());
         }
     }
 }

@@ -46,6 +46,8 @@ pub struct Segment {
     fd: OwnedFd,
     map: memmap2::MmapMut,
     words: usize,
+    /// Made by [`Segment::create`] (all zeros, never handed out before).
+    fresh: bool,
 }
 
 impl Segment {
@@ -59,7 +61,9 @@ impl Segment {
             .map_err(io::Error::from)?;
         rustix::fs::ftruncate(&fd, bytes).map_err(io::Error::from)?;
         rustix::fs::fcntl_add_seals(&fd, SEALS).map_err(io::Error::from)?;
-        Segment::map(fd)
+        let mut s = Segment::map(fd)?;
+        s.fresh = true;
+        Ok(s)
     }
 
     /// Maps a segment another process made (its descriptor, received over a Unix socket),
@@ -91,6 +95,7 @@ impl Segment {
             fd,
             words: size as usize / 8,
             map,
+            fresh: false,
         })
     }
 
@@ -105,6 +110,11 @@ impl Segment {
         unsafe {
             std::slice::from_raw_parts(self.map.as_ptr().cast::<AtomicU64>(), self.words)
         }
+    }
+
+    /// Whether this process made it ([`Segment::create`]): all zeros until written.
+    pub fn fresh(&self) -> bool {
+        self.fresh
     }
 
     /// The descriptor, to hand to readers.

@@ -222,3 +222,71 @@ fn the_room_counted_by_the_writer_stops_it_exactly_a_ring_ahead() {
     assert_eq!(late.read(&mut out).unwrap(), Some(5));
     assert_eq!(out, 5u64.to_le_bytes());
 }
+
+/// Best-effort registered readers (not waited for), the wake-up words, and deferred
+/// commits.
+#[test]
+fn no_wait_readers_wake_ups_and_deferred_commits() {
+    let words: Vec<AtomicU64> = (0..region_words(4, 8)).map(|_| AtomicU64::new(0)).collect();
+    let ring = Ring::init(&words, 4, 8).unwrap();
+    let mut w = Writer::new(ring);
+
+    // A reader the writer does not wait for: it loses what it did not read in time.
+    let mut lazy = Reader::register_with(ring, false).unwrap();
+    assert!(!lazy.waited_for());
+    for i in 0..6u64 {
+        assert_eq!(w.try_publish(&i.to_le_bytes()).unwrap(), Some(i));
+    }
+    let mut out = Vec::new();
+    assert_eq!(lazy.read(&mut out), Err(ReadError::Lost(2)));
+    for want in 2..6u64 {
+        assert_eq!(lazy.read(&mut out).unwrap(), Some(want));
+    }
+    // Made a waited-for reader once caught up (the writer may still use the room it
+    // counted before; from the head on, that overwrites nothing unread): the writer stops a
+    // ring ahead of it.
+    assert!(lazy.set_waited_for(true));
+    assert!(lazy.waited_for());
+    for i in 6..10u64 {
+        assert_eq!(w.try_publish(&i.to_le_bytes()).unwrap(), Some(i));
+    }
+    assert_eq!(w.try_publish(b"x").unwrap(), None);
+
+    // The writer waits: the reader that reads on says so once.
+    w.prepare_wait();
+    assert_eq!(lazy.read(&mut out).unwrap(), Some(6));
+    assert!(lazy.writer_waits());
+    assert!(!lazy.writer_waits());
+
+    // Deferred: reading does not move the cursor; commit does.
+    lazy.set_deferred(true);
+    assert_eq!(lazy.read(&mut out).unwrap(), Some(7));
+    assert_eq!(
+        w.try_publish(b"x").unwrap(),
+        Some(10),
+        "room for one, from the read of 6"
+    );
+    assert_eq!(
+        w.try_publish(b"x").unwrap(),
+        None,
+        "7 is read but not committed"
+    );
+    assert!(lazy.commit());
+    assert_eq!(w.try_publish(b"x").unwrap(), Some(11));
+
+    // Sleeping: nothing new means sleep and the writer learns of it after publishing;
+    // something new means read on.
+    for want in 8..12u64 {
+        assert_eq!(lazy.read(&mut out).unwrap(), Some(want));
+    }
+    assert!(lazy.commit());
+    assert!(lazy.prepare_sleep(), "nothing new: sleep");
+    assert_eq!(w.sleepers(), 1 << lazy.cursor().unwrap());
+    assert_eq!(w.sleepers(), 0, "taken down by the writer");
+    lazy.end_sleep();
+    w.publish(b"y").unwrap();
+    assert!(!lazy.prepare_sleep(), "something new: read on");
+    assert_eq!(w.sleepers(), 0);
+    // An unregistered reader cannot sleep (no entry to name it).
+    assert!(!Reader::new(ring).prepare_sleep());
+}

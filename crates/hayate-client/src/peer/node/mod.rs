@@ -158,11 +158,15 @@ pub struct NodeStats {
     /// Messages this node read from other nodes' rings (whether or not a subscription here
     /// wanted them).
     pub shm_received: AtomicU64,
-    /// Messages lost in other nodes' rings (overwritten before this node read them: it had
-    /// only `drop` subscriptions, so the writer did not wait for it).
+    /// Slots lost in other nodes' rings (overwritten before this node read them: it had
+    /// only `drop` subscriptions, so the writer did not wait for it). A message takes one
+    /// slot unless it is larger than a slot; lost slots may have held messages for other
+    /// nodes.
     pub shm_lost: AtomicU64,
     /// Rings found corrupt (no longer read).
     pub shm_corrupt: AtomicU64,
+    /// Messages in other nodes' rings larger than this node's `max_payload` (skipped).
+    pub shm_too_large: AtomicU64,
 }
 
 /// Where a local delivery goes.
@@ -655,6 +659,9 @@ impl Node {
         for l in links {
             // A link that broke meanwhile is not an error of this node's.
             let _ = l.flush().await;
+        }
+        if let Some(out) = &self.inner.outgoing {
+            out.flushed(self.inner.options.max_block).await;
         }
         Ok(())
     }

@@ -43,8 +43,10 @@ pub const SHM_TO_HEADER: &str = "hayate-peer-shm-to";
 /// First word of both handshake messages.
 const HANDSHAKE: &str = "HAYATE-SHM/1";
 
-/// A chunk's first byte: more chunks of the same frame follow.
+/// A chunk's flag (its last byte): more chunks of the same frame follow.
 const MORE: u8 = 1;
+/// A chunk's flag: the frame's first chunk.
+const FIRST: u8 = 2;
 
 /// How a node uses shared memory with local nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -163,6 +165,23 @@ impl Outgoing {
         })
     }
 
+    /// Waits until every node reading the ring has handed on what was published before
+    /// the call (or has gone), at most `timeout`.
+    pub(super) async fn flushed(&self, timeout: Duration) {
+        let upto = self.ring.head();
+        let until = Instant::now() + timeout;
+        loop {
+            let waiting = {
+                let readers = lock(&self.readers);
+                (0..MAX_READERS).any(|i| readers[i].is_some() && !self.ring.has_read(i, upto))
+            };
+            if !waiting || Instant::now() >= until {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     fn wake(&self, mask: u64) {
         if mask == 0 {
             return;
@@ -215,7 +234,7 @@ impl NodeInner {
         let mut since: Option<Instant> = None;
         while at < total {
             let end = (at + out.chunk).min(total);
-            let flag = [if end < total { MORE } else { 0 }];
+            let flag = [if end < total { MORE } else { 0 } | if at == 0 { FIRST } else { 0 }];
             let h = &head[at.min(head.len())..end.min(head.len())];
             let p = &payload[at.max(head.len()) - head.len()..end.max(head.len()) - head.len()];
             let parts: [&[u8]; 3] = [h, p, &flag];
@@ -412,6 +431,7 @@ async fn accept_offer(
     let timeout = node.options.handshake_timeout;
     let me = node.id;
     let waits = !node.all_drop();
+    let node2 = node.clone();
     // The blocking part of the handshake (SCM_RIGHTS on a std socket, with timeouts).
     let (sock, from, reader, bell, writer_bell) =
         tokio::task::spawn_blocking(move || -> std::result::Result<_, String> {
@@ -438,6 +458,13 @@ async fn accept_offer(
             if u64::from_str_radix(to, 16).ok() != Some(me) {
                 return Err("an offer meant for another node".into());
             }
+            // Only from a node linked to this one (its HELLO came on the TCP listener
+            // first), before anything is mapped or answered.
+            if !lock(&node2.state).inbound.values().any(|i| i.peer == from) {
+                return Err(format!(
+                    "an offer from {from:016x}, which has no link to this node"
+                ));
+            }
             let (Some(bell_fd), Some(seg_fd)) = (fds.pop(), fds.pop()) else {
                 return Err("an offer without its descriptors".into());
             };
@@ -459,12 +486,6 @@ async fn accept_offer(
         .await
         .map_err(|e| Error::Protocol(e.to_string()))?
         .map_err(Error::Protocol)?;
-    // Only from a node linked to this one (its HELLO came on the TCP listener first).
-    if !lock(&node.state).inbound.values().any(|i| i.peer == from) {
-        return Err(Error::Protocol(format!(
-            "an offer from {from:016x}, which has no link to this node"
-        )));
-    }
     let sock = tokio::net::UnixStream::from_std(sock)?;
     let bell = async_bell(bell)?;
     tracing::debug!(peer = %format_args!("{from:016x}"), "peer: reading its ring");
@@ -521,6 +542,9 @@ impl RingReader {
         let spin = self.node.options.shm.spin;
         let mut pending: Vec<(LocalTarget, Vec<Message>)> = Vec::new();
         let mut closing = false;
+        // The cursor moves on once a burst is handed to the subscriptions: the writer's
+        // `block` waits for the subscriptions, and `Node::flush` for the handing over.
+        self.reader.set_deferred(true);
         loop {
             let mut got = 0;
             while got < READ_BURST {
@@ -546,6 +570,7 @@ impl RingReader {
                 for (t, batch) in pending.drain(..) {
                     self.node.deliver(&t, batch).await;
                 }
+                self.reader.commit();
                 if self.reader.writer_waits() {
                     self.writer_bell.ring();
                 }
@@ -610,17 +635,44 @@ impl RingReader {
             return Err(()); // not even the flag
         }
         let flag = self.assembling.pop().unwrap_or(0);
-        if flag & !MORE != 0 || self.assembling.len() > max_frame.saturating_add(4) {
+        if flag & !(MORE | FIRST) != 0 {
             return Err(());
         }
-        if before == 0 && self.assembling.len() >= 4 {
-            // The first chunk: room for the whole frame at once (its length is checked first).
+        if flag & FIRST == 0 && before == 0 {
+            // The rest of a frame whose start this node did not take: published before it
+            // attached, cut by a loss, or too large for it.
+            self.assembling.clear();
+            return Ok(());
+        }
+        if flag & FIRST != 0 {
+            if before != 0 {
+                return Err(()); // a frame started before the last one ended
+            }
+            if self.assembling.len() < 4 {
+                return Err(());
+            }
+            // Room for the whole frame at once, after its length is checked.
             let a = &self.assembling;
             let len = u32::from_be_bytes([a[0], a[1], a[2], a[3]]) as usize;
             if len > max_frame {
-                return Err(());
+                // Larger than this node accepts (nodes may set different limits): this
+                // message is not for it; the ring stays good.
+                tracing::debug!(
+                    len,
+                    max_frame,
+                    "peer: a ring message larger than max_payload skipped"
+                );
+                self.node
+                    .stats
+                    .shm_too_large
+                    .fetch_add(1, Ordering::Relaxed);
+                self.assembling.clear();
+                return Ok(());
             }
             self.assembling.reserve((4 + len).saturating_sub(a.len()));
+        }
+        if self.assembling.len() > max_frame.saturating_add(4) {
+            return Err(()); // longer than its frame said
         }
         if flag & MORE != 0 {
             return Ok(());
@@ -630,6 +682,14 @@ impl RingReader {
             Ok(Some(Frame::Pub(m))) if frame.is_empty() => m,
             _ => return Err(()),
         };
+        if m.payload.len() as u64 > self.node.options.max_payload {
+            // As over TCP, a node takes no payload larger than its max_payload.
+            self.node
+                .stats
+                .shm_too_large
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
         self.node.stats.shm_received.fetch_add(1, Ordering::Relaxed);
         let mut m = m;
         let named = take_named_shm(&mut m, self.node.id);
