@@ -243,6 +243,16 @@ async fn hayate_peer(target: &Target) -> anyhow::Result<hayate_client::peer::Nod
     if let Some(m) = target.param("shm") {
         options.shm.mode = m.parse().map_err(anyhow::Error::msg)?;
     }
+    if let Some(n) = target.param("slots") {
+        options.shm.slots = n
+            .parse()
+            .with_context(|| format!("{target}: slots is a number"))?;
+    }
+    if let Some(n) = target.param("slot") {
+        options.shm.slot_bytes = n
+            .parse()
+            .with_context(|| format!("{target}: slot is in bytes"))?;
+    }
     if let Some(us) = target.param("spin") {
         options.shm.spin = Duration::from_micros(
             us.parse()

@@ -64,7 +64,7 @@ impl System {
     /// The query parameters a target URL of this system accepts, besides `name`.
     fn params(self) -> &'static [&'static str] {
         match self {
-            System::Hayate => &["mode", "ca", "shm", "spin"],
+            System::Hayate => &["mode", "ca", "shm", "spin", "slots", "slot"],
             System::Mqtt => &[
                 "qos",
                 "version",
@@ -128,7 +128,8 @@ impl Target {
     /// with `thr`/`lat` publisher and subscriber are two peer nodes in this process; HOST is
     /// where they listen, the port is ignored), `shm=off|auto|require` and `spin=MICROS`
     /// (hayate `mode=peer`: shared memory between the nodes, default auto, which they use
-    /// since they share a host; how long a reader polls its ring before it sleeps).
+    /// since they share a host; how long a reader polls its ring before it sleeps), `slots=N`
+    /// and `slot=BYTES` (the ring's geometry).
     pub fn parse(url: &str) -> anyhow::Result<Target> {
         let url = url.trim();
         let (scheme, rest) = url

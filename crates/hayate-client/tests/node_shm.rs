@@ -258,7 +258,8 @@ async fn a_corrupt_ring_is_an_error_for_that_ring_only() {
     within(b.wait_peers(1, WAIT)).await.unwrap();
     let mut sub = b.subscribe("c/*").await.unwrap();
     // A hostile process offers b a ring in x's name (x is linked to b), then writes into it
-    // what no writer produces: a length past the slot.
+    // what no writer produces: a ring message whose flag byte (its last, here 'e') has
+    // bits no writer sets.
     let (b_id, x_id) = (b.id(), x.id());
     let sock = tokio::task::spawn_blocking(move || {
         let name = format!("hayate-peer/{b_id:016x}");
@@ -325,4 +326,50 @@ async fn a_message_larger_than_one_reader_accepts_is_skipped_by_that_reader_only
     assert!(got[1] == vec![7u8; 64 * 1024], "the large one, whole");
     assert_eq!(small.stats().shm_too_large.load(Ordering::Relaxed), 1);
     assert_eq!(small.stats().shm_corrupt.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_cancelled_half_written_loses_that_message_only() {
+    // A ring of 4 slots of 1 KiB: a 16 KiB message takes 17 chunks.
+    let a = Node::start(NodeOptions {
+        shm: ShmOptions {
+            mode: ShmMode::Require,
+            slots: 4,
+            slot_bytes: 1024,
+            ..ShmOptions::default()
+        },
+        ..NodeOptions::default()
+    })
+    .await
+    .unwrap();
+    let b = Node::start(NodeOptions {
+        subscription_capacity: 1,
+        ..opts(&[&a])
+    })
+    .await
+    .unwrap();
+    within(a.wait_peers(1, WAIT)).await.unwrap();
+    let mut sub = b.subscribe("h/*").await.unwrap();
+    // The first fills b's subscription; b's ring reader then holds the second, waiting for
+    // room, and reads no further.
+    a.publish(&key("h/1"), "one").await.unwrap();
+    a.flush().await.unwrap();
+    a.publish(&key("h/1"), "two").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The ring fills in the middle of this one; its caller gives up.
+    let cut = tokio::time::timeout(
+        Duration::from_millis(300),
+        a.publish(&key("h/1"), vec![1u8; 16 * 1024]),
+    )
+    .await;
+    assert!(
+        cut.is_err(),
+        "the publish waited for room, and was cancelled"
+    );
+    let reading = tokio::spawn(async move { take(&mut sub, 3).await });
+    a.publish(&key("h/1"), "three").await.unwrap();
+    let got = within(reading).await.unwrap();
+    assert_eq!(got, [&b"one"[..], b"two", b"three"]);
+    assert_eq!(b.stats().shm_corrupt.load(Ordering::Relaxed), 0);
+    assert_eq!(b.stats().shm_lost.load(Ordering::Relaxed), 1);
 }

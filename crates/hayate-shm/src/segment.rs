@@ -112,7 +112,9 @@ impl Segment {
         }
     }
 
-    /// Whether this process made it ([`Segment::create`]): all zeros until written.
+    /// Whether this process made it ([`Segment::create`]): all zeros until written. It does
+    /// not know whether it was written through [`Segment::words`] since; its one use is
+    /// [`crate::SharedRing::init`], which takes a segment just made.
     pub fn fresh(&self) -> bool {
         self.fresh
     }

@@ -649,7 +649,9 @@ impl Node {
     }
 
     /// Waits until every linked node has handled everything this node sent it before the
-    /// call (a round trip on each link).
+    /// call: a round trip on each TCP link, and for local nodes reading this node's ring,
+    /// until each has handed on (committed) what the ring held at the call, at most
+    /// `max_block` (a node that takes longer is being ended as a slow consumer).
     pub async fn flush(&self) -> Result<()> {
         let links: Vec<Client> = lock(&self.inner.state)
             .links

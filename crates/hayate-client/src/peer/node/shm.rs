@@ -497,6 +497,7 @@ async fn accept_offer(
         writer_bell,
         sock,
         assembling: Vec::new(),
+        expect: 0,
     }
     .run(stop)
     .await;
@@ -529,6 +530,8 @@ struct RingReader {
     sock: tokio::net::UnixStream,
     /// The frame being put together from chunks.
     assembling: Vec<u8>,
+    /// Its length, from its first chunk's header.
+    expect: usize,
 }
 
 /// Messages read in one go before they are handed over.
@@ -569,6 +572,12 @@ impl RingReader {
             if got > 0 {
                 for (t, batch) in pending.drain(..) {
                     self.node.deliver(&t, batch).await;
+                }
+                // A node that gains or loses its last `block` subscription is waited for,
+                // or not, from the next burst on.
+                let waits = !self.node.all_drop();
+                if self.reader.waited_for() != waits {
+                    self.reader.set_waited_for(waits);
                 }
                 self.reader.commit();
                 if self.reader.writer_waits() {
@@ -646,7 +655,11 @@ impl RingReader {
         }
         if flag & FIRST != 0 {
             if before != 0 {
-                return Err(()); // a frame started before the last one ended
+                // A frame started before the last one ended: its publisher gave up on it
+                // half written (a publish cancelled by its caller). It is lost; this one
+                // starts afresh.
+                self.assembling.drain(..before);
+                self.node.stats.shm_lost.fetch_add(1, Ordering::Relaxed);
             }
             if self.assembling.len() < 4 {
                 return Err(());
@@ -669,9 +682,10 @@ impl RingReader {
                 self.assembling.clear();
                 return Ok(());
             }
-            self.assembling.reserve((4 + len).saturating_sub(a.len()));
+            self.expect = 4 + len;
+            self.assembling.reserve(self.expect.saturating_sub(a.len()));
         }
-        if self.assembling.len() > max_frame.saturating_add(4) {
+        if self.assembling.len() > self.expect {
             return Err(()); // longer than its frame said
         }
         if flag & MORE != 0 {
