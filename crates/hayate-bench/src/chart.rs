@@ -65,6 +65,54 @@ pub fn write_charts(prefix: &Path, records: &[Record]) -> anyhow::Result<Vec<Pat
         lat_chart(&p, records)?;
         written.push(p);
     }
+    let fan: Vec<&Record> = records
+        .iter()
+        .filter(|r| r.test == "fanout" && r.bits_per_sec.is_some())
+        .collect();
+    if !fan.is_empty() {
+        let payloads: std::collections::BTreeSet<usize> =
+            fan.iter().map(|r| r.payload_bytes).collect();
+        let mut series: Vec<Series> = Vec::new();
+        for r in &fan {
+            let label = if payloads.len() > 1 {
+                format!("{} {}", r.label(), format_size(r.payload_bytes))
+            } else {
+                r.label()
+            };
+            let i = match series.iter().position(|s| s.label == label) {
+                Some(i) => i,
+                None => {
+                    series.push(Series {
+                        label,
+                        points: Vec::new(),
+                        ideal: false,
+                        iperf: false,
+                    });
+                    series.len() - 1
+                }
+            };
+            series[i].points.push((
+                r.concurrency.unwrap_or(1) as f64,
+                r.bits_per_sec.unwrap_or(0.0),
+            ));
+        }
+        for s in &mut series {
+            s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        }
+        let p = path("-fanout.svg");
+        line_chart(
+            &p,
+            "Fan-out: aggregate payload bits delivered to N local subscriber processes",
+            "bit/s (sum over subscribers)",
+            &series,
+            format_bits,
+            &XAxis {
+                desc: "subscriber processes",
+                fmt: |v| format!("{v:.0}"),
+            },
+        )?;
+        written.push(p);
+    }
     let rpc: Vec<&Record> = records
         .iter()
         .filter(|r| r.test == "rpc" && r.msgs_per_sec.is_some())

@@ -230,14 +230,26 @@ async fn hayate_peer(target: &Target) -> anyhow::Result<hayate_client::peer::Nod
     } else {
         target.host.clone()
     };
-    let partner = PENDING
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get_or_insert_with(Default::default)
-        .remove(&target.addr());
+    // `peers=ADDR,...` (the fan-out benchmark): link to those, no pairing in this process.
+    let explicit: Option<Vec<String>> = target.param("peers").map(|p| {
+        p.split(',')
+            .filter(|a| !a.is_empty())
+            .map(str::to_string)
+            .collect()
+    });
+    let partner = match &explicit {
+        Some(list) => list.first().cloned(),
+        None => PENDING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(Default::default)
+            .remove(&target.addr()),
+    };
     let mut options = NodeOptions {
         listen: format!("{host}:0"),
-        peers: partner.iter().cloned().collect(),
+        peers: explicit
+            .clone()
+            .unwrap_or_else(|| partner.iter().cloned().collect()),
         ..NodeOptions::default()
     };
     if let Some(m) = target.param("shm") {
@@ -267,6 +279,7 @@ async fn hayate_peer(target: &Target) -> anyhow::Result<hayate_client::peer::Nod
             .wait_peers(1, Duration::from_secs(10))
             .await
             .with_context(|| format!("{target}: the peer nodes did not link"))?,
+        None if explicit.is_some() => {}
         None => {
             PENDING
                 .lock()

@@ -27,6 +27,7 @@ mod baseline;
 mod chart;
 mod compare;
 mod driver;
+mod fanout;
 mod html;
 mod lat;
 mod machine;
@@ -46,6 +47,7 @@ use serde::{Deserialize, Serialize};
 pub use baseline::{baseline_lat, baseline_thr};
 pub use chart::write_charts;
 pub use compare::{ALL_PEERS, Cleanup, CompareOptions, CompareResult, compare};
+pub use fanout::{FanoutOptions, fanout, fanout_sub};
 pub use lat::lat;
 pub use machine::MachineInfo;
 pub use report::{format_csv, format_table, print_table, write_csv, write_json};
@@ -90,7 +92,8 @@ pub struct Record {
     /// Latency: the number of runs whose medians are reported (see `LatOptions::runs`).
     #[serde(default = "one")]
     pub runs: usize,
-    /// RPC only: callers with one request in flight each. For RPC records `msgs_per_sec` is
+    /// Fan-out: the number of subscriber processes (`msgs_per_sec` and `bits_per_sec` are
+    /// then their sum). RPC only: callers with one request in flight each. For RPC records `msgs_per_sec` is
     /// calls per second, `samples` the calls made and the percentiles are whole call times
     /// (round trips, not halves).
     #[serde(default)]

@@ -37,7 +37,58 @@ pub fn format_table(records: &[Record]) -> String {
         out.push('\n');
         out.push_str(&rpc_table(&rpc));
     }
+    let fan: Vec<&Record> = records.iter().filter(|r| r.test == "fanout").collect();
+    if !fan.is_empty() {
+        out.push('\n');
+        out.push_str(&fanout_table(&fan));
+    }
     out
+}
+
+/// Fan-out: aggregate msg/s and bit/s of N subscriber processes; `ratio` compares the
+/// aggregate with the first system's one subscriber at the same payload.
+fn fanout_table(records: &[&Record]) -> String {
+    let headers = [
+        "payload",
+        "subs",
+        "system",
+        "msg/s (sum)",
+        "bit/s (sum)",
+        "per sub",
+        "x one sub",
+        "error",
+    ];
+    let rows: Vec<Vec<String>> = records
+        .iter()
+        .map(|r| {
+            let n = r.concurrency.unwrap_or(1);
+            let one = records
+                .iter()
+                .find(|o| {
+                    o.payload_bytes == r.payload_bytes
+                        && o.concurrency == Some(1)
+                        && o.msgs_per_sec.is_some()
+                })
+                .and_then(|o| o.msgs_per_sec);
+            vec![
+                format_size(r.payload_bytes),
+                n.to_string(),
+                r.label(),
+                r.msgs_per_sec.map(format_rate).unwrap_or_default(),
+                r.bits_per_sec.map(format_bits).unwrap_or_default(),
+                r.msgs_per_sec
+                    .map(|v| format_rate(v / n as f64))
+                    .unwrap_or_default(),
+                ratio(r.msgs_per_sec, one),
+                r.error.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    render(
+        &headers,
+        &rows,
+        &[true, true, false, true, true, true, true, false],
+    )
 }
 
 /// RPC: calls/s and whole-call percentiles; `ratio` compares calls/s with the first system

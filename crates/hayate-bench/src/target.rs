@@ -64,7 +64,7 @@ impl System {
     /// The query parameters a target URL of this system accepts, besides `name`.
     fn params(self) -> &'static [&'static str] {
         match self {
-            System::Hayate => &["mode", "ca", "shm", "spin", "slots", "slot"],
+            System::Hayate => &["mode", "ca", "shm", "spin", "slots", "slot", "peers"],
             System::Mqtt => &[
                 "qos",
                 "version",
@@ -129,7 +129,8 @@ impl Target {
     /// where they listen, the port is ignored), `shm=off|auto|require` and `spin=MICROS`
     /// (hayate `mode=peer`: shared memory between the nodes, default auto, which they use
     /// since they share a host; how long a reader polls its ring before it sleeps), `slots=N`
-    /// and `slot=BYTES` (the ring's geometry).
+    /// and `slot=BYTES` (the ring's geometry), `peers=ADDR,...` (a node linking to those
+    /// instead of pairing with another in this process: the fan-out benchmark's subscribers).
     pub fn parse(url: &str) -> anyhow::Result<Target> {
         let url = url.trim();
         let (scheme, rest) = url

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use hayate_bench::{LatOptions, Record, Target, ThrOptions};
 
@@ -26,6 +26,14 @@ pub(crate) enum Test {
     /// --target under --prefix, prints one JSON line, serves until stdin closes.
     #[value(hide = true)]
     RpcServer,
+    /// Fan-out: one publisher, N subscribers in N processes of their own on this host, the
+    /// aggregate throughput (see --subscribers; default payload 1 KiB). For Hayate's peer
+    /// mode the subscribers are nodes linking to the publisher's (over shared memory with
+    /// `shm=require`, TCP with `shm=off`).
+    Fanout,
+    /// A subscriber process of a fanout point (run by `bench fanout`).
+    #[value(hide = true)]
+    FanoutSub,
     /// Hayate and its peers side by side: starts each peer (bench/peers/*.sh), runs the
     /// throughput sweep, the 64 B latency, RPC, iperf3 and ddsperf, writes data, charts and an
     /// HTML report to bench/results/<date>-<host>[-quick]/.
@@ -94,9 +102,12 @@ pub(crate) struct BenchArgs {
     /// (this executable), as rpc-bench runs its server as a program of its own.
     #[arg(long)]
     pub(crate) server_in_process: bool,
-    /// rpc-server: the key prefix of the point (given by `bench rpc`).
+    /// rpc-server: the key prefix of the point (given by `bench rpc`); fanout-sub: the key.
     #[arg(long, hide = true)]
     pub(crate) prefix: Option<String>,
+    /// fanout: the numbers of subscriber processes, comma-separated (default 1,2,5,10,20).
+    #[arg(long, value_name = "LIST", default_value = "1,2,5,10,20")]
+    pub(crate) subscribers: String,
     /// compare: peers to run, comma-separated (default: all of them; those whose driver is
     /// not compiled in or whose install fails are reported as skipped).
     #[arg(long, value_name = "LIST")]
@@ -259,6 +270,21 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
     if a.test == Test::RpcServer {
         return rpc_server(&a);
     }
+    if a.test == Test::FanoutSub {
+        let [target] = a.target.as_slice() else {
+            bail!("fanout-sub: exactly one --target");
+        };
+        let target = Target::parse(target)?;
+        let key = a
+            .prefix
+            .as_deref()
+            .context("fanout-sub: --prefix is required")?;
+        let payload = match a.payload.as_deref() {
+            Some(p) => *hayate_bench::parse_sizes(p)?.first().context("--payload")?,
+            None => 1024,
+        };
+        return tokio::task::block_in_place(|| hayate_bench::fanout_sub(&target, key, payload));
+    }
     let mut a = a;
     if a.durable && matches!(a.test, Test::Thr | Test::Lat) {
         // `thr --durable` and `lat --durable`: the durable benchmark measures both.
@@ -384,7 +410,20 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
                     hayate_bench::ServerPlacement::Child(std::env::current_exe()?)
                 },
             })?,
-            Test::Baseline | Test::Compare | Test::RpcServer | Test::Durable => {
+            Test::Fanout => hayate_bench::fanout(&hayate_bench::FanoutOptions {
+                targets,
+                subscribers: parse_list(&a.subscribers, |s| {
+                    s.parse::<usize>()
+                        .ok()
+                        .filter(|n| (1..=256).contains(n))
+                        .with_context(|| format!("--subscribers: {s:?} is not 1 to 256"))
+                })?,
+                payloads: sizes.clone().unwrap_or_else(|| vec![1024]),
+                duration,
+                warmup,
+                exe: std::env::current_exe()?,
+            })?,
+            Test::Baseline | Test::Compare | Test::RpcServer | Test::FanoutSub | Test::Durable => {
                 let mut r = hayate_bench::baseline_thr(&thr_opts(Vec::new(), true))?;
                 r.extend(hayate_bench::baseline_lat(&lat_opts(Vec::new(), true))?);
                 r

@@ -1,0 +1,332 @@
+//! Fan-out: one publisher, N subscribers in N separate processes on this host, aggregate
+//! throughput (the OpenSplice chart: does delivering to more local readers cost the
+//! publisher more?). Each subscriber is this program run again (`bench fanout-sub`), which
+//! connects as the target says, subscribes, says it is ready, then counts what arrives
+//! between the `START` and `STOP` lines it reads on stdin and prints the count.
+//!
+//! For Hayate's peer mode (`hayate://HOST:0?mode=peer`) the publisher is a node of this
+//! process and every subscriber a node of its own that links to it (`peers=ADDR`): over
+//! shared memory with `shm=require` (one copy in the ring whatever N), over TCP with
+//! `shm=off` (one copy per subscriber).
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+use crate::driver::{Conn, client_name};
+use crate::size::format_size;
+use crate::target::{System, Target};
+use crate::{Record, progress, with_runtime};
+
+/// Settings of [`fanout`].
+#[derive(Debug, Clone)]
+pub struct FanoutOptions {
+    /// Systems to measure.
+    pub targets: Vec<Target>,
+    /// Numbers of subscriber processes, one point each.
+    pub subscribers: Vec<usize>,
+    /// Payload sizes.
+    pub payloads: Vec<usize>,
+    /// Measured time per point.
+    pub duration: Duration,
+    /// Publishing before the measurement starts.
+    pub warmup: Duration,
+    /// This program (run again as `bench fanout-sub`).
+    pub exe: PathBuf,
+}
+
+/// What a subscriber process says, one JSON line each.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct SubLine {
+    #[serde(default)]
+    ready: bool,
+    #[serde(default)]
+    count: Option<u64>,
+    #[serde(default)]
+    secs: Option<f64>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs the fan-out benchmark: for each payload, each number of subscribers, each target.
+/// A record's `concurrency` is the number of subscriber processes, `msgs_per_sec` and
+/// `bits_per_sec` the sum over them.
+pub fn fanout(opts: &FanoutOptions) -> anyhow::Result<Vec<Record>> {
+    crate::driver::refuse_rpc_only(&opts.targets)?;
+    let pb = progress::bar(opts.payloads.len() * opts.subscribers.len() * opts.targets.len());
+    let out = with_runtime(|rt| {
+        let mut records = Vec::new();
+        for &payload in &opts.payloads {
+            for &n in &opts.subscribers {
+                for target in &opts.targets {
+                    pb.set_message(format!(
+                        "{} fanout {} x{n}",
+                        target.system(),
+                        format_size(payload)
+                    ));
+                    let mut rec = Record::new(target.system(), target.mode(), "fanout", payload);
+                    rec.target = target.to_string();
+                    rec.client = client_name(target).to_string();
+                    rec.concurrency = Some(n);
+                    match rt.block_on(point(target, n, payload, opts)) {
+                        Ok((rate, samples)) => {
+                            rec.msgs_per_sec = Some(rate);
+                            rec.bits_per_sec = Some(rate * payload as f64 * 8.0);
+                            rec.samples = samples;
+                        }
+                        Err(e) => rec.error = Some(format!("{e:#}")),
+                    }
+                    crate::thr::report_point(&pb, &rec);
+                    records.push(rec);
+                    pb.inc(1);
+                }
+            }
+        }
+        Ok(records)
+    });
+    pb.finish_and_clear();
+    out
+}
+
+/// Whether subscribers of `target` are peer nodes linking to the publisher's node.
+fn peer_mode(target: &Target) -> bool {
+    target.system == System::Hayate && target.param("mode") == Some("peer")
+}
+
+/// `target` with `peers=VALUE` (replacing any).
+fn with_peers(target: &Target, value: &str) -> Target {
+    let mut t = target.clone();
+    t.params.retain(|(k, _)| k != "peers");
+    t.params.push(("peers".into(), value.into()));
+    t
+}
+
+struct Child {
+    proc: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Child {
+    async fn line(&mut self) -> anyhow::Result<SubLine> {
+        loop {
+            match self.lines.next_line().await? {
+                Some(l) if l.trim_start().starts_with('{') => {
+                    let s: SubLine = serde_json::from_str(&l)
+                        .with_context(|| format!("a subscriber said {l:?}"))?;
+                    if let Some(e) = s.error {
+                        bail!("a subscriber failed: {e}");
+                    }
+                    return Ok(s);
+                }
+                Some(l) => eprintln!("fanout subscriber: {l}"),
+                None => bail!("a subscriber process ended"),
+            }
+        }
+    }
+
+    async fn say(&mut self, what: &str) -> anyhow::Result<()> {
+        self.stdin.write_all(what.as_bytes()).await?;
+        self.stdin.write_all(b"\n").await?;
+        self.stdin.flush().await?;
+        Ok(())
+    }
+}
+
+/// One point: the aggregate msg/s of `n` subscriber processes, and the messages counted.
+async fn point(
+    target: &Target,
+    n: usize,
+    payload: usize,
+    opts: &FanoutOptions,
+) -> anyhow::Result<(f64, usize)> {
+    let key = format!("{}/fanout/{payload}/{n}", crate::driver::point_prefix());
+    // The publisher first (a peer node: its address is what the subscribers link to).
+    let publisher_target = if peer_mode(target) {
+        with_peers(target, "")
+    } else {
+        target.clone()
+    };
+    let conn = Conn::connect(&publisher_target, "bench-fanout-pub", payload).await?;
+    let sub_target = match &conn {
+        Conn::HayatePeer(node) => with_peers(target, &node.local_addr().to_string()),
+        _ => target.clone(),
+    };
+    let result = run(&conn, &sub_target, &key, n, payload, opts).await;
+    conn.close(CLOSE_TIMEOUT).await;
+    result
+}
+
+async fn run(
+    conn: &Conn,
+    sub_target: &Target,
+    key: &str,
+    n: usize,
+    payload: usize,
+    opts: &FanoutOptions,
+) -> anyhow::Result<(f64, usize)> {
+    let mut children = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut proc = tokio::process::Command::new(&opts.exe)
+            .args(["bench", "fanout-sub", "--target"])
+            .arg(sub_target.to_string())
+            .args(["--prefix", key, "--payload"])
+            .arg(payload.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .context("fanout: starting a subscriber process")?;
+        let stdin = proc.stdin.take().context("no stdin")?;
+        let stdout = proc.stdout.take().context("no stdout")?;
+        children.push(Child {
+            proc,
+            stdin,
+            lines: tokio::io::BufReader::new(stdout).lines(),
+        });
+    }
+    for c in &mut children {
+        let l = tokio::time::timeout(READY_TIMEOUT, c.line())
+            .await
+            .context("fanout: a subscriber was not ready in time")??;
+        if !l.ready {
+            bail!("fanout: a subscriber said something other than ready");
+        }
+    }
+    if let Conn::HayatePeer(node) = conn {
+        node.wait_peers(n, READY_TIMEOUT)
+            .await
+            .context("fanout: the subscriber nodes did not all link")?;
+    }
+    let topic = conn.topic(key).await?;
+    conn.flush().await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let failed = Arc::new(std::sync::Mutex::new(None::<String>));
+    let publisher = {
+        let (stop, failed, conn) = (stop.clone(), failed.clone(), conn.clone());
+        let data = Bytes::from(vec![0x5a_u8; payload]);
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                if let Err(e) = conn.publish(&topic, data.clone()).await {
+                    *failed.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some(format!("publish: {e:#}"));
+                    return;
+                }
+            }
+        })
+    };
+    tokio::time::sleep(opts.warmup).await;
+    for c in &mut children {
+        c.say("START").await?;
+    }
+    tokio::time::sleep(opts.duration).await;
+    for c in &mut children {
+        c.say("STOP").await?;
+    }
+    let mut rate = 0.0;
+    let mut total = 0u64;
+    for c in &mut children {
+        let l = tokio::time::timeout(READY_TIMEOUT, c.line())
+            .await
+            .context("fanout: a subscriber did not report")??;
+        let (Some(count), Some(secs)) = (l.count, l.secs) else {
+            bail!("fanout: a subscriber's report has no count");
+        };
+        if secs > 0.0 {
+            rate += count as f64 / secs;
+        }
+        total += count;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let abort = publisher.abort_handle();
+    if tokio::time::timeout(Duration::from_secs(10), publisher)
+        .await
+        .is_err()
+    {
+        abort.abort();
+    }
+    for mut c in children {
+        drop(c.stdin);
+        if tokio::time::timeout(CLOSE_TIMEOUT, c.proc.wait())
+            .await
+            .is_err()
+        {
+            let _ = c.proc.kill().await;
+        }
+    }
+    if let Some(e) = failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        bail!(e);
+    }
+    if let Some(t) = conn.trouble() {
+        bail!(t);
+    }
+    Ok((rate, usize::try_from(total).unwrap_or(usize::MAX)))
+}
+
+/// The subscriber process of a fan-out point (`bench fanout-sub`): subscribes to `key` on
+/// `target`, prints `{"ready":true}`, counts what arrives between `START` and `STOP` on
+/// stdin, prints `{"count":N,"secs":S}`, and ends when stdin closes.
+pub fn fanout_sub(target: &Target, key: &str, payload: usize) -> anyhow::Result<()> {
+    with_runtime(|rt| {
+        rt.block_on(async {
+            let say = |l: &SubLine| -> anyhow::Result<()> {
+                println!("{}", serde_json::to_string(l)?);
+                Ok(())
+            };
+            let conn = match Conn::connect(target, "bench-fanout-sub", payload).await {
+                Ok(c) => c,
+                Err(e) => {
+                    return say(&SubLine {
+                        error: Some(format!("{e:#}")),
+                        ..SubLine::default()
+                    });
+                }
+            };
+            let mut sub = conn.subscribe(key).await?;
+            conn.flush().await?;
+            let count = Arc::new(AtomicU64::new(0));
+            let counting = {
+                let count = count.clone();
+                tokio::spawn(async move {
+                    while sub.next().await.is_some() {
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            };
+            say(&SubLine {
+                ready: true,
+                ..SubLine::default()
+            })?;
+            let mut stdin = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+            let mut started: Option<(Instant, u64)> = None;
+            while let Some(l) = stdin.next_line().await? {
+                match l.trim() {
+                    "START" => started = Some((Instant::now(), count.load(Ordering::Relaxed))),
+                    "STOP" => {
+                        let (t0, c0) = started.take().unwrap_or((Instant::now(), 0));
+                        say(&SubLine {
+                            count: Some(count.load(Ordering::Relaxed) - c0),
+                            secs: Some(t0.elapsed().as_secs_f64()),
+                            ..SubLine::default()
+                        })?;
+                    }
+                    _ => {}
+                }
+            }
+            counting.abort();
+            conn.close(CLOSE_TIMEOUT).await;
+            Ok(())
+        })
+    })
+}
