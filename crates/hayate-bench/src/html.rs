@@ -29,6 +29,8 @@ pub(crate) struct Page {
     pub(crate) rpc: Vec<Record>,
     /// Durable publishing (test `"durable"`).
     pub(crate) durable: Vec<Record>,
+    /// Fan-out (test `"fanout"`).
+    pub(crate) fanout: Vec<Record>,
     /// (file name, SVG text).
     pub(crate) charts: Vec<(String, String)>,
 }
@@ -151,6 +153,12 @@ pub(crate) fn render(p: &Page) -> String {
     h.push_str(&lat_table(&p.lat));
     h.push_str("<h2>RPC (request/reply, concurrency 1)</h2>\n");
     h.push_str(&rpc_table(&p.rpc, &p.peers));
+    if !p.fanout.is_empty() {
+        h.push_str(
+            "<h2>Fan-out (one publisher, N subscriber processes on this host, 1 KiB)</h2>\n",
+        );
+        h.push_str(&fanout_table(&p.fanout));
+    }
     if !p.durable.is_empty() {
         h.push_str("<h2>Durable publishing (confirmed once stored)</h2>\n");
         h.push_str(&durable_table(&p.durable));
@@ -352,6 +360,35 @@ fn lat_table(lat: &[Record]) -> String {
     h
 }
 
+fn fanout_table(fan: &[Record]) -> String {
+    let mut h = String::from(
+        "<table><tr><th>subscribers</th><th>system</th><th>msg/s (sum)</th>\
+         <th>bit/s (sum)</th><th>msg/s per subscriber</th><th>note</th></tr>\n",
+    );
+    for r in fan {
+        let n = r.concurrency.unwrap_or(1);
+        let _ = writeln!(
+            h,
+            "<tr><td class=\"n\">{n}</td><td>{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td><td{}>{}</td></tr>",
+            esc(&r.label()),
+            r.msgs_per_sec.map(crate::format_rate).unwrap_or_default(),
+            r.bits_per_sec.map(crate::format_bits).unwrap_or_default(),
+            r.msgs_per_sec
+                .map(|v| crate::format_rate(v / n as f64))
+                .unwrap_or_default(),
+            if r.error.is_some() {
+                " class=\"err\""
+            } else {
+                ""
+            },
+            esc(r.error.as_deref().unwrap_or(""))
+        );
+    }
+    h.push_str("</table>\n");
+    h
+}
+
 fn rpc_table(rpc: &[Record], peers: &[PeerRow]) -> String {
     let mut h = String::from(
         "<table><tr><th>system</th><th>calls/s</th><th>p50 µs per call</th>\
@@ -513,6 +550,11 @@ mod tests {
                 rec("hayate", "fsync interval=100", "durable", 1024, 300_000.0),
                 rec("kafka", "acks=1", "durable", 1024, 150_000.0),
             ],
+            fanout: vec![{
+                let mut r = rec("hayate", "peer-to-peer", "fanout", 1024, 2.5e6);
+                r.concurrency = Some(20);
+                r
+            }],
             charts: vec![(
                 "thr-msgs.svg".into(),
                 "<svg width=\"1000\" height=\"650\" xmlns=\"x\"></svg>".into(),

@@ -414,6 +414,38 @@ impl<'a> Writer<'a> {
     }
 }
 
+/// A growable byte buffer a reader appends messages to ([`Reader::read_append`]): `Vec<u8>`,
+/// or a caller's own (a `BytesMut` behind a newtype).
+pub trait ReadBuf {
+    /// Bytes held.
+    fn len(&self) -> usize;
+    /// Whether it holds nothing.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Makes room for `additional` more bytes.
+    fn reserve(&mut self, additional: usize);
+    /// Appends `bytes`.
+    fn extend_from_slice(&mut self, bytes: &[u8]);
+    /// Shrinks to `len` bytes (no-op if shorter).
+    fn truncate(&mut self, len: usize);
+}
+
+impl ReadBuf for Vec<u8> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+    fn reserve(&mut self, additional: usize) {
+        Vec::reserve(self, additional);
+    }
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        Vec::extend_from_slice(self, bytes);
+    }
+    fn truncate(&mut self, len: usize) {
+        Vec::truncate(self, len);
+    }
+}
+
 /// One reader of a ring: its own position, in its own process.
 #[derive(Debug)]
 pub struct Reader<'a> {
@@ -622,7 +654,10 @@ impl<'a> Reader<'a> {
 
     /// [`Reader::read`], appending the message to `out` (which keeps what it held, and only
     /// that when no message is read).
-    pub fn read_append(&mut self, out: &mut Vec<u8>) -> Result<Option<u64>, ReadError> {
+    pub fn read_append<B: ReadBuf + ?Sized>(
+        &mut self,
+        out: &mut B,
+    ) -> Result<Option<u64>, ReadError> {
         let base = out.len();
         let head = self.ring.head();
         if head == self.next {
@@ -656,9 +691,15 @@ impl<'a> Reader<'a> {
         if fits {
             let len = len as usize;
             let words = &slot[SLOT_HEADER_WORDS..SLOT_HEADER_WORDS + len.div_ceil(8)];
-            out.resize(base + words.len() * 8, 0);
-            for (b, w) in out[base..].chunks_exact_mut(8).zip(words) {
-                b.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+            out.reserve(words.len() * 8);
+            // Through a small buffer on the stack: word loads into it, then one copy out
+            // (the output is neither zeroed first nor written 8 bytes per call).
+            let mut stage = [0u8; 512];
+            for group in words.chunks(stage.len() / 8) {
+                for (b, w) in stage.chunks_exact_mut(8).zip(group) {
+                    b.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+                }
+                out.extend_from_slice(&stage[..group.len() * 8]);
             }
             out.truncate(base + len);
         }
@@ -946,8 +987,16 @@ mod owned {
             self.cursor.map(|(i, _)| i)
         }
 
+        /// The largest message a slot holds (what one read may append).
+        pub fn max_payload(&self) -> usize {
+            self.ring.ring().max_payload()
+        }
+
         /// [`Reader::read_append`].
-        pub fn read_append(&mut self, out: &mut Vec<u8>) -> Result<Option<u64>, ReadError> {
+        pub fn read_append<B: super::ReadBuf + ?Sized>(
+            &mut self,
+            out: &mut B,
+        ) -> Result<Option<u64>, ReadError> {
             self.with(|r| r.read_append(out))
         }
 

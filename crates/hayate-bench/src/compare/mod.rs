@@ -76,6 +76,7 @@ pub const ALL_PEERS: &[&str] = &[
     "zenoh-p2p",
     "zmq",
     "hayate-p2p",
+    "hayate-shm",
     "grpc",
     "ddsperf",
     "iperf3",
@@ -93,4 +94,6 @@ pub struct CompareResult {
     pub rpc: Vec<Record>,
     /// Durable publishing records (Hayate streams and Kafka; test `"durable"`).
     pub durable: Vec<Record>,
+    /// Fan-out records (one publisher, 1 to 20 subscriber processes; test `"fanout"`).
+    pub fanout: Vec<Record>,
 }

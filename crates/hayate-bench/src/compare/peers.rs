@@ -22,6 +22,8 @@ pub(super) struct Spec {
     pub(super) settings: &'static str,
     /// Measured by the RPC benchmark only (request/reply systems without pub/sub here).
     pub(super) rpc_only: bool,
+    /// Not measured by the RPC benchmark (its RPC would be another row's).
+    pub(super) pubsub_only: bool,
 }
 
 pub(super) fn spec(name: &str) -> Option<Spec> {
@@ -32,6 +34,7 @@ pub(super) fn spec(name: &str) -> Option<Spec> {
         port,
         settings,
         rpc_only: false,
+        pubsub_only: false,
     };
     Some(match name {
         "hayate" => s(
@@ -149,15 +152,26 @@ pub(super) fn spec(name: &str) -> Option<Spec> {
             "brokerless: two peer sessions, one listening on loopback and one connecting; \
              reliable, congestion control Block, automatic batching; RPC by get/queryable",
         ),
-        "hayate-p2p" => Spec {
-            rpc_only: true,
+        "hayate-p2p" => s(
+            "hayate-p2p",
+            None,
+            Some("hayate://127.0.0.1:0?mode=peer&shm=off&name=hayate-p2p"),
+            None,
+            "Hayate peer to peer, no broker, over TCP loopback (shared memory off): pub/sub \
+             between two peer nodes (hayate-client Node) in the bench process, block \
+             subscriptions; RPC: the server is a PeerServer on a free loopback port, each \
+             caller connects its Client to it",
+        ),
+        "hayate-shm" => Spec {
+            pubsub_only: true,
             ..s(
-                "hayate-p2p",
+                "hayate-shm",
                 None,
-                Some("hayate://127.0.0.1:0?mode=peer&name=hayate-p2p"),
+                Some("hayate://127.0.0.1:0?mode=peer&shm=require&name=hayate-shm"),
                 None,
-                "RPC only: Hayate peer to peer, no broker: the server is a PeerServer \
-                 (hayate-client) on a free loopback port, each caller connects its Client to it",
+                "pub/sub only: the same two peer nodes over shared memory (the publisher's \
+                 ring, 1024 slots of 64 KiB; readers sleep on an eventfd, no busy polling); \
+                 in the fan-out, every subscriber process reads the one ring",
             )
         },
         "grpc" => Spec {
@@ -242,7 +256,7 @@ pub(super) fn prepare(
         // Brokerless: in the bench process for thr/lat, a child process for RPC.
         let url = spec.url.unwrap_or_default();
         let version = match spec.name {
-            "hayate-p2p" => format!("hayate {}", env!("CARGO_PKG_VERSION")),
+            "hayate-p2p" | "hayate-shm" => format!("hayate {}", env!("CARGO_PKG_VERSION")),
             "grpc" => crate::driver::client_name(&Target::parse(url)?).to_string(),
             _ => "brokerless".into(),
         };

@@ -54,7 +54,22 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
             .iter()
             .any(|p| p.spec.name == n && p.skipped.is_none())
     };
-    let rpc_targets: Vec<Target> = peers.iter().filter_map(|p| p.target.clone()).collect();
+    let rpc_targets: Vec<Target> = peers
+        .iter()
+        .filter(|p| !p.spec.pubsub_only)
+        .filter_map(|p| p.target.clone())
+        .collect();
+    // The fan-out: systems whose subscribers can run as processes of their own here.
+    let fanout_targets: Vec<Target> = peers
+        .iter()
+        .filter(|p| {
+            matches!(
+                p.spec.name,
+                "hayate-shm" | "hayate-p2p" | "hayate" | "nats" | "zenoh" | "mosquitto"
+            )
+        })
+        .filter_map(|p| p.target.clone())
+        .collect();
     let targets: Vec<Target> = peers
         .iter()
         .filter(|p| !p.spec.rpc_only)
@@ -112,6 +127,29 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
         rpc_opts.max_time.as_secs()
     );
     let rpc = crate::rpc(&rpc_opts)?;
+
+    let fanout_opts = crate::FanoutOptions {
+        targets: fanout_targets,
+        subscribers: if quick {
+            vec![1, 5, 20]
+        } else {
+            vec![1, 2, 5, 10, 20]
+        },
+        payloads: vec![1024],
+        duration: Duration::from_secs(if quick { 1 } else { 3 }),
+        warmup: Duration::from_millis(if quick { 500 } else { 1000 }),
+        exe: opts.hayate_exe.clone(),
+    };
+    let fanout = if fanout_opts.targets.is_empty() {
+        Vec::new()
+    } else {
+        println!(
+            "compare: fan-out (1 KiB, {:?} subscriber processes, {} targets)",
+            fanout_opts.subscribers,
+            fanout_opts.targets.len()
+        );
+        crate::fanout(&fanout_opts)?
+    };
 
     let mut iperf_bps = None;
     if active(&peers, "iperf3") {
@@ -188,11 +226,13 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
     crate::write_json(&out.join("lat.json"), &lat)?;
     crate::write_json(&out.join("rpc.json"), &rpc)?;
     crate::write_json(&out.join("durable.json"), &durable_rows)?;
+    crate::write_json(&out.join("fanout.json"), &fanout)?;
     let all: Vec<Record> = thr
         .iter()
         .chain(&lat)
         .chain(&rpc)
         .chain(&durable_rows)
+        .chain(&fanout)
         .cloned()
         .collect();
     crate::write_csv(&out.join("results.csv"), &all)?;
@@ -204,6 +244,9 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
         charts.push(f);
     }
     for f in crate::write_charts(&out.join("rpc"), &rpc)? {
+        charts.push(f);
+    }
+    for f in crate::write_charts(&out.join("fanout"), &fanout)? {
         charts.push(f);
     }
     let mut svgs = Vec::new();
@@ -257,6 +300,19 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
             ),
         ),
     ];
+    if !fanout.is_empty() {
+        settings.push((
+            "fan-out".to_string(),
+            format!(
+                "1 KiB; one publisher in the bench process, N subscribers each in a process of \
+                 its own (`hayate bench fanout-sub`), N in {:?}; {} s warm-up, then each \
+                 subscriber counts for {} s; the sum of their rates",
+                fanout_opts.subscribers,
+                fanout_opts.warmup.as_secs_f64(),
+                fanout_opts.duration.as_secs_f64()
+            ),
+        ));
+    }
     if !durable_rows.is_empty() {
         settings.push((
             "durable".to_string(),
@@ -313,6 +369,7 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
         lat: lat.clone(),
         rpc: rpc.clone(),
         durable: durable_rows.clone(),
+        fanout: fanout.clone(),
         charts: svgs,
     };
     std::fs::write(out.join("index.html"), html::render(&page))?;
@@ -330,6 +387,7 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
         lat,
         rpc,
         durable: durable_rows,
+        fanout,
     })
 }
 

@@ -274,11 +274,15 @@ struct State {
     dialing: HashSet<String>,
     cache: HashMap<Key, Arc<Route>>,
     stopped: bool,
+    /// Bumped by every change of routes (read without the lock by route caches outside
+    /// it: a ring reader's).
+    generation: Arc<AtomicU64>,
 }
 
 impl State {
     fn changed(&mut self) {
         self.cache.clear();
+        self.generation.fetch_add(1, Ordering::Release);
     }
 
     fn route(&mut self, key: &Key) -> Arc<Route> {
@@ -379,6 +383,8 @@ pub(crate) struct NodeInner {
     memory: Arc<hayate_io::memory::Memory>,
     /// This node's shared-memory ring (`None`: shared memory off, or unavailable).
     outgoing: Option<Arc<shm::Outgoing>>,
+    /// `State::generation`, readable without the lock.
+    generation: Arc<AtomicU64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -463,12 +469,17 @@ impl Node {
             },
         };
         let (stop, stop_rx) = watch::channel(false);
+        let generation = Arc::new(AtomicU64::new(0));
         let inbox = format!("{}/peer-{id:016x}", hayate_core::INBOX_PREFIX);
         let inner = Arc::new(NodeInner {
             id,
             advertise,
             local_addr,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                generation: generation.clone(),
+                ..State::default()
+            }),
+            generation,
             next_sid: AtomicU32::new(1),
             next_token: AtomicU64::new(1),
             next_conn: AtomicU64::new(1),

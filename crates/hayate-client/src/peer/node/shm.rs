@@ -496,8 +496,9 @@ async fn accept_offer(
         bell,
         writer_bell,
         sock,
-        assembling: Vec::new(),
+        assembling: Assembly(BytesMut::new()),
         expect: 0,
+        last_route: None,
     }
     .run(stop)
     .await;
@@ -521,6 +522,39 @@ async fn closed(sock: &tokio::net::UnixStream) {
     }
 }
 
+/// Bytes allocated at a time for the frames read from a ring.
+const ASSEMBLY_BLOCK: usize = 64 * 1024;
+
+/// The frame being put together (a `BytesMut`, so that decoded payloads are slices of it).
+struct Assembly(BytesMut);
+
+impl hayate_shm::ReadBuf for Assembly {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn reserve(&mut self, additional: usize) {
+        // Frames are cut from one allocation until it is used up (not one each).
+        if self.0.capacity() - self.0.len() < additional {
+            self.0.reserve(additional.max(ASSEMBLY_BLOCK));
+        }
+    }
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+    fn truncate(&mut self, len: usize) {
+        self.0.truncate(len);
+    }
+}
+
+impl Assembly {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
 struct RingReader {
     node: Arc<NodeInner>,
     from: u64,
@@ -529,9 +563,11 @@ struct RingReader {
     writer_bell: Doorbell,
     sock: tokio::net::UnixStream,
     /// The frame being put together from chunks.
-    assembling: Vec<u8>,
+    assembling: Assembly,
     /// Its length, from its first chunk's header.
     expect: usize,
+    /// The route of the last key read, and the routes' generation it was looked up at.
+    last_route: Option<(u64, hayate_core::Key, Arc<super::Route>)>,
 }
 
 /// Messages read in one go before they are handed over.
@@ -643,7 +679,8 @@ impl RingReader {
         if self.assembling.len() == before {
             return Err(()); // not even the flag
         }
-        let flag = self.assembling.pop().unwrap_or(0);
+        let flag = self.assembling.0[self.assembling.0.len() - 1];
+        self.assembling.0.truncate(self.assembling.0.len() - 1);
         if flag & !(MORE | FIRST) != 0 {
             return Err(());
         }
@@ -658,14 +695,14 @@ impl RingReader {
                 // A frame started before the last one ended: its publisher gave up on it
                 // half written (a publish cancelled by its caller). It is lost; this one
                 // starts afresh.
-                self.assembling.drain(..before);
+                let _ = self.assembling.0.split_to(before);
                 self.node.stats.shm_lost.fetch_add(1, Ordering::Relaxed);
             }
             if self.assembling.len() < 4 {
                 return Err(());
             }
             // Room for the whole frame at once, after its length is checked.
-            let a = &self.assembling;
+            let a = &self.assembling.0;
             let len = u32::from_be_bytes([a[0], a[1], a[2], a[3]]) as usize;
             if len > max_frame {
                 // Larger than this node accepts (nodes may set different limits): this
@@ -683,7 +720,11 @@ impl RingReader {
                 return Ok(());
             }
             self.expect = 4 + len;
-            self.assembling.reserve(self.expect.saturating_sub(a.len()));
+            // Frames are cut from one allocation until it is used up (not one each).
+            let need = self.expect.saturating_sub(a.len());
+            if self.assembling.0.capacity() - self.assembling.0.len() < need {
+                self.assembling.0.reserve(need.max(ASSEMBLY_BLOCK));
+            }
         }
         if self.assembling.len() > self.expect {
             return Err(()); // longer than its frame said
@@ -691,7 +732,7 @@ impl RingReader {
         if flag & MORE != 0 {
             return Ok(());
         }
-        let mut frame = BytesMut::from(Bytes::from(std::mem::take(&mut self.assembling)));
+        let mut frame = self.assembling.0.split();
         let m = match hayate_native::decode(&mut frame, max_frame) {
             Ok(Some(Frame::Pub(m))) if frame.is_empty() => m,
             _ => return Err(()),
@@ -707,7 +748,17 @@ impl RingReader {
         self.node.stats.shm_received.fetch_add(1, Ordering::Relaxed);
         let mut m = m;
         let named = take_named_shm(&mut m, self.node.id);
-        let route = self.node.route(&m.key);
+        // The last key's route, while routes have not changed (one key in a row is the
+        // common case): no lock per message.
+        let generation = self.node.generation.load(Ordering::Acquire);
+        let route = match &self.last_route {
+            Some((g, k, r)) if *g == generation && *k == m.key => r.clone(),
+            _ => {
+                let r = self.node.route(&m.key);
+                self.last_route = Some((generation, m.key.clone(), r.clone()));
+                r
+            }
+        };
         server::dispatch(&self.node, &route, m, Some(named), &mut |t, m| {
             server::push(pending, t, m)
         });

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Fan-out (issue 15): one publisher, 1 to 20 subscriber processes on this host, aggregate
+# throughput, for Hayate peer nodes over shared memory and over TCP, Hayate brokered and
+# nats-server, in one run. Needs the release build with the peers feature
+# (cargo build --release -p hayate --features hayate/peers) and nats-server
+# (bench/peers/nats.sh install). Writes bench/results/<date>-vm-fanout/fanout.json and the chart.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-target/release/hayate}
+OUT=${OUT:-bench/results/$(date +%F)-vm-fanout}
+DURATION=${DURATION:-3s}
+PAYLOAD=${PAYLOAD:-1KiB}
+SUBS=${SUBS:-1,2,5,10,20}
+NATS_PORT=${NATS_PORT:-14222}
+mkdir -p "$OUT"
+tmp=$(mktemp -d)
+"$BIN" broker --listen 127.0.0.1:0 --mqtt off --ws off --stomp off --data "$tmp/data" >"$tmp/out" 2>"$tmp/err" &
+bpid=$!
+bench/peers/nats.sh start "$NATS_PORT" >/dev/null
+trap 'kill $bpid 2>/dev/null || true; wait $bpid 2>/dev/null || true; bench/peers/nats.sh stop "$NATS_PORT" >/dev/null 2>&1 || true; rm -rf "$tmp"' EXIT
+for _ in $(seq 100); do grep -q 'native protocol on' "$tmp/out" && break; sleep 0.05; done
+addr=$(sed -n 's/.*native protocol on \(.*\)$/\1/p' "$tmp/out" | head -1)
+"$BIN" bench fanout \
+    --target "hayate://127.0.0.1:0?mode=peer&shm=require&name=hayate-shm" \
+    --target "hayate://127.0.0.1:0?mode=peer&shm=off&name=hayate-p2p" \
+    --target "hayate://$addr?name=hayate-brokered" \
+    --target "nats://127.0.0.1:$NATS_PORT?name=nats" \
+    --subscribers "$SUBS" --payload "$PAYLOAD" --duration "$DURATION" --warmup 1s \
+    --json "$OUT/fanout.json"
+grep -m1 "model name" /proc/cpuinfo >"$OUT/machine.txt"; nproc >>"$OUT/machine.txt"
