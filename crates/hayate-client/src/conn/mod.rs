@@ -326,6 +326,14 @@ impl Inner {
     }
 
     pub(crate) async fn publish_plain(&self, key: &Key, payload: Bytes) -> Result<()> {
+        self.publish_plain_opt(key, payload, true).await
+    }
+
+    /// `inline_ok: false`: never written by the publishing task (a publisher sending each
+    /// message on several connections in turn, a peer node's fan-out: each connection would
+    /// see gaps longer than `INLINE_GAP` and write every message with a system call of its
+    /// own).
+    async fn publish_plain_opt(&self, key: &Key, payload: Bytes, inline_ok: bool) -> Result<()> {
         self.check_size(payload.len())?;
         {
             let mut guard = lock(&self.out);
@@ -335,14 +343,15 @@ impl Inner {
             let out = &mut *guard;
             // The clock is read only when the queue is empty and nobody writes: at most
             // once per batch while publishes stream.
-            let inline = out.tail.is_empty() && out.chunks.is_empty() && !out.writing && {
-                let now = std::time::Instant::now();
-                let gap = out
-                    .last_publish
-                    .is_none_or(|t| now.duration_since(t) >= INLINE_GAP);
-                out.last_publish = Some(now);
-                gap
-            };
+            let inline =
+                inline_ok && out.tail.is_empty() && out.chunks.is_empty() && !out.writing && {
+                    let now = std::time::Instant::now();
+                    let gap = out
+                        .last_publish
+                        .is_none_or(|t| now.duration_since(t) >= INLINE_GAP);
+                    out.last_publish = Some(now);
+                    gap
+                };
             if payload.len() >= ZERO_COPY {
                 out.batch = None;
                 encode_pub_batch_head(key, 4 + payload.len(), &mut out.tail);
@@ -415,8 +424,15 @@ impl Inner {
     }
 
     pub(crate) async fn publish_message(&self, msg: &Message) -> Result<()> {
+        self.publish_message_opt(msg, true).await
+    }
+
+    /// [`Inner::publish_message`]; `inline_ok` as for [`Inner::publish_plain_opt`].
+    pub(crate) async fn publish_message_opt(&self, msg: &Message, inline_ok: bool) -> Result<()> {
         if msg.is_plain() {
-            return self.publish_plain(&msg.key, msg.payload.clone()).await;
+            return self
+                .publish_plain_opt(&msg.key, msg.payload.clone(), inline_ok)
+                .await;
         }
         self.check_size(msg.payload.len())?;
         check_options(msg).map_err(|e| Error::InvalidMessage(e.into()))?;

@@ -955,6 +955,14 @@ impl NodeInner {
         for t in route.locals.iter().chain(local_members.iter()) {
             self.deliver(t, vec![msg.clone()]).await;
         }
+        // Sending to several nodes over TCP in turn: no inline writes (see
+        // `Inner::publish_plain_opt`).
+        let tcp_nodes = route.remotes.iter().filter(|r| !r.shm).count()
+            + named
+                .iter()
+                .filter(|n| !route.remotes.iter().any(|r| r.peer == n.0))
+                .count();
+        let inline_ok = tcp_nodes <= 1;
         for r in &route.remotes {
             if r.shm {
                 to_ring = true;
@@ -967,10 +975,10 @@ impl NodeInner {
                 }
                 None => (r.drop, Vec::new()),
             };
-            self.send_remote(&r.link, &msg, &to, drop).await;
+            self.send_remote(&r.link, &msg, &to, drop, inline_ok).await;
         }
         for (_, link, drop, to) in &named {
-            self.send_remote(link, &msg, to, *drop).await;
+            self.send_remote(link, &msg, to, *drop, inline_ok).await;
         }
         if to_ring && let Some(out) = &self.outgoing {
             self.shm_publish(out, &msg, &shm_named).await;
@@ -979,13 +987,20 @@ impl NodeInner {
         Ok(())
     }
 
-    async fn send_remote(&self, link: &Client, msg: &Message, to: &[(u32, Arc<str>)], drop: bool) {
+    async fn send_remote(
+        &self,
+        link: &Client,
+        msg: &Message,
+        to: &[(u32, Arc<str>)],
+        drop: bool,
+        inline_ok: bool,
+    ) {
         if drop && !link.inner.has_room() {
             self.stats.dropped_on_links.fetch_add(1, Ordering::Relaxed);
             return;
         }
         let r = if to.is_empty() {
-            link.inner.publish_message(msg).await
+            link.inner.publish_message_opt(msg, inline_ok).await
         } else {
             let mut m = msg.clone();
             let h = m.headers.get_or_insert_with(Vec::new);
@@ -995,7 +1010,7 @@ impl NodeInner {
                 v.extend_from_slice(g.as_bytes());
                 h.push((TO_HEADER.to_string(), Bytes::from(v)));
             }
-            link.inner.publish_message(&m).await
+            link.inner.publish_message_opt(&m, inline_ok).await
         };
         if let Err(e) = r {
             // The link broke: its watcher removes it; the message is lost for that node as
