@@ -447,6 +447,17 @@ impl Node {
                 "max_payload must be between 1 and 4 GiB".into(),
             ));
         }
+        if options.shm.mode != ShmMode::Off
+            && (!(2..=1 << 20).contains(&options.shm.slots)
+                || !(64..=64 << 20).contains(&options.shm.slot_bytes)
+                || options.shm.slots.saturating_mul(options.shm.slot_bytes) > 1 << 34)
+        {
+            return Err(Error::Protocol(
+                "shm: slots must be 2 to 2^20, slot_bytes 64 B to 64 MiB, the ring at most \
+                 16 GiB"
+                    .into(),
+            ));
+        }
         let listener = TcpListener::bind(&options.listen).await?;
         let local_addr = listener.local_addr()?;
         let advertise = match &options.advertise {

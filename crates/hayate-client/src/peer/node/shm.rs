@@ -148,6 +148,7 @@ pub(super) struct Outgoing {
 
 impl Outgoing {
     pub(super) fn new(options: &ShmOptions, id: u64) -> Result<Outgoing> {
+        // Bounds checked by `Node::start`.
         let slot = options.slot_bytes.max(64);
         let words = hayate_shm::region_words(options.slots.max(2), slot);
         let segment = Segment::create(&format!("hayate-peer-{id:016x}"), words * 8)
