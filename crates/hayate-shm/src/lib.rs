@@ -327,6 +327,9 @@ impl<'a> Writer<'a> {
     /// before the flag was up does not wake it.
     pub fn prepare_wait(&self) {
         self.ring.words[WRITER_WAITS].store(1, Ordering::SeqCst);
+        // Pairs with the reader's fence in `writer_waits`: the flag is ordered before the
+        // writer's next look at the cursors (one of the two sees the other).
+        fence(Ordering::SeqCst);
     }
 
     /// The readers waiting for a wake-up since the last call (a bitmask of cursor entries;

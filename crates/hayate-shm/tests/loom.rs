@@ -128,3 +128,72 @@ fn a_registered_reader_loses_nothing() {
         writer.join().unwrap();
     });
 }
+
+/// Wake-ups, both ways, in every interleaving: a reader that decides to sleep (nothing new
+/// when it looked) is in the sleepers the writer takes after its next publication, and a
+/// writer that flagged itself waiting is seen by a reader that reads on (commits) after it
+/// looked at the cursors. A lost wake-up would leave a process asleep with work to do. 22
+/// interleavings. Fails when `sleepers` is a plain load instead of the read-modify-write
+/// (checked when written). Removing the writer's fence in `prepare_wait` did *not* make it
+/// fail: loom does not produce that store-buffering reordering, so the writer's side rests
+/// on the argument in docs/shm.md (a SeqCst fence on each side), not on this model.
+#[test]
+fn no_wake_up_is_lost() {
+    use loom::sync::atomic::AtomicBool;
+    use std::sync::atomic::Ordering::SeqCst;
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    loom::model(|| {
+        RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let words = region_words(1, 8);
+        let mem: Arc<Vec<AtomicU64>> = Arc::new((0..words).map(|_| AtomicU64::new(0)).collect());
+        Ring::init(&mem, 1, 8).unwrap();
+        let mut r = Reader::register(Ring::attach(&mem).unwrap()).unwrap();
+        let bell = Arc::new(AtomicBool::new(false));
+        let writer_bell = Arc::new(AtomicBool::new(false));
+        let (m2, b2, wb2) = (mem.clone(), bell.clone(), writer_bell.clone());
+        let writer = loom::thread::spawn(move || {
+            let mut w = Writer::new(Ring::attach(&m2).unwrap());
+            w.publish(b"one").unwrap();
+            if w.sleepers() != 0 {
+                b2.store(true, SeqCst);
+            }
+            // One slot, unread: the writer must wait for the reader.
+            if w.try_publish(b"two").unwrap().is_none() {
+                w.prepare_wait();
+                if w.try_publish(b"two").unwrap().is_none() {
+                    // It sleeps: some reader must ring, or it sleeps forever.
+                    return true;
+                }
+            }
+            false
+        });
+        let mut out = Vec::new();
+        let mut slept = false;
+        let mut read = 0;
+        if r.read(&mut out).unwrap().is_some() {
+            read += 1;
+        } else if r.prepare_sleep() {
+            slept = true;
+        }
+        let rang_writer = if read == 1 { r.writer_waits() } else { false };
+        if rang_writer {
+            writer_bell.store(true, SeqCst);
+        }
+        let writer_slept = writer.join().unwrap();
+        if slept {
+            assert!(
+                bell.load(SeqCst),
+                "the reader slept with a message published and nobody rang"
+            );
+        }
+        if writer_slept && read == 1 {
+            assert!(
+                writer_bell.load(SeqCst),
+                "the writer slept although the reader had read on, and nobody rang"
+            );
+        }
+    });
+    let runs = RUNS.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("loom: {runs} interleavings");
+    assert!(runs > 10, "loom explored only {runs} interleavings");
+}

@@ -177,6 +177,10 @@ pub(crate) struct PeerArgs {
     /// `pub` in peer mode: linked nodes to wait for before publishing.
     #[arg(long, default_value_t = 1)]
     pub(crate) wait_peers: usize,
+    /// Shared memory with nodes on this host (peer mode): `auto` (when the other node's
+    /// socket answers), `off`, or `require` (refuse links that cannot use it).
+    #[arg(long, value_name = "off|auto|require", default_value = "auto")]
+    pub(crate) shm: hayate_client::peer::ShmMode,
 }
 
 impl PeerArgs {
@@ -198,6 +202,10 @@ impl PeerArgs {
             peers: self.peer_connect.clone(),
             scout,
             rendezvous: self.rendezvous.clone(),
+            shm: hayate_client::peer::ShmOptions {
+                mode: self.shm,
+                ..Default::default()
+            },
             ..Default::default()
         }
     }
