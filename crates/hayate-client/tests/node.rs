@@ -9,16 +9,13 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use hayate_client::peer::{Node, NodeOptions};
-use hayate_client::{Client, Key, Qos, SubscribeOptions, Subscription};
+use hayate_client::{Client, Key, Qos, SubscribeOptions};
 use hayate_native::{Frame, Hello, PROTOCOL_VERSION, decode, encode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-const WAIT: Duration = Duration::from_secs(10);
-
-async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(WAIT, f).await.expect("test watchdog")
-}
+mod common;
+use common::{WAIT, key, take, within};
 
 /// Node settings for these tests: nodes in one process share a host, so their links use
 /// shared memory (`ShmMode::Auto`); `HAYATE_TEST_SHM=off` runs the same tests over TCP
@@ -40,19 +37,6 @@ async fn node(peers: &[&Node]) -> Node {
     .unwrap();
     within(n.wait_peers(peers.len(), WAIT)).await.unwrap();
     n
-}
-
-async fn take(sub: &mut Subscription, n: usize) -> Vec<Vec<u8>> {
-    let mut v = Vec::new();
-    while v.len() < n {
-        let m = within(sub.next()).await.expect("subscription ended");
-        v.push(m.payload.to_vec());
-    }
-    v
-}
-
-fn key(k: &str) -> Key {
-    Key::new(k).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,16 +15,13 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hayate_client::peer::{Node, NodeOptions, ShmMode, ShmOptions};
-use hayate_client::{Key, Subscription};
+
 use hayate_shm::doorbell::Doorbell;
 use hayate_shm::segment::Segment;
 use hayate_shm::{SharedRing, SharedWriter, announce};
 
-const WAIT: Duration = Duration::from_secs(20);
-
-async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(WAIT, f).await.expect("test watchdog")
-}
+mod common;
+use common::{WAIT, key, take, within};
 
 fn opts(peers: &[&Node]) -> NodeOptions {
     NodeOptions {
@@ -35,19 +32,6 @@ fn opts(peers: &[&Node]) -> NodeOptions {
         },
         ..NodeOptions::default()
     }
-}
-
-async fn take(sub: &mut Subscription, n: usize) -> Vec<Vec<u8>> {
-    let mut v = Vec::new();
-    while v.len() < n {
-        let m = within(sub.next()).await.expect("subscription ended");
-        v.push(m.payload.to_vec());
-    }
-    v
-}
-
-fn key(k: &str) -> Key {
-    Key::new(k).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -167,20 +167,31 @@ async fn serve_conn(
 
 /// The queue-group members a node named in `m` (removed from its headers).
 fn take_named(m: &mut Message) -> Vec<(u32, Bytes)> {
+    take_named_by(m, TO_HEADER, |v| {
+        (v.len() >= 4).then(|| (u32::from_be_bytes([v[0], v[1], v[2], v[3]]), v.slice(4..)))
+    })
+}
+
+/// The queue-group members named in `m`'s `header` headers, every one of which is removed:
+/// `parse` gives the subscription id and group of a value meant for this node, `None` for
+/// one that is not (or is malformed).
+pub(super) fn take_named_by(
+    m: &mut Message,
+    header: &str,
+    parse: impl Fn(&Bytes) -> Option<(u32, Bytes)>,
+) -> Vec<(u32, Bytes)> {
     let Some(h) = m.headers.as_mut() else {
         return Vec::new();
     };
-    if !h.iter().any(|(n, _)| n == TO_HEADER) {
+    if !h.iter().any(|(n, _)| n == header) {
         return Vec::new();
     }
     let mut named = Vec::new();
     h.retain(|(n, v)| {
-        if n != TO_HEADER {
+        if n != header {
             return true;
         }
-        if v.len() >= 4 {
-            named.push((u32::from_be_bytes([v[0], v[1], v[2], v[3]]), v.slice(4..)));
-        }
+        named.extend(parse(v));
         false
     });
     if h.is_empty() {

@@ -779,27 +779,12 @@ impl RingReader {
 
 /// The queue-group members named for node `me` in `m` (every such header is removed).
 fn take_named_shm(m: &mut Message, me: u64) -> Vec<(u32, Bytes)> {
-    let Some(h) = m.headers.as_mut() else {
-        return Vec::new();
-    };
-    if !h.iter().any(|(n, _)| n == SHM_TO_HEADER) {
-        return Vec::new();
-    }
-    let mut named = Vec::new();
-    h.retain(|(n, v)| {
-        if n != SHM_TO_HEADER {
-            return true;
-        }
-        if v.len() >= 12 && v[..8] == me.to_be_bytes() {
-            named.push((
+    server::take_named_by(m, SHM_TO_HEADER, |v| {
+        (v.len() >= 12 && v[..8] == me.to_be_bytes()).then(|| {
+            (
                 u32::from_be_bytes([v[8], v[9], v[10], v[11]]),
                 v.slice(12..),
-            ));
-        }
-        false
-    });
-    if h.is_empty() {
-        m.headers = None;
-    }
-    named
+            )
+        })
+    })
 }
