@@ -64,7 +64,7 @@ impl System {
     /// The query parameters a target URL of this system accepts, besides `name`.
     fn params(self) -> &'static [&'static str] {
         match self {
-            System::Hayate => &["mode", "ca", "shm", "spin", "slots", "slot", "peers"],
+            System::Hayate => &["mode", "ca", "shm", "spin", "slots", "slot", "peers", "rpc"],
             System::Mqtt => &[
                 "qos",
                 "version",
@@ -130,7 +130,9 @@ impl Target {
     /// (hayate `mode=peer`: shared memory between the nodes, default auto, which they use
     /// since they share a host; how long a reader polls its ring before it sleeps), `slots=N`
     /// and `slot=BYTES` (the ring's geometry), `peers=ADDR,...` (a node linking to those
-    /// instead of pairing with another in this process: the fan-out benchmark's subscribers).
+    /// instead of pairing with another in this process: the fan-out benchmark's subscribers),
+    /// `rpc=node` (`bench rpc` in peer mode between nodes, the server's node in the child
+    /// process and one node per caller, instead of a `PeerServer`).
     pub fn parse(url: &str) -> anyhow::Result<Target> {
         let url = url.trim();
         let (scheme, rest) = url

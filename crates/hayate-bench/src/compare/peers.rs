@@ -162,18 +162,16 @@ pub(super) fn spec(name: &str) -> Option<Spec> {
              subscriptions; RPC: the server is a PeerServer on a free loopback port, each \
              caller connects its Client to it",
         ),
-        "hayate-shm" => Spec {
-            pubsub_only: true,
-            ..s(
-                "hayate-shm",
-                None,
-                Some("hayate://127.0.0.1:0?mode=peer&shm=require&name=hayate-shm"),
-                None,
-                "pub/sub only: the same two peer nodes over shared memory (the publisher's \
-                 ring, 1024 slots of 64 KiB; readers sleep on an eventfd, no busy polling); \
-                 in the fan-out, every subscriber process reads the one ring",
-            )
-        },
+        "hayate-shm" => s(
+            "hayate-shm",
+            None,
+            Some("hayate://127.0.0.1:0?mode=peer&shm=require&rpc=node&name=hayate-shm"),
+            None,
+            "the same two peer nodes over shared memory (the publisher's ring, 1024 slots of \
+             64 KiB; readers sleep on an eventfd, no busy polling); in the fan-out, every \
+             subscriber process reads the one ring; RPC between a server node (child \
+             process) and a node per caller, over shared memory",
+        ),
         "grpc" => Spec {
             rpc_only: true,
             ..s(

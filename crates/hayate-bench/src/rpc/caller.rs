@@ -19,6 +19,8 @@ use crate::target::{System, Target};
 /// One caller: a connection with one request in flight.
 pub(super) enum Caller {
     Hayate(hayate_client::Client, hayate_core::Key),
+    /// Hayate peer mode with nodes (`rpc=node`): this caller's node, linked to the server's.
+    HayateNode(hayate_client::peer::Node, hayate_core::Key),
     Nats(async_nats::Client, async_nats::Subject),
     Stomp(
         crate::driver::stomp::StompConn,
@@ -47,6 +49,7 @@ impl Caller {
         let fut = async {
             Ok(match self {
                 Caller::Hayate(c, k) => c.request(k, req, timeout).await?.payload,
+                Caller::HayateNode(n, k) => n.request(k, req, timeout).await?.payload,
                 Caller::Nats(c, s) => c.request(s.clone(), req).await?.payload,
                 Caller::Stomp(c, replies, dest) => {
                     c.send(dest, &[("reply-to", "/temp-queue/rpc")], &req)
@@ -95,6 +98,9 @@ impl Caller {
             Caller::Hayate(c, _) => {
                 let _ = tokio::time::timeout(t, c.close()).await;
             }
+            Caller::HayateNode(n, _) => {
+                let _ = tokio::time::timeout(t, n.close()).await;
+            }
             Caller::Nats(..) => {}
             Caller::Stomp(c, _, _) => {
                 let _ = tokio::time::timeout(t, c.close()).await;
@@ -121,6 +127,20 @@ async fn connect_caller(
 ) -> anyhow::Result<Caller> {
     let key = format!("{prefix}/req");
     Ok(match target.system {
+        System::Hayate if super::server::node_rpc(target) => {
+            // A node of this caller's own, linked to the server's node (over shared memory
+            // when the target's `shm` says so and both are on this host).
+            let ep = endpoint.context("rpc=node: no server endpoint")?;
+            let n = hayate_client::peer::Node::start(super::server::node_options(
+                target,
+                vec![ep.to_string()],
+            )?)
+            .await?;
+            n.wait_peers(1, Duration::from_secs(10))
+                .await
+                .context("rpc=node: the caller's node did not link to the server's")?;
+            Caller::HayateNode(n, hayate_core::Key::new(&key)?)
+        }
         System::Hayate => {
             let addr = match endpoint {
                 Some(ep) => ep.to_string(),

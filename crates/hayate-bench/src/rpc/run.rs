@@ -89,6 +89,9 @@ fn method_mode(target: &Target) -> &'static str {
 /// `"tonic 0.14 (unary); server in a child process"`.
 fn client_label(target: &Target, server: &ServerPlacement) -> String {
     let how = match target.system {
+        System::Hayate if super::server::node_rpc(target) => {
+            "request between peer nodes, one per caller"
+        }
         System::Hayate if target.mode() == "peer-to-peer" => "request, direct to a PeerServer",
         System::Hayate => "request, inbox reply",
         System::Nats => "request/reply",

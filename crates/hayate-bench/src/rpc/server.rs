@@ -23,6 +23,8 @@ pub(super) struct Server {
     pub(super) endpoint: Option<String>,
     /// Hayate peer to peer: the direct listener.
     peer: Option<hayate_client::peer::PeerServer>,
+    /// Hayate peer mode with nodes (`rpc=node`): the server's node.
+    node: Option<hayate_client::peer::Node>,
     #[cfg(feature = "peers")]
     amqp: Option<crate::driver::amqp::RpcServer>,
     #[cfg(feature = "peers")]
@@ -36,6 +38,7 @@ impl Server {
             conns: Vec::new(),
             endpoint: None,
             peer: None,
+            node: None,
             #[cfg(feature = "peers")]
             amqp: None,
             #[cfg(feature = "peers")]
@@ -55,6 +58,9 @@ impl Server {
         if let Some(p) = self.peer {
             p.close().await;
         }
+        if let Some(n) = self.node {
+            let _ = tokio::time::timeout(Duration::from_secs(5), n.close()).await;
+        }
         for c in self.conns {
             c.close(Duration::from_secs(5)).await;
         }
@@ -69,10 +75,59 @@ impl Server {
     }
 }
 
+/// Whether `target` asks for RPC between peer nodes (`hayate://HOST?mode=peer&rpc=node`)
+/// rather than through a `PeerServer`.
+pub(super) fn node_rpc(target: &Target) -> bool {
+    target.system == System::Hayate
+        && target.mode() == "peer-to-peer"
+        && target.param("rpc") == Some("node")
+}
+
+/// The options of an RPC node on `target`'s host, linking to `peers`, with the target's
+/// shared-memory settings (`shm=`, `spin=`).
+pub(super) fn node_options(
+    target: &Target,
+    peers: Vec<String>,
+) -> anyhow::Result<hayate_client::peer::NodeOptions> {
+    let host = if target.host.contains(':') {
+        format!("[{}]", target.host)
+    } else {
+        target.host.clone()
+    };
+    let mut o = hayate_client::peer::NodeOptions {
+        listen: format!("{host}:0"),
+        peers,
+        ..Default::default()
+    };
+    if let Some(m) = target.param("shm") {
+        o.shm.mode = m.parse().map_err(anyhow::Error::msg)?;
+    }
+    if let Some(us) = target.param("spin") {
+        o.shm.spin = Duration::from_micros(us.parse()?);
+    }
+    Ok(o)
+}
+
 pub(super) async fn start_server(target: &Target, prefix: &str) -> anyhow::Result<Server> {
     let mut server = Server::new();
     let key = format!("{prefix}/req");
     match target.system {
+        System::Hayate if node_rpc(target) => {
+            // A peer node that callers' nodes link to; requests come through its
+            // subscription (over shared memory from callers on this host, as `shm` says).
+            let n = hayate_client::peer::Node::start(node_options(target, Vec::new())?).await?;
+            let mut sub = n.subscribe(&key).await?;
+            let srv = n.clone();
+            server.tasks.push(tokio::spawn(async move {
+                while let Some(m) = sub.next().await {
+                    if srv.reply(&m, add_one(&m.payload)).await.is_err() {
+                        break;
+                    }
+                }
+            }));
+            server.endpoint = Some(n.local_addr().to_string());
+            server.node = Some(n);
+        }
         System::Hayate if target.mode() == "peer-to-peer" => {
             // Direct: a PeerServer on the target's host (a free port) that callers connect to.
             let host = if target.host.contains(':') {
