@@ -150,7 +150,7 @@ fn no_wake_up_is_lost() {
         let mut r = Reader::register(Ring::attach(&mem).unwrap()).unwrap();
         let bell = Arc::new(AtomicBool::new(false));
         let writer_bell = Arc::new(AtomicBool::new(false));
-        let (m2, b2, wb2) = (mem.clone(), bell.clone(), writer_bell.clone());
+        let (m2, b2) = (mem.clone(), bell.clone());
         let writer = loom::thread::spawn(move || {
             let mut w = Writer::new(Ring::attach(&m2).unwrap());
             w.publish(b"one").unwrap();
