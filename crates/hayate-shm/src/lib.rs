@@ -226,6 +226,19 @@ impl<'a> Ring<'a> {
         self.words[HEAD].load(Ordering::Acquire)
     }
 
+    /// The readers of `mask` (cursor entries) waiting for a wake-up, whose bits are taken
+    /// down: the caller wakes each. After a publication, a reader that flagged itself asleep
+    /// before it is in the result, or saw the publication (see below).
+    pub fn take_sleepers(&self, mask: u64) -> u64 {
+        // A read-modify-write of the sleepers word, not a load: the readers set their bits
+        // by read-modify-writes of the same word, so one of the two comes first in its
+        // modification order. If the reader's comes first, this sees its bit; if this comes
+        // first, the reader's reads what this wrote, which synchronises with it (release),
+        // so the reader's look at `head` after it sees the `head` stored before this.
+        // Cheaper than a full fence on every publication.
+        self.words[SLEEPERS].fetch_and(!mask, Ordering::AcqRel) & mask
+    }
+
     fn slot(&self, n: u64) -> &'a [AtomicU64] {
         let i = (n % self.slots as u64) as usize;
         let at = HEADER_WORDS + i * self.slot_words;
@@ -335,19 +348,14 @@ impl<'a> Writer<'a> {
     /// The readers waiting for a wake-up since the last call (a bitmask of cursor entries;
     /// their bits are cleared): the caller wakes each. Call after publishing.
     pub fn sleepers(&self) -> u64 {
-        // A read-modify-write of the sleepers word (adding nothing), not a load: the
-        // readers set their bits by read-modify-writes of the same word, so one of the two
-        // comes first in its modification order. If the reader's comes first, this sees its
-        // bit; if this comes first, the reader's reads what this wrote, which synchronises
-        // with it (release), so the reader's look at `head` after it sees the `head` stored
-        // before this. Cheaper than a full fence on every publication.
-        let s = &self.ring.words[SLEEPERS];
-        let m = s.fetch_or(0, Ordering::AcqRel);
-        if m == 0 {
-            return 0;
-        }
-        s.fetch_and(!m, Ordering::SeqCst);
-        m
+        self.ring.take_sleepers(u64::MAX)
+    }
+
+    /// [`Writer::sleepers`] among the readers of `mask` (cursor entries) only: the others
+    /// keep sleeping, their bits set (what was published is not for them; they are woken
+    /// when something is, or when the writer waits for room, or by [`Ring::take_sleepers`]).
+    pub fn sleepers_among(&self, mask: u64) -> u64 {
+        self.ring.take_sleepers(mask)
     }
 
     /// Frees cursor `index` of the table (a registered reader that died): the writer no
@@ -812,6 +820,11 @@ mod owned {
             self.ring().head()
         }
 
+        /// [`Ring::take_sleepers`] (no writer needed).
+        pub fn take_sleepers(&self, mask: u64) -> u64 {
+            self.ring().take_sleepers(mask)
+        }
+
         /// Whether the reader registered at cursor `index` has committed every message
         /// before `upto` (or that entry is free now: no one to wait for).
         pub fn has_read(&self, index: usize, upto: u64) -> bool {
@@ -906,6 +919,11 @@ mod owned {
         /// [`Writer::sleepers`].
         pub fn sleepers(&mut self) -> u64 {
             self.with(|w| w.sleepers())
+        }
+
+        /// [`Writer::sleepers_among`].
+        pub fn sleepers_among(&mut self, mask: u64) -> u64 {
+            self.with(|w| w.sleepers_among(mask))
         }
 
         /// The largest payload a slot holds.

@@ -290,3 +290,20 @@ fn no_wait_readers_wake_ups_and_deferred_commits() {
     // An unregistered reader cannot sleep (no entry to name it).
     assert!(!Reader::new(ring).prepare_sleep());
 }
+
+/// Waking only the readers a message is for: the others keep their sleeping bits until the
+/// writer takes them all (as it does before it waits for room).
+#[test]
+fn sleepers_among_wakes_only_the_readers_named() {
+    let words: Vec<AtomicU64> = (0..region_words(4, 8)).map(|_| AtomicU64::new(0)).collect();
+    let ring = Ring::init(&words, 4, 8).unwrap();
+    let w = Writer::new(ring);
+    let a = Reader::register(ring).unwrap();
+    let b = Reader::register(ring).unwrap();
+    let (ba, bb) = (1 << a.cursor().unwrap(), 1 << b.cursor().unwrap());
+    assert!(a.prepare_sleep() && b.prepare_sleep());
+    assert_eq!(w.sleepers_among(ba), ba, "a is woken");
+    assert_eq!(w.sleepers_among(ba), 0, "once");
+    assert_eq!(w.sleepers(), bb, "b slept on until everyone was taken");
+    assert_eq!(ring.take_sleepers(u64::MAX), 0);
+}

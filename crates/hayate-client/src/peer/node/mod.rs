@@ -218,8 +218,9 @@ struct Inbound {
 struct Link {
     client: Client,
     addr: String,
-    /// The node reads this node's ring: publications for it go there.
-    shm: bool,
+    /// The node reads this node's ring (with this cursor entry): publications for it go
+    /// there.
+    shm: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -230,7 +231,7 @@ enum Member {
         link: Client,
         sid: u32,
         drop: bool,
-        shm: bool,
+        shm: Option<usize>,
     },
 }
 
@@ -249,8 +250,8 @@ struct RemoteRoute {
     link: Client,
     /// Every matching subscription of that node is `drop`.
     drop: bool,
-    /// The node reads this node's ring.
-    shm: bool,
+    /// The node reads this node's ring (with this cursor entry).
+    shm: Option<usize>,
 }
 
 /// Queue-group members chosen on one node: the node, its link, whether all are `drop`, and
@@ -786,19 +787,19 @@ impl NodeInner {
         // Shared memory first, before any publication can use the link: all of this node's
         // publications for that node then go through the ring.
         let shm = match self.options.shm.mode {
-            ShmMode::Off => false,
+            ShmMode::Off => None,
             mode => match self.shm_offer(rid, &client).await {
-                Ok(true) => true,
-                Ok(false) | Err(_) if mode == ShmMode::Require => {
+                Ok(Some(entry)) => Some(entry),
+                Ok(None) | Err(_) if mode == ShmMode::Require => {
                     let _ = client.close().await;
                     return Err(Error::Protocol(format!(
                         "{addr}: shared memory required, and that node cannot take it"
                     )));
                 }
-                Ok(false) => false,
+                Ok(None) => None,
                 Err(e) => {
                     tracing::debug!("peer: shared memory with {rid:016x} failed: {e}");
-                    false
+                    None
                 }
             },
         };
@@ -939,13 +940,19 @@ impl NodeInner {
         let mut named: Vec<Named> = Vec::new();
         // Members on nodes reading the ring: (node, subscription, group).
         let mut shm_named: Vec<(u64, u32, Arc<str>)> = Vec::new();
-        let mut to_ring = false;
+        // The cursor entries of the nodes reading the ring that this message is for.
+        let mut to_ring: u64 = 0;
         for g in &route.groups {
             let i = self.rr.fetch_add(1, Ordering::Relaxed) % g.members.len();
             match &g.members[i] {
                 Member::Local(t) => local_members.push(t.clone()),
-                Member::Remote { peer, sid, shm, .. } if *shm => {
-                    to_ring = true;
+                Member::Remote {
+                    peer,
+                    sid,
+                    shm: Some(entry),
+                    ..
+                } => {
+                    to_ring |= 1 << entry;
                     shm_named.push((*peer, *sid, g.name.clone()));
                 }
                 Member::Remote {
@@ -968,15 +975,15 @@ impl NodeInner {
         }
         // Sending to several nodes over TCP in turn: no inline writes (see
         // `Inner::publish_plain_opt`).
-        let tcp_nodes = route.remotes.iter().filter(|r| !r.shm).count()
+        let tcp_nodes = route.remotes.iter().filter(|r| r.shm.is_none()).count()
             + named
                 .iter()
                 .filter(|n| !route.remotes.iter().any(|r| r.peer == n.0))
                 .count();
         let inline_ok = tcp_nodes <= 1;
         for r in &route.remotes {
-            if r.shm {
-                to_ring = true;
+            if let Some(entry) = r.shm {
+                to_ring |= 1 << entry;
                 continue;
             }
             let (drop, to) = match named.iter().position(|n| n.0 == r.peer) {
@@ -991,8 +998,10 @@ impl NodeInner {
         for (_, link, drop, to) in &named {
             self.send_remote(link, &msg, to, *drop, inline_ok).await;
         }
-        if to_ring && let Some(out) = &self.outgoing {
-            self.shm_publish(out, &msg, &shm_named).await;
+        if to_ring != 0
+            && let Some(out) = &self.outgoing
+        {
+            self.shm_publish(out, &msg, &shm_named, to_ring).await;
             self.stats.shm_sent.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())

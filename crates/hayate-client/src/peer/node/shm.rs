@@ -170,6 +170,8 @@ impl Outgoing {
     /// the call (or has gone), at most `timeout`.
     pub(super) async fn flushed(&self, timeout: Duration) {
         let upto = self.ring.head();
+        // Readers asleep over messages that were not for them: up, to read on and commit.
+        self.wake(self.ring.take_sleepers(u64::MAX));
         let until = Instant::now() + timeout;
         loop {
             let waiting = {
@@ -208,6 +210,7 @@ impl NodeInner {
         out: &Outgoing,
         msg: &Message,
         named: &[(u64, u32, Arc<str>)],
+        to: u64,
     ) {
         let mut guard = out.writer.lock().await;
         let (writer, head) = &mut *guard;
@@ -271,7 +274,9 @@ impl NodeInner {
             }
             at = end;
         }
-        out.wake(writer.sleepers());
+        // Only the nodes this message is for are woken: the others sleep on (they read it
+        // and the rest when something is for them, or when the writer needs room).
+        out.wake(writer.sleepers_among(to));
     }
 
     /// A reader of this node's ring held it past `max_block`: it is evicted, and its link
@@ -287,12 +292,16 @@ impl NodeInner {
         }
     }
 
-    /// Offers this node's ring to node `rid`, just linked by `link`: `Ok(true)` once it
-    /// reads it, `Ok(false)` when it is not on this host (its socket does not answer) or
-    /// refuses. The attachment lasts as long as `link`.
-    pub(super) async fn shm_offer(self: &Arc<Self>, rid: u64, link: &Client) -> Result<bool> {
+    /// Offers this node's ring to node `rid`, just linked by `link`: `Ok(Some(entry))` (its
+    /// cursor entry) once it reads it, `Ok(None)` when it is not on this host (its socket
+    /// does not answer) or refuses. The attachment lasts as long as `link`.
+    pub(super) async fn shm_offer(
+        self: &Arc<Self>,
+        rid: u64,
+        link: &Client,
+    ) -> Result<Option<usize>> {
         let Some(out) = self.outgoing.clone() else {
-            return Ok(false);
+            return Ok(None);
         };
         let me = self.id;
         let timeout = self.options.handshake_timeout;
@@ -333,7 +342,7 @@ impl NodeInner {
         .await
         .map_err(|e| Error::Protocol(format!("shm offer: {e}")))??;
         let Some((sock, entry, bell)) = done else {
-            return Ok(false);
+            return Ok(None);
         };
         let bell = Arc::new(bell);
         lock(&out.readers)[entry] = Some(ReaderEntry {
@@ -371,7 +380,7 @@ impl NodeInner {
             drop(sock);
             let _ = tokio::time::timeout(Duration::from_secs(5), link.close()).await;
         });
-        Ok(true)
+        Ok(Some(entry))
     }
 }
 
