@@ -222,35 +222,18 @@ pub(crate) fn point_prefix() -> String {
 /// `HOST:0`; the next one starts a node linked to it (as the Zenoh driver pairs its peer
 /// sessions: the harness makes a point's connections one after the other, subscriber then
 /// publisher, echo then pinger) and waits until both have linked. No broker, no scouting.
-async fn hayate_peer(target: &Target) -> anyhow::Result<hayate_client::peer::Node> {
-    use hayate_client::peer::{Node, NodeOptions};
-    static PENDING: Mutex<Option<std::collections::HashMap<String, String>>> = Mutex::new(None);
-    let host = if target.host.contains(':') {
-        format!("[{}]", target.host)
-    } else {
-        target.host.clone()
-    };
-    // `peers=ADDR,...` (the fan-out benchmark): link to those, no pairing in this process.
-    let explicit: Option<Vec<String>> = target.param("peers").map(|p| {
-        p.split(',')
-            .filter(|a| !a.is_empty())
-            .map(str::to_string)
-            .collect()
-    });
-    let partner = match &explicit {
-        Some(list) => list.first().cloned(),
-        None => PENDING
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(Default::default)
-            .remove(&target.addr()),
-    };
-    let mut options = NodeOptions {
-        listen: format!("{host}:0"),
-        peers: explicit
-            .clone()
-            .unwrap_or_else(|| partner.iter().cloned().collect()),
-        ..NodeOptions::default()
+/// The options of a peer node for `target`: listening on its host (a free port), linking to
+/// `peers`, with the target's ring settings (`shm`, `slots`, `slot`, `spin`).
+pub(crate) fn peer_node_options(
+    target: &Target,
+    peers: Vec<String>,
+) -> anyhow::Result<hayate_client::peer::NodeOptions> {
+    let mut any_port = target.clone();
+    any_port.port = 0;
+    let mut options = hayate_client::peer::NodeOptions {
+        listen: any_port.addr(),
+        peers,
+        ..Default::default()
     };
     if let Some(m) = target.param("shm") {
         options.shm.mode = m.parse().map_err(anyhow::Error::msg)?;
@@ -271,6 +254,33 @@ async fn hayate_peer(target: &Target) -> anyhow::Result<hayate_client::peer::Nod
                 .with_context(|| format!("{target}: spin is in microseconds"))?,
         );
     }
+    Ok(options)
+}
+
+async fn hayate_peer(target: &Target) -> anyhow::Result<hayate_client::peer::Node> {
+    use hayate_client::peer::Node;
+    static PENDING: Mutex<Option<std::collections::HashMap<String, String>>> = Mutex::new(None);
+    // `peers=ADDR,...` (the fan-out benchmark): link to those, no pairing in this process.
+    let explicit: Option<Vec<String>> = target.param("peers").map(|p| {
+        p.split(',')
+            .filter(|a| !a.is_empty())
+            .map(str::to_string)
+            .collect()
+    });
+    let partner = match &explicit {
+        Some(list) => list.first().cloned(),
+        None => PENDING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(Default::default)
+            .remove(&target.addr()),
+    };
+    let options = peer_node_options(
+        target,
+        explicit
+            .clone()
+            .unwrap_or_else(|| partner.iter().cloned().collect()),
+    )?;
     let node = Node::start(options)
         .await
         .with_context(|| format!("starting a peer node for {target}"))?;

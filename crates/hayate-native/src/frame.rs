@@ -362,3 +362,21 @@ impl ErrorCode {
         self.code() < 100
     }
 }
+
+/// The HELLO a listener's first frame must be, checked: `Err` with the ERR code and message
+/// to send (`who` names the listener in the message: "server", "node", ...).
+pub fn check_hello(frame: Frame, who: &str) -> Result<Hello, (ErrorCode, String)> {
+    let Frame::Hello(h) = frame else {
+        return Err((ErrorCode::Protocol, "the first frame must be HELLO".into()));
+    };
+    if h.version != PROTOCOL_VERSION {
+        return Err((
+            ErrorCode::UnsupportedVersion,
+            format!(
+                "protocol version {} is not supported (this {who} speaks {PROTOCOL_VERSION})",
+                h.version
+            ),
+        ));
+    }
+    Ok(h)
+}

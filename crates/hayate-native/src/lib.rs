@@ -21,5 +21,6 @@ pub use codec::{
 };
 pub use frame::{
     ConfirmOutcome, ErrorCode, Frame, Hello, HelloAuth, MAGIC, PROTOCOL_VERSION, Sub, Welcome,
+    check_hello,
 };
 pub use read::{LARGE_FRAME, ReadPlanner};

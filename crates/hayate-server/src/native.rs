@@ -471,18 +471,7 @@ async fn handle(
     who: &Identity,
 ) -> Result<bool, Refusal> {
     if !*welcomed {
-        let Frame::Hello(h) = frame else {
-            return Err((ErrorCode::Protocol, "the first frame must be HELLO".into()));
-        };
-        if h.version != PROTOCOL_VERSION {
-            return Err((
-                ErrorCode::UnsupportedVersion,
-                format!(
-                    "protocol version {} is not supported (this server speaks 1)",
-                    h.version
-                ),
-            ));
-        }
+        hayate_native::check_hello(frame, "server")?;
         *welcomed = true;
         let w = Frame::Welcome(Welcome {
             version: PROTOCOL_VERSION,

@@ -226,6 +226,15 @@ impl<'a> Ring<'a> {
         self.words[HEAD].load(Ordering::Acquire)
     }
 
+    /// Frees cursor `index` of the table (a registered reader that died): the writer no
+    /// longer waits for it. Its process, if alive, reads on without a cursor. Needs no
+    /// writer (which may be busy waiting for that very reader).
+    pub fn evict(&self, index: usize) {
+        if index < MAX_READERS {
+            self.words[CURSORS + index].store(0, Ordering::Release);
+        }
+    }
+
     /// The readers of `mask` (cursor entries) waiting for a wake-up, whose bits are taken
     /// down: the caller wakes each. After a publication, a reader that flagged itself asleep
     /// before it is in the result, or saw the publication (see below).
@@ -299,39 +308,32 @@ impl<'a> Writer<'a> {
     /// not read.
     fn room_now(&self) -> u64 {
         let slots = self.ring.slots as u64;
-        let mut room = slots;
-        for c in &self.ring.words[CURSORS..CURSORS + MAX_READERS] {
-            let v = c.load(Ordering::Acquire);
-            if v == 0 || v & NO_WAIT != 0 {
-                continue;
-            }
-            // Unread by that reader: from its position to ours (modulo 2^48: a reader is
-            // never 2^47 messages behind).
-            let unread = self.next.wrapping_sub(v) & POS_MASK;
-            if unread < 1 << 47 {
-                room = room.min(slots.saturating_sub(unread));
-            }
-        }
-        room
+        self.waited_unread().fold(slots, |room, (_, unread)| {
+            room.min(slots.saturating_sub(unread))
+        })
     }
 
     /// The entry of a registered reader (waited for) that has not read the message the next
     /// publication would overwrite, if any.
     pub fn blocking_reader(&self) -> Option<usize> {
         let slots = self.ring.slots as u64;
-        for (i, c) in self.ring.words[CURSORS..CURSORS + MAX_READERS]
+        self.waited_unread()
+            .find(|(_, unread)| *unread >= slots)
+            .map(|(i, _)| i)
+    }
+
+    /// Every registered reader the writer waits for: its entry and how many messages it has
+    /// not committed, from its position to ours (modulo 2^48: a reader is never 2^47
+    /// messages behind; a cursor that says so is ignored).
+    fn waited_unread(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        self.ring.words[CURSORS..CURSORS + MAX_READERS]
             .iter()
             .enumerate()
-        {
-            let v = c.load(Ordering::Acquire);
-            // Unread by that reader: from its position to ours (modulo 2^48: a reader is
-            // never 2^47 messages behind).
-            let unread = self.next.wrapping_sub(v) & POS_MASK;
-            if v != 0 && v & NO_WAIT == 0 && unread >= slots && unread < 1 << 47 {
-                return Some(i);
-            }
-        }
-        None
+            .filter_map(|(i, c)| {
+                let v = c.load(Ordering::Acquire);
+                let unread = self.next.wrapping_sub(v) & POS_MASK;
+                (v != 0 && v & NO_WAIT == 0 && unread < 1 << 47).then_some((i, unread))
+            })
     }
 
     /// The writer is about to wait for a registered reader: flags it, so that the reader,
@@ -358,12 +360,9 @@ impl<'a> Writer<'a> {
         self.ring.take_sleepers(mask)
     }
 
-    /// Frees cursor `index` of the table (a registered reader that died): the writer no
-    /// longer waits for it. Its process, if alive, reads on without a cursor.
+    /// [`Ring::evict`].
     pub fn evict(&self, index: usize) {
-        if index < MAX_READERS {
-            self.ring.words[CURSORS + index].store(0, Ordering::Release);
-        }
+        self.ring.evict(index);
     }
 
     /// Publishes `payload` as the next message; returns its number. Never waits: a reader
@@ -555,21 +554,15 @@ impl<'a> Reader<'a> {
         if new == tag {
             return true;
         }
-        let c = &self.ring.words[CURSORS + i];
-        if c.compare_exchange(
+        let ok = self.swap_cursor(
+            i,
             cursor_word(tag, self.committed),
             cursor_word(new, self.committed),
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        )
-        .is_ok()
-        {
+        );
+        if ok {
             self.cursor = Some((i, new));
-            true
-        } else {
-            self.cursor = None;
-            false
         }
+        ok
     }
 
     /// Before waiting for the writer's wake-up (its doorbell): flags this reader as asleep
@@ -632,23 +625,30 @@ impl<'a> Reader<'a> {
         };
         if self.committed != self.next {
             // Release: the copies of what it read are done before the writer may reuse
-            // those slots. A compare-exchange: if the writer evicted this reader (and the
-            // entry went to another), it reads on unregistered.
-            let c = &self.ring.words[CURSORS + i];
-            if c.compare_exchange(
+            // those slots.
+            if !self.swap_cursor(
+                i,
                 cursor_word(tag, self.committed),
                 cursor_word(tag, self.next),
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_err()
-            {
-                self.cursor = None;
+            ) {
                 return false;
             }
             self.committed = self.next;
         }
         true
+    }
+
+    /// Replaces this reader's cursor word `old` (entry `i`) with `new`, by compare-exchange:
+    /// if the writer evicted this reader (and the entry went to another), it fails, and the
+    /// reader reads on unregistered.
+    fn swap_cursor(&mut self, i: usize, old: u64, new: u64) -> bool {
+        let ok = self.ring.words[CURSORS + i]
+            .compare_exchange(old, new, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok();
+        if !ok {
+            self.cursor = None;
+        }
+        ok
     }
 
     /// The number of the next message this reader expects.
@@ -838,15 +838,9 @@ mod owned {
             v == 0 || behind == 0 || behind >= 1 << 47
         }
 
-        /// [`Writer::evict`], without the writer (which may be busy waiting for that
-        /// reader): the writer's next look at the cursors no longer sees it.
+        /// [`Ring::evict`].
         pub fn evict(&self, index: usize) {
-            Writer {
-                ring: self.ring(),
-                next: 0,
-                room: 0,
-            }
-            .evict(index);
+            self.ring().evict(index);
         }
 
         /// The segment (to hand its descriptor to readers).
@@ -904,11 +898,6 @@ mod owned {
         /// [`Writer::blocking_reader`].
         pub fn blocking_reader(&mut self) -> Option<usize> {
             self.with(|w| w.blocking_reader())
-        }
-
-        /// [`Writer::evict`].
-        pub fn evict(&mut self, index: usize) {
-            self.with(|w| w.evict(index));
         }
 
         /// [`Writer::prepare_wait`].

@@ -131,7 +131,7 @@ async fn connect_caller(
             // A node of this caller's own, linked to the server's node (over shared memory
             // when the target's `shm` says so and both are on this host).
             let ep = endpoint.context("rpc=node: no server endpoint")?;
-            let n = hayate_client::peer::Node::start(super::server::node_options(
+            let n = hayate_client::peer::Node::start(crate::driver::peer_node_options(
                 target,
                 vec![ep.to_string()],
             )?)

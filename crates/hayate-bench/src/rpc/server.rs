@@ -83,31 +83,6 @@ pub(super) fn node_rpc(target: &Target) -> bool {
         && target.param("rpc") == Some("node")
 }
 
-/// The options of an RPC node on `target`'s host, linking to `peers`, with the target's
-/// shared-memory settings (`shm=`, `spin=`).
-pub(super) fn node_options(
-    target: &Target,
-    peers: Vec<String>,
-) -> anyhow::Result<hayate_client::peer::NodeOptions> {
-    let host = if target.host.contains(':') {
-        format!("[{}]", target.host)
-    } else {
-        target.host.clone()
-    };
-    let mut o = hayate_client::peer::NodeOptions {
-        listen: format!("{host}:0"),
-        peers,
-        ..Default::default()
-    };
-    if let Some(m) = target.param("shm") {
-        o.shm.mode = m.parse().map_err(anyhow::Error::msg)?;
-    }
-    if let Some(us) = target.param("spin") {
-        o.shm.spin = Duration::from_micros(us.parse()?);
-    }
-    Ok(o)
-}
-
 pub(super) async fn start_server(target: &Target, prefix: &str) -> anyhow::Result<Server> {
     let mut server = Server::new();
     let key = format!("{prefix}/req");
@@ -115,7 +90,11 @@ pub(super) async fn start_server(target: &Target, prefix: &str) -> anyhow::Resul
         System::Hayate if node_rpc(target) => {
             // A peer node that callers' nodes link to; requests come through its
             // subscription (over shared memory from callers on this host, as `shm` says).
-            let n = hayate_client::peer::Node::start(node_options(target, Vec::new())?).await?;
+            let n = hayate_client::peer::Node::start(crate::driver::peer_node_options(
+                target,
+                Vec::new(),
+            )?)
+            .await?;
             let mut sub = n.subscribe(&key).await?;
             let srv = n.clone();
             server.tasks.push(tokio::spawn(async move {

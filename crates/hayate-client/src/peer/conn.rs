@@ -26,9 +26,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{
-    NoDeliveries, READ_BUF, Reply, Shared, check_hello, close_and_linger, send_frame, too_large,
-};
+use super::{NoDeliveries, READ_BUF, Reply, Shared, close_and_linger, send_frame, too_large};
 
 /// How long a closed connection reads (and discards) what the caller still sends, so that
 /// closing with unread input does not reset the connection and lose the last replies.
@@ -202,7 +200,7 @@ impl Peer {
     }
 
     fn hello(&mut self, frame: Frame) -> Result<(), End> {
-        check_hello(frame, "peer").map_err(|(c, m)| self.refuse(c, &m))?;
+        hayate_native::check_hello(frame, "peer").map_err(|(c, m)| self.refuse(c, &m))?;
         self.welcomed = true;
         self.send(&Frame::Welcome(Welcome {
             version: PROTOCOL_VERSION,

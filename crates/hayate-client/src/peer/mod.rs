@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use hayate_broker::{Batch, Encoder, OutBuf, Outbox};
 use hayate_core::{KeyExpr, Message};
-use hayate_native::{ErrorCode, Frame, Hello, PROTOCOL_VERSION, encode};
+use hayate_native::{ErrorCode, Frame, encode};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -220,26 +220,6 @@ impl Encoder for NoDeliveries {
 /// Queues frame `f` on `outbox`.
 pub(crate) fn send_frame(outbox: &Outbox, f: &Frame) {
     outbox.push_reply_unbudgeted(|o| encode(f, o.tail()));
-}
-
-/// The HELLO a listener's first frame must be, checked: `Err` with the ERR to send.
-pub(crate) fn check_hello(
-    frame: Frame,
-    who: &str,
-) -> std::result::Result<Hello, (ErrorCode, String)> {
-    let Frame::Hello(h) = frame else {
-        return Err((ErrorCode::Protocol, "the first frame must be HELLO".into()));
-    };
-    if h.version != PROTOCOL_VERSION {
-        return Err((
-            ErrorCode::UnsupportedVersion,
-            format!(
-                "protocol version {} is not supported (this {who} speaks {PROTOCOL_VERSION})",
-                h.version
-            ),
-        ));
-    }
-    Ok(h)
 }
 
 /// Closes a listener's connection: the writer gets until `deadline` to send what is queued

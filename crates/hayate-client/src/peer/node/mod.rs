@@ -1022,14 +1022,8 @@ impl NodeInner {
         let r = if to.is_empty() {
             link.inner.publish_message_opt(msg, inline_ok).await
         } else {
-            let mut m = msg.clone();
-            let h = m.headers.get_or_insert_with(Vec::new);
-            for (sid, g) in to {
-                let mut v = Vec::with_capacity(4 + g.len());
-                v.extend_from_slice(&sid.to_be_bytes());
-                v.extend_from_slice(g.as_bytes());
-                h.push((TO_HEADER.to_string(), Bytes::from(v)));
-            }
+            let m =
+                server::with_named(msg, TO_HEADER, to.iter().map(|(sid, g)| (None, *sid, &**g)));
             link.inner.publish_message_opt(&m, inline_ok).await
         };
         if let Err(e) = r {

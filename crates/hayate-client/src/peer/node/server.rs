@@ -31,7 +31,7 @@ use super::{
     Inbound, LocalTarget, NodeInner, Remote, Route, Sink, TO_HEADER, lock, parse_hello_name,
     resolve_advertised,
 };
-use crate::peer::{NoDeliveries, check_hello, close_and_linger, send_frame, too_large};
+use crate::peer::{NoDeliveries, close_and_linger, send_frame, too_large};
 
 /// Read buffer: start size and the free space kept before each read.
 const READ_BUF: usize = 64 * 1024;
@@ -170,6 +170,28 @@ fn take_named(m: &mut Message) -> Vec<(u32, Bytes)> {
     take_named_by(m, TO_HEADER, |v| {
         (v.len() >= 4).then(|| (u32::from_be_bytes([v[0], v[1], v[2], v[3]]), v.slice(4..)))
     })
+}
+
+/// `msg` with one `header` header per queue-group member named (what [`take_named_by`]
+/// takes): each value is the member's node id if given (u64), its subscription id (u32),
+/// both big-endian, then the group's name.
+pub(super) fn with_named<'a>(
+    msg: &Message,
+    header: &str,
+    members: impl IntoIterator<Item = (Option<u64>, u32, &'a str)>,
+) -> Message {
+    let mut m = msg.clone();
+    let h = m.headers.get_or_insert_with(Vec::new);
+    for (node, sid, group) in members {
+        let mut v = Vec::with_capacity(12 + group.len());
+        if let Some(node) = node {
+            v.extend_from_slice(&node.to_be_bytes());
+        }
+        v.extend_from_slice(&sid.to_be_bytes());
+        v.extend_from_slice(group.as_bytes());
+        h.push((header.to_string(), Bytes::from(v)));
+    }
+    m
 }
 
 /// The queue-group members named in `m`'s `header` headers, every one of which is removed:
@@ -328,7 +350,7 @@ impl PeerConn {
     }
 
     fn hello(&mut self, frame: Frame) -> Result<(), End> {
-        let h = check_hello(frame, "node").map_err(|(c, m)| self.refuse(c, &m))?;
+        let h = hayate_native::check_hello(frame, "node").map_err(|(c, m)| self.refuse(c, &m))?;
         self.welcomed = true;
         if let Some((peer, advertised)) = parse_hello_name(&h.name) {
             self.from = Some(peer);

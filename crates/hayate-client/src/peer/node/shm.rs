@@ -218,15 +218,11 @@ impl NodeInner {
         if named.is_empty() {
             hayate_native::encode_pub_head(msg, head);
         } else {
-            let mut m = msg.clone();
-            let h = m.headers.get_or_insert_with(Vec::new);
-            for (node, sid, g) in named {
-                let mut v = Vec::with_capacity(12 + g.len());
-                v.extend_from_slice(&node.to_be_bytes());
-                v.extend_from_slice(&sid.to_be_bytes());
-                v.extend_from_slice(g.as_bytes());
-                h.push((SHM_TO_HEADER.to_string(), Bytes::from(v)));
-            }
+            let m = server::with_named(
+                msg,
+                SHM_TO_HEADER,
+                named.iter().map(|(node, sid, g)| (Some(*node), *sid, &**g)),
+            );
             hayate_native::encode_pub_head(&m, head);
         }
         // The frame is the head then the payload, copied once, straight into the slots: a
@@ -509,6 +505,7 @@ async fn accept_offer(
         assembling: Assembly(BytesMut::new()),
         expect: 0,
         last_route: None,
+        waits_checked: None,
     }
     .run(stop)
     .await;
@@ -578,6 +575,8 @@ struct RingReader {
     expect: usize,
     /// The route of the last key read, and the routes' generation it was looked up at.
     last_route: Option<(u64, hayate_core::Key, Arc<super::Route>)>,
+    /// The routes' generation at which whether to be waited for was last decided.
+    waits_checked: Option<u64>,
 }
 
 /// Messages read in one go before they are handed over.
@@ -621,10 +620,7 @@ impl RingReader {
                 }
                 // A node that gains or loses its last `block` subscription is waited for,
                 // or not, from the next burst on.
-                let waits = !self.node.all_drop();
-                if self.reader.waited_for() != waits {
-                    self.reader.set_waited_for(waits);
-                }
+                self.update_waits();
                 self.reader.commit();
                 if self.reader.writer_waits() {
                     self.writer_bell.ring();
@@ -649,10 +645,7 @@ impl RingReader {
                     continue;
                 }
             }
-            let waits = !self.node.all_drop();
-            if self.reader.waited_for() != waits {
-                self.reader.set_waited_for(waits);
-            }
+            self.update_waits();
             if !self.reader.prepare_sleep() {
                 if self.reader.cursor().is_none() {
                     // Evicted: this node is no longer read from; the writer closes the link.
@@ -676,6 +669,20 @@ impl RingReader {
 
     fn has_more(&mut self) -> bool {
         self.reader.pending()
+    }
+
+    /// Makes the writer wait for this node, or not, as its subscriptions ask (waited for
+    /// unless every one is `drop`). Looked up again only when the node's routes changed
+    /// (subscriptions are part of them), not under the node's lock every time.
+    fn update_waits(&mut self) {
+        let generation = self.node.generation.load(Ordering::Acquire);
+        if self.waits_checked != Some(generation) {
+            self.waits_checked = Some(generation);
+            let waits = !self.node.all_drop();
+            if self.reader.waited_for() != waits {
+                self.reader.set_waited_for(waits);
+            }
+        }
     }
 
     /// One chunk read (appended to `assembling` from `before` on, its flag last): a complete
