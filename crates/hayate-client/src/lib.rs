@@ -83,6 +83,13 @@ pub struct ConnectOptions {
     pub tls_ca: Option<std::path::PathBuf>,
     /// A client certificate chain and key (PEM files) for servers that ask for one.
     pub tls_client_cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// Shared memory with a broker on this host: `Auto` (the default) asks for it and uses
+    /// it when offered (on the broker's host, `native.shm` on), `Require` fails to connect
+    /// without it, `Off` never asks. The connection then runs on two rings instead of the
+    /// socket (docs/protocol.md, *Shared memory with the broker*).
+    pub shm: peer::ShmMode,
+    /// The ring this client writes into (its publications), when on shared memory.
+    pub shm_geometry: hayate_io::transport::shm::ShmGeometry,
 }
 
 impl Default for ConnectOptions {
@@ -97,6 +104,8 @@ impl Default for ConnectOptions {
             auth: Auth::Anonymous,
             tls_ca: None,
             tls_client_cert: None,
+            shm: peer::ShmMode::Auto,
+            shm_geometry: Default::default(),
         }
     }
 }
@@ -193,6 +202,12 @@ impl Client {
     /// The largest payload the server accepts.
     pub fn max_payload(&self) -> u64 {
         self.inner.welcome.max_payload
+    }
+
+    /// What the connection runs on: `tcp`, `unix`, `tls`, or `shm` (shared memory with a
+    /// broker on this host).
+    pub fn transport(&self) -> &'static str {
+        self.inner.transport_name()
     }
 
     /// Publishes `payload` on `key`. Returns once the message is buffered for sending; waits

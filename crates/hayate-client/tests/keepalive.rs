@@ -30,6 +30,7 @@ async fn server(answer: bool) -> (String, tokio::sync::mpsc::UnboundedReceiver<u
                             max_payload: 1 << 20,
                             server: "fake".into(),
                             inbox: "_inbox/1".into(),
+                            shm: None,
                         }),
                         &mut out,
                     ),

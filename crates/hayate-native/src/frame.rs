@@ -49,7 +49,7 @@ pub(crate) mod flag {
 pub struct Hello {
     /// Protocol version the client speaks.
     pub version: u16,
-    /// Reserved, 0.
+    /// [`HELLO_SHM`] or 0; other bits reserved (0, ignored).
     pub flags: u16,
     /// The client's name, for logs and admin views.
     pub name: String,
@@ -134,6 +134,10 @@ impl HelloAuth {
     }
 }
 
+/// HELLO's `flags` bit asking for shared memory (a client on the broker's host): WELCOME
+/// then carries its `shm` field.
+pub const HELLO_SHM: u16 = 0x0001;
+
 /// WELCOME: the server's answer to HELLO.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Welcome {
@@ -147,6 +151,9 @@ pub struct Welcome {
     pub server: String,
     /// This session's reply-inbox prefix, `_inbox/<session>`.
     pub inbox: String,
+    /// Present only when HELLO set [`HELLO_SHM`]: `<socket> <ticket>` where the client may
+    /// set up shared memory, or empty (not offered).
+    pub shm: Option<String>,
 }
 
 /// SUB: a subscription.

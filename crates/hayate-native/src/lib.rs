@@ -20,7 +20,7 @@ pub use codec::{
     encode_pub_head, encode_sub,
 };
 pub use frame::{
-    ConfirmOutcome, ErrorCode, Frame, Hello, HelloAuth, MAGIC, PROTOCOL_VERSION, Sub, Welcome,
-    check_hello,
+    ConfirmOutcome, ErrorCode, Frame, HELLO_SHM, Hello, HelloAuth, MAGIC, PROTOCOL_VERSION, Sub,
+    Welcome, check_hello,
 };
 pub use read::{LARGE_FRAME, ReadPlanner};

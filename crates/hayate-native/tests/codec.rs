@@ -89,15 +89,24 @@ fn frame() -> impl Strategy<Value = Frame> {
                 })
             }
         ),
-        (any::<u16>(), any::<u64>(), any::<u64>(), text(20), text(20)).prop_map(
-            |(version, session, max_payload, server, inbox)| Frame::Welcome(Welcome {
-                version,
-                session,
-                max_payload,
-                server,
-                inbox,
-            })
-        ),
+        (
+            any::<u16>(),
+            any::<u64>(),
+            any::<u64>(),
+            text(20),
+            text(20),
+            proptest::option::of(text(40))
+        )
+            .prop_map(|(version, session, max_payload, server, inbox, shm)| {
+                Frame::Welcome(Welcome {
+                    version,
+                    session,
+                    max_payload,
+                    server,
+                    inbox,
+                    shm,
+                })
+            }),
         message().prop_map(Frame::Pub),
         (
             any::<u32>(),
@@ -449,6 +458,7 @@ fn every_frame_type_round_trips() {
             max_payload: 1 << 20,
             server: "hayate".into(),
             inbox: "_inbox/9".into(),
+            shm: None,
         }),
         Frame::Pub(msg.clone()),
         Frame::Pub(Message::new(key.clone(), Bytes::new())),

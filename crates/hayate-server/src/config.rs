@@ -355,6 +355,14 @@ pub struct NativeSection {
     pub ping_interval_ms: u64,
     /// PINGs without any input in between before the connection is closed.
     pub max_pings_out: u32,
+    /// Offer shared memory to native clients on this host that ask for it (HELLO flag
+    /// `SHM`, docs/protocol.md *Shared memory with the broker*): after WELCOME they move to
+    /// two rings in memfd segments (2 MiB each way), found through an abstract Unix socket
+    /// that lives as long as the broker.
+    pub shm: bool,
+    /// Shared-memory connections at once (each holds a 2 MiB ring of the broker's); past it,
+    /// clients stay on the transport they came in on.
+    pub shm_max_connections: usize,
 }
 
 impl Default for NativeSection {
@@ -365,6 +373,8 @@ impl Default for NativeSection {
             unix: Vec::new(),
             ping_interval_ms: 30_000,
             max_pings_out: 2,
+            shm: true,
+            shm_max_connections: 256,
         }
     }
 }

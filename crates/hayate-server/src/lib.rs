@@ -24,6 +24,7 @@ pub mod frontend;
 pub mod mqtt;
 pub mod native;
 pub mod server;
+pub mod shm;
 pub mod stomp;
 pub mod tls;
 pub mod ws;

@@ -10,7 +10,7 @@ use futures::{FutureExt, StreamExt};
 
 use hayate_broker::{Batch, Broker, Delivery, Encoder, OutBuf, Outbox, Session, Settle, Stored};
 use hayate_core::Message;
-use hayate_native::HelloAuth;
+use hayate_native::{HELLO_SHM, HelloAuth};
 
 use crate::auth::{Authenticator, Credentials, Identity};
 use hayate_native::{
@@ -22,6 +22,8 @@ use tokio::time::Instant;
 use crate::config::Limits;
 use crate::frontend::{self, Accepted, Handler, Stop};
 use hayate_broker::stream::api::{self, API_PREFIX};
+
+use crate::shm::ShmOffer;
 
 /// Encodes deliveries as native MSG / MSG_BATCH frames.
 #[derive(Debug, Default)]
@@ -141,6 +143,12 @@ struct Native {
     peer: Option<std::net::IpAddr>,
     /// The user a verified client certificate names (TLS with `tls.cert_user`).
     verified_name: Option<String>,
+    /// Shared memory this server offers (not on a connection that is shared memory already).
+    shm: Option<Arc<ShmOffer>>,
+    /// The client's address, for a shared-memory ticket.
+    peer_addr: Option<std::net::SocketAddr>,
+    /// WELCOME's `shm` field, once HELLO asked for it.
+    shm_answer: Option<String>,
 }
 
 impl Native {
@@ -148,6 +156,14 @@ impl Native {
         let was_welcomed = self.welcomed;
         if let (false, Frame::Hello(h)) = (self.welcomed, &frame) {
             self.login(h).await?;
+            if h.flags & HELLO_SHM != 0 {
+                self.shm_answer = Some(
+                    self.shm
+                        .as_ref()
+                        .map(|o| o.issue(self.peer_addr))
+                        .unwrap_or_default(),
+                );
+            }
         }
         if let Frame::PubConfirm { id, msg } = frame {
             if !self.welcomed {
@@ -170,6 +186,7 @@ impl Native {
             &self.limits,
             &self.server_name,
             &self.identity,
+            self.shm_answer.take(),
         )
         .await
         {
@@ -404,7 +421,9 @@ pub async fn serve(
     server_name: Arc<str>,
     keepalive: Keepalive,
     auth: Arc<dyn Authenticator>,
+    shm: Option<Arc<ShmOffer>>,
 ) {
+    let peer_addr = io.peer;
     let peer = io.peer.map(|a| a.ip());
     let verified_name = io.verified_name.clone();
     let session = broker.open_session(Box::new(NativeEncoder));
@@ -428,6 +447,9 @@ pub async fn serve(
         identity: Identity::anonymous(),
         peer,
         verified_name,
+        shm,
+        peer_addr,
+        shm_answer: None,
     };
     let end = conn.drive(&mut h).await;
     // What this connection's consumer memberships had in flight goes back to the consumers.
@@ -469,6 +491,7 @@ async fn handle(
     limits: &Limits,
     server_name: &str,
     who: &Identity,
+    shm: Option<String>,
 ) -> Result<bool, Refusal> {
     if !*welcomed {
         hayate_native::check_hello(frame, "server")?;
@@ -479,6 +502,7 @@ async fn handle(
             max_payload: limits.max_payload,
             server: server_name.to_string(),
             inbox: session.inbox().to_owned(),
+            shm,
         });
         session.outbox().push_control_unbudgeted(|b| encode(&w, b));
         session.mark_own_output();

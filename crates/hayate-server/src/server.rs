@@ -10,6 +10,8 @@ use hayate_io::busy::BusyPoll;
 use hayate_io::memory::Memory;
 use hayate_io::transport;
 use tokio::net::{TcpListener, UnixListener};
+
+use crate::shm::ShmOffer;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -82,6 +84,8 @@ impl Protocol {
 enum Listener {
     Tcp(TcpListener, Protocol),
     Unix(UnixListener, String),
+    /// The abstract socket native clients on this host set up shared memory over.
+    Shm(UnixListener, Arc<ShmOffer>),
 }
 
 /// A broker with its listeners bound, ready to [`run`](Server::run).
@@ -99,6 +103,8 @@ pub struct Server {
     busy_poll: Duration,
     /// The busy-polling state its connections note input in (when `busy_poll` is set).
     busy: Option<BusyPoll>,
+    /// Shared memory offered to native clients on this host (`native.shm`).
+    shm: Option<Arc<ShmOffer>>,
 }
 
 async fn bind_tcp(addr: &str) -> Result<TcpListener, crate::config::ConfigError> {
@@ -186,7 +192,26 @@ impl Server {
         Server::assemble(config, l)
     }
 
-    fn assemble(config: &Config, listeners: Vec<Listener>) -> Server {
+    fn assemble(config: &Config, mut listeners: Vec<Listener>) -> Server {
+        let native = listeners.iter().any(|l| match l {
+            Listener::Tcp(_, p) => p.inner() == Protocol::Native,
+            Listener::Unix(..) => true,
+            Listener::Shm(..) => false,
+        });
+        let shm = if native && config.native.shm && config.native.shm_max_connections > 0 {
+            match ShmOffer::bind(config.native.shm_max_connections) {
+                Ok((offer, l)) => {
+                    listeners.push(Listener::Shm(l, offer.clone()));
+                    Some(offer)
+                }
+                Err(e) => {
+                    tracing::warn!("shared memory not offered: cannot bind its socket: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let broker = Broker::new(BrokerConfig {
             outbox_bytes: usize::try_from(config.limits.outbox_bytes).unwrap_or(usize::MAX),
             max_block: (config.limits.max_block_ms > 0)
@@ -239,7 +264,13 @@ impl Server {
             tls,
             busy_poll: Duration::from_micros(config.server.busy_poll_us),
             busy: (config.server.busy_poll_us > 0).then(BusyPoll::new),
+            shm,
         }
+    }
+
+    /// The shared-memory offer (its socket's name), when `native.shm` is on.
+    pub fn shm(&self) -> Option<&Arc<ShmOffer>> {
+        self.shm.as_ref()
     }
 
     /// The TLS settings, for reloading them (SIGHUP) while the server runs.
@@ -285,6 +316,7 @@ impl Server {
                         .unwrap_or_else(|e| format!("? ({e})")),
                 ),
                 Listener::Unix(_, p) => (Protocol::Native, format!("unix:{p}")),
+                Listener::Shm(_, o) => (Protocol::Native, format!("shm:@{}", o.name())),
             })
             .collect()
     }
@@ -324,6 +356,7 @@ impl Server {
                 stomp: self.stomp.clone(),
                 auth: self.auth.clone(),
                 tls: self.tls.clone(),
+                shm: self.shm.clone(),
                 handshake: Duration::from_millis(self.limits.handshake_timeout_ms.max(1)),
                 per_address: per_address.clone(),
                 rate: rate.clone(),
@@ -373,6 +406,7 @@ struct Ctx {
     stomp: Arc<Stomp>,
     auth: Arc<dyn Authenticator>,
     tls: Option<Arc<ServerTls>>,
+    shm: Option<Arc<ShmOffer>>,
     handshake: Duration,
     per_address: PerAddress,
     rate: Arc<ConnRate>,
@@ -480,6 +514,10 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
                 .accept()
                 .await
                 .map(|(s, _)| (Stream::Unix(s), Protocol::Native, None)),
+            Listener::Shm(u, _) => u
+                .accept()
+                .await
+                .map(|(s, _)| (Stream::Shm(s), Protocol::Native, None)),
         };
         let (stream, proto, peer) = match accepted {
             Ok(rw) => rw,
@@ -521,6 +559,7 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
         tokio::spawn(async move {
             let _guard = guard;
             let mut verified_name = None;
+            let (mut peer, mut shm_slot, mut offer) = (peer, None, c.shm.clone());
             let (r, w) = match stream {
                 Stream::Tcp(s) if proto.is_tls() => {
                     let Some(tls) = c.tls.clone() else {
@@ -548,7 +587,22 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
                 }
                 Stream::Tcp(s) => transport::tcp(s),
                 Stream::Unix(s) => transport::unix(s),
+                Stream::Shm(s) => {
+                    let Some(o) = offer.take() else { return };
+                    match crate::shm::accept(&o, s, c.handshake).await {
+                        Ok(a) => {
+                            peer = a.peer;
+                            shm_slot = Some(a.slot);
+                            (a.reader, a.writer)
+                        }
+                        Err(e) => {
+                            tracing::debug!("shared-memory set-up refused: {e}");
+                            return;
+                        }
+                    }
+                }
             };
+            let _shm_slot = shm_slot;
             let proto = proto.inner();
             let (r, w) = if proto == Protocol::MqttWs {
                 let max = c.mqtt.cfg.max_packet_size as usize;
@@ -573,7 +627,7 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
             };
             match proto {
                 Protocol::Native => {
-                    native::serve(io, c.broker, c.limits, c.name, c.keepalive, c.auth).await;
+                    native::serve(io, c.broker, c.limits, c.name, c.keepalive, c.auth, offer).await;
                 }
                 Protocol::Mqtt | Protocol::MqttWs => {
                     mqtt::conn::serve(io, c.mqtt).await;
@@ -594,6 +648,7 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
 enum Stream {
     Tcp(tokio::net::TcpStream),
     Unix(tokio::net::UnixStream),
+    Shm(tokio::net::UnixStream),
 }
 
 /// Applies every stream's retention once a minute (and once at start).

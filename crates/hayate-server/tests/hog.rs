@@ -144,7 +144,10 @@ async fn wait_subscriptions(b: &TestBroker, n: usize) {
 
 /// Reads what the broker sent until it closes the connection (end of stream or a reset);
 /// returns the bytes read. Fails if the connection is still open after `secs` seconds.
-async fn drain_until_closed(s: &mut TcpStream, secs: u64) -> usize {
+async fn drain_until_closed<S: tokio::io::AsyncRead + Unpin + ?Sized>(
+    s: &mut S,
+    secs: u64,
+) -> usize {
     let mut buf = vec![0u8; 256 * 1024];
     let mut n = 0;
     tokio::time::timeout(Duration::from_secs(secs), async {
@@ -165,15 +168,37 @@ async fn drain_until_closed(s: &mut TcpStream, secs: u64) -> usize {
 
 /// A raw native connection: HELLO and SUB sent, WELCOME and the PONG after the SUB read.
 struct NativeHog {
-    s: TcpStream,
+    s: hayate_io::transport::Reader,
+    _w: hayate_io::transport::Writer,
     buf: BytesMut,
 }
 
 impl NativeHog {
     async fn connect(addr: &str, expr: &str, qos: Qos) -> NativeHog {
+        let (r, w) = hayate_io::transport::tcp(TcpStream::connect(addr).await.unwrap());
+        NativeHog::over(r, w, expr, qos).await
+    }
+
+    /// The same over shared memory (a ticket taken from the broker's offer directly).
+    async fn connect_shm(b: &TestBroker, expr: &str, qos: Qos) -> NativeHog {
+        let offer = b.shm.as_ref().expect("shared memory offered").issue(None);
+        let (r, w) =
+            hayate_io::transport::shm::connect(&offer, Default::default(), Duration::from_secs(5))
+                .await
+                .unwrap();
+        NativeHog::over(r, w, expr, qos).await
+    }
+
+    async fn over(
+        r: hayate_io::transport::Reader,
+        w: hayate_io::transport::Writer,
+        expr: &str,
+        qos: Qos,
+    ) -> NativeHog {
         use hayate_native::{Frame, Hello, PROTOCOL_VERSION, Sub, encode};
         let mut h = NativeHog {
-            s: TcpStream::connect(addr).await.unwrap(),
+            s: r,
+            _w: w,
             buf: BytesMut::new(),
         };
         let mut b = BytesMut::new();
@@ -197,7 +222,9 @@ impl NativeHog {
         );
         // Answered after the SUB is handled: the subscription is in place.
         encode(&Frame::Ping(7), &mut b);
-        h.s.write_all(&b).await.unwrap();
+        hayate_io::transport::write_all(&*h._w, b.freeze())
+            .await
+            .unwrap();
         match h.next().await {
             Some(Frame::Welcome(_)) => {}
             other => panic!("expected WELCOME, got {other:?}"),
@@ -288,9 +315,24 @@ async fn join_all<R>(
 
 #[tokio::test]
 async fn hog_native() {
+    hog_native_over(false).await;
+}
+
+/// The same with the hog on shared memory: its ring fills, then its outbox, and it is cut
+/// off as on TCP.
+#[tokio::test]
+async fn hog_native_shm() {
+    hog_native_over(true).await;
+}
+
+async fn hog_native_over(shm: bool) {
     let (warnings, _guard) = Warnings::capture();
     let b = start(config(64 * 1024, MAX_BLOCK_MS)).await;
-    let mut hog = NativeHog::connect(&b.addr, "**", Qos::default()).await;
+    let mut hog = if shm {
+        NativeHog::connect_shm(&b, "**", Qos::default()).await
+    } else {
+        NativeHog::connect(&b.addr, "**", Qos::default()).await
+    };
     let (a, sa) = native_peer(&b.addr, "hog/a").await;
     let (c, sc) = native_peer(&b.addr, "hog/c").await;
     let with_hog = b.broker.subscription_count();

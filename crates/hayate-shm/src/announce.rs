@@ -27,18 +27,18 @@ pub fn send(sock: &UnixStream, segment: &Segment, message: &[u8]) -> io::Result<
 /// The most descriptors one message carries.
 pub const MAX_FDS: usize = 4;
 
-/// Sends `fds` (1 to [`MAX_FDS`]) and `message` (1 to [`MAX_ANNOUNCE`] bytes) in one write.
-pub fn send_fds(sock: &UnixStream, fds: &[BorrowedFd<'_>], message: &[u8]) -> io::Result<()> {
+/// Sends `fds` (0 to [`MAX_FDS`]) and `message` (1 to [`MAX_ANNOUNCE`] bytes) in one write.
+pub fn send_fds(sock: &impl AsFd, fds: &[BorrowedFd<'_>], message: &[u8]) -> io::Result<()> {
     if message.is_empty() || message.len() > MAX_ANNOUNCE {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "an announcement is 1 to 4096 bytes",
         ));
     }
-    if fds.is_empty() || fds.len() > MAX_FDS {
+    if fds.len() > MAX_FDS {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            "an announcement carries 1 to 4 descriptors",
+            "an announcement carries at most 4 descriptors",
         ));
     }
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
@@ -90,6 +90,16 @@ pub fn receive_fds(
     sock: &UnixStream,
     want: usize,
 ) -> Result<(Vec<OwnedFd>, Vec<u8>), ReceiveError> {
+    let (fds, message) = receive_any(sock)?;
+    if fds.len() != want {
+        return Err(ReceiveError::Descriptors(fds.len()));
+    }
+    Ok((fds, message))
+}
+
+/// Receives one message with the descriptors it carries (at most [`MAX_FDS`]; more is an
+/// error, and they are closed).
+pub fn receive_any(sock: &impl AsFd) -> Result<(Vec<OwnedFd>, Vec<u8>), ReceiveError> {
     let mut buf = vec![0u8; 2 + MAX_ANNOUNCE];
     // Room for more descriptors than any message carries, so that extra ones are received
     // (and closed) rather than left in the kernel's queue.
@@ -114,7 +124,7 @@ pub fn receive_fds(
     if got.bytes == 0 && fds.is_empty() {
         return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
     }
-    if fds.len() != want {
+    if fds.len() > MAX_FDS {
         return Err(ReceiveError::Descriptors(fds.len()));
     }
     if got.bytes < 2 {

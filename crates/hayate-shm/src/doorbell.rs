@@ -50,6 +50,12 @@ impl Doorbell {
     }
 }
 
+impl From<Doorbell> for OwnedFd {
+    fn from(d: Doorbell) -> OwnedFd {
+        d.0
+    }
+}
+
 impl AsFd for Doorbell {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.0.as_fd()

@@ -18,7 +18,8 @@
 //! | 0 | magic `HYTSHM01` |
 //! | 1 | `slots` (low 32 bits), `slot_words` (high 32 bits) |
 //! | 2 | registrations so far (the tag of the next cursor) |
-//! | 3..8 | zero (the header's cache line) |
+//! | 3 | closed: non-zero once the writer publishes nothing more (a byte stream's end) |
+//! | 4..8 | zero (the header's cache line) |
 //! | 8 | `head`: the number of messages published |
 //! | 9 | sleepers: bit `i` set while the reader of cursor `i` waits for a wake-up |
 //! | 10 | the writer waits for a registered reader (non-zero) |
@@ -70,6 +71,8 @@ const NO_WAIT: u64 = 1 << 63;
 const SLEEPERS: usize = 9;
 /// Non-zero while the writer waits for a registered reader to read on.
 const WRITER_WAITS: usize = 10;
+/// Non-zero once the writer has closed the ring ([`Writer::close`]).
+const CLOSED: usize = 3;
 
 /// A cursor word: `tag` (1..=65535) and position `next` modulo 2^48.
 fn cursor_word(tag: u64, next: u64) -> u64 {
@@ -226,6 +229,12 @@ impl<'a> Ring<'a> {
         self.words[HEAD].load(Ordering::Acquire)
     }
 
+    /// Whether the writer closed the ring ([`Writer::close`]): after this returns `true`, a
+    /// reader that then finds nothing new has read everything.
+    pub fn closed(&self) -> bool {
+        self.words[CLOSED].load(Ordering::Acquire) != 0
+    }
+
     /// Frees cursor `index` of the table (a registered reader that died): the writer no
     /// longer waits for it. Its process, if alive, reads on without a cursor. Needs no
     /// writer (which may be busy waiting for that very reader).
@@ -363,6 +372,13 @@ impl<'a> Writer<'a> {
     /// [`Ring::evict`].
     pub fn evict(&self, index: usize) {
         self.ring.evict(index);
+    }
+
+    /// Publishes nothing more: readers that have read everything see the end
+    /// ([`Ring::closed`]). The caller then wakes the sleepers ([`Writer::sleepers`]).
+    pub fn close(&self) {
+        // Release: everything published before is visible to a reader that sees the flag.
+        self.ring.words[CLOSED].store(1, Ordering::Release);
     }
 
     /// Publishes `payload` as the next message; returns its number. Never waits: a reader
@@ -920,6 +936,11 @@ mod owned {
             self.ring.ring().max_payload()
         }
 
+        /// [`Writer::close`].
+        pub fn close(&mut self) {
+            self.with(|w| w.close());
+        }
+
         /// The ring.
         pub fn shared(&self) -> &SharedRing {
             &self.ring
@@ -1044,6 +1065,11 @@ mod owned {
         /// [`Reader::position`].
         pub fn position(&self) -> u64 {
             self.next
+        }
+
+        /// [`Ring::closed`].
+        pub fn closed(&self) -> bool {
+            self.ring.ring().closed()
         }
     }
 

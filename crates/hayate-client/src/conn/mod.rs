@@ -16,12 +16,13 @@ use bytes::{BufMut, Bytes, BytesMut};
 use hayate_core::{Key, KeyExpr, Message, Qos};
 use hayate_io::transport::{self, Reader, Writer};
 use hayate_native::{
-    ConfirmOutcome, Frame, Hello, MAX_BATCH_ITEMS, PROTOCOL_VERSION, Sub, Welcome, check_options,
-    decode, encode, encode_ping, encode_pub, encode_pub_batch_head, encode_sub,
+    ConfirmOutcome, Frame, HELLO_SHM, Hello, MAX_BATCH_ITEMS, PROTOCOL_VERSION, Sub, Welcome,
+    check_options, decode, encode, encode_ping, encode_pub, encode_pub_batch_head, encode_sub,
 };
 use tokio::io::AsyncReadExt;
 use tokio::sync::{Notify, mpsc, oneshot};
 
+use crate::peer::ShmMode;
 use crate::sub::Subscription;
 use crate::{ConnectOptions, Error, Result, SubscribeOptions};
 
@@ -186,18 +187,20 @@ pub(crate) fn split_credentials(addr: &str) -> (String, Option<crate::Auth>) {
     (format!("{scheme}{host}"), Some(auth))
 }
 
-pub(crate) async fn connect(addr: &str, options: ConnectOptions) -> Result<Arc<Inner>> {
-    let (addr, from_url) = split_credentials(addr);
-    let auth = match (&options.auth, from_url) {
-        (crate::Auth::Anonymous, Some(a)) => a,
-        (a, _) => a.clone(),
-    };
-    let (mut r, w) = open(&addr, &options).await?;
+/// Sends HELLO (with `flags`) on a fresh transport and reads WELCOME: the transport, what
+/// was read past WELCOME, and WELCOME.
+async fn handshake(
+    mut r: Reader,
+    w: Writer,
+    options: &ConnectOptions,
+    auth: &crate::Auth,
+    flags: u16,
+) -> Result<(Reader, Writer, BytesMut, Welcome)> {
     let mut b = BytesMut::new();
     encode(
         &Frame::Hello(Hello {
             version: PROTOCOL_VERSION,
-            flags: 0,
+            flags,
             name: truncate(&options.name, u16::MAX as usize).to_string(),
             auth: auth.encode(),
         }),
@@ -219,6 +222,49 @@ pub(crate) async fn connect(addr: &str, options: ConnectOptions) -> Result<Arc<I
             }
         }
     };
+    Ok((r, w, buf, welcome))
+}
+
+pub(crate) async fn connect(addr: &str, options: ConnectOptions) -> Result<Arc<Inner>> {
+    let (addr, from_url) = split_credentials(addr);
+    let auth = match (&options.auth, from_url) {
+        (crate::Auth::Anonymous, Some(a)) => a,
+        (a, _) => a.clone(),
+    };
+    let (r, w) = open(&addr, &options).await?;
+    let mode = options.shm;
+    let flags = if mode == ShmMode::Off { 0 } else { HELLO_SHM };
+    let (mut r, mut w, mut buf, mut welcome) = handshake(r, w, &options, &auth, flags).await?;
+    // Shared memory: the broker offers it to clients on its host that ask; the session on
+    // the first transport only served to learn where, and closes.
+    match welcome.shm.as_deref().filter(|o| !o.is_empty()) {
+        Some(offer) => {
+            match transport::shm::connect(offer, options.shm_geometry, options.connect_timeout)
+                .await
+            {
+                Ok((r2, w2)) => {
+                    let mut b = BytesMut::new();
+                    encode(&Frame::Close, &mut b);
+                    let _ = transport::write_all(&*w, b.freeze()).await;
+                    w.shutdown();
+                    drop(r);
+                    (r, w, buf, welcome) = handshake(r2, w2, &options, &auth, 0).await?;
+                }
+                Err(e) if mode == ShmMode::Require => {
+                    return Err(Error::Protocol(format!("shared memory: {e}")));
+                }
+                Err(e) => tracing::debug!("shared memory not used: {e}"),
+            }
+        }
+        None if mode == ShmMode::Require => {
+            return Err(Error::Protocol(
+                "shared memory required, but the broker offers none to this client (not on \
+                 its host, native.shm off, or at native.shm_max_connections)"
+                    .into(),
+            ));
+        }
+        None => {}
+    }
     let inbox = welcome.inbox.clone();
     let inner = Arc::new(Inner {
         welcome,
@@ -265,6 +311,10 @@ impl crate::sub::Unsubscribe for Inner {
 }
 
 impl Inner {
+    pub(crate) fn transport_name(&self) -> &'static str {
+        self.inline.name()
+    }
+
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }

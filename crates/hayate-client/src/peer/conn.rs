@@ -208,6 +208,7 @@ impl Peer {
             max_payload: self.shared.options.max_payload,
             server: self.shared.options.name.clone(),
             inbox: format!("{INBOX_PREFIX}/{}", self.id),
+            shm: None,
         }));
         Ok(())
     }

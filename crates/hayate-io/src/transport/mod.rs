@@ -5,8 +5,9 @@
 //! through `&self`: a non-blocking vectored write plus a readiness wait). TCP ([`Tcp`]) and
 //! Unix sockets ([`Unix`]) implement it directly, [`memory`] is an in-memory pair for tests;
 //! WebSocket (hayate-server's `ws`) frames another transport in process; [`tls`] is TLS over
-//! TCP (rustls); shared memory will be a further implementation. [`write_chunks`] is the one blocking write loop
-//! over any of them (the non-blocking one is [`write_some`], which this calls).
+//! TCP (rustls); [`shm`] is shared memory between two processes on one host (two rings and
+//! doorbells). [`write_chunks`] is the one blocking write loop over any of them (the
+//! non-blocking one is [`write_some`], which this calls).
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
@@ -20,6 +21,7 @@ use crate::busy::BusyPoll;
 use crate::sink::{Sink, write_some};
 
 mod memory;
+pub mod shm;
 #[cfg(test)]
 mod tests;
 pub mod tls;

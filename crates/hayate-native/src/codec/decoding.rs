@@ -266,6 +266,11 @@ fn parse(t: u8, mut b: Body) -> Result<Frame, DecodeError> {
             max_payload: b.u64("max payload")?,
             server: b.str16("server")?,
             inbox: b.str16("inbox")?,
+            shm: if b.b.is_empty() {
+                None
+            } else {
+                Some(b.str16("shm")?)
+            },
         }),
         ty::PUB => {
             let flags = b.u8("flags")?;

@@ -222,6 +222,9 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
             out.put_u64(w.max_payload);
             put_str16(out, w.server.as_bytes());
             put_str16(out, w.inbox.as_bytes());
+            if let Some(shm) = &w.shm {
+                put_str16(out, shm.as_bytes());
+            }
             finish(out, start, 0);
         }
         Frame::Pub(m) => encode_pub(m, out),

@@ -18,6 +18,8 @@ pub struct TestBroker {
     pub broker: hayate_broker::Broker,
     /// The busy-polling state, when the config turns it on.
     pub busy: Option<hayate_server::busy::BusyPoll>,
+    /// The shared-memory offer, when `native.shm` is on.
+    pub shm: Option<std::sync::Arc<hayate_server::shm::ShmOffer>>,
     stop: Option<oneshot::Sender<()>>,
     run: Option<tokio::task::JoinHandle<()>>,
 }
@@ -65,6 +67,7 @@ pub async fn start(mut config: Config) -> TestBroker {
     let addr = server.local_addrs()[0].clone();
     let broker = server.broker().clone();
     let busy = server.busy_poll().cloned();
+    let shm = server.shm().cloned();
     let (tx, rx) = oneshot::channel();
     let run = tokio::spawn(server.run(async {
         let _ = rx.await;
@@ -75,6 +78,7 @@ pub async fn start(mut config: Config) -> TestBroker {
         stomp,
         broker,
         busy,
+        shm,
         stop: Some(tx),
         run: Some(run),
     }

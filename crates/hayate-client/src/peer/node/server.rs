@@ -385,6 +385,7 @@ impl PeerConn {
             max_payload: self.node.options.max_payload,
             server: self.node.welcome_name(),
             inbox: format!("{}/peer-conn-{}", hayate_core::INBOX_PREFIX, self.id),
+            shm: None,
         }));
         Ok(())
     }

@@ -1,0 +1,221 @@
+//! Shared memory for native clients on the broker's host (docs/protocol.md, *Shared memory
+//! with the broker*).
+//!
+//! A client on this host that sets HELLO's `SHM` flag gets, in WELCOME, the name of the
+//! broker's abstract Unix socket and a ticket: 128 random bits, good once, for
+//! [`TICKET_TTL`], issued only to an authenticated session that came in over loopback TCP or
+//! a Unix socket. The client connects to the socket and sends `HAYATE-SHM/1 CONNECT
+//! <ticket>` with its ring's segment and its two doorbells; the broker checks the ticket,
+//! attaches, and answers `HAYATE-SHM/1 OK` with its own three descriptors (or `HAYATE-SHM/1
+//! NO <reason>` and a close). The connection is then an ordinary native connection over
+//! [`hayate_io::transport::shm`]: the client sends HELLO on it, and everything else is as
+//! on TCP (limits, permissions, back-pressure, the slow-consumer rules).
+//!
+//! The socket's name has 128 random bits too, and is bound by the broker before any client
+//! learns it: no other process can take it first and pose as the broker. The ticket keeps
+//! processes that never authenticated from making the broker map memory: only
+//! [`ShmOffer::max`] shared-memory connections exist at once, each holding a 2 MiB ring of the
+//! broker's (and mapping the client's, at most [`shm::MAX_SEGMENT_BYTES`]).
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::os::linux::net::SocketAddrExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hayate_io::transport::shm::{self, PREFIX};
+use hayate_io::transport::{Reader, Writer};
+use hayate_shm::announce;
+use tokio::net::UnixListener;
+
+/// How long a ticket is good for.
+pub const TICKET_TTL: Duration = Duration::from_secs(10);
+/// Tickets outstanding at most (a client that asks and never comes back holds one for
+/// [`TICKET_TTL`]); past it, no shared memory is offered until some expire.
+const MAX_TICKETS: usize = 4096;
+
+/// The broker's offer of shared memory: its socket's name and the tickets given out.
+#[derive(Debug)]
+pub struct ShmOffer {
+    name: String,
+    tickets: Mutex<HashMap<u128, (Instant, Option<SocketAddr>)>>,
+    active: Arc<AtomicUsize>,
+    max: usize,
+}
+
+fn random_u128() -> u128 {
+    let mut b = [0u8; 16];
+    // getrandom fails only without any entropy source; zeros then make the names
+    // predictable, which the bind (first come) and one-use tickets still make harmless
+    // to others: refuse to offer instead.
+    if getrandom::fill(&mut b).is_err() {
+        return 0;
+    }
+    u128::from_le_bytes(b)
+}
+
+impl ShmOffer {
+    /// Binds the broker's abstract socket (`hayate-broker/<32 hex digits>`).
+    pub fn bind(max: usize) -> io::Result<(Arc<ShmOffer>, UnixListener)> {
+        let id = random_u128();
+        if id == 0 {
+            return Err(io::Error::other("no randomness for the socket's name"));
+        }
+        let name = format!("hayate-broker/{id:032x}");
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+        let l = std::os::unix::net::UnixListener::bind_addr(&addr)?;
+        l.set_nonblocking(true)?;
+        let offer = ShmOffer {
+            name,
+            tickets: Mutex::new(HashMap::new()),
+            active: Arc::new(AtomicUsize::new(0)),
+            max,
+        };
+        Ok((Arc::new(offer), UnixListener::from_std(l)?))
+    }
+
+    /// The socket's abstract name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Shared-memory connections now (set up and not yet ended).
+    pub fn active(&self) -> usize {
+        self.active.load(Ordering::Acquire)
+    }
+
+    /// Shared-memory connections at once, at most.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// What WELCOME's `shm` field says to a session from `peer` that asked: `<socket>
+    /// <ticket>`, or empty (not offered: the client is not on this host, or the broker is
+    /// at its limits).
+    pub fn issue(&self, peer: Option<SocketAddr>) -> String {
+        if peer.is_some_and(|a| !a.ip().is_loopback())
+            || self.active.load(Ordering::Relaxed) >= self.max
+        {
+            return String::new();
+        }
+        let now = Instant::now();
+        let mut t = self.tickets.lock().unwrap_or_else(|p| p.into_inner());
+        if t.len() >= MAX_TICKETS {
+            t.retain(|_, (at, _)| now.duration_since(*at) < TICKET_TTL);
+            if t.len() >= MAX_TICKETS {
+                return String::new();
+            }
+        }
+        let ticket = random_u128();
+        if ticket == 0 {
+            return String::new();
+        }
+        t.insert(ticket, (now, peer));
+        format!("{} {ticket:032x}", self.name)
+    }
+
+    /// Takes `ticket` (once): the address of the session it was issued to.
+    fn redeem(&self, ticket: &str) -> Option<Option<SocketAddr>> {
+        let ticket = u128::from_str_radix(ticket, 16).ok()?;
+        let (at, peer) = self
+            .tickets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&ticket)?;
+        (at.elapsed() < TICKET_TTL).then_some(peer)
+    }
+}
+
+/// One shared-memory connection counted against [`ShmOffer::max`] while it lives.
+#[derive(Debug)]
+pub struct ShmSlot(Arc<AtomicUsize>);
+
+impl Drop for ShmSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A connection set up: its halves, the address its ticket was issued to, and its slot.
+pub struct Attached {
+    /// The read half.
+    pub reader: Reader,
+    /// The write half.
+    pub writer: Writer,
+    /// The address of the session that got the ticket.
+    pub peer: Option<SocketAddr>,
+    /// Counts the connection until dropped.
+    pub slot: ShmSlot,
+}
+
+/// Sets up a connection accepted on the offer's socket: the client's CONNECT, within
+/// `timeout`; refusals are answered `NO` and are errors here.
+pub async fn accept(
+    offer: &ShmOffer,
+    sock: tokio::net::UnixStream,
+    timeout: Duration,
+) -> io::Result<Attached> {
+    // A client sends its CONNECT in one write: once readable, it is all there (a partial
+    // one is malformed, like any other garbage). Readiness can be a false alarm
+    // (`WouldBlock`): wait again.
+    let got = tokio::time::timeout(timeout, async {
+        loop {
+            sock.readable().await?;
+            match sock.try_io(tokio::io::Interest::READABLE, || {
+                announce::receive_any(&sock).map_err(|e| match e {
+                    announce::ReceiveError::Io(e) => e,
+                    e => io::Error::new(io::ErrorKind::InvalidData, e),
+                })
+            }) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                r => return r,
+            }
+        }
+    })
+    .await
+    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no CONNECT in time"))?;
+    let sock = sock.into_std()?;
+    let (fds, message) = got?;
+    let refuse = |why: &str| {
+        let _ = announce::send_fds(&sock, &[], format!("{PREFIX} NO {why}").as_bytes());
+        io::Error::new(io::ErrorKind::PermissionDenied, why.to_owned())
+    };
+    let text = std::str::from_utf8(&message).unwrap_or("");
+    let Some(ticket) = text
+        .strip_prefix(PREFIX)
+        .and_then(|r| r.strip_prefix(" CONNECT "))
+    else {
+        return Err(refuse("expected CONNECT <ticket>"));
+    };
+    let Some(peer) = offer.redeem(ticket.trim()) else {
+        return Err(refuse("unknown or expired ticket"));
+    };
+    if offer.active.fetch_add(1, Ordering::AcqRel) >= offer.max {
+        offer.active.fetch_sub(1, Ordering::AcqRel);
+        return Err(refuse("too many shared-memory connections"));
+    }
+    let slot = ShmSlot(offer.active.clone());
+    let local = shm::Local::new("hayate-broker", shm::ShmGeometry::default())?;
+    // Copies of this side's descriptors for the answer, sent once this side is registered
+    // in the client's ring (the client writes only after the answer).
+    let ours = local
+        .fds()
+        .iter()
+        .map(|f| f.try_clone_to_owned())
+        .collect::<io::Result<Vec<_>>>()?;
+    let (reader, writer) = match shm::join(local, fds, sock.try_clone()?) {
+        Ok(rw) => rw,
+        Err(e) => return Err(refuse(&e.to_string())),
+    };
+    let ours: Vec<_> = ours.iter().map(|f| f.as_fd()).collect();
+    announce::send_fds(&sock, &ours, format!("{PREFIX} OK").as_bytes())?;
+    Ok(Attached {
+        reader,
+        writer,
+        peer,
+        slot,
+    })
+}

@@ -1,0 +1,308 @@
+//! Shared memory between the broker and native clients on its host: clients move to it by
+//! themselves, everything works on it as on TCP, and hostile or dead clients are refused or
+//! noticed without disturbing anyone else.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::linux::net::SocketAddrExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use common::{TestBroker, start, start_default, within};
+use hayate_client::peer::ShmMode;
+use hayate_client::{Client, ConnectOptions, Key};
+use hayate_io::transport::shm::{self, Local, PREFIX, ShmGeometry};
+use hayate_io::transport::{Reader, Writer, write_all};
+use hayate_native::{Frame, Hello, PROTOCOL_VERSION, encode};
+use hayate_server::Config;
+use hayate_server::shm::ShmOffer;
+use hayate_shm::announce;
+use hayate_shm::segment::Segment;
+use tokio::io::AsyncReadExt;
+
+fn offer(b: &TestBroker) -> &Arc<ShmOffer> {
+    b.shm.as_ref().expect("native.shm is on by default")
+}
+
+/// Waits until the broker holds `n` shared-memory connections.
+async fn wait_active(b: &TestBroker, n: usize) {
+    let o = offer(b).clone();
+    let r = tokio::time::timeout(Duration::from_secs(10), async {
+        while o.active() != n {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        r.is_ok(),
+        "{} shared-memory connections, expected {n}",
+        o.active()
+    );
+}
+
+fn payload(i: u32, len: usize) -> Bytes {
+    let mut v = vec![0u8; len.max(4)];
+    v[..4].copy_from_slice(&i.to_be_bytes());
+    for (j, b) in v.iter_mut().enumerate().skip(4) {
+        *b = (j as u32 ^ i) as u8;
+    }
+    Bytes::from(v)
+}
+
+#[tokio::test]
+async fn clients_on_this_host_move_to_shared_memory() {
+    let b = start_default().await;
+    let sub = Client::connect(&b.addr).await.unwrap();
+    let publ = Client::connect(&b.addr).await.unwrap();
+    assert_eq!(sub.transport(), "shm");
+    assert_eq!(publ.transport(), "shm");
+    wait_active(&b, 2).await;
+    let mut s = sub.subscribe("shm/**").await.unwrap();
+    sub.flush().await.unwrap();
+    // Sizes from empty to several slots (a slot is 64 KiB): the byte stream has no message
+    // boundaries of its own.
+    let sizes = [0usize, 1, 100, 65_536, 70_000, 300_000, 7];
+    let n = 700u32;
+    let key = Key::new("shm/a").unwrap();
+    let p = publ.clone();
+    let sender = tokio::spawn(async move {
+        for i in 0..n {
+            p.publish(&key, payload(i, sizes[i as usize % sizes.len()]))
+                .await
+                .unwrap();
+        }
+        p.flush().await.unwrap();
+    });
+    within(60, async {
+        for i in 0..n {
+            let m = s.next().await.unwrap();
+            assert_eq!(m.payload, payload(i, sizes[i as usize % sizes.len()]));
+        }
+    })
+    .await;
+    sender.await.unwrap();
+    // Request/reply over it.
+    let mut svc = sub.subscribe("svc/echo").await.unwrap();
+    sub.flush().await.unwrap();
+    let serve = tokio::spawn({
+        let sub = sub.clone();
+        async move {
+            let m = svc.next().await.unwrap();
+            sub.reply(&m, m.payload.clone()).await.unwrap();
+        }
+    });
+    let r = within(
+        10,
+        publ.request(
+            &Key::new("svc/echo").unwrap(),
+            "ping",
+            Duration::from_secs(5),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(&r.payload[..], b"ping");
+    serve.await.unwrap();
+    sub.close().await.unwrap();
+    publ.close().await.unwrap();
+    wait_active(&b, 0).await;
+}
+
+#[tokio::test]
+async fn off_and_require_are_honoured() {
+    let b = start_default().await;
+    let off = ConnectOptions {
+        shm: ShmMode::Off,
+        ..Default::default()
+    };
+    let c = Client::connect_with(&b.addr, off).await.unwrap();
+    assert_eq!(c.transport(), "tcp");
+    let req = ConnectOptions {
+        shm: ShmMode::Require,
+        ..Default::default()
+    };
+    let c = Client::connect_with(&b.addr, req.clone()).await.unwrap();
+    assert_eq!(c.transport(), "shm");
+    // A broker that offers none: auto stays on TCP, require fails.
+    let mut config = Config::default();
+    config.native.shm = false;
+    let nb = start(config).await;
+    assert!(nb.shm.is_none());
+    let c = Client::connect(&nb.addr).await.unwrap();
+    assert_eq!(c.transport(), "tcp");
+    let e = Client::connect_with(&nb.addr, req).await.unwrap_err();
+    assert!(e.to_string().contains("shared memory"), "{e}");
+}
+
+/// Connects to the broker's socket and sends `message` with `fds`; the broker's answer (its
+/// text and descriptors), or `None` when it closed without one.
+fn set_up(
+    offer: &ShmOffer,
+    message: &str,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> Option<(String, Vec<OwnedFd>)> {
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(offer.name().as_bytes()).unwrap();
+    let sock = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    announce::send_fds(&sock, fds, message.as_bytes()).unwrap();
+    let (fds, answer) = announce::receive_any(&sock).ok()?;
+    Some((String::from_utf8_lossy(&answer).into_owned(), fds))
+}
+
+fn ticket(offer: &ShmOffer) -> String {
+    offer.issue(None).split_once(' ').unwrap().1.to_owned()
+}
+
+#[tokio::test]
+async fn hostile_set_ups_are_refused_and_the_broker_carries_on() {
+    let mut config = Config::default();
+    config.limits.handshake_timeout_ms = 300;
+    let b = start(config).await;
+    let o = offer(&b).clone();
+    let (t1, t2) = (ticket(&o), ticket(&o));
+    let blocking = tokio::task::spawn_blocking(move || {
+        let local = Local::new("test", ShmGeometry::default()).unwrap();
+        let fds = local.fds();
+        let mut answers = Vec::new();
+        // No ticket, a made-up ticket, garbage.
+        for m in [
+            format!("{PREFIX} CONNECT"),
+            format!("{PREFIX} CONNECT {:032x}", 12345),
+            "GET / HTTP/1.1".to_owned(),
+        ] {
+            answers.push(set_up(&o, &m, &fds).map(|a| a.0));
+        }
+        // A good ticket with descriptors that are not a segment and doorbells.
+        let bells: Vec<OwnedFd> = (0..3)
+            .map(|_| OwnedFd::from(hayate_shm::doorbell::Doorbell::new().unwrap()))
+            .collect();
+        let bells: Vec<_> = bells.iter().map(|f| f.as_fd()).collect();
+        answers.push(set_up(&o, &format!("{PREFIX} CONNECT {t1}"), &bells).map(|a| a.0));
+        // Too few descriptors.
+        answers.push(set_up(&o, &format!("{PREFIX} CONNECT {t2}"), &fds[..1]).map(|a| a.0));
+        // The ticket was spent by the refusal: once only.
+        answers.push(set_up(&o, &format!("{PREFIX} CONNECT {t2}"), &fds).map(|a| a.0));
+        answers
+    });
+    let answers = within(30, blocking).await.unwrap();
+    for a in &answers {
+        let a = a.as_deref().unwrap_or("(closed)");
+        assert!(a.starts_with(&format!("{PREFIX} NO")), "accepted: {a}");
+    }
+    // A client that connects and says nothing is closed after the handshake timeout.
+    let addr =
+        std::os::unix::net::SocketAddr::from_abstract_name(offer(&b).name().as_bytes()).unwrap();
+    let silent = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+    silent.set_nonblocking(true).unwrap();
+    let mut silent = tokio::net::UnixStream::from_std(silent).unwrap();
+    let mut buf = [0u8; 16];
+    let n = within(5, silent.read(&mut buf)).await.unwrap_or(0);
+    assert_eq!(n, 0);
+    // Nobody was left attached, and a real client still gets shared memory.
+    assert_eq!(offer(&b).active(), 0);
+    let c = Client::connect(&b.addr).await.unwrap();
+    assert_eq!(c.transport(), "shm");
+    c.flush().await.unwrap();
+}
+
+/// A connection over shared memory set up by hand, keeping a handle on its own ring's words.
+struct Raw {
+    r: Reader,
+    w: Writer,
+    ring: Segment,
+}
+
+async fn raw(b: &TestBroker) -> Raw {
+    let o = offer(b).clone();
+    let t = ticket(&o);
+    let (local, fds, sock, ring) = tokio::task::spawn_blocking(move || {
+        let local = Local::new("raw", ShmGeometry::default()).unwrap();
+        let ring = Segment::open(local.fds()[0].try_clone_to_owned().unwrap()).unwrap();
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(o.name().as_bytes()).unwrap();
+        let sock = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+        announce::send_fds(
+            &sock,
+            &local.fds(),
+            format!("{PREFIX} CONNECT {t}").as_bytes(),
+        )
+        .unwrap();
+        let (fds, answer) = announce::receive_any(&sock).unwrap();
+        assert_eq!(answer, format!("{PREFIX} OK").as_bytes());
+        (local, fds, sock, ring)
+    })
+    .await
+    .unwrap();
+    let (r, w) = shm::join(local, fds, sock).unwrap();
+    let mut raw = Raw { r, w, ring };
+    let mut out = BytesMut::new();
+    encode(
+        &Frame::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            flags: 0,
+            name: "raw".into(),
+            auth: Bytes::new(),
+        }),
+        &mut out,
+    );
+    write_all(&*raw.w, out.freeze()).await.unwrap();
+    let mut buf = BytesMut::new();
+    within(10, async {
+        loop {
+            if let Some(f) = hayate_native::decode(&mut buf, 1 << 20).unwrap() {
+                assert!(matches!(f, Frame::Welcome(_)), "{f:?}");
+                return;
+            }
+            assert!(raw.r.read_buf(&mut buf).await.unwrap() > 0);
+        }
+    })
+    .await;
+    raw
+}
+
+#[tokio::test]
+async fn a_scribbled_ring_ends_only_that_connection() {
+    let b = start_default().await;
+    let other = Client::connect(&b.addr).await.unwrap();
+    let mut s = other.subscribe("x").await.unwrap();
+    other.flush().await.unwrap();
+    let mut raw = raw(&b).await;
+    wait_active(&b, 2).await;
+    // `head` (word 8) jumps ahead of what the slots hold.
+    raw.ring.words()[8].store(1 << 40, std::sync::atomic::Ordering::Release);
+    // Wake the broker's reader (asleep on its doorbell): closing the ring rings it.
+    raw.w.shutdown();
+    // The broker ends the connection: the client reads to the end (an ERR first, maybe).
+    let mut rest = Vec::new();
+    let _ = within(10, raw.r.read_to_end(&mut rest)).await;
+    wait_active(&b, 1).await;
+    // The others carry on.
+    other
+        .publish(&Key::new("x").unwrap(), "still")
+        .await
+        .unwrap();
+    let m = within(10, s.next()).await.unwrap();
+    assert_eq!(&m.payload[..], b"still");
+}
+
+#[tokio::test]
+async fn a_client_that_dies_is_noticed() {
+    let b = start_default().await;
+    let before = b.broker.subscription_count();
+    let raw = raw(&b).await;
+    wait_active(&b, 1).await;
+    // What a SIGKILL does: every descriptor closed, nothing said.
+    drop(raw);
+    wait_active(&b, 0).await;
+    let r = tokio::time::timeout(Duration::from_secs(10), async {
+        while b.broker.subscription_count() != before {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(r.is_ok(), "the dead client's session did not end");
+}
