@@ -336,6 +336,18 @@ impl Conn {
             }
             System::Hayate => {
                 let mut opts = hayate_client::ConnectOptions::default().name(name);
+                // `?shm=off|auto|require`: shared memory with a broker on this host (auto,
+                // the client's default, takes it when offered); `?slots=`, `?slot=`: the
+                // client's ring.
+                if let Some(m) = target.param("shm") {
+                    opts.shm = m.parse().map_err(anyhow::Error::msg)?;
+                }
+                if let Some(n) = target.param("slots") {
+                    opts.shm_geometry.slots = n.parse().context("slots=")?;
+                }
+                if let Some(n) = target.param("slot") {
+                    opts.shm_geometry.slot_bytes = n.parse().context("slot=")?;
+                }
                 // `?ca=FILE`: over TLS, trusting that CA.
                 let addr = match target.param("ca") {
                     Some(ca) => {

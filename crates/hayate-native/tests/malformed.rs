@@ -329,7 +329,8 @@ fn truncated_batches() {
 fn trailing_bytes() {
     let cases: [(u8, &'static str, Vec<u8>); 9] = [
         (HELLO, "HELLO", hello_body(MAGIC)),
-        (WELCOME, "WELCOME", welcome_body()),
+        // WELCOME's optional `shm` last: after it, nothing more.
+        (WELCOME, "WELCOME", cat(&[&welcome_body(), &str16(b"")])),
         (SUB, "SUB", sub_body(0, b"", b"a")),
         (UNSUB, "UNSUB", 1u32.to_be_bytes().to_vec()),
         (PING, "PING", 1u64.to_be_bytes().to_vec()),
@@ -342,6 +343,9 @@ fn trailing_bytes() {
         body.push(0);
         assert_malformed(frame(t, &body), name, "trailing bytes");
     }
+    // One byte after `inbox` is a cut `shm` field.
+    let body = cat(&[&welcome_body(), &[0]]);
+    assert_malformed(frame(WELCOME, &body), "WELCOME", "shm");
 }
 
 // ---------------------------------------------------------------------------------------

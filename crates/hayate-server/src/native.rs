@@ -160,7 +160,7 @@ impl Native {
                 self.shm_answer = Some(
                     self.shm
                         .as_ref()
-                        .map(|o| o.issue(self.peer_addr))
+                        .map(|o| o.issue(self.peer_addr, self.verified_name.clone()))
                         .unwrap_or_default(),
                 );
             }

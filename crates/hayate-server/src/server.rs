@@ -85,7 +85,7 @@ enum Listener {
     Tcp(TcpListener, Protocol),
     Unix(UnixListener, String),
     /// The abstract socket native clients on this host set up shared memory over.
-    Shm(UnixListener, Arc<ShmOffer>),
+    Shm(UnixListener),
 }
 
 /// A broker with its listeners bound, ready to [`run`](Server::run).
@@ -201,7 +201,7 @@ impl Server {
         let shm = if native && config.native.shm && config.native.shm_max_connections > 0 {
             match ShmOffer::bind(config.native.shm_max_connections) {
                 Ok((offer, l)) => {
-                    listeners.push(Listener::Shm(l, offer.clone()));
+                    listeners.push(Listener::Shm(l));
                     Some(offer)
                 }
                 Err(e) => {
@@ -308,15 +308,16 @@ impl Server {
     pub fn bound(&self) -> Vec<(Protocol, String)> {
         self.listeners
             .iter()
-            .map(|l| match l {
-                Listener::Tcp(t, p) => (
+            .filter_map(|l| match l {
+                Listener::Tcp(t, p) => Some((
                     *p,
                     t.local_addr()
                         .map(|a| a.to_string())
                         .unwrap_or_else(|e| format!("? ({e})")),
-                ),
-                Listener::Unix(_, p) => (Protocol::Native, format!("unix:{p}")),
-                Listener::Shm(_, o) => (Protocol::Native, format!("shm:@{}", o.name())),
+                )),
+                Listener::Unix(_, p) => Some((Protocol::Native, format!("unix:{p}"))),
+                // Not an address clients dial: WELCOME hands it out (`Server::shm`).
+                Listener::Shm(..) => None,
             })
             .collect()
     }
@@ -487,11 +488,22 @@ impl ConnRate {
 /// Connections open per source address (shared by every listener of a server).
 type PerAddress = Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>;
 
-struct LiveGuard(Arc<AtomicUsize>, Option<(PerAddress, std::net::IpAddr)>);
+/// Counts a connection in `live` until it ends (and its address, see [`AddressGuard`]).
+struct LiveGuard {
+    live: Arc<AtomicUsize>,
+    _address: AddressGuard,
+}
 impl Drop for LiveGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-        if let Some((map, ip)) = &self.1 {
+        self.live.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A connection's count against `limits.max_connections_per_address`, given back on drop.
+struct AddressGuard(Option<(PerAddress, std::net::IpAddr)>);
+impl Drop for AddressGuard {
+    fn drop(&mut self) {
+        if let Some((map, ip)) = &self.0 {
             let mut m = map.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(n) = m.get_mut(ip) {
                 *n -= 1;
@@ -500,6 +512,25 @@ impl Drop for LiveGuard {
                 }
             }
         }
+    }
+}
+
+/// Counts a connection from `peer` against `limits.max_connections_per_address`: what the
+/// connection's guard gives back when it ends, or `Err` when the address is at its limit.
+fn claim_address(ctx: &Ctx, peer: Option<std::net::SocketAddr>) -> Result<AddressGuard, ()> {
+    match peer.map(|a| a.ip()) {
+        Some(ip) if ctx.limits.max_connections_per_address > 0 => {
+            let mut m = ctx.per_address.lock().unwrap_or_else(|p| p.into_inner());
+            let n = m.entry(ip).or_insert(0);
+            if *n >= ctx.limits.max_connections_per_address {
+                drop(m);
+                tracing::warn!(peer = %ip, "connection refused: max_connections_per_address reached");
+                return Err(());
+            }
+            *n += 1;
+            Ok(AddressGuard(Some((ctx.per_address.clone(), ip))))
+        }
+        _ => Ok(AddressGuard(None)),
     }
 }
 
@@ -514,7 +545,7 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
                 .accept()
                 .await
                 .map(|(s, _)| (Stream::Unix(s), Protocol::Native, None)),
-            Listener::Shm(u, _) => u
+            Listener::Shm(u) => u
                 .accept()
                 .await
                 .map(|(s, _)| (Stream::Shm(s), Protocol::Native, None)),
@@ -537,22 +568,14 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
             tracing::debug!(peer = %ip, "connection refused: max_connection_rate_per_address reached");
             continue;
         }
-        let per_address = match peer.map(|a| a.ip()) {
-            Some(ip) if ctx.limits.max_connections_per_address > 0 => {
-                let mut m = ctx.per_address.lock().unwrap_or_else(|p| p.into_inner());
-                let n = m.entry(ip).or_insert(0);
-                if *n >= ctx.limits.max_connections_per_address {
-                    drop(m);
-                    tracing::warn!(peer = %ip, "connection refused: max_connections_per_address reached");
-                    continue;
-                }
-                *n += 1;
-                Some((ctx.per_address.clone(), ip))
-            }
-            _ => None,
+        let Ok(per_address) = claim_address(&ctx, peer) else {
+            continue;
         };
         ctx.live.fetch_add(1, Ordering::AcqRel);
-        let guard = LiveGuard(ctx.live.clone(), per_address);
+        let guard = LiveGuard {
+            live: ctx.live.clone(),
+            _address: per_address,
+        };
         let c = ctx.clone();
         // Detached: a connection outlives the accept loop long enough to flush on shutdown;
         // `live` counts it until it ends.
@@ -560,6 +583,7 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
             let _guard = guard;
             let mut verified_name = None;
             let (mut peer, mut shm_slot, mut offer) = (peer, None, c.shm.clone());
+            let mut address_guard = None;
             let (r, w) = match stream {
                 Stream::Tcp(s) if proto.is_tls() => {
                     let Some(tls) = c.tls.clone() else {
@@ -591,7 +615,14 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
                     let Some(o) = offer.take() else { return };
                     match crate::shm::accept(&o, s, c.handshake).await {
                         Ok(a) => {
+                            // Counted against the address of the session that got the
+                            // ticket, as a TCP connection from there is.
+                            let Ok(claim) = claim_address(&c, a.peer) else {
+                                return;
+                            };
+                            address_guard = Some(claim);
                             peer = a.peer;
+                            verified_name = a.verified_name;
                             shm_slot = Some(a.slot);
                             (a.reader, a.writer)
                         }
@@ -602,7 +633,7 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
                     }
                 }
             };
-            let _shm_slot = shm_slot;
+            let _shm = (shm_slot, address_guard);
             let proto = proto.inner();
             let (r, w) = if proto == Protocol::MqttWs {
                 let max = c.mqtt.cfg.max_packet_size as usize;

@@ -37,11 +37,19 @@ pub const TICKET_TTL: Duration = Duration::from_secs(10);
 /// [`TICKET_TTL`]); past it, no shared memory is offered until some expire.
 const MAX_TICKETS: usize = 4096;
 
+/// What a ticket stands for: the session it was issued to.
+#[derive(Debug)]
+struct Ticket {
+    at: Instant,
+    peer: Option<SocketAddr>,
+    verified_name: Option<String>,
+}
+
 /// The broker's offer of shared memory: its socket's name and the tickets given out.
 #[derive(Debug)]
 pub struct ShmOffer {
     name: String,
-    tickets: Mutex<HashMap<u128, (Instant, Option<SocketAddr>)>>,
+    tickets: Mutex<HashMap<u128, Ticket>>,
     active: Arc<AtomicUsize>,
     max: usize,
 }
@@ -94,8 +102,9 @@ impl ShmOffer {
 
     /// What WELCOME's `shm` field says to a session from `peer` that asked: `<socket>
     /// <ticket>`, or empty (not offered: the client is not on this host, or the broker is
-    /// at its limits).
-    pub fn issue(&self, peer: Option<SocketAddr>) -> String {
+    /// at its limits). `verified_name`: the user its TLS client certificate names, which
+    /// the shared-memory connection inherits (it has no certificate of its own).
+    pub fn issue(&self, peer: Option<SocketAddr>, verified_name: Option<String>) -> String {
         if peer.is_some_and(|a| !a.ip().is_loopback())
             || self.active.load(Ordering::Relaxed) >= self.max
         {
@@ -104,7 +113,7 @@ impl ShmOffer {
         let now = Instant::now();
         let mut t = self.tickets.lock().unwrap_or_else(|p| p.into_inner());
         if t.len() >= MAX_TICKETS {
-            t.retain(|_, (at, _)| now.duration_since(*at) < TICKET_TTL);
+            t.retain(|_, k| now.duration_since(k.at) < TICKET_TTL);
             if t.len() >= MAX_TICKETS {
                 return String::new();
             }
@@ -113,19 +122,26 @@ impl ShmOffer {
         if ticket == 0 {
             return String::new();
         }
-        t.insert(ticket, (now, peer));
+        t.insert(
+            ticket,
+            Ticket {
+                at: now,
+                peer,
+                verified_name,
+            },
+        );
         format!("{} {ticket:032x}", self.name)
     }
 
-    /// Takes `ticket` (once): the address of the session it was issued to.
-    fn redeem(&self, ticket: &str) -> Option<Option<SocketAddr>> {
+    /// Takes `ticket` (once): what it was issued for.
+    fn redeem(&self, ticket: &str) -> Option<Ticket> {
         let ticket = u128::from_str_radix(ticket, 16).ok()?;
-        let (at, peer) = self
+        let t = self
             .tickets
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&ticket)?;
-        (at.elapsed() < TICKET_TTL).then_some(peer)
+        (t.at.elapsed() < TICKET_TTL).then_some(t)
     }
 }
 
@@ -147,6 +163,8 @@ pub struct Attached {
     pub writer: Writer,
     /// The address of the session that got the ticket.
     pub peer: Option<SocketAddr>,
+    /// The user its verified TLS client certificate named, if any.
+    pub verified_name: Option<String>,
     /// Counts the connection until dropped.
     pub slot: ShmSlot,
 }
@@ -190,7 +208,12 @@ pub async fn accept(
     else {
         return Err(refuse("expected CONNECT <ticket>"));
     };
-    let Some(peer) = offer.redeem(ticket.trim()) else {
+    let Some(Ticket {
+        peer,
+        verified_name,
+        ..
+    }) = offer.redeem(ticket.trim())
+    else {
         return Err(refuse("unknown or expired ticket"));
     };
     if offer.active.fetch_add(1, Ordering::AcqRel) >= offer.max {
@@ -216,6 +239,7 @@ pub async fn accept(
         reader,
         writer,
         peer,
+        verified_name,
         slot,
     })
 }

@@ -181,7 +181,11 @@ impl NativeHog {
 
     /// The same over shared memory (a ticket taken from the broker's offer directly).
     async fn connect_shm(b: &TestBroker, expr: &str, qos: Qos) -> NativeHog {
-        let offer = b.shm.as_ref().expect("shared memory offered").issue(None);
+        let offer = b
+            .shm
+            .as_ref()
+            .expect("shared memory offered")
+            .issue(None, None);
         let (r, w) =
             hayate_io::transport::shm::connect(&offer, Default::default(), Duration::from_secs(5))
                 .await

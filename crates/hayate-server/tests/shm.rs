@@ -136,6 +136,17 @@ async fn off_and_require_are_honoured() {
     assert_eq!(c.transport(), "tcp");
     let e = Client::connect_with(&nb.addr, req).await.unwrap_err();
     assert!(e.to_string().contains("shared memory"), "{e}");
+    // At `native.shm_max_connections`, the next client stays on TCP.
+    let mut config = Config::default();
+    config.native.shm_max_connections = 1;
+    let one = start(config).await;
+    let a = Client::connect(&one.addr).await.unwrap();
+    let b2 = Client::connect(&one.addr).await.unwrap();
+    assert_eq!((a.transport(), b2.transport()), ("shm", "tcp"));
+    a.close().await.unwrap();
+    wait_active(&one, 0).await;
+    let c = Client::connect(&one.addr).await.unwrap();
+    assert_eq!(c.transport(), "shm");
 }
 
 /// Connects to the broker's socket and sends `message` with `fds`; the broker's answer (its
@@ -155,7 +166,12 @@ fn set_up(
 }
 
 fn ticket(offer: &ShmOffer) -> String {
-    offer.issue(None).split_once(' ').unwrap().1.to_owned()
+    offer
+        .issue(None, None)
+        .split_once(' ')
+        .unwrap()
+        .1
+        .to_owned()
 }
 
 #[tokio::test]

@@ -129,12 +129,22 @@ pub(crate) struct ClientAuth {
     /// Private key (PEM) of --tls-client-cert.
     #[arg(long, global = true, value_name = "FILE", requires = "tls_client_cert")]
     pub(crate) tls_client_key: Option<PathBuf>,
+    /// Shared memory with a broker (or, with --peer, other nodes) on this host: `auto` (use
+    /// it when offered), `off`, or `require` (fail without it).
+    #[arg(
+        long,
+        global = true,
+        value_name = "off|auto|require",
+        default_value = "auto"
+    )]
+    pub(crate) shm: hayate_client::peer::ShmMode,
 }
 
 impl ClientAuth {
     /// Connection options with these credentials.
     pub(crate) fn options(&self, name: &str) -> hayate_client::ConnectOptions {
         let mut o = hayate_client::ConnectOptions::default().name(name);
+        o.shm = self.shm;
         if let Some(ca) = &self.tls_ca {
             o = o.tls_ca(ca);
         }
@@ -177,15 +187,14 @@ pub(crate) struct PeerArgs {
     /// `pub` in peer mode: linked nodes to wait for before publishing.
     #[arg(long, default_value_t = 1)]
     pub(crate) wait_peers: usize,
-    /// Shared memory with nodes on this host (peer mode): `auto` (when the other node's
-    /// socket answers), `off`, or `require` (refuse links that cannot use it).
-    #[arg(long, value_name = "off|auto|require", default_value = "auto")]
-    pub(crate) shm: hayate_client::peer::ShmMode,
 }
 
 impl PeerArgs {
-    /// The node's options.
-    pub(crate) fn options(&self) -> hayate_client::peer::NodeOptions {
+    /// The node's options (`shm`: the global `--shm`).
+    pub(crate) fn options(
+        &self,
+        shm: hayate_client::peer::ShmMode,
+    ) -> hayate_client::peer::NodeOptions {
         let scout = self.scout.then(|| {
             let mut s = hayate_client::peer::ScoutOptions {
                 interface: self.scout_interface,
@@ -203,7 +212,7 @@ impl PeerArgs {
             scout,
             rendezvous: self.rendezvous.clone(),
             shm: hayate_client::peer::ShmOptions {
-                mode: self.shm,
+                mode: shm,
                 ..Default::default()
             },
             ..Default::default()

@@ -132,6 +132,12 @@ async fn broker(args: cli::BrokerArgs) -> Result<()> {
     for (proto, a) in server.bound() {
         println!("hayate broker: {} on {a}", proto.label());
     }
+    if let Some(o) = server.shm() {
+        println!(
+            "hayate broker: shared memory for native clients on this host (socket @{})",
+            o.name()
+        );
+    }
     println!("hayate broker: ready (Ctrl-C to stop)");
     #[cfg(unix)]
     {
@@ -214,7 +220,7 @@ async fn publish(a: cli::PubArgs) -> Result<()> {
         }
     };
     if a.peer.peer {
-        let node = hayate_client::peer::Node::start(a.peer.options()).await?;
+        let node = hayate_client::peer::Node::start(a.peer.options(a.auth.shm)).await?;
         node.wait_peers(a.peer.wait_peers, std::time::Duration::from_secs(30))
             .await
             .with_context(|| format!("fewer than {} peer nodes linked", a.peer.wait_peers))?;
@@ -255,7 +261,7 @@ async fn subscribe(a: cli::SubArgs) -> Result<()> {
         qos: Default::default(),
     };
     if a.peer.peer {
-        let node = hayate_client::peer::Node::start(a.peer.options()).await?;
+        let node = hayate_client::peer::Node::start(a.peer.options(a.auth.shm)).await?;
         let mut sub = node.subscribe_with(&a.expr, options).await?;
         eprintln!(
             "subscribed to {} as peer node {:016x} on {}",

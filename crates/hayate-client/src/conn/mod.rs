@@ -237,24 +237,38 @@ pub(crate) async fn connect(addr: &str, options: ConnectOptions) -> Result<Arc<I
     let (mut r, mut w, mut buf, mut welcome) = handshake(r, w, &options, &auth, flags).await?;
     // Shared memory: the broker offers it to clients on its host that ask; the session on
     // the first transport only served to learn where, and closes.
-    match welcome.shm.as_deref().filter(|o| !o.is_empty()) {
+    match welcome.shm.clone().filter(|o| !o.is_empty()) {
         Some(offer) => {
-            match transport::shm::connect(offer, options.shm_geometry, options.connect_timeout)
-                .await
+            // The first session ends before the second logs in: limits that count a user's
+            // or an address's connections see one at a time.
+            let mut b = BytesMut::new();
+            encode(&Frame::Close, &mut b);
+            let _ = transport::write_all(&*w, b.freeze()).await;
+            w.shutdown();
+            let mut sink = [0u8; 4096];
+            let _ = tokio::time::timeout(options.connect_timeout, async {
+                while matches!(r.read(&mut sink).await, Ok(n) if n > 0) {}
+            })
+            .await;
+            drop(r);
+            let (r2, w2) = match transport::shm::connect(
+                &offer,
+                options.shm_geometry,
+                options.connect_timeout,
+            )
+            .await
             {
-                Ok((r2, w2)) => {
-                    let mut b = BytesMut::new();
-                    encode(&Frame::Close, &mut b);
-                    let _ = transport::write_all(&*w, b.freeze()).await;
-                    w.shutdown();
-                    drop(r);
-                    (r, w, buf, welcome) = handshake(r2, w2, &options, &auth, 0).await?;
-                }
+                Ok(rw) => rw,
                 Err(e) if mode == ShmMode::Require => {
                     return Err(Error::Protocol(format!("shared memory: {e}")));
                 }
-                Err(e) => tracing::debug!("shared memory not used: {e}"),
-            }
+                Err(e) => {
+                    // Back to the first transport, on a new connection.
+                    tracing::debug!("shared memory not used: {e}");
+                    open(&addr, &options).await?
+                }
+            };
+            (r, w, buf, welcome) = handshake(r2, w2, &options, &auth, 0).await?;
         }
         None if mode == ShmMode::Require => {
             return Err(Error::Protocol(
