@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Fan-out (issue 15): one publisher, 1 to 20 subscriber processes on this host, aggregate
-# throughput, for Hayate peer nodes over shared memory and over TCP, Hayate brokered and
-# nats-server, in one run. Needs the release build with the peers feature
+# throughput, for Hayate peer nodes over shared memory and over TCP, Hayate brokered (its
+# clients on TCP, and on shared memory with the broker), Zenoh peers (each subscriber a peer
+# connected to the publisher's session, TCP) and nats-server, in one run. No zenohd router
+# row: it is not installed here (bench/peers/zenoh.sh install builds it, ~20 min). Needs the release build with the peers feature
 # (cargo build --release -p hayate --features hayate/peers) and nats-server
 # (bench/peers/nats.sh install). Writes bench/results/<date>-vm-fanout/fanout.json and the chart.
 set -euo pipefail
@@ -23,7 +25,9 @@ addr=$(sed -n 's/.*native protocol on \(.*\)$/\1/p' "$tmp/out" | head -1)
 "$BIN" bench fanout \
     --target "hayate://127.0.0.1:0?mode=peer&shm=require&name=hayate-shm" \
     --target "hayate://127.0.0.1:0?mode=peer&shm=off&name=hayate-p2p" \
-    --target "hayate://$addr?name=hayate-brokered" \
+    --target "hayate://$addr?shm=off&name=hayate-brokered" \
+    --target "hayate://$addr?shm=require&name=hayate-brokered-shm" \
+    --target "zenoh://127.0.0.1:0?mode=peer&name=zenoh-p2p" \
     --target "nats://127.0.0.1:$NATS_PORT?name=nats" \
     --subscribers "$SUBS" --payload "$PAYLOAD" --duration "$DURATION" --warmup 1s \
     --json "$OUT/fanout.json"

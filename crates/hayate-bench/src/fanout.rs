@@ -105,9 +105,14 @@ fn peer_mode(target: &Target) -> bool {
 
 /// `target` with `peers=VALUE` (replacing any).
 fn with_peers(target: &Target, value: &str) -> Target {
+    with_param(target, "peers", value)
+}
+
+/// `target` with `key=VALUE` (replacing any).
+fn with_param(target: &Target, key: &str, value: &str) -> Target {
     let mut t = target.clone();
-    t.params.retain(|(k, _)| k != "peers");
-    t.params.push(("peers".into(), value.into()));
+    t.params.retain(|(k, _)| k != key);
+    t.params.push((key.into(), value.into()));
     t
 }
 
@@ -160,6 +165,16 @@ async fn point(
     let conn = Conn::connect(&publisher_target, "bench-fanout-pub", payload).await?;
     let sub_target = match &conn {
         Conn::HayatePeer(node) => with_peers(target, &node.local_addr().to_string()),
+        // Zenoh in peer mode: every subscriber process is a peer connected to the
+        // publisher's session (scouting and gossip off: they do not link to each other).
+        #[cfg(feature = "peers")]
+        Conn::Zenoh(z) if crate::driver::zenoh::is_peer(target) => {
+            z.unpair(target);
+            let ep = z
+                .listen_endpoint()
+                .context("zenoh peer mode: the publisher's session does not listen")?;
+            with_param(target, "connect", ep)
+        }
         _ => target.clone(),
     };
     let result = run(&conn, &sub_target, &key, n, payload, opts).await;

@@ -75,7 +75,7 @@ impl System {
                 "ca",
             ],
             System::Kafka => &["acks"],
-            System::Zenoh => &["mode", "express"],
+            System::Zenoh => &["mode", "express", "connect"],
             _ => &[],
         }
     }

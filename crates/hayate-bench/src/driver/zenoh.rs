@@ -143,23 +143,28 @@ async fn open_as(target: &Target, role: Role) -> anyhow::Result<zenoh::Session> 
 }
 
 /// Opens a session for `target`: client of the router, or one side of a peer pair (the
-/// first of a pair listens, the second connects to it).
-pub(crate) async fn open(target: &Target) -> anyhow::Result<zenoh::Session> {
+/// first of a pair listens, the second connects to it), or (`?connect=ENDPOINT`, the
+/// fan-out's subscriber processes) a peer connected to that endpoint. With the endpoint the
+/// session listens on, if it does.
+async fn open(target: &Target) -> anyhow::Result<(zenoh::Session, Option<String>)> {
     if !is_peer(target) {
-        return open_as(target, Role::Client).await;
+        return Ok((open_as(target, Role::Client).await?, None));
+    }
+    if let Some(ep) = target.param("connect") {
+        return Ok((open_as(target, Role::Connect(ep.to_string())).await?, None));
     }
     let partner = lock(&PENDING)
         .get_or_insert_with(HashMap::new)
         .remove(&target.addr());
     match partner {
-        Some(endpoint) => open_as(target, Role::Connect(endpoint)).await,
+        Some(endpoint) => Ok((open_as(target, Role::Connect(endpoint)).await?, None)),
         None => {
             let endpoint = listen_endpoint(target)?;
             let s = open_as(target, Role::Listen(endpoint.clone())).await?;
             lock(&PENDING)
                 .get_or_insert_with(HashMap::new)
-                .insert(target.addr(), endpoint);
-            Ok(s)
+                .insert(target.addr(), endpoint.clone());
+            Ok((s, Some(endpoint)))
         }
     }
 }
@@ -194,6 +199,8 @@ pub(crate) async fn open_client(
 #[derive(Clone)]
 pub(crate) struct ZenohConn {
     session: zenoh::Session,
+    /// The endpoint this peer session listens on (peer mode, the first of a pair).
+    listen: Option<String>,
     express: bool,
     /// Publishers declared by [`ZenohConn::publisher`], by key.
     publishers: Arc<Mutex<HashMap<String, Arc<Publisher<'static>>>>>,
@@ -220,12 +227,27 @@ fn to_bytes(sample: Sample) -> Bytes {
 
 impl ZenohConn {
     pub(crate) async fn connect(target: &Target) -> anyhow::Result<ZenohConn> {
+        let (session, listen) = open(target).await?;
         Ok(ZenohConn {
-            session: open(target).await?,
+            session,
+            listen,
             express: express(target),
             publishers: Arc::default(),
             trouble: Arc::default(),
         })
+    }
+
+    /// The endpoint this session listens on (a peer session that others connect to).
+    pub(crate) fn listen_endpoint(&self) -> Option<&str> {
+        self.listen.as_deref()
+    }
+
+    /// Takes back this session's place in the pairing of peer connections: a session that
+    /// others connect to by `?connect=` is no one's partner.
+    pub(crate) fn unpair(&self, target: &Target) {
+        if let Some(m) = lock(&PENDING).as_mut() {
+            m.remove(&target.addr());
+        }
     }
 
     /// Declares (once) the publisher of `key`.
