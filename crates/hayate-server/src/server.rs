@@ -613,7 +613,7 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
                 Stream::Unix(s) => transport::unix(s),
                 Stream::Shm(s) => {
                     let Some(o) = offer.take() else { return };
-                    match crate::shm::accept(&o, s, c.handshake).await {
+                    match crate::shm::accept(&o, s, c.handshake, &c.budget.memory).await {
                         Ok(a) => {
                             // Counted against the address of the session that got the
                             // ticket, as a TCP connection from there is.

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use hayate_io::memory::{Charge, Memory};
 use hayate_io::transport::shm::{self, PREFIX};
 use hayate_io::transport::{Reader, Writer};
 use hayate_shm::announce;
@@ -145,9 +146,10 @@ impl ShmOffer {
     }
 }
 
-/// One shared-memory connection counted against [`ShmOffer::max`] while it lives.
+/// One shared-memory connection counted against [`ShmOffer::max`] while it lives, and its
+/// ring charged to the broker's memory budget.
 #[derive(Debug)]
-pub struct ShmSlot(Arc<AtomicUsize>);
+pub struct ShmSlot(Arc<AtomicUsize>, #[allow(dead_code)] Charge);
 
 impl Drop for ShmSlot {
     fn drop(&mut self) {
@@ -175,6 +177,7 @@ pub async fn accept(
     offer: &ShmOffer,
     sock: tokio::net::UnixStream,
     timeout: Duration,
+    memory: &Arc<Memory>,
 ) -> io::Result<Attached> {
     // A client sends its CONNECT in one write: once readable, it is all there (a partial
     // one is malformed, like any other garbage). Readiness can be a false alarm
@@ -220,8 +223,17 @@ pub async fn accept(
         offer.active.fetch_sub(1, Ordering::AcqRel);
         return Err(refuse("too many shared-memory connections"));
     }
-    let slot = ShmSlot(offer.active.clone());
-    let local = shm::Local::new("hayate-broker", shm::ShmGeometry::default())?;
+    let active = offer.active.clone();
+    let geometry = shm::ShmGeometry::default();
+    // The ring the broker writes is its memory (resident once written through): charged to
+    // the budget, or no shared memory (the client stays on TCP).
+    let mut charge = Charge::exact(memory);
+    if !charge.cover(geometry.segment_bytes()) {
+        active.fetch_sub(1, Ordering::AcqRel);
+        return Err(refuse("the broker's memory budget is spent"));
+    }
+    let slot = ShmSlot(active, charge);
+    let local = shm::Local::new("hayate-broker", geometry)?;
     // Copies of this side's descriptors for the answer, sent once this side is registered
     // in the client's ring (the client writes only after the answer).
     let ours = local

@@ -147,6 +147,15 @@ async fn off_and_require_are_honoured() {
     wait_active(&one, 0).await;
     let c = Client::connect(&one.addr).await.unwrap();
     assert_eq!(c.transport(), "shm");
+    // A broker-wide memory budget too small for the broker's 2 MiB ring: refused at the
+    // set-up, the client connects again over TCP.
+    let mut config = Config::default();
+    config.limits.memory_budget = 1 << 20;
+    let poor = start(config).await;
+    let c = Client::connect(&poor.addr).await.unwrap();
+    assert_eq!(c.transport(), "tcp");
+    c.flush().await.unwrap();
+    assert_eq!(offer(&poor).active(), 0);
 }
 
 /// Connects to the broker's socket and sends `message` with `fds`; the broker's answer (its
