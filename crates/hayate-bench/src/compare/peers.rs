@@ -40,10 +40,21 @@ pub(super) fn spec(name: &str) -> Option<Spec> {
         "hayate" => s(
             "hayate",
             None,
-            Some("hayate://127.0.0.1:{port}"),
+            Some("hayate://127.0.0.1:{port}?shm=off"),
             Some(0),
-            "hayate broker --max-payload 67108864; hayate-client default subscription \
-             (reliable, congestion Block: back-pressure reaches the publisher, nothing dropped)",
+            "hayate broker --max-payload 67108864; clients over TCP loopback (shared memory \
+             with the broker off, as every other system here is on TCP); hayate-client \
+             default subscription (reliable, congestion Block: back-pressure reaches the \
+             publisher, nothing dropped)",
+        ),
+        "hayate-broker-shm" => s(
+            "hayate-broker-shm",
+            None,
+            Some("hayate://127.0.0.1:{port}?shm=require&name=hayate-broker-shm"),
+            Some(0),
+            "the same hayate broker, its clients on shared memory with it (what hayate-client \
+             chooses by itself on the broker's host: two rings of 2 MiB per connection; \
+             docs/shm.md)",
         ),
         "hayate-mqtt" => s(
             "hayate-mqtt",
@@ -228,7 +239,7 @@ pub(super) fn prepare(
         })?;
     }
     if let Some(label) = match spec.name.trim_end_matches("-busy") {
-        "hayate" => Some("native protocol"),
+        "hayate" | "hayate-broker-shm" => Some("native protocol"),
         "hayate-mqtt" => Some("mqtt"),
         "hayate-stomp" => Some("stomp"),
         _ => None,
@@ -245,7 +256,7 @@ pub(super) fn prepare(
             Some(u) if spec.name != "hayate" => {
                 u.replace("127.0.0.1:{port}", &addr).replace("{port}", "")
             }
-            _ => format!("hayate://{addr}"),
+            _ => format!("hayate://{addr}?shm=off"),
         };
         let t = Target::parse(&url)?;
         return Ok((Some(t), format!("hayate {}", env!("CARGO_PKG_VERSION"))));

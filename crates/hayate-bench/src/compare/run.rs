@@ -65,7 +65,14 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
         .filter(|p| {
             matches!(
                 p.spec.name,
-                "hayate-shm" | "hayate-p2p" | "hayate" | "nats" | "zenoh" | "mosquitto"
+                "hayate-shm"
+                    | "hayate-p2p"
+                    | "hayate"
+                    | "hayate-broker-shm"
+                    | "nats"
+                    | "zenoh"
+                    | "zenoh-p2p"
+                    | "mosquitto"
             )
         })
         .filter_map(|p| p.target.clone())
