@@ -28,7 +28,6 @@ use hayate_shm::announce;
 use hayate_shm::doorbell::Doorbell;
 use hayate_shm::segment::Segment;
 use hayate_shm::{MAX_READERS, ReadError, SharedReader, SharedRing, SharedWriter};
-use tokio::io::Interest as IoInterest;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -104,12 +103,7 @@ impl Default for ShmOptions {
 
 /// A doorbell the runtime's reactor watches.
 fn async_bell(bell: Doorbell) -> Result<AsyncFd<Doorbell>> {
-    // `with_interest` is deprecated because a type whose `as_raw_fd` may change or close
-    // under the reactor makes it unsound; a `Doorbell` owns its descriptor (an `OwnedFd`,
-    // never replaced) for as long as it lives, which is the condition the unsafe
-    // `register_with_interest` asks its callers to uphold.
-    #[allow(deprecated)]
-    Ok(AsyncFd::with_interest(bell, IoInterest::READABLE)?)
+    Ok(hayate_io::transport::shm::async_bell(bell)?)
 }
 
 /// The abstract Unix socket name of node `id`.
