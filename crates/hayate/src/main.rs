@@ -134,7 +134,8 @@ async fn broker(args: cli::BrokerArgs) -> Result<()> {
     }
     if let Some(o) = server.shm() {
         println!(
-            "hayate broker: shared memory for native clients on this host (socket @{})",
+            // No " on " in this line: scripts read "<what> on <address>" lines as listeners.
+            "hayate broker: shared memory offered to native clients of this host (socket @{})",
             o.name()
         );
     }
