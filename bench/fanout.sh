@@ -2,8 +2,9 @@
 # Fan-out (issue 15): one publisher, 1 to 20 subscriber processes on this host, aggregate
 # throughput, for Hayate peer nodes over shared memory and over TCP, Hayate brokered (its
 # clients on TCP, and on shared memory with the broker), Zenoh peers (each subscriber a peer
-# connected to the publisher's session, TCP) and nats-server, in one run. No zenohd router
-# row: it is not installed here (bench/peers/zenoh.sh install builds it, ~20 min). Needs the release build with the peers feature
+# connected to the publisher's session, TCP), the Zenoh router (zenohd, when
+# bench/peers/zenoh.sh install has been run: publisher and subscribers are its clients) and
+# nats-server, in one run. Needs the release build with the peers feature
 # (cargo build --release -p hayate --features hayate/peers) and nats-server
 # (bench/peers/nats.sh install). Writes bench/results/<date>-vm-fanout/fanout.json and the chart.
 set -euo pipefail
@@ -14,12 +15,18 @@ DURATION=${DURATION:-3s}
 PAYLOAD=${PAYLOAD:-1KiB}
 SUBS=${SUBS:-1,2,5,10,20}
 NATS_PORT=${NATS_PORT:-14222}
+ZENOH_PORT=${ZENOH_PORT:-17447}
 mkdir -p "$OUT"
 tmp=$(mktemp -d)
 "$BIN" broker --listen 127.0.0.1:0 --mqtt off --ws off --stomp off --data "$tmp/data" >"$tmp/out" 2>"$tmp/err" &
 bpid=$!
 bench/peers/nats.sh start "$NATS_PORT" >/dev/null
-trap 'kill $bpid 2>/dev/null || true; wait $bpid 2>/dev/null || true; bench/peers/nats.sh stop "$NATS_PORT" >/dev/null 2>&1 || true; rm -rf "$tmp"' EXIT
+router=()
+if bench/peers/zenoh.sh version >/dev/null 2>&1; then
+    bench/peers/zenoh.sh start "$ZENOH_PORT" >/dev/null
+    router=(--target "zenoh://127.0.0.1:$ZENOH_PORT?name=zenoh-router")
+fi
+trap 'kill $bpid 2>/dev/null || true; wait $bpid 2>/dev/null || true; bench/peers/nats.sh stop "$NATS_PORT" >/dev/null 2>&1 || true; bench/peers/zenoh.sh stop "$ZENOH_PORT" >/dev/null 2>&1 || true; rm -rf "$tmp"' EXIT
 for _ in $(seq 100); do grep -q 'native protocol on' "$tmp/out" && break; sleep 0.05; done
 addr=$(sed -n 's/.*native protocol on \(.*\)$/\1/p' "$tmp/out" | head -1)
 "$BIN" bench fanout \
@@ -27,7 +34,7 @@ addr=$(sed -n 's/.*native protocol on \(.*\)$/\1/p' "$tmp/out" | head -1)
     --target "hayate://127.0.0.1:0?mode=peer&shm=off&name=hayate-p2p" \
     --target "hayate://$addr?shm=off&name=hayate-brokered" \
     --target "hayate://$addr?shm=require&name=hayate-brokered-shm" \
-    --target "zenoh://127.0.0.1:0?mode=peer&name=zenoh-p2p" \
+    --target "zenoh://127.0.0.1:0?mode=peer&name=zenoh-p2p" "${router[@]}" \
     --target "nats://127.0.0.1:$NATS_PORT?name=nats" \
     --subscribers "$SUBS" --payload "$PAYLOAD" --duration "$DURATION" --warmup 1s \
     --json "$OUT/fanout.json"
