@@ -7,7 +7,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader};
-use std::os::fd::AsFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
 use std::process::{Command, Stdio};
@@ -253,7 +252,7 @@ async fn a_corrupt_ring_is_an_error_for_that_ring_only() {
         let bell = Doorbell::new().unwrap();
         announce::send_fds(
             &sock,
-            &[ring.segment().fd(), bell.as_fd()],
+            &[ring.segment().fd(), bell.ringer()],
             format!("HAYATE-SHM/1 OFFER {x_id:016x} {b_id:016x}").as_bytes(),
         )
         .unwrap();

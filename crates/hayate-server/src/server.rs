@@ -613,14 +613,12 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
                 Stream::Unix(s) => transport::unix(s),
                 Stream::Shm(s) => {
                     let Some(o) = offer.take() else { return };
-                    match crate::shm::accept(&o, s, c.handshake, &c.budget.memory).await {
+                    let admit = |peer| claim_address(&c, peer).ok();
+                    match crate::shm::accept(&o, s, c.handshake, &c.budget.memory, admit).await {
                         Ok(a) => {
                             // Counted against the address of the session that got the
                             // ticket, as a TCP connection from there is.
-                            let Ok(claim) = claim_address(&c, a.peer) else {
-                                return;
-                            };
-                            address_guard = Some(claim);
+                            address_guard = Some(a.admitted);
                             peer = a.peer;
                             verified_name = a.verified_name;
                             shm_slot = Some(a.slot);

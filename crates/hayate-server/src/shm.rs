@@ -157,8 +157,9 @@ impl Drop for ShmSlot {
     }
 }
 
-/// A connection set up: its halves, the address its ticket was issued to, and its slot.
-pub struct Attached {
+/// A connection set up: its halves, the address its ticket was issued to, its slot, and what
+/// the caller's `admit` gave for it.
+pub struct Attached<G> {
     /// The read half.
     pub reader: Reader,
     /// The write half.
@@ -169,16 +170,21 @@ pub struct Attached {
     pub verified_name: Option<String>,
     /// Counts the connection until dropped.
     pub slot: ShmSlot,
+    /// What `admit` gave (the caller's own accounting for the connection).
+    pub admitted: G,
 }
 
 /// Sets up a connection accepted on the offer's socket: the client's CONNECT, within
-/// `timeout`; refusals are answered `NO` and are errors here.
-pub async fn accept(
+/// `timeout`; refusals are answered `NO` and are errors here. `admit` is asked, with the
+/// address the ticket was issued to, before anything is answered: `None` refuses (the
+/// caller's per-address limit), so that a client is never told `OK` and then cut off.
+pub async fn accept<G>(
     offer: &ShmOffer,
     sock: tokio::net::UnixStream,
     timeout: Duration,
     memory: &Arc<Memory>,
-) -> io::Result<Attached> {
+    admit: impl FnOnce(Option<SocketAddr>) -> Option<G>,
+) -> io::Result<Attached<G>> {
     // A client sends its CONNECT in one write: once readable, it is all there (a partial
     // one is malformed, like any other garbage). Readiness can be a false alarm
     // (`WouldBlock`): wait again.
@@ -219,6 +225,9 @@ pub async fn accept(
     else {
         return Err(refuse("unknown or expired ticket"));
     };
+    let Some(admitted) = admit(peer) else {
+        return Err(refuse("too many connections from this address"));
+    };
     if offer.active.fetch_add(1, Ordering::AcqRel) >= offer.max {
         offer.active.fetch_sub(1, Ordering::AcqRel);
         return Err(refuse("too many shared-memory connections"));
@@ -253,5 +262,6 @@ pub async fn accept(
         peer,
         verified_name,
         slot,
+        admitted,
     })
 }

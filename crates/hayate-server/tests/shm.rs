@@ -147,6 +147,17 @@ async fn off_and_require_are_honoured() {
     wait_active(&one, 0).await;
     let c = Client::connect(&one.addr).await.unwrap();
     assert_eq!(c.transport(), "shm");
+    // One connection per address: the move to shared memory may find the first session's
+    // count not yet given back; refused (`NO`), the client stays on TCP rather than failing.
+    let mut config = Config::default();
+    config.limits.max_connections_per_address = 1;
+    let single = start(config).await;
+    for _ in 0..5 {
+        let c = Client::connect(&single.addr).await.unwrap();
+        c.flush().await.unwrap();
+        c.close().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // A broker-wide memory budget too small for the broker's 2 MiB ring: refused at the
     // set-up, the client connects again over TCP.
     let mut config = Config::default();

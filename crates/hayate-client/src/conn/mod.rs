@@ -268,7 +268,16 @@ pub(crate) async fn connect(addr: &str, options: ConnectOptions) -> Result<Arc<I
                     open(&addr, &options).await?
                 }
             };
-            (r, w, buf, welcome) = handshake(r2, w2, &options, &auth, 0).await?;
+            (r, w, buf, welcome) = match handshake(r2, w2, &options, &auth, 0).await {
+                Ok(hs) => hs,
+                // The rings broke before WELCOME (not a refusal by the broker): TCP again.
+                Err(e) if mode == ShmMode::Auto && !matches!(e, Error::Server { .. }) => {
+                    tracing::debug!("shared memory failed at the handshake: {e}");
+                    let (r, w) = open(&addr, &options).await?;
+                    handshake(r, w, &options, &auth, 0).await?
+                }
+                Err(e) => return Err(e),
+            };
         }
         None if mode == ShmMode::Require => {
             return Err(Error::Protocol(

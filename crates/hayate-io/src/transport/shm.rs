@@ -26,7 +26,7 @@
 //! cannot have) is an `InvalidData` error, which ends the connection.
 
 use std::io::{self, IoSlice};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -121,8 +121,8 @@ impl Local {
     pub fn fds(&self) -> [BorrowedFd<'_>; 3] {
         [
             self.ring.segment().fd(),
-            self.data.as_fd(),
-            self.room.as_fd(),
+            self.data.ringer(),
+            self.room.ringer(),
         ]
     }
 }
@@ -332,7 +332,9 @@ impl AsyncRead for ShmReader {
                 if buf.filled().len() > before || this.take_pending(buf) {
                     return Poll::Ready(Ok(()));
                 }
-                continue; // an empty message (none is written; harmless)
+                // No writer writes an empty message: a stream of them would keep this loop
+                // from ever returning.
+                return Poll::Ready(Err(invalid("an empty message")));
             }
             if this.last_look {
                 return Poll::Ready(Ok(())); // end of stream
@@ -342,6 +344,19 @@ impl AsyncRead for ShmReader {
                 continue;
             }
             if !this.ring.prepare_sleep() {
+                if this.ring.cursor().is_none() {
+                    // The other side took this reader's cursor (its ring, its words): it
+                    // could no longer sleep, and would spin.
+                    return Poll::Ready(Err(invalid("this reader's cursor was taken")));
+                }
+                continue;
+            }
+            if this.ring.closed() {
+                // Closed between the look above and the sleepers' bit going up: the writer's
+                // wake-up after its close may have missed the bit (the read-modify-writes of
+                // the sleepers word order the two: this look sees the flag).
+                this.ring.end_sleep();
+                this.last_look = true;
                 continue;
             }
             if let Poll::Ready(g) = this.bell.poll_read_ready(cx) {
@@ -559,6 +574,39 @@ mod tests {
         let e = ra.read(&mut buf).await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
         drop((sb, lb));
+    }
+
+    #[tokio::test]
+    async fn a_reader_whose_cursor_is_taken_errs_instead_of_spinning() {
+        let g = ShmGeometry {
+            slots: 4,
+            slot_bytes: 64,
+        };
+        let (sa, sb) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (la, lb) = (Local::new("a", g).unwrap(), Local::new("b", g).unwrap());
+        let seg = Segment::open(lb.fds()[0].try_clone_to_owned().unwrap()).unwrap();
+        let dup = |l: &Local| -> Vec<OwnedFd> {
+            l.fds()
+                .iter()
+                .map(|f| f.try_clone_to_owned().unwrap())
+                .collect()
+        };
+        let (fa, fb) = (dup(&la), dup(&lb));
+        let (mut ra, _wa) = join(la, fb, sa).unwrap();
+        let (_rb, wb) = join(lb, fa, sb).unwrap();
+        // The writer's side wipes the cursor table of its own ring (words 16..80).
+        for w in &seg.words()[16..80] {
+            w.store(0, std::sync::atomic::Ordering::Release);
+        }
+        let mut q = std::collections::VecDeque::from([bytes::Bytes::from_static(b"x")]);
+        super::super::write_chunks(&*wb, &mut q).await.unwrap();
+        let mut buf = [0u8; 16];
+        assert_eq!(ra.read(&mut buf).await.unwrap(), 1);
+        let e = tokio::time::timeout(std::time::Duration::from_secs(5), ra.read(&mut buf))
+            .await
+            .expect("the reader spun or slept instead of failing")
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
     }
 
     #[test]

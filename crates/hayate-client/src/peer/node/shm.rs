@@ -295,7 +295,7 @@ impl NodeInner {
         };
         let me = self.id;
         let timeout = self.options.handshake_timeout;
-        let writer_bell = out.doorbell.get_ref().as_fd().try_clone_to_owned()?;
+        let writer_bell = out.doorbell.get_ref().ringer().try_clone_to_owned()?;
         let segment_fd = out.ring.segment().fd().try_clone_to_owned()?;
         let done = tokio::task::spawn_blocking(move || -> std::io::Result<Option<_>> {
             let Ok(sock) = UnixStream::connect_addr(&unix_addr(rid)?) else {
@@ -476,7 +476,7 @@ async fn accept_offer(
             let bell = Doorbell::new().map_err(|e| e.to_string())?;
             announce::send_fds(
                 &sock,
-                &[bell.as_fd()],
+                &[bell.ringer()],
                 format!("{HANDSHAKE} OK {entry}").as_bytes(),
             )
             .map_err(|e| e.to_string())?;
