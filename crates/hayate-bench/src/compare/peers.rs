@@ -179,7 +179,7 @@ pub(super) fn spec(name: &str) -> Option<Spec> {
             Some("hayate://127.0.0.1:0?mode=peer&shm=require&rpc=node&name=hayate-shm"),
             None,
             "the same two peer nodes over shared memory (the publisher's ring, 1024 slots of \
-             64 KiB; readers sleep on an eventfd, no busy polling); in the fan-out, every \
+             64 KiB; readers sleep on a doorbell socket, no busy polling); in the fan-out, every \
              subscriber process reads the one ring; RPC between a server node (child \
              process) and a node per caller, over shared memory",
         ),

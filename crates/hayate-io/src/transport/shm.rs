@@ -1,6 +1,6 @@
 //! Shared memory as a byte stream: a connection between two processes on one host made of two
 //! hayate-shm rings, one per direction, each written by one side and read by the other, with
-//! an eventfd doorbell per waiting party and a Unix socket kept open only to notice that the
+//! a doorbell per waiting party and a Unix socket kept open only to notice that the
 //! other side is gone.
 //!
 //! Each side makes what it writes and what it waits on ([`Local`]: its ring's segment, the
@@ -619,7 +619,7 @@ mod tests {
         let g = ShmGeometry::default();
         let (sa, _sb) = std::os::unix::net::UnixStream::pair().unwrap();
         let la = Local::new("a", g).unwrap();
-        // Three eventfds instead of a segment and two doorbells.
+        // Three doorbell sockets instead of a segment and two doorbells.
         let fds: Vec<OwnedFd> = (0..3)
             .map(|_| OwnedFd::from(Doorbell::new().unwrap()))
             .collect();
