@@ -209,8 +209,9 @@ pub async fn connect(
         .ok_or_else(|| invalid(format!("offer {offer:?} is not <socket> <ticket>")))?;
     let (name, ticket) = (name.to_owned(), ticket.to_owned());
     // The socket calls block (briefly: the broker answers from its accept loop), so they run
-    // off the runtime's threads, with the timeout as the socket's.
-    let (local, fds, sock) = tokio::task::spawn_blocking(move || -> io::Result<_> {
+    // off the runtime's threads, with the timeout as the socket's; the whole set-up (the
+    // connect too, which a full backlog would hold) within `timeout` as well.
+    let setup = tokio::task::spawn_blocking(move || -> io::Result<_> {
         let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
         let sock = std::os::unix::net::UnixStream::connect_addr(&addr)?;
         sock.set_read_timeout(Some(timeout))?;
@@ -230,9 +231,11 @@ pub async fn connect(
             ));
         }
         Ok((local, fds, sock))
-    })
-    .await
-    .map_err(io::Error::other)??;
+    });
+    let (local, fds, sock) = tokio::time::timeout(timeout, setup)
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "shared-memory set-up timed out"))?
+        .map_err(io::Error::other)??;
     join(local, fds, sock)
 }
 
