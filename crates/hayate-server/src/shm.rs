@@ -149,11 +149,15 @@ impl ShmOffer {
 /// One shared-memory connection counted against [`ShmOffer::max`] while it lives, and its
 /// ring charged to the broker's memory budget.
 #[derive(Debug)]
-pub struct ShmSlot(Arc<AtomicUsize>, #[allow(dead_code)] Charge);
+pub struct ShmSlot {
+    active: Arc<AtomicUsize>,
+    /// Given back to the budget when the connection ends.
+    _ring: Charge,
+}
 
 impl Drop for ShmSlot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.active.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -241,7 +245,10 @@ pub async fn accept<G>(
         active.fetch_sub(1, Ordering::AcqRel);
         return Err(refuse("the broker's memory budget is spent"));
     }
-    let slot = ShmSlot(active, charge);
+    let slot = ShmSlot {
+        active,
+        _ring: charge,
+    };
     let local = shm::Local::new("hayate-broker", geometry)?;
     // Copies of this side's descriptors for the answer, sent once this side is registered
     // in the client's ring (the client writes only after the answer).

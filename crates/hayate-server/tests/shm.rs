@@ -223,6 +223,17 @@ async fn hostile_set_ups_are_refused_and_the_broker_carries_on() {
         answers.push(set_up(&o, &format!("{PREFIX} CONNECT {t2}"), &fds[..1]).map(|a| a.0));
         // The ticket was spent by the refusal: once only.
         answers.push(set_up(&o, &format!("{PREFIX} CONNECT {t2}"), &fds).map(|a| a.0));
+        // Oversized: a ring whose slots are 2 MiB (a read could append that much), and a
+        // segment of 80 MiB (sparse: nothing is touched).
+        let bell = hayate_shm::doorbell::Doorbell::new().unwrap();
+        for (slots, slot) in [(2, 2 << 20), (1, 80 << 20)] {
+            let words = hayate_shm::region_words(slots, slot);
+            let seg = Segment::create("big", words * 8).unwrap();
+            let ring = hayate_shm::SharedRing::init(seg, slots, slot).unwrap();
+            let t = ticket(&o);
+            let big = [ring.segment().fd(), bell.ringer(), bell.ringer()];
+            answers.push(set_up(&o, &format!("{PREFIX} CONNECT {t}"), &big).map(|a| a.0));
+        }
         answers
     });
     let answers = within(30, blocking).await.unwrap();
@@ -341,4 +352,36 @@ async fn a_client_that_dies_is_noticed() {
     })
     .await;
     assert!(r.is_ok(), "the dead client's session did not end");
+}
+
+/// Many clients at once against a small `native.shm_max_connections`: never more than that
+/// many on shared memory, the rest on TCP, and all of them work.
+#[tokio::test]
+async fn many_clients_at_once_stay_within_the_shared_memory_limit() {
+    let mut config = Config::default();
+    config.native.shm_max_connections = 4;
+    let b = start(config).await;
+    let clients: Vec<Client> = futures::future::join_all((0..16).map(|_| Client::connect(&b.addr)))
+        .await
+        .into_iter()
+        .map(|c| c.unwrap())
+        .collect();
+    let on_shm = clients.iter().filter(|c| c.transport() == "shm").count();
+    assert!(on_shm <= 4, "{on_shm} clients on shared memory");
+    assert!(offer(&b).active() <= 4);
+    let mut s = clients[0].subscribe("many/x").await.unwrap();
+    clients[0].flush().await.unwrap();
+    for c in &clients {
+        c.publish(&Key::new("many/x").unwrap(), c.transport())
+            .await
+            .unwrap();
+        c.flush().await.unwrap();
+    }
+    for _ in 0..clients.len() {
+        within(10, s.next()).await.unwrap();
+    }
+    for c in clients {
+        c.close().await.unwrap();
+    }
+    wait_active(&b, 0).await;
 }

@@ -251,28 +251,19 @@ pub(crate) async fn connect(addr: &str, options: ConnectOptions) -> Result<Arc<I
             })
             .await;
             drop(r);
-            let (r2, w2) = match transport::shm::connect(
-                &offer,
-                options.shm_geometry,
-                options.connect_timeout,
-            )
-            .await
-            {
-                Ok(rw) => rw,
-                Err(e) if mode == ShmMode::Require => {
-                    return Err(Error::Protocol(format!("shared memory: {e}")));
-                }
-                Err(e) => {
-                    // Back to the first transport, on a new connection.
-                    tracing::debug!("shared memory not used: {e}");
-                    open(&addr, &options).await?
-                }
+            let moved = async {
+                let (r2, w2) =
+                    transport::shm::connect(&offer, options.shm_geometry, options.connect_timeout)
+                        .await
+                        .map_err(|e| Error::Protocol(format!("shared memory: {e}")))?;
+                handshake(r2, w2, &options, &auth, 0).await
             };
-            (r, w, buf, welcome) = match handshake(r2, w2, &options, &auth, 0).await {
+            (r, w, buf, welcome) = match moved.await {
                 Ok(hs) => hs,
-                // The rings broke before WELCOME (not a refusal by the broker): TCP again.
+                // Refused (`NO`) or the rings broke before WELCOME (not a refusal by the
+                // broker's session): back to the first transport, on a new connection.
                 Err(e) if mode == ShmMode::Auto && !matches!(e, Error::Server { .. }) => {
-                    tracing::debug!("shared memory failed at the handshake: {e}");
+                    tracing::debug!("shared memory not used: {e}");
                     let (r, w) = open(&addr, &options).await?;
                     handshake(r, w, &options, &auth, 0).await?
                 }
