@@ -3,8 +3,9 @@
 # throughput, for Hayate peer nodes over shared memory and over TCP, Hayate brokered (its
 # clients on TCP, and on shared memory with the broker), Zenoh peers (each subscriber a peer
 # connected to the publisher's session, TCP), the Zenoh router (zenohd, when
-# bench/peers/zenoh.sh install has been run: publisher and subscribers are its clients) and
-# nats-server, in one run. Needs the release build with the peers feature
+# bench/peers/zenoh.sh install has been run: publisher and subscribers are its clients),
+# nats-server and Cyclone DDS (ddsperf pub and sub processes, when bench/peers/cyclonedds.sh
+# install has been run), in one run. Needs the release build with the peers feature
 # (cargo build --release -p hayate --features hayate/peers) and nats-server
 # (bench/peers/nats.sh install). Writes bench/results/<date>-vm-fanout/fanout.json and the chart.
 set -euo pipefail
@@ -26,6 +27,8 @@ if bench/peers/zenoh.sh version >/dev/null 2>&1; then
     bench/peers/zenoh.sh start "$ZENOH_PORT" >/dev/null
     router=(--target "zenoh://127.0.0.1:$ZENOH_PORT?name=zenoh-router")
 fi
+dds=()
+command -v ddsperf >/dev/null && dds=(--ddsperf)
 trap 'kill $bpid 2>/dev/null || true; wait $bpid 2>/dev/null || true; bench/peers/nats.sh stop "$NATS_PORT" >/dev/null 2>&1 || true; bench/peers/zenoh.sh stop "$ZENOH_PORT" >/dev/null 2>&1 || true; rm -rf "$tmp"' EXIT
 for _ in $(seq 100); do grep -q 'native protocol on' "$tmp/out" && break; sleep 0.05; done
 addr=$(sed -n 's/.*native protocol on \(.*\)$/\1/p' "$tmp/out" | head -1)
@@ -36,6 +39,6 @@ addr=$(sed -n 's/.*native protocol on \(.*\)$/\1/p' "$tmp/out" | head -1)
     --target "hayate://$addr?shm=require&name=hayate-brokered-shm" \
     --target "zenoh://127.0.0.1:0?mode=peer&name=zenoh-p2p" "${router[@]}" \
     --target "nats://127.0.0.1:$NATS_PORT?name=nats" \
-    --subscribers "$SUBS" --payload "$PAYLOAD" --duration "$DURATION" --warmup 1s \
+    "${dds[@]}" --subscribers "$SUBS" --payload "$PAYLOAD" --duration "$DURATION" --warmup 1s \
     --json "$OUT/fanout.json"
 grep -m1 "model name" /proc/cpuinfo >"$OUT/machine.txt"; nproc >>"$OUT/machine.txt"

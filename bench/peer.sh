@@ -2,7 +2,7 @@
 # Peer mode (issue 15): Hayate peer nodes against Zenoh peers, Hayate brokered and raw TCP, in
 # one run. thr at 64 B and 1 KiB, lat at 64 B (half round trip). Needs the release build with
 # the peers feature: cargo build --release -p hayate --features hayate/peers
-# Writes bench/results/<date>-vm-peer/{thr,lat}.json and prints the tables.
+# Writes bench/results/<date>-vm-peer/{thr,lat,lat-own-threads}.json and prints the tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/hayate}
@@ -25,4 +25,8 @@ targets=(--target "hayate://127.0.0.1:0?mode=peer&shm=off&name=hayate-p2p"
 "$BIN" bench thr "${targets[@]}" --baseline --payload 64,1KiB,1MiB --duration "$DURATION" --json "$OUT/thr.json"
 "$BIN" bench lat "${targets[@]}" --target "hayate://127.0.0.1:0?mode=peer&shm=require&spin=200&name=hayate-shm-spin" \
     --baseline --payload 64 --duration "$DURATION" --json "$OUT/lat.json"
+# The same with each side on a thread and one-worker runtime of its own (as two
+# single-threaded processes would be), beside raw TCP on blocking threads and on Tokio.
+"$BIN" bench lat "${targets[@]}" --own-threads --baseline --payload 64 --duration "$DURATION" \
+    --json "$OUT/lat-own-threads.json"
 cat /proc/cpuinfo | grep -m1 "model name" >"$OUT/machine.txt"; nproc >>"$OUT/machine.txt"

@@ -257,6 +257,99 @@ fn lat_run(opts: &LatOptions) -> anyhow::Result<(Histogram<u64>, Duration)> {
     result
 }
 
+/// The raw TCP ping-pong on Tokio, as [`LatOptions::own_threads`] runs the systems: each side a
+/// task on a runtime of its own with one worker thread, reading and writing a
+/// `tokio::net::TcpStream`. What an epoll-driven program pays over [`lat_point`]'s blocking
+/// threads, with no messaging system in between.
+pub(crate) fn tokio_lat_point(opts: &LatOptions) -> Record {
+    let mut rec = Record::new("tcp", "tokio", "lat", opts.payload);
+    rec.client = "tokio::net::TcpStream (own threads)".to_string();
+    let result = tokio_lat_run(opts);
+    lat::finish(&mut rec, result);
+    rec
+}
+
+fn one_worker_runtime() -> io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+}
+
+fn tokio_lat_run(opts: &LatOptions) -> anyhow::Result<(Histogram<u64>, Duration)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let size = opts.payload;
+    let len = u32::try_from(size).context("payload too large for a u32 length prefix")?;
+    let (client, server) = connected_pair().context("loopback TCP pair")?;
+    client.set_nonblocking(true)?;
+    server.set_nonblocking(true)?;
+    let echo =
+        std::thread::Builder::new()
+            .name("tcp-echo".into())
+            .spawn(move || -> io::Result<()> {
+                let rt = one_worker_runtime()?;
+                let task = rt.spawn(async move {
+                    let mut server = tokio::net::TcpStream::from_std(server)?;
+                    let mut frame = vec![0u8; 4 + size];
+                    loop {
+                        match server.read_exact(&mut frame).await {
+                            Ok(_) => server.write_all(&frame).await?,
+                            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                            Err(e) => return Err(e),
+                        }
+                    }
+                });
+                rt.block_on(task).map_err(io::Error::other)?
+            })?;
+    let rt = one_worker_runtime()?;
+    let (warmup, duration) = (opts.warmup, opts.duration);
+    let pinger = rt.spawn(async move {
+        let mut client = tokio::net::TcpStream::from_std(client)?;
+        let mut ping = vec![0x5a_u8; 4 + size];
+        ping[..4].copy_from_slice(&len.to_be_bytes());
+        let mut pong = vec![0u8; 4 + size];
+        let mut seq = 0u64;
+        let mut h = lat::new_histogram()?;
+        let mut measured = None;
+        let start = Instant::now();
+        let mut n = 0u64;
+        loop {
+            seq += 1;
+            if size >= 8 {
+                ping[4..12].copy_from_slice(&seq.to_be_bytes());
+            }
+            let t0 = Instant::now();
+            client.write_all(&ping).await?;
+            tokio::time::timeout(Duration::from_secs(5), client.read_exact(&mut pong))
+                .await
+                .context("no pong within 5 s")??;
+            let rtt = t0.elapsed();
+            lat::check_pong(&pong[4..], size, seq)?;
+            n += 1;
+            match measured {
+                None if n >= WARMUP_ROUND_TRIPS && start.elapsed() >= warmup => {
+                    measured = Some(Instant::now());
+                }
+                None => {}
+                Some(t) => {
+                    lat::record_rtt(&mut h, rtt);
+                    if t.elapsed() >= duration {
+                        let _ = client.shutdown().await;
+                        return anyhow::Ok((h, t.elapsed()));
+                    }
+                }
+            }
+        }
+    });
+    let result = rt
+        .block_on(pinger)
+        .map_err(|e| anyhow::anyhow!("the pinger task failed: {e}"))
+        .and_then(|r| r);
+    drop(rt);
+    let _ = echo.join();
+    result
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,6 +405,12 @@ mod tests {
         assert_eq!(r.test, "lat");
         let (p50, p99, p999) = (r.p50_us.unwrap(), r.p99_us.unwrap(), r.p999_us.unwrap());
         assert!(p50 > 0.0 && p50 <= p99 && p99 <= p999, "{r:?}");
+        assert!(r.samples > 100);
+        // The same ping-pong on Tokio, each side on a runtime of its own.
+        let r = tokio_lat_point(&lat_opts);
+        assert_eq!(r.error, None);
+        assert_eq!((r.system.as_str(), r.mode.as_str()), ("tcp", "tokio"));
+        assert!(r.p50_us.unwrap() > 0.0 && r.p50_us <= r.p99_us, "{r:?}");
         assert!(r.samples > 100);
     }
 }

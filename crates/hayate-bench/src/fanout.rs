@@ -40,6 +40,9 @@ pub struct FanoutOptions {
     pub warmup: Duration,
     /// This program (run again as `bench fanout-sub`).
     pub exe: PathBuf,
+    /// Also measure Cyclone DDS: `ddsperf sub` processes and one `ddsperf pub` (system
+    /// `cyclonedds`), where ddsperf is installed.
+    pub ddsperf: bool,
 }
 
 /// What a subscriber process says, one JSON line each.
@@ -63,7 +66,8 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// `bits_per_sec` the sum over them.
 pub fn fanout(opts: &FanoutOptions) -> anyhow::Result<Vec<Record>> {
     crate::driver::refuse_rpc_only(&opts.targets)?;
-    let pb = progress::bar(opts.payloads.len() * opts.subscribers.len() * opts.targets.len());
+    let systems = opts.targets.len() + usize::from(opts.ddsperf);
+    let pb = progress::bar(opts.payloads.len() * opts.subscribers.len() * systems);
     let out = with_runtime(|rt| {
         let mut records = Vec::new();
         for &payload in &opts.payloads {
@@ -86,6 +90,13 @@ pub fn fanout(opts: &FanoutOptions) -> anyhow::Result<Vec<Record>> {
                         }
                         Err(e) => rec.error = Some(format!("{e:#}")),
                     }
+                    crate::thr::report_point(&pb, &rec);
+                    records.push(rec);
+                    pb.inc(1);
+                }
+                if opts.ddsperf {
+                    pb.set_message(format!("cyclonedds fanout {} x{n}", format_size(payload)));
+                    let rec = ddsperf_point(n, payload, opts);
                     crate::thr::report_point(&pb, &rec);
                     records.push(rec);
                     pb.inc(1);
@@ -287,6 +298,104 @@ async fn run(
         bail!(t);
     }
     Ok((rate, usize::try_from(total).unwrap_or(usize::MAX)))
+}
+
+/// ddsperf's automatic participant indices end at 30 (our loopback config), one of them the
+/// publisher's.
+const DDS_MAX_SUBSCRIBERS: usize = 29;
+
+/// One Cyclone DDS point: `n` `ddsperf sub` processes (reliable, topic KS, listener), then one
+/// `ddsperf pub size S` that waits until it has matched all of them. Each subscriber reports
+/// its rate every second; its figure is the median of those reports with the first (discovery
+/// and warm-up) and the last (partial) dropped, and the point is their sum. ddsperf's smallest
+/// sample is 12 bytes, so smaller payloads are measured at 12.
+fn ddsperf_point(n: usize, payload: usize, opts: &FanoutOptions) -> Record {
+    let size = payload.max(12);
+    let mut rec = Record::new("cyclonedds", "brokerless", "fanout", size);
+    rec.client = "ddsperf".into();
+    rec.target = "ddsperf (DDS over UDP loopback)".into();
+    rec.concurrency = Some(n);
+    match ddsperf_run(n, size, opts) {
+        Ok((rate, samples)) => {
+            rec.msgs_per_sec = Some(rate);
+            rec.bits_per_sec = Some(rate * size as f64 * 8.0);
+            rec.samples = samples;
+        }
+        Err(e) => rec.error = Some(format!("{e:#}")),
+    }
+    rec
+}
+
+fn ddsperf_run(n: usize, size: usize, opts: &FanoutOptions) -> anyhow::Result<(f64, usize)> {
+    use crate::compare::ddsperf::{ddsperf_cmd, parse_ddsperf_sub};
+    use crate::compare::process::KillOnDrop;
+    if n > DDS_MAX_SUBSCRIBERS {
+        bail!("ddsperf: at most {DDS_MAX_SUBSCRIBERS} subscriber processes");
+    }
+    // Whole seconds: ddsperf reports once a second.
+    let secs = (opts.warmup + opts.duration).as_secs_f64().ceil().max(3.0) as u64;
+    let mut subs = Vec::with_capacity(n);
+    for _ in 0..n {
+        let child = ddsperf_cmd()
+            .args(["-D", &(secs + 30).to_string(), "sub"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("spawning ddsperf (bench/peers/cyclonedds.sh install)")?;
+        subs.push(KillOnDrop(child));
+    }
+    let publisher = ddsperf_cmd()
+        .args([
+            "-D".to_string(),
+            secs.to_string(),
+            format!("-Qminmatch:{n}"),
+            "-Qinitwait:25".into(),
+            "pub".into(),
+            "size".into(),
+            size.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .context("running ddsperf pub")?;
+    if !publisher.success() {
+        bail!("ddsperf pub failed ({publisher}): did all {n} subscribers match?");
+    }
+    let mut rate = 0.0;
+    let mut samples = 0usize;
+    for mut sub in subs {
+        // SIGINT: ddsperf ends cleanly and flushes what it printed (SIGKILL would lose it).
+        let pid = sub.0.id().to_string();
+        let _ = std::process::Command::new("kill")
+            .args(["-INT", &pid])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while sub.0.try_wait()?.is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = sub.0.kill();
+        let _ = sub.0.wait();
+        let mut out = String::new();
+        if let Some(mut o) = sub.0.stdout.take() {
+            use std::io::Read;
+            o.read_to_string(&mut out)?;
+        }
+        let rates: Vec<f64> = parse_ddsperf_sub(&out)
+            .into_iter()
+            .filter(|(s, _)| *s == size)
+            .map(|(_, r)| r)
+            .collect();
+        if rates.len() < 3 {
+            bail!(
+                "a ddsperf subscriber reported {} seconds of data",
+                rates.len()
+            );
+        }
+        let kept = &rates[1..rates.len() - 1];
+        rate += crate::stats::median(kept).unwrap_or(0.0);
+        samples += kept.len();
+    }
+    Ok((rate, samples))
 }
 
 /// The subscriber process of a fan-out point (`bench fanout-sub`): subscribes to `key` on

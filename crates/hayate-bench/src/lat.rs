@@ -33,7 +33,9 @@ pub fn lat(opts: &LatOptions) -> anyhow::Result<Vec<Record>> {
     }
     crate::driver::refuse_rpc_only(&opts.targets)?;
     let runs = opts.runs.max(1);
-    let systems = opts.targets.len() + usize::from(opts.include_baseline);
+    // The baselines: raw TCP on blocking threads, and with own_threads also on Tokio.
+    let baselines = usize::from(opts.include_baseline) * (1 + usize::from(opts.own_threads));
+    let systems = opts.targets.len() + baselines;
     let pb = progress::bar(systems * runs);
     let out = with_runtime(|rt| {
         // per_system[i]: the records of system i (targets in order, then the baseline).
@@ -49,11 +51,19 @@ pub fn lat(opts: &LatOptions) -> anyhow::Result<Vec<Record>> {
                             format_size(opts.payload),
                             r + 1
                         ));
-                        rt.block_on(point(target, opts))
+                        if opts.own_threads {
+                            own_threads_point(target, opts)
+                        } else {
+                            rt.block_on(point(target, opts))
+                        }
                     }
-                    None => {
+                    None if i == opts.targets.len() => {
                         pb.set_message(format!("tcp lat {}", format_size(opts.payload)));
                         baseline::lat_point(opts)
+                    }
+                    None => {
+                        pb.set_message(format!("tcp (tokio) lat {}", format_size(opts.payload)));
+                        baseline::tokio_lat_point(opts)
                     }
                 };
                 report_point(&pb, &rec);
@@ -148,6 +158,120 @@ pub(crate) fn check_pong(pong: &[u8], size: usize, seq: u64) -> anyhow::Result<(
     Ok(())
 }
 
+/// A runtime with one worker thread (the pinger's or the echo's in
+/// [`LatOptions::own_threads`]). Multi-threaded in kind, as Zenoh refuses Tokio's
+/// current-thread runtime.
+fn single_thread_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?)
+}
+
+/// [`point`] with each side on a thread and single-threaded runtime of its own: the echo on
+/// a new thread, the pinger on this one. Each side's loop is a task spawned on its runtime
+/// (not the `block_on` future, which Tokio only polls again after a non-blocking look at the
+/// I/O driver: one more system call per message).
+fn own_threads_point(target: &Target, opts: &LatOptions) -> Record {
+    let mut rec = Record::new(target.system(), target.mode(), "lat", opts.payload);
+    rec.target = target.to_string();
+    rec.client = format!("{} (own threads)", client_name(target));
+    let prefix = point_prefix();
+    let (ping_key, pong_key) = (format!("{prefix}/ping"), format!("{prefix}/pong"));
+    let result = (|| {
+        let rt = single_thread_runtime()?;
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let echo = {
+            let (target, opts) = (target.clone(), opts.clone());
+            let (ping_key, pong_key) = (ping_key.clone(), pong_key.clone());
+            std::thread::Builder::new()
+                .name("bench-lat-echo".into())
+                .spawn(move || echo_side(target, opts, ping_key, pong_key, ready_tx, stop_rx))?
+        };
+        let pinger = {
+            let (target, opts) = (target.clone(), opts.clone());
+            rt.spawn(async move {
+                ready_rx
+                    .await
+                    .context("the echo thread ended before it was ready")??;
+                let pinger = Conn::connect(&target, "bench-lat-ping", opts.payload).await?;
+                let version = pinger.server_version();
+                let r = ping_side(&pinger, &opts, &ping_key, &pong_key).await;
+                pinger.close(CLOSE_TIMEOUT).await;
+                r.map(|r| (r, version))
+            })
+        };
+        let pinged = rt
+            .block_on(pinger)
+            .map_err(|e| anyhow::anyhow!("the pinger task failed: {e}"));
+        let _ = stop_tx.send(());
+        drop(rt);
+        let echoed = echo
+            .join()
+            .map_err(|_| anyhow::anyhow!("the echo thread panicked"))?;
+        let ((h, elapsed), version) = pinged??;
+        echoed?;
+        rec.server_version = version;
+        Ok((h, elapsed))
+    })();
+    finish(&mut rec, result);
+    rec
+}
+
+/// The echo of [`own_threads_point`]: connects, subscribes, says it is ready, echoes until
+/// told to stop.
+fn echo_side(
+    target: Target,
+    opts: LatOptions,
+    ping_key: String,
+    pong_key: String,
+    ready: tokio::sync::oneshot::Sender<anyhow::Result<()>>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) -> anyhow::Result<()> {
+    let rt = single_thread_runtime()?;
+    let task = rt.spawn(async move {
+        let set_up = async {
+            let echo = Conn::connect(&target, "bench-lat-echo", opts.payload).await?;
+            let pings = echo.subscribe(&ping_key).await?;
+            echo.flush().await?;
+            let pong_topic = echo.topic(&pong_key).await?;
+            anyhow::Ok((echo, pings, pong_topic))
+        };
+        let (echo, mut pings, pong_topic) = match set_up.await {
+            Ok(x) => x,
+            Err(e) => {
+                let msg = format!("{e:#}");
+                let _ = ready.send(Err(e));
+                bail!(msg);
+            }
+        };
+        let _ = ready.send(Ok(()));
+        let result = loop {
+            tokio::select! {
+                _ = &mut stop => break Ok(()),
+                p = pings.next() => match p {
+                    Some(p) => {
+                        if let Err(e) = echo.publish(&pong_topic, p).await {
+                            break Err(e);
+                        }
+                    }
+                    None => break Ok(()),
+                },
+            }
+        };
+        let trouble = echo.trouble();
+        echo.close(CLOSE_TIMEOUT).await;
+        result?;
+        match trouble {
+            Some(t) => bail!(t),
+            None => Ok(()),
+        }
+    });
+    rt.block_on(task)
+        .map_err(|e| anyhow::anyhow!("the echo task failed: {e}"))?
+}
+
 async fn point(target: &Target, opts: &LatOptions) -> Record {
     let mut rec = Record::new(target.system(), target.mode(), "lat", opts.payload);
     rec.target = target.to_string();
@@ -206,11 +330,29 @@ async fn run_connected(
             }
         })
     };
-    let result = async {
-        let mut pongs = pinger.subscribe(&pong_key).await?;
+    let result = ping_side(pinger, opts, &ping_key, &pong_key)
+        .await
+        .and_then(|r| match echo.trouble() {
+            Some(t) => bail!(t),
+            None => Ok(r),
+        });
+    echo_task.abort();
+    let _ = echo_task.await;
+    result
+}
+
+/// The pinger's part: subscribes the pongs, warms up, measures.
+async fn ping_side(
+    pinger: &Conn,
+    opts: &LatOptions,
+    ping_key: &str,
+    pong_key: &str,
+) -> anyhow::Result<(Histogram<u64>, Duration)> {
+    {
+        let mut pongs = pinger.subscribe(pong_key).await?;
         // The topic first: a brokerless driver (ZeroMQ) learns here who publishes pings, and
         // the flush then confirms the echo's subscription too.
-        let ping_topic = pinger.topic(&ping_key).await?;
+        let ping_topic = pinger.topic(ping_key).await?;
         pinger.flush().await?;
         let mut pp = PingPong {
             conn: pinger,
@@ -233,15 +375,11 @@ async fn run_connected(
             record_rtt(&mut h, rtt);
         }
         let elapsed = start.elapsed();
-        if let Some(t) = pinger.trouble().or_else(|| echo.trouble()) {
+        if let Some(t) = pinger.trouble() {
             bail!(t);
         }
         Ok((h, elapsed))
     }
-    .await;
-    echo_task.abort();
-    let _ = echo_task.await;
-    result
 }
 
 struct PingPong<'a> {
@@ -272,6 +410,28 @@ impl PingPong<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Both harnesses against peer nodes (no broker needed): every round trip checked, none
+    /// lost, and the own-threads record says so in its client.
+    #[test]
+    fn peer_nodes_on_both_harnesses() {
+        let target: Target = "hayate://127.0.0.1:0?mode=peer&shm=off".parse().unwrap();
+        for own_threads in [false, true] {
+            let recs = lat(&LatOptions {
+                targets: vec![target.clone()],
+                duration: Duration::from_millis(300),
+                warmup: Duration::from_millis(50),
+                own_threads,
+                ..LatOptions::default()
+            })
+            .unwrap();
+            let r = &recs[0];
+            assert_eq!(r.error, None, "{r:?}");
+            assert!(r.samples > 100, "{r:?}");
+            assert!(r.p50_us.unwrap() > 0.0);
+            assert_eq!(r.client.ends_with("(own threads)"), own_threads, "{r:?}");
+        }
+    }
 
     #[test]
     fn payloads_carry_sequence_numbers() {

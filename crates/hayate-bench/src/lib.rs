@@ -198,6 +198,11 @@ pub struct LatOptions {
     /// run and each percentile reported is the median over the runs: on a noisy machine a
     /// single run's p50 moves by 2x from one run to the next.
     pub runs: usize,
+    /// Each side (pinger, echo) on a thread of its own with a single-threaded Tokio runtime,
+    /// as two single-threaded processes would be, and as the raw TCP baseline's two blocking
+    /// threads are. By default both share one multi-threaded runtime and the pinger's loop
+    /// runs on the calling thread, so each of its pongs crosses from a worker thread to it.
+    pub own_threads: bool,
 }
 
 impl Default for LatOptions {
@@ -209,6 +214,7 @@ impl Default for LatOptions {
             duration: Duration::from_secs(5),
             warmup: Duration::from_secs(1),
             runs: 1,
+            own_threads: false,
         }
     }
 }

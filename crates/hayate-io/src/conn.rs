@@ -346,7 +346,9 @@ async fn drive<H: Handler>(h: &mut H, c: &mut Conn) -> H::End {
             r = read_some(reader, buf, limit, busy.as_ref()), if limit != Some(0) => Woke::Read(r),
             () = &mut timer, if armed.is_some() => Woke::Timer,
             () = async { out.drained().await }, if backed_up => Woke::Drained,
-            () = tokio::time::sleep(RETRY), if starved => Woke::Retry,
+            // Lazily: select! evaluates every branch's expression, disabled or not, and a
+            // `sleep` made per read costs a clock read per read.
+            () = async { tokio::time::sleep(RETRY).await }, if starved => Woke::Retry,
             e = h.event() => Woke::Event(e),
             _ = &mut *writer_task => Woke::WriterGone,
             _ = shutdown.changed() => Woke::Shutdown,

@@ -108,6 +108,16 @@ pub(crate) struct BenchArgs {
     /// fanout: the numbers of subscriber processes, comma-separated (default 1,2,5,10,20).
     #[arg(long, value_name = "LIST", default_value = "1,2,5,10,20")]
     pub(crate) subscribers: String,
+    /// lat: each side (pinger, echo) on a thread of its own with a single-threaded runtime,
+    /// as two single-threaded processes (and the raw TCP baseline's two blocking threads)
+    /// are. By default both share one multi-threaded runtime and the pinger runs on the
+    /// calling thread, so each pong crosses from a worker thread to it.
+    #[arg(long)]
+    pub(crate) own_threads: bool,
+    /// fanout: also measure Cyclone DDS (`ddsperf sub` processes and one `ddsperf pub`;
+    /// bench/peers/cyclonedds.sh install), as system `cyclonedds`.
+    #[arg(long)]
+    pub(crate) ddsperf: bool,
     /// compare: peers to run, comma-separated (default: all of them; those whose driver is
     /// not compiled in or whose install fails are reported as skipped).
     #[arg(long, value_name = "LIST")]
@@ -393,6 +403,7 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
         duration,
         warmup,
         runs: a.runs.max(1),
+        own_threads: a.own_threads,
     };
     let records: Vec<Record> = tokio::task::block_in_place(|| -> Result<Vec<Record>> {
         Ok(match a.test {
@@ -422,6 +433,7 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
                 duration,
                 warmup,
                 exe: std::env::current_exe()?,
+                ddsperf: a.ddsperf,
             })?,
             Test::Baseline | Test::Compare | Test::RpcServer | Test::FanoutSub | Test::Durable => {
                 let mut r = hayate_bench::baseline_thr(&thr_opts(Vec::new(), true))?;

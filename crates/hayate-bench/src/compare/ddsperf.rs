@@ -13,7 +13,7 @@ use crate::Record;
 /// The Cyclone DDS config from `cyclonedds.sh config` (loopback, no multicast).
 pub(super) static DDS_CONFIG: Mutex<Option<String>> = Mutex::new(None);
 
-fn ddsperf_cmd() -> Command {
+pub(crate) fn ddsperf_cmd() -> Command {
     let mut c = Command::new("ddsperf");
     let config = DDS_CONFIG.lock().unwrap_or_else(|e| e.into_inner()).clone();
     if let Some(path) = config.filter(|p| !p.is_empty()) {

@@ -27,12 +27,12 @@ use std::path::PathBuf;
 
 use crate::Record;
 
-mod ddsperf;
+pub(crate) mod ddsperf;
 mod durable;
 mod hayate;
 mod iperf;
 mod peers;
-mod process;
+pub(crate) mod process;
 mod run;
 
 pub use process::Cleanup;

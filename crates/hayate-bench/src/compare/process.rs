@@ -86,7 +86,7 @@ pub(super) fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
-pub(super) struct KillOnDrop(pub(super) Child);
+pub(crate) struct KillOnDrop(pub(crate) Child);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {

@@ -104,6 +104,7 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
         duration: Duration::from_secs(if quick { 1 } else { 2 }),
         warmup: Duration::from_millis(if quick { 500 } else { 1000 }),
         runs: if quick { 3 } else { 5 },
+        own_threads: false,
     };
     println!(
         "compare: throughput sweep ({} payloads, {} targets + tcp baseline)",
@@ -146,6 +147,7 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
         duration: Duration::from_secs(if quick { 1 } else { 3 }),
         warmup: Duration::from_millis(if quick { 500 } else { 1000 }),
         exe: opts.hayate_exe.clone(),
+        ddsperf: active(&peers, "ddsperf"),
     };
     let fanout = if fanout_opts.targets.is_empty() {
         Vec::new()
