@@ -11,7 +11,7 @@ OUT=${OUT:-bench/results/$(date +%F)-vm-broker-shm}
 DURATION=${DURATION:-5s}
 mkdir -p "$OUT"
 tmp=$(mktemp -d)
-"$BIN" broker --listen 127.0.0.1:0 --mqtt off --ws off --stomp off --data "$tmp/data" >"$tmp/out" 2>"$tmp/err" &
+"$BIN" broker --listen 127.0.0.1:0 --mqtt off --ws off --stomp off --admin off --data "$tmp/data" >"$tmp/out" 2>"$tmp/err" &
 bpid=$!
 trap 'kill $bpid 2>/dev/null || true; wait $bpid 2>/dev/null || true; rm -rf "$tmp"' EXIT
 for _ in $(seq 100); do grep -q 'native protocol on' "$tmp/out" && break; sleep 0.05; done

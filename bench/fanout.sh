@@ -19,7 +19,7 @@ NATS_PORT=${NATS_PORT:-14222}
 ZENOH_PORT=${ZENOH_PORT:-17447}
 mkdir -p "$OUT"
 tmp=$(mktemp -d)
-"$BIN" broker --listen 127.0.0.1:0 --mqtt off --ws off --stomp off --data "$tmp/data" >"$tmp/out" 2>"$tmp/err" &
+"$BIN" broker --listen 127.0.0.1:0 --mqtt off --ws off --stomp off --admin off --data "$tmp/data" >"$tmp/out" 2>"$tmp/err" &
 bpid=$!
 bench/peers/nats.sh start "$NATS_PORT" >/dev/null
 router=()

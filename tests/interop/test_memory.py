@@ -55,6 +55,8 @@ def broker(tmp_path):
     cfg.write_text(f"""
 [server]
 data_dir = ""
+[admin]
+listen = []
 [native]
 listen = ["127.0.0.1:0"]
 [mqtt]

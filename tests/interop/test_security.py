@@ -65,6 +65,8 @@ class Hayate:
         cfg = f"""
 [server]
 data_dir = "{tmp / 'data'}"
+[admin]
+listen = []
 [native]
 listen = ["127.0.0.1:0"]
 tls = ["127.0.0.1:0"]

@@ -173,6 +173,50 @@ impl Broker {
         self.read().subs.len()
     }
 
+    /// Subscriptions per session id (one pass under the registry's read lock).
+    pub fn subscriptions_by_session(&self) -> HashMap<u64, usize> {
+        let mut m = HashMap::new();
+        for (session, _) in self.read().subs.keys() {
+            *m.entry(*session).or_insert(0) += 1;
+        }
+        m
+    }
+
+    /// Queue groups: (name, key expression, members).
+    pub fn queue_groups(&self) -> Vec<(String, String, usize)> {
+        let reg = self.read();
+        let mut v: Vec<_> = reg
+            .groups
+            .iter()
+            .map(|(id, (_, members))| {
+                let (name, expr) = id.split_once('\0').unwrap_or((id, ""));
+                (name.to_string(), expr.to_string(), *members)
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Declared queues: (name, key expression, messages waiting, dropped).
+    pub fn declared_queues(&self) -> Vec<(String, String, usize, u64)> {
+        let reg = self.read();
+        let mut v: Vec<_> = reg
+            .queues
+            .iter()
+            .map(|(id, (expr, b))| {
+                let name = id.split_once('\0').map_or(&**id, |(n, _)| n);
+                (
+                    name.to_string(),
+                    expr.as_str().to_string(),
+                    b.len(),
+                    b.dropped(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
     /// Declares queue group `name` on `expr`: while it has no member, matching messages
     /// wait (at most `limit`) and go to the first member that subscribes. Idempotent;
     /// returns the queue's backlog.
@@ -203,17 +247,30 @@ impl Broker {
 
     /// Opens a session whose deliveries are encoded by `encoder`.
     pub fn open_session(&self, encoder: Box<dyn Encoder>) -> Session {
+        self.open_session_in(encoder, None)
+    }
+
+    /// [`Broker::open_session`] for a session whose traffic counts in `class` (its
+    /// listener's totals).
+    pub fn open_session_in(
+        &self,
+        encoder: Box<dyn Encoder>,
+        class: Option<&Arc<hayate_io::traffic::TrafficClass>>,
+    ) -> Session {
         let id = self.shared.next_session.fetch_add(1, Ordering::Relaxed);
         self.shared
             .stats
             .sessions_opened
             .fetch_add(1, Ordering::Relaxed);
-        let outbox = Arc::new(Outbox::with_memory(
-            self.shared.config.outbox_bytes,
-            encoder,
-            self.shared.config.max_unacked,
-            &self.shared.config.memory,
-        ));
+        let outbox = Arc::new(
+            Outbox::with_memory(
+                self.shared.config.outbox_bytes,
+                encoder,
+                self.shared.config.max_unacked,
+                &self.shared.config.memory,
+            )
+            .in_class(class),
+        );
         Session::new(self.clone(), id, outbox)
     }
 

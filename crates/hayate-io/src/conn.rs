@@ -200,6 +200,11 @@ pub struct Accepted {
     pub verified_name: Option<String>,
     /// What the connection's input draws on.
     pub budget: InputBudget,
+    /// Its entry among the server's live connections (admin API), removed when dropped:
+    /// the protocol's `serve` keeps it until the connection ends.
+    pub registered: Option<crate::registry::ConnGuard>,
+    /// Its listener's traffic totals, which its session counts in.
+    pub class: Option<std::sync::Arc<crate::traffic::TrafficClass>>,
 }
 
 impl Accepted {
@@ -213,7 +218,22 @@ impl Accepted {
             peer: None,
             verified_name: None,
             budget: InputBudget::default(),
+            registered: None,
+            class: None,
         }
+    }
+
+    /// Takes the registry entry out (the caller keeps it for the connection's life) and
+    /// returns the entry to fill in.
+    pub fn take_registered(
+        &mut self,
+    ) -> (
+        Option<crate::registry::ConnGuard>,
+        Option<std::sync::Arc<crate::registry::ConnEntry>>,
+    ) {
+        let g = self.registered.take();
+        let e = g.as_ref().map(|g| g.entry().clone());
+        (g, e)
     }
 }
 

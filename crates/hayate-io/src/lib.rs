@@ -19,6 +19,10 @@
 //! - [`memory`]: [`memory::Memory`], the broker-wide memory budget, and [`memory::Charge`],
 //!   one holder's share of it.
 //! - [`busy`]: [`busy::BusyPoll`], busy-polling of the I/O driver (an opt-in latency mode).
+//! - [`traffic`]: per-session message and byte counters, and per-listener totals that stay
+//!   exact as sessions end.
+//! - [`registry`]: the live connections of a server (admin API): protocol, addresses, user,
+//!   session, and closing one.
 //!
 //! Nothing here knows about a protocol or the broker: this crate depends on no other Hayate
 //! crate.
@@ -27,7 +31,9 @@ pub mod busy;
 pub mod chunks;
 pub mod conn;
 pub mod memory;
+pub mod registry;
 pub mod sink;
+pub mod traffic;
 pub mod transport;
 
 pub use sink::{Sink, write_some};

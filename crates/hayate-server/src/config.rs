@@ -35,6 +35,8 @@ pub struct Config {
     pub tls: TlsSection,
     /// Limits.
     pub limits: Limits,
+    /// The admin HTTP listener: JSON API, Prometheus `/metrics`, health checks.
+    pub admin: AdminSection,
     /// Streams to create at start (`[[stream]]`; kept in `server.data_dir`). A stream that
     /// exists with the same definition is opened as it is; one with another definition is an
     /// error. Streams created at run time (`hayate stream add`) need no entry here.
@@ -144,6 +146,32 @@ impl Default for MqttSection {
             autosave_secs: 60,
             journal: true,
             journal_fsync: "interval=100".into(),
+        }
+    }
+}
+
+/// The admin listener's default address.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:4780";
+
+/// `[admin]`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminSection {
+    /// The HTTP address of the admin API, `/metrics`, `/healthz` and `/readyz` (at most one;
+    /// empty: no admin listener).
+    pub listen: Vec<String>,
+    /// Users who may use the admin API and `/metrics` when the broker has users
+    /// (`auth.required`): HTTP Basic with their broker password, or a bearer token. Without
+    /// users configured, anyone who reaches the listener may (keep it on 127.0.0.1).
+    /// `/healthz` and `/readyz` are open to all.
+    pub users: Vec<String>,
+}
+
+impl Default for AdminSection {
+    fn default() -> Self {
+        AdminSection {
+            listen: vec![DEFAULT_ADMIN_LISTEN.to_string()],
+            users: Vec::new(),
         }
     }
 }
@@ -511,6 +539,11 @@ impl Config {
         if !self.stream.is_empty() && self.server.data_dir.is_empty() {
             return Err(ConfigError::Invalid(
                 "[[stream]] needs server.data_dir".into(),
+            ));
+        }
+        if self.admin.listen.len() > 1 {
+            return Err(ConfigError::Invalid(
+                "admin.listen takes at most one address".into(),
             ));
         }
         let l = &self.limits;

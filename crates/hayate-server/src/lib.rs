@@ -18,11 +18,13 @@
 //! [`hayate_broker::Outbox`] (encoded in the target's protocol under its lock) → the target's
 //! writer task (takes everything queued, one vectored write) → socket.
 
+pub mod admin;
 pub mod auth;
 pub mod config;
 pub mod frontend;
 pub mod mqtt;
 pub mod native;
+pub mod ops;
 pub mod server;
 pub mod shm;
 pub mod stomp;

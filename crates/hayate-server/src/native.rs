@@ -140,6 +140,8 @@ struct Native {
     auth: Arc<dyn Authenticator>,
     /// Who the client is (anonymous until HELLO's credentials are checked).
     identity: Identity,
+    /// The connection's entry among the server's live connections (admin API).
+    entry: Option<Arc<hayate_io::registry::ConnEntry>>,
     peer: Option<std::net::IpAddr>,
     /// The user a verified client certificate names (TLS with `tls.cert_user`).
     verified_name: Option<String>,
@@ -231,6 +233,10 @@ impl Native {
             .authenticate("native", creds)
             .await
             .map_err(|e| refused(e.to_string()))?;
+        if let Some(e) = &self.entry {
+            e.set_user(self.identity.user.as_deref());
+            e.set_client_id(Some(&h.name).filter(|n| !n.is_empty()).map(|n| n.as_str()));
+        }
         Ok(())
     }
 
@@ -423,11 +429,16 @@ pub async fn serve(
     auth: Arc<dyn Authenticator>,
     shm: Option<Arc<ShmOffer>>,
 ) {
+    let mut io = io;
     let peer_addr = io.peer;
     let peer = io.peer.map(|a| a.ip());
     let verified_name = io.verified_name.clone();
-    let session = broker.open_session(Box::new(NativeEncoder));
+    let (_registered, entry) = io.take_registered();
+    let session = broker.open_session_in(Box::new(NativeEncoder), io.class.as_ref());
     let outbox = session.outbox().clone();
+    if let Some(e) = &entry {
+        e.attach(session.id(), outbox.clone());
+    }
     let mut conn = frontend::Conn::new(io, BytesMut::with_capacity(READ_BUF), &outbox);
     let mut h = Native {
         session,
@@ -450,6 +461,7 @@ pub async fn serve(
         shm,
         peer_addr,
         shm_answer: None,
+        entry,
     };
     let end = conn.drive(&mut h).await;
     // What this connection's consumer memberships had in flight goes back to the consumers.

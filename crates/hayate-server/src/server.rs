@@ -19,6 +19,7 @@ use crate::auth::{Authenticator, ConfigAuth};
 use crate::config::{Config, Limits};
 use crate::frontend::{Accepted, InputBudget};
 use crate::mqtt::Mqtt;
+use crate::ops::{ListenerStats, Ops};
 use crate::stomp::Stomp;
 use crate::tls::ServerTls;
 use crate::{mqtt, native, stomp, ws};
@@ -67,6 +68,20 @@ impl Protocol {
         )
     }
 
+    /// Its short name in the admin API and metrics (`native`, `mqtt-wss`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Native => "native",
+            Protocol::Mqtt => "mqtt",
+            Protocol::MqttWs => "mqtt-ws",
+            Protocol::Stomp => "stomp",
+            Protocol::NativeTls => "native-tls",
+            Protocol::MqttTls => "mqtt-tls",
+            Protocol::MqttWss => "mqtt-wss",
+            Protocol::StompTls => "stomp-tls",
+        }
+    }
+
     /// The protocol spoken once TLS is set up.
     fn inner(self) -> Protocol {
         match self {
@@ -105,6 +120,11 @@ pub struct Server {
     busy: Option<BusyPoll>,
     /// Shared memory offered to native clients on this host (`native.shm`).
     shm: Option<Arc<ShmOffer>>,
+    /// Listener statistics, live connections, readiness (admin API, metrics).
+    ops: Arc<Ops>,
+    /// The admin HTTP listener (`[admin] listen`), and who may use it.
+    admin: Option<TcpListener>,
+    admin_users: Vec<String>,
 }
 
 async fn bind_tcp(addr: &str) -> Result<TcpListener, crate::config::ConfigError> {
@@ -156,7 +176,10 @@ impl Server {
             })?;
             listeners.push(Listener::Unix(l, path.clone()));
         }
-        let server = Server::assemble(config, listeners);
+        let mut server = Server::assemble(config, listeners);
+        if let Some(addr) = config.admin.listen.first() {
+            server.admin = Some(bind_tcp(addr).await?);
+        }
         server.open_streams(config)?;
         Ok(server)
     }
@@ -248,6 +271,15 @@ impl Server {
         };
         let mqtt = Mqtt::new(broker.clone(), config, auth.clone());
         let stomp = Stomp::new(broker.clone(), config, auth.clone());
+        let ops = Ops::new(
+            listeners
+                .iter()
+                .map(|l| {
+                    let (p, a) = listener_name(l);
+                    ListenerStats::new(p, a)
+                })
+                .collect(),
+        );
         Server {
             broker,
             listeners,
@@ -265,7 +297,27 @@ impl Server {
             busy_poll: Duration::from_micros(config.server.busy_poll_us),
             busy: (config.server.busy_poll_us > 0).then(BusyPoll::new),
             shm,
+            ops,
+            admin: None,
+            admin_users: config.admin.users.clone(),
         }
+    }
+
+    /// Serves the admin HTTP API on `listener` too (tests bind `127.0.0.1:0`;
+    /// [`Server::bind`] binds `[admin] listen`).
+    pub fn with_admin(mut self, listener: TcpListener) -> Server {
+        self.admin = Some(listener);
+        self
+    }
+
+    /// The admin listener's address, when there is one.
+    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
+        self.admin.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// Listener statistics, live connections and readiness.
+    pub fn ops(&self) -> &Arc<Ops> {
+        &self.ops
     }
 
     /// The shared-memory offer (its socket's name), when `native.shm` is on.
@@ -333,6 +385,16 @@ impl Server {
         let mut paths = Vec::new();
         let background = tokio::spawn(self.mqtt.clone().background(stop_rx.clone()));
         let retention = tokio::spawn(retention_loop(self.broker.clone(), stop_rx.clone()));
+        let admin = self.admin.map(|l| {
+            let state = crate::admin::AdminState {
+                broker: self.broker.clone(),
+                ops: self.ops.clone(),
+                mqtt: self.mqtt.clone(),
+                auth: self.auth.clone(),
+                users: self.admin_users.clone(),
+            };
+            tokio::spawn(crate::admin::serve(l, state, stop_rx.clone()))
+        });
         let spinner = self.busy.clone().map(|busy| {
             let workers = tokio::runtime::Handle::current().metrics().num_workers();
             if workers > 1 {
@@ -344,8 +406,10 @@ impl Server {
             }
             tokio::spawn(busy.spin(self.busy_poll))
         });
-        for l in self.listeners {
+        for (l, stats) in self.listeners.into_iter().zip(self.ops.listeners.clone()) {
             let ctx = Ctx {
+                listener: stats,
+                conns: self.ops.conns.clone(),
                 broker: self.broker.clone(),
                 limits: self.limits.clone(),
                 name: self.name.clone(),
@@ -372,7 +436,9 @@ impl Server {
             }
             accepts.spawn(accept_loop(l, ctx));
         }
+        self.ops.set_ready();
         shutdown.await;
+        self.ops.set_stopping();
         let _ = stop_tx.send(true);
         accepts.shutdown().await;
         retention.abort();
@@ -391,11 +457,30 @@ impl Server {
         if let Some(s) = spinner {
             s.abort();
         }
+        if let Some(a) = admin {
+            a.abort();
+        }
+    }
+}
+
+/// A listener's protocol name and address, as the admin API shows them.
+fn listener_name(l: &Listener) -> (&'static str, String) {
+    match l {
+        Listener::Tcp(t, p) => (
+            p.name(),
+            t.local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|e| format!("? ({e})")),
+        ),
+        Listener::Unix(_, p) => ("native", format!("unix:{p}")),
+        Listener::Shm(_) => ("native", "shm".to_string()),
     }
 }
 
 #[derive(Clone)]
 struct Ctx {
+    listener: Arc<ListenerStats>,
+    conns: Arc<hayate_io::registry::ConnRegistry>,
     keepalive: native::Keepalive,
     broker: Broker,
     limits: Arc<Limits>,
@@ -558,19 +643,24 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
                 continue;
             }
         };
+        let refused = || ctx.listener.refused.fetch_add(1, Ordering::Relaxed);
         if ctx.live.load(Ordering::Acquire) >= ctx.limits.max_connections {
             tracing::warn!("connection refused: max_connections reached");
+            refused();
             continue;
         }
         if let Some(ip) = peer.map(|a| a.ip())
             && !ctx.rate.allow(ip)
         {
             tracing::debug!(peer = %ip, "connection refused: max_connection_rate_per_address reached");
+            refused();
             continue;
         }
         let Ok(per_address) = claim_address(&ctx, peer) else {
+            refused();
             continue;
         };
+        ctx.listener.accepted.fetch_add(1, Ordering::Relaxed);
         ctx.live.fetch_add(1, Ordering::AcqRel);
         let guard = LiveGuard {
             live: ctx.live.clone(),
@@ -645,6 +735,9 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
             } else {
                 (r, w)
             };
+            let registered = c
+                .conns
+                .register(c.listener.protocol, c.listener.addr.clone(), peer);
             let io = Accepted {
                 reader: r,
                 writer: w,
@@ -653,6 +746,8 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
                 peer,
                 verified_name,
                 budget: c.budget,
+                registered: Some(registered),
+                class: Some(c.listener.traffic.clone()),
             };
             match proto {
                 Protocol::Native => {

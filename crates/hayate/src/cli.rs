@@ -78,6 +78,10 @@ pub(crate) struct BrokerArgs {
     /// PEM file with the server's private key (`[tls] key`).
     #[arg(long, value_name = "FILE")]
     pub(crate) tls_key: Option<String>,
+    /// Admin HTTP address: JSON API, Prometheus /metrics, /healthz, /readyz (`off` for
+    /// none; default 127.0.0.1:4780).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub(crate) admin: Option<String>,
     /// Data directory (persistent MQTT sessions, retained messages).
     #[arg(long, value_name = "DIR")]
     pub(crate) data: Option<String>,

@@ -113,6 +113,9 @@ fn effective_config(args: &cli::BrokerArgs) -> Result<Config> {
     if let Some(v) = args.busy_poll_us {
         config.server.busy_poll_us = v;
     }
+    if let Some(a) = &args.admin {
+        config.admin.listen = listen_list(std::slice::from_ref(a));
+    }
     config.validate()?;
     Ok(config)
 }
@@ -131,6 +134,9 @@ async fn broker(args: cli::BrokerArgs) -> Result<()> {
     let server = Server::bind(&config).await?;
     for (proto, a) in server.bound() {
         println!("hayate broker: {} on {a}", proto.label());
+    }
+    if let Some(a) = server.admin_addr() {
+        println!("hayate broker: admin http on {a}");
     }
     if let Some(o) = server.shm() {
         println!(

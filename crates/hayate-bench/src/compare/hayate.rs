@@ -58,6 +58,8 @@ fn start_hayate(
             "127.0.0.1:0",
             "--ws",
             "off",
+            "--admin",
+            "off",
             "--data",
             "",
             "--max-payload",

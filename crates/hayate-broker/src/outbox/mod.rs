@@ -31,6 +31,8 @@ use std::sync::{Arc, Mutex};
 use hayate_core::Message;
 use hayate_io::Sink;
 use hayate_io::memory::{Charge, Memory};
+use hayate_io::registry::SessionView;
+use hayate_io::traffic::{Totals, Traffic, TrafficClass};
 use tokio::sync::Notify;
 
 mod acked;
@@ -172,6 +174,8 @@ pub struct Outbox {
     /// Set by [`Outbox::cut`]; wakes the writer out of a write that cannot finish.
     cut: AtomicBool,
     cut_notify: Notify,
+    /// The session's traffic (what it published, what was delivered to it).
+    traffic: Traffic,
 }
 
 impl std::fmt::Debug for Outbox {
@@ -229,7 +233,20 @@ impl Outbox {
             attached: AtomicBool::new(true),
             cut: AtomicBool::new(false),
             cut_notify: Notify::new(),
+            traffic: Traffic::default(),
         }
+    }
+
+    /// This outbox counting its session's traffic in `class` (see
+    /// [`hayate_io::traffic::TrafficClass`]).
+    pub fn in_class(mut self, class: Option<&Arc<TrafficClass>>) -> Outbox {
+        self.traffic = Traffic::new(class);
+        self
+    }
+
+    /// The session's traffic: messages and payload bytes it published and was delivered.
+    pub fn traffic(&self) -> &Traffic {
+        &self.traffic
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -266,5 +283,19 @@ impl Outbox {
         if self.has_blocked.swap(false, Ordering::SeqCst) {
             self.space.notify_waiters();
         }
+    }
+}
+
+impl SessionView for Outbox {
+    fn queued_bytes(&self) -> usize {
+        self.backlog().0
+    }
+
+    fn traffic(&self) -> Totals {
+        self.traffic.totals()
+    }
+
+    fn close(&self) {
+        self.cut();
     }
 }

@@ -50,6 +50,10 @@ impl Outbox {
                 let (_, n) = st.lost.swap_remove(i);
                 st.encoder.encode_lost(sid, n, &mut st.buf);
             }
+            if !st.cut {
+                let bytes = (0..fit).map(|i| batch.payload_len(i) as u64).sum();
+                self.traffic.note_out(fit as u64, bytes);
+            }
             Self::put(st, sid, origin, batch.slice(0, fit));
         }
         // With a sink, the publishing session flushes inline after its read

@@ -284,6 +284,7 @@ impl Session {
     /// Awaits only when a `block` subscriber's outbox is full; drops (and counts) for `drop`
     /// subscribers. Returns the number of deliveries made (messages × subscribers).
     pub async fn publish(&mut self, batch: Batch<'_>) -> usize {
+        self.note_in(batch);
         let route = self.lookup(batch.key());
         if !route.streams.is_empty() {
             drop(self.store(&route, batch));
@@ -295,6 +296,7 @@ impl Session {
     /// append before anything is delivered live). Await [`Stored::confirmed`] for a
     /// publisher's confirm.
     pub async fn publish_stored(&mut self, batch: Batch<'_>) -> (usize, Stored) {
+        self.note_in(batch);
         let route = self.lookup(batch.key());
         let stored = if route.streams.is_empty() {
             Stored::default()
@@ -302,6 +304,12 @@ impl Session {
             self.store(&route, batch)
         };
         (self.deliver_route(&route, batch).await, stored)
+    }
+
+    /// Counts `batch` as published by this session.
+    fn note_in(&self, batch: Batch<'_>) {
+        let bytes = (0..batch.len()).map(|i| batch.payload_len(i) as u64).sum();
+        self.outbox.traffic().note_in(batch.len() as u64, bytes);
     }
 
     /// Delivers `batch` along `route` (the publish path after the streams).

@@ -286,6 +286,14 @@ impl Mqtt {
 
     /// A fresh session.
     pub(crate) fn new_session(&self) -> MqttSession {
+        self.new_session_in(None)
+    }
+
+    /// A fresh session whose traffic counts in `class` (its listener's).
+    pub(crate) fn new_session_in(
+        &self,
+        class: Option<&Arc<hayate_io::traffic::TrafficClass>>,
+    ) -> MqttSession {
         let out = Arc::new(Mutex::new(MqttDeliveries::new(
             0,
             self.cfg.max_queued_messages,
@@ -293,10 +301,13 @@ impl Mqtt {
             self.cfg.max_inflight,
             &self.broker.config().memory,
         )));
-        let session = self.broker.open_session(Box::new(MqttEncoder {
-            out: out.clone(),
-            held: delivery::lock(&out).held_counter(),
-        }));
+        let session = self.broker.open_session_in(
+            Box::new(MqttEncoder {
+                out: out.clone(),
+                held: delivery::lock(&out).held_counter(),
+            }),
+            class,
+        );
         delivery::lock(&out).session_id = session.id();
         MqttSession {
             session,

@@ -15,6 +15,8 @@ pub struct TestBroker {
     pub mqtt: String,
     /// STOMP address.
     pub stomp: String,
+    /// Admin HTTP address.
+    pub admin: String,
     pub broker: hayate_broker::Broker,
     /// The busy-polling state, when the config turns it on.
     pub busy: Option<hayate_server::busy::BusyPoll>,
@@ -55,6 +57,8 @@ pub async fn start(mut config: Config) -> TestBroker {
     let mqtt = m.local_addr().unwrap().to_string();
     let st = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let stomp = st.local_addr().unwrap().to_string();
+    let a = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = a.local_addr().unwrap().to_string();
     let server = Server::from_listeners(
         vec![
             (l, Protocol::Native),
@@ -62,7 +66,8 @@ pub async fn start(mut config: Config) -> TestBroker {
             (st, Protocol::Stomp),
         ],
         &config,
-    );
+    )
+    .with_admin(a);
     server.open_streams(&config).unwrap();
     let addr = server.local_addrs()[0].clone();
     let broker = server.broker().clone();
@@ -76,6 +81,7 @@ pub async fn start(mut config: Config) -> TestBroker {
         addr,
         mqtt,
         stomp,
+        admin,
         broker,
         busy,
         shm,
@@ -90,6 +96,47 @@ pub async fn start_default() -> TestBroker {
 
 /// Awaits `f` or fails the test after `secs` seconds (a watchdog against hangs, not a
 /// performance assertion).
+/// One HTTP/1.1 request to `addr` (its own connection): the status code and the body.
+pub async fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("Content-Length: 0\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    within(10, s.read_to_end(&mut out)).await.unwrap();
+    let text = String::from_utf8_lossy(&out).to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    // Chunked bodies (axum's default for streamed ones): join the chunks.
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut rest = body;
+        let mut joined = String::new();
+        while let Some((len, after)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            joined.push_str(&after[..n]);
+            rest = &after[n + 2..];
+        }
+        joined
+    } else {
+        body.to_string()
+    };
+    (status, body)
+}
+
 pub async fn within<T>(secs: u64, f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(secs), f)
         .await

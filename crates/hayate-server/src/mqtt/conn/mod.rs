@@ -118,6 +118,8 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         peer,
         verified_name,
         budget,
+        registered,
+        class,
     } = io;
     let mut buf = BytesMut::with_capacity(READ_BUF);
     let max_packet = mqtt.cfg.max_packet_size;
@@ -272,10 +274,16 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
                 mqtt.publish_will(&mut old.session, &w.msg).await;
             }
             drop(old);
-            (mqtt.new_session(), false)
+            (mqtt.new_session_in(class.as_ref()), false)
         }
-        None => (mqtt.new_session(), false),
+        None => (mqtt.new_session_in(class.as_ref()), false),
     };
+    if let Some(g) = &registered {
+        let e = g.entry();
+        e.set_user(identity.user.as_deref());
+        e.set_client_id(Some(&client_id));
+        e.attach(ms.session.id(), ms.session.outbox().clone());
+    }
     mqtt.set_info(&client_id, conn_id, ms.out.clone(), version, expiry);
     mqtt.stats.connected.fetch_add(1, Ordering::Relaxed);
     mqtt.stats.connections.fetch_add(1, Ordering::Relaxed);
@@ -317,6 +325,9 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         peer,
         verified_name: None,
         budget,
+        // `registered` stays in this function until the connection ends.
+        registered: None,
+        class: None,
     };
     let mut io = frontend::Conn::new(accepted, buf, &outbox);
     outbox.push_reply_unbudgeted(|o| {

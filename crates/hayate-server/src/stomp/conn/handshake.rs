@@ -39,7 +39,12 @@ impl Conn<'_> {
             verified: self.verified_name.as_deref(),
         };
         match self.stomp.auth.authenticate("stomp", creds).await {
-            Ok(id) => self.identity = id,
+            Ok(id) => {
+                self.identity = id;
+                if let Some(e) = &self.entry {
+                    e.set_user(self.identity.user.as_deref());
+                }
+            }
             Err(e) => return Err(refuse("access refused", e.to_string())),
         }
         let (cx, cy) = match f.get("heart-beat") {

@@ -49,6 +49,8 @@ struct Conn<'a> {
     stomp: &'a Stomp,
     /// Who the client is (anonymous until CONNECT's login is checked).
     identity: crate::auth::Identity,
+    /// The connection's entry among the server's live connections (admin API).
+    entry: Option<Arc<hayate_io::registry::ConnEntry>>,
     peer: Option<std::net::IpAddr>,
     /// The user a verified client certificate names (TLS with `tls.cert_user`).
     verified_name: Option<String>,
@@ -207,6 +209,8 @@ impl Handler for Driven<'_> {
 
 /// Serves one STOMP connection until it closes.
 pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
+    let mut io = io;
+    let (_registered, entry) = io.take_registered();
     let peer = io.peer.map(|a| a.ip());
     let verified_name = io.verified_name.clone();
     let limits = Limits {
@@ -215,9 +219,13 @@ pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
         max_body: stomp.cfg.max_frame_size,
     };
     let out = Arc::new(Mutex::new(StompDeliveries::new(String::new())));
-    let session = stomp
-        .broker
-        .open_session(Box::new(StompEncoder { out: out.clone() }));
+    let session = stomp.broker.open_session_in(
+        Box::new(StompEncoder { out: out.clone() }),
+        io.class.as_ref(),
+    );
+    if let Some(e) = &entry {
+        e.attach(session.id(), session.outbox().clone());
+    }
     lock(&out).temp_prefix = format!("{}/", session.inbox());
     let outbox = session.outbox().clone();
     let mut conn = frontend::Conn::new(io, BytesMut::with_capacity(READ_BUF), &outbox);
@@ -225,6 +233,7 @@ pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
         c: Conn {
             stomp: &stomp,
             identity: crate::auth::Identity::anonymous(),
+            entry,
             peer,
             verified_name,
             out: out.clone(),

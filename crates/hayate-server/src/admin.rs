@@ -1,0 +1,771 @@
+//! The admin HTTP listener (`[admin] listen`, default `127.0.0.1:4780`): a JSON API on the
+//! server's state, Prometheus metrics, and health checks. docs/admin-api.md describes every
+//! route; docs/operations.md how to run and scrape it.
+//!
+//! - `GET /healthz`: 200 while the process serves HTTP. `GET /readyz`: 200 once every
+//!   listener accepts, 503 before and while shutting down. Both open to all.
+//! - `GET /metrics`: Prometheus text (OpenMetrics 1.0).
+//! - `GET /api/overview`, `GET /api/connections`, `GET|DELETE /api/connections/{id}`,
+//!   `GET /api/groups`, `GET /api/queues`, `GET|POST /api/streams`,
+//!   `GET|DELETE /api/streams/{name}`.
+//!
+//! With users configured (`auth.required`), everything but the health checks needs HTTP
+//! Basic credentials (or `Authorization: Bearer <token>`) of a user listed in
+//! `[admin] users`, checked by the broker's own authenticator (so failed attempts are
+//! throttled as for any protocol). Without users, anyone who reaches the listener may use it:
+//! it listens on loopback by default.
+//!
+//! Everything it reads is a snapshot taken under short leaf locks (the connection registry,
+//! a listener's traffic class, the broker registry's read lock); nothing on a message's path
+//! waits for it.
+
+use std::sync::Arc;
+use std::time::UNIX_EPOCH;
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use hayate_broker::Broker;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::auth::{Authenticator, Credentials};
+use crate::mqtt::Mqtt;
+use crate::ops::Ops;
+
+/// What the admin listener serves from.
+pub struct AdminState {
+    /// The engine.
+    pub broker: Broker,
+    /// Listeners, connections, readiness.
+    pub ops: Arc<Ops>,
+    /// The MQTT front-end (its statistics).
+    pub mqtt: Arc<Mqtt>,
+    /// The broker's users, for the admin's own authentication.
+    pub auth: Arc<dyn Authenticator>,
+    /// Users allowed (`[admin] users`).
+    pub users: Vec<String>,
+}
+
+struct Shared {
+    state: AdminState,
+    registry: Registry,
+}
+
+/// Serves the admin API on `listener` until `stop` changes.
+pub async fn serve(listener: TcpListener, state: AdminState, mut stop: watch::Receiver<bool>) {
+    let app = router(state);
+    let shutdown = async move {
+        let _ = stop.changed().await;
+    };
+    if let Err(e) = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+    {
+        tracing::warn!("admin listener: {e}");
+    }
+}
+
+/// The routes (public for tests that drive them without a socket).
+pub fn router(state: AdminState) -> Router {
+    let mut registry = Registry::default();
+    let metrics = Metrics {
+        broker: state.broker.clone(),
+        ops: state.ops.clone(),
+        mqtt: state.mqtt.clone(),
+    };
+    registry.register_collector(Box::new(metrics));
+    let shared = Arc::new(Shared { state, registry });
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .route("/api/overview", get(overview))
+        .route("/api/connections", get(connections))
+        .route(
+            "/api/connections/{id}",
+            get(connection).delete(close_connection),
+        )
+        .route("/api/groups", get(groups))
+        .route("/api/queues", get(queues))
+        .route("/api/streams", get(streams).post(create_stream))
+        .route("/api/streams/{name}", get(stream).delete(delete_stream))
+        .with_state(shared)
+}
+
+type St = State<Arc<Shared>>;
+
+fn error(status: StatusCode, msg: impl Into<String>) -> Response {
+    (status, axum::Json(json!({ "error": msg.into() }))).into_response()
+}
+
+/// Checks the request's credentials when the broker has users; `Err` is the answer.
+async fn authorize(s: &Shared, headers: &HeaderMap) -> Result<(), Response> {
+    let st = &s.state;
+    if !st.auth.required() {
+        return Ok(());
+    }
+    let unauthorized = || {
+        let mut r = error(StatusCode::UNAUTHORIZED, "credentials required");
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Basic realm=\"hayate admin\""),
+        );
+        r
+    };
+    let Some(value) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return Err(unauthorized());
+    };
+    let (user, password, token);
+    if let Some(b) = value.strip_prefix("Basic ") {
+        let decoded = decode_base64(b.trim()).ok_or_else(unauthorized)?;
+        let text = String::from_utf8(decoded).map_err(|_| unauthorized())?;
+        let (u, p) = text.split_once(':').ok_or_else(unauthorized)?;
+        (user, password, token) = (Some(u.to_string()), Some(p.as_bytes().to_vec()), None);
+    } else if let Some(t) = value.strip_prefix("Bearer ") {
+        (user, password, token) = (None, None, Some(t.trim().as_bytes().to_vec()));
+    } else {
+        return Err(unauthorized());
+    }
+    let creds = Credentials {
+        user: user.as_deref(),
+        password: password.as_deref(),
+        token: token.as_deref(),
+        peer: None,
+        verified: None,
+    };
+    let id = st
+        .auth
+        .authenticate("admin", creds)
+        .await
+        .map_err(|_| unauthorized())?;
+    match id.user.as_deref() {
+        Some(u) if st.users.iter().any(|a| a == u) => Ok(()),
+        Some(u) => {
+            tracing::info!(user = u, "admin API refused: not in [admin] users");
+            Err(error(
+                StatusCode::FORBIDDEN,
+                format!("user {u} is not in [admin] users"),
+            ))
+        }
+        None => Err(unauthorized()),
+    }
+}
+
+/// Standard base64 (with or without padding); `None` for anything else.
+fn decode_base64(s: &str) -> Option<Vec<u8>> {
+    let s = s.trim_end_matches('=');
+    if s.len() > 4096 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for c in s.bytes() {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        };
+        acc = (acc << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    Some(out)
+}
+
+async fn readyz(State(s): St) -> Response {
+    if s.state.ops.is_ready() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+    }
+}
+
+async fn metrics_text(State(s): St, headers: HeaderMap) -> Response {
+    if let Err(r) = authorize(&s, &headers).await {
+        return r;
+    }
+    let mut body = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut body, &s.registry) {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// One connection as the API shows it.
+#[derive(Debug, Serialize)]
+struct ConnView {
+    id: u64,
+    protocol: &'static str,
+    listener: String,
+    peer: Option<String>,
+    user: Option<String>,
+    client_id: Option<String>,
+    /// Seconds since the Unix epoch.
+    since: u64,
+    session: Option<u64>,
+    subscriptions: usize,
+    outbox_bytes: usize,
+    msgs_in: u64,
+    bytes_in: u64,
+    msgs_out: u64,
+    bytes_out: u64,
+    closing: bool,
+}
+
+fn conn_views(s: &Shared, only: Option<u64>) -> Vec<ConnView> {
+    let subs = s.state.broker.subscriptions_by_session();
+    let list = match only {
+        Some(id) => s.state.ops.conns.get(id).into_iter().collect(),
+        None => s.state.ops.conns.list(),
+    };
+    list.into_iter()
+        .map(|e| {
+            let t = e.traffic();
+            let session = e.session_id();
+            ConnView {
+                id: e.id,
+                protocol: e.protocol,
+                listener: e.listener.clone(),
+                peer: e.peer.map(|a| a.to_string()),
+                user: e.user(),
+                client_id: e.client_id(),
+                since: e
+                    .since
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+                session,
+                subscriptions: session.and_then(|id| subs.get(&id).copied()).unwrap_or(0),
+                outbox_bytes: e.queued_bytes(),
+                msgs_in: t.msgs_in,
+                bytes_in: t.bytes_in,
+                msgs_out: t.msgs_out,
+                bytes_out: t.bytes_out,
+                closing: e.is_closing(),
+            }
+        })
+        .collect()
+}
+
+async fn connections(State(s): St, headers: HeaderMap) -> Response {
+    if let Err(r) = authorize(&s, &headers).await {
+        return r;
+    }
+    axum::Json(conn_views(&s, None)).into_response()
+}
+
+fn parse_id(id: &str) -> Result<u64, Box<Response>> {
+    id.parse().map_err(|_| {
+        Box::new(error(
+            StatusCode::BAD_REQUEST,
+            format!("{id:?} is not a connection id"),
+        ))
+    })
+}
+
+async fn connection(State(s): St, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    if let Err(r) = authorize(&s, &headers).await {
+        return r;
+    }
+    let id = match parse_id(&id) {
+        Ok(id) => id,
+        Err(r) => return *r,
+    };
+    match conn_views(&s, Some(id)).pop() {
+        Some(v) => axum::Json(v).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("no connection {id}")),
+    }
+}
+
+async fn close_connection(State(s): St, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    if let Err(r) = authorize(&s, &headers).await {
+        return r;
+    }
+    let id = match parse_id(&id) {
+        Ok(id) => id,
+        Err(r) => return *r,
+    };
+    match s.state.ops.conns.get(id) {
+        Some(e) => {
+            tracing::info!(
+                id,
+                protocol = e.protocol,
+                peer = ?e.peer,
+                user = ?e.user(),
+                "connection closed by the admin API"
+            );
+            e.close();
+            (
+                StatusCode::ACCEPTED,
+                axum::Json(json!({ "id": id, "closing": true })),
+            )
+                .into_response()
+        }
+        None => error(StatusCode::NOT_FOUND, format!("no connection {id}")),
+    }
+}
+
+fn listener_views(s: &Shared) -> Vec<Value> {
+    let conns = s.state.ops.conns.list();
+    s.state
+        .ops
+        .listeners
+        .iter()
+        .map(|l| {
+            let t = l.traffic.totals();
+            let live = conns
+                .iter()
+                .filter(|c| c.listener == l.addr && c.protocol == l.protocol)
+                .count();
+            json!({
+                "protocol": l.protocol,
+                "addr": l.addr,
+                "connections": live,
+                "accepted": l.accepted.load(std::sync::atomic::Ordering::Relaxed),
+                "refused": l.refused.load(std::sync::atomic::Ordering::Relaxed),
+                "msgs_in": t.msgs_in,
+                "bytes_in": t.bytes_in,
+                "msgs_out": t.msgs_out,
+                "bytes_out": t.bytes_out,
+            })
+        })
+        .collect()
+}
+
+async fn overview(State(s): St, headers: HeaderMap) -> Response {
+    if let Err(r) = authorize(&s, &headers).await {
+        return r;
+    }
+    let b = &s.state.broker;
+    let stats = b.stats();
+    let ld = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    let mem = &b.config().memory;
+    axum::Json(json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_secs": s.state.ops.uptime_secs(),
+        "ready": s.state.ops.is_ready(),
+        "connections": s.state.ops.conns.len(),
+        "subscriptions": b.subscription_count(),
+        "listeners": listener_views(&s),
+        "memory": {
+            "used": mem.used(),
+            "peak": mem.peak(),
+            "limit": mem.limit(),
+            "refused": mem.refused(),
+        },
+        "broker": {
+            "sessions_opened": ld(&stats.sessions_opened),
+            "dropped": ld(&stats.dropped),
+            "unplaced": ld(&stats.unplaced),
+            "stalls": ld(&stats.stalls),
+            "slow_consumers": ld(&stats.slow_consumers),
+        },
+        "mqtt": {
+            "connected": ld(&s.state.mqtt.stats.connected),
+            "connections": ld(&s.state.mqtt.stats.connections),
+        },
+    }))
+    .into_response()
+}
+
+async fn groups(State(s): St, headers: HeaderMap) -> Response {
+    if let Err(r) = authorize(&s, &headers).await {
+        return r;
+    }
+    let v: Vec<Value> = s
+        .state
+        .broker
+        .queue_groups()
+        .into_iter()
+        .map(|(name, expr, members)| json!({ "name": name, "expr": expr, "members": members }))
+        .collect();
+    axum::Json(v).into_response()
+}
+
+async fn queues(State(s): St, headers: HeaderMap) -> Response {
+    if let Err(r) = authorize(&s, &headers).await {
+        return r;
+    }
+    let v: Vec<Value> = s
+        .state
+        .broker
+        .declared_queues()
+        .into_iter()
+        .map(|(name, expr, waiting, dropped)| {
+            json!({ "name": name, "expr": expr, "waiting": waiting, "dropped": dropped })
+        })
+        .collect();
+    axum::Json(v).into_response()
+}
+
+fn stream_view(st: &hayate_broker::Stream) -> Value {
+    let consumers: Vec<Value> = st
+        .consumer_list()
+        .iter()
+        .map(|c| json!({ "name": c.config().name, "config": c.config(), "state": c.info() }))
+        .collect();
+    json!({ "name": st.name(), "info": st.info(), "consumers": consumers })
+}
+
+async fn streams(State(s): St, headers: HeaderMap) -> Response {
+    if let Err(r) = authorize(&s, &headers).await {
+        return r;
+    }
+    let v: Vec<Value> = s
+        .state
+        .broker
+        .streams()
+        .iter()
+        .map(|st| stream_view(st))
+        .collect();
+    axum::Json(v).into_response()
+}
+
+async fn stream(State(s): St, headers: HeaderMap, Path(name): Path<String>) -> Response {
+    if let Err(r) = authorize(&s, &headers).await {
+        return r;
+    }
+    match s.state.broker.stream(&name) {
+        Some(st) => axum::Json(stream_view(&st)).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("no stream {name}")),
+    }
+}
+
+/// Creates a stream: the body is the definition `hayate stream add` sends (docs/protocol.md,
+/// "Stream API"). File work: on the blocking pool.
+async fn create_stream(State(s): St, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+    if let Err(r) = authorize(&s, &headers).await {
+        return r;
+    }
+    let broker = s.state.broker.clone();
+    let key = format!("{}add", hayate_broker::stream::api::STREAM_API);
+    match tokio::task::spawn_blocking(move || {
+        hayate_broker::stream::api::handle(&broker, &key, &body, None)
+    })
+    .await
+    {
+        Ok(r) if r.ok => (StatusCode::CREATED, axum::Json(r)).into_response(),
+        Ok(r) => (StatusCode::BAD_REQUEST, axum::Json(r)).into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn delete_stream(State(s): St, headers: HeaderMap, Path(name): Path<String>) -> Response {
+    if let Err(r) = authorize(&s, &headers).await {
+        return r;
+    }
+    let broker = s.state.broker.clone();
+    let n = name.clone();
+    match tokio::task::spawn_blocking(move || broker.delete_stream(&n)).await {
+        Ok(Ok(())) => StatusCode::NO_CONTENT.into_response(),
+        Ok(Err(hayate_broker::StreamError::NotFound(_))) => {
+            error(StatusCode::NOT_FOUND, format!("no stream {name}"))
+        }
+        Ok(Err(e)) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// The Prometheus collector: every figure read at scrape time.
+struct Metrics {
+    broker: Broker,
+    ops: Arc<Ops>,
+    mqtt: Arc<Mqtt>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+fn counter(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: &[(Vec<(&str, String)>, u64)],
+) -> Result<(), std::fmt::Error> {
+    let m = ConstCounter::new(0u64);
+    let mut enc = e.encode_descriptor(name, help, None, m.metric_type())?;
+    match rows {
+        [(labels, v)] if labels.is_empty() => ConstCounter::new(*v).encode(enc)?,
+        _ => {
+            for (labels, v) in rows {
+                ConstCounter::new(*v).encode(enc.encode_family(labels)?)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn gauge(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: &[(Vec<(&str, String)>, f64)],
+) -> Result<(), std::fmt::Error> {
+    let m = ConstGauge::new(0f64);
+    let mut enc = e.encode_descriptor(name, help, None, m.metric_type())?;
+    match rows {
+        [(labels, v)] if labels.is_empty() => ConstGauge::new(*v).encode(enc)?,
+        _ => {
+            for (labels, v) in rows {
+                ConstGauge::new(*v).encode(enc.encode_family(labels)?)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Collector for Metrics {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let none = Vec::<(&str, String)>::new;
+        let conns = self.ops.conns.list();
+        let mut per_listener = Vec::new();
+        let mut live = Vec::new();
+        let mut accepted = Vec::new();
+        let mut refused = Vec::new();
+        for l in &self.ops.listeners {
+            let labels = vec![
+                ("protocol", l.protocol.to_string()),
+                ("listener", l.addr.clone()),
+            ];
+            per_listener.push((labels.clone(), l.traffic.totals()));
+            let n = conns
+                .iter()
+                .filter(|c| c.listener == l.addr && c.protocol == l.protocol)
+                .count();
+            live.push((labels.clone(), n as f64));
+            accepted.push((labels.clone(), l.accepted.load(Relaxed)));
+            refused.push((labels, l.refused.load(Relaxed)));
+        }
+        let rows = |f: fn(&hayate_io::traffic::Totals) -> u64| -> Vec<(Vec<(&str, String)>, u64)> {
+            per_listener
+                .iter()
+                .map(|(l, t)| (l.clone(), f(t)))
+                .collect()
+        };
+        gauge(
+            &mut e,
+            "hayate_build_info",
+            "The broker's version (the value is 1).",
+            &[(
+                vec![("version", env!("CARGO_PKG_VERSION").to_string())],
+                1.0,
+            )],
+        )?;
+        gauge(
+            &mut e,
+            "hayate_uptime_seconds",
+            "Seconds since the server started.",
+            &[(none(), self.ops.uptime_secs())],
+        )?;
+        counter(
+            &mut e,
+            "hayate_messages_received",
+            "Messages published by clients, per listener.",
+            &rows(|t| t.msgs_in),
+        )?;
+        counter(
+            &mut e,
+            "hayate_received_payload_bytes",
+            "Payload bytes of the messages published by clients, per listener.",
+            &rows(|t| t.bytes_in),
+        )?;
+        counter(
+            &mut e,
+            "hayate_messages_sent",
+            "Messages delivered to clients (queued for their connection), per listener.",
+            &rows(|t| t.msgs_out),
+        )?;
+        counter(
+            &mut e,
+            "hayate_sent_payload_bytes",
+            "Payload bytes of the messages delivered to clients, per listener.",
+            &rows(|t| t.bytes_out),
+        )?;
+        gauge(
+            &mut e,
+            "hayate_connections",
+            "Connections open now, per listener.",
+            &live,
+        )?;
+        counter(
+            &mut e,
+            "hayate_connections_accepted",
+            "Connections accepted, per listener.",
+            &accepted,
+        )?;
+        counter(
+            &mut e,
+            "hayate_connections_refused",
+            "Connections refused by a connection limit before any byte was read.",
+            &refused,
+        )?;
+        let outbox: usize = conns.iter().map(|c| c.queued_bytes()).sum();
+        gauge(
+            &mut e,
+            "hayate_outbox_bytes",
+            "Bytes queued for clients and not yet written, all connections.",
+            &[(none(), outbox as f64)],
+        )?;
+        let b = &self.broker;
+        gauge(
+            &mut e,
+            "hayate_subscriptions",
+            "Subscriptions, all protocols.",
+            &[(none(), b.subscription_count() as f64)],
+        )?;
+        let groups = b.queue_groups();
+        gauge(
+            &mut e,
+            "hayate_queue_groups",
+            "Queue groups with at least one member.",
+            &[(none(), groups.len() as f64)],
+        )?;
+        let st = b.stats();
+        let queues = b.declared_queues();
+        let queue_dropped: u64 = queues.iter().map(|q| q.3).sum();
+        counter(
+            &mut e,
+            "hayate_dropped_messages",
+            "Messages dropped, by reason: outbox_full (a drop subscriber's outbox was full, \
+             or its stall policy dropped), queue_full (a declared queue without members was \
+             full), unplaced (a queue group's members all left while it was routed).",
+            &[
+                (
+                    vec![("reason", "outbox_full".to_string())],
+                    st.dropped.load(Relaxed),
+                ),
+                (vec![("reason", "queue_full".to_string())], queue_dropped),
+                (
+                    vec![("reason", "unplaced".to_string())],
+                    st.unplaced.load(Relaxed),
+                ),
+            ],
+        )?;
+        counter(
+            &mut e,
+            "hayate_slow_consumers",
+            "Connections cut off as slow consumers (blocked past limits.max_block_ms).",
+            &[(none(), st.slow_consumers.load(Relaxed))],
+        )?;
+        counter(
+            &mut e,
+            "hayate_stalls",
+            "Times a block subscriber's full outbox made a publisher wait.",
+            &[(none(), st.stalls.load(Relaxed))],
+        )?;
+        counter(
+            &mut e,
+            "hayate_sessions_opened",
+            "Broker sessions opened (every protocol; MQTT persistent sessions once).",
+            &[(none(), st.sessions_opened.load(Relaxed))],
+        )?;
+        let mem = &b.config().memory;
+        gauge(
+            &mut e,
+            "hayate_memory_used_bytes",
+            "Bytes charged to the broker-wide memory budget now.",
+            &[(none(), mem.used() as f64)],
+        )?;
+        gauge(
+            &mut e,
+            "hayate_memory_limit_bytes",
+            "The broker-wide memory budget (limits.max_memory).",
+            &[(none(), mem.limit() as f64)],
+        )?;
+        counter(
+            &mut e,
+            "hayate_memory_refused",
+            "Requests the memory budget refused.",
+            &[(none(), mem.refused())],
+        )?;
+        gauge(
+            &mut e,
+            "hayate_mqtt_clients_connected",
+            "MQTT clients connected now.",
+            &[(none(), self.mqtt.stats.connected.load(Relaxed) as f64)],
+        )?;
+        let streams = b.streams();
+        let mut records = Vec::new();
+        let mut bytes = Vec::new();
+        let mut pending = Vec::new();
+        for s in &streams {
+            let i = s.info();
+            let l = vec![("stream", s.name().to_string())];
+            records.push((l.clone(), i.records as f64));
+            bytes.push((l, i.bytes as f64));
+            for c in s.consumer_list() {
+                let ci = c.info();
+                pending.push((
+                    vec![
+                        ("stream", s.name().to_string()),
+                        ("consumer", c.config().name.clone()),
+                    ],
+                    ci.pending as f64,
+                ));
+            }
+        }
+        gauge(
+            &mut e,
+            "hayate_stream_records",
+            "Records a stream holds.",
+            &records,
+        )?;
+        gauge(
+            &mut e,
+            "hayate_stream_bytes",
+            "Bytes a stream holds.",
+            &bytes,
+        )?;
+        gauge(
+            &mut e,
+            "hayate_consumer_pending",
+            "Records of its stream a durable consumer has not yet been given (its lag).",
+            &pending,
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode_base64;
+
+    #[test]
+    fn base64() {
+        assert_eq!(decode_base64("YWxpY2U6cHc=").unwrap(), b"alice:pw");
+        assert_eq!(decode_base64("YWxpY2U6cHc").unwrap(), b"alice:pw");
+        assert_eq!(decode_base64("").unwrap(), b"");
+        assert!(decode_base64("a b").is_none());
+        assert!(decode_base64(&"A".repeat(5000)).is_none());
+    }
+}

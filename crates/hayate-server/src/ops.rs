@@ -1,0 +1,82 @@
+//! What operators see of a running server: its listeners' traffic and connection counts, the
+//! live connections, and whether it is ready. The admin HTTP listener ([`crate::admin`])
+//! serves it as JSON and as Prometheus metrics.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+use hayate_io::registry::ConnRegistry;
+use hayate_io::traffic::TrafficClass;
+
+/// One listener: its protocol and address, the traffic of the sessions opened on it, and its
+/// connection counts.
+#[derive(Debug)]
+pub struct ListenerStats {
+    /// `native`, `native-tls`, `mqtt`, `mqtt-tls`, `mqtt-ws`, `mqtt-wss`, `stomp`,
+    /// `stomp-tls`.
+    pub protocol: &'static str,
+    /// `HOST:PORT`, `unix:PATH`, or `shm` (native clients on shared memory).
+    pub addr: String,
+    /// What the sessions opened on it published and were delivered.
+    pub traffic: Arc<TrafficClass>,
+    /// Connections accepted (past the connection limits; handshakes that then fail count).
+    pub accepted: AtomicU64,
+    /// Connections refused by a limit before any byte was read (`max_connections`,
+    /// `max_connections_per_address`, `max_connection_rate_per_address`).
+    pub refused: AtomicU64,
+}
+
+impl ListenerStats {
+    pub(crate) fn new(protocol: &'static str, addr: String) -> Arc<ListenerStats> {
+        Arc::new(ListenerStats {
+            protocol,
+            addr,
+            traffic: TrafficClass::new(),
+            accepted: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        })
+    }
+}
+
+/// The server's operational state, shared by its accept loops and the admin listener.
+#[derive(Debug)]
+pub struct Ops {
+    /// Every connection alive now.
+    pub conns: Arc<ConnRegistry>,
+    /// The listeners, in the order they were bound.
+    pub listeners: Vec<Arc<ListenerStats>>,
+    started: Instant,
+    ready: AtomicBool,
+    stopping: AtomicBool,
+}
+
+impl Ops {
+    pub(crate) fn new(listeners: Vec<Arc<ListenerStats>>) -> Arc<Ops> {
+        Arc::new(Ops {
+            conns: ConnRegistry::new(),
+            listeners,
+            started: Instant::now(),
+            ready: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+        })
+    }
+
+    /// Seconds since the server was made.
+    pub fn uptime_secs(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// True while every listener accepts and the server is not shutting down.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire) && !self.stopping.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_ready(&self) {
+        self.ready.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn set_stopping(&self) {
+        self.stopping.store(true, Ordering::Release);
+    }
+}

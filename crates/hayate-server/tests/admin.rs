@@ -1,0 +1,320 @@
+//! The admin HTTP listener: `/metrics` after known traffic on every protocol (counted
+//! exactly, per listener, and still counted after the connections end), the JSON API's view
+//! of connections and closing one, health checks, and who may use it when the broker has
+//! users.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use common::{http, start, start_default, within};
+use hayate_client::peer::ShmMode;
+use hayate_client::{Client, ConnectOptions, Key};
+use hayate_server::Config;
+use hayate_server::config::UserConfig;
+use rumqttc::{AsyncClient, Event, MqttOptions, QoS};
+use serde_json::Value;
+use tokio::io::AsyncWriteExt;
+
+/// Every sample of a scrape: `name{labels}` -> value.
+async fn scrape(admin: &str) -> HashMap<String, f64> {
+    let (status, body) = http(admin, "GET", "/metrics", &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').unwrap();
+            (k.to_string(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+fn sample(m: &HashMap<String, f64>, name: &str, protocol: &str, listener: &str) -> f64 {
+    let k = format!("{name}{{protocol=\"{protocol}\",listener=\"{listener}\"}}");
+    *m.get(&k)
+        .unwrap_or_else(|| panic!("no sample {k} in {:#?}", m.keys().collect::<Vec<_>>()))
+}
+
+async fn native(addr: &str, name: &str) -> Client {
+    let mut o = ConnectOptions::default().name(name);
+    o.shm = ShmMode::Off;
+    Client::connect_with(addr, o).await.unwrap()
+}
+
+/// An MQTT client (rumqttc) whose event loop runs in a task; the task ends when the
+/// connection does (its `JoinHandle` says when).
+async fn mqtt(addr: &str, id: &str) -> (AsyncClient, tokio::task::JoinHandle<()>) {
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let mut o = MqttOptions::new(id, host, port.parse().unwrap());
+    o.set_keep_alive(Duration::from_secs(30));
+    let (c, mut el) = AsyncClient::new(o, 100);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let mut tx = Some(tx);
+        loop {
+            match el.poll().await {
+                Ok(Event::Incoming(rumqttc::Packet::ConnAck(_))) => {
+                    if let Some(t) = tx.take() {
+                        let _ = t.send(());
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+    });
+    within(10, rx).await.unwrap();
+    (c, task)
+}
+
+/// A STOMP 1.2 connection (raw frames) that has had its CONNECTED.
+async fn stomp(addr: &str) -> tokio::net::TcpStream {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"CONNECT\naccept-version:1.2\nhost:t\n\n\0")
+        .await
+        .unwrap();
+    let mut buf = BytesMut::new();
+    within(10, async {
+        loop {
+            use tokio::io::AsyncReadExt;
+            assert!(s.read_buf(&mut buf).await.unwrap() > 0);
+            if buf.windows(9).any(|w| w == b"CONNECTED") && buf.contains(&0) {
+                return;
+            }
+        }
+    })
+    .await;
+    s
+}
+
+#[tokio::test]
+async fn metrics_count_each_protocols_traffic_exactly() {
+    let b = start_default().await;
+    let sub_client = native(&b.addr, "adm-sub").await;
+    let mut sub = sub_client.subscribe("m/**").await.unwrap();
+    sub_client.flush().await.unwrap();
+
+    // Known traffic: 5 x 10 B native, 3 x 20 B MQTT, 2 x 30 B STOMP, all to the subscriber.
+    let p = native(&b.addr, "adm-pub").await;
+    for _ in 0..5 {
+        p.publish(&Key::new("m/n").unwrap(), vec![1u8; 10])
+            .await
+            .unwrap();
+    }
+    p.flush().await.unwrap();
+    let (m, m_task) = mqtt(&b.mqtt, "adm-mqtt").await;
+    for _ in 0..3 {
+        m.publish("m/q", QoS::AtMostOnce, false, vec![2u8; 20])
+            .await
+            .unwrap();
+    }
+    let mut st = stomp(&b.stomp).await;
+    for _ in 0..2 {
+        let body = [3u8; 30];
+        let mut f = b"SEND\ndestination:/topic/m/s\ncontent-length:30\n\n".to_vec();
+        f.extend_from_slice(&body);
+        f.push(0);
+        st.write_all(&f).await.unwrap();
+    }
+    let mut bytes = 0;
+    for _ in 0..10 {
+        let msg = within(10, sub.next()).await.expect("a message");
+        bytes += msg.payload.len();
+    }
+    assert_eq!(bytes, 50 + 60 + 60);
+
+    let s = scrape(&b.admin).await;
+    let (n, q, t) = (&b.addr, &b.mqtt, &b.stomp);
+    assert_eq!(
+        sample(&s, "hayate_messages_received_total", "native", n),
+        5.0
+    );
+    assert_eq!(
+        sample(&s, "hayate_received_payload_bytes_total", "native", n),
+        50.0
+    );
+    assert_eq!(sample(&s, "hayate_messages_received_total", "mqtt", q), 3.0);
+    assert_eq!(
+        sample(&s, "hayate_received_payload_bytes_total", "mqtt", q),
+        60.0
+    );
+    assert_eq!(
+        sample(&s, "hayate_messages_received_total", "stomp", t),
+        2.0
+    );
+    assert_eq!(
+        sample(&s, "hayate_received_payload_bytes_total", "stomp", t),
+        60.0
+    );
+    assert_eq!(sample(&s, "hayate_messages_sent_total", "native", n), 10.0);
+    assert_eq!(
+        sample(&s, "hayate_sent_payload_bytes_total", "native", n),
+        170.0
+    );
+    assert_eq!(sample(&s, "hayate_messages_sent_total", "mqtt", q), 0.0);
+    assert_eq!(sample(&s, "hayate_connections", "native", n), 2.0);
+    assert_eq!(sample(&s, "hayate_connections", "mqtt", q), 1.0);
+    assert_eq!(sample(&s, "hayate_connections", "stomp", t), 1.0);
+    assert_eq!(
+        sample(&s, "hayate_connections_accepted_total", "native", n),
+        2.0
+    );
+    // m/** and each native client's reply inbox.
+    assert_eq!(s["hayate_subscriptions"], 3.0);
+    assert_eq!(
+        s["hayate_dropped_messages_total{reason=\"outbox_full\"}"],
+        0.0
+    );
+
+    // The JSON API sees the same four connections, with their users and traffic.
+    let (status, body) = http(&b.admin, "GET", "/api/connections", &[]).await;
+    assert_eq!(status, 200, "{body}");
+    let conns: Vec<Value> = serde_json::from_str(&body).unwrap();
+    assert_eq!(conns.len(), 4, "{conns:#?}");
+    let by_name = |id: &str| {
+        conns
+            .iter()
+            .find(|c| c["client_id"] == id)
+            .unwrap_or_else(|| panic!("no {id} in {conns:#?}"))
+            .clone()
+    };
+    let subc = by_name("adm-sub");
+    assert_eq!(
+        (subc["protocol"].as_str(), subc["subscriptions"].as_u64()),
+        (Some("native"), Some(2))
+    );
+    assert_eq!(subc["msgs_out"], 10);
+    assert_eq!(by_name("adm-pub")["msgs_in"], 5);
+    let mq = by_name("adm-mqtt");
+    assert_eq!(
+        (mq["protocol"].as_str(), mq["msgs_in"].as_u64()),
+        (Some("mqtt"), Some(3))
+    );
+
+    // Closing the MQTT connection from the API ends it; the others carry on.
+    let id = mq["id"].as_u64().unwrap();
+    let (status, body) = http(&b.admin, "DELETE", &format!("/api/connections/{id}"), &[]).await;
+    assert_eq!(status, 202, "{body}");
+    within(10, m_task).await.unwrap();
+    within(10, async {
+        loop {
+            let (_, body) = http(&b.admin, "GET", "/api/connections", &[]).await;
+            let v: Vec<Value> = serde_json::from_str(&body).unwrap();
+            if v.len() == 3 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let (status, _) = http(&b.admin, "GET", &format!("/api/connections/{id}"), &[]).await;
+    assert_eq!(status, 404);
+    p.publish(&Key::new("m/after").unwrap(), vec![0u8; 1])
+        .await
+        .unwrap();
+    assert_eq!(
+        within(10, sub.next()).await.unwrap().key.as_str(),
+        "m/after"
+    );
+
+    // What ended connections did stays counted.
+    drop(st);
+    p.close().await.unwrap();
+    within(10, async {
+        loop {
+            let s = scrape(&b.admin).await;
+            if sample(&s, "hayate_connections", "stomp", t) == 0.0
+                && sample(&s, "hayate_connections", "native", n) == 1.0
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let s = scrape(&b.admin).await;
+    assert_eq!(
+        sample(&s, "hayate_messages_received_total", "native", n),
+        6.0
+    );
+    assert_eq!(sample(&s, "hayate_messages_received_total", "mqtt", q), 3.0);
+    assert_eq!(
+        sample(&s, "hayate_messages_received_total", "stomp", t),
+        2.0
+    );
+    assert_eq!(sample(&s, "hayate_messages_sent_total", "native", n), 11.0);
+}
+
+#[tokio::test]
+async fn health_checks_and_bad_requests() {
+    let b = start_default().await;
+    assert_eq!(
+        http(&b.admin, "GET", "/healthz", &[]).await,
+        (200, "ok\n".into())
+    );
+    within(10, async {
+        while http(&b.admin, "GET", "/readyz", &[]).await.0 != 200 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(http(&b.admin, "GET", "/nowhere", &[]).await.0, 404);
+    assert_eq!(
+        http(&b.admin, "GET", "/api/connections/x", &[]).await.0,
+        400
+    );
+    assert_eq!(
+        http(&b.admin, "DELETE", "/api/connections/999999", &[])
+            .await
+            .0,
+        404
+    );
+    assert_eq!(http(&b.admin, "GET", "/api/streams/none", &[]).await.0, 404);
+    let (status, body) = http(&b.admin, "GET", "/api/overview", &[]).await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["ready"], true);
+    assert!(v["listeners"].as_array().unwrap().len() >= 3, "{v}");
+    // Garbage instead of HTTP: that connection is answered 400 or dropped; the listener
+    // carries on.
+    let mut s = tokio::net::TcpStream::connect(&b.admin).await.unwrap();
+    s.write_all(b"\x00\x01\x02 garbage\r\n\r\n").await.unwrap();
+    drop(s);
+    assert_eq!(http(&b.admin, "GET", "/healthz", &[]).await.0, 200);
+}
+
+#[tokio::test]
+async fn with_users_only_admin_users_may_use_it() {
+    let mut c = Config::default();
+    c.auth
+        .users
+        .insert("root".into(), UserConfig::with_password("root-pw").unwrap());
+    c.auth
+        .users
+        .insert("bob".into(), UserConfig::with_password("bob-pw").unwrap());
+    c.admin.users = vec!["root".into()];
+    let b = start(c).await;
+    // root:root-pw, bob:bob-pw, root:wrong
+    let root = ("Authorization", "Basic cm9vdDpyb290LXB3");
+    let bob = ("Authorization", "Basic Ym9iOmJvYi1wdw==");
+    let wrong = ("Authorization", "Basic cm9vdDp3cm9uZw==");
+    for path in ["/metrics", "/api/connections", "/api/overview"] {
+        assert_eq!(http(&b.admin, "GET", path, &[]).await.0, 401, "{path}");
+        assert_eq!(http(&b.admin, "GET", path, &[wrong]).await.0, 401, "{path}");
+        assert_eq!(http(&b.admin, "GET", path, &[bob]).await.0, 403, "{path}");
+        assert_eq!(http(&b.admin, "GET", path, &[root]).await.0, 200, "{path}");
+    }
+    assert_eq!(
+        http(&b.admin, "DELETE", "/api/connections/1", &[bob])
+            .await
+            .0,
+        403
+    );
+    // The health checks stay open.
+    assert_eq!(http(&b.admin, "GET", "/healthz", &[]).await.0, 200);
+}
