@@ -86,7 +86,7 @@ impl ConnEntry {
     pub fn attach(&self, session_id: u64, view: Arc<dyn SessionView>) {
         let view2 = view.clone();
         // The one this replaces (if any) is dropped outside the lock.
-        let old = std::mem::replace(&mut *lock(&self.session), Some((session_id, view)));
+        let old = lock(&self.session).replace((session_id, view));
         drop(old);
         // An admin close that came before the session: carried out now.
         if self.closing.load(Ordering::Acquire) {
