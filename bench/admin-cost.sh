@@ -16,8 +16,8 @@ tmp=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp"; }
 trap cleanup EXIT
-start() { # NAME BIN ADMIN
-    "$2" broker --listen 127.0.0.1:0 --mqtt off --ws off --stomp off --admin "$3" --data "" >"$tmp/$1.out" 2>"$tmp/$1.err" &
+start() { # NAME BIN [ADMIN] (no ADMIN: a build from before --admin existed)
+    "$2" broker --listen 127.0.0.1:0 --mqtt off --ws off --stomp off ${3:+--admin "$3"} --data "" >"$tmp/$1.out" 2>"$tmp/$1.err" &
     pids+=($!)
     for _ in $(seq 100); do grep -q ready "$tmp/$1.out" && break; sleep 0.05; done
     sed -n 's/^hayate broker: native protocol on //p' "$tmp/$1.out" | head -1
@@ -25,9 +25,14 @@ start() { # NAME BIN ADMIN
 on=$(start on "$BIN" 127.0.0.1:0)
 admin=$(sed -n 's/^hayate broker: admin http on //p' "$tmp/on.out" | head -1)
 off=$(start off "$BIN" off)
-targets=(--target "hayate://$on?shm=off&name=admin-scraped" --target "hayate://$off?shm=off&name=admin-off")
+# SWAP=1 measures admin-off first (thr measures the targets in order at each payload).
+if [[ -n "${SWAP:-}" ]]; then
+    targets=(--target "hayate://$off?shm=off&name=admin-off" --target "hayate://$on?shm=off&name=admin-scraped")
+else
+    targets=(--target "hayate://$on?shm=off&name=admin-scraped" --target "hayate://$off?shm=off&name=admin-off")
+fi
 if [[ -n "$BEFORE" ]]; then
-    before=$(start before "$BEFORE" off)
+    before=$(start before "$BEFORE")
     targets+=(--target "hayate://$before?shm=off&name=before")
 fi
 # The scraper: one GET /metrics a second, for the whole run; how many it made is kept.
