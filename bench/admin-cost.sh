@@ -20,11 +20,12 @@ start() { # NAME BIN [ADMIN] (no ADMIN: a build from before --admin existed)
     "$2" broker --listen 127.0.0.1:0 --mqtt off --ws off --stomp off ${3:+--admin "$3"} --data "" >"$tmp/$1.out" 2>"$tmp/$1.err" &
     pids+=($!)
     for _ in $(seq 100); do grep -q ready "$tmp/$1.out" && break; sleep 0.05; done
-    sed -n 's/^hayate broker: native protocol on //p' "$tmp/$1.out" | head -1
 }
-on=$(start on "$BIN" 127.0.0.1:0)
+addr() { sed -n 's/^hayate broker: native protocol on //p' "$tmp/$1.out" | head -1; }
+# Not in $(...): the broker's pid must reach `pids` in this shell, for the cleanup.
+start on "$BIN" 127.0.0.1:0; on=$(addr on)
 admin=$(sed -n 's/^hayate broker: admin http on //p' "$tmp/on.out" | head -1)
-off=$(start off "$BIN" off)
+start off "$BIN" off; off=$(addr off)
 # SWAP=1 measures admin-off first (thr measures the targets in order at each payload).
 if [[ -n "${SWAP:-}" ]]; then
     targets=(--target "hayate://$off?shm=off&name=admin-off" --target "hayate://$on?shm=off&name=admin-scraped")
@@ -32,7 +33,7 @@ else
     targets=(--target "hayate://$on?shm=off&name=admin-scraped" --target "hayate://$off?shm=off&name=admin-off")
 fi
 if [[ -n "$BEFORE" ]]; then
-    before=$(start before "$BEFORE")
+    start before "$BEFORE"; before=$(addr before)
     targets+=(--target "hayate://$before?shm=off&name=before")
 fi
 # The scraper: one GET /metrics a second, for the whole run; how many it made is kept.

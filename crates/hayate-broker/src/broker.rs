@@ -116,6 +116,8 @@ pub(crate) struct Shared {
     pub(crate) next_session: AtomicU64,
     pub(crate) config: BrokerConfig,
     pub(crate) stats: BrokerStats,
+    /// Sampled messages per key prefix (admin API's top keys).
+    pub(crate) keys: crate::keys::KeySampler,
 }
 
 /// The engine. Cheap to clone: a handle to shared state.
@@ -154,6 +156,7 @@ impl Broker {
                 next_session: AtomicU64::new(1),
                 config,
                 stats: BrokerStats::default(),
+                keys: crate::keys::KeySampler::default(),
             }),
         }
     }
@@ -166,6 +169,11 @@ impl Broker {
     /// The counters.
     pub fn stats(&self) -> &BrokerStats {
         &self.shared.stats
+    }
+
+    /// Sampled messages per key prefix ([`crate::keys`]).
+    pub fn key_sampler(&self) -> &crate::keys::KeySampler {
+        &self.shared.keys
     }
 
     /// Number of live subscriptions.

@@ -24,6 +24,7 @@ pub mod ack;
 pub mod batch;
 mod broker;
 pub mod index;
+pub mod keys;
 pub mod outbox;
 mod queue;
 mod route;

@@ -54,16 +54,67 @@ pub struct AdminState {
     pub auth: Arc<dyn Authenticator>,
     /// Users allowed (`[admin] users`).
     pub users: Vec<String>,
+    /// The process's log filter, when the program lets the API change it.
+    pub log: Option<LogControl>,
 }
+
+/// Reads the log filter (`None`) or sets it (`Some(filter)`), returning the filter now.
+pub type LogControl = Arc<dyn Fn(Option<&str>) -> Result<String, String> + Send + Sync>;
 
 struct Shared {
     state: AdminState,
     registry: Registry,
+    /// What the sampler computed last (rates, history, top keys): the dashboard's data.
+    sampled: std::sync::Mutex<Sampled>,
+    /// The top key prefixes of the last tick, shared with the metrics collector.
+    top_keys: TopKeys,
 }
+
+type TopKeys = Arc<std::sync::Mutex<Vec<(String, f64)>>>;
+
+/// Points of history kept: five minutes at one a second.
+const HISTORY: usize = 300;
+
+/// The sampler's state: per-second rates from the counters' differences.
+#[derive(Default)]
+struct Sampled {
+    at: Option<std::time::Instant>,
+    /// Per listener: the totals at the last tick.
+    listeners: Vec<hayate_io::traffic::Totals>,
+    /// Per connection id: its totals at the last tick.
+    conns: std::collections::HashMap<u64, hayate_io::traffic::Totals>,
+    /// Rates computed at the last tick.
+    listener_rates: Vec<(f64, f64)>,
+    conn_rates: std::collections::HashMap<u64, (f64, f64)>,
+    total: Rates,
+    top_keys: Vec<(String, f64)>,
+    /// (unix seconds, published msg/s, delivered msg/s).
+    history: std::collections::VecDeque<(u64, f64, f64)>,
+}
+
+#[derive(Default, Clone, Copy, Serialize)]
+struct Rates {
+    msgs_in: f64,
+    msgs_out: f64,
+    bytes_in: f64,
+    bytes_out: f64,
+}
+
+/// Top key prefixes kept for the dashboard and `/metrics`.
+const TOP_KEYS: usize = 10;
 
 /// Serves the admin API on `listener` until `stop` changes.
 pub async fn serve(listener: TcpListener, state: AdminState, mut stop: watch::Receiver<bool>) {
-    let app = router(state);
+    let (app, shared) = router_and_state(state);
+    // The sampler: rates once a second, for as long as the listener serves.
+    let sampler = tokio::spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            sample(&shared);
+        }
+    });
     let shutdown = async move {
         let _ = stop.changed().await;
     };
@@ -73,19 +124,210 @@ pub async fn serve(listener: TcpListener, state: AdminState, mut stop: watch::Re
     {
         tracing::warn!("admin listener: {e}");
     }
+    sampler.abort();
 }
 
-/// The routes (public for tests that drive them without a socket).
+/// One tick of the sampler: rates over the time since the last one.
+fn sample(s: &Shared) {
+    let now = std::time::Instant::now();
+    let listeners: Vec<_> = s
+        .state
+        .ops
+        .listeners
+        .iter()
+        .map(|l| l.traffic.totals())
+        .collect();
+    let conns: std::collections::HashMap<u64, _> = s
+        .state
+        .ops
+        .conns
+        .list()
+        .iter()
+        .map(|e| (e.id, e.traffic()))
+        .collect();
+    let keys = s.state.broker.key_sampler().take();
+    let mut g = s
+        .sampled
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let secs =
+        g.at.map(|t| now.duration_since(t).as_secs_f64())
+            .unwrap_or(0.0);
+    let rate = |new: u64, old: u64| {
+        if secs > 0.0 {
+            new.saturating_sub(old) as f64 / secs
+        } else {
+            0.0
+        }
+    };
+    let mut total = Rates::default();
+    let mut listener_rates = Vec::with_capacity(listeners.len());
+    for (i, t) in listeners.iter().enumerate() {
+        let old = g.listeners.get(i).copied().unwrap_or(*t);
+        let r = Rates {
+            msgs_in: rate(t.msgs_in, old.msgs_in),
+            msgs_out: rate(t.msgs_out, old.msgs_out),
+            bytes_in: rate(t.bytes_in, old.bytes_in),
+            bytes_out: rate(t.bytes_out, old.bytes_out),
+        };
+        total.msgs_in += r.msgs_in;
+        total.msgs_out += r.msgs_out;
+        total.bytes_in += r.bytes_in;
+        total.bytes_out += r.bytes_out;
+        listener_rates.push((r.msgs_in, r.msgs_out));
+    }
+    let conn_rates = conns
+        .iter()
+        .map(|(id, t)| {
+            // A connection new since the last tick: its whole count in this interval.
+            let old = g.conns.get(id).copied().unwrap_or_default();
+            (
+                *id,
+                (rate(t.msgs_in, old.msgs_in), rate(t.msgs_out, old.msgs_out)),
+            )
+        })
+        .collect();
+    g.top_keys = keys
+        .into_iter()
+        .take(TOP_KEYS)
+        .map(|(k, c)| (k, if secs > 0.0 { c as f64 / secs } else { 0.0 }))
+        .collect();
+    let unix = std::time::SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if g.at.is_some() {
+        g.history.push_back((unix, total.msgs_in, total.msgs_out));
+        while g.history.len() > HISTORY {
+            g.history.pop_front();
+        }
+    }
+    *s.top_keys
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = g.top_keys.clone();
+    g.at = Some(now);
+    g.listeners = listeners;
+    g.conns = conns;
+    g.listener_rates = listener_rates;
+    g.conn_rates = conn_rates;
+    g.total = total;
+}
+
+/// Everything the dashboard shows, as one JSON document.
+fn dashboard_json(s: &Shared) -> Value {
+    let conns = conn_views(s, None);
+    let queues = s.state.broker.declared_queues();
+    let streams: Vec<Value> = s
+        .state
+        .broker
+        .streams()
+        .iter()
+        .map(|st| {
+            let i = st.info();
+            let consumers: Vec<Value> = st
+                .consumer_list()
+                .iter()
+                .map(|c| json!({ "name": c.config().name, "pending": c.info().pending }))
+                .collect();
+            json!({ "name": st.name(), "records": i.records, "bytes": i.bytes, "consumers": consumers })
+        })
+        .collect();
+    let g = s
+        .sampled
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut listeners = listener_views(s);
+    for (l, r) in listeners.iter_mut().zip(&g.listener_rates) {
+        l["msgs_in_rate"] = json!(r.0);
+        l["msgs_out_rate"] = json!(r.1);
+    }
+    let connections: Vec<Value> = conns
+        .into_iter()
+        .map(|c| {
+            let (i, o) = g.conn_rates.get(&c.id).copied().unwrap_or_default();
+            let mut v = serde_json::to_value(c).unwrap_or(Value::Null);
+            v["msgs_in_rate"] = json!(i);
+            v["msgs_out_rate"] = json!(o);
+            v
+        })
+        .collect();
+    json!({
+        "overview": overview_json(s),
+        "rates": g.total,
+        "listeners": listeners,
+        "connections": connections,
+        "top_keys": g.top_keys.iter().map(|(k, r)| json!({ "prefix": k, "rate": r })).collect::<Vec<_>>(),
+        "streams": streams,
+        "queue_dropped": queues.iter().map(|q| q.3).sum::<u64>(),
+        "history": g.history.iter().map(|(t, i, o)| json!([t, i, o])).collect::<Vec<_>>(),
+    })
+}
+
+async fn dashboard_page(State(s): St, headers: HeaderMap) -> Response {
+    if let Err(r) = authorize(&s, &headers).await {
+        return r;
+    }
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        include_str!("dashboard.html"),
+    )
+        .into_response()
+}
+
+async fn dashboard_data(State(s): St, headers: HeaderMap) -> Response {
+    if let Err(r) = authorize(&s, &headers).await {
+        return r;
+    }
+    axum::Json(dashboard_json(&s)).into_response()
+}
+
+/// Server-sent events: the dashboard's document once a second.
+async fn events(State(s): St, headers: HeaderMap) -> Response {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    if let Err(r) = authorize(&s, &headers).await {
+        return r;
+    }
+    let stream = futures::stream::unfold((s, true), |(s, first)| async move {
+        if !first {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+        let ev = Event::default().data(dashboard_json(&s).to_string());
+        Some((Ok::<_, std::convert::Infallible>(ev), (s, false)))
+    });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// The routes (public for programs that serve them on a listener of their own).
 pub fn router(state: AdminState) -> Router {
+    router_and_state(state).0
+}
+
+fn router_and_state(state: AdminState) -> (Router, Arc<Shared>) {
     let mut registry = Registry::default();
+    let top_keys = TopKeys::default();
     let metrics = Metrics {
         broker: state.broker.clone(),
         ops: state.ops.clone(),
         mqtt: state.mqtt.clone(),
+        top_keys: top_keys.clone(),
     };
     registry.register_collector(Box::new(metrics));
-    let shared = Arc::new(Shared { state, registry });
+    let shared = Arc::new(Shared {
+        state,
+        registry,
+        sampled: std::sync::Mutex::new(Sampled::default()),
+        top_keys,
+    });
+    (routes(shared.clone()), shared)
+}
+
+fn routes(shared: Arc<Shared>) -> Router {
     Router::new()
+        .route("/", get(dashboard_page))
+        .route("/dashboard", get(dashboard_page))
+        .route("/api/dashboard", get(dashboard_data))
+        .route("/api/events", get(events))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
@@ -95,6 +337,7 @@ pub fn router(state: AdminState) -> Router {
             "/api/connections/{id}",
             get(connection).delete(close_connection),
         )
+        .route("/api/log", get(log_get).put(log_put))
         .route("/api/groups", get(groups))
         .route("/api/queues", get(queues))
         .route("/api/streams", get(streams).post(create_stream))
@@ -362,17 +605,21 @@ async fn overview(State(s): St, headers: HeaderMap) -> Response {
     if let Err(r) = authorize(&s, &headers).await {
         return r;
     }
+    axum::Json(overview_json(&s)).into_response()
+}
+
+fn overview_json(s: &Shared) -> Value {
     let b = &s.state.broker;
     let stats = b.stats();
     let ld = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     let mem = &b.config().memory;
-    axum::Json(json!({
+    json!({
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_secs": s.state.ops.uptime_secs(),
         "ready": s.state.ops.is_ready(),
         "connections": s.state.ops.conns.len(),
         "subscriptions": b.subscription_count(),
-        "listeners": listener_views(&s),
+        "listeners": listener_views(s),
         "memory": {
             "used": mem.used(),
             "peak": mem.peak(),
@@ -390,8 +637,46 @@ async fn overview(State(s): St, headers: HeaderMap) -> Response {
             "connected": ld(&s.state.mqtt.stats.connected),
             "connections": ld(&s.state.mqtt.stats.connections),
         },
-    }))
-    .into_response()
+    })
+}
+
+async fn log_get(State(s): St, headers: HeaderMap) -> Response {
+    if let Err(r) = authorize(&s, &headers).await {
+        return r;
+    }
+    match &s.state.log {
+        None => error(
+            StatusCode::NOT_FOUND,
+            "this program does not expose its log filter",
+        ),
+        Some(c) => match c(None) {
+            Ok(f) => axum::Json(json!({ "filter": f })).into_response(),
+            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+        },
+    }
+}
+
+/// Sets the log filter: the body is the filter text (`info,hayate_server::mqtt=debug`).
+async fn log_put(State(s): St, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+    if let Err(r) = authorize(&s, &headers).await {
+        return r;
+    }
+    let Some(c) = &s.state.log else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "this program does not expose its log filter",
+        );
+    };
+    let Ok(text) = std::str::from_utf8(&body) else {
+        return error(StatusCode::BAD_REQUEST, "the filter is not UTF-8");
+    };
+    match c(Some(text.trim())) {
+        Ok(f) => {
+            tracing::info!(filter = %f, "log filter set by the admin API");
+            axum::Json(json!({ "filter": f })).into_response()
+        }
+        Err(e) => error(StatusCode::BAD_REQUEST, e),
+    }
 }
 
 async fn groups(State(s): St, headers: HeaderMap) -> Response {
@@ -497,6 +782,7 @@ struct Metrics {
     broker: Broker,
     ops: Arc<Ops>,
     mqtt: Arc<Mqtt>,
+    top_keys: TopKeys,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -751,6 +1037,20 @@ impl Collector for Metrics {
             "hayate_consumer_pending",
             "Records of its stream a durable consumer has not yet been given (its lag).",
             &pending,
+        )?;
+        let top: Vec<_> = self
+            .top_keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(k, r)| (vec![("prefix", k.clone())], *r))
+            .collect();
+        gauge(
+            &mut e,
+            "hayate_top_key_prefix_rate",
+            "Messages per second published on the busiest key prefixes (first two levels; at \
+             most 10, sampled one publish in 16 per session, over the last second).",
+            &top,
         )?;
         Ok(())
     }

@@ -58,7 +58,18 @@ pub struct ServerSection {
     /// this many microseconds instead of sleeping in epoll. Costs up to one CPU while traffic
     /// flows; the `hayate broker` binary runs the broker on one I/O thread when it is on.
     pub busy_poll_us: u64,
+    /// What is logged: a level (`error`, `warn`, `info`, `debug`, `trace`) and levels per
+    /// module (`info,hayate_server::mqtt=debug`), as `RUST_LOG` takes them (`RUST_LOG`,
+    /// when set, wins). Changed at run time by SIGHUP (read again from the file) or
+    /// `PUT /api/log`.
+    pub log: String,
+    /// `text` (one line per event, the default) or `json` (one JSON object per line).
+    pub log_format: String,
 }
+
+/// The broker's default log filter (also what the other commands log with).
+pub const DEFAULT_LOG: &str =
+    "info,async_nats=warn,zenoh=error,zeromq=warn,lapin=warn,rumqttc=warn,rdkafka=warn";
 
 impl Default for ServerSection {
     fn default() -> Self {
@@ -66,6 +77,8 @@ impl Default for ServerSection {
             name: format!("hayate/{}", env!("CARGO_PKG_VERSION")),
             data_dir: "hayate-data".into(),
             busy_poll_us: 0,
+            log: DEFAULT_LOG.into(),
+            log_format: "text".into(),
         }
     }
 }
@@ -540,6 +553,12 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "[[stream]] needs server.data_dir".into(),
             ));
+        }
+        if !matches!(self.server.log_format.as_str(), "text" | "json") {
+            return Err(ConfigError::Invalid(format!(
+                "server.log_format is {:?}: text or json",
+                self.server.log_format
+            )));
         }
         if self.admin.listen.len() > 1 {
             return Err(ConfigError::Invalid(

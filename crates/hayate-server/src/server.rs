@@ -104,7 +104,6 @@ enum Listener {
 }
 
 /// A broker with its listeners bound, ready to [`run`](Server::run).
-#[derive(Debug)]
 pub struct Server {
     broker: Broker,
     listeners: Vec<Listener>,
@@ -125,6 +124,18 @@ pub struct Server {
     /// The admin HTTP listener (`[admin] listen`), and who may use it.
     admin: Option<TcpListener>,
     admin_users: Vec<String>,
+    /// Reads and sets the process's log filter (`PUT /api/log`), when the program gives one.
+    log_control: Option<crate::admin::LogControl>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("listeners", &self.listeners)
+            .field("name", &self.name)
+            .field("admin", &self.admin)
+            .finish_non_exhaustive()
+    }
 }
 
 async fn bind_tcp(addr: &str) -> Result<TcpListener, crate::config::ConfigError> {
@@ -300,6 +311,7 @@ impl Server {
             ops,
             admin: None,
             admin_users: config.admin.users.clone(),
+            log_control: None,
         }
     }
 
@@ -307,6 +319,12 @@ impl Server {
     /// [`Server::bind`] binds `[admin] listen`).
     pub fn with_admin(mut self, listener: TcpListener) -> Server {
         self.admin = Some(listener);
+        self
+    }
+
+    /// Lets the admin API read and set the log filter (`GET`/`PUT /api/log`).
+    pub fn with_log_control(mut self, control: crate::admin::LogControl) -> Server {
+        self.log_control = Some(control);
         self
     }
 
@@ -392,6 +410,7 @@ impl Server {
                 mqtt: self.mqtt.clone(),
                 auth: self.auth.clone(),
                 users: self.admin_users.clone(),
+                log: self.log_control.clone(),
             };
             tokio::spawn(crate::admin::serve(l, state, stop_rx.clone()))
         });

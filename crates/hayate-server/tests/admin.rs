@@ -318,3 +318,134 @@ async fn with_users_only_admin_users_may_use_it() {
     // The health checks stay open.
     assert_eq!(http(&b.admin, "GET", "/healthz", &[]).await.0, 200);
 }
+
+#[tokio::test]
+async fn the_log_filter_can_be_read_and_set() {
+    use std::sync::{Arc, Mutex};
+    // A stand-in for the binary's control: the filter as text, "bad" refused.
+    let current = Arc::new(Mutex::new("info".to_string()));
+    let c = current.clone();
+    let control: hayate_server::admin::LogControl = Arc::new(move |new: Option<&str>| {
+        let mut cur = c.lock().unwrap();
+        if let Some(n) = new {
+            if n == "bad" {
+                return Err("log filter \"bad\": invalid".into());
+            }
+            *cur = n.to_string();
+        }
+        Ok(cur.clone())
+    });
+    let a = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = a.local_addr().unwrap().to_string();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut config = Config::default();
+    config.server.data_dir.clear();
+    let server =
+        hayate_server::Server::from_listeners(vec![(l, hayate_server::Protocol::Native)], &config)
+            .with_admin(a)
+            .with_log_control(control);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(server.run(async {
+        let _ = rx.await;
+    }));
+    let (status, body) = http(&admin, "GET", "/api/log", &[]).await;
+    assert_eq!((status, body.as_str()), (200, r#"{"filter":"info"}"#));
+    let (status, body) = http_body(&admin, "PUT", "/api/log", "debug,hayate_server=trace").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(*current.lock().unwrap(), "debug,hayate_server=trace");
+    let (status, body) = http_body(&admin, "PUT", "/api/log", "bad").await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(*current.lock().unwrap(), "debug,hayate_server=trace");
+    // The test brokers have no control: 404.
+    let b = start_default().await;
+    assert_eq!(http(&b.admin, "GET", "/api/log", &[]).await.0, 404);
+    let _ = tx.send(());
+    run.await.unwrap();
+}
+
+/// A request with a body (`http` sends none).
+async fn http_body(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    use tokio::io::AsyncReadExt;
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    within(10, s.read_to_end(&mut out)).await.unwrap();
+    let text = String::from_utf8_lossy(&out).to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (
+        status,
+        text.split_once("\r\n\r\n")
+            .map_or(String::new(), |(_, b)| b.to_string()),
+    )
+}
+
+#[tokio::test]
+async fn the_dashboard_and_its_event_stream() {
+    use tokio::io::AsyncReadExt;
+    let b = start_default().await;
+    let (status, body) = http(&b.admin, "GET", "/dashboard", &[]).await;
+    assert_eq!(status, 200);
+    assert!(body.contains("<title>Hayate</title>") && body.contains("api/events"));
+    // Known traffic, then two sampler ticks: the rates are those of the traffic.
+    let c = native(&b.addr, "dash").await;
+    let mut sub = c.subscribe("d/**").await.unwrap();
+    c.flush().await.unwrap();
+    for _ in 0..20 {
+        c.publish(&Key::new("d/x/y").unwrap(), vec![0u8; 8])
+            .await
+            .unwrap();
+    }
+    for _ in 0..20 {
+        within(10, sub.next()).await.unwrap();
+    }
+    // The event stream: its first event is the dashboard document, at once.
+    let mut s = tokio::net::TcpStream::connect(&b.admin).await.unwrap();
+    s.write_all(
+        format!(
+            "GET /api/events HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\n\r\n",
+            b.admin
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut buf = Vec::new();
+    let events = within(10, async {
+        let mut events = Vec::new();
+        // Two events: the first at once, the next a second later.
+        while events.len() < 2 {
+            let mut chunk = [0u8; 16384];
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the event stream ended");
+            buf.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&buf).to_string();
+            events = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+                .collect();
+        }
+        events
+    })
+    .await;
+    let head = String::from_utf8_lossy(&buf).to_string();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/event-stream")
+    );
+    let last = events.last().unwrap();
+    assert_eq!(last["overview"]["connections"], 1, "{last}");
+    let conns = last["connections"].as_array().unwrap();
+    assert_eq!(conns[0]["client_id"], "dash");
+    assert_eq!(conns[0]["msgs_in"], 20);
+    assert!(last["history"].is_array() && last["top_keys"].is_array());
+}

@@ -78,6 +78,12 @@ pub(crate) struct BrokerArgs {
     /// PEM file with the server's private key (`[tls] key`).
     #[arg(long, value_name = "FILE")]
     pub(crate) tls_key: Option<String>,
+    /// What is logged (`[server] log`): a level and levels per module, as RUST_LOG.
+    #[arg(long, value_name = "FILTER")]
+    pub(crate) log: Option<String>,
+    /// Log format (`[server] log_format`): text or json.
+    #[arg(long, value_name = "FORMAT")]
+    pub(crate) log_format: Option<String>,
     /// Admin HTTP address: JSON API, Prometheus /metrics, /healthz, /readyz (`off` for
     /// none; default 127.0.0.1:4780).
     #[arg(long, value_name = "HOST:PORT")]

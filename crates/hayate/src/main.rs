@@ -3,6 +3,7 @@
 mod bench;
 mod cli;
 mod durable;
+mod logging;
 mod stream;
 mod user;
 
@@ -19,22 +20,15 @@ const DEFAULT_CONFIG: &str = include_str!("../default-config.toml");
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new(
-                    "info,async_nats=warn,zenoh=error,zeromq=warn,lapin=warn,rumqttc=warn,rdkafka=warn",
-                )
-            }),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let broker_config = match &cli.command {
+        Command::Broker(args) => effective_config(args).ok(),
+        _ => None,
+    };
+    logging::init(broker_config.as_ref().map(|c| &c.server));
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     // Busy-polling needs the polling task on the thread that polls the I/O driver: with one
     // worker there is only one (hayate_io::busy).
-    if let Command::Broker(args) = &cli.command
-        && effective_config(args).is_ok_and(|c| c.server.busy_poll_us > 0)
-    {
+    if broker_config.is_some_and(|c| c.server.busy_poll_us > 0) {
         rt.worker_threads(1);
     }
     rt.enable_all().build()?.block_on(run(cli))
@@ -116,6 +110,12 @@ fn effective_config(args: &cli::BrokerArgs) -> Result<Config> {
     if let Some(a) = &args.admin {
         config.admin.listen = listen_list(std::slice::from_ref(a));
     }
+    if let Some(l) = &args.log {
+        config.server.log = l.clone();
+    }
+    if let Some(f) = &args.log_format {
+        config.server.log_format = f.clone();
+    }
     config.validate()?;
     Ok(config)
 }
@@ -131,7 +131,9 @@ fn listen_list(v: &[String]) -> Vec<String> {
 
 async fn broker(args: cli::BrokerArgs) -> Result<()> {
     let config = effective_config(&args)?;
-    let server = Server::bind(&config).await?;
+    let server = Server::bind(&config)
+        .await?
+        .with_log_control(std::sync::Arc::new(logging::control));
     for (proto, a) in server.bound() {
         println!("hayate broker: {} on {a}", proto.label());
     }
@@ -152,10 +154,22 @@ async fn broker(args: cli::BrokerArgs) -> Result<()> {
         // connections up keep theirs). A bad file keeps the current ones. Caught even
         // without TLS, so that a SIGHUP never stops the broker.
         let tls = server.tls();
+        let config_file = args.config.clone();
+        let log_flag = args.log.is_some();
         if let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         {
             tokio::spawn(async move {
                 while hup.recv().await.is_some() {
+                    // The log filter, from the file (a --log flag, or RUST_LOG, stays).
+                    if let (Some(path), false) = (&config_file, log_flag) {
+                        let read = std::fs::read_to_string(path)
+                            .map_err(|e| e.to_string())
+                            .and_then(|t| Config::from_toml(&t).map_err(|e| e.to_string()));
+                        match read.and_then(|c| logging::control(Some(&c.server.log))) {
+                            Ok(f) => tracing::info!(filter = %f, "SIGHUP: log filter set"),
+                            Err(e) => tracing::warn!("SIGHUP: log filter unchanged: {e}"),
+                        }
+                    }
                     match &tls {
                         None => tracing::info!("SIGHUP: no TLS configured, nothing to reload"),
                         Some(t) => match t.reload() {
@@ -399,5 +413,15 @@ mod tests {
     fn default_config_file_matches_defaults() {
         let parsed = Config::from_toml(DEFAULT_CONFIG).unwrap();
         assert_eq!(parsed, Config::default());
+    }
+
+    /// The config of the container image and the systemd unit is valid.
+    #[test]
+    fn packaged_config_is_valid() {
+        let text = include_str!("../../../packaging/hayate.toml");
+        let c = Config::from_toml(text).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.server.data_dir, "/var/lib/hayate");
+        assert_eq!(c.admin.listen, vec!["0.0.0.0:4780".to_string()]);
     }
 }

@@ -38,6 +38,8 @@ pub struct Session {
     /// This session's reply inbox, `_inbox/<24 random hex digits>`: unguessable, and readable
     /// by this session alone when permissions are enforced.
     inbox: Arc<str>,
+    /// Publishes until the next one offered to the broker's key sampler.
+    sample_in: u32,
 }
 
 /// A fresh inbox name: 96 random bits (a fallback mixes the session id into a per-process
@@ -74,6 +76,7 @@ impl Session {
             scratch: VecDeque::new(),
             meta: Vec::new(),
             inbox: new_inbox(id),
+            sample_in: (id as u32) % crate::keys::EVERY,
         }
     }
 
@@ -306,10 +309,19 @@ impl Session {
         (self.deliver_route(&route, batch).await, stored)
     }
 
-    /// Counts `batch` as published by this session.
-    fn note_in(&self, batch: Batch<'_>) {
+    /// Counts `batch` as published by this session (and, one publish in
+    /// [`crate::keys::EVERY`], in the broker's key sampler).
+    fn note_in(&mut self, batch: Batch<'_>) {
         let bytes = (0..batch.len()).map(|i| batch.payload_len(i) as u64).sum();
         self.outbox.traffic().note_in(batch.len() as u64, bytes);
+        if self.sample_in == 0 {
+            self.sample_in = crate::keys::EVERY;
+            self.broker.shared.keys.note(
+                batch.key(),
+                batch.len() as u64 * u64::from(crate::keys::EVERY),
+            );
+        }
+        self.sample_in -= 1;
     }
 
     /// Delivers `batch` along `route` (the publish path after the streams).

@@ -1,0 +1,151 @@
+//! The broker's logs: JSON lines with `log_format = "json"`, and a filter that changes while it
+//! runs, by SIGHUP (read again from the config file) and by `PUT /api/log`, without dropping
+//! a connection.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// One HTTP/1.1 request: status and body.
+fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (
+        status,
+        out.split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_string(),
+    )
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn json_logs_and_a_filter_changed_at_run_time() {
+    let dir = std::env::temp_dir().join(format!("hayate-logs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("hayate.toml");
+    let write_config = |level: &str| {
+        std::fs::write(
+            &cfg,
+            format!(
+                "[server]\ndata_dir = \"\"\nlog = \"{level}\"\nlog_format = \"json\"\n\
+                 [native]\nlisten = [\"127.0.0.1:0\"]\nshm = false\n[mqtt]\nlisten = []\nws = []\n\
+                 [stomp]\nlisten = []\n[admin]\nlisten = [\"127.0.0.1:0\"]\n"
+            ),
+        )
+        .unwrap();
+    };
+    write_config("warn");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hayate"))
+        .args(["broker", "--config"])
+        .arg(&cfg)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (mut native, mut admin) = (None, None);
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(a) = line.strip_prefix("hayate broker: native protocol on ") {
+            native = Some(a.trim().to_string());
+        }
+        if let Some(a) = line.strip_prefix("hayate broker: admin http on ") {
+            admin = Some(a.trim().to_string());
+        }
+        if line.contains("ready") {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    let (native, admin) = (native.unwrap(), admin.unwrap());
+    // Every line on stderr, as it comes.
+    let (tx, rx) = mpsc::channel::<String>();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+
+    assert_eq!(
+        http(&admin, "GET", "/api/log", ""),
+        (200, r#"{"filter":"warn"}"#.into())
+    );
+    // A connection that stays up across both changes.
+    let mut kept = TcpStream::connect(&native).unwrap();
+
+    // SIGHUP: the filter is read again from the file.
+    write_config("debug");
+    let ok = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    wait_for("the SIGHUP reload", || {
+        http(&admin, "GET", "/api/log", "").1 == r#"{"filter":"debug"}"#
+    });
+    // A connection that ends logs at debug level now: a JSON line.
+    drop(TcpStream::connect(&native).unwrap());
+    let mut seen = Vec::new();
+    wait_for("a debug line", || {
+        seen.extend(rx.try_iter());
+        seen.iter().any(|l| l.contains("\"DEBUG\""))
+    });
+    for l in &seen {
+        let v: serde_json::Value =
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        assert!(v["level"].is_string() && v["timestamp"].is_string(), "{l}");
+    }
+
+    // PUT /api/log: set, and a filter that does not parse is refused.
+    let (status, body) = http(&admin, "PUT", "/api/log", "info,hayate_server=trace");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("hayate_server=trace"), "{body}");
+    let (status, _) = http(&admin, "PUT", "/api/log", "info,=[");
+    assert_eq!(status, 400);
+    assert!(
+        http(&admin, "GET", "/api/log", "")
+            .1
+            .contains("hayate_server=trace")
+    );
+
+    // The connection made at the start is still served.
+    kept.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut b = [0u8; 1];
+    match kept.read(&mut b) {
+        Err(e)
+            if e.kind() == std::io::ErrorKind::WouldBlock
+                || e.kind() == std::io::ErrorKind::TimedOut => {}
+        other => panic!("the kept connection ended: {other:?}"),
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
