@@ -45,10 +45,16 @@ pub fn prefix(key: &str) -> &str {
 }
 
 impl KeySampler {
-    /// Counts `msgs` messages on `key` (already multiplied by the sampling rate).
+    /// Counts `msgs` messages on `key` (already multiplied by the sampling rate). A sample
+    /// that finds the table locked by another publisher is dropped: an estimate loses
+    /// little, and no publisher waits for it.
     pub fn note(&self, key: &Key, msgs: u64) {
         let p = prefix(key.as_str());
-        let mut m = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut m = match self.counts.try_lock() {
+            Ok(m) => m,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
         if let Some(c) = m.get_mut(p) {
             *c += msgs;
             return;

@@ -163,6 +163,15 @@ impl Default for MqttSection {
     }
 }
 
+/// Whether `addr` (`HOST:PORT`) names a loopback address (`localhost` counts).
+fn is_loopback(addr: &str) -> bool {
+    if let Ok(a) = addr.parse::<std::net::SocketAddr>() {
+        return a.ip().is_loopback();
+    }
+    addr.rsplit_once(':')
+        .is_some_and(|(h, _)| h.eq_ignore_ascii_case("localhost"))
+}
+
 /// The admin listener's default address.
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:4780";
 
@@ -564,6 +573,16 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "admin.listen takes at most one address".into(),
             ));
+        }
+        if let Some(a) = self.admin.listen.first()
+            && !is_loopback(a)
+            && self.auth.users.is_empty()
+        {
+            return Err(ConfigError::Invalid(format!(
+                "admin.listen = {a:?} is not a loopback address, and without [auth] users \
+                 anyone who reaches it could close connections and delete streams: add \
+                 users (and list the admins in admin.users), or listen on 127.0.0.1"
+            )));
         }
         let l = &self.limits;
         if l.max_payload == 0 || l.max_payload > (u32::MAX as u64 - 64 * 1024) {

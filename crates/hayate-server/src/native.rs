@@ -436,10 +436,11 @@ pub async fn serve(
     let (_registered, entry) = io.take_registered();
     let session = broker.open_session_in(Box::new(NativeEncoder), io.class.as_ref());
     let outbox = session.outbox().clone();
+    let mut conn = frontend::Conn::new(io, BytesMut::with_capacity(READ_BUF), &outbox);
+    // After the outbox has its sink: an admin close that came first cuts it for good.
     if let Some(e) = &entry {
         e.attach(session.id(), outbox.clone());
     }
-    let mut conn = frontend::Conn::new(io, BytesMut::with_capacity(READ_BUF), &outbox);
     let mut h = Native {
         session,
         welcomed: false,

@@ -291,32 +291,142 @@ async fn health_checks_and_bad_requests() {
 #[tokio::test]
 async fn with_users_only_admin_users_may_use_it() {
     let mut c = Config::default();
-    c.auth
-        .users
-        .insert("root".into(), UserConfig::with_password("root-pw").unwrap());
+    let mut root = UserConfig::with_password("root-pw").unwrap();
+    let token = hayate_server::auth::new_token().unwrap();
+    root.tokens = vec![hayate_server::auth::token_digest(token.as_bytes())];
+    c.auth.users.insert("root".into(), root);
     c.auth
         .users
         .insert("bob".into(), UserConfig::with_password("bob-pw").unwrap());
+    c.auth.max_failures = 3;
     c.admin.users = vec!["root".into()];
     let b = start(c).await;
     // root:root-pw, bob:bob-pw, root:wrong
     let root = ("Authorization", "Basic cm9vdDpyb290LXB3");
-    let bob = ("Authorization", "Basic Ym9iOmJvYi1wdw==");
+    let bob = ("Authorization", "basic Ym9iOmJvYi1wdw==");
     let wrong = ("Authorization", "Basic cm9vdDp3cm9uZw==");
-    for path in ["/metrics", "/api/connections", "/api/overview"] {
+    let bearer = format!("Bearer {token}");
+    let bearer = ("Authorization", bearer.as_str());
+    // Every guarded route (the event stream only refused: served, it never ends).
+    for path in [
+        "/",
+        "/dashboard",
+        "/api/dashboard",
+        "/metrics",
+        "/api/overview",
+        "/api/connections",
+        "/api/connections/1",
+        "/api/log",
+        "/api/groups",
+        "/api/queues",
+        "/api/streams",
+        "/api/streams/none",
+        "/api/events",
+    ] {
         assert_eq!(http(&b.admin, "GET", path, &[]).await.0, 401, "{path}");
-        assert_eq!(http(&b.admin, "GET", path, &[wrong]).await.0, 401, "{path}");
         assert_eq!(http(&b.admin, "GET", path, &[bob]).await.0, 403, "{path}");
-        assert_eq!(http(&b.admin, "GET", path, &[root]).await.0, 200, "{path}");
+        if path == "/api/events" {
+            continue;
+        }
+        let ok = http(&b.admin, "GET", path, &[root]).await.0;
+        assert!(ok == 200 || ok == 404, "{path}: {ok}");
+        assert_eq!(http(&b.admin, "GET", path, &[bearer]).await.0, ok, "{path}");
     }
-    assert_eq!(
-        http(&b.admin, "DELETE", "/api/connections/1", &[bob])
-            .await
-            .0,
-        403
-    );
+    for (method, path) in [
+        ("DELETE", "/api/connections/1"),
+        ("PUT", "/api/log"),
+        ("POST", "/api/streams"),
+        ("DELETE", "/api/streams/x"),
+    ] {
+        assert_eq!(
+            http(&b.admin, method, path, &[]).await.0,
+            401,
+            "{method} {path}"
+        );
+        assert_eq!(
+            http(&b.admin, method, path, &[bob]).await.0,
+            403,
+            "{method} {path}"
+        );
+    }
     // The health checks stay open.
     assert_eq!(http(&b.admin, "GET", "/healthz", &[]).await.0, 200);
+    // Wrong passwords count toward the address's lock-out, as on every protocol: after
+    // auth.max_failures of them even the right one is refused for a while.
+    for _ in 0..3 {
+        assert_eq!(http(&b.admin, "GET", "/metrics", &[wrong]).await.0, 401);
+    }
+    assert_eq!(http(&b.admin, "GET", "/metrics", &[root]).await.0, 429);
+}
+
+#[tokio::test]
+async fn without_users_only_local_hosts_and_json_posts() {
+    let b = start_default().await;
+    let evil = ("Host", "rebind.example:4780");
+    assert_eq!(http(&b.admin, "GET", "/api/overview", &[evil]).await.0, 403);
+    assert_eq!(
+        http(&b.admin, "GET", "/api/overview", &[("Host", "localhost:1")])
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        http(&b.admin, "GET", "/api/overview", &[("Host", "[::1]:1")])
+            .await
+            .0,
+        200
+    );
+    // The health checks answer whatever the Host.
+    assert_eq!(http(&b.admin, "GET", "/healthz", &[evil]).await.0, 200);
+    // A POST without a JSON body type: refused before anything is done.
+    assert_eq!(http(&b.admin, "POST", "/api/streams", &[]).await.0, 415);
+    let form = ("Content-Type", "application/x-www-form-urlencoded");
+    assert_eq!(http(&b.admin, "POST", "/api/streams", &[form]).await.0, 415);
+}
+
+/// An admin close that comes while an MQTT client is still in its handshake (no session
+/// yet) ends the connection once the session opens.
+#[tokio::test]
+async fn a_close_before_the_session_is_kept() {
+    use tokio::io::AsyncReadExt;
+    let b = start_default().await;
+    let mut raw = tokio::net::TcpStream::connect(&b.mqtt).await.unwrap();
+    let id = within(10, async {
+        loop {
+            let (_, body) = http(&b.admin, "GET", "/api/connections", &[]).await;
+            let v: Vec<Value> = serde_json::from_str(&body).unwrap();
+            if let Some(c) = v.iter().find(|c| c["protocol"] == "mqtt") {
+                assert!(c["session"].is_null(), "{c}");
+                return c["id"].as_u64().unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let (status, _) = http(&b.admin, "DELETE", &format!("/api/connections/{id}"), &[]).await;
+    assert_eq!(status, 202);
+    // CONNECT (3.1.1, client id "late"): the session opens, and the close takes effect.
+    raw.write_all(&[
+        0x10, 16, 0, 4, b'M', b'Q', b'T', b'T', 4, 2, 0, 60, 0, 4, b'l', b'a', b't', b'e',
+    ])
+    .await
+    .unwrap();
+    within(10, async {
+        let mut buf = [0u8; 256];
+        while raw.read(&mut buf).await.unwrap_or(0) > 0 {}
+    })
+    .await;
+    within(10, async {
+        loop {
+            let (_, body) = http(&b.admin, "GET", "/api/connections", &[]).await;
+            let v: Vec<Value> = serde_json::from_str(&body).unwrap();
+            if v.iter().all(|c| c["id"] != id) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -394,7 +504,7 @@ async fn the_dashboard_and_its_event_stream() {
     let (status, body) = http(&b.admin, "GET", "/dashboard", &[]).await;
     assert_eq!(status, 200);
     assert!(body.contains("<title>Hayate</title>") && body.contains("api/events"));
-    // Known traffic, then two sampler ticks: the rates are those of the traffic.
+    // Known traffic: the counts the events carry are those of the traffic.
     let c = native(&b.addr, "dash").await;
     let mut sub = c.subscribe("d/**").await.unwrap();
     c.flush().await.unwrap();

@@ -422,6 +422,6 @@ mod tests {
         let c = Config::from_toml(text).unwrap();
         c.validate().unwrap();
         assert_eq!(c.server.data_dir, "/var/lib/hayate");
-        assert_eq!(c.admin.listen, vec!["0.0.0.0:4780".to_string()]);
+        assert_eq!(c.admin.listen, vec!["127.0.0.1:4780".to_string()]);
     }
 }

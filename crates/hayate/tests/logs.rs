@@ -35,6 +35,15 @@ fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     )
 }
 
+/// Kills the broker when the test ends, passed or not.
+struct Kill(std::process::Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !f() {
@@ -60,16 +69,18 @@ fn json_logs_and_a_filter_changed_at_run_time() {
         .unwrap();
     };
     write_config("warn");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hayate"))
-        .args(["broker", "--config"])
-        .arg(&cfg)
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = Kill(
+        Command::new(env!("CARGO_BIN_EXE_hayate"))
+            .args(["broker", "--config"])
+            .arg(&cfg)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let (mut native, mut admin) = (None, None);
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
     for line in lines.by_ref() {
         let line = line.unwrap();
         if let Some(a) = line.strip_prefix("hayate broker: native protocol on ") {
@@ -86,7 +97,7 @@ fn json_logs_and_a_filter_changed_at_run_time() {
     let (native, admin) = (native.unwrap(), admin.unwrap());
     // Every line on stderr, as it comes.
     let (tx, rx) = mpsc::channel::<String>();
-    let stderr = child.stderr.take().unwrap();
+    let stderr = child.0.stderr.take().unwrap();
     std::thread::spawn(move || {
         for l in BufReader::new(stderr).lines().map_while(Result::ok) {
             let _ = tx.send(l);
@@ -97,13 +108,20 @@ fn json_logs_and_a_filter_changed_at_run_time() {
         http(&admin, "GET", "/api/log", ""),
         (200, r#"{"filter":"warn"}"#.into())
     );
-    // A connection that stays up across both changes.
-    let mut kept = TcpStream::connect(&native).unwrap();
+    // A client that stays connected across both changes.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let o = hayate_client::ConnectOptions {
+        shm: hayate_client::peer::ShmMode::Off,
+        ..Default::default()
+    };
+    let kept = rt
+        .block_on(hayate_client::Client::connect_with(&native, o))
+        .unwrap();
 
     // SIGHUP: the filter is read again from the file.
     write_config("debug");
     let ok = Command::new("kill")
-        .args(["-HUP", &child.id().to_string()])
+        .args(["-HUP", &child.0.id().to_string()])
         .status()
         .unwrap();
     assert!(ok.success());
@@ -135,17 +153,13 @@ fn json_logs_and_a_filter_changed_at_run_time() {
             .contains("hayate_server=trace")
     );
 
-    // The connection made at the start is still served.
-    kept.set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
-    let mut b = [0u8; 1];
-    match kept.read(&mut b) {
-        Err(e)
-            if e.kind() == std::io::ErrorKind::WouldBlock
-                || e.kind() == std::io::ErrorKind::TimedOut => {}
-        other => panic!("the kept connection ended: {other:?}"),
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    // The client connected at the start is still served: a round trip through the broker.
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(10), kept.flush())
+            .await
+            .expect("a round trip")
+            .expect("the kept connection is served");
+    });
+    drop(child);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -120,6 +120,10 @@ impl Outbox {
         let size: usize = (0..batch.len()).map(|i| batch.cost(i)).sum();
         st.charge
             .force((held + size).saturating_sub(super::FREE_BYTES));
+        if !st.cut {
+            let bytes = (0..batch.len()).map(|i| batch.payload_len(i) as u64).sum();
+            self.traffic.note_out(batch.len() as u64, bytes);
+        }
         Self::put(st, sid, origin, batch);
         self.wake(st);
         true

@@ -282,7 +282,6 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         let e = g.entry();
         e.set_user(identity.user.as_deref());
         e.set_client_id(Some(&client_id));
-        e.attach(ms.session.id(), ms.session.outbox().clone());
     }
     mqtt.set_info(&client_id, conn_id, ms.out.clone(), version, expiry);
     mqtt.stats.connected.fetch_add(1, Ordering::Relaxed);
@@ -330,6 +329,10 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         class: None,
     };
     let mut io = frontend::Conn::new(accepted, buf, &outbox);
+    // After the outbox has its sink: an admin close that came first cuts it for good.
+    if let Some(g) = &registered {
+        g.entry().attach(ms.session.id(), outbox.clone());
+    }
     outbox.push_reply_unbudgeted(|o| {
         put_packet(&Packet::ConnAck(Box::new(ack)), version, o);
         lock(&ms.out).go_online(link, o);

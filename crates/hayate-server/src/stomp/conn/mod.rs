@@ -223,12 +223,13 @@ pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
         Box::new(StompEncoder { out: out.clone() }),
         io.class.as_ref(),
     );
-    if let Some(e) = &entry {
-        e.attach(session.id(), session.outbox().clone());
-    }
     lock(&out).temp_prefix = format!("{}/", session.inbox());
     let outbox = session.outbox().clone();
     let mut conn = frontend::Conn::new(io, BytesMut::with_capacity(READ_BUF), &outbox);
+    // After the outbox has its sink: an admin close that came first cuts it for good.
+    if let Some(e) = &entry {
+        e.attach(session.id(), outbox.clone());
+    }
     let mut h = Driven {
         c: Conn {
             stomp: &stomp,
