@@ -37,6 +37,8 @@ pub(crate) enum Command {
     Stream(crate::stream::StreamArgs),
     /// Users of the `[auth]` section: hash a password, make a token.
     User(crate::user::UserArgs),
+    /// The broker's live view in the terminal, from its admin listener (q quits).
+    Top(crate::top::TopArgs),
 }
 
 #[derive(Debug, Args, Default)]

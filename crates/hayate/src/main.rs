@@ -5,6 +5,7 @@ mod cli;
 mod durable;
 mod logging;
 mod stream;
+mod top;
 mod user;
 
 use anyhow::{Context, Result, bail};
@@ -44,6 +45,10 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Bench(a) => bench::run(*a).await,
         Command::Stream(a) => stream::run(a).await,
         Command::User(a) => user::run(a),
+        Command::Top(a) => {
+            let auth = top::authorization(&a.auth);
+            tokio::task::spawn_blocking(move || top::run(&a, auth)).await?
+        }
         Command::Config(ConfigCmd::Default) => {
             print!("{DEFAULT_CONFIG}");
             Ok(())
