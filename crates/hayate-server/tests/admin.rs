@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use common::{http, start, start_default, within};
+use common::{http, http_with_body, start, start_default, within};
 use hayate_client::peer::ShmMode;
 use hayate_client::{Client, ConnectOptions, Key};
 use hayate_server::Config;
@@ -460,10 +460,11 @@ async fn the_log_filter_can_be_read_and_set() {
     }));
     let (status, body) = http(&admin, "GET", "/api/log", &[]).await;
     assert_eq!((status, body.as_str()), (200, r#"{"filter":"info"}"#));
-    let (status, body) = http_body(&admin, "PUT", "/api/log", "debug,hayate_server=trace").await;
+    let (status, body) =
+        http_with_body(&admin, "PUT", "/api/log", &[], "debug,hayate_server=trace").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(*current.lock().unwrap(), "debug,hayate_server=trace");
-    let (status, body) = http_body(&admin, "PUT", "/api/log", "bad").await;
+    let (status, body) = http_with_body(&admin, "PUT", "/api/log", &[], "bad").await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(*current.lock().unwrap(), "debug,hayate_server=trace");
     // The test brokers have no control: 404.
@@ -471,30 +472,6 @@ async fn the_log_filter_can_be_read_and_set() {
     assert_eq!(http(&b.admin, "GET", "/api/log", &[]).await.0, 404);
     let _ = tx.send(());
     run.await.unwrap();
-}
-
-/// A request with a body (`http` sends none).
-async fn http_body(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
-    use tokio::io::AsyncReadExt;
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut out = Vec::new();
-    within(10, s.read_to_end(&mut out)).await.unwrap();
-    let text = String::from_utf8_lossy(&out).to_string();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (
-        status,
-        text.split_once("\r\n\r\n")
-            .map_or(String::new(), |(_, b)| b.to_string()),
-    )
 }
 
 #[tokio::test]

@@ -4,9 +4,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -35,15 +38,6 @@ fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     )
 }
 
-/// Kills the broker when the test ends, passed or not.
-struct Kill(std::process::Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !f() {
@@ -69,35 +63,18 @@ fn json_logs_and_a_filter_changed_at_run_time() {
         .unwrap();
     };
     write_config("warn");
-    let mut child = Kill(
-        Command::new(env!("CARGO_BIN_EXE_hayate"))
-            .args(["broker", "--config"])
-            .arg(&cfg)
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
+    let mut child = common::Broker::start(
+        &[
+            OsStr::new("broker"),
+            OsStr::new("--config"),
+            cfg.as_os_str(),
+        ],
+        true,
     );
-    let (mut native, mut admin) = (None, None);
-    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        if let Some(a) = line.strip_prefix("hayate broker: native protocol on ") {
-            native = Some(a.trim().to_string());
-        }
-        if let Some(a) = line.strip_prefix("hayate broker: admin http on ") {
-            admin = Some(a.trim().to_string());
-        }
-        if line.contains("ready") {
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
-    let (native, admin) = (native.unwrap(), admin.unwrap());
+    let (native, admin) = (child.native.clone(), child.admin.clone().unwrap());
     // Every line on stderr, as it comes.
     let (tx, rx) = mpsc::channel::<String>();
-    let stderr = child.0.stderr.take().unwrap();
+    let stderr = child.child.stderr.take().unwrap();
     std::thread::spawn(move || {
         for l in BufReader::new(stderr).lines().map_while(Result::ok) {
             let _ = tx.send(l);
@@ -121,7 +98,7 @@ fn json_logs_and_a_filter_changed_at_run_time() {
     // SIGHUP: the filter is read again from the file.
     write_config("debug");
     let ok = Command::new("kill")
-        .args(["-HUP", &child.0.id().to_string()])
+        .args(["-HUP", &child.child.id().to_string()])
         .status()
         .unwrap();
     assert!(ok.success());

@@ -3,57 +3,35 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+mod common;
 
-struct Kill(std::process::Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use std::ffi::OsStr;
+use std::process::Command;
+
+use common::Broker;
 
 #[test]
 fn top_once_shows_the_clients() {
-    let mut broker = Kill(
-        Command::new(env!("CARGO_BIN_EXE_hayate"))
-            .args([
-                "broker",
-                "--listen",
-                "127.0.0.1:0",
-                "--mqtt",
-                "off",
-                "--ws",
-                "off",
-                "--stomp",
-                "off",
-                "--admin",
-                "127.0.0.1:0",
-                "--data",
-                "",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let broker = Broker::start(
+        &[
+            "broker",
+            "--listen",
+            "127.0.0.1:0",
+            "--mqtt",
+            "off",
+            "--ws",
+            "off",
+            "--stomp",
+            "off",
+            "--admin",
+            "127.0.0.1:0",
+            "--data",
+            "",
+        ]
+        .map(OsStr::new),
+        false,
     );
-    let (mut native, mut admin) = (None, None);
-    let mut lines = BufReader::new(broker.0.stdout.take().unwrap()).lines();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        if let Some(a) = line.strip_prefix("hayate broker: native protocol on ") {
-            native = Some(a.trim().to_string());
-        }
-        if let Some(a) = line.strip_prefix("hayate broker: admin http on ") {
-            admin = Some(a.trim().to_string());
-        }
-        if line.contains("ready") {
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
-    let (native, admin) = (native.unwrap(), admin.unwrap());
+    let (native, admin) = (broker.native.clone(), broker.admin.clone().unwrap());
     let rt = tokio::runtime::Runtime::new().unwrap();
     let o = hayate_client::ConnectOptions {
         shm: hayate_client::peer::ShmMode::Off,

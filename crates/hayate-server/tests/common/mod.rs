@@ -98,6 +98,17 @@ pub async fn start_default() -> TestBroker {
 /// performance assertion).
 /// One HTTP/1.1 request to `addr` (its own connection): the status code and the body.
 pub async fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    http_with_body(addr, method, path, headers, "").await
+}
+
+/// [`http`] with a request body.
+pub async fn http_with_body(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
@@ -107,7 +118,7 @@ pub async fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)]
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
-    req.push_str("Content-Length: 0\r\n\r\n");
+    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
     s.write_all(req.as_bytes()).await.unwrap();
     let mut out = Vec::new();
     within(10, s.read_to_end(&mut out)).await.unwrap();

@@ -1,0 +1,61 @@
+//! Test helpers: the `hayate` binary as a broker, killed when the test ends.
+
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+/// A broker process and the addresses it printed; killed on drop (passed or not).
+pub struct Broker {
+    pub child: Child,
+    /// The native protocol's address.
+    pub native: String,
+    /// The admin listener's address, when it has one.
+    pub admin: Option<String>,
+}
+
+impl Broker {
+    /// `hayate ARGS` (`broker ...`), its standard error piped when `stderr` is set; returns
+    /// once it has printed "ready".
+    pub fn start(args: &[&std::ffi::OsStr], stderr: bool) -> Broker {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hayate"))
+            .args(args)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(if stderr {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .spawn()
+            .unwrap();
+        let (mut native, mut admin) = (None, None);
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            if let Some(a) = line.strip_prefix("hayate broker: native protocol on ") {
+                native = Some(a.trim().to_string());
+            }
+            if let Some(a) = line.strip_prefix("hayate broker: admin http on ") {
+                admin = Some(a.trim().to_string());
+            }
+            if line.contains("ready") {
+                break;
+            }
+        }
+        // Keep draining stdout so the broker never blocks on it.
+        std::thread::spawn(move || for _ in lines {});
+        Broker {
+            child,
+            native: native.expect("the broker printed its native address"),
+            admin,
+        }
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
