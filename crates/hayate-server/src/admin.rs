@@ -54,11 +54,17 @@ pub struct AdminState {
     pub mqtt: Arc<Mqtt>,
     /// The broker's users, for the admin's own authentication.
     pub auth: Arc<dyn Authenticator>,
-    /// Users allowed (`[admin] users`).
-    pub users: Vec<String>,
+    /// Users allowed (`[admin] users`; a reload replaces them).
+    pub users: Arc<std::sync::RwLock<Vec<String>>>,
     /// The process's log filter, when the program lets the API change it.
     pub log: Option<LogControl>,
+    /// Reloads the configuration, when the program lets the API do it.
+    pub reload: Option<ReloadControl>,
 }
+
+/// Reads the configuration again and applies what can change while running; `Ok` says
+/// what was applied.
+pub type ReloadControl = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
 
 /// Reads the log filter (`None`) or sets it (`Some(filter)`), returning the filter now.
 pub type LogControl = Arc<dyn Fn(Option<&str>) -> Result<String, String> + Send + Sync>;
@@ -438,6 +444,7 @@ fn routes(shared: Arc<Shared>) -> Router {
             get(connection).delete(close_connection),
         )
         .route("/api/log", get(log_get).put(log_put))
+        .route("/api/reload", axum::routing::post(reload))
         .route("/api/groups", get(groups))
         .route("/api/queues", get(queues))
         .route("/api/streams", get(streams).post(create_stream))
@@ -573,7 +580,16 @@ async fn authorize(
         Err(_) => return Err(unauthorized()),
     };
     match id.user.as_deref() {
-        Some(u) if st.users.iter().any(|a| a == u) => Ok(()),
+        Some(u)
+            if st
+                .users
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .any(|a| a == u) =>
+        {
+            Ok(())
+        }
         Some(u) => {
             tracing::info!(user = u, "admin API refused: not in [admin] users");
             Err(error(
@@ -833,6 +849,27 @@ async fn log_put(State(s): St, body: axum::body::Bytes) -> Response {
             axum::Json(json!({ "filter": f })).into_response()
         }
         Err(e) => error(StatusCode::BAD_REQUEST, e),
+    }
+}
+
+/// Reloads the configuration (as SIGHUP does).
+async fn reload(State(s): St) -> Response {
+    let Some(c) = s.state.reload.clone() else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "this program does not reload its configuration",
+        );
+    };
+    match tokio::task::spawn_blocking(move || c()).await {
+        Ok(Ok(applied)) => {
+            tracing::info!("configuration reloaded by the admin API: {applied}");
+            axum::Json(json!({ "reloaded": true, "applied": applied })).into_response()
+        }
+        Ok(Err(e)) => {
+            tracing::warn!("configuration reload refused: {e}");
+            error(StatusCode::BAD_REQUEST, e)
+        }
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
 

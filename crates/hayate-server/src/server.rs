@@ -107,7 +107,11 @@ enum Listener {
 pub struct Server {
     broker: Broker,
     listeners: Vec<Listener>,
-    limits: Arc<Limits>,
+    /// `[limits]`, replaced whole by a config reload ([`Reloader`]); each connection takes
+    /// the version current when it is accepted.
+    limits: LimitsCell,
+    /// New connections per second per address (its rate changes with a reload).
+    rate: Arc<ConnRate>,
     name: Arc<str>,
     keepalive: native::Keepalive,
     mqtt: Arc<Mqtt>,
@@ -123,9 +127,11 @@ pub struct Server {
     ops: Arc<Ops>,
     /// The admin HTTP listener (`[admin] listen`), and who may use it.
     admin: Option<TcpListener>,
-    admin_users: Vec<String>,
+    admin_users: Arc<std::sync::RwLock<Vec<String>>>,
     /// Reads and sets the process's log filter (`PUT /api/log`), when the program gives one.
     log_control: Option<crate::admin::LogControl>,
+    /// Reloads the configuration (`POST /api/reload`), when the program gives one.
+    reload_control: Option<crate::admin::ReloadControl>,
 }
 
 impl std::fmt::Debug for Server {
@@ -294,7 +300,8 @@ impl Server {
         Server {
             broker,
             listeners,
-            limits: Arc::new(config.limits.clone()),
+            limits: Arc::new(std::sync::RwLock::new(Arc::new(config.limits.clone()))),
+            rate: Arc::new(ConnRate::new(config.limits.max_connection_rate_per_address)),
             name: config.server.name.as_str().into(),
             keepalive: native::Keepalive {
                 interval: (config.native.ping_interval_ms > 0)
@@ -310,8 +317,9 @@ impl Server {
             shm,
             ops,
             admin: None,
-            admin_users: config.admin.users.clone(),
+            admin_users: Arc::new(std::sync::RwLock::new(config.admin.users.clone())),
             log_control: None,
+            reload_control: None,
         }
     }
 
@@ -331,6 +339,24 @@ impl Server {
     /// The admin listener's address, when there is one.
     pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
         self.admin.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// What applies a new configuration to this server while it runs (SIGHUP, the admin
+    /// API's reload).
+    pub fn reloader(&self) -> Reloader {
+        Reloader {
+            limits: self.limits.clone(),
+            rate: self.rate.clone(),
+            auth: self.auth.clone(),
+            admin_users: self.admin_users.clone(),
+        }
+    }
+
+    /// Lets the admin API reload the configuration (`POST /api/reload`): `control` reads
+    /// the config file again and applies it.
+    pub fn with_reload_control(mut self, control: crate::admin::ReloadControl) -> Server {
+        self.reload_control = Some(control);
+        self
     }
 
     /// Listener statistics, live connections and readiness.
@@ -398,7 +424,8 @@ impl Server {
         let (stop_tx, stop_rx) = watch::channel(false);
         let live = Arc::new(AtomicUsize::new(0));
         let per_address = PerAddress::default();
-        let rate = Arc::new(ConnRate::new(self.limits.max_connection_rate_per_address));
+        let rate = self.rate.clone();
+        let limits = current(&self.limits);
         let mut accepts = JoinSet::new();
         let mut paths = Vec::new();
         let background = tokio::spawn(self.mqtt.clone().background(stop_rx.clone()));
@@ -411,6 +438,7 @@ impl Server {
                 auth: self.auth.clone(),
                 users: self.admin_users.clone(),
                 log: self.log_control.clone(),
+                reload: self.reload_control.clone(),
             };
             tokio::spawn(crate::admin::serve(l, state, stop_rx.clone()))
         });
@@ -430,7 +458,8 @@ impl Server {
                 listener: stats,
                 conns: self.ops.conns.clone(),
                 broker: self.broker.clone(),
-                limits: self.limits.clone(),
+                limits: limits.clone(),
+                cell: self.limits.clone(),
                 name: self.name.clone(),
                 keepalive: self.keepalive,
                 stop: stop_rx.clone(),
@@ -441,13 +470,13 @@ impl Server {
                 auth: self.auth.clone(),
                 tls: self.tls.clone(),
                 shm: self.shm.clone(),
-                handshake: Duration::from_millis(self.limits.handshake_timeout_ms.max(1)),
+                handshake: Duration::from_millis(limits.handshake_timeout_ms.max(1)),
                 per_address: per_address.clone(),
                 rate: rate.clone(),
                 budget: InputBudget {
                     memory: self.broker.config().memory.clone(),
-                    wait: (self.limits.max_block_ms > 0)
-                        .then(|| Duration::from_millis(self.limits.max_block_ms)),
+                    wait: (limits.max_block_ms > 0)
+                        .then(|| Duration::from_millis(limits.max_block_ms)),
                 },
             };
             if let Listener::Unix(_, p) = &l {
@@ -496,8 +525,59 @@ fn listener_name(l: &Listener) -> (&'static str, String) {
     }
 }
 
+/// `[limits]` as it is now: reloads replace the inner `Arc`.
+type LimitsCell = Arc<std::sync::RwLock<Arc<Limits>>>;
+
+fn current(cell: &LimitsCell) -> Arc<Limits> {
+    cell.read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
+
+/// Applies a new configuration to a running server, for what can change safely: `[limits]`
+/// (each new connection takes the new version; connections up keep theirs), the users,
+/// tokens and permissions of `[auth]` (new logins), and `[admin] users`. Listeners, TLS
+/// paths, the data directory and the MQTT and STOMP sections need a restart; the memory
+/// budget and `max_block_ms` keep their start values.
+#[derive(Clone)]
+pub struct Reloader {
+    limits: LimitsCell,
+    rate: Arc<ConnRate>,
+    auth: Arc<dyn Authenticator>,
+    admin_users: Arc<std::sync::RwLock<Vec<String>>>,
+}
+
+impl std::fmt::Debug for Reloader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reloader").finish_non_exhaustive()
+    }
+}
+
+impl Reloader {
+    /// Checks `config` and applies it; `Err` (and nothing changed) when it is not valid.
+    pub fn reload(&self, config: &Config) -> Result<(), String> {
+        config.validate().map_err(|e| e.to_string())?;
+        self.auth.reload(&config.auth)?;
+        *self
+            .limits
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(config.limits.clone());
+        self.rate.per_sec.store(
+            config.limits.max_connection_rate_per_address,
+            Ordering::Relaxed,
+        );
+        *self
+            .admin_users
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = config.admin.users.clone();
+        Ok(())
+    }
+}
+
 #[derive(Clone)]
 struct Ctx {
+    /// Where reloads put `[limits]`; `limits` is the version of this connection.
+    cell: LimitsCell,
     listener: Arc<ListenerStats>,
     conns: Arc<hayate_io::registry::ConnRegistry>,
     keepalive: native::Keepalive,
@@ -521,7 +601,7 @@ struct Ctx {
 /// New connections per second per source address: a token bucket per address holding at
 /// most `per_sec` tokens, refilled at `per_sec` a second.
 struct ConnRate {
-    per_sec: u32,
+    per_sec: std::sync::atomic::AtomicU32,
     buckets: std::sync::Mutex<Buckets>,
 }
 
@@ -550,18 +630,19 @@ fn rate_key(ip: std::net::IpAddr) -> std::net::IpAddr {
 impl ConnRate {
     fn new(per_sec: u32) -> ConnRate {
         ConnRate {
-            per_sec,
+            per_sec: std::sync::atomic::AtomicU32::new(per_sec),
             buckets: Default::default(),
         }
     }
 
     /// Takes a token for a connection from `ip`; false if it has none left.
     fn allow(&self, ip: std::net::IpAddr) -> bool {
-        if self.per_sec == 0 {
+        let per_sec = self.per_sec.load(Ordering::Relaxed);
+        if per_sec == 0 {
             return true;
         }
         let now = Instant::now();
-        let full = f64::from(self.per_sec);
+        let full = f64::from(per_sec);
         let ip = rate_key(ip);
         let mut b = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         if b.map.len() >= MAX_TRACKED && !b.map.contains_key(&ip) {
@@ -663,7 +744,11 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
             }
         };
         let refused = || ctx.listener.refused.fetch_add(1, Ordering::Relaxed);
-        if ctx.live.load(Ordering::Acquire) >= ctx.limits.max_connections {
+        // This connection's limits: the version current now (a reload changes the next ones).
+        let mut c = ctx.clone();
+        c.limits = current(&ctx.cell);
+        c.handshake = Duration::from_millis(c.limits.handshake_timeout_ms.max(1));
+        if ctx.live.load(Ordering::Acquire) >= c.limits.max_connections {
             tracing::warn!("connection refused: max_connections reached");
             refused();
             continue;
@@ -675,7 +760,7 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
             refused();
             continue;
         }
-        let Ok(per_address) = claim_address(&ctx, peer) else {
+        let Ok(per_address) = claim_address(&c, peer) else {
             refused();
             continue;
         };
@@ -685,7 +770,6 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
             live: ctx.live.clone(),
             _address: per_address,
         };
-        let c = ctx.clone();
         // Detached: a connection outlives the accept loop long enough to flush on shutdown;
         // `live` counts it until it ends.
         tokio::spawn(async move {

@@ -41,7 +41,7 @@ pub(crate) enum Command {
     Top(crate::top::TopArgs),
 }
 
-#[derive(Debug, Args, Default)]
+#[derive(Debug, Args, Default, Clone)]
 pub(crate) struct BrokerArgs {
     /// Configuration file (TOML); see `hayate config default`.
     #[arg(long)]

@@ -139,6 +139,14 @@ async fn broker(args: cli::BrokerArgs) -> Result<()> {
     let server = Server::bind(&config)
         .await?
         .with_log_control(std::sync::Arc::new(logging::control));
+    // Reloading: the config file and flags read again, applied to what can change while
+    // running (hayate_server::server::Reloader), the log filter, the TLS files. SIGHUP and
+    // POST /api/reload do the same.
+    let reload: hayate_server::admin::ReloadControl = {
+        let (args, reloader, tls) = (args.clone(), server.reloader(), server.tls());
+        std::sync::Arc::new(move || reload_config(&args, &reloader, tls.as_deref()))
+    };
+    let server = server.with_reload_control(reload.clone());
     for (proto, a) in server.bound() {
         println!("hayate broker: {} on {a}", proto.label());
     }
@@ -155,34 +163,18 @@ async fn broker(args: cli::BrokerArgs) -> Result<()> {
     println!("hayate broker: ready (Ctrl-C to stop)");
     #[cfg(unix)]
     {
-        // SIGHUP: read the certificate, key and CA files again (new handshakes use them;
-        // connections up keep theirs). A bad file keeps the current ones. Caught even
-        // without TLS, so that a SIGHUP never stops the broker.
-        let tls = server.tls();
-        let config_file = args.config.clone();
-        let log_flag = args.log.is_some();
+        // Caught even without a config file or TLS, so that a SIGHUP never stops the broker.
         if let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         {
             tokio::spawn(async move {
                 while hup.recv().await.is_some() {
-                    // The log filter, from the file (a --log flag, or RUST_LOG, stays).
-                    if let (Some(path), false) = (&config_file, log_flag) {
-                        let read = std::fs::read_to_string(path)
-                            .map_err(|e| e.to_string())
-                            .and_then(|t| Config::from_toml(&t).map_err(|e| e.to_string()));
-                        match read.and_then(|c| logging::control(Some(&c.server.log))) {
-                            Ok(f) => tracing::info!(filter = %f, "SIGHUP: log filter set"),
-                            Err(e) => tracing::warn!("SIGHUP: log filter unchanged: {e}"),
+                    let r = reload.clone();
+                    match tokio::task::spawn_blocking(move || r()).await {
+                        Ok(Ok(applied)) => tracing::info!("SIGHUP: reloaded: {applied}"),
+                        Ok(Err(e)) => {
+                            tracing::warn!("SIGHUP: reload refused, nothing changed: {e}")
                         }
-                    }
-                    match &tls {
-                        None => tracing::info!("SIGHUP: no TLS configured, nothing to reload"),
-                        Some(t) => match t.reload() {
-                            Ok(()) => tracing::info!("SIGHUP: TLS certificates reloaded"),
-                            Err(e) => tracing::error!(
-                                "SIGHUP: TLS reload failed, keeping the current certificates: {e}"
-                            ),
-                        },
+                        Err(e) => tracing::error!("SIGHUP: reload failed: {e}"),
                     }
                 }
             });
@@ -191,6 +183,42 @@ async fn broker(args: cli::BrokerArgs) -> Result<()> {
     server.run(shutdown_signal()).await;
     println!("hayate broker: stopped");
     Ok(())
+}
+
+/// Reads the configuration again (file and flags, as at start) and applies what can change
+/// while running: `[limits]` for new connections, `[auth]` users, tokens and permissions for
+/// new logins, `[admin] users`, the log filter (unless `--log` or `RUST_LOG` fixes it), and
+/// the TLS certificate, key and CA files. A configuration that does not validate changes
+/// nothing; a TLS file that does not load keeps the current certificates.
+fn reload_config(
+    args: &cli::BrokerArgs,
+    reloader: &hayate_server::server::Reloader,
+    tls: Option<&hayate_server::tls::ServerTls>,
+) -> std::result::Result<String, String> {
+    let mut applied = Vec::new();
+    if args.config.is_some() {
+        let config = effective_config(args).map_err(|e| format!("{e:#}"))?;
+        reloader.reload(&config)?;
+        applied.push("limits, users and permissions, admin users");
+        if args.log.is_none() {
+            match logging::control(Some(&config.server.log)) {
+                Ok(_) => applied.push("log filter"),
+                Err(e) => tracing::warn!("reload: log filter unchanged: {e}"),
+            }
+        }
+    }
+    if let Some(t) = tls {
+        match t.reload() {
+            Ok(()) => applied.push("TLS certificates"),
+            Err(e) => {
+                tracing::error!("reload: TLS files not reloaded, keeping the current ones: {e}")
+            }
+        }
+    }
+    if applied.is_empty() {
+        return Err("no config file (--config) and no TLS: nothing to reload".into());
+    }
+    Ok(applied.join(", "))
 }
 
 async fn shutdown_signal() {

@@ -106,4 +106,10 @@ pub trait Authenticator: Send + Sync + std::fmt::Debug + 'static {
 
     /// True when clients must present credentials (no anonymous access).
     fn required(&self) -> bool;
+
+    /// Takes a new `[auth]` section for logins from now on (config reload). Authenticators
+    /// that cannot say so.
+    fn reload(&self, _section: &crate::config::AuthSection) -> Result<(), String> {
+        Err("this authenticator cannot reload its users".into())
+    }
 }

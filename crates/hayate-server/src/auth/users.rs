@@ -98,11 +98,9 @@ impl Drop for Slot {
 /// The `[auth]` section as an [`Authenticator`].
 #[derive(Debug)]
 pub struct ConfigAuth {
-    anonymous: bool,
-    /// No user and no token configured: a user name is only a label.
-    open: bool,
-    users: HashMap<String, User>,
-    tokens: HashMap<String, Arc<str>>,
+    /// Users, tokens and whether anonymous clients may connect: replaced whole by
+    /// [`ConfigAuth::reload`] (a login reads one version from start to end).
+    table: std::sync::RwLock<Arc<Table>>,
     /// Successful password checks, so that a reconnect does not pay argon2 again: user →
     /// SHA-256(process secret, user, password).
     verified: Mutex<HashMap<Arc<str>, [u8; 32]>>,
@@ -114,6 +112,16 @@ pub struct ConfigAuth {
     lockout: Duration,
     per_user: PerUser,
     max_per_user: usize,
+}
+
+/// What `[auth]` says of who may log in (the part [`ConfigAuth::reload`] replaces).
+#[derive(Debug)]
+struct Table {
+    anonymous: bool,
+    /// No user and no token configured: a user name is only a label.
+    open: bool,
+    users: HashMap<String, User>,
+    tokens: HashMap<String, Arc<str>>,
 }
 
 fn exprs(list: &[String], what: &str) -> Result<Vec<KeyExpr>, String> {
@@ -233,10 +241,12 @@ impl ConfigAuth {
         let mut secret = [0u8; 32];
         getrandom::fill(&mut secret).map_err(|e| format!("no randomness: {e}"))?;
         Ok(ConfigAuth {
-            anonymous: !has_users && section.allow_anonymous != Some(false),
-            open: !has_users,
-            users,
-            tokens,
+            table: std::sync::RwLock::new(Arc::new(Table {
+                anonymous: !has_users && section.allow_anonymous != Some(false),
+                open: !has_users,
+                users,
+                tokens,
+            })),
             verified: Mutex::new(HashMap::new()),
             secret,
             checks: Arc::new(tokio::sync::Semaphore::new(HASH_CHECKS)),
@@ -253,10 +263,12 @@ impl ConfigAuth {
     /// not validated first: failing closed).
     pub fn deny_all() -> ConfigAuth {
         ConfigAuth {
-            anonymous: false,
-            open: false,
-            users: HashMap::new(),
-            tokens: HashMap::new(),
+            table: std::sync::RwLock::new(Arc::new(Table {
+                anonymous: false,
+                open: false,
+                users: HashMap::new(),
+                tokens: HashMap::new(),
+            })),
             verified: Mutex::new(HashMap::new()),
             secret: [0; 32],
             checks: Arc::new(tokio::sync::Semaphore::new(1)),
@@ -269,6 +281,32 @@ impl ConfigAuth {
         }
     }
 
+    fn table(&self) -> Arc<Table> {
+        self.table
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces the users, tokens, groups and anonymous access with those of `section`
+    /// (checked first: a bad section changes nothing). Logins from now on use them, and
+    /// the cache of verified passwords is emptied (a changed password takes effect).
+    /// Connections logged in keep the identity they logged in with. The lock-out and
+    /// per-user connection settings stay as they were at start.
+    pub fn reload(&self, section: &AuthSection) -> Result<(), String> {
+        let fresh = ConfigAuth::from_section(section)?;
+        let table = fresh.table();
+        *self
+            .table
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = table;
+        self.verified
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        Ok(())
+    }
+
     fn identity(&self, u: &User) -> Identity {
         Identity {
             user: Some(u.name.clone()),
@@ -279,7 +317,8 @@ impl ConfigAuth {
 
     /// Counts one more connection of `id`'s user (configured users only), or refuses it.
     fn take_slot(&self, mut id: Identity) -> Result<Identity, AuthError> {
-        let Some(user) = id.user.clone().filter(|_| !self.open) else {
+        let open = self.table().open;
+        let Some(user) = id.user.clone().filter(|_| !open) else {
             return Ok(id);
         };
         let mut m = self.per_user.lock().unwrap_or_else(|p| p.into_inner());
@@ -385,10 +424,11 @@ impl ConfigAuth {
     }
 
     async fn check(&self, creds: Credentials<'_>) -> Result<Identity, AuthError> {
+        let t = self.table();
         if let Some(name) = creds.verified {
             // A verified client certificate: its CN must be a user, and the user name given
             // (if any) the same.
-            return match self.users.get(name) {
+            return match t.users.get(name) {
                 Some(u) if creds.user.is_none_or(|n| n.is_empty() || n == name) => {
                     Ok(self.identity(u))
                 }
@@ -400,11 +440,11 @@ impl ConfigAuth {
                 .password
                 .filter(|p| p.starts_with(TOKEN_PREFIX.as_bytes()))
         });
-        if let Some(t) = token {
-            let user = self
+        if let Some(tok) = token {
+            let user = t
                 .tokens
-                .get(&token_digest(t))
-                .and_then(|name| self.users.get(&**name));
+                .get(&token_digest(tok))
+                .and_then(|name| t.users.get(&**name));
             return match user {
                 Some(u) if creds.user.is_none_or(|n| n.is_empty() || n == &*u.name) => {
                     Ok(self.identity(u))
@@ -413,14 +453,14 @@ impl ConfigAuth {
             };
         }
         let Some(name) = creds.user.filter(|n| !n.is_empty()) else {
-            return if self.anonymous {
+            return if t.anonymous {
                 Ok(Identity::anonymous())
             } else {
                 Err(AuthError::NotAuthorized)
             };
         };
-        if self.open {
-            return if self.anonymous {
+        if t.open {
+            return if t.anonymous {
                 // No users: a user name is only a label (as in Mosquitto without a
                 // password file).
                 Ok(Identity {
@@ -432,7 +472,7 @@ impl ConfigAuth {
                 Err(AuthError::BadCredentials)
             };
         }
-        match self.users.get(name) {
+        match t.users.get(name) {
             Some(u) => match creds.password {
                 Some(p) if self.check_password(u, p).await => Ok(self.identity(u)),
                 _ => Err(AuthError::BadCredentials),
@@ -491,7 +531,11 @@ impl Authenticator for ConfigAuth {
     }
 
     fn required(&self) -> bool {
-        !self.anonymous
+        !self.table().anonymous
+    }
+
+    fn reload(&self, section: &AuthSection) -> Result<(), String> {
+        ConfigAuth::reload(self, section)
     }
 }
 
