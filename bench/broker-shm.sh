@@ -11,11 +11,10 @@ OUT=${OUT:-bench/results/$(date +%F)-vm-broker-shm}
 DURATION=${DURATION:-5s}
 mkdir -p "$OUT"
 tmp=$(mktemp -d)
-"$BIN" broker --listen 127.0.0.1:0 --mqtt off --ws off --stomp off --admin off --data "$tmp/data" >"$tmp/out" 2>"$tmp/err" &
-bpid=$!
-trap 'kill $bpid 2>/dev/null || true; wait $bpid 2>/dev/null || true; rm -rf "$tmp"' EXIT
-for _ in $(seq 100); do grep -q 'native protocol on' "$tmp/out" && break; sleep 0.05; done
-addr=$(sed -n 's/.*native protocol on \(.*\)$/\1/p' "$tmp/out" | head -1)
+. bench/lib-broker.sh
+start_broker
+trap 'stop_broker; rm -rf "$tmp"' EXIT
+addr=$BROKER_ADDR
 targets=(--target "hayate://$addr?shm=off&name=hayate-tcp"
          --target "hayate://$addr?shm=require&name=hayate-shm")
 "$BIN" bench thr "${targets[@]}" --baseline --payload 64,1KiB,1MiB --duration "$DURATION" --json "$OUT/thr.json"

@@ -19,8 +19,8 @@ NATS_PORT=${NATS_PORT:-14222}
 ZENOH_PORT=${ZENOH_PORT:-17447}
 mkdir -p "$OUT"
 tmp=$(mktemp -d)
-"$BIN" broker --listen 127.0.0.1:0 --mqtt off --ws off --stomp off --admin off --data "$tmp/data" >"$tmp/out" 2>"$tmp/err" &
-bpid=$!
+. bench/lib-broker.sh
+start_broker
 bench/peers/nats.sh start "$NATS_PORT" >/dev/null
 router=()
 if bench/peers/zenoh.sh version >/dev/null 2>&1; then
@@ -29,9 +29,8 @@ if bench/peers/zenoh.sh version >/dev/null 2>&1; then
 fi
 dds=()
 command -v ddsperf >/dev/null && dds=(--ddsperf)
-trap 'kill $bpid 2>/dev/null || true; wait $bpid 2>/dev/null || true; bench/peers/nats.sh stop "$NATS_PORT" >/dev/null 2>&1 || true; bench/peers/zenoh.sh stop "$ZENOH_PORT" >/dev/null 2>&1 || true; rm -rf "$tmp"' EXIT
-for _ in $(seq 100); do grep -q 'native protocol on' "$tmp/out" && break; sleep 0.05; done
-addr=$(sed -n 's/.*native protocol on \(.*\)$/\1/p' "$tmp/out" | head -1)
+trap 'stop_broker; bench/peers/nats.sh stop "$NATS_PORT" >/dev/null 2>&1 || true; bench/peers/zenoh.sh stop "$ZENOH_PORT" >/dev/null 2>&1 || true; rm -rf "$tmp"' EXIT
+addr=$BROKER_ADDR
 "$BIN" bench fanout \
     --target "hayate://127.0.0.1:0?mode=peer&shm=require&name=hayate-shm" \
     --target "hayate://127.0.0.1:0?mode=peer&shm=off&name=hayate-p2p" \

@@ -10,11 +10,10 @@ OUT=${OUT:-bench/results/$(date +%F)-vm-peer}
 DURATION=${DURATION:-5s}
 mkdir -p "$OUT"
 tmp=$(mktemp -d)
-"$BIN" broker --listen 127.0.0.1:0 --mqtt off --ws off --stomp off --admin off --data "$tmp/data" >"$tmp/out" 2>"$tmp/err" &
-bpid=$!
-trap 'kill $bpid 2>/dev/null || true; wait $bpid 2>/dev/null || true; rm -rf "$tmp"' EXIT
-for _ in $(seq 100); do grep -q 'native protocol on' "$tmp/out" && break; sleep 0.05; done
-addr=$(sed -n 's/.*native protocol on \(.*\)$/\1/p' "$tmp/out" | head -1)
+. bench/lib-broker.sh
+start_broker
+trap 'stop_broker; rm -rf "$tmp"' EXIT
+addr=$BROKER_ADDR
 # hayate-p2p: peer nodes over TCP (shared memory off); hayate-shm: the same nodes over shared
 # memory (both in this process, so on one host); hayate-shm-spin: readers poll their ring
 # for 200 us before sleeping (busy polling, for the latency bar).

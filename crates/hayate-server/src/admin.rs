@@ -113,7 +113,7 @@ const TOP_KEYS: usize = 10;
 
 /// Serves the admin API on `listener` until `stop` changes.
 pub async fn serve(listener: TcpListener, state: AdminState, mut stop: watch::Receiver<bool>) {
-    let (app, shared) = router_and_state(state);
+    let (app, shared) = router(state);
     // The sampler: rates once a second, for as long as the listener serves.
     let sampler = tokio::spawn(async move {
         let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
@@ -138,6 +138,9 @@ pub async fn serve(listener: TcpListener, state: AdminState, mut stop: watch::Re
     }
     sampler.abort();
 }
+
+/// The largest request body the admin API takes (a stream definition, a log filter).
+pub const MAX_BODY: usize = 64 * 1024;
 
 /// Admin connections open at once, at most: the next one waits in the accept queue (a client
 /// holding many, or event streams left open, cannot take the process's descriptors).
@@ -405,12 +408,8 @@ async fn events(State(s): St) -> Response {
         .into_response()
 }
 
-/// The routes (public for programs that serve them on a listener of their own).
-pub fn router(state: AdminState) -> Router {
-    router_and_state(state).0
-}
-
-fn router_and_state(state: AdminState) -> (Router, Arc<Shared>) {
+/// The routes, and the state the sampler keeps up to date.
+fn router(state: AdminState) -> (Router, Arc<Shared>) {
     let mut registry = Registry::default();
     let top_keys = TopKeys::default();
     let metrics = Metrics {
@@ -449,7 +448,9 @@ fn routes(shared: Arc<Shared>) -> Router {
         .route("/api/queues", get(queues))
         .route("/api/streams", get(streams).post(create_stream))
         .route("/api/streams/{name}", get(stream).delete(delete_stream))
-        .route_layer(axum::middleware::from_fn_with_state(shared.clone(), guard));
+        .route_layer(axum::middleware::from_fn_with_state(shared.clone(), guard))
+        // Bodies without a length (chunked) are cut at the same limit.
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -482,6 +483,19 @@ async fn guard(
             StatusCode::FORBIDDEN,
             "without users configured, the admin API answers only requests for an IP \
              address or localhost (Host header)",
+        );
+    }
+    // A body announced past the limit is refused before any of it is read (a client that
+    // announces 100 MiB and sends a byte would otherwise hold the connection).
+    let announced = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if announced.is_some_and(|n| n > MAX_BODY as u64) {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request bodies are at most {MAX_BODY} bytes"),
         );
     }
     if req.method() == axum::http::Method::POST {
@@ -757,17 +771,14 @@ async fn close_connection(State(s): St, Path(id): Path<String>) -> Response {
 }
 
 fn listener_views(s: &Shared) -> Vec<Value> {
-    let conns = s.state.ops.conns.list();
+    let live = s.state.ops.connections_per_listener();
     s.state
         .ops
         .listeners
         .iter()
-        .map(|l| {
+        .zip(live)
+        .map(|(l, live)| {
             let t = l.traffic.totals();
-            let live = conns
-                .iter()
-                .filter(|c| c.listener == l.addr && c.protocol == l.protocol)
-                .count();
             json!({
                 "protocol": l.protocol,
                 "addr": l.addr,
@@ -1014,16 +1025,13 @@ impl Collector for Metrics {
         let mut live = Vec::new();
         let mut accepted = Vec::new();
         let mut refused = Vec::new();
-        for l in &self.ops.listeners {
+        let counts = self.ops.connections_per_listener();
+        for (l, n) in self.ops.listeners.iter().zip(counts) {
             let labels = vec![
                 ("protocol", l.protocol.to_string()),
                 ("listener", l.addr.clone()),
             ];
             per_listener.push((labels.clone(), l.traffic.totals()));
-            let n = conns
-                .iter()
-                .filter(|c| c.listener == l.addr && c.protocol == l.protocol)
-                .count();
             live.push((labels.clone(), n as f64));
             accepted.push((labels.clone(), l.accepted.load(Relaxed)));
             refused.push((labels, l.refused.load(Relaxed)));

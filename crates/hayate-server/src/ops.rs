@@ -48,17 +48,29 @@ pub struct Ops {
     pub listeners: Vec<Arc<ListenerStats>>,
     started: Instant,
     ready: AtomicBool,
-    stopping: AtomicBool,
 }
 
 impl Ops {
+    /// Connections open now on each listener, in the order of [`Ops::listeners`].
+    pub fn connections_per_listener(&self) -> Vec<usize> {
+        let conns = self.conns.list();
+        self.listeners
+            .iter()
+            .map(|l| {
+                conns
+                    .iter()
+                    .filter(|c| c.listener == l.addr && c.protocol == l.protocol)
+                    .count()
+            })
+            .collect()
+    }
+
     pub(crate) fn new(listeners: Vec<Arc<ListenerStats>>) -> Arc<Ops> {
         Arc::new(Ops {
             conns: ConnRegistry::new(),
             listeners,
             started: Instant::now(),
             ready: AtomicBool::new(false),
-            stopping: AtomicBool::new(false),
         })
     }
 
@@ -67,16 +79,12 @@ impl Ops {
         self.started.elapsed().as_secs_f64()
     }
 
-    /// True while every listener accepts and the server is not shutting down.
+    /// True once every listener accepts (the admin listener closes when shutdown starts).
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire) && !self.stopping.load(Ordering::Acquire)
+        self.ready.load(Ordering::Acquire)
     }
 
     pub(crate) fn set_ready(&self) {
         self.ready.store(true, Ordering::Release);
-    }
-
-    pub(crate) fn set_stopping(&self) {
-        self.stopping.store(true, Ordering::Release);
     }
 }

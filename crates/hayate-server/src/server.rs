@@ -470,7 +470,6 @@ impl Server {
                 auth: self.auth.clone(),
                 tls: self.tls.clone(),
                 shm: self.shm.clone(),
-                handshake: Duration::from_millis(limits.handshake_timeout_ms.max(1)),
                 per_address: per_address.clone(),
                 rate: rate.clone(),
                 budget: InputBudget {
@@ -486,7 +485,6 @@ impl Server {
         }
         self.ops.set_ready();
         shutdown.await;
-        self.ops.set_stopping();
         let _ = stop_tx.send(true);
         accepts.shutdown().await;
         retention.abort();
@@ -592,10 +590,16 @@ struct Ctx {
     auth: Arc<dyn Authenticator>,
     tls: Option<Arc<ServerTls>>,
     shm: Option<Arc<ShmOffer>>,
-    handshake: Duration,
     per_address: PerAddress,
     rate: Arc<ConnRate>,
     budget: InputBudget,
+}
+
+impl Ctx {
+    /// How long this connection's TLS, WebSocket or shared-memory handshake may take.
+    fn handshake(&self) -> Duration {
+        Duration::from_millis(self.limits.handshake_timeout_ms.max(1))
+    }
 }
 
 /// New connections per second per source address: a token bucket per address holding at
@@ -747,7 +751,6 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
         // This connection's limits: the version current now (a reload changes the next ones).
         let mut c = ctx.clone();
         c.limits = current(&ctx.cell);
-        c.handshake = Duration::from_millis(c.limits.handshake_timeout_ms.max(1));
         if ctx.live.load(Ordering::Acquire) >= c.limits.max_connections {
             tracing::warn!("connection refused: max_connections reached");
             refused();
@@ -786,7 +789,7 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
                         );
                         return;
                     };
-                    match transport::tls::accept(s, tls.config(), c.handshake).await {
+                    match transport::tls::accept(s, tls.config(), c.handshake()).await {
                         Ok((r, w, certs)) => {
                             if tls.cert_user() {
                                 verified_name = certs
@@ -807,7 +810,7 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
                 Stream::Shm(s) => {
                     let Some(o) = offer.take() else { return };
                     let admit = |peer| claim_address(&c, peer).ok();
-                    match crate::shm::accept(&o, s, c.handshake, &c.budget.memory, admit).await {
+                    match crate::shm::accept(&o, s, c.handshake(), &c.budget.memory, admit).await {
                         Ok(a) => {
                             // Counted against the address of the session that got the
                             // ticket, as a TCP connection from there is.
@@ -828,7 +831,7 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
             let proto = proto.inner();
             let (r, w) = if proto == Protocol::MqttWs {
                 let max = c.mqtt.cfg.max_packet_size as usize;
-                match ws::accept(r, w, "mqtt", max.saturating_add(1024), c.handshake).await {
+                match ws::accept(r, w, "mqtt", max.saturating_add(1024), c.handshake()).await {
                     Ok(rw) => rw,
                     Err(e) => {
                         tracing::debug!("websocket handshake failed: {e}");

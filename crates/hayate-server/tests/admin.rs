@@ -536,3 +536,66 @@ async fn the_dashboard_and_its_event_stream() {
     assert_eq!(conns[0]["msgs_in"], 20);
     assert!(last["history"].is_array() && last["top_keys"].is_array());
 }
+
+/// Hostile admin clients: a body announced past the limit, an event stream never read, and
+/// every admin connection slot held by idle clients. Each gets its answer or waits; the
+/// broker's own clients carry on, and the API answers again once the slots free.
+#[tokio::test]
+async fn hostile_admin_clients() {
+    use tokio::io::AsyncReadExt;
+    let b = start_default().await;
+    let connect = || tokio::net::TcpStream::connect(b.admin.clone());
+
+    // 100 MiB announced: refused (413) at once, not read.
+    let mut s = connect().await.unwrap();
+    s.write_all(
+        format!(
+            "POST /api/streams HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+             Content-Length: 104857600\r\n\r\n{{",
+            b.admin
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut head = [0u8; 12];
+    within(10, s.read_exact(&mut head)).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 413");
+    drop(s);
+
+    // An event stream its client never reads, and all other slots held by idle clients.
+    let mut sse = connect().await.unwrap();
+    sse.write_all(format!("GET /api/events HTTP/1.1\r\nHost: {}\r\n\r\n", b.admin).as_bytes())
+        .await
+        .unwrap();
+    let mut idle = Vec::new();
+    for _ in 0..hayate_server::admin::MAX_CONNECTIONS - 1 {
+        idle.push(connect().await.unwrap());
+    }
+    let admin = b.admin.clone();
+    let waiting = tokio::spawn(async move { http(&admin, "GET", "/healthz", &[]).await });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a request past the cap waits for a slot"
+    );
+
+    // Meanwhile the broker serves its clients as ever.
+    let c = native(&b.addr, "busy-admin").await;
+    let mut sub = c.subscribe("h/**").await.unwrap();
+    c.flush().await.unwrap();
+    c.publish(&Key::new("h/x").unwrap(), "still here")
+        .await
+        .unwrap();
+    assert_eq!(
+        &within(10, sub.next()).await.unwrap().payload[..],
+        b"still here"
+    );
+
+    // Slots free: the waiting request is answered.
+    drop(idle);
+    let (status, body) = within(10, waiting).await.unwrap();
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    drop(sse);
+    assert_eq!(http(&b.admin, "GET", "/healthz", &[]).await.0, 200);
+}

@@ -7,36 +7,11 @@
 mod common;
 
 use std::ffi::OsStr;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-/// One HTTP/1.1 request: status and body.
-fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (
-        status,
-        out.split_once("\r\n\r\n")
-            .map_or("", |(_, b)| b)
-            .to_string(),
-    )
-}
 
 fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -82,7 +57,7 @@ fn json_logs_and_a_filter_changed_at_run_time() {
     });
 
     assert_eq!(
-        http(&admin, "GET", "/api/log", ""),
+        common::http(&admin, "GET", "/api/log", &[], ""),
         (200, r#"{"filter":"warn"}"#.into())
     );
     // A client that stays connected across both changes.
@@ -103,7 +78,7 @@ fn json_logs_and_a_filter_changed_at_run_time() {
         .unwrap();
     assert!(ok.success());
     wait_for("the SIGHUP reload", || {
-        http(&admin, "GET", "/api/log", "").1 == r#"{"filter":"debug"}"#
+        common::http(&admin, "GET", "/api/log", &[], "").1 == r#"{"filter":"debug"}"#
     });
     // A connection that ends logs at debug level now: a JSON line.
     drop(TcpStream::connect(&native).unwrap());
@@ -119,13 +94,13 @@ fn json_logs_and_a_filter_changed_at_run_time() {
     }
 
     // PUT /api/log: set, and a filter that does not parse is refused.
-    let (status, body) = http(&admin, "PUT", "/api/log", "info,hayate_server=trace");
+    let (status, body) = common::http(&admin, "PUT", "/api/log", &[], "info,hayate_server=trace");
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("hayate_server=trace"), "{body}");
-    let (status, _) = http(&admin, "PUT", "/api/log", "info,=[");
+    let (status, _) = common::http(&admin, "PUT", "/api/log", &[], "info,=[");
     assert_eq!(status, 400);
     assert!(
-        http(&admin, "GET", "/api/log", "")
+        common::http(&admin, "GET", "/api/log", &[], "")
             .1
             .contains("hayate_server=trace")
     );

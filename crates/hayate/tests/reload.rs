@@ -8,8 +8,6 @@
 mod common;
 
 use std::ffi::OsStr;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use hayate_client::{Client, ConnectOptions, Error, Key};
@@ -37,31 +35,24 @@ fn config(per_address: usize, bob: Option<&UserConfig>) -> String {
     c.to_toml()
 }
 
-/// POST /api/reload as alice.
-fn reload(admin: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(admin).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    // alice:alice-pw
-    write!(
-        s,
-        "POST /api/reload HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\
-         Authorization: Basic YWxpY2U6YWxpY2UtcHc=\r\nContent-Type: application/json\r\n\
-         Content-Length: 2\r\n\r\n{{}}"
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (
-        status,
-        out.split_once("\r\n\r\n")
-            .map_or("", |(_, b)| b)
-            .to_string(),
-    )
+/// POST /api/reload as alice (off the runtime's threads: the helper blocks).
+async fn reload(admin: &str) -> (u16, String) {
+    let admin = admin.to_string();
+    tokio::task::spawn_blocking(move || {
+        common::http(
+            &admin,
+            "POST",
+            "/api/reload",
+            // alice:alice-pw
+            &[
+                ("Authorization", "Basic YWxpY2U6YWxpY2UtcHc="),
+                ("Content-Type", "application/json"),
+            ],
+            "{}",
+        )
+    })
+    .await
+    .unwrap()
 }
 
 async fn login(addr: &str, user: &str, pw: &str) -> Result<Client, Error> {
@@ -100,12 +91,7 @@ async fn reload_changes_limits_and_users_for_new_connections() {
         ..Permissions::default()
     };
     std::fs::write(&cfg, config(1, Some(&bob))).unwrap();
-    let (status, body) = tokio::task::spawn_blocking({
-        let admin = admin.clone();
-        move || reload(&admin)
-    })
-    .await
-    .unwrap();
+    let (status, body) = reload(&admin).await;
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("limits"), "{body}");
     // alice's connection counts as the one: bob's is refused before its handshake.
@@ -151,12 +137,7 @@ async fn reload_changes_limits_and_users_for_new_connections() {
 
     // A file that does not parse: refused, nothing changes.
     std::fs::write(&cfg, "[limits\nnot toml").unwrap();
-    let (status, body) = tokio::task::spawn_blocking({
-        let admin = admin.clone();
-        move || reload(&admin)
-    })
-    .await
-    .unwrap();
+    let (status, body) = reload(&admin).await;
     assert_eq!(status, 400, "{body}");
     let again = login(&addr, "bob", "bob-pw").await;
     assert!(again.is_ok(), "bob still in after a bad reload");

@@ -500,16 +500,18 @@ mod tests {
     use super::*;
     use tokio::io::AsyncReadExt;
 
+    /// Copies of the descriptors a side would send the other.
+    fn dup(l: &Local) -> Vec<OwnedFd> {
+        l.fds()
+            .iter()
+            .map(|f| f.try_clone_to_owned().unwrap())
+            .collect()
+    }
+
     /// Both ends of a transport in one process, set up as two processes would.
     fn pair(g: ShmGeometry) -> ((Reader, Writer), (Reader, Writer)) {
         let (sa, sb) = std::os::unix::net::UnixStream::pair().unwrap();
         let (la, lb) = (Local::new("a", g).unwrap(), Local::new("b", g).unwrap());
-        let dup = |l: &Local| -> Vec<OwnedFd> {
-            l.fds()
-                .iter()
-                .map(|f| f.try_clone_to_owned().unwrap())
-                .collect()
-        };
         let (fa, fb) = (dup(&la), dup(&lb));
         let a = join(la, fb, sa).unwrap();
         let b = join(lb, fa, sb).unwrap();
@@ -565,11 +567,7 @@ mod tests {
         let (la, lb) = (Local::new("a", g).unwrap(), Local::new("b", g).unwrap());
         // The hostile side keeps a handle on its own ring's words.
         let seg = Segment::open(lb.fds()[0].try_clone_to_owned().unwrap()).unwrap();
-        let fb: Vec<OwnedFd> = lb
-            .fds()
-            .iter()
-            .map(|f| f.try_clone_to_owned().unwrap())
-            .collect();
+        let fb = dup(&lb);
         let (mut ra, _wa) = join(la, fb, sa).unwrap();
         // `head` says 3 messages, but their slots never held them.
         seg.words()[8].store(3, std::sync::atomic::Ordering::Release);
@@ -588,12 +586,6 @@ mod tests {
         let (sa, sb) = std::os::unix::net::UnixStream::pair().unwrap();
         let (la, lb) = (Local::new("a", g).unwrap(), Local::new("b", g).unwrap());
         let seg = Segment::open(lb.fds()[0].try_clone_to_owned().unwrap()).unwrap();
-        let dup = |l: &Local| -> Vec<OwnedFd> {
-            l.fds()
-                .iter()
-                .map(|f| f.try_clone_to_owned().unwrap())
-                .collect()
-        };
         let (fa, fb) = (dup(&la), dup(&lb));
         let (mut ra, _wa) = join(la, fb, sa).unwrap();
         let (_rb, wb) = join(lb, fa, sb).unwrap();
