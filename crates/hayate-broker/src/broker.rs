@@ -299,6 +299,12 @@ impl Broker {
     pub(crate) fn bump(&self) {
         self.shared.generation.fetch_add(1, Ordering::Release);
     }
+
+    /// Makes every session build its routes again at its next publish: what the
+    /// subscriptions' [`KeyGuard`]s answer has changed (permissions reloaded).
+    pub fn forget_routes(&self) {
+        self.bump();
+    }
 }
 
 pub(crate) fn remove_sub(

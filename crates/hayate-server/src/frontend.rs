@@ -264,7 +264,11 @@ fn check_serve_all(
     stream: &hayate_broker::StreamConfig,
     filter: Option<&str>,
 ) -> Result<(), crate::auth::Denied> {
-    let rule = &who.access.serve;
+    if who.access.is_revoked() {
+        return Err(crate::auth::Denied::Revoked);
+    }
+    let access = who.access.current();
+    let rule = &access.serve;
     if rule.is_open() {
         return Ok(());
     }

@@ -349,6 +349,8 @@ impl Server {
             rate: self.rate.clone(),
             auth: self.auth.clone(),
             admin_users: self.admin_users.clone(),
+            broker: self.broker.clone(),
+            ops: self.ops.clone(),
         }
     }
 
@@ -534,7 +536,9 @@ fn current(cell: &LimitsCell) -> Arc<Limits> {
 
 /// Applies a new configuration to a running server, for what can change safely: `[limits]`
 /// (each new connection takes the new version; connections up keep theirs), the users,
-/// tokens and permissions of `[auth]` (new logins), and `[admin] users`. Listeners, TLS
+/// tokens and permissions of `[auth]` (new logins; users logged in get the new permissions
+/// at their next operation and route; removed users' connections are closed), and
+/// `[admin] users`. Listeners, TLS
 /// paths, the data directory and the MQTT and STOMP sections need a restart; the memory
 /// budget and `max_block_ms` keep their start values.
 #[derive(Clone)]
@@ -543,6 +547,8 @@ pub struct Reloader {
     rate: Arc<ConnRate>,
     auth: Arc<dyn Authenticator>,
     admin_users: Arc<std::sync::RwLock<Vec<String>>>,
+    broker: Broker,
+    ops: Arc<Ops>,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -555,7 +561,26 @@ impl Reloader {
     /// Checks `config` and applies it; `Err` (and nothing changed) when it is not valid.
     pub fn reload(&self, config: &Config) -> Result<(), String> {
         config.validate().map_err(|e| e.to_string())?;
-        self.auth.reload(&config.auth)?;
+        let revoked = self.auth.reload(&config.auth)?;
+        // Subscriptions' guards read the permissions as they are now: routes built before
+        // the reload are dropped.
+        self.broker.forget_routes();
+        if revoked.all || !revoked.users.is_empty() {
+            let mut closed = 0;
+            for c in self.ops.conns.list() {
+                let user = c.user();
+                if revoked.all || user.as_ref().is_some_and(|u| revoked.users.contains(u)) {
+                    c.close();
+                    closed += 1;
+                }
+            }
+            tracing::info!(
+                users = ?revoked.users,
+                anonymous = revoked.all,
+                closed,
+                "config reload revoked access: connections closed"
+            );
+        }
         *self
             .limits
             .write()

@@ -187,7 +187,7 @@ async fn broker(args: cli::BrokerArgs) -> Result<()> {
 
 /// Reads the configuration again (file and flags, as at start) and applies what can change
 /// while running: `[limits]` for new connections, `[auth]` users, tokens and permissions for
-/// new logins, `[admin] users`, the log filter (unless `--log` or `RUST_LOG` fixes it), and
+/// new logins and the permissions of users logged in, `[admin] users`, the log filter (unless `--log` or `RUST_LOG` fixes it), and
 /// the TLS certificate, key and CA files. A configuration that does not validate changes
 /// nothing; a TLS file that does not load keeps the current certificates.
 fn reload_config(

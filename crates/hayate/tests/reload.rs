@@ -1,7 +1,9 @@
 //! Config reload while the broker runs (`POST /api/reload` and SIGHUP): a limit and a
 //! permission changed in the file take effect for new connections and logins, a new user
 //! can log in, a bad file changes nothing, and the connection up all along is served
-//! throughout.
+//! throughout. A user's permissions changed by a reload apply to its connections already
+//! logged in (next publish, and what its subscriptions deliver); a removed user's
+//! connections are closed, and nobody else's.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -15,6 +17,10 @@ use hayate_server::Config;
 use hayate_server::config::{Permissions, UserConfig};
 
 fn config(per_address: usize, bob: Option<&UserConfig>) -> String {
+    config_with(per_address, bob, None)
+}
+
+fn config_with(per_address: usize, bob: Option<&UserConfig>, carol: Option<&UserConfig>) -> String {
     let mut c = Config::default();
     c.server.data_dir.clear();
     c.native.listen = vec!["127.0.0.1:0".into()];
@@ -30,6 +36,9 @@ fn config(per_address: usize, bob: Option<&UserConfig>) -> String {
     );
     if let Some(b) = bob {
         c.auth.users.insert("bob".into(), b.clone());
+    }
+    if let Some(u) = carol {
+        c.auth.users.insert("carol".into(), u.clone());
     }
     c.limits.max_connections_per_address = per_address;
     c.to_toml()
@@ -142,6 +151,147 @@ async fn reload_changes_limits_and_users_for_new_connections() {
     let again = login(&addr, "bob", "bob-pw").await;
     assert!(again.is_ok(), "bob still in after a bad reload");
     kept.flush().await.expect("still served");
+    drop(broker);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The next message of `sub` within 10 s.
+async fn next_key(sub: &mut hayate_client::Subscription) -> Option<String> {
+    tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .ok()
+        .flatten()
+        .map(|m| m.key.as_str().to_owned())
+}
+
+#[tokio::test]
+async fn reload_changes_permissions_of_connections_logged_in() {
+    let dir = std::env::temp_dir().join(format!("hayate-reload-live-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("hayate.toml");
+    let bob_open = UserConfig::with_password("bob-pw").unwrap();
+    let carol = UserConfig::with_password("carol-pw").unwrap();
+    std::fs::write(&cfg, config_with(10, Some(&bob_open), Some(&carol))).unwrap();
+    let broker = common::Broker::start(
+        &[
+            OsStr::new("broker"),
+            OsStr::new("--config"),
+            cfg.as_os_str(),
+        ],
+        false,
+    );
+    let (addr, admin) = (broker.native.clone(), broker.admin.clone().unwrap());
+    let alice = login(&addr, "alice", "alice-pw").await.unwrap();
+    let bob = login(&addr, "bob", "bob-pw").await.unwrap();
+    let carol_c = login(&addr, "carol", "carol-pw").await.unwrap();
+    let mut bob_sub = bob.subscribe("data/**").await.unwrap();
+    let mut carol_sub = carol_c.subscribe("data/**").await.unwrap();
+    // A flush answered: the subscriptions are in place.
+    bob.flush().await.unwrap();
+    carol_c.flush().await.unwrap();
+    let publish = |k: &'static str| {
+        let alice = &alice;
+        async move {
+            alice.publish(&Key::new(k).unwrap(), "x").await.unwrap();
+            alice.flush().await.unwrap();
+        }
+    };
+    publish("data/secret/1").await;
+    assert_eq!(
+        next_key(&mut bob_sub).await.as_deref(),
+        Some("data/secret/1")
+    );
+    assert_eq!(
+        next_key(&mut carol_sub).await.as_deref(),
+        Some("data/secret/1")
+    );
+    bob.publish(&Key::new("out/1").unwrap(), "ok")
+        .await
+        .unwrap();
+    bob.flush().await.unwrap();
+    assert!(bob.last_error().is_none());
+
+    // Bob may no longer read data/secret/** nor publish on out/**: his connection, already
+    // logged in, gets the new rules.
+    let mut narrowed = bob_open.clone();
+    narrowed.permissions = Permissions {
+        deny_subscribe: vec!["data/secret/**".into()],
+        deny_publish: vec!["out/**".into()],
+        ..Permissions::default()
+    };
+    std::fs::write(&cfg, config_with(10, Some(&narrowed), Some(&carol))).unwrap();
+    let (status, body) = reload(&admin).await;
+    assert_eq!(status, 200, "{body}");
+    publish("data/secret/2").await;
+    publish("data/open/3").await;
+    assert_eq!(
+        next_key(&mut bob_sub).await.as_deref(),
+        Some("data/open/3"),
+        "the subscription made before the reload no longer delivers data/secret/**"
+    );
+    assert_eq!(
+        next_key(&mut carol_sub).await.as_deref(),
+        Some("data/secret/2")
+    );
+    assert_eq!(
+        next_key(&mut carol_sub).await.as_deref(),
+        Some("data/open/3")
+    );
+
+    // Widened again: the same subscription delivers data/secret/** once more.
+    std::fs::write(&cfg, config_with(10, Some(&bob_open), Some(&carol))).unwrap();
+    let (status, body) = reload(&admin).await;
+    assert_eq!(status, 200, "{body}");
+    publish("data/secret/4").await;
+    assert_eq!(
+        next_key(&mut bob_sub).await.as_deref(),
+        Some("data/secret/4")
+    );
+    assert_eq!(
+        next_key(&mut carol_sub).await.as_deref(),
+        Some("data/secret/4")
+    );
+
+    // Narrowed again: bob's next publish on out/** is refused (ERR 8 ends a native
+    // connection).
+    std::fs::write(&cfg, config_with(10, Some(&narrowed), Some(&carol))).unwrap();
+    let (status, body) = reload(&admin).await;
+    assert_eq!(status, 200, "{body}");
+    let _ = bob.publish(&Key::new("out/2").unwrap(), "no").await;
+    let _ = bob.flush().await;
+    let refused = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(Error::Server { code, .. }) = bob.last_error() {
+                return code;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("bob's publish on out/2 refused after the reload");
+    assert_eq!(format!("{refused:?}"), "NotAuthorized");
+    drop(bob_sub);
+    let bob = login(&addr, "bob", "bob-pw").await.unwrap();
+    let mut bob_sub = bob.subscribe("data/**").await.unwrap();
+    bob.flush().await.unwrap();
+
+    // Bob removed: his connection is closed; alice's and carol's carry on.
+    std::fs::write(&cfg, config_with(10, None, Some(&carol))).unwrap();
+    let (status, body) = reload(&admin).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        next_key(&mut bob_sub).await,
+        None,
+        "the removed user's subscription ends with its connection"
+    );
+    publish("data/open/5").await;
+    assert_eq!(
+        next_key(&mut carol_sub).await.as_deref(),
+        Some("data/open/5")
+    );
+    assert!(!carol_c.is_closed());
+    assert!(bob.is_closed() || bob.flush().await.is_err());
+    assert!(login(&addr, "bob", "bob-pw").await.is_err(), "bob is gone");
     drop(broker);
     let _ = std::fs::remove_dir_all(&dir);
 }

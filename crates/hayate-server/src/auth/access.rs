@@ -2,7 +2,9 @@
 //! gets whatever its permissions (`$SYS` read-only, reply inboxes private).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use arc_swap::ArcSwap;
 use hayate_broker::KeyGuard;
 use hayate_core::{INBOX_PREFIX, Key, KeyExpr, is_inbox_key, is_under};
 
@@ -48,6 +50,8 @@ pub enum Denied {
         /// The key or expression.
         on: String,
     },
+    /// The user was removed, or anonymous access ended, by a config reload.
+    Revoked,
     /// Joining a durable consumer another user created.
     Owner {
         /// What is owned (`consumer <stream>/<name>`).
@@ -66,6 +70,7 @@ impl std::fmt::Display for Denied {
                 "not authorized: another client's reply inbox ({INBOX_PREFIX}/...)"
             ),
             Denied::Rule { what, on } => write!(f, "not authorized to {what} on {on}"),
+            Denied::Revoked => write!(f, "not authorized: access revoked by a config reload"),
             Denied::Owner { what, owner } => {
                 write!(f, "not authorized: {what} belongs to user {owner}")
             }
@@ -90,6 +95,11 @@ impl Access {
     /// Everything allowed (but the rules every client gets).
     pub fn all() -> Arc<Access> {
         Arc::new(Access::default())
+    }
+
+    /// The rule of a subscription (`group`: in a queue group, serving).
+    fn subscription_rule(&self, group: bool) -> &Rule {
+        if group { &self.serve } else { &self.subscribe }
     }
 
     /// May this identity publish on `key` (`with_reply`: the message carries a reply-to,
@@ -129,21 +139,18 @@ impl Access {
         group: bool,
         inbox: &str,
     ) -> Result<Option<Arc<dyn KeyGuard>>, Denied> {
-        let (rule, what) = if group {
-            (&self.serve, "serve")
-        } else {
-            (&self.subscribe, "subscribe")
-        };
+        let rule = self.subscription_rule(group);
+        let what = if group { "serve" } else { "subscribe" };
         let refused = || Denied::Rule {
             what,
             on: expr.as_str().to_owned(),
         };
-        let (all_inboxes, own) = inbox_exprs(inbox);
-        if own.iter().any(|o| o.includes(expr)) {
+        if is_own_inbox(expr, inbox) {
             // A session's own inbox is always its to read, whatever its rules (the client
             // library subscribes to it on connecting).
             return Ok(None);
         }
+        let all_inboxes = all_inboxes();
         if rule.deny.iter().any(|d| d.includes(expr)) {
             return Err(refused());
         }
@@ -172,14 +179,137 @@ impl Access {
     }
 }
 
-/// `_inbox/**`, and the session's own inbox (itself and everything under it).
-fn inbox_exprs(inbox: &str) -> (KeyExpr, Vec<KeyExpr>) {
-    let all = KeyExpr::new(&format!("{INBOX_PREFIX}/**")).unwrap_or_else(|_| unreachable_expr());
-    let own = [inbox.to_owned(), format!("{inbox}/**")]
+/// `_inbox/**`: every session's reply inbox.
+fn all_inboxes() -> KeyExpr {
+    KeyExpr::new(&format!("{INBOX_PREFIX}/**")).unwrap_or_else(|_| unreachable_expr())
+}
+
+/// Does `expr` select only keys in the session's own inbox (`inbox`, or under it)?
+fn is_own_inbox(expr: &KeyExpr, inbox: &str) -> bool {
+    [inbox.to_owned(), format!("{inbox}/**")]
         .iter()
         .filter_map(|s| KeyExpr::new(s).ok())
-        .collect();
-    (all, own)
+        .any(|o| o.includes(expr))
+}
+
+/// A user's permissions as they are now, shared by the user's connections. A config reload
+/// replaces the [`Access`] inside in place ([`Grant::set`]), so a changed permission takes
+/// effect on each connection's next publish or subscribe; subscriptions made before it are
+/// filtered by the permissions current when a route is built ([`LiveGuard`]; the reload
+/// empties the broker's route caches). A revoked grant (user removed, anonymous access
+/// ended) refuses everything; the reload also closes its connections.
+#[derive(Debug)]
+pub struct Grant {
+    access: ArcSwap<Access>,
+    /// False for grants that never change (anonymous and open-mode clients: everything
+    /// allowed): their subscriptions keep the cheaper fixed guard.
+    live: bool,
+    revoked: AtomicBool,
+}
+
+impl Grant {
+    /// A configured user's permissions (replaced by reloads).
+    pub fn user(access: Access) -> Arc<Grant> {
+        Arc::new(Grant {
+            access: ArcSwap::from_pointee(access),
+            live: true,
+            revoked: AtomicBool::new(false),
+        })
+    }
+
+    /// Everything allowed, for ever (anonymous and open-mode clients); only revocable.
+    pub fn all() -> Arc<Grant> {
+        Arc::new(Grant {
+            access: ArcSwap::new(Access::all()),
+            live: false,
+            revoked: AtomicBool::new(false),
+        })
+    }
+
+    /// The permissions now.
+    pub fn current(&self) -> Arc<Access> {
+        self.access.load_full()
+    }
+
+    /// Replaces the permissions (config reload).
+    pub fn set(&self, access: Access) {
+        self.access.store(Arc::new(access));
+    }
+
+    /// Refuses everything from now on.
+    pub fn revoke(&self) {
+        self.revoked.store(true, Ordering::Release);
+    }
+
+    /// True once revoked.
+    pub fn is_revoked(&self) -> bool {
+        self.revoked.load(Ordering::Acquire)
+    }
+
+    /// [`Access::check_publish`] with the permissions now.
+    pub fn check_publish(&self, key: &Key, with_reply: bool) -> Result<(), Denied> {
+        if self.is_revoked() {
+            return Err(Denied::Revoked);
+        }
+        self.access.load().check_publish(key, with_reply)
+    }
+
+    /// [`Access::check_subscribe`] with the permissions now. For a configured user, the
+    /// guard of an admitted subscription (but of its own inbox) checks the permissions
+    /// current when each route is built, so a later reload narrows or widens what it
+    /// receives.
+    pub fn check_subscribe(
+        self: &Arc<Self>,
+        expr: &KeyExpr,
+        group: bool,
+        inbox: &str,
+    ) -> Result<Option<Arc<dyn KeyGuard>>, Denied> {
+        if self.is_revoked() {
+            return Err(Denied::Revoked);
+        }
+        let fixed = self.access.load().check_subscribe(expr, group, inbox)?;
+        if !self.live || is_own_inbox(expr, inbox) {
+            return Ok(fixed);
+        }
+        Ok(Some(Arc::new(LiveGuard {
+            grant: self.clone(),
+            group,
+            inbox: all_inboxes().intersects(expr).then(|| inbox.to_owned()),
+        })))
+    }
+}
+
+/// Keeps from a configured user's subscription what its permissions, as they are when a
+/// route is built, do not let it read.
+#[derive(Debug)]
+struct LiveGuard {
+    grant: Arc<Grant>,
+    /// A queue-group subscription (the serve rule), else the subscribe rule.
+    group: bool,
+    /// The owner's inbox, when the expression reaches into `_inbox/**`.
+    inbox: Option<String>,
+}
+
+impl KeyGuard for LiveGuard {
+    fn admits(&self, key: &Key) -> bool {
+        if self.grant.is_revoked() || !inbox_admits(self.inbox.as_deref(), key) {
+            return false;
+        }
+        self.grant
+            .access
+            .load()
+            .subscription_rule(self.group)
+            .admits(key)
+    }
+}
+
+/// Under another session's inbox: refused (`own`: the subscriber's inbox, when its
+/// subscription reaches into `_inbox/**`).
+fn inbox_admits(own: Option<&str>, key: &Key) -> bool {
+    own.is_none_or(|own| {
+        let k = key.as_str();
+        !is_inbox_key(k) || is_under(k, own)
+    })
 }
 
 #[cold]
@@ -198,12 +328,8 @@ struct Guard {
 
 impl KeyGuard for Guard {
     fn admits(&self, key: &Key) -> bool {
-        if let Some(own) = &self.inbox {
-            let k = key.as_str();
-            let (under_inboxes, under_own) = (is_inbox_key(k), is_under(k, own));
-            if under_inboxes && !under_own {
-                return false;
-            }
+        if !inbox_admits(self.inbox.as_deref(), key) {
+            return false;
         }
         self.rule.as_ref().is_none_or(|r| r.admits(key))
     }

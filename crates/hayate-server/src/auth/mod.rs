@@ -21,7 +21,7 @@ use std::sync::Arc;
 mod access;
 mod users;
 
-pub use access::{Access, Denied, Rule, SYS_PREFIX};
+pub use access::{Access, Denied, Grant, Rule, SYS_PREFIX};
 pub use users::{ConfigAuth, Slot, TOKEN_PREFIX, hash_password, new_token, token_digest};
 
 /// Why a client was refused.
@@ -71,8 +71,8 @@ pub struct Credentials<'a> {
 pub struct Identity {
     /// The user; `None` for an anonymous client.
     pub user: Option<Arc<str>>,
-    /// What it may do.
-    pub access: Arc<Access>,
+    /// What it may do, as it is now (a config reload changes it in place).
+    pub access: Arc<Grant>,
     /// The connection's place in its user's count (`auth.max_connections_per_user`): freed
     /// when the identity (the connection) goes.
     pub slot: Option<Arc<users::Slot>>,
@@ -83,7 +83,7 @@ impl Identity {
     pub fn anonymous() -> Identity {
         Identity {
             user: None,
-            access: Access::all(),
+            access: Grant::all(),
             slot: None,
         }
     }
@@ -107,9 +107,21 @@ pub trait Authenticator: Send + Sync + std::fmt::Debug + 'static {
     /// True when clients must present credentials (no anonymous access).
     fn required(&self) -> bool;
 
-    /// Takes a new `[auth]` section for logins from now on (config reload). Authenticators
+    /// Takes a new `[auth]` section (config reload): logins from now on use it, the
+    /// permissions of users still configured change in place for their connections, and
+    /// what was revoked is returned (the caller closes those connections). Authenticators
     /// that cannot say so.
-    fn reload(&self, _section: &crate::config::AuthSection) -> Result<(), String> {
+    fn reload(&self, _section: &crate::config::AuthSection) -> Result<Revoked, String> {
         Err("this authenticator cannot reload its users".into())
     }
+}
+
+/// Who lost access in a config reload: their connections are to be closed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Revoked {
+    /// Users removed from the configuration.
+    pub users: Vec<String>,
+    /// Anonymous (and open-mode, user-name-only) access ended: every connection logged in
+    /// before the reload was let in that way.
+    pub all: bool,
 }

@@ -11,7 +11,8 @@ use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, Salt
 use hayate_core::KeyExpr;
 use sha2::{Digest, Sha256};
 
-use super::access::{Access, Rule};
+use super::Revoked;
+use super::access::{Access, Grant, Rule};
 use super::{AuthError, AuthFuture, Authenticator, Credentials, Identity};
 use crate::config::{AuthSection, Permissions};
 
@@ -63,7 +64,8 @@ struct User {
     name: Arc<str>,
     /// PHC string, checked at load.
     hash: Option<String>,
-    access: Arc<Access>,
+    /// Kept across reloads while the user stays configured (its connections share it).
+    access: Arc<Grant>,
 }
 
 #[derive(Debug, Default)]
@@ -122,6 +124,9 @@ struct Table {
     open: bool,
     users: HashMap<String, User>,
     tokens: HashMap<String, Arc<str>>,
+    /// What anonymous and open-mode clients get (everything): revoked when a reload ends
+    /// open access.
+    open_grant: Arc<Grant>,
 }
 
 fn exprs(list: &[String], what: &str) -> Result<Vec<KeyExpr>, String> {
@@ -231,7 +236,7 @@ impl ConfigAuth {
                 User {
                     name: name_arc,
                     hash: u.password_hash.clone(),
-                    access: Arc::new(access),
+                    access: Grant::user(access),
                 },
             );
         }
@@ -246,6 +251,7 @@ impl ConfigAuth {
                 open: !has_users,
                 users,
                 tokens,
+                open_grant: Grant::all(),
             })),
             verified: Mutex::new(HashMap::new()),
             secret,
@@ -268,6 +274,7 @@ impl ConfigAuth {
                 open: false,
                 users: HashMap::new(),
                 tokens: HashMap::new(),
+                open_grant: Grant::all(),
             })),
             verified: Mutex::new(HashMap::new()),
             secret: [0; 32],
@@ -290,21 +297,54 @@ impl ConfigAuth {
 
     /// Replaces the users, tokens, groups and anonymous access with those of `section`
     /// (checked first: a bad section changes nothing). Logins from now on use them, and
-    /// the cache of verified passwords is emptied (a changed password takes effect).
-    /// Connections logged in keep the identity they logged in with. The lock-out and
-    /// per-user connection settings stay as they were at start.
-    pub fn reload(&self, section: &AuthSection) -> Result<(), String> {
+    /// the cache of verified passwords is emptied (a changed password takes effect). A user
+    /// still configured keeps its [`Grant`], given the new permissions: its connections
+    /// see them at their next operation. Removed users' grants, and the open grant when
+    /// anonymous access ends, are revoked and returned for their connections to be closed.
+    /// The lock-out and per-user connection settings stay as they were at start.
+    pub fn reload(&self, section: &AuthSection) -> Result<Revoked, String> {
         let fresh = ConfigAuth::from_section(section)?;
-        let table = fresh.table();
-        *self
+        let mut new = Arc::into_inner(
+            fresh
+                .table
+                .into_inner()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+        .ok_or("auth reload: the new table is shared")?;
+        let mut slot = self
             .table
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = table;
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let old = slot.clone();
+        let mut revoked = Revoked::default();
+        for (name, u) in &old.users {
+            match new.users.get_mut(name) {
+                Some(n) => {
+                    // The same grant, given the new permissions, so that connections
+                    // logged in see them.
+                    u.access.set(n.access.current().as_ref().clone());
+                    n.access = u.access.clone();
+                }
+                None => {
+                    u.access.revoke();
+                    revoked.users.push(name.clone());
+                }
+            }
+        }
+        if old.open && new.open && new.anonymous == old.anonymous {
+            new.open_grant = old.open_grant.clone();
+        } else if old.anonymous {
+            old.open_grant.revoke();
+            revoked.all = true;
+        }
+        *slot = Arc::new(new);
+        drop(slot);
         self.verified
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
-        Ok(())
+        revoked.users.sort();
+        Ok(revoked)
     }
 
     fn identity(&self, u: &User) -> Identity {
@@ -454,7 +494,11 @@ impl ConfigAuth {
         }
         let Some(name) = creds.user.filter(|n| !n.is_empty()) else {
             return if t.anonymous {
-                Ok(Identity::anonymous())
+                Ok(Identity {
+                    user: None,
+                    access: t.open_grant.clone(),
+                    slot: None,
+                })
             } else {
                 Err(AuthError::NotAuthorized)
             };
@@ -465,7 +509,7 @@ impl ConfigAuth {
                 // password file).
                 Ok(Identity {
                     user: Some(name.into()),
-                    access: Access::all(),
+                    access: t.open_grant.clone(),
                     slot: None,
                 })
             } else {
@@ -485,7 +529,7 @@ impl ConfigAuth {
                         &User {
                             name: "".into(),
                             hash: None,
-                            access: Access::all(),
+                            access: Grant::all(),
                         },
                         creds.password.unwrap_or_default(),
                     )
@@ -534,7 +578,7 @@ impl Authenticator for ConfigAuth {
         !self.table().anonymous
     }
 
-    fn reload(&self, section: &AuthSection) -> Result<(), String> {
+    fn reload(&self, section: &AuthSection) -> Result<Revoked, String> {
         ConfigAuth::reload(self, section)
     }
 }
@@ -639,6 +683,95 @@ mod tests {
             ..c(Some("alice"), Some(b"secret"))
         };
         assert!(rt.block_on(closed.authenticate("t", other)).is_ok());
+    }
+
+    #[test]
+    fn reload_changes_grants_in_place_and_revokes() {
+        use hayate_core::{Key, KeyExpr};
+        let rt = rt();
+        let c = |user: Option<&'static str>, password: Option<&'static [u8]>| Credentials {
+            user,
+            password,
+            token: None,
+            peer: None,
+            verified: None,
+        };
+        let k = |s: &str| Key::new(s).unwrap_or_else(|e| panic!("{e}"));
+        let e = |s: &str| KeyExpr::new(s).unwrap_or_else(|e| panic!("{e}"));
+        // Open: an anonymous client and a labelled one share the open grant.
+        let auth =
+            ConfigAuth::from_section(&AuthSection::default()).unwrap_or_else(|e| panic!("{e}"));
+        let anon = rt
+            .block_on(auth.authenticate("t", c(None, None)))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let label = rt
+            .block_on(auth.authenticate("t", c(Some("x"), None)))
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Reloading the same open section keeps them.
+        let r = auth
+            .reload(&AuthSection::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r, Revoked::default());
+        assert!(anon.access.check_publish(&k("a"), false).is_ok());
+        // Users appear: open access ends, every earlier login is revoked.
+        let user = |deny: &[&str]| UserConfig {
+            password_hash: Some(hash_password("pw").unwrap_or_default()),
+            permissions: crate::config::Permissions {
+                deny_publish: deny.iter().map(|s| s.to_string()).collect(),
+                deny_subscribe: deny.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
+            },
+            ..UserConfig::default()
+        };
+        let mut s = AuthSection::default();
+        s.users.insert("alice".into(), user(&[]));
+        s.users.insert("bob".into(), user(&[]));
+        let r = auth.reload(&s).unwrap_or_else(|e| panic!("{e}"));
+        assert!(r.all && r.users.is_empty(), "{r:?}");
+        for id in [&anon, &label] {
+            assert_eq!(
+                id.access.check_publish(&k("a"), false),
+                Err(crate::auth::Denied::Revoked)
+            );
+        }
+        let alice = rt
+            .block_on(auth.authenticate("t", c(Some("alice"), Some(b"pw"))))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let bob = rt
+            .block_on(auth.authenticate("t", c(Some("bob"), Some(b"pw"))))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let guard = alice
+            .access
+            .check_subscribe(&e("s/**"), false, "_inbox/a")
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("a configured user's subscription is guarded"));
+        assert!(guard.admits(&k("s/secret/1")));
+        // alice narrowed, bob removed: alice's identity and guard see the new rules.
+        s.users.insert("alice".into(), user(&["s/secret/**"]));
+        s.users.remove("bob");
+        let r = auth.reload(&s).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.users, vec!["bob".to_string()]);
+        assert!(!r.all);
+        assert!(alice.access.check_publish(&k("s/secret/1"), false).is_err());
+        assert!(alice.access.check_publish(&k("s/open"), false).is_ok());
+        assert!(!guard.admits(&k("s/secret/1")));
+        assert!(guard.admits(&k("s/open")));
+        assert_eq!(
+            bob.access.check_publish(&k("s/open"), false),
+            Err(crate::auth::Denied::Revoked)
+        );
+        assert!(
+            rt.block_on(auth.authenticate("t", c(Some("bob"), Some(b"pw"))))
+                .is_err()
+        );
+        // Widened again.
+        s.users.insert("alice".into(), user(&[]));
+        auth.reload(&s).unwrap_or_else(|e| panic!("{e}"));
+        assert!(guard.admits(&k("s/secret/1")));
+        // A bad section changes nothing.
+        s.users.insert("alice".into(), user(&["a//b"]));
+        assert!(auth.reload(&s).is_err());
+        assert!(alice.access.check_publish(&k("s/secret/1"), false).is_ok());
     }
 
     #[test]
