@@ -74,6 +74,26 @@ pub struct BrokerStats {
     pub stored: AtomicU64,
     /// Messages a capturing stream failed to append (disk full, failed fsync, ...).
     pub store_failed: AtomicU64,
+    /// Sampled time from a publish reaching the broker to its delivery being written to a
+    /// subscriber's socket (see [`crate::latency`]).
+    pub delivery_latency: Arc<crate::latency::LatencyHistogram>,
+}
+
+/// One subscription, as [`Broker::subscriptions`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionView {
+    /// The broker session that holds it.
+    pub session: u64,
+    /// Its id within the session.
+    pub sid: u32,
+    /// Its key expression.
+    pub expr: String,
+    /// Its queue group's name, if it is in one.
+    pub group: Option<String>,
+    /// Acknowledged delivery.
+    pub ack: bool,
+    /// Drops (rather than blocks) when the subscriber cannot keep up.
+    pub drop: bool,
 }
 
 /// Decides, key by key, whether a subscription may receive messages its expression selects
@@ -87,6 +107,8 @@ pub trait KeyGuard: Send + Sync + std::fmt::Debug {
 
 #[derive(Debug)]
 pub(crate) struct SubEntry {
+    /// The subscription's expression (for listings; the index holds it for matching).
+    pub(crate) expr: KeyExpr,
     pub(crate) outbox: Arc<Outbox>,
     pub(crate) group: Option<Arc<str>>,
     pub(crate) qos: Qos,
@@ -188,6 +210,60 @@ impl Broker {
             *m.entry(*session).or_insert(0) += 1;
         }
         m
+    }
+
+    /// Subscriptions, by session and id: those of `session` (when given) that would receive
+    /// a message on `key` (when given: its expression matches and its guard admits it) and
+    /// whose expression intersects `expr` (when given); at most `limit` of them, and how
+    /// many pass the filters in all.
+    pub fn subscriptions(
+        &self,
+        session: Option<u64>,
+        key: Option<&hayate_core::Key>,
+        expr: Option<&KeyExpr>,
+        limit: usize,
+    ) -> (Vec<SubscriptionView>, usize) {
+        let reg = self.read();
+        let mut v = Vec::new();
+        let mut total = 0;
+        let mut keep = |sk: &SubKey, e: &SubEntry| {
+            if session.is_some_and(|s| s != sk.0) || expr.is_some_and(|x| !x.intersects(&e.expr)) {
+                return;
+            }
+            total += 1;
+            if v.len() < limit {
+                v.push(SubscriptionView {
+                    session: sk.0,
+                    sid: sk.1,
+                    expr: e.expr.as_str().to_string(),
+                    group: e
+                        .group
+                        .as_deref()
+                        .map(|g| g.split_once('\0').map_or(g, |(n, _)| n).to_string()),
+                    ack: e.qos.ack,
+                    drop: e.qos.congestion == hayate_core::Congestion::Drop,
+                });
+            }
+        };
+        match key {
+            Some(k) => {
+                for sk in reg.index.matches(k) {
+                    if let Some(e) = reg.subs.get(&sk)
+                        && e.guard.as_ref().is_none_or(|g| g.admits(k))
+                    {
+                        keep(&sk, e);
+                    }
+                }
+            }
+            None => {
+                for (sk, e) in &reg.subs {
+                    keep(sk, e);
+                }
+            }
+        }
+        drop(reg);
+        v.sort_by_key(|s| (s.session, s.sid));
+        (v, total)
     }
 
     /// Queue groups: (name, key expression, members).

@@ -25,6 +25,7 @@ pub mod batch;
 mod broker;
 pub mod index;
 pub mod keys;
+pub mod latency;
 pub mod outbox;
 mod queue;
 mod route;
@@ -33,7 +34,7 @@ pub mod stream;
 
 pub use ack::AckTracker;
 pub use batch::Batch;
-pub use broker::{Broker, BrokerConfig, BrokerStats, KeyGuard, SubscribeError};
+pub use broker::{Broker, BrokerConfig, BrokerStats, KeyGuard, SubscribeError, SubscriptionView};
 pub use index::SubscriptionIndex;
 pub use outbox::{Delivery, Encoder, FREE_BYTES, OutBuf, Outbox, Settle, Taken};
 pub use queue::Backlog;

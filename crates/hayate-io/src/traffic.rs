@@ -15,13 +15,16 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// A session's counters (messages and payload bytes, in and out).
+/// A session's counters (messages and payload bytes, in and out; request/reply calls and
+/// replies it published).
 #[derive(Debug, Default)]
 pub struct Counters {
     msgs_in: AtomicU64,
     bytes_in: AtomicU64,
     msgs_out: AtomicU64,
     bytes_out: AtomicU64,
+    calls: AtomicU64,
+    replies: AtomicU64,
 }
 
 impl Counters {
@@ -32,6 +35,8 @@ impl Counters {
             bytes_in: self.bytes_in.load(Ordering::Relaxed),
             msgs_out: self.msgs_out.load(Ordering::Relaxed),
             bytes_out: self.bytes_out.load(Ordering::Relaxed),
+            calls: self.calls.load(Ordering::Relaxed),
+            replies: self.replies.load(Ordering::Relaxed),
         }
     }
 
@@ -40,6 +45,8 @@ impl Counters {
         self.bytes_in.fetch_add(t.bytes_in, Ordering::Relaxed);
         self.msgs_out.fetch_add(t.msgs_out, Ordering::Relaxed);
         self.bytes_out.fetch_add(t.bytes_out, Ordering::Relaxed);
+        self.calls.fetch_add(t.calls, Ordering::Relaxed);
+        self.replies.fetch_add(t.replies, Ordering::Relaxed);
     }
 }
 
@@ -54,6 +61,10 @@ pub struct Totals {
     pub msgs_out: u64,
     /// Their payload bytes.
     pub bytes_out: u64,
+    /// Of the messages published, requests: those carrying a reply-to.
+    pub calls: u64,
+    /// Of the messages published, replies: those published to a reply inbox (`_inbox/...`).
+    pub replies: u64,
 }
 
 impl std::ops::Add for Totals {
@@ -64,6 +75,8 @@ impl std::ops::Add for Totals {
             bytes_in: self.bytes_in + o.bytes_in,
             msgs_out: self.msgs_out + o.msgs_out,
             bytes_out: self.bytes_out + o.bytes_out,
+            calls: self.calls + o.calls,
+            replies: self.replies + o.replies,
         }
     }
 }
@@ -94,6 +107,17 @@ impl Traffic {
     pub fn note_in(&self, n: u64, bytes: u64) {
         self.counters.msgs_in.fetch_add(n, Ordering::Relaxed);
         self.counters.bytes_in.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// `calls` requests and `replies` replies among the messages the session published.
+    #[inline]
+    pub fn note_rpc(&self, calls: u64, replies: u64) {
+        if calls > 0 {
+            self.counters.calls.fetch_add(calls, Ordering::Relaxed);
+        }
+        if replies > 0 {
+            self.counters.replies.fetch_add(replies, Ordering::Relaxed);
+        }
     }
 
     /// `n` messages of `bytes` payload bytes delivered to the session.

@@ -32,6 +32,7 @@ use axum::routing::get;
 use hayate_broker::Broker;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
@@ -445,6 +446,7 @@ fn routes(shared: Arc<Shared>) -> Router {
         .route("/api/log", get(log_get).put(log_put))
         .route("/api/reload", axum::routing::post(reload))
         .route("/api/groups", get(groups))
+        .route("/api/subscriptions", get(subscriptions))
         .route("/api/queues", get(queues))
         .route("/api/streams", get(streams).post(create_stream))
         .route("/api/streams/{name}", get(stream).delete(delete_stream))
@@ -684,6 +686,8 @@ struct ConnView {
     bytes_in: u64,
     msgs_out: u64,
     bytes_out: u64,
+    calls: u64,
+    replies: u64,
     closing: bool,
 }
 
@@ -715,6 +719,8 @@ fn conn_views(s: &Shared, only: Option<u64>) -> Vec<ConnView> {
                 bytes_in: t.bytes_in,
                 msgs_out: t.msgs_out,
                 bytes_out: t.bytes_out,
+                calls: t.calls,
+                replies: t.replies,
                 closing: e.is_closing(),
             }
         })
@@ -789,6 +795,8 @@ fn listener_views(s: &Shared) -> Vec<Value> {
                 "bytes_in": t.bytes_in,
                 "msgs_out": t.msgs_out,
                 "bytes_out": t.bytes_out,
+                "calls": t.calls,
+                "replies": t.replies,
             })
         })
         .collect()
@@ -803,6 +811,7 @@ fn overview_json(s: &Shared) -> Value {
     let stats = b.stats();
     let ld = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     let mem = &b.config().memory;
+    let latency = stats.delivery_latency.snapshot();
     json!({
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_secs": s.state.ops.uptime_secs(),
@@ -826,6 +835,14 @@ fn overview_json(s: &Shared) -> Value {
         "mqtt": {
             "connected": ld(&s.state.mqtt.stats.connected),
             "connections": ld(&s.state.mqtt.stats.connections),
+            "held_messages": ld(&s.state.mqtt.stats.held.messages),
+            "held_bytes": ld(&s.state.mqtt.stats.held.bytes),
+        },
+        "delivery_latency": {
+            "count": latency.count,
+            "p50": latency.quantile(0.5),
+            "p99": latency.quantile(0.99),
+            "p999": latency.quantile(0.999),
         },
     })
 }
@@ -882,6 +899,62 @@ async fn reload(State(s): St) -> Response {
         }
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
+}
+
+/// `GET /api/subscriptions` filters.
+#[derive(Debug, serde::Deserialize)]
+struct SubQuery {
+    key: Option<String>,
+    expr: Option<String>,
+    connection: Option<u64>,
+    limit: Option<usize>,
+}
+
+/// Most subscriptions one answer lists (`limit` is capped to it).
+const MAX_LISTED: usize = 10_000;
+
+async fn subscriptions(State(s): St, q: axum::extract::Query<SubQuery>) -> Response {
+    let key = match q.key.as_deref().map(hayate_core::Key::new).transpose() {
+        Ok(k) => k,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("key: {e}")),
+    };
+    let expr = match q.expr.as_deref().map(hayate_core::KeyExpr::new).transpose() {
+        Ok(x) => x,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("expr: {e}")),
+    };
+    let conns = s.state.ops.conns.list();
+    let session = match q.connection {
+        None => None,
+        Some(id) => match conns.iter().find(|c| c.id == id) {
+            None => return error(StatusCode::NOT_FOUND, format!("no connection {id}")),
+            // Before its session is open a connection has no subscriptions.
+            Some(c) => Some(c.session_id().unwrap_or(0)),
+        },
+    };
+    let limit = q.limit.unwrap_or(1000).min(MAX_LISTED);
+    let (subs, total) = s
+        .state
+        .broker
+        .subscriptions(session, key.as_ref(), expr.as_ref(), limit);
+    let by_session: std::collections::HashMap<u64, u64> = conns
+        .iter()
+        .filter_map(|c| c.session_id().map(|sid| (sid, c.id)))
+        .collect();
+    let list: Vec<Value> = subs
+        .into_iter()
+        .map(|v| {
+            json!({
+                "connection": by_session.get(&v.session),
+                "session": v.session,
+                "sid": v.sid,
+                "expr": v.expr,
+                "group": v.group,
+                "ack": v.ack,
+                "congestion": if v.drop { "drop" } else { "block" },
+            })
+        })
+        .collect();
+    axum::Json(json!({ "total": total, "subscriptions": list })).into_response()
 }
 
 async fn groups(State(s): St) -> Response {
@@ -1016,6 +1089,18 @@ fn gauge(
     Ok(())
 }
 
+fn histogram(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    h: &hayate_broker::latency::LatencySnapshot,
+) -> Result<(), std::fmt::Error> {
+    let mut enc = e.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    enc.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+        h.sum, h.count, &h.buckets, None,
+    )
+}
+
 impl Collector for Metrics {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         use std::sync::atomic::Ordering::Relaxed;
@@ -1080,6 +1165,18 @@ impl Collector for Metrics {
             "hayate_sent_payload_bytes",
             "Payload bytes of the messages delivered to clients, per listener.",
             &rows(|t| t.bytes_out),
+        )?;
+        counter(
+            &mut e,
+            "hayate_rpc_calls",
+            "Requests published by clients (messages carrying a reply-to), per listener.",
+            &rows(|t| t.calls),
+        )?;
+        counter(
+            &mut e,
+            "hayate_rpc_replies",
+            "Replies published by clients (messages to a reply inbox, _inbox/...), per listener.",
+            &rows(|t| t.replies),
         )?;
         gauge(
             &mut e,
@@ -1159,6 +1256,14 @@ impl Collector for Metrics {
             "Broker sessions opened (every protocol; MQTT persistent sessions once).",
             &[(none(), st.sessions_opened.load(Relaxed))],
         )?;
+        histogram(
+            &mut e,
+            "hayate_delivery_latency_seconds",
+            "Time from a publish reaching the broker to its delivery being written to a \
+             subscriber's socket (one publish in 16 per session timed, each subscriber's \
+             outbox timing one at a time).",
+            &st.delivery_latency.snapshot(),
+        )?;
         let mem = &b.config().memory;
         gauge(
             &mut e,
@@ -1183,6 +1288,20 @@ impl Collector for Metrics {
             "hayate_mqtt_clients_connected",
             "MQTT clients connected now.",
             &[(none(), self.mqtt.stats.connected.load(Relaxed) as f64)],
+        )?;
+        let held = &self.mqtt.stats.held;
+        gauge(
+            &mut e,
+            "hayate_mqtt_held_messages",
+            "QoS 1 and 2 deliveries MQTT sessions hold now: in flight (not yet acknowledged), \
+             waiting for the in-flight window, or queued for offline persistent sessions.",
+            &[(none(), held.messages.load(Relaxed) as f64)],
+        )?;
+        gauge(
+            &mut e,
+            "hayate_mqtt_held_bytes",
+            "Payload and topic bytes of the deliveries in hayate_mqtt_held_messages.",
+            &[(none(), held.bytes.load(Relaxed) as f64)],
         )?;
         let streams = b.streams();
         let mut records = Vec::new();

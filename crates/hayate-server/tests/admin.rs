@@ -251,6 +251,178 @@ async fn metrics_count_each_protocols_traffic_exactly() {
 }
 
 #[tokio::test]
+async fn rpc_calls_mqtt_held_messages_and_delivery_latency() {
+    let b = start_default().await;
+    let n = &b.addr;
+    // A service answering on svc/echo, and a client calling it 4 times.
+    let server = native(n, "adm-svc").await;
+    let mut calls = server.queue_subscribe("svc/echo", "svc").await.unwrap();
+    server.flush().await.unwrap();
+    let srv = server.clone();
+    let serving = tokio::spawn(async move {
+        while let Some(req) = calls.next().await {
+            srv.reply(&req, req.payload.clone()).await.unwrap();
+        }
+    });
+    let caller = native(n, "adm-caller").await;
+    for i in 0..4u8 {
+        let r = caller
+            .request(
+                &Key::new("svc/echo").unwrap(),
+                vec![i],
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        assert_eq!(&r.payload[..], &[i]);
+    }
+
+    // An MQTT subscriber at QoS 1 that never acknowledges: what it is sent stays held.
+    let (host, port) = b.mqtt.rsplit_once(':').unwrap();
+    let mut o = MqttOptions::new("adm-held", host, port.parse().unwrap());
+    o.set_manual_acks(true);
+    let (mc, mut el) = AsyncClient::new(o, 100);
+    mc.subscribe("h/#", QoS::AtLeastOnce).await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mtask = tokio::spawn(async move {
+        loop {
+            match el.poll().await {
+                Ok(Event::Incoming(p)) => {
+                    let _ = tx.send(p);
+                }
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+    });
+    within(10, async {
+        loop {
+            if let Some(rumqttc::Packet::SubAck(_)) = rx.recv().await {
+                return;
+            }
+        }
+    })
+    .await;
+    // 3 x (topic h/1, 3 bytes + 10 bytes of payload); then 40 messages to a native
+    // subscriber, from one session: one publish in 16 is timed.
+    let p = native(n, "adm-held-pub").await;
+    for _ in 0..3 {
+        p.publish(&Key::new("h/1").unwrap(), vec![7u8; 10])
+            .await
+            .unwrap();
+    }
+    let timed_client = native(n, "adm-timed").await;
+    let mut timed = timed_client.subscribe("t/**").await.unwrap();
+    timed_client.flush().await.unwrap();
+    for _ in 0..40 {
+        p.publish(&Key::new("t/x").unwrap(), vec![1u8; 8])
+            .await
+            .unwrap();
+    }
+    p.flush().await.unwrap();
+    let mut got = 0;
+    within(10, async {
+        while got < 3 {
+            if let Some(rumqttc::Packet::Publish(_)) = rx.recv().await {
+                got += 1;
+            }
+        }
+    })
+    .await;
+    for _ in 0..40 {
+        within(10, timed.next()).await.unwrap();
+    }
+
+    // Who would receive a message on svc/echo: the service's queue-group subscription.
+    let (status, body) = http(&b.admin, "GET", "/api/subscriptions?key=svc/echo", &[]).await;
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["total"], 1, "{v:#}");
+    let sub0 = &v["subscriptions"][0];
+    assert_eq!(
+        (
+            sub0["expr"].as_str(),
+            sub0["group"].as_str(),
+            sub0["congestion"].as_str()
+        ),
+        (Some("svc/echo"), Some("svc"), Some("block")),
+        "{v:#}"
+    );
+    let (_, body) = http(&b.admin, "GET", "/api/connections", &[]).await;
+    let conns: Vec<Value> = serde_json::from_str(&body).unwrap();
+    let svc = conns.iter().find(|c| c["client_id"] == "adm-svc").unwrap();
+    assert_eq!(sub0["connection"], svc["id"]);
+    assert_eq!(svc["replies"], 4);
+    let caller_view = conns
+        .iter()
+        .find(|c| c["client_id"] == "adm-caller")
+        .unwrap();
+    assert_eq!(caller_view["calls"], 4);
+    // One connection's: its reply inbox and svc/echo.
+    let (_, body) = http(
+        &b.admin,
+        "GET",
+        &format!("/api/subscriptions?connection={}", svc["id"]),
+        &[],
+    )
+    .await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["total"], 2, "{v:#}");
+    // Those whose expression meets h/** (the MQTT subscriber's h/#), and a limit.
+    let (_, body) = http(&b.admin, "GET", "/api/subscriptions?expr=h/**", &[]).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["total"], 1, "{v:#}");
+    assert_eq!(v["subscriptions"][0]["expr"], "h/**");
+    let (_, body) = http(&b.admin, "GET", "/api/subscriptions?limit=1", &[]).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["subscriptions"].as_array().unwrap().len(), 1);
+    assert!(v["total"].as_u64().unwrap() >= 5, "{v:#}");
+    assert_eq!(
+        http(&b.admin, "GET", "/api/subscriptions?key=a/*", &[])
+            .await
+            .0,
+        400,
+        "a wildcard is not a key"
+    );
+    assert_eq!(
+        http(&b.admin, "GET", "/api/subscriptions?connection=999999", &[])
+            .await
+            .0,
+        404
+    );
+
+    let s = scrape(&b.admin).await;
+    assert_eq!(sample(&s, "hayate_rpc_calls_total", "native", n), 4.0);
+    assert_eq!(sample(&s, "hayate_rpc_replies_total", "native", n), 4.0);
+    assert_eq!(sample(&s, "hayate_rpc_calls_total", "mqtt", &b.mqtt), 0.0);
+    assert_eq!(s["hayate_mqtt_held_messages"], 3.0);
+    assert_eq!(s["hayate_mqtt_held_bytes"], 39.0);
+    let count = s["hayate_delivery_latency_seconds_count"];
+    assert!(
+        count >= 2.0,
+        "the 40 publishes (and the RPCs) timed: {count}"
+    );
+    assert_eq!(
+        s["hayate_delivery_latency_seconds_bucket{le=\"+Inf\"}"],
+        count
+    );
+    assert!(s["hayate_delivery_latency_seconds_sum"] > 0.0);
+    assert!(s["hayate_delivery_latency_seconds_bucket{le=\"10.0\"}"] <= count);
+
+    // The MQTT client goes (clean session): nothing is held any more.
+    mc.disconnect().await.unwrap();
+    within(10, mtask).await.unwrap();
+    within(10, async {
+        while scrape(&b.admin).await["hayate_mqtt_held_messages"] != 0.0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(scrape(&b.admin).await["hayate_mqtt_held_bytes"], 0.0);
+    serving.abort();
+}
+
+#[tokio::test]
 async fn health_checks_and_bad_requests() {
     let b = start_default().await;
     assert_eq!(

@@ -65,6 +65,9 @@ impl Outbox {
         let mut st = self.lock();
         st.epoch += 1;
         st.buf = OutBuf::default();
+        // Timed deliveries of the connection that goes are not timed further.
+        st.probe = None;
+        st.probe_writing = None;
         st.lost.clear();
         st.sink = None;
         st.writing = false;

@@ -119,7 +119,15 @@ struct State {
     /// This outbox's share of the broker-wide memory budget: what it holds past
     /// [`FREE_BYTES`].
     charge: Charge,
+    /// A sampled publish queued here and not yet taken by a writer: when it reached the
+    /// broker, and the histogram to record its delivery in (see `crate::latency`).
+    probe: Option<Probe>,
+    /// The probe in the data a writer took: recorded when the writer releases it.
+    probe_writing: Option<Probe>,
 }
+
+/// A timed delivery (see [`Outbox::probe`]).
+type Probe = (std::time::Instant, Arc<crate::latency::LatencyHistogram>);
 
 /// What an outbox may hold (queued, being written, held for acknowledgements) without
 /// charging the broker-wide memory budget: a subscriber that keeps up never touches it.
@@ -225,6 +233,8 @@ impl Outbox {
                 taken: 0,
                 sink_pending: false,
                 charge: Charge::new(memory),
+                probe: None,
+                probe_writing: None,
             }),
             budget,
             data: Notify::new(),
@@ -276,6 +286,16 @@ impl Outbox {
             for (sid, n) in std::mem::take(&mut st.lost) {
                 st.encoder.encode_lost(sid, n, &mut st.buf);
             }
+        }
+    }
+
+    /// Times a delivery just queued: the publish reached the broker at `at`; the write that
+    /// takes it records the time elapsed in `hist`. Ignored while another probe is pending
+    /// and when no connection takes the output.
+    pub fn probe(&self, at: std::time::Instant, hist: &Arc<crate::latency::LatencyHistogram>) {
+        let mut st = self.lock();
+        if st.probe.is_none() && st.sink.is_some() && !st.cut && !st.closed {
+            st.probe = Some((at, hist.clone()));
         }
     }
 

@@ -39,6 +39,7 @@ impl Outbox {
                         st.sink_pending = false;
                         st.taken = st.buf.len();
                         st.buf.take_into(into);
+                        st.probe_writing = st.probe.take();
                         st.wake_pending = false;
                         st.writing = true;
                         drop(guard);
@@ -61,6 +62,9 @@ impl Outbox {
         if st.epoch == epoch {
             st.writing = false;
             st.taken = 0;
+            if let Some((at, hist)) = st.probe_writing.take() {
+                hist.observe(at.elapsed());
+            }
             st.settle_charge();
             if st.stalled
                 && st.buf.len() + st.acks.held_bytes() + st.encoder.held_bytes() < self.budget / 2
@@ -74,7 +78,7 @@ impl Outbox {
     /// writing. What the socket does not take now is put back and the writer is woken for
     /// it. `scratch` is the caller's reusable queue (empty on return).
     pub fn try_flush(&self, scratch: &mut VecDeque<Bytes>) {
-        let (sink, epoch) = {
+        let (sink, epoch, probe) = {
             let mut guard = self.lock();
             let st = &mut *guard;
             if st.writing || st.closed || st.cut {
@@ -90,7 +94,7 @@ impl Outbox {
             st.taken = st.buf.len();
             st.buf.take_into(scratch);
             st.writing = true;
-            (sink, st.epoch)
+            (sink, st.epoch, st.probe.take())
         };
         self.after_take();
         let result = write_some(&*sink, scratch);
@@ -111,8 +115,13 @@ impl Outbox {
             self.space.notify_waiters();
         } else if !scratch.is_empty() {
             st.buf.restore_front(scratch);
+            // Not all written: the writer that finishes records the probe.
+            st.probe = st.probe.take().or(probe);
         } else if result.is_ok_and(|done| !done) {
             st.sink_pending = true;
+            st.probe = st.probe.take().or(probe);
+        } else if let Some((at, hist)) = probe {
+            hist.observe(at.elapsed());
         }
         st.settle_charge();
         // The writer finishes whatever is left (or notices the close).

@@ -90,6 +90,10 @@ impl Session {
             Offer::Took(n) => {
                 if n > 0 {
                     self.mark_output(&t.outbox);
+                    if let Some(at) = self.probe {
+                        t.outbox
+                            .probe(at, &self.broker.shared.stats.delivery_latency);
+                    }
                 }
                 if n == batch.len() {
                     Ok((n, false))

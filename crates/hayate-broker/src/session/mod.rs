@@ -40,6 +40,9 @@ pub struct Session {
     inbox: Arc<str>,
     /// Publishes until the next one offered to the broker's key sampler.
     sample_in: u32,
+    /// When the publish being delivered reached the broker, if it is timed (the sampled
+    /// one in [`crate::keys::EVERY`]; see [`crate::latency`]).
+    probe: Option<std::time::Instant>,
 }
 
 /// A fresh inbox name: 96 random bits (a fallback mixes the session id into a per-process
@@ -77,6 +80,7 @@ impl Session {
             meta: Vec::new(),
             inbox: new_inbox(id),
             sample_in: (id as u32) % crate::keys::EVERY,
+            probe: None,
         }
     }
 
@@ -158,6 +162,7 @@ impl Session {
         reg.subs.insert(
             (self.id, sid),
             SubEntry {
+                expr: expr.clone(),
                 outbox: self.outbox.clone(),
                 group: group.clone(),
                 qos,
@@ -292,7 +297,9 @@ impl Session {
         if !route.streams.is_empty() {
             drop(self.store(&route, batch));
         }
-        self.deliver_route(&route, batch).await
+        let n = self.deliver_route(&route, batch).await;
+        self.probe = None;
+        n
     }
 
     /// As [`Session::publish`], and says what the streams capturing the key appended (they
@@ -306,16 +313,26 @@ impl Session {
         } else {
             self.store(&route, batch)
         };
-        (self.deliver_route(&route, batch).await, stored)
+        let n = self.deliver_route(&route, batch).await;
+        self.probe = None;
+        (n, stored)
     }
 
     /// Counts `batch` as published by this session (and, one publish in
     /// [`crate::keys::EVERY`], in the broker's key sampler).
     fn note_in(&mut self, batch: Batch<'_>) {
         let bytes = (0..batch.len()).map(|i| batch.payload_len(i) as u64).sum();
-        self.outbox.traffic().note_in(batch.len() as u64, bytes);
+        let traffic = self.outbox.traffic();
+        traffic.note_in(batch.len() as u64, bytes);
+        let calls = matches!(batch, Batch::One(m) if m.reply_to.is_some());
+        if calls || hayate_core::is_inbox_key(batch.key().as_str()) {
+            let replies = if calls { 0 } else { batch.len() as u64 };
+            traffic.note_rpc(u64::from(calls), replies);
+        }
+        self.probe = None;
         if self.sample_in == 0 {
             self.sample_in = crate::keys::EVERY;
+            self.probe = Some(std::time::Instant::now());
             self.broker.shared.keys.note(
                 batch.key(),
                 batch.len() as u64 * u64::from(crate::keys::EVERY),

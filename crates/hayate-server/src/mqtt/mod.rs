@@ -300,6 +300,7 @@ impl Mqtt {
             usize::try_from(self.cfg.max_queued_bytes).unwrap_or(usize::MAX),
             self.cfg.max_inflight,
             &self.broker.config().memory,
+            &self.stats.held,
         )));
         let session = self.broker.open_session_in(
             Box::new(MqttEncoder {

@@ -1,6 +1,7 @@
 //! `$SYS` statistics: the front-end's counters ([`MqttStats`]) and the retained `$SYS/broker/...`
 //! messages the background task publishes from them.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
@@ -20,6 +21,19 @@ pub struct MqttStats {
     pub connections: AtomicU64,
     /// Retained messages not kept because `mqtt.max_retained_bytes` was reached.
     pub retained_refused: AtomicU64,
+    /// QoS 1 and 2 deliveries every session holds now (in flight, waiting for the window,
+    /// queued for an offline persistent session), and their bytes (payload and topic).
+    pub held: Arc<HeldTotals>,
+}
+
+/// The deliveries MQTT sessions hold, summed: each session adds what changed in its own
+/// (see `MqttDeliveries::sync_held`) and takes its share back when it goes.
+#[derive(Debug, Default)]
+pub struct HeldTotals {
+    /// Deliveries held.
+    pub messages: AtomicU64,
+    /// Their bytes.
+    pub bytes: AtomicU64,
 }
 
 impl Mqtt {

@@ -34,6 +34,7 @@ use hayate_mqtt::{Ack, Packet, ProtocolVersion, PublishProperties, QoS, RetainHa
 
 use super::journal::Journal;
 use super::persist::rec;
+use super::sys::HeldTotals;
 use super::translate::qos_of;
 
 /// The delivery state, shared between the encoder and the connection.
@@ -144,6 +145,9 @@ pub(crate) struct MqttDeliveries {
     online: Arc<AtomicBool>,
     /// The held bytes' share of the broker-wide memory budget (online or not).
     charge: Charge,
+    /// The front-end's totals of held deliveries, and this session's share in them.
+    totals: Arc<HeldTotals>,
+    counted: (u64, u64),
     max_inflight: u16,
     /// Packet ids of inbound QoS 2 PUBLISHes received and not yet released (PUBREL).
     pub(crate) incoming: HashSet<u16>,
@@ -156,6 +160,13 @@ pub(crate) struct MqttDeliveries {
     persist: Option<Persist>,
     /// The number of the next QoS 1/2 delivery.
     next_qid: u64,
+}
+
+impl Drop for MqttDeliveries {
+    fn drop(&mut self) {
+        // The session is gone: what it held is no longer held.
+        self.count_held((0, 0));
+    }
 }
 
 /// What a held delivery counts against the budgets.
@@ -181,6 +192,7 @@ impl MqttDeliveries {
         max_queued_bytes: usize,
         max_inflight: u16,
         memory: &Arc<Memory>,
+        totals: &Arc<HeldTotals>,
     ) -> MqttDeliveries {
         MqttDeliveries {
             session_id,
@@ -194,6 +206,8 @@ impl MqttDeliveries {
             held: Arc::new(AtomicUsize::new(0)),
             online: Arc::new(AtomicBool::new(false)),
             charge: Charge::exact(memory),
+            totals: totals.clone(),
+            counted: (0, 0),
             max_inflight,
             incoming: HashSet::new(),
             dropped: 0,
@@ -519,10 +533,29 @@ impl MqttDeliveries {
     fn sync_held(&mut self) {
         let held = self.tracker.held_bytes();
         self.held.store(held, Ordering::Relaxed);
+        let now = (
+            (self.tracker.in_flight_len() + self.tracker.pending_len()) as u64,
+            held as u64,
+        );
+        self.count_held(now);
         // Restored deliveries exist already (forced); freed ones give their share back.
         let need = self.pooled(held);
         self.charge.force(need);
         self.charge.shrink(need);
+    }
+
+    /// Moves this session's share of the front-end's held totals to `now`.
+    fn count_held(&mut self, now: (u64, u64)) {
+        let (was, t) = (self.counted, &self.totals);
+        if now.0 != was.0 {
+            t.messages
+                .fetch_add(now.0.wrapping_sub(was.0), Ordering::Relaxed);
+        }
+        if now.1 != was.1 {
+            t.bytes
+                .fetch_add(now.1.wrapping_sub(was.1), Ordering::Relaxed);
+        }
+        self.counted = now;
     }
 
     /// What `held` bytes of deliveries charge the memory budget: past the outbox's free
