@@ -124,21 +124,51 @@ pub async fn serve(listener: TcpListener, state: AdminState, mut stop: watch::Re
             sample(&shared);
         }
     });
-    let shutdown = async move {
-        let _ = stop.changed().await;
-    };
-    let listener = Limited {
+    let mut listener = Limited {
         inner: listener,
         permits: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
     };
-    if let Err(e) = axum::serve(listener, app.into_make_service_with_connect_info::<Peer>())
-        .with_graceful_shutdown(shutdown)
-        .await
-    {
-        tracing::warn!("admin listener: {e}");
+    // hyper's HTTP/1 server with a timer, so that its header read timeout holds: a client
+    // that sends a request's head slowly, or keeps a connection idle between requests, is
+    // cut off after HEADER_TIMEOUT instead of holding one of the MAX_CONNECTIONS slots.
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_buf_size(MAX_HEAD);
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let (io, addr) = tokio::select! {
+            _ = stop.changed() => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            c = listener.accept() => c,
+        };
+        let app = app
+            .clone()
+            .layer(axum::Extension(axum::extract::ConnectInfo(Peer(addr))));
+        let conn = http.serve_connection(
+            hyper_util::rt::TokioIo::new(io),
+            hyper_util::service::TowerToHyperService::new(app),
+        );
+        conns.spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(peer = %addr, "admin connection: {e}");
+            }
+        });
     }
+    conns.abort_all();
     sampler.abort();
 }
+
+/// How long a request's head (request line and headers) may take to arrive, and how long
+/// a connection may stay idle between requests.
+pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long a request's body may take to arrive (after its head).
+pub const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The largest request head the admin listener reads: past it, the request is refused
+/// (431) and the connection closed.
+pub const MAX_HEAD: usize = 16 * 1024;
 
 /// The largest request body the admin API takes (a stream definition, a log filter).
 pub const MAX_BODY: usize = 64 * 1024;
@@ -153,10 +183,8 @@ struct Limited {
     permits: Arc<tokio::sync::Semaphore>,
 }
 
-impl axum::serve::Listener for Limited {
-    type Io = Permitted;
-    type Addr = std::net::SocketAddr;
-
+impl Limited {
+    /// The next connection, once a permit is free.
     async fn accept(&mut self) -> (Permitted, std::net::SocketAddr) {
         let permit = loop {
             if let Ok(p) = self.permits.clone().acquire_owned().await {
@@ -175,10 +203,6 @@ impl axum::serve::Listener for Limited {
                 }
             }
         }
-    }
-
-    fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
-        self.inner.local_addr()
     }
 }
 
@@ -237,12 +261,6 @@ impl tokio::io::AsyncWrite for Permitted {
 /// The client's address, for handlers and the guard.
 #[derive(Clone, Copy, Debug)]
 struct Peer(std::net::SocketAddr);
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Limited>> for Peer {
-    fn connect_info(s: axum::serve::IncomingStream<'_, Limited>) -> Peer {
-        Peer(*s.remote_addr())
-    }
-}
 
 /// One tick of the sampler: rates over the time since the last one.
 fn sample(s: &Shared) {
@@ -513,7 +531,33 @@ async fn guard(
             );
         }
     }
-    next.run(req).await
+    // The body, read whole here within BODY_TIMEOUT (a client that sends its head and then
+    // trickles the body would otherwise hold the connection for as long as it likes).
+    let (parts, body) = req.into_parts();
+    let body = match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, MAX_BODY)).await
+    {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request bodies are at most {MAX_BODY} bytes"),
+            );
+        }
+        Err(_) => {
+            return error(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {} s",
+                    BODY_TIMEOUT.as_secs()
+                ),
+            );
+        }
+    };
+    next.run(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::from(body),
+    ))
+    .await
 }
 
 /// Whether the request's `Host` names an IP address or `localhost` (with or without a port).

@@ -735,6 +735,19 @@ async fn hostile_admin_clients() {
     assert_eq!(&head, b"HTTP/1.1 413");
     drop(s);
 
+    // A request head past 16 KiB: 431, and the connection closed.
+    let mut s = connect().await.unwrap();
+    let big = format!(
+        "GET /api/overview HTTP/1.1\r\nHost: {}\r\nX-Big: {}\r\n\r\n",
+        b.admin,
+        "a".repeat(32 * 1024)
+    );
+    let _ = s.write_all(big.as_bytes()).await;
+    let mut head = [0u8; 12];
+    within(10, s.read_exact(&mut head)).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 431");
+    drop(s);
+
     // An event stream its client never reads, and all other slots held by idle clients.
     let mut sse = connect().await.unwrap();
     sse.write_all(format!("GET /api/events HTTP/1.1\r\nHost: {}\r\n\r\n", b.admin).as_bytes())
@@ -770,4 +783,74 @@ async fn hostile_admin_clients() {
     assert_eq!((status, body.as_str()), (200, "ok\n"));
     drop(sse);
     assert_eq!(http(&b.admin, "GET", "/healthz", &[]).await.0, 200);
+}
+
+#[tokio::test]
+async fn slow_admin_clients_are_cut_off() {
+    use tokio::io::AsyncReadExt;
+    let b = start_default().await;
+    let connect = || tokio::net::TcpStream::connect(b.admin.clone());
+    let limit = hayate_server::admin::HEADER_TIMEOUT + Duration::from_secs(5);
+    // Reads until the server closes the connection; what it sent before.
+    async fn until_closed(mut s: tokio::net::TcpStream) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return out,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    }
+
+    // Every slot taken by a client that never sends a byte...
+    let mut idle = Vec::new();
+    for _ in 0..hayate_server::admin::MAX_CONNECTIONS - 2 {
+        idle.push(connect().await.unwrap());
+    }
+    // ... one that sends half a request head ...
+    let mut half = connect().await.unwrap();
+    half.write_all(b"GET /api/overview HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        .await
+        .unwrap();
+    // ... and one that sends its head and then a byte of a 20-byte body.
+    let mut trickle = connect().await.unwrap();
+    trickle
+        .write_all(
+            b"POST /api/reload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+              Content-Length: 20\r\n\r\n{",
+        )
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let admin = b.admin.clone();
+    let waiting = tokio::spawn(async move { http(&admin, "GET", "/healthz", &[]).await });
+
+    // Each is cut off after the timeout (the body with a 408); the waiting request gets a
+    // slot then, while the idle clients never closed theirs.
+    let trickled = tokio::time::timeout(limit, until_closed(trickle))
+        .await
+        .expect("the trickling body is cut off");
+    assert!(
+        trickled.starts_with(b"HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&trickled)
+    );
+    tokio::time::timeout(limit, until_closed(half))
+        .await
+        .expect("the half head is cut off");
+    for s in idle {
+        tokio::time::timeout(limit, until_closed(s))
+            .await
+            .expect("an idle connection is cut off");
+    }
+    let (status, body) = tokio::time::timeout(limit, waiting)
+        .await
+        .expect("the waiting request is served once the slots free")
+        .unwrap();
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    assert!(
+        started.elapsed() >= hayate_server::admin::HEADER_TIMEOUT - Duration::from_secs(1),
+        "not cut off before the timeout"
+    );
 }
