@@ -281,6 +281,13 @@ async fn rpc_calls_mqtt_held_messages_and_delivery_latency() {
     let (host, port) = b.mqtt.rsplit_once(':').unwrap();
     let mut o = MqttOptions::new("adm-held", host, port.parse().unwrap());
     o.set_manual_acks(true);
+    // A retained message (5 bytes, QoS 0) it gets on subscribing: counted as sent.
+    let (rp, rp_task) = mqtt(&b.mqtt, "adm-retainer").await;
+    rp.publish("h/r", QoS::AtMostOnce, true, vec![9u8; 5])
+        .await
+        .unwrap();
+    rp.disconnect().await.unwrap();
+    within(10, rp_task).await.unwrap();
     let (mc, mut el) = AsyncClient::new(o, 100);
     mc.subscribe("h/#", QoS::AtLeastOnce).await.unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -322,7 +329,7 @@ async fn rpc_calls_mqtt_held_messages_and_delivery_latency() {
     p.flush().await.unwrap();
     let mut got = 0;
     within(10, async {
-        while got < 3 {
+        while got < 4 {
             if let Some(rumqttc::Packet::Publish(_)) = rx.recv().await {
                 got += 1;
             }
@@ -395,6 +402,15 @@ async fn rpc_calls_mqtt_held_messages_and_delivery_latency() {
     assert_eq!(sample(&s, "hayate_rpc_calls_total", "native", n), 4.0);
     assert_eq!(sample(&s, "hayate_rpc_replies_total", "native", n), 4.0);
     assert_eq!(sample(&s, "hayate_rpc_calls_total", "mqtt", &b.mqtt), 0.0);
+    // The retained message and the 3 live ones.
+    assert_eq!(
+        sample(&s, "hayate_messages_sent_total", "mqtt", &b.mqtt),
+        4.0
+    );
+    assert_eq!(
+        sample(&s, "hayate_sent_payload_bytes_total", "mqtt", &b.mqtt),
+        35.0
+    );
     assert_eq!(s["hayate_mqtt_held_messages"], 3.0);
     assert_eq!(s["hayate_mqtt_held_bytes"], 39.0);
     let count = s["hayate_delivery_latency_seconds_count"];

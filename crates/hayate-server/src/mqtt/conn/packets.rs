@@ -537,6 +537,14 @@ impl Conn<'_> {
         })?;
         self.reply(ms, &Packet::SubAck(SubAck::new(s.packet_id, codes)));
         if retained.iter().any(|(_, m)| !m.is_empty()) {
+            // Delivered to this session like any other message: counted as sent.
+            let (n, bytes) = retained
+                .iter()
+                .flat_map(|(_, msgs)| msgs.iter())
+                .fold((0u64, 0u64), |(n, b), m| {
+                    (n + 1, b + m.payload.len() as u64)
+                });
+            ms.session.outbox().traffic().note_out(n, bytes);
             let out = ms.out.clone();
             ms.session.outbox().push_reply_unbudgeted(|o| {
                 let mut st = lock(&out);
