@@ -870,3 +870,67 @@ async fn slow_admin_clients_are_cut_off() {
         "not cut off before the timeout"
     );
 }
+
+#[tokio::test]
+async fn offline_mqtt_sessions_count_only_what_they_keep() {
+    let b = start_default().await;
+    let (host, port) = b.mqtt.rsplit_once(':').unwrap();
+    let mut o = MqttOptions::new("adm-offline", host, port.parse().unwrap());
+    o.set_clean_session(false);
+    let (mc, mut el) = AsyncClient::new(o, 100);
+    mc.subscribe("o/#", QoS::AtMostOnce).await.unwrap();
+    mc.subscribe("p/#", QoS::AtLeastOnce).await.unwrap();
+    let task = tokio::spawn(async move {
+        let mut subacks = 0;
+        loop {
+            match el.poll().await {
+                Ok(Event::Incoming(rumqttc::Packet::SubAck(_))) => {
+                    subacks += 1;
+                    if subacks == 2 {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+    });
+    within(10, task).await.unwrap();
+    drop(mc);
+    // The connection is gone (its event loop dropped): the session is offline.
+    within(10, async {
+        while scrape(&b.admin).await["hayate_mqtt_clients_connected"] != 0.0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+
+    // 3 x 4 bytes at QoS 0 (an offline session cannot keep them) and 2 x 6 bytes that the
+    // QoS 1 subscription keeps for it.
+    let p = native(&b.addr, "adm-offline-pub").await;
+    for _ in 0..3 {
+        p.publish(&Key::new("o/x").unwrap(), vec![0u8; 4])
+            .await
+            .unwrap();
+    }
+    for _ in 0..2 {
+        p.publish(&Key::new("p/x").unwrap(), vec![0u8; 6])
+            .await
+            .unwrap();
+    }
+    p.flush().await.unwrap();
+    let s = scrape(&b.admin).await;
+    assert_eq!(
+        sample(&s, "hayate_messages_received_total", "native", &b.addr),
+        5.0
+    );
+    assert_eq!(
+        sample(&s, "hayate_messages_sent_total", "mqtt", &b.mqtt),
+        2.0
+    );
+    assert_eq!(
+        sample(&s, "hayate_sent_payload_bytes_total", "mqtt", &b.mqtt),
+        12.0
+    );
+    assert_eq!(s["hayate_mqtt_held_messages"], 2.0);
+}

@@ -73,6 +73,13 @@ pub trait Encoder: Send + 'static {
     fn held_bytes(&self) -> usize {
         0
     }
+    /// Deliveries the encoder discarded since the last call (count, payload bytes): those
+    /// it could not send nor keep (an MQTT QoS 0 message for an offline session, a full
+    /// session queue, a no-local subscription's own message). They are not counted as
+    /// sent. Called after every encode.
+    fn take_skipped(&mut self) -> (u64, u64) {
+        (0, 0)
+    }
 }
 
 /// A delivery of an acknowledged subscription, held by its outbox until acknowledged.

@@ -50,11 +50,10 @@ impl Outbox {
                 let (_, n) = st.lost.swap_remove(i);
                 st.encoder.encode_lost(sid, n, &mut st.buf);
             }
+            let skipped = Self::put(st, sid, origin, batch.slice(0, fit));
             if !st.cut {
-                let bytes = (0..fit).map(|i| batch.payload_len(i) as u64).sum();
-                self.traffic.note_out(fit as u64, bytes);
+                self.note_sent(&batch.slice(0, fit), skipped);
             }
-            Self::put(st, sid, origin, batch.slice(0, fit));
         }
         // With a sink, the publishing session flushes inline after its read
         // (`Session::flush`), so the writer task is woken only when the outbox is full.
@@ -120,19 +119,29 @@ impl Outbox {
         let size: usize = (0..batch.len()).map(|i| batch.cost(i)).sum();
         st.charge
             .force((held + size).saturating_sub(super::FREE_BYTES));
+        let skipped = Self::put(st, sid, origin, batch);
         if !st.cut {
-            let bytes = (0..batch.len()).map(|i| batch.payload_len(i) as u64).sum();
-            self.traffic.note_out(batch.len() as u64, bytes);
+            self.note_sent(&batch, skipped);
         }
-        Self::put(st, sid, origin, batch);
         self.wake(st);
         true
+    }
+
+    /// Counts `batch` as sent to this outbox's session, but the deliveries its encoder
+    /// discarded (`skipped`: count, payload bytes).
+    fn note_sent(&self, batch: &Batch<'_>, skipped: (u64, u64)) {
+        let bytes: u64 = (0..batch.len()).map(|i| batch.payload_len(i) as u64).sum();
+        let n = (batch.len() as u64).saturating_sub(skipped.0);
+        if n > 0 {
+            self.traffic.note_out(n, bytes.saturating_sub(skipped.1));
+        }
     }
 
     /// Encodes `batch` for `sid`: through the ack tracker for an acknowledged subscription,
     /// straight to the encoder otherwise. While the connection is being cut off, the bytes
     /// are discarded (the tracker and the encoder keep what they must give back).
-    fn put(st: &mut State, sid: u32, origin: u64, batch: Batch<'_>) {
+    /// Returns what the encoder discarded (see [`super::Encoder::take_skipped`]).
+    fn put(st: &mut State, sid: u32, origin: u64, batch: Batch<'_>) -> (u64, u64) {
         if !st.acked.is_empty() && st.acked.contains(&sid) {
             for i in 0..batch.len() {
                 let msg = batch.message(i);
@@ -145,6 +154,7 @@ impl Outbox {
         if st.cut {
             st.buf = OutBuf::default();
         }
+        st.encoder.take_skipped()
     }
 
     /// Marks the outbox stalled: a publisher gave up waiting for room for a `Stall::Drop`

@@ -306,6 +306,7 @@ impl Mqtt {
             Box::new(MqttEncoder {
                 out: out.clone(),
                 held: delivery::lock(&out).held_counter(),
+                skipped: (0, 0),
             }),
             class,
         );

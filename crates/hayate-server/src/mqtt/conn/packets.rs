@@ -537,23 +537,22 @@ impl Conn<'_> {
         })?;
         self.reply(ms, &Packet::SubAck(SubAck::new(s.packet_id, codes)));
         if retained.iter().any(|(_, m)| !m.is_empty()) {
-            // Delivered to this session like any other message: counted as sent.
-            let (n, bytes) = retained
-                .iter()
-                .flat_map(|(_, msgs)| msgs.iter())
-                .fold((0u64, 0u64), |(n, b), m| {
-                    (n + 1, b + m.payload.len() as u64)
-                });
-            ms.session.outbox().traffic().note_out(n, bytes);
+            // Delivered to this session like any other message: counted as sent (those it
+            // takes: a QoS 0 one while it has no connection is not).
             let out = ms.out.clone();
+            let mut sent = (0u64, 0u64);
             ms.session.outbox().push_reply_unbudgeted(|o| {
                 let mut st = lock(&out);
                 for (sid, msgs) in &retained {
                     for m in msgs {
-                        st.deliver(*sid, &m.key, &m.payload, Some(m), 0, true, o);
+                        if st.deliver(*sid, &m.key, &m.payload, Some(m), 0, true, o) {
+                            sent.0 += 1;
+                            sent.1 += m.payload.len() as u64;
+                        }
                     }
                 }
             });
+            ms.session.outbox().traffic().note_out(sent.0, sent.1);
             ms.session.mark_own_output();
         }
         Ok(())

@@ -13,6 +13,8 @@ use super::{SharedDeliveries, lock};
 pub(crate) struct MqttEncoder {
     pub(crate) out: SharedDeliveries,
     pub(crate) held: HeldCounter,
+    /// Deliveries discarded since the outbox last asked (count, payload bytes).
+    pub(crate) skipped: (u64, u64),
 }
 
 /// The held bytes of a session's deliveries while a connection is attached (0 offline),
@@ -26,7 +28,19 @@ pub(crate) struct HeldCounter {
 impl Encoder for MqttEncoder {
     fn encode(&mut self, sid: u32, batch: Batch<'_>, origin: u64, out: &mut OutBuf) {
         let mut st = lock(&self.out);
-        batch.each(|key, payload, msg| st.deliver(sid, key, payload, msg, origin, false, out));
+        let mut skipped = (0, 0);
+        batch.each(|key, payload, msg| {
+            if !st.deliver(sid, key, payload, msg, origin, false, out) {
+                skipped.0 += 1;
+                skipped.1 += payload.len() as u64;
+            }
+        });
+        self.skipped.0 += skipped.0;
+        self.skipped.1 += skipped.1;
+    }
+
+    fn take_skipped(&mut self) -> (u64, u64) {
+        std::mem::take(&mut self.skipped)
     }
 
     fn encode_lost(&mut self, _sid: u32, count: u64, _out: &mut OutBuf) {

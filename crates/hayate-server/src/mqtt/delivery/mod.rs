@@ -336,21 +336,21 @@ impl MqttDeliveries {
         origin: u64,
         force_retain: bool,
         out: &mut OutBuf,
-    ) {
+    ) -> bool {
         let Some(sub) = self.subs.get(&sid) else {
-            return;
+            return false;
         };
         if sub.skip_dollar && key.as_bytes().first() == Some(&b'$') {
-            return;
+            return false;
         }
         if sub.no_local && origin == self.session_id {
-            return;
+            return false;
         }
         let attrs = msg.map(|m| m.attrs).unwrap_or_default();
         if let Some(at) = attrs.expires
             && Instant::now() >= at
         {
-            return;
+            return false;
         }
         let qos = match attrs.guarantee {
             Some(g) => sub.qos.min(qos_of(g)),
@@ -375,8 +375,9 @@ impl MqttDeliveries {
                 )
             {
                 self.sent += 1;
+                return true;
             }
-            return;
+            return false;
         }
         let msg = match msg {
             Some(m) => m.clone(),
@@ -390,12 +391,13 @@ impl MqttDeliveries {
                 sub_id,
             },
             out,
-        );
+        )
     }
 
     /// Queues a QoS 1 or 2 delivery (restored from disk, or from [`MqttDeliveries::deliver`])
     /// and sends what the window allows.
-    pub(crate) fn enqueue(&mut self, q: Queued, out: &mut OutBuf) {
+    /// False when it was dropped (the session's queue or the memory budget full).
+    pub(crate) fn enqueue(&mut self, q: Queued, out: &mut OutBuf) -> bool {
         let size = held_size(&q);
         let held = self.tracker.held_bytes();
         let sends_now = self.link.is_some()
@@ -403,18 +405,18 @@ impl MqttDeliveries {
             && self.tracker.in_flight_len() < self.window();
         if self.max_queued_bytes > 0 && held + size > self.max_queued_bytes && held > 0 {
             self.dropped += 1;
-            return;
+            return false;
         }
         if !sends_now && self.max_queued > 0 && self.tracker.pending_len() >= self.max_queued {
             self.dropped += 1;
-            return;
+            return false;
         }
         // Within the broker-wide budget too; a session holding nothing always takes one.
         let need = self.pooled(held + size);
         if !self.charge.cover(need) {
             if held > 0 {
                 self.dropped += 1;
-                return;
+                return false;
             }
             self.charge.force(need);
         }
@@ -434,6 +436,7 @@ impl MqttDeliveries {
         };
         self.tracker.push(item, size);
         self.fill(out);
+        true
     }
 
     /// Restores delivery `qid` that was in flight when the state was saved (restored in
