@@ -2,7 +2,8 @@
 # a volume, a health check on the admin listener. docs/operations.md, "Container".
 #
 #   docker build -t hayate .
-#   docker run -p 4700:4700 -p 1883:1883 -p 4780:4780 -v hayate-data:/var/lib/hayate hayate
+#   docker run -p 4700:4700 -p 1883:1883 -p 61613:61613 -v hayate-data:/var/lib/hayate hayate
+#   (the admin listener stays on the container's loopback unless the config exposes it)
 
 # --- build ---------------------------------------------------------------------------
 FROM rust:1.95-bookworm AS build

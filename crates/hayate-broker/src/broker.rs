@@ -79,6 +79,21 @@ pub struct BrokerStats {
     pub delivery_latency: Arc<crate::latency::LatencyHistogram>,
 }
 
+/// Which subscriptions [`Broker::subscriptions`] lists (every filter given must pass).
+#[derive(Debug, Clone, Copy)]
+pub struct SubFilter<'a> {
+    /// Those of this session.
+    pub session: Option<u64>,
+    /// Those that would receive a message on this key (expression matches, guard admits).
+    pub key: Option<&'a hayate_core::Key>,
+    /// Those whose expression intersects this one.
+    pub expr: Option<&'a KeyExpr>,
+    /// Those in the queue group of this name.
+    pub group: Option<&'a str>,
+    /// At most this many listed.
+    pub limit: usize,
+}
+
 /// One subscription, as [`Broker::subscriptions`] lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubscriptionView {
@@ -212,22 +227,28 @@ impl Broker {
         m
     }
 
-    /// Subscriptions, by session and id: those of `session` (when given) that would receive
-    /// a message on `key` (when given: its expression matches and its guard admits it) and
-    /// whose expression intersects `expr` (when given); at most `limit` of them, and how
-    /// many pass the filters in all.
-    pub fn subscriptions(
-        &self,
-        session: Option<u64>,
-        key: Option<&hayate_core::Key>,
-        expr: Option<&KeyExpr>,
-        limit: usize,
-    ) -> (Vec<SubscriptionView>, usize) {
+    /// Subscriptions, by session and id, that pass `filter`: at most `filter.limit` of them,
+    /// and how many pass in all.
+    pub fn subscriptions(&self, filter: SubFilter<'_>) -> (Vec<SubscriptionView>, usize) {
+        let SubFilter {
+            session,
+            key,
+            expr,
+            group,
+            limit,
+        } = filter;
         let reg = self.read();
         let mut v = Vec::new();
         let mut total = 0;
         let mut keep = |sk: &SubKey, e: &SubEntry| {
-            if session.is_some_and(|s| s != sk.0) || expr.is_some_and(|x| !x.intersects(&e.expr)) {
+            let group_name = e
+                .group
+                .as_deref()
+                .map(|g| g.split_once('\0').map_or(g, |(n, _)| n));
+            if session.is_some_and(|s| s != sk.0)
+                || expr.is_some_and(|x| !x.intersects(&e.expr))
+                || group.is_some_and(|g| group_name != Some(g))
+            {
                 return;
             }
             total += 1;
@@ -236,10 +257,7 @@ impl Broker {
                     session: sk.0,
                     sid: sk.1,
                     expr: e.expr.as_str().to_string(),
-                    group: e
-                        .group
-                        .as_deref()
-                        .map(|g| g.split_once('\0').map_or(g, |(n, _)| n).to_string()),
+                    group: group_name.map(str::to_string),
                     ack: e.qos.ack,
                     drop: e.qos.congestion == hayate_core::Congestion::Drop,
                 });

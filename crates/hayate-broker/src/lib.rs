@@ -34,7 +34,9 @@ pub mod stream;
 
 pub use ack::AckTracker;
 pub use batch::Batch;
-pub use broker::{Broker, BrokerConfig, BrokerStats, KeyGuard, SubscribeError, SubscriptionView};
+pub use broker::{
+    Broker, BrokerConfig, BrokerStats, KeyGuard, SubFilter, SubscribeError, SubscriptionView,
+};
 pub use index::SubscriptionIndex;
 pub use outbox::{Delivery, Encoder, FREE_BYTES, OutBuf, Outbox, Settle, Taken};
 pub use queue::Backlog;

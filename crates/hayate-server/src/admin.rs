@@ -7,8 +7,8 @@
 //! - `GET /metrics`: Prometheus text (OpenMetrics 1.0).
 //! - `GET /`, `/dashboard`: the dashboard; `GET /api/dashboard`, `/api/events` (SSE): its data.
 //! - `GET /api/overview`, `GET /api/connections`, `GET|DELETE /api/connections/{id}`,
-//!   `GET|PUT /api/log`, `GET /api/groups`, `GET /api/queues`, `GET|POST /api/streams`,
-//!   `GET|DELETE /api/streams/{name}`.
+//!   `GET /api/subscriptions`, `GET|PUT /api/log`, `POST /api/reload`, `GET /api/groups`,
+//!   `GET /api/queues`, `GET|POST /api/streams`, `GET|DELETE /api/streams/{name}`.
 //!
 //! Every route but the health checks goes through [`guard`]: with users configured
 //! (`auth.required`), HTTP Basic credentials (or `Authorization: Bearer <token>`) of a user
@@ -380,13 +380,7 @@ fn dashboard_json(s: &Shared) -> Value {
     }
     let connections: Vec<Value> = conns
         .into_iter()
-        .map(|c| {
-            let (i, o) = g.conn_rates.get(&c.id).copied().unwrap_or_default();
-            let mut v = serde_json::to_value(c).unwrap_or(Value::Null);
-            v["msgs_in_rate"] = json!(i);
-            v["msgs_out_rate"] = json!(o);
-            v
-        })
+        .map(|c| serde_json::to_value(c).unwrap_or(Value::Null))
         .collect();
     json!({
         "overview": overview,
@@ -732,11 +726,20 @@ struct ConnView {
     bytes_out: u64,
     calls: u64,
     replies: u64,
+    /// Messages per second in and out over the sampler's last second.
+    msgs_in_rate: f64,
+    msgs_out_rate: f64,
     closing: bool,
 }
 
 fn conn_views(s: &Shared, only: Option<u64>) -> Vec<ConnView> {
     let subs = s.state.broker.subscriptions_by_session();
+    let rates = s
+        .sampled
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .conn_rates
+        .clone();
     let list = match only {
         Some(id) => s.state.ops.conns.get(id).into_iter().collect(),
         None => s.state.ops.conns.list(),
@@ -765,6 +768,8 @@ fn conn_views(s: &Shared, only: Option<u64>) -> Vec<ConnView> {
                 bytes_out: t.bytes_out,
                 calls: t.calls,
                 replies: t.replies,
+                msgs_in_rate: rates.get(&e.id).map_or(0.0, |r| r.0),
+                msgs_out_rate: rates.get(&e.id).map_or(0.0, |r| r.1),
                 closing: e.is_closing(),
             }
         })
@@ -950,6 +955,7 @@ async fn reload(State(s): St) -> Response {
 struct SubQuery {
     key: Option<String>,
     expr: Option<String>,
+    group: Option<String>,
     connection: Option<u64>,
     limit: Option<usize>,
 }
@@ -976,10 +982,13 @@ async fn subscriptions(State(s): St, q: axum::extract::Query<SubQuery>) -> Respo
         },
     };
     let limit = q.limit.unwrap_or(1000).min(MAX_LISTED);
-    let (subs, total) = s
-        .state
-        .broker
-        .subscriptions(session, key.as_ref(), expr.as_ref(), limit);
+    let (subs, total) = s.state.broker.subscriptions(hayate_broker::SubFilter {
+        session,
+        key: key.as_ref(),
+        expr: expr.as_ref(),
+        group: q.group.as_deref(),
+        limit,
+    });
     let by_session: std::collections::HashMap<u64, u64> = conns
         .iter()
         .filter_map(|c| c.session_id().map(|sid| (sid, c.id)))

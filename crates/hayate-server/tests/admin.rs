@@ -98,6 +98,20 @@ async fn metrics_count_each_protocols_traffic_exactly() {
     let sub_client = native(&b.addr, "adm-sub").await;
     let mut sub = sub_client.subscribe("m/**").await.unwrap();
     sub_client.flush().await.unwrap();
+    // A STOMP subscriber to the native messages only (m/n), in place once its receipt came.
+    let mut stomp_sub = stomp(&b.stomp).await;
+    stomp_sub
+        .write_all(b"SUBSCRIBE\nid:0\ndestination:/topic/m/n\nreceipt:r1\n\n\0")
+        .await
+        .unwrap();
+    let mut got = BytesMut::new();
+    within(10, async {
+        use tokio::io::AsyncReadExt;
+        while !got.windows(7).any(|w| w == b"RECEIPT") {
+            assert!(stomp_sub.read_buf(&mut got).await.unwrap() > 0);
+        }
+    })
+    .await;
 
     // Known traffic: 5 x 10 B native, 3 x 20 B MQTT, 2 x 30 B STOMP, all to the subscriber.
     let p = native(&b.addr, "adm-pub").await;
@@ -127,6 +141,14 @@ async fn metrics_count_each_protocols_traffic_exactly() {
         bytes += msg.payload.len();
     }
     assert_eq!(bytes, 50 + 60 + 60);
+    // The STOMP subscriber's 5 MESSAGE frames.
+    within(10, async {
+        use tokio::io::AsyncReadExt;
+        while got.windows(7).filter(|w| w == b"MESSAGE").count() < 5 {
+            assert!(stomp_sub.read_buf(&mut got).await.unwrap() > 0);
+        }
+    })
+    .await;
 
     let s = scrape(&b.admin).await;
     let (n, q, t) = (&b.addr, &b.mqtt, &b.stomp);
@@ -157,15 +179,20 @@ async fn metrics_count_each_protocols_traffic_exactly() {
         170.0
     );
     assert_eq!(sample(&s, "hayate_messages_sent_total", "mqtt", q), 0.0);
+    assert_eq!(sample(&s, "hayate_messages_sent_total", "stomp", t), 5.0);
+    assert_eq!(
+        sample(&s, "hayate_sent_payload_bytes_total", "stomp", t),
+        50.0
+    );
     assert_eq!(sample(&s, "hayate_connections", "native", n), 2.0);
     assert_eq!(sample(&s, "hayate_connections", "mqtt", q), 1.0);
-    assert_eq!(sample(&s, "hayate_connections", "stomp", t), 1.0);
+    assert_eq!(sample(&s, "hayate_connections", "stomp", t), 2.0);
     assert_eq!(
         sample(&s, "hayate_connections_accepted_total", "native", n),
         2.0
     );
-    // m/** and each native client's reply inbox.
-    assert_eq!(s["hayate_subscriptions"], 3.0);
+    // m/**, each native client's reply inbox, and the STOMP subscriber's m/n.
+    assert_eq!(s["hayate_subscriptions"], 4.0);
     assert_eq!(
         s["hayate_dropped_messages_total{reason=\"outbox_full\"}"],
         0.0
@@ -175,7 +202,7 @@ async fn metrics_count_each_protocols_traffic_exactly() {
     let (status, body) = http(&b.admin, "GET", "/api/connections", &[]).await;
     assert_eq!(status, 200, "{body}");
     let conns: Vec<Value> = serde_json::from_str(&body).unwrap();
-    assert_eq!(conns.len(), 4, "{conns:#?}");
+    assert_eq!(conns.len(), 5, "{conns:#?}");
     let by_name = |id: &str| {
         conns
             .iter()
@@ -205,7 +232,7 @@ async fn metrics_count_each_protocols_traffic_exactly() {
         loop {
             let (_, body) = http(&b.admin, "GET", "/api/connections", &[]).await;
             let v: Vec<Value> = serde_json::from_str(&body).unwrap();
-            if v.len() == 3 {
+            if v.len() == 4 {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -224,6 +251,7 @@ async fn metrics_count_each_protocols_traffic_exactly() {
 
     // What ended connections did stays counted.
     drop(st);
+    drop(stomp_sub);
     p.close().await.unwrap();
     within(10, async {
         loop {
@@ -380,6 +408,14 @@ async fn rpc_calls_mqtt_held_messages_and_delivery_latency() {
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["total"], 1, "{v:#}");
     assert_eq!(v["subscriptions"][0]["expr"], "h/**");
+    let (_, body) = http(&b.admin, "GET", "/api/subscriptions?group=svc", &[]).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["total"], 1, "{v:#}");
+    assert_eq!(v["subscriptions"][0]["connection"], svc["id"]);
+    let (_, body) = http(&b.admin, "GET", "/api/subscriptions?group=nobody", &[]).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["total"], 0, "{v:#}");
+    assert!(svc["msgs_in_rate"].is_number(), "{svc:#}");
     let (_, body) = http(&b.admin, "GET", "/api/subscriptions?limit=1", &[]).await;
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["subscriptions"].as_array().unwrap().len(), 1);

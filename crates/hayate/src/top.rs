@@ -11,7 +11,7 @@ use ratatui::Frame;
 use ratatui::layout::{Constraint, Direction, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
+use ratatui::widgets::{Block, Borders, Paragraph, Row, Sparkline, Table};
 use serde_json::Value;
 
 /// `hayate top` arguments.
@@ -217,6 +217,7 @@ fn draw(f: &mut Frame, admin: &str, data: Result<&Value, String>) {
         .constraints([
             Constraint::Length(1),
             Constraint::Length(4),
+            Constraint::Length(5),
             Constraint::Length((d["listeners"].as_array().map_or(0, Vec::len) as u16 + 3).min(10)),
             Constraint::Min(5),
         ])
@@ -297,10 +298,35 @@ fn draw(f: &mut Frame, admin: &str, data: Result<&Value, String>) {
             *c,
         );
     }
+    // Published msg/s over the last minutes (the sampler's history, one point a second).
+    let history: Vec<u64> = d["history"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .map(|p| num(&p[1]).max(0.0) as u64)
+        .collect();
+    let shown = &history[history
+        .len()
+        .saturating_sub(rows[2].width.saturating_sub(2) as usize)..];
+    let lat = &o["delivery_latency"];
+    let held = &o["mqtt"];
+    f.render_widget(
+        Sparkline::default()
+            .block(Block::default().borders(Borders::ALL).title(format!(
+                " published msg/s (peak {}) · delivery latency p50 {} p99 {} · MQTT held {} ",
+                rate(shown.iter().copied().max().unwrap_or(0) as f64),
+                secs(&lat["p50"]),
+                secs(&lat["p99"]),
+                num(&held["held_messages"]),
+            )))
+            .data(shown)
+            .style(Style::default().fg(Color::Cyan)),
+        rows[2],
+    );
     let mid = Layout::default()
         .direction(Direction::Horizontal)
         .constraints([Constraint::Percentage(60), Constraint::Percentage(40)])
-        .split(rows[2]);
+        .split(rows[3]);
     table(
         f,
         mid[0],
@@ -341,9 +367,35 @@ fn draw(f: &mut Frame, admin: &str, data: Result<&Value, String>) {
         let load = |c: &Value| num(&c["msgs_in_rate"]) + num(&c["msgs_out_rate"]);
         load(b).total_cmp(&load(a))
     });
+    let bottom = Layout::default()
+        .direction(Direction::Horizontal)
+        .constraints([Constraint::Percentage(72), Constraint::Percentage(28)])
+        .split(rows[4]);
+    let mut lag = Vec::new();
+    for s in d["streams"].as_array().map_or(&[][..], Vec::as_slice) {
+        let consumers = s["consumers"].as_array().map_or(&[][..], Vec::as_slice);
+        if consumers.is_empty() {
+            lag.push(vec![text(&s["name"]), "-".into(), "-".into()]);
+        }
+        for c in consumers {
+            lag.push(vec![
+                text(&s["name"]),
+                text(&c["name"]),
+                text(&c["pending"]),
+            ]);
+        }
+    }
     table(
         f,
-        rows[3],
+        bottom[1],
+        " streams: consumer lag ",
+        &["stream", "consumer", "lag"],
+        &[12, 12, 8],
+        lag.into_iter(),
+    );
+    table(
+        f,
+        bottom[0],
         " connections (busiest first) ",
         &[
             "id", "protocol", "peer", "user", "client", "subs", "outbox", "in/s", "out/s",
@@ -363,6 +415,16 @@ fn draw(f: &mut Frame, admin: &str, data: Result<&Value, String>) {
             ]
         }),
     );
+}
+
+/// A latency in seconds (a JSON number, or null past the last bucket) for a title.
+fn secs(v: &Value) -> String {
+    match v.as_f64() {
+        None => "-".into(),
+        Some(s) if s < 1e-3 => format!("{:.0}µs", s * 1e6),
+        Some(s) if s < 1.0 => format!("{:.1}ms", s * 1e3),
+        Some(s) => format!("{s:.1}s"),
+    }
 }
 
 fn table(
