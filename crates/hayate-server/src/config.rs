@@ -28,6 +28,8 @@ pub struct Config {
     pub mqtt: MqttSection,
     /// STOMP listeners and settings.
     pub stomp: StompSection,
+    /// AMQP 0-9-1 listeners and settings.
+    pub amqp: AmqpSection,
     /// Who may connect and what they may do (every protocol).
     pub auth: AuthSection,
     /// Certificates for the TLS listeners (`native.tls`, `mqtt.tls`, `mqtt.wss`,
@@ -231,6 +233,43 @@ impl Default for StompSection {
             queue_max_bytes: 64 * 1024 * 1024,
             max_frame_size: 64 * 1024 * 1024,
             max_headers: 128,
+        }
+    }
+}
+
+/// `[amqp]`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AmqpSection {
+    /// TCP addresses for AMQP 0-9-1 (empty, the default for now: no AMQP listener; the
+    /// usual port is 5672).
+    pub listen: Vec<String>,
+    /// Channels per connection at most (connection.tune's channel-max).
+    pub channel_max: u16,
+    /// Largest frame, in bytes (connection.tune's frame-max; at least 4096).
+    pub frame_max: u32,
+    /// Heartbeat interval offered, in seconds (0: none).
+    pub heartbeat_secs: u16,
+    /// Largest message body accepted, in bytes (larger: the channel is closed with
+    /// PRECONDITION_FAILED, as RabbitMQ does).
+    pub max_message_size: u64,
+    /// Bytes a queue holds at most (its `x-max-length-bytes` may lower it); past it the
+    /// oldest messages are dropped (or new ones refused with `x-overflow`).
+    pub queue_max_bytes: u64,
+    /// Queues at most.
+    pub max_queues: usize,
+}
+
+impl Default for AmqpSection {
+    fn default() -> Self {
+        AmqpSection {
+            listen: Vec::new(),
+            channel_max: 2047,
+            frame_max: 131_072,
+            heartbeat_secs: 60,
+            max_message_size: 128 * 1024 * 1024,
+            queue_max_bytes: 64 * 1024 * 1024,
+            max_queues: 10_000,
         }
     }
 }
@@ -553,6 +592,16 @@ impl Config {
             && self.stomp.tls.is_empty());
         if tls_listeners || !self.tls.cert.is_empty() || !self.tls.key.is_empty() {
             crate::tls::ServerTls::load(&self.tls).map_err(ConfigError::Invalid)?;
+        }
+        if self.amqp.frame_max < 4096 {
+            return Err(ConfigError::Invalid(
+                "amqp.frame_max must be at least 4096 (AMQP's frame-min-size)".into(),
+            ));
+        }
+        if self.amqp.channel_max == 0 {
+            return Err(ConfigError::Invalid(
+                "amqp.channel_max must be at least 1".into(),
+            ));
         }
         for s in &self.stream {
             s.check()

@@ -19,6 +19,7 @@
 //! writer task (takes everything queued, one vectored write) → socket.
 
 pub mod admin;
+pub mod amqp;
 pub mod auth;
 pub mod config;
 pub mod frontend;

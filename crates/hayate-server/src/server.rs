@@ -15,6 +15,7 @@ use crate::shm::ShmOffer;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::amqp::Amqp;
 use crate::auth::{Authenticator, ConfigAuth};
 use crate::config::{Config, Limits};
 use crate::frontend::{Accepted, InputBudget};
@@ -43,6 +44,8 @@ pub enum Protocol {
     MqttWss,
     /// STOMP over TLS.
     StompTls,
+    /// AMQP 0-9-1 over TCP.
+    Amqp,
 }
 
 impl Protocol {
@@ -57,6 +60,7 @@ impl Protocol {
             Protocol::MqttTls => "mqtt over tls",
             Protocol::MqttWss => "mqtt over websocket over tls",
             Protocol::StompTls => "stomp over tls",
+            Protocol::Amqp => "amqp",
         }
     }
 
@@ -79,6 +83,7 @@ impl Protocol {
             Protocol::MqttTls => "mqtt-tls",
             Protocol::MqttWss => "mqtt-wss",
             Protocol::StompTls => "stomp-tls",
+            Protocol::Amqp => "amqp",
         }
     }
 
@@ -116,6 +121,7 @@ pub struct Server {
     keepalive: native::Keepalive,
     mqtt: Arc<Mqtt>,
     stomp: Arc<Stomp>,
+    amqp: Arc<Amqp>,
     auth: Arc<dyn Authenticator>,
     tls: Option<Arc<ServerTls>>,
     busy_poll: Duration,
@@ -166,6 +172,9 @@ impl Server {
         }
         for addr in &config.stomp.listen {
             listeners.push(Listener::Tcp(bind_tcp(addr).await?, Protocol::Stomp));
+        }
+        for addr in &config.amqp.listen {
+            listeners.push(Listener::Tcp(bind_tcp(addr).await?, Protocol::Amqp));
         }
         for (addrs, p) in [
             (&config.native.tls, Protocol::NativeTls),
@@ -288,6 +297,7 @@ impl Server {
         };
         let mqtt = Mqtt::new(broker.clone(), config, auth.clone());
         let stomp = Stomp::new(broker.clone(), config, auth.clone());
+        let amqp = Amqp::new(broker.clone(), config, auth.clone());
         let ops = Ops::new(
             listeners
                 .iter()
@@ -310,6 +320,7 @@ impl Server {
             },
             mqtt,
             stomp,
+            amqp,
             auth,
             tls,
             busy_poll: Duration::from_micros(config.server.busy_poll_us),
@@ -469,6 +480,7 @@ impl Server {
                 live: live.clone(),
                 mqtt: self.mqtt.clone(),
                 stomp: self.stomp.clone(),
+                amqp: self.amqp.clone(),
                 auth: self.auth.clone(),
                 tls: self.tls.clone(),
                 shm: self.shm.clone(),
@@ -612,6 +624,7 @@ struct Ctx {
     live: Arc<AtomicUsize>,
     mqtt: Arc<Mqtt>,
     stomp: Arc<Stomp>,
+    amqp: Arc<Amqp>,
     auth: Arc<dyn Authenticator>,
     tls: Option<Arc<ServerTls>>,
     shm: Option<Arc<ShmOffer>>,
@@ -889,6 +902,9 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
                 }
                 Protocol::Stomp => {
                     stomp::conn::serve(io, c.stomp).await;
+                }
+                Protocol::Amqp => {
+                    crate::amqp::conn::serve(io, c.amqp).await;
                 }
                 // `inner()` took the TLS variants off.
                 Protocol::NativeTls

@@ -62,6 +62,10 @@ pub(crate) struct BrokerArgs {
     /// STOMP TCP address (repeatable; replaces the configured list; `off` for none).
     #[arg(long, value_name = "HOST:PORT")]
     pub(crate) stomp: Vec<String>,
+    /// AMQP 0-9-1 TCP address (repeatable; replaces the configured list; `off` for none;
+    /// none by default for now, usually 5672).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub(crate) amqp: Vec<String>,
     /// Native protocol over TLS: TCP address (repeatable; needs --tls-cert and --tls-key).
     #[arg(long, value_name = "HOST:PORT")]
     pub(crate) native_tls: Vec<String>,

@@ -84,6 +84,9 @@ fn effective_config(args: &cli::BrokerArgs) -> Result<Config> {
     if !args.stomp.is_empty() {
         config.stomp.listen = listen_list(&args.stomp);
     }
+    if !args.amqp.is_empty() {
+        config.amqp.listen = listen_list(&args.amqp);
+    }
     for (flag, list) in [
         (&args.native_tls, &mut config.native.tls),
         (&args.mqtt_tls, &mut config.mqtt.tls),

@@ -1,0 +1,1865 @@
+//! One AMQP 0-9-1 connection: the protocol header, connection.start / start-ok (SASL PLAIN,
+//! AMQPLAIN, ANONYMOUS when allowed) / tune / open, then channels and their methods until
+//! connection.close, an error, a heartbeat timeout or shutdown.
+//!
+//! Errors follow RabbitMQ: a soft error closes the channel (channel.close with the code and
+//! `CODE_NAME - text`; the channel's frames are ignored until channel.close-ok), a hard one
+//! the connection (connection.close, then the socket).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use hayate_amqp::frame::{PROTOCOL_HEADER, ProtocolHeader, decode_protocol_header};
+use hayate_amqp::{
+    ContentHeader, DecodeError, FieldTable, FieldValue, Frame, FrameDecoder, Method, ReplyCode,
+    ShortStr,
+};
+use hayate_broker::{Batch, Session};
+use hayate_core::{Key, KeyExpr, Qos};
+use tokio::time::Instant;
+
+use super::delivery::{AmqpEncoder, OwnConsumer, encode_content, message_of};
+use super::names::{self, Kind, REPLY_TO_QUEUE};
+use super::queue::{Chan, ChanState, Consumer, Queue, QueueArgs, QueueEncoder, Unacked, lock};
+use super::{Amqp, Exchange};
+use crate::auth::{Credentials, Identity};
+use crate::frontend::{self, Accepted, Handler, Stop};
+
+const READ_BUF: usize = 64 * 1024;
+
+/// The key, under the connection's inbox, of its direct reply-to consumer.
+const REPLY_SUFFIX: &str = "amqp";
+
+/// An error: its code, text, and the method it answers.
+#[derive(Debug, Clone)]
+pub(crate) struct AmqpError {
+    code: ReplyCode,
+    text: String,
+    class: u16,
+    method: u16,
+}
+
+fn err(code: ReplyCode, text: impl Into<String>) -> AmqpError {
+    AmqpError {
+        code,
+        text: text.into(),
+        class: 0,
+        method: 0,
+    }
+}
+
+impl AmqpError {
+    fn on(mut self, m: &Method) -> AmqpError {
+        (self.class, self.method) = m.ids();
+        self
+    }
+
+    fn reply_text(&self) -> ShortStr {
+        ShortStr::lit(&format!("{} - {}", self.code.name(), self.text))
+    }
+}
+
+/// How a connection ends.
+#[derive(Debug)]
+pub(crate) enum End {
+    /// connection.close answered, the client went away, or shutdown.
+    Done,
+    /// Not AMQP 0-9-1: answer with our protocol header.
+    BadHeader,
+    /// A hard error: connection.close with it.
+    Hard(AmqpError),
+}
+
+/// What the decoder produces.
+#[derive(Debug)]
+pub(crate) enum Item {
+    Header,
+    Frame(Frame),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Header,
+    StartOk,
+    TuneOk,
+    Open,
+    Ready,
+}
+
+/// A publish waiting for its content.
+#[derive(Debug)]
+struct Pending {
+    exchange: ShortStr,
+    routing_key: ShortStr,
+    mandatory: bool,
+    header: Option<ContentHeader>,
+    body: BytesMut,
+}
+
+/// What a transaction holds until tx.commit.
+#[derive(Debug)]
+enum TxOp {
+    Publish(Box<Pending>),
+    Ack(u64, bool),
+    Nack(u64, bool, bool),
+}
+
+/// A consumer of a channel.
+#[derive(Debug)]
+enum ConsumerReg {
+    Queue(Arc<Queue>),
+    /// Direct reply-to: a subscription of the connection's own session.
+    ReplyTo(u32),
+}
+
+/// A channel, as its connection keeps it.
+#[derive(Debug)]
+struct Channel {
+    shared: Arc<Chan>,
+    /// We sent channel.close: everything but channel.close(-ok) is ignored.
+    closing: bool,
+    pending: Option<Pending>,
+    confirm: bool,
+    /// Publishes counted in confirm mode; the last one is acknowledged at the next flush.
+    published: u64,
+    confirmed: u64,
+    tx: Option<Vec<TxOp>>,
+    consumers: HashMap<ShortStr, ConsumerReg>,
+    /// basic.qos without `global`: the prefetch of consumers started from now on.
+    prefetch: usize,
+}
+
+/// Per-connection state.
+struct Conn<'a> {
+    amqp: &'a Arc<Amqp>,
+    id: u64,
+    identity: Identity,
+    entry: Option<Arc<hayate_io::registry::ConnEntry>>,
+    peer: Option<std::net::IpAddr>,
+    verified_name: Option<String>,
+    stage: Stage,
+    channel_max: u16,
+    frame_max: Arc<AtomicUsize>,
+    heartbeat: Option<Duration>,
+    channels: HashMap<u16, Channel>,
+    /// Queues this connection declared exclusive (deleted when it closes).
+    exclusive: Vec<Arc<Queue>>,
+    /// The connection session's consumers (direct reply-to), shared with its encoder.
+    own: Arc<Mutex<HashMap<u32, OwnConsumer>>>,
+    next_sid: u32,
+    /// connection.blocked sent (the memory budget is nearly spent).
+    blocked: bool,
+    /// The client said it understands connection.blocked.
+    wants_blocked: bool,
+}
+
+/// The front-end as the connection driver sees it.
+struct Driven<'a> {
+    c: Conn<'a>,
+    session: Session,
+    decoder: FrameDecoder,
+    /// Until open: the handshake deadline; then the client's heartbeat deadline.
+    quiet: Instant,
+    beat: Option<Instant>,
+    last_read: Instant,
+}
+
+impl Handler for Driven<'_> {
+    type Frame = Item;
+    type End = End;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Item>, End> {
+        if self.c.stage == Stage::Header {
+            return match decode_protocol_header(buf) {
+                None => Ok(None),
+                Some(ProtocolHeader::Amqp091) => Ok(Some(Item::Header)),
+                Some(ProtocolHeader::Other) => Err(End::BadHeader),
+            };
+        }
+        match self.decoder.decode(buf) {
+            Ok(f) => Ok(f.map(Item::Frame)),
+            Err(e) => Err(End::Hard(decode_error(&e))),
+        }
+    }
+
+    async fn handle(&mut self, item: Item) -> Result<(), End> {
+        let (c, session) = (&mut self.c, &mut self.session);
+        let r = match item {
+            Item::Header => {
+                c.start(session);
+                Ok(())
+            }
+            Item::Frame(f) => c.frame(f, session).await,
+        };
+        r?;
+        if c.stage == Stage::Ready && self.beat.is_none() {
+            let now = Instant::now();
+            if let Some(hb) = c.heartbeat {
+                self.beat = Some(now + hb / 2);
+                self.quiet = now + hb * 2;
+            } else {
+                self.quiet = now + Duration::from_secs(86_400 * 365);
+            }
+            // A sentinel: the heartbeat timers are set.
+            self.beat
+                .get_or_insert(now + Duration::from_secs(86_400 * 365));
+        }
+        if let Some(fm) = c.stage_frame_max() {
+            self.decoder.set_max_frame(fm);
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) {
+        self.c.send_confirms(&mut self.session);
+        self.c.check_blocked(&mut self.session);
+        self.session.flush();
+    }
+
+    fn on_read(&mut self) {
+        self.last_read = Instant::now();
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        Some(self.beat.map_or(self.quiet, |b| b.min(self.quiet)))
+    }
+
+    async fn on_timer(&mut self) -> Result<(), End> {
+        let now = Instant::now();
+        if self.c.stage != Stage::Ready {
+            if now >= self.quiet {
+                return Err(End::Done);
+            }
+            return Ok(());
+        }
+        if let Some(hb) = self.c.heartbeat {
+            if self.last_read + hb * 2 > self.quiet {
+                self.quiet = self.last_read + hb * 2;
+            }
+            if now >= self.quiet {
+                tracing::debug!(conn = self.c.id, "amqp: missed heartbeats");
+                return Err(End::Done);
+            }
+            if self.beat.is_some_and(|b| now >= b) {
+                self.beat = Some(now + hb / 2);
+                self.session
+                    .outbox()
+                    .push_control_unbudgeted(|b| Frame::Heartbeat.encode(b));
+            }
+        }
+        Ok(())
+    }
+
+    fn stopped(&mut self, why: Stop) -> End {
+        match why {
+            Stop::Shutdown => End::Hard(err(ReplyCode::ConnectionForced, "broker shutdown")),
+            Stop::Memory => End::Hard(err(
+                ReplyCode::ResourceError,
+                "the broker's memory budget is spent",
+            )),
+            Stop::Eof | Stop::Io | Stop::WriterGone => End::Done,
+        }
+    }
+}
+
+fn decode_error(e: &DecodeError) -> AmqpError {
+    let mut a = err(e.reply_code(), e.to_string());
+    if let DecodeError::UnknownMethod { class, method } = e {
+        a.class = *class;
+        a.method = *method;
+    }
+    a
+}
+
+/// Serves one AMQP connection until it closes.
+pub async fn serve(io: Accepted, amqp: Arc<Amqp>) {
+    let mut io = io;
+    let (_registered, entry) = io.take_registered();
+    let peer = io.peer.map(|a| a.ip());
+    let verified_name = io.verified_name.clone();
+    let frame_max = Arc::new(AtomicUsize::new(hayate_amqp::FRAME_MIN_SIZE as usize));
+    let own = Arc::new(Mutex::new(HashMap::new()));
+    let session = amqp.broker.open_session_in(
+        Box::new(AmqpEncoder {
+            consumers: own.clone(),
+            frame_max: frame_max.clone(),
+        }),
+        io.class.as_ref(),
+    );
+    let outbox = session.outbox().clone();
+    let mut conn = frontend::Conn::new(io, BytesMut::with_capacity(READ_BUF), &outbox);
+    if let Some(e) = &entry {
+        e.attach(session.id(), outbox.clone());
+    }
+    let now = Instant::now();
+    let mut h = Driven {
+        c: Conn {
+            amqp: &amqp,
+            id: amqp.next_id(),
+            identity: Identity::anonymous(),
+            entry,
+            peer,
+            verified_name,
+            stage: Stage::Header,
+            channel_max: amqp.cfg.channel_max,
+            frame_max,
+            heartbeat: None,
+            channels: HashMap::new(),
+            exclusive: Vec::new(),
+            own,
+            next_sid: 1,
+            blocked: false,
+            wants_blocked: false,
+        },
+        session,
+        decoder: FrameDecoder::new(amqp.max_preauth as u32),
+        quiet: now + amqp.handshake_timeout,
+        beat: None,
+        last_read: now,
+    };
+    let end = conn.drive(&mut h).await;
+    let (mut c, mut session) = (h.c, h.session);
+    c.release_all(&mut session).await;
+    match end {
+        End::BadHeader => outbox.push_control_unbudgeted(|b| b.extend_from_slice(&PROTOCOL_HEADER)),
+        End::Hard(e) => {
+            tracing::debug!(
+                conn = c.id,
+                code = e.code.code(),
+                text = e.text,
+                "amqp: closing"
+            );
+            let m = Method::ConnectionClose {
+                reply_code: e.code.code(),
+                reply_text: e.reply_text(),
+                class_id: e.class,
+                method_id: e.method,
+            };
+            outbox.push_control_unbudgeted(|b| Frame::Method(0, m).encode(b));
+        }
+        End::Done => {}
+    }
+    session.flush();
+    drop(session);
+    conn.close(&*outbox).await;
+}
+
+impl Conn<'_> {
+    fn stage_frame_max(&self) -> Option<u32> {
+        (self.stage == Stage::Ready || self.stage == Stage::Open)
+            .then(|| self.frame_max.load(Ordering::Relaxed) as u32)
+    }
+
+    fn send(&self, session: &mut Session, channel: u16, m: Method) {
+        session
+            .outbox()
+            .push_reply_unbudgeted(|o| Frame::Method(channel, m).encode(o.tail()));
+        session.mark_own_output();
+    }
+
+    /// connection.start.
+    fn start(&mut self, session: &mut Session) {
+        let mut caps = FieldTable::default();
+        for c in [
+            "publisher_confirms",
+            "basic.nack",
+            "consumer_cancel_notify",
+            "connection.blocked",
+            "authentication_failure_close",
+            "per_consumer_qos",
+            "direct_reply_to",
+        ] {
+            caps.insert(c, FieldValue::Bool(true));
+        }
+        caps.insert("exchange_exchange_bindings", FieldValue::Bool(false));
+        let mut props = FieldTable::default();
+        props.insert(
+            "product",
+            FieldValue::LongStr(Bytes::from_static(b"Hayate")),
+        );
+        props.insert(
+            "version",
+            FieldValue::LongStr(Bytes::from_static(env!("CARGO_PKG_VERSION").as_bytes())),
+        );
+        props.insert("platform", FieldValue::LongStr(Bytes::from_static(b"Rust")));
+        props.insert("capabilities", FieldValue::Table(caps));
+        let mechanisms: &[u8] = if self.amqp.auth.required() {
+            b"PLAIN AMQPLAIN"
+        } else {
+            b"PLAIN AMQPLAIN ANONYMOUS"
+        };
+        self.send(
+            session,
+            0,
+            Method::ConnectionStart {
+                version_major: 0,
+                version_minor: 9,
+                server_properties: props,
+                mechanisms: Bytes::from_static(mechanisms),
+                locales: Bytes::from_static(b"en_US"),
+            },
+        );
+        self.stage = Stage::StartOk;
+    }
+
+    async fn frame(&mut self, f: Frame, session: &mut Session) -> Result<(), End> {
+        let ch = f.channel();
+        match f {
+            Frame::Heartbeat => Ok(()),
+            Frame::Method(0, m) => self.connection_method(m, session).await,
+            _ if self.stage != Stage::Ready => Err(End::Hard(err(
+                ReplyCode::CommandInvalid,
+                "the connection is not open yet",
+            ))),
+            _ if ch > self.channel_max => Err(End::Hard(err(
+                ReplyCode::ChannelError,
+                format!(
+                    "channel {ch} is out of range (channel_max {})",
+                    self.channel_max
+                ),
+            ))),
+            Frame::Method(ch, m) => self.channel_method(ch, m, session).await,
+            Frame::Header(ch, h) => self.content_header(ch, *h, session).await,
+            Frame::Body(ch, b) => self.content_body(ch, b, session).await,
+        }
+    }
+
+    async fn connection_method(&mut self, m: Method, session: &mut Session) -> Result<(), End> {
+        let hard = |code, text: String, m: &Method| Err(End::Hard(err(code, text).on(m)));
+        match (self.stage, m) {
+            (
+                Stage::StartOk,
+                Method::ConnectionStartOk {
+                    client_properties,
+                    mechanism,
+                    response,
+                    ..
+                },
+            ) => {
+                self.wants_blocked = matches!(
+                    client_properties.get("capabilities"),
+                    Some(FieldValue::Table(t)) if t.get("connection.blocked").and_then(FieldValue::as_bool) == Some(true)
+                );
+                self.login(mechanism.as_str().unwrap_or(""), &response)
+                    .await?;
+                self.send(
+                    session,
+                    0,
+                    Method::ConnectionTune {
+                        channel_max: self.amqp.cfg.channel_max,
+                        frame_max: self.amqp.cfg.frame_max,
+                        heartbeat: self.amqp.cfg.heartbeat_secs,
+                    },
+                );
+                self.stage = Stage::TuneOk;
+                Ok(())
+            }
+            (Stage::TuneOk, m @ Method::ConnectionTuneOk { .. }) => {
+                let Method::ConnectionTuneOk {
+                    channel_max,
+                    frame_max,
+                    heartbeat,
+                } = m
+                else {
+                    return Ok(());
+                };
+                let server = self.amqp.cfg.frame_max;
+                let fm = if frame_max == 0 { server } else { frame_max };
+                if fm < hayate_amqp::FRAME_MIN_SIZE || fm > server {
+                    return hard(
+                        ReplyCode::NotAllowed,
+                        format!(
+                            "negotiated frame_max = {fm} is outside {}..={server}",
+                            hayate_amqp::FRAME_MIN_SIZE
+                        ),
+                        &m,
+                    );
+                }
+                self.frame_max.store(fm as usize, Ordering::Relaxed);
+                let cm = self.amqp.cfg.channel_max;
+                self.channel_max = if channel_max == 0 {
+                    cm
+                } else {
+                    channel_max.min(cm)
+                };
+                self.heartbeat = (heartbeat > 0).then(|| Duration::from_secs(u64::from(heartbeat)));
+                self.stage = Stage::Open;
+                Ok(())
+            }
+            (Stage::Open, m @ Method::ConnectionOpen { .. }) => {
+                let Method::ConnectionOpen { virtual_host, .. } = &m else {
+                    return Ok(());
+                };
+                if virtual_host.as_bytes() != b"/" {
+                    return hard(
+                        ReplyCode::NotAllowed,
+                        format!(
+                            "vhost '{virtual_host}' not found (this broker has the vhost '/' only)"
+                        ),
+                        &m,
+                    );
+                }
+                self.send(
+                    session,
+                    0,
+                    Method::ConnectionOpenOk {
+                        known_hosts: ShortStr::lit(""),
+                    },
+                );
+                self.stage = Stage::Ready;
+                Ok(())
+            }
+            (_, Method::ConnectionClose { .. }) => {
+                self.send(session, 0, Method::ConnectionCloseOk {});
+                Err(End::Done)
+            }
+            (_, Method::ConnectionCloseOk {}) => Err(End::Done),
+            (Stage::Ready, Method::ConnectionUpdateSecret { .. }) => {
+                self.send(session, 0, Method::ConnectionUpdateSecretOk {});
+                Ok(())
+            }
+            (_, m) => hard(
+                ReplyCode::CommandInvalid,
+                format!("{} is not allowed on channel 0 now", m.name()),
+                &m,
+            ),
+        }
+    }
+
+    /// SASL PLAIN (`\0user\0password`), AMQPLAIN (a table of LOGIN and PASSWORD) or
+    /// ANONYMOUS, through the server's authenticator.
+    async fn login(&mut self, mechanism: &str, response: &[u8]) -> Result<(), End> {
+        let refused = |why: String| {
+            End::Hard(err(
+                ReplyCode::AccessRefused,
+                format!("Login was refused using authentication mechanism {mechanism}: {why}"),
+            ))
+        };
+        let (user, password): (Option<String>, Option<Vec<u8>>) = match mechanism {
+            "PLAIN" => {
+                let mut parts = response.splitn(3, |&b| b == 0);
+                let _authzid = parts.next();
+                let user = parts
+                    .next()
+                    .map(|u| String::from_utf8_lossy(u).into_owned());
+                let pw = parts.next().map(<[u8]>::to_vec);
+                (user, pw)
+            }
+            "AMQPLAIN" => {
+                // A field table without its length prefix.
+                let mut framed = Vec::with_capacity(response.len() + 4);
+                framed.extend_from_slice(&(response.len() as u32).to_be_bytes());
+                framed.extend_from_slice(response);
+                let t = hayate_amqp::types::Reader::new(&framed)
+                    .table()
+                    .map_err(|e| refuse_syntax(e.to_string()))?;
+                let get = |k: &str| -> Option<Vec<u8>> {
+                    match t.get(k) {
+                        Some(FieldValue::LongStr(b)) => Some(b.to_vec()),
+                        _ => None,
+                    }
+                };
+                (
+                    get("LOGIN").map(|u| String::from_utf8_lossy(&u).into_owned()),
+                    get("PASSWORD"),
+                )
+            }
+            "ANONYMOUS" => (None, None),
+            other => return Err(refused(format!("mechanism {other} is not offered"))),
+        };
+        let creds = Credentials {
+            user: user.as_deref().filter(|u| !u.is_empty()),
+            password: password.as_deref(),
+            token: None,
+            peer: self.peer,
+            verified: self.verified_name.as_deref(),
+        };
+        match self.amqp.auth.authenticate("amqp", creds).await {
+            Ok(id) => {
+                self.identity = id;
+                if let Some(e) = &self.entry {
+                    e.set_user(self.identity.user.as_deref());
+                }
+                Ok(())
+            }
+            Err(e) => Err(refused(e.to_string())),
+        }
+    }
+
+    async fn channel_method(
+        &mut self,
+        ch: u16,
+        m: Method,
+        session: &mut Session,
+    ) -> Result<(), End> {
+        if let Method::ChannelOpen { .. } = m {
+            if self.channels.contains_key(&ch) {
+                return Err(End::Hard(
+                    err(ReplyCode::ChannelError, "second 'channel.open' seen").on(&m),
+                ));
+            }
+            let shared = Arc::new(Chan {
+                channel: ch,
+                outbox: session.outbox().clone(),
+                frame_max: self.frame_max.clone(),
+                active: AtomicBool::new(true),
+                next_tag: Arc::new(AtomicU64::new(0)),
+                st: Mutex::new(ChanState::default()),
+            });
+            self.channels.insert(
+                ch,
+                Channel {
+                    shared,
+                    closing: false,
+                    pending: None,
+                    confirm: false,
+                    published: 0,
+                    confirmed: 0,
+                    tx: None,
+                    consumers: HashMap::new(),
+                    prefetch: 0,
+                },
+            );
+            self.send(
+                session,
+                ch,
+                Method::ChannelOpenOk {
+                    channel_id: Bytes::new(),
+                },
+            );
+            return Ok(());
+        }
+        let Some(chan) = self.channels.get(&ch) else {
+            return Err(End::Hard(
+                err(ReplyCode::ChannelError, "expected 'channel.open'").on(&m),
+            ));
+        };
+        if chan.closing {
+            if let Method::ChannelCloseOk {} = m {
+                self.release_channel(ch, session).await;
+            } else if let Method::ChannelClose { .. } = m {
+                self.release_channel(ch, session).await;
+                self.send(session, ch, Method::ChannelCloseOk {});
+            }
+            return Ok(());
+        }
+        if chan.pending.is_some() {
+            return Err(End::Hard(
+                err(
+                    ReplyCode::UnexpectedFrame,
+                    format!("expected content header for class 60, got non content header frame instead ({})", m.name()),
+                )
+                .on(&m),
+            ));
+        }
+        match self.method(ch, &m, session).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.code.is_hard() => Err(End::Hard(e.on(&m))),
+            Err(e) => {
+                let e = e.on(&m);
+                tracing::debug!(
+                    conn = self.id,
+                    ch,
+                    code = e.code.code(),
+                    text = e.text,
+                    "amqp: channel error"
+                );
+                self.send(
+                    session,
+                    ch,
+                    Method::ChannelClose {
+                        reply_code: e.code.code(),
+                        reply_text: e.reply_text(),
+                        class_id: e.class,
+                        method_id: e.method,
+                    },
+                );
+                if let Some(c) = self.channels.get_mut(&ch) {
+                    c.closing = true;
+                    c.pending = None;
+                }
+                // Deliveries stop now; the channel's messages go back once it is closed.
+                self.release_channel_consumers(ch, session).await;
+                Ok(())
+            }
+        }
+    }
+
+    fn chan(&mut self, ch: u16) -> Result<&mut Channel, AmqpError> {
+        self.channels
+            .get_mut(&ch)
+            .ok_or_else(|| err(ReplyCode::ChannelError, "channel is not open"))
+    }
+
+    async fn method(
+        &mut self,
+        ch: u16,
+        m: &Method,
+        session: &mut Session,
+    ) -> Result<(), AmqpError> {
+        match m {
+            Method::ChannelClose { .. } => {
+                self.release_channel(ch, session).await;
+                self.send(session, ch, Method::ChannelCloseOk {});
+            }
+            Method::ChannelFlow { active } => {
+                let c = self.chan(ch)?;
+                c.shared.active.store(*active, Ordering::Release);
+                let queues: Vec<_> = c
+                    .consumers
+                    .values()
+                    .filter_map(|r| match r {
+                        ConsumerReg::Queue(q) => Some(q.clone()),
+                        ConsumerReg::ReplyTo(_) => None,
+                    })
+                    .collect();
+                self.send(session, ch, Method::ChannelFlowOk { active: *active });
+                for q in queues {
+                    q.dispatch();
+                }
+            }
+            Method::ChannelFlowOk { .. } => {}
+            Method::ExchangeDeclare {
+                exchange,
+                kind,
+                passive,
+                durable,
+                auto_delete,
+                internal,
+                no_wait,
+                ..
+            } => {
+                self.exchange_declare(exchange, kind, *passive, *durable, *auto_delete, *internal)?;
+                if !no_wait {
+                    self.send(session, ch, Method::ExchangeDeclareOk {});
+                }
+            }
+            Method::ExchangeDelete {
+                exchange,
+                if_unused,
+                no_wait,
+                ..
+            } => {
+                self.exchange_delete(exchange, *if_unused)?;
+                if !no_wait {
+                    self.send(session, ch, Method::ExchangeDeleteOk {});
+                }
+            }
+            Method::ExchangeBind { .. } | Method::ExchangeUnbind { .. } => {
+                return Err(err(
+                    ReplyCode::NotImplemented,
+                    "exchange-to-exchange bindings are not implemented",
+                ));
+            }
+            Method::QueueDeclare {
+                queue,
+                passive,
+                durable,
+                exclusive,
+                auto_delete,
+                no_wait,
+                arguments,
+                ..
+            } => {
+                let (name, n, c) = self
+                    .queue_declare(
+                        queue,
+                        *passive,
+                        *durable,
+                        *exclusive,
+                        *auto_delete,
+                        arguments,
+                    )
+                    .await?;
+                if !no_wait {
+                    self.send(
+                        session,
+                        ch,
+                        Method::QueueDeclareOk {
+                            queue: ShortStr::lit(&name),
+                            message_count: n,
+                            consumer_count: c,
+                        },
+                    );
+                }
+            }
+            Method::QueueBind {
+                queue,
+                exchange,
+                routing_key,
+                no_wait,
+                arguments,
+                ..
+            } => {
+                self.queue_bind(queue, exchange, routing_key, arguments, true)?;
+                if !no_wait {
+                    self.send(session, ch, Method::QueueBindOk {});
+                }
+            }
+            Method::QueueUnbind {
+                queue,
+                exchange,
+                routing_key,
+                arguments,
+                ..
+            } => {
+                self.queue_bind(queue, exchange, routing_key, arguments, false)?;
+                self.send(session, ch, Method::QueueUnbindOk {});
+            }
+            Method::QueuePurge { queue, no_wait, .. } => {
+                let q = self.queue(queue)?;
+                let n = q.purge();
+                if !no_wait {
+                    self.send(session, ch, Method::QueuePurgeOk { message_count: n });
+                }
+            }
+            Method::QueueDelete {
+                queue,
+                if_unused,
+                if_empty,
+                no_wait,
+                ..
+            } => {
+                let n = self.queue_delete(queue, *if_unused, *if_empty)?;
+                if !no_wait {
+                    self.send(session, ch, Method::QueueDeleteOk { message_count: n });
+                }
+            }
+            Method::BasicQos {
+                prefetch_size,
+                prefetch_count,
+                global,
+            } => {
+                if *prefetch_size != 0 {
+                    return Err(err(
+                        ReplyCode::NotImplemented,
+                        "prefetch_size!=0 is not implemented",
+                    ));
+                }
+                let c = self.chan(ch)?;
+                if *global {
+                    lock(&c.shared.st).prefetch = usize::from(*prefetch_count);
+                } else {
+                    c.prefetch = usize::from(*prefetch_count);
+                }
+                let queues = channel_queues(c);
+                self.send(session, ch, Method::BasicQosOk {});
+                for q in queues {
+                    q.dispatch();
+                }
+            }
+            Method::BasicConsume {
+                queue,
+                consumer_tag,
+                no_ack,
+                exclusive,
+                no_wait,
+                ..
+            } => {
+                self.consume(
+                    ch,
+                    queue,
+                    consumer_tag,
+                    *no_ack,
+                    *exclusive,
+                    *no_wait,
+                    session,
+                )?;
+            }
+            Method::BasicCancel {
+                consumer_tag,
+                no_wait,
+            } => {
+                self.cancel(ch, consumer_tag, session);
+                if !no_wait {
+                    self.send(
+                        session,
+                        ch,
+                        Method::BasicCancelOk {
+                            consumer_tag: consumer_tag.clone(),
+                        },
+                    );
+                }
+            }
+            Method::BasicPublish {
+                exchange,
+                routing_key,
+                mandatory,
+                ..
+            } => {
+                let c = self.chan(ch)?;
+                c.pending = Some(Pending {
+                    exchange: exchange.clone(),
+                    routing_key: routing_key.clone(),
+                    mandatory: *mandatory,
+                    header: None,
+                    body: BytesMut::new(),
+                });
+            }
+            Method::BasicGet { queue, no_ack, .. } => {
+                let q = self.queue(queue)?;
+                self.may_serve(&q)?;
+                let chan = self.chan(ch)?.shared.clone();
+                if q.get(&chan, *no_ack).is_none() {
+                    self.send(
+                        session,
+                        ch,
+                        Method::BasicGetEmpty {
+                            cluster_id: ShortStr::lit(""),
+                        },
+                    );
+                } else {
+                    session.mark_own_output();
+                }
+            }
+            Method::BasicAck {
+                delivery_tag,
+                multiple,
+            } => {
+                let c = self.chan(ch)?;
+                if let Some(tx) = &mut c.tx {
+                    tx.push(TxOp::Ack(*delivery_tag, *multiple));
+                } else {
+                    settle(c, *delivery_tag, *multiple, None)?;
+                }
+            }
+            Method::BasicNack {
+                delivery_tag,
+                multiple,
+                requeue,
+            } => {
+                let c = self.chan(ch)?;
+                if let Some(tx) = &mut c.tx {
+                    tx.push(TxOp::Nack(*delivery_tag, *multiple, *requeue));
+                } else {
+                    settle(c, *delivery_tag, *multiple, Some(*requeue))?;
+                }
+            }
+            Method::BasicReject {
+                delivery_tag,
+                requeue,
+            } => {
+                let c = self.chan(ch)?;
+                if let Some(tx) = &mut c.tx {
+                    tx.push(TxOp::Nack(*delivery_tag, false, *requeue));
+                } else {
+                    settle(c, *delivery_tag, false, Some(*requeue))?;
+                }
+            }
+            Method::BasicRecover { requeue } | Method::BasicRecoverAsync { requeue } => {
+                let c = self.chan(ch)?;
+                let all: Vec<Unacked> = std::mem::take(&mut lock(&c.shared.st).unacked)
+                    .into_values()
+                    .collect();
+                // Redelivered to whoever the queue picks (RabbitMQ requeues even when asked
+                // to redeliver to the same consumer).
+                let _ = requeue;
+                for u in all {
+                    let q = u.queue.clone();
+                    q.give_back(u, true);
+                }
+                if let Method::BasicRecover { .. } = m {
+                    self.send(session, ch, Method::BasicRecoverOk {});
+                }
+            }
+            Method::ConfirmSelect { no_wait } => {
+                let c = self.chan(ch)?;
+                if c.tx.is_some() {
+                    return Err(err(
+                        ReplyCode::PreconditionFailed,
+                        "cannot switch from tx to confirm mode",
+                    ));
+                }
+                c.confirm = true;
+                if !no_wait {
+                    self.send(session, ch, Method::ConfirmSelectOk {});
+                }
+            }
+            Method::TxSelect {} => {
+                let c = self.chan(ch)?;
+                if c.confirm {
+                    return Err(err(
+                        ReplyCode::PreconditionFailed,
+                        "cannot switch from confirm to tx mode",
+                    ));
+                }
+                c.tx.get_or_insert_with(Vec::new);
+                self.send(session, ch, Method::TxSelectOk {});
+            }
+            Method::TxCommit {} | Method::TxRollback {} => {
+                let c = self.chan(ch)?;
+                if c.tx.is_none() {
+                    return Err(err(
+                        ReplyCode::PreconditionFailed,
+                        "channel is not transactional",
+                    ));
+                }
+                let ops = c.tx.replace(Vec::new()).unwrap_or_default();
+                if let Method::TxCommit {} = m {
+                    for op in ops {
+                        match op {
+                            TxOp::Publish(p) => self.publish(ch, *p, session).await?,
+                            TxOp::Ack(t, multi) => settle(self.chan(ch)?, t, multi, None)?,
+                            TxOp::Nack(t, multi, rq) => {
+                                settle(self.chan(ch)?, t, multi, Some(rq))?;
+                            }
+                        }
+                    }
+                    self.send(session, ch, Method::TxCommitOk {});
+                } else {
+                    self.send(session, ch, Method::TxRollbackOk {});
+                }
+            }
+            m => {
+                return Err(err(
+                    ReplyCode::CommandInvalid,
+                    format!("{} is not a client method", m.name()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    async fn content_header(
+        &mut self,
+        ch: u16,
+        h: ContentHeader,
+        session: &mut Session,
+    ) -> Result<(), End> {
+        let max = self.amqp.cfg.max_message_size;
+        let Some(c) = self.channels.get_mut(&ch) else {
+            return Err(End::Hard(err(
+                ReplyCode::ChannelError,
+                "expected 'channel.open'",
+            )));
+        };
+        if c.closing {
+            return Ok(());
+        }
+        let Some(p) = c.pending.as_mut().filter(|p| p.header.is_none()) else {
+            return Err(End::Hard(err(
+                ReplyCode::UnexpectedFrame,
+                "content header without a basic.publish before it",
+            )));
+        };
+        if h.body_size > max {
+            c.pending = None;
+            let e = err(
+                ReplyCode::PreconditionFailed,
+                format!(
+                    "message size {} is larger than configured max size {max}",
+                    h.body_size
+                ),
+            );
+            self.soft_close(ch, e, 60, 40, session).await;
+            return Ok(());
+        }
+        let done = h.body_size == 0;
+        p.body.reserve(h.body_size.min(1 << 20) as usize);
+        p.header = Some(h);
+        if done {
+            self.complete(ch, session).await?;
+        }
+        Ok(())
+    }
+
+    async fn content_body(&mut self, ch: u16, b: Bytes, session: &mut Session) -> Result<(), End> {
+        let Some(c) = self.channels.get_mut(&ch) else {
+            return Err(End::Hard(err(
+                ReplyCode::ChannelError,
+                "expected 'channel.open'",
+            )));
+        };
+        if c.closing {
+            return Ok(());
+        }
+        let Some((p, size)) = c
+            .pending
+            .as_mut()
+            .and_then(|p| p.header.as_ref().map(|h| h.body_size).map(|s| (p, s)))
+        else {
+            return Err(End::Hard(err(
+                ReplyCode::UnexpectedFrame,
+                "content body without a content header before it",
+            )));
+        };
+        if p.body.len() as u64 + b.len() as u64 > size {
+            return Err(End::Hard(err(
+                ReplyCode::FrameError,
+                format!("content body exceeds the {size} bytes its header announced"),
+            )));
+        }
+        p.body.extend_from_slice(&b);
+        if p.body.len() as u64 == size {
+            self.complete(ch, session).await?;
+        }
+        Ok(())
+    }
+
+    /// A publish with all its content: published now, or held by the transaction.
+    async fn complete(&mut self, ch: u16, session: &mut Session) -> Result<(), End> {
+        let Some(c) = self.channels.get_mut(&ch) else {
+            return Ok(());
+        };
+        let Some(p) = c.pending.take() else {
+            return Ok(());
+        };
+        if let Some(tx) = &mut c.tx {
+            tx.push(TxOp::Publish(Box::new(p)));
+            return Ok(());
+        }
+        if let Err(e) = self.publish(ch, p, session).await {
+            if e.code.is_hard() {
+                return Err(End::Hard(e));
+            }
+            self.soft_close(ch, e, 60, 40, session).await;
+        }
+        Ok(())
+    }
+
+    async fn soft_close(
+        &mut self,
+        ch: u16,
+        e: AmqpError,
+        class: u16,
+        method: u16,
+        session: &mut Session,
+    ) {
+        let e = AmqpError { class, method, ..e };
+        self.send(
+            session,
+            ch,
+            Method::ChannelClose {
+                reply_code: e.code.code(),
+                reply_text: e.reply_text(),
+                class_id: e.class,
+                method_id: e.method,
+            },
+        );
+        if let Some(c) = self.channels.get_mut(&ch) {
+            c.closing = true;
+            c.pending = None;
+        }
+        self.release_channel_consumers(ch, session).await;
+    }
+
+    /// Publishes one message: to the key of its exchange and routing key, where every
+    /// binding and subscriber that covers it takes it.
+    async fn publish(
+        &mut self,
+        ch: u16,
+        p: Pending,
+        session: &mut Session,
+    ) -> Result<(), AmqpError> {
+        let exchange = p.exchange.as_str().unwrap_or("");
+        let x = lock(&self.amqp.registry).exchanges.get(exchange).cloned();
+        let Some(x) = x else {
+            return Err(err(
+                ReplyCode::NotFound,
+                format!("no exchange '{exchange}' in vhost '/'"),
+            ));
+        };
+        if x.internal {
+            return Err(err(
+                ReplyCode::AccessRefused,
+                format!("cannot publish to internal exchange '{exchange}' in vhost '/'"),
+            ));
+        }
+        let header = p.header.unwrap_or_default();
+        let props = &header.properties;
+        let rk = p.routing_key.as_str().unwrap_or("");
+        let key = names::publish_key(exchange, x.kind, rk);
+        let reply_to = match props.reply_to.as_ref().and_then(|r| r.as_str()) {
+            None | Some("") => None,
+            Some(r) if r == REPLY_TO_QUEUE => {
+                if !self.own_reply_consumer() {
+                    return Err(err(
+                        ReplyCode::PreconditionFailed,
+                        "fast reply consumer does not exist",
+                    ));
+                }
+                Key::new(&format!("{}/{REPLY_SUFFIX}", session.inbox())).ok()
+            }
+            Some(r) => names::queue_key(r),
+        };
+        let body = p.body.freeze();
+        let mut routed = 0;
+        let returned = match key {
+            Some(key) => {
+                frontend::check_publish(&self.identity, &key, reply_to.is_some())
+                    .map_err(|d| err(ReplyCode::AccessRefused, d.to_string()))?;
+                let msg = message_of(key, props, reply_to, body);
+                routed = session.publish(Batch::One(&msg)).await;
+                msg
+            }
+            // Not a valid key: routed nowhere. The key below only carries the content.
+            None => message_of(return_key(), props, reply_to, body),
+        };
+        if p.mandatory && routed == 0 {
+            let frame_max = self.frame_max.load(Ordering::Relaxed);
+            let m = Method::BasicReturn {
+                reply_code: ReplyCode::NoRoute.code(),
+                reply_text: ShortStr::lit("NO_ROUTE"),
+                exchange: p.exchange.clone(),
+                routing_key: p.routing_key.clone(),
+            };
+            session.outbox().push_reply_unbudgeted(|o| {
+                Frame::Method(ch, m).encode(o.tail());
+                encode_content(ch, &returned, frame_max, o.tail());
+            });
+            session.mark_own_output();
+        }
+        if let Some(c) = self.channels.get_mut(&ch)
+            && c.confirm
+        {
+            c.published += 1;
+        }
+        Ok(())
+    }
+
+    /// Acknowledges what was published in confirm mode since the last time (one
+    /// basic.ack with `multiple` per channel and read).
+    fn send_confirms(&mut self, session: &mut Session) {
+        let mut acks = Vec::new();
+        for (ch, c) in &mut self.channels {
+            if c.confirm && c.published > c.confirmed {
+                c.confirmed = c.published;
+                acks.push((*ch, c.published));
+            }
+        }
+        for (ch, tag) in acks {
+            self.send(
+                session,
+                ch,
+                Method::BasicAck {
+                    delivery_tag: tag,
+                    multiple: true,
+                },
+            );
+        }
+    }
+
+    /// connection.blocked while the memory budget is nearly spent (90%), unblocked below
+    /// 80%, for clients that said they understand it.
+    fn check_blocked(&mut self, session: &mut Session) {
+        if !self.wants_blocked || self.stage != Stage::Ready {
+            return;
+        }
+        let mem = &self.amqp.broker.config().memory;
+        let (used, limit) = (mem.used() as u128, mem.limit() as u128);
+        if limit == 0 || limit >= usize::MAX as u128 {
+            return;
+        }
+        if !self.blocked && used * 10 >= limit * 9 {
+            self.blocked = true;
+            self.send(
+                session,
+                0,
+                Method::ConnectionBlocked {
+                    reason: ShortStr::lit("low on memory"),
+                },
+            );
+        } else if self.blocked && used * 10 < limit * 8 {
+            self.blocked = false;
+            self.send(session, 0, Method::ConnectionUnblocked {});
+        }
+    }
+
+    fn own_reply_consumer(&self) -> bool {
+        !lock(&self.own).is_empty()
+    }
+
+    fn queue(&self, name: &ShortStr) -> Result<Arc<Queue>, AmqpError> {
+        let n = name.as_str().unwrap_or("");
+        let q = lock(&self.amqp.registry).queues.get(n).cloned();
+        let Some(q) = q.filter(|q| !q.is_deleted()) else {
+            return Err(err(
+                ReplyCode::NotFound,
+                format!("no queue '{n}' in vhost '/'"),
+            ));
+        };
+        if q.owner.is_some_and(|o| o != self.id) {
+            return Err(err(
+                ReplyCode::ResourceLocked,
+                format!("cannot obtain exclusive access to locked queue '{n}' in vhost '/'"),
+            ));
+        }
+        Ok(q)
+    }
+
+    /// May this connection's user take messages from `q` (serve its key)?
+    fn may_serve(&self, q: &Queue) -> Result<(), AmqpError> {
+        let Some(key) = names::queue_key(&q.name) else {
+            return Ok(());
+        };
+        let expr = KeyExpr::new(key.as_str())
+            .map_err(|e| err(ReplyCode::PreconditionFailed, e.to_string()))?;
+        match self.identity.access.check_subscribe(&expr, true, "") {
+            Ok(None) => Ok(()),
+            _ => Err(err(
+                ReplyCode::AccessRefused,
+                format!(
+                    "access to queue '{}' in vhost '/' refused for user '{}'",
+                    q.name,
+                    self.identity.name()
+                ),
+            )),
+        }
+    }
+
+    fn exchange_declare(
+        &self,
+        name: &ShortStr,
+        kind: &ShortStr,
+        passive: bool,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+    ) -> Result<(), AmqpError> {
+        let n = name
+            .as_str()
+            .ok_or_else(|| err(ReplyCode::PreconditionFailed, "exchange name is not UTF-8"))?;
+        let mut reg = lock(&self.amqp.registry);
+        if passive {
+            return if reg.exchanges.contains_key(n) {
+                Ok(())
+            } else {
+                Err(err(
+                    ReplyCode::NotFound,
+                    format!("no exchange '{n}' in vhost '/'"),
+                ))
+            };
+        }
+        let k = kind.as_str().unwrap_or("");
+        let Some(kind) = Kind::parse(k) else {
+            return Err(err(
+                ReplyCode::CommandInvalid,
+                format!("invalid exchange type '{k}'"),
+            ));
+        };
+        if let Some(x) = reg.exchanges.get(n) {
+            if x.kind != kind {
+                return Err(err(
+                    ReplyCode::PreconditionFailed,
+                    format!(
+                        "inequivalent arg 'type' for exchange '{n}' in vhost '/': received '{}' but current is '{}'",
+                        kind.name(),
+                        x.kind.name()
+                    ),
+                ));
+            }
+            if !x.builtin && x.durable != durable {
+                return Err(err(
+                    ReplyCode::PreconditionFailed,
+                    format!(
+                        "inequivalent arg 'durable' for exchange '{n}' in vhost '/': received '{durable}' but current is '{}'",
+                        x.durable
+                    ),
+                ));
+            }
+            return Ok(());
+        }
+        if n.starts_with("amq.") {
+            return Err(err(
+                ReplyCode::AccessRefused,
+                format!("exchange name '{n}' contains reserved prefix 'amq.*'"),
+            ));
+        }
+        if n.is_empty() {
+            return Err(err(
+                ReplyCode::AccessRefused,
+                "operation not permitted on the default exchange",
+            ));
+        }
+        reg.exchanges.insert(
+            n.to_string(),
+            Exchange {
+                kind,
+                durable,
+                auto_delete,
+                internal,
+                builtin: false,
+            },
+        );
+        Ok(())
+    }
+
+    fn exchange_delete(&self, name: &ShortStr, if_unused: bool) -> Result<(), AmqpError> {
+        let n = name.as_str().unwrap_or("");
+        let mut reg = lock(&self.amqp.registry);
+        let Some(x) = reg.exchanges.get(n) else {
+            // Deleting what is not there is not an error (RabbitMQ 3.x).
+            return Ok(());
+        };
+        if x.builtin {
+            return Err(err(
+                ReplyCode::AccessRefused,
+                format!("operation not permitted on exchange '{n}'"),
+            ));
+        }
+        let queues: Vec<_> = reg.queues.values().cloned().collect();
+        let used = queues
+            .iter()
+            .any(|q| q.bindings().iter().any(|b| b.exchange == n));
+        if if_unused && used {
+            return Err(err(
+                ReplyCode::PreconditionFailed,
+                format!("exchange '{n}' in vhost '/' in use"),
+            ));
+        }
+        reg.exchanges.remove(n);
+        drop(reg);
+        for q in queues {
+            q.unbind_exchange(n);
+        }
+        Ok(())
+    }
+
+    async fn queue_declare(
+        &mut self,
+        name: &ShortStr,
+        passive: bool,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        arguments: &FieldTable,
+    ) -> Result<(String, u32, u32), AmqpError> {
+        let mut n = name
+            .as_str()
+            .ok_or_else(|| err(ReplyCode::PreconditionFailed, "queue name is not UTF-8"))?
+            .to_string();
+        if passive {
+            let q = self.queue(name)?;
+            let (m, c) = q.counts();
+            return Ok((n, m, c));
+        }
+        if n.is_empty() {
+            n = format!("amq.gen-{:016x}{:08x}", rand_u64(), self.amqp.next_id());
+        } else if n.starts_with("amq.") {
+            return Err(err(
+                ReplyCode::AccessRefused,
+                format!("queue name '{n}' contains reserved prefix 'amq.*'"),
+            ));
+        }
+        let args =
+            QueueArgs::parse(arguments).map_err(|e| err(ReplyCode::PreconditionFailed, e))?;
+        let existing = lock(&self.amqp.registry).queues.get(&n).cloned();
+        if let Some(q) = existing.filter(|q| !q.is_deleted()) {
+            if q.owner.is_some_and(|o| o != self.id) {
+                return Err(err(
+                    ReplyCode::ResourceLocked,
+                    format!("cannot obtain exclusive access to locked queue '{n}' in vhost '/'"),
+                ));
+            }
+            for (what, got, have) in [
+                ("durable", durable, q.durable),
+                ("exclusive", exclusive, q.owner.is_some()),
+                ("auto_delete", auto_delete, q.auto_delete),
+            ] {
+                if got != have {
+                    return Err(err(
+                        ReplyCode::PreconditionFailed,
+                        format!(
+                            "inequivalent arg '{what}' for queue '{n}' in vhost '/': received '{got}' but current is '{have}'"
+                        ),
+                    ));
+                }
+            }
+            if args != q.args {
+                return Err(err(
+                    ReplyCode::PreconditionFailed,
+                    format!("inequivalent arguments for queue '{n}' in vhost '/'"),
+                ));
+            }
+            let (m, c) = q.counts();
+            return Ok((n, m, c));
+        }
+        let Some(key) = names::queue_key(&n) else {
+            return Err(err(
+                ReplyCode::PreconditionFailed,
+                format!("queue name '{n}' cannot be a key"),
+            ));
+        };
+        let expr = KeyExpr::new(key.as_str())
+            .map_err(|e| err(ReplyCode::PreconditionFailed, e.to_string()))?;
+        {
+            let reg = lock(&self.amqp.registry);
+            if reg.queues.len() >= self.amqp.cfg.max_queues {
+                return Err(err(
+                    ReplyCode::PreconditionFailed,
+                    format!(
+                        "queue limit in vhost '/' ({}) is reached",
+                        self.amqp.cfg.max_queues
+                    ),
+                ));
+            }
+        }
+        let q = Queue::new(
+            Arc::downgrade(self.amqp),
+            n.clone(),
+            durable,
+            auto_delete,
+            exclusive.then_some(self.id),
+            args.clone(),
+            self.amqp.cfg.queue_max_bytes as usize,
+            &self.amqp.broker.config().memory,
+        );
+        let session = self.amqp.broker.open_session(Box::new(QueueEncoder {
+            queue: Arc::downgrade(&q),
+        }));
+        q.attach(session);
+        if let Some(dlx) = args.dead_letter_exchange.clone() {
+            let amqp = self.amqp.clone();
+            let name = n.clone();
+            let dlrk = args.dead_letter_routing_key.clone();
+            q.set_dead_letters(Arc::new(move |m: super::queue::QMsg, why: &'static str| {
+                let (amqp, name, dlx, dlrk) =
+                    (amqp.clone(), name.clone(), dlx.clone(), dlrk.clone());
+                Box::pin(async move {
+                    amqp.dead_letter(&name, &dlx, dlrk.as_deref(), m, why).await;
+                }) as std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
+            }));
+        }
+        q.bind("", Kind::Direct, &n, FieldTable::default(), expr)
+            .map_err(|e| err(ReplyCode::InternalError, e))?;
+        {
+            let mut reg = lock(&self.amqp.registry);
+            if let Some(other) = reg.queues.get(&n).filter(|o| !o.is_deleted()) {
+                // Declared by another connection meanwhile: that one stands.
+                let (m, c) = other.counts();
+                drop(reg);
+                q.delete();
+                return Ok((n, m, c));
+            }
+            reg.queues.insert(n.clone(), q.clone());
+        }
+        if exclusive {
+            self.exclusive.push(q);
+        }
+        Ok((n, 0, 0))
+    }
+
+    fn queue_bind(
+        &self,
+        queue: &ShortStr,
+        exchange: &ShortStr,
+        routing_key: &ShortStr,
+        arguments: &FieldTable,
+        bind: bool,
+    ) -> Result<(), AmqpError> {
+        let q = self.queue(queue)?;
+        let x = exchange.as_str().unwrap_or("");
+        if x.is_empty() {
+            return Err(err(
+                ReplyCode::AccessRefused,
+                "operation not permitted on the default exchange",
+            ));
+        }
+        let kind = lock(&self.amqp.registry).exchanges.get(x).map(|e| e.kind);
+        let Some(kind) = kind else {
+            return Err(err(
+                ReplyCode::NotFound,
+                format!("no exchange '{x}' in vhost '/'"),
+            ));
+        };
+        let rk = routing_key.as_str().unwrap_or("");
+        if !bind {
+            q.unbind(x, rk, arguments);
+            return Ok(());
+        }
+        let Some(expr) = names::binding_expr(x, kind, rk) else {
+            return Err(err(
+                ReplyCode::PreconditionFailed,
+                format!("binding key '{rk}' of exchange '{x}' cannot be a key expression"),
+            ));
+        };
+        match self.identity.access.check_subscribe(&expr, false, "") {
+            Ok(None) => {}
+            _ => {
+                return Err(err(
+                    ReplyCode::AccessRefused,
+                    format!(
+                        "access to '{}' refused for user '{}'",
+                        expr.as_str(),
+                        self.identity.name()
+                    ),
+                ));
+            }
+        }
+        q.bind(x, kind, rk, arguments.clone(), expr)
+            .map_err(|e| err(ReplyCode::InternalError, e))
+    }
+
+    fn queue_delete(
+        &mut self,
+        name: &ShortStr,
+        if_unused: bool,
+        if_empty: bool,
+    ) -> Result<u32, AmqpError> {
+        let q = match self.queue(name) {
+            Ok(q) => q,
+            Err(e) if e.code == ReplyCode::NotFound => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let (m, c) = q.counts();
+        if if_unused && c > 0 {
+            return Err(err(
+                ReplyCode::PreconditionFailed,
+                format!("queue '{}' in vhost '/' in use", q.name),
+            ));
+        }
+        if if_empty && m > 0 {
+            return Err(err(
+                ReplyCode::PreconditionFailed,
+                format!("queue '{}' in vhost '/' is not empty", q.name),
+            ));
+        }
+        Ok(delete_queue(self.amqp, &q))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn consume(
+        &mut self,
+        ch: u16,
+        queue: &ShortStr,
+        tag: &ShortStr,
+        no_ack: bool,
+        exclusive: bool,
+        no_wait: bool,
+        session: &mut Session,
+    ) -> Result<(), AmqpError> {
+        let tag = if tag.is_empty() {
+            ShortStr::lit(&format!("amq.ctag-{:016x}", rand_u64()))
+        } else {
+            tag.clone()
+        };
+        if self.chan(ch)?.consumers.contains_key(&tag) {
+            return Err(err(
+                ReplyCode::NotAllowed,
+                format!("attempt to reuse consumer tag '{tag}'"),
+            ));
+        }
+        let ok = Method::BasicConsumeOk {
+            consumer_tag: tag.clone(),
+        };
+        if queue.as_bytes() == REPLY_TO_QUEUE.as_bytes() {
+            if !no_ack {
+                return Err(err(
+                    ReplyCode::PreconditionFailed,
+                    "reply consumer cannot acknowledge",
+                ));
+            }
+            if self.own_reply_consumer() {
+                return Err(err(
+                    ReplyCode::PreconditionFailed,
+                    "reply consumer already set",
+                ));
+            }
+            let sid = self.next_sid;
+            self.next_sid += 1;
+            let next_tag = self.chan(ch)?.shared.next_tag.clone();
+            lock(&self.own).insert(
+                sid,
+                OwnConsumer {
+                    channel: ch,
+                    tag: tag.clone(),
+                    next_tag,
+                },
+            );
+            let expr = KeyExpr::new(&format!("{}/{REPLY_SUFFIX}", session.inbox()))
+                .map_err(|e| err(ReplyCode::InternalError, e.to_string()))?;
+            if !no_wait {
+                self.send(session, ch, ok);
+            }
+            session
+                .subscribe(sid, expr, None, Qos::default())
+                .map_err(|e| err(ReplyCode::InternalError, e.to_string()))?;
+            self.chan(ch)?
+                .consumers
+                .insert(tag, ConsumerReg::ReplyTo(sid));
+            return Ok(());
+        }
+        let q = self.queue(queue)?;
+        self.may_serve(&q)?;
+        let c = self.chan(ch)?;
+        let consumer = Arc::new(Consumer {
+            tag: tag.clone(),
+            chan: c.shared.clone(),
+            no_ack,
+            exclusive,
+            prefetch: c.prefetch,
+            in_flight: AtomicUsize::new(0),
+        });
+        // consume-ok before any delivery: the queue may deliver as soon as it is added.
+        if !no_wait {
+            self.send(session, ch, ok);
+        }
+        if q.add_consumer(consumer.clone()).is_err() {
+            return Err(err(
+                ReplyCode::AccessRefused,
+                format!("queue '{}' in vhost '/' in exclusive use", q.name),
+            ));
+        }
+        self.chan(ch)?.consumers.insert(tag, ConsumerReg::Queue(q));
+        session.mark_own_output();
+        Ok(())
+    }
+
+    fn cancel(&mut self, ch: u16, tag: &ShortStr, session: &mut Session) {
+        let Some(c) = self.channels.get_mut(&ch) else {
+            return;
+        };
+        match c.consumers.remove(tag) {
+            Some(ConsumerReg::Queue(q)) if q.remove_consumer(&c.shared, tag) => {
+                delete_queue(self.amqp, &q);
+            }
+            Some(ConsumerReg::ReplyTo(sid)) => {
+                session.unsubscribe(sid);
+                lock(&self.own).remove(&sid);
+            }
+            Some(ConsumerReg::Queue(_)) | None => {}
+        }
+    }
+
+    /// Stops a channel's deliveries: its consumers leave their queues.
+    async fn release_channel_consumers(&mut self, ch: u16, session: &mut Session) {
+        let Some(c) = self.channels.get_mut(&ch) else {
+            return;
+        };
+        lock(&c.shared.st).closed = true;
+        for (_, reg) in c.consumers.drain() {
+            match reg {
+                ConsumerReg::Queue(q) => {
+                    if q.remove_channel(&c.shared) {
+                        delete_queue(self.amqp, &q);
+                    }
+                }
+                ConsumerReg::ReplyTo(sid) => {
+                    session.unsubscribe(sid);
+                    lock(&self.own).remove(&sid);
+                }
+            }
+        }
+    }
+
+    /// Closes a channel: consumers leave, unacknowledged deliveries go back to their
+    /// queues (redelivered).
+    async fn release_channel(&mut self, ch: u16, session: &mut Session) {
+        self.release_channel_consumers(ch, session).await;
+        let Some(c) = self.channels.remove(&ch) else {
+            return;
+        };
+        let unacked = std::mem::take(&mut lock(&c.shared.st).unacked);
+        for (_, u) in unacked {
+            let q = u.queue.clone();
+            q.give_back(u, true);
+        }
+    }
+
+    /// The connection ends: every channel closes, exclusive queues go.
+    async fn release_all(&mut self, session: &mut Session) {
+        let chans: Vec<u16> = self.channels.keys().copied().collect();
+        for ch in chans {
+            self.release_channel(ch, session).await;
+        }
+        for q in std::mem::take(&mut self.exclusive) {
+            delete_queue(self.amqp, &q);
+        }
+    }
+}
+
+/// A key for content that has none (an unroutable publish returned).
+fn return_key() -> Key {
+    Key::new("amqp").unwrap_or_else(|_| unreachable!("a valid key"))
+}
+
+fn refuse_syntax(why: String) -> End {
+    End::Hard(err(ReplyCode::SyntaxError, why))
+}
+
+/// The queues a channel's consumers take from.
+fn channel_queues(c: &Channel) -> Vec<Arc<Queue>> {
+    c.consumers
+        .values()
+        .filter_map(|r| match r {
+            ConsumerReg::Queue(q) => Some(q.clone()),
+            ConsumerReg::ReplyTo(_) => None,
+        })
+        .collect()
+}
+
+/// basic.ack (`requeue` None), basic.nack / basic.reject (`Some(requeue)`) of `tag` (and
+/// every earlier one with `multiple`; tag 0 with `multiple` is all of them).
+fn settle(
+    c: &mut Channel,
+    tag: u64,
+    multiple: bool,
+    requeue: Option<bool>,
+) -> Result<(), AmqpError> {
+    let settled: Vec<Unacked> = {
+        let mut st = lock(&c.shared.st);
+        if multiple {
+            let upto = if tag == 0 { u64::MAX } else { tag };
+            let keep = st.unacked.split_off(&upto.saturating_add(1));
+            let taken = std::mem::replace(&mut st.unacked, keep);
+            if taken.is_empty() && tag != 0 {
+                return Err(err(
+                    ReplyCode::PreconditionFailed,
+                    format!("unknown delivery tag {tag}"),
+                ));
+            }
+            taken.into_values().collect()
+        } else {
+            match st.unacked.remove(&tag) {
+                Some(u) => vec![u],
+                None => {
+                    return Err(err(
+                        ReplyCode::PreconditionFailed,
+                        format!("unknown delivery tag {tag}"),
+                    ));
+                }
+            }
+        }
+    };
+    for u in settled {
+        let q = u.queue.clone();
+        match requeue {
+            None => q.settled(u.consumer.as_ref()),
+            Some(rq) => q.give_back(u, rq),
+        }
+    }
+    Ok(())
+}
+
+/// Deletes a queue: out of the registry, its consumers told (basic.cancel on their
+/// channels), its bindings gone. How many messages it held.
+pub(crate) fn delete_queue(amqp: &Amqp, q: &Arc<Queue>) -> u32 {
+    {
+        let mut reg = lock(&amqp.registry);
+        if reg.queues.get(&q.name).is_some_and(|x| Arc::ptr_eq(x, q)) {
+            reg.queues.remove(&q.name);
+        }
+    }
+    let (n, consumers) = q.delete();
+    for c in consumers {
+        let m = Method::BasicCancel {
+            consumer_tag: c.tag.clone(),
+            no_wait: true,
+        };
+        let ch = c.chan.channel;
+        c.chan
+            .outbox
+            .push_control_unbudgeted(|b| Frame::Method(ch, m).encode(b));
+    }
+    n
+}
+
+/// 64 random bits for generated names (not secret: uniqueness with the counter beside).
+fn rand_u64() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = getrandom::fill(&mut b);
+    u64::from_le_bytes(b)
+}

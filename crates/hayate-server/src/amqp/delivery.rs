@@ -1,0 +1,271 @@
+//! Messages to AMQP frames and back: basic.deliver / basic.get-ok with their content header
+//! and body frames, the properties of a message of another protocol, and the encoder of a
+//! connection's own broker session (direct reply-to deliveries).
+//!
+//! Properties and Hayate messages (docs/amqp.md, "Properties"): `reply-to` ↔ the reply-to
+//! key, `correlation-id` ↔ the correlation id, `content-type` ↔ the `content-type` header,
+//! `expiration` ↔ the message's expiry, and the rest as headers named as RabbitMQ's STOMP
+//! plugin names them (`amqp-message-id`, `persistent`, `priority`, `timestamp`, `type`,
+//! `user-id`, `app-id`, `content-encoding`); the headers table's entries are headers of
+//! their own (values other than strings as their text).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use hayate_amqp::frame::FRAME_END;
+use hayate_amqp::{
+    BasicProperties, ContentHeader, FieldTable, FieldValue, Frame, Method, ShortStr,
+};
+use hayate_broker::{Batch, Encoder, OutBuf};
+use hayate_core::{Key, Message};
+
+use super::names;
+
+/// Message headers that carry AMQP properties (and are not application headers).
+const PROP_HEADERS: [&str; 9] = [
+    "content-type",
+    "content-encoding",
+    "amqp-message-id",
+    "persistent",
+    "priority",
+    "timestamp",
+    "type",
+    "user-id",
+    "app-id",
+];
+
+/// One delivery to write.
+#[derive(Debug)]
+pub(crate) struct Delivery<'a> {
+    pub(crate) channel: u16,
+    /// basic.deliver's consumer tag; `None`: a basic.get-ok.
+    pub(crate) consumer_tag: Option<&'a ShortStr>,
+    pub(crate) delivery_tag: u64,
+    pub(crate) redelivered: bool,
+    pub(crate) exchange: &'a ShortStr,
+    pub(crate) routing_key: &'a ShortStr,
+    /// basic.get-ok's message count.
+    pub(crate) message_count: Option<u32>,
+    pub(crate) msg: &'a Message,
+}
+
+/// Appends one frame whose payload `f` writes (type, channel, size patched after).
+fn frame(out: &mut BytesMut, ty: u8, channel: u16, f: impl FnOnce(&mut BytesMut)) {
+    out.put_u8(ty);
+    out.put_u16(channel);
+    let at = out.len();
+    out.put_u32(0);
+    f(out);
+    let n = (out.len() - at - 4) as u32;
+    out[at..at + 4].copy_from_slice(&n.to_be_bytes());
+    out.put_u8(FRAME_END);
+}
+
+/// The method, content header and body frames of a delivery (bodies split to fit
+/// `frame_max`, which counts the 8 bytes around each frame's payload).
+pub(crate) fn encode_delivery(d: &Delivery<'_>, frame_max: usize, out: &mut BytesMut) {
+    match d.consumer_tag {
+        Some(tag) => frame(out, 1, d.channel, |b| {
+            Method::encode_deliver(
+                tag,
+                d.delivery_tag,
+                d.redelivered,
+                d.exchange,
+                d.routing_key.as_bytes(),
+                b,
+            )
+        }),
+        None => frame(out, 1, d.channel, |b| {
+            Method::BasicGetOk {
+                delivery_tag: d.delivery_tag,
+                redelivered: d.redelivered,
+                exchange: d.exchange.clone(),
+                routing_key: d.routing_key.clone(),
+                message_count: d.message_count.unwrap_or(0),
+            }
+            .encode(b)
+        }),
+    }
+    encode_content(d.channel, d.msg, frame_max, out);
+}
+
+/// A message's content header and body frames.
+pub(crate) fn encode_content(channel: u16, msg: &Message, frame_max: usize, out: &mut BytesMut) {
+    let header = ContentHeader {
+        body_size: msg.payload.len() as u64,
+        properties: properties_of(msg),
+    };
+    frame(out, 2, channel, |b| header.encode(b));
+    let chunk = frame_max.saturating_sub(8).max(1);
+    for part in msg.payload.chunks(chunk) {
+        Frame::encode_body(channel, part, out);
+    }
+}
+
+/// The AMQP properties of a message (from any protocol).
+pub(crate) fn properties_of(msg: &Message) -> BasicProperties {
+    let mut p = BasicProperties {
+        correlation_id: msg
+            .correlation_id
+            .as_ref()
+            .and_then(|c| ShortStr::new(c.clone())),
+        reply_to: msg.reply_to.as_ref().map(reply_to_text),
+        ..BasicProperties::default()
+    };
+    if let Some(at) = msg.attrs.expires {
+        let ms = at.saturating_duration_since(Instant::now()).as_millis();
+        p.expiration = Some(ShortStr::lit(&ms.to_string()));
+    }
+    let mut table = FieldTable::default();
+    for (name, value) in msg.headers.iter().flatten() {
+        let text = || std::str::from_utf8(value).ok().map(ShortStr::lit);
+        match name.as_str() {
+            "content-type" => p.content_type = text(),
+            "content-encoding" => p.content_encoding = text(),
+            "amqp-message-id" => p.message_id = text(),
+            "persistent" => p.delivery_mode = Some(if &value[..] == b"true" { 2 } else { 1 }),
+            "priority" => p.priority = std::str::from_utf8(value).ok().and_then(|v| v.parse().ok()),
+            "timestamp" => {
+                p.timestamp = std::str::from_utf8(value).ok().and_then(|v| v.parse().ok());
+            }
+            "type" => p.kind = text(),
+            "user-id" => p.user_id = text(),
+            "app-id" => p.app_id = text(),
+            _ => table.insert(name, FieldValue::LongStr(value.clone())),
+        }
+    }
+    if !table.is_empty() {
+        p.headers = Some(table);
+    }
+    p
+}
+
+/// How a reply-to key is shown to an AMQP client: an AMQP connection's direct reply-to
+/// inbox as `amq.rabbitmq.reply-to.<key>`, any other key as itself (the default exchange
+/// routes that routing key back to the key).
+fn reply_to_text(k: &Key) -> ShortStr {
+    ShortStr::new(Bytes::copy_from_slice(k.as_bytes())).unwrap_or_else(|| ShortStr::lit(""))
+}
+
+/// A field value as header text.
+fn value_text(v: &FieldValue) -> Option<Bytes> {
+    Some(match v {
+        FieldValue::LongStr(b) | FieldValue::Bytes(b) => b.clone(),
+        FieldValue::Bool(b) => Bytes::from(b.to_string()),
+        FieldValue::F32(f) => Bytes::from(f.to_string()),
+        FieldValue::F64(f) => Bytes::from(f.to_string()),
+        FieldValue::Timestamp(t) => Bytes::from(t.to_string()),
+        v => Bytes::from(v.as_i64()?.to_string()),
+    })
+}
+
+/// A Hayate message from an AMQP publish: the key it goes to, its properties and body.
+/// `reply_to_key` is the reply-to property as a key (the caller maps direct reply-to).
+pub(crate) fn message_of(
+    key: Key,
+    props: &BasicProperties,
+    reply_to: Option<Key>,
+    body: Bytes,
+) -> Message {
+    let mut m = Message::new(key, body);
+    m.reply_to = reply_to;
+    m.correlation_id = props.correlation_id.as_ref().map(|c| c.bytes().clone());
+    let mut h: Vec<(String, Bytes)> = Vec::new();
+    let mut put = |name: &str, v: Option<Bytes>| {
+        if let Some(v) = v {
+            h.push((name.to_string(), v));
+        }
+    };
+    let s = |v: &Option<ShortStr>| v.as_ref().map(|x| x.bytes().clone());
+    put("content-type", s(&props.content_type));
+    put("content-encoding", s(&props.content_encoding));
+    put("amqp-message-id", s(&props.message_id));
+    put(
+        "persistent",
+        props
+            .delivery_mode
+            .map(|d| Bytes::from_static(if d == 2 { b"true" } else { b"false" })),
+    );
+    put(
+        "priority",
+        props.priority.map(|p| Bytes::from(p.to_string())),
+    );
+    put(
+        "timestamp",
+        props.timestamp.map(|t| Bytes::from(t.to_string())),
+    );
+    put("type", s(&props.kind));
+    put("user-id", s(&props.user_id));
+    put("app-id", s(&props.app_id));
+    if let Some(t) = &props.headers {
+        for (k, v) in &t.0 {
+            let (Some(name), Some(v)) = (k.as_str(), value_text(v)) else {
+                continue;
+            };
+            if !PROP_HEADERS.contains(&name) {
+                h.push((name.to_string(), v));
+            }
+        }
+    }
+    if !h.is_empty() {
+        m.headers = Some(h);
+    }
+    if let Some(ms) = props
+        .expiration
+        .as_ref()
+        .and_then(|e| e.as_str())
+        .and_then(|e| e.parse::<u64>().ok())
+    {
+        m.attrs.expires = Some(Instant::now() + Duration::from_millis(ms));
+    }
+    m
+}
+
+/// A consumer of the connection's own session (direct reply-to): its channel, tag and the
+/// channel's delivery-tag counter.
+#[derive(Debug, Clone)]
+pub(crate) struct OwnConsumer {
+    pub(crate) channel: u16,
+    pub(crate) tag: ShortStr,
+    pub(crate) next_tag: Arc<AtomicU64>,
+}
+
+/// The encoder of an AMQP connection's broker session: what that session's subscriptions
+/// receive (direct reply-to) as basic.deliver frames, never acknowledged.
+pub(crate) struct AmqpEncoder {
+    /// Subscription id → consumer; shared with the connection, which adds and removes.
+    pub(crate) consumers: Arc<std::sync::Mutex<HashMap<u32, OwnConsumer>>>,
+    pub(crate) frame_max: Arc<AtomicUsize>,
+}
+
+impl Encoder for AmqpEncoder {
+    fn encode(&mut self, sid: u32, batch: Batch<'_>, _origin: u64, out: &mut OutBuf) {
+        let Some(c) = super::queue::lock(&self.consumers).get(&sid).cloned() else {
+            return;
+        };
+        let frame_max = self.frame_max.load(Ordering::Relaxed);
+        let exchange = ShortStr::lit("");
+        for i in 0..batch.len() {
+            let msg = batch.message(i);
+            let rk = ShortStr::lit(&format!("{}{}", names::REPLY_TO_PREFIX, msg.key.as_str()));
+            let d = Delivery {
+                channel: c.channel,
+                consumer_tag: Some(&c.tag),
+                delivery_tag: c.next_tag.fetch_add(1, Ordering::AcqRel) + 1,
+                redelivered: false,
+                exchange: &exchange,
+                routing_key: &rk,
+                message_count: None,
+                msg: &msg,
+            };
+            encode_delivery(&d, frame_max, out.tail());
+        }
+    }
+
+    fn encode_lost(&mut self, _sid: u32, _count: u64, _out: &mut OutBuf) {
+        // AMQP has no way to tell a consumer; the broker counts drops.
+    }
+}

@@ -1,0 +1,808 @@
+//! AMQP queues: messages held in order until a consumer takes them, as RabbitMQ's classic
+//! queues do, fed by broker subscriptions (the queue's bindings).
+//!
+//! Each queue has a broker [`Session`] of its own whose subscriptions are its bindings
+//! (the default exchange's binding to its own key included); the session's encoder
+//! ([`QueueEncoder`]) does not encode bytes: it appends each message it is given to the
+//! queue and hands what it can to consumers at once. So a message published by any
+//! protocol on a key a binding covers enters the queue once per binding that covers it.
+//!
+//! A delivery is written straight into the consumer connection's outbox (AMQP frames).
+//! Consumers are served round robin, each within its prefetch (and its channel's); a
+//! consumer whose outbox is backed up is skipped until it drains (the queue's task looks
+//! again every few milliseconds while one is).
+//!
+//! Locks, in order: the queue session's outbox (publishers offering) → [`Queue`]'s state →
+//! a channel's state ([`Chan`]) → the consumer connection's outbox (a leaf). Nothing takes
+//! them the other way round: acknowledgements take a channel's state, release it, then a
+//! queue's.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use hayate_amqp::{FieldTable, FieldValue, ShortStr};
+use hayate_broker::{Batch, Encoder, OutBuf, Outbox, Session};
+use hayate_core::{Message, Qos};
+use hayate_io::memory::Charge;
+
+use super::delivery::{Delivery, encode_delivery};
+use super::names::{self, Kind};
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A message in a queue.
+#[derive(Debug, Clone)]
+pub(crate) struct QMsg {
+    pub(crate) msg: Message,
+    /// The exchange and routing key it is delivered with.
+    pub(crate) exchange: ShortStr,
+    pub(crate) routing_key: ShortStr,
+    pub(crate) redelivered: bool,
+    /// When it expires (x-message-ttl, or its own expiration).
+    pub(crate) expires: Option<Instant>,
+}
+
+impl QMsg {
+    fn size(&self) -> usize {
+        self.msg.payload.len() + self.msg.key.as_bytes().len() + 64
+    }
+}
+
+/// What `x-` arguments of queue.declare set.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct QueueArgs {
+    pub(crate) message_ttl: Option<Duration>,
+    pub(crate) max_length: Option<usize>,
+    pub(crate) max_length_bytes: Option<usize>,
+    pub(crate) dead_letter_exchange: Option<String>,
+    pub(crate) dead_letter_routing_key: Option<String>,
+    pub(crate) expires: Option<Duration>,
+    /// `x-overflow = reject-publish`: new messages are refused (dropped) instead of the
+    /// oldest.
+    pub(crate) reject_publish: bool,
+}
+
+impl QueueArgs {
+    /// Reads the arguments this broker knows; `Err` (PRECONDITION_FAILED's text) for a bad
+    /// value. Unknown arguments are ignored, as RabbitMQ does.
+    pub(crate) fn parse(t: &FieldTable) -> Result<QueueArgs, String> {
+        let mut a = QueueArgs::default();
+        let int = |name: &str, v: &FieldValue| -> Result<u64, String> {
+            v.as_i64()
+                .and_then(|n| u64::try_from(n).ok())
+                .ok_or_else(|| format!("invalid arg '{name}' for queue: a non-negative integer"))
+        };
+        let text = |name: &str, v: &FieldValue| -> Result<String, String> {
+            v.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| format!("invalid arg '{name}' for queue: a string"))
+        };
+        for (k, v) in &t.0 {
+            let Some(name) = k.as_str() else { continue };
+            match name {
+                "x-message-ttl" => a.message_ttl = Some(Duration::from_millis(int(name, v)?)),
+                "x-expires" => {
+                    let ms = int(name, v)?;
+                    if ms == 0 {
+                        return Err("invalid arg 'x-expires' for queue: must be positive".into());
+                    }
+                    a.expires = Some(Duration::from_millis(ms));
+                }
+                "x-max-length" => a.max_length = Some(int(name, v)? as usize),
+                "x-max-length-bytes" => a.max_length_bytes = Some(int(name, v)? as usize),
+                "x-dead-letter-exchange" => a.dead_letter_exchange = Some(text(name, v)?),
+                "x-dead-letter-routing-key" => {
+                    a.dead_letter_routing_key = Some(text(name, v)?);
+                }
+                "x-overflow" => match text(name, v)?.as_str() {
+                    "drop-head" => a.reject_publish = false,
+                    "reject-publish" | "reject-publish-dlx" => a.reject_publish = true,
+                    o => return Err(format!("invalid arg 'x-overflow' for queue: '{o}'")),
+                },
+                "x-queue-type" => match text(name, v)?.as_str() {
+                    // Quorum and stream queues need replication and the log: a classic
+                    // (in-memory) queue is what this broker gives.
+                    "classic" => {}
+                    o => {
+                        return Err(format!(
+                            "invalid arg 'x-queue-type' for queue: '{o}' (this broker has classic queues only)"
+                        ));
+                    }
+                },
+                _ => {}
+            }
+        }
+        Ok(a)
+    }
+}
+
+/// One binding of a queue: the exchange, its type, the binding key, its arguments, and the
+/// broker subscription that implements it.
+#[derive(Debug, Clone)]
+pub(crate) struct Binding {
+    pub(crate) exchange: String,
+    pub(crate) kind: Kind,
+    pub(crate) key: String,
+    pub(crate) args: FieldTable,
+    pub(crate) sid: u32,
+}
+
+/// A channel of a consumer connection, as queues see it.
+#[derive(Debug)]
+pub(crate) struct Chan {
+    pub(crate) channel: u16,
+    pub(crate) outbox: Arc<Outbox>,
+    /// The connection's negotiated frame size (bodies are split to fit).
+    pub(crate) frame_max: Arc<AtomicUsize>,
+    /// `channel.flow`: deliveries paused while false.
+    pub(crate) active: AtomicBool,
+    /// Delivery tags (the next one is this plus one); shared with the connection's own
+    /// encoder (direct reply-to deliveries), which takes tags without this lock.
+    pub(crate) next_tag: Arc<AtomicU64>,
+    pub(crate) st: Mutex<ChanState>,
+}
+
+/// What a channel tracks of its deliveries.
+#[derive(Debug, Default)]
+pub(crate) struct ChanState {
+    /// Deliveries not yet acknowledged: tag → delivery.
+    pub(crate) unacked: BTreeMap<u64, Unacked>,
+    /// `basic.qos` with `global`: the most unacknowledged deliveries on the channel (0: no
+    /// limit).
+    pub(crate) prefetch: usize,
+    pub(crate) closed: bool,
+}
+
+/// A delivery waiting for its acknowledgement.
+#[derive(Debug)]
+pub(crate) struct Unacked {
+    pub(crate) queue: Arc<Queue>,
+    /// The consumer it was delivered to (none: basic.get).
+    pub(crate) consumer: Option<Arc<Consumer>>,
+    pub(crate) msg: QMsg,
+}
+
+/// Most bytes a consumer's outbox may hold before its queue stops delivering to it.
+const OUTBOX_LIMIT: usize = 1024 * 1024;
+
+/// One consumer of a queue.
+#[derive(Debug)]
+pub(crate) struct Consumer {
+    pub(crate) tag: ShortStr,
+    pub(crate) chan: Arc<Chan>,
+    pub(crate) no_ack: bool,
+    pub(crate) exclusive: bool,
+    /// Most unacknowledged deliveries (`basic.qos` without `global`; 0: no limit).
+    pub(crate) prefetch: usize,
+    pub(crate) in_flight: AtomicUsize,
+}
+
+impl Consumer {
+    /// May it take one more delivery now?
+    fn has_credit(&self, chan: &ChanState) -> bool {
+        !chan.closed
+            && self.chan.active.load(Ordering::Acquire)
+            && (self.no_ack
+                || ((self.prefetch == 0 || self.in_flight.load(Ordering::Acquire) < self.prefetch)
+                    && (chan.prefetch == 0 || chan.unacked.len() < chan.prefetch)))
+    }
+}
+
+/// Queue state under its lock.
+#[derive(Debug, Default)]
+struct QState {
+    msgs: VecDeque<QMsg>,
+    bytes: usize,
+    consumers: Vec<Arc<Consumer>>,
+    /// Round robin: where the next delivery starts looking.
+    next: usize,
+    bindings: Vec<Binding>,
+    deleted: bool,
+    /// Some consumer was skipped because its outbox was backed up.
+    stalled: bool,
+    /// A consumer existed once (auto-delete applies from then on).
+    had_consumer: bool,
+    /// When the queue was last used (x-expires).
+    used: Option<Instant>,
+}
+
+/// A queue.
+pub(crate) struct Queue {
+    /// The front-end (to delete itself when x-expires says so).
+    amqp: Weak<super::Amqp>,
+    pub(crate) name: String,
+    pub(crate) durable: bool,
+    pub(crate) auto_delete: bool,
+    /// The connection that declared it exclusive.
+    pub(crate) owner: Option<u64>,
+    pub(crate) args: QueueArgs,
+    /// Bytes a queue holds at most (`amqp.queue_max_bytes`), whatever its arguments say.
+    max_bytes: usize,
+    st: Mutex<QState>,
+    /// Its share of the broker-wide memory budget.
+    charge: Mutex<Charge>,
+    /// The broker session whose subscriptions are its bindings.
+    session: Mutex<Option<Session>>,
+    /// Messages dropped (length limits, the memory budget).
+    pub(crate) dropped: AtomicU64,
+    /// Wakes the queue's task (a stalled consumer to look at again, expiry).
+    wake: Arc<tokio::sync::Notify>,
+    /// Where dead letters go, in order, when the queue has a dead-letter exchange: the
+    /// queue of its dead-letter task.
+    dead: Mutex<Option<tokio::sync::mpsc::Sender<(QMsg, &'static str)>>>,
+}
+
+/// Dead letters waiting for their task, at most (past it they are dropped, counted).
+const DEAD_LETTER_BACKLOG: usize = 65_536;
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Publishes a dead letter (the message, and why: [`REJECTED`], [`EXPIRED`], [`MAXLEN`]).
+pub(crate) type DeadLetters = Arc<
+    dyn Fn(QMsg, &'static str) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync,
+>;
+
+/// Why a message left a queue without being acknowledged (the `x-death` reason).
+pub(crate) const REJECTED: &str = "rejected";
+pub(crate) const EXPIRED: &str = "expired";
+pub(crate) const MAXLEN: &str = "maxlen";
+
+impl Queue {
+    /// A queue with its broker session (opened by the caller with a [`QueueEncoder`] for
+    /// it: see [`Queue::attach`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        amqp: Weak<super::Amqp>,
+        name: String,
+        durable: bool,
+        auto_delete: bool,
+        owner: Option<u64>,
+        args: QueueArgs,
+        max_bytes: usize,
+        memory: &Arc<hayate_io::memory::Memory>,
+    ) -> Arc<Queue> {
+        Arc::new(Queue {
+            amqp,
+            name,
+            durable,
+            auto_delete,
+            owner,
+            args,
+            max_bytes,
+            st: Mutex::new(QState {
+                used: Some(Instant::now()),
+                ..QState::default()
+            }),
+            charge: Mutex::new(Charge::exact(memory)),
+            session: Mutex::new(None),
+            dropped: AtomicU64::new(0),
+            wake: Arc::new(tokio::sync::Notify::new()),
+            dead: Mutex::new(None),
+        })
+    }
+
+    /// Gives the queue its broker session and starts its task.
+    pub(crate) fn attach(self: &Arc<Self>, session: Session) {
+        *lock(&self.session) = Some(session);
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move { run(weak).await });
+    }
+
+    /// Where dead letters go (set when the queue has `x-dead-letter-exchange`): a task
+    /// publishes them one after the other, in the order they left the queue.
+    pub(crate) fn set_dead_letters(&self, f: DeadLetters) {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<(QMsg, &'static str)>(DEAD_LETTER_BACKLOG);
+        *lock(&self.dead) = Some(tx);
+        tokio::spawn(async move {
+            while let Some((m, why)) = rx.recv().await {
+                f(m, why).await;
+            }
+        });
+    }
+
+    /// Messages ready (not delivered), and consumers.
+    pub(crate) fn counts(&self) -> (u32, u32) {
+        let st = lock(&self.st);
+        (st.msgs.len() as u32, st.consumers.len() as u32)
+    }
+
+    /// True once deleted.
+    pub(crate) fn is_deleted(&self) -> bool {
+        lock(&self.st).deleted
+    }
+
+    /// Its bindings.
+    pub(crate) fn bindings(&self) -> Vec<Binding> {
+        lock(&self.st).bindings.clone()
+    }
+
+    /// Adds a binding (a broker subscription on `expr`); an identical one is kept as is.
+    pub(crate) fn bind(
+        &self,
+        exchange: &str,
+        kind: Kind,
+        key: &str,
+        args: FieldTable,
+        expr: hayate_core::KeyExpr,
+    ) -> Result<(), String> {
+        let mut session = lock(&self.session);
+        let Some(session) = session.as_mut() else {
+            return Err("queue is being deleted".into());
+        };
+        let mut st = lock(&self.st);
+        if st
+            .bindings
+            .iter()
+            .any(|b| b.exchange == exchange && b.key == key && b.args == args)
+        {
+            return Ok(());
+        }
+        let sid = st.bindings.iter().map(|b| b.sid).max().unwrap_or(0) + 1;
+        st.bindings.push(Binding {
+            exchange: exchange.to_string(),
+            kind,
+            key: key.to_string(),
+            args,
+            sid,
+        });
+        drop(st);
+        // Drop, not block: a queue past its limits drops (counted), it never holds a
+        // publisher back.
+        let qos = Qos {
+            congestion: hayate_core::Congestion::Drop,
+            ..Qos::default()
+        };
+        if let Err(e) = session.subscribe(sid, expr, None, qos) {
+            lock(&self.st).bindings.retain(|b| b.sid != sid);
+            return Err(e.to_string());
+        }
+        Ok(())
+    }
+
+    /// Removes a binding; false if there was none.
+    pub(crate) fn unbind(&self, exchange: &str, key: &str, args: &FieldTable) -> bool {
+        let mut st = lock(&self.st);
+        let Some(i) = st
+            .bindings
+            .iter()
+            .position(|b| b.exchange == exchange && b.key == key && &b.args == args)
+        else {
+            return false;
+        };
+        let b = st.bindings.remove(i);
+        drop(st);
+        if let Some(s) = lock(&self.session).as_mut() {
+            s.unsubscribe(b.sid);
+        }
+        true
+    }
+
+    /// Removes every binding to `exchange` (it is being deleted).
+    pub(crate) fn unbind_exchange(&self, exchange: &str) {
+        let gone: Vec<u32> = {
+            let mut st = lock(&self.st);
+            let (gone, keep) = std::mem::take(&mut st.bindings)
+                .into_iter()
+                .partition::<Vec<_>, _>(|b| b.exchange == exchange);
+            st.bindings = keep;
+            gone.into_iter().map(|b| b.sid).collect()
+        };
+        if let Some(s) = lock(&self.session).as_mut() {
+            for sid in gone {
+                s.unsubscribe(sid);
+            }
+        }
+    }
+
+    /// Appends a message (from a binding, or requeued at the front) and delivers what it
+    /// can.
+    pub(crate) fn push(self: &Arc<Self>, m: QMsg, front: bool) {
+        let mut st = lock(&self.st);
+        if st.deleted {
+            return;
+        }
+        let size = m.size();
+        let max_len = self.args.max_length;
+        let max_bytes = self
+            .args
+            .max_length_bytes
+            .map_or(self.max_bytes, |b| b.min(self.max_bytes));
+        let mut dead = Vec::new();
+        // Room by the queue's limits: the oldest go (drop-head), or this one is refused.
+        while !front
+            && !st.msgs.is_empty()
+            && (max_len.is_some_and(|n| st.msgs.len() >= n) || st.bytes + size > max_bytes)
+        {
+            if self.args.reject_publish {
+                drop(st);
+                self.dead_letter_all(vec![m], MAXLEN);
+                return;
+            }
+            if let Some(old) = st.msgs.pop_front() {
+                st.bytes -= old.size();
+                dead.push(old);
+            }
+        }
+        if max_len == Some(0) {
+            dead.push(m);
+            drop(st);
+            self.dead_letter_all(dead, MAXLEN);
+            return;
+        }
+        // And by the broker-wide budget (a requeued message is held already: forced).
+        {
+            let mut c = lock(&self.charge);
+            if front {
+                c.force(st.bytes + size);
+            } else if !c.cover(st.bytes + size) {
+                drop(c);
+                drop(st);
+                dead.push(m);
+                self.dead_letter_all(dead, MAXLEN);
+                return;
+            }
+        }
+        st.bytes += size;
+        if front {
+            st.msgs.push_front(m);
+        } else {
+            st.msgs.push_back(m);
+        }
+        self.dispatch_locked(&mut st);
+        drop(st);
+        self.dead_letter_all(dead, MAXLEN);
+    }
+
+    /// Messages that leave the queue unacknowledged: counted, and handed to the
+    /// dead-letter task if there is one (the caller may hold a publisher's outbox lock; a
+    /// dead letter may come back to this very queue).
+    fn dead_letter_all(&self, msgs: Vec<QMsg>, why: &'static str) {
+        if msgs.is_empty() {
+            return;
+        }
+        if why != REJECTED {
+            self.dropped.fetch_add(msgs.len() as u64, Ordering::Relaxed);
+        }
+        let tx = lock(&self.dead).clone();
+        if let Some(tx) = tx {
+            for m in msgs {
+                if tx.try_send((m, why)).is_err() {
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Delivers what it can now.
+    pub(crate) fn dispatch(self: &Arc<Self>) {
+        let mut st = lock(&self.st);
+        self.dispatch_locked(&mut st);
+    }
+
+    fn dispatch_locked(self: &Arc<Self>, st: &mut QState) {
+        let now = Instant::now();
+        let mut expired = Vec::new();
+        while let Some(front) = st.msgs.front() {
+            if front.expires.is_some_and(|at| now >= at) {
+                if let Some(m) = st.msgs.pop_front() {
+                    st.bytes -= m.size();
+                    expired.push(m);
+                }
+                continue;
+            }
+            let n = st.consumers.len();
+            if n == 0 {
+                break;
+            }
+            let mut chosen = None;
+            for i in 0..n {
+                let at = (st.next + i) % n;
+                let c = &st.consumers[at];
+                if c.chan.outbox.backlog().0 > OUTBOX_LIMIT {
+                    st.stalled = true;
+                    continue;
+                }
+                let cs = lock(&c.chan.st);
+                if c.has_credit(&cs) {
+                    drop(cs);
+                    chosen = Some(at);
+                    break;
+                }
+            }
+            let Some(at) = chosen else { break };
+            st.next = (at + 1) % n;
+            let c = st.consumers[at].clone();
+            let Some(m) = st.msgs.pop_front() else { break };
+            st.bytes -= m.size();
+            self.deliver(&c, m);
+        }
+        lock(&self.charge).shrink(st.bytes);
+        st.used = Some(now);
+        if st.stalled {
+            self.wake.notify_one();
+        }
+        self.dead_letter_all(expired, EXPIRED);
+    }
+
+    /// Writes one delivery to consumer `c` (under the queue's lock).
+    fn deliver(self: &Arc<Self>, c: &Arc<Consumer>, m: QMsg) {
+        let tag = c.chan.next_tag.fetch_add(1, Ordering::AcqRel) + 1;
+        let d = Delivery {
+            channel: c.chan.channel,
+            consumer_tag: Some(&c.tag),
+            delivery_tag: tag,
+            redelivered: m.redelivered,
+            exchange: &m.exchange,
+            routing_key: &m.routing_key,
+            message_count: None,
+            msg: &m.msg,
+        };
+        let frame_max = c.chan.frame_max.load(Ordering::Relaxed);
+        c.chan
+            .outbox
+            .push_control_unbudgeted(|b: &mut BytesMut| encode_delivery(&d, frame_max, b));
+        if !c.no_ack {
+            c.in_flight.fetch_add(1, Ordering::AcqRel);
+            lock(&c.chan.st).unacked.insert(
+                tag,
+                Unacked {
+                    queue: self.clone(),
+                    consumer: Some(c.clone()),
+                    msg: m,
+                },
+            );
+        }
+    }
+
+    /// basic.get: the next message for channel `chan` (`no_ack`: settled at once), and how
+    /// many are left.
+    pub(crate) fn get(self: &Arc<Self>, chan: &Arc<Chan>, no_ack: bool) -> Option<(u64, u32)> {
+        let mut st = lock(&self.st);
+        let now = Instant::now();
+        st.used = Some(now);
+        let mut expired = Vec::new();
+        let m = loop {
+            let m = st.msgs.pop_front()?;
+            st.bytes -= m.size();
+            if m.expires.is_some_and(|at| now >= at) {
+                expired.push(m);
+                continue;
+            }
+            break m;
+        };
+        lock(&self.charge).shrink(st.bytes);
+        let left = st.msgs.len() as u32;
+        let tag = chan.next_tag.fetch_add(1, Ordering::AcqRel) + 1;
+        let d = Delivery {
+            channel: chan.channel,
+            consumer_tag: None,
+            delivery_tag: tag,
+            redelivered: m.redelivered,
+            exchange: &m.exchange,
+            routing_key: &m.routing_key,
+            message_count: Some(left),
+            msg: &m.msg,
+        };
+        let frame_max = chan.frame_max.load(Ordering::Relaxed);
+        chan.outbox
+            .push_control_unbudgeted(|b: &mut BytesMut| encode_delivery(&d, frame_max, b));
+        if !no_ack {
+            lock(&chan.st).unacked.insert(
+                tag,
+                Unacked {
+                    queue: self.clone(),
+                    consumer: None,
+                    msg: m,
+                },
+            );
+        }
+        drop(st);
+        self.dead_letter_all(expired, EXPIRED);
+        Some((tag, left))
+    }
+
+    /// Adds a consumer and delivers what it can. `Err`: an exclusive consumer is there (or
+    /// this one wants to be exclusive and others are).
+    pub(crate) fn add_consumer(self: &Arc<Self>, c: Arc<Consumer>) -> Result<(), ()> {
+        let mut st = lock(&self.st);
+        if st.consumers.iter().any(|o| o.exclusive) || (c.exclusive && !st.consumers.is_empty()) {
+            return Err(());
+        }
+        st.consumers.push(c);
+        st.had_consumer = true;
+        self.dispatch_locked(&mut st);
+        Ok(())
+    }
+
+    /// Removes consumer `tag` of channel `chan`; true if the queue is now to be
+    /// auto-deleted.
+    pub(crate) fn remove_consumer(&self, chan: &Arc<Chan>, tag: &ShortStr) -> bool {
+        let mut st = lock(&self.st);
+        st.consumers
+            .retain(|c| !(Arc::ptr_eq(&c.chan, chan) && &c.tag == tag));
+        if st.next >= st.consumers.len() {
+            st.next = 0;
+        }
+        self.auto_delete && st.had_consumer && st.consumers.is_empty() && !st.deleted
+    }
+
+    /// Removes every consumer of channel `chan` (the channel closed); true if the queue is
+    /// now to be auto-deleted.
+    pub(crate) fn remove_channel(&self, chan: &Arc<Chan>) -> bool {
+        let mut st = lock(&self.st);
+        let before = st.consumers.len();
+        st.consumers.retain(|c| !Arc::ptr_eq(&c.chan, chan));
+        if st.next >= st.consumers.len() {
+            st.next = 0;
+        }
+        before != st.consumers.len()
+            && self.auto_delete
+            && st.had_consumer
+            && st.consumers.is_empty()
+            && !st.deleted
+    }
+
+    /// An acknowledgement of one of its deliveries to `consumer`: credit back.
+    pub(crate) fn settled(self: &Arc<Self>, consumer: Option<&Arc<Consumer>>) {
+        if let Some(c) = consumer {
+            c.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.dispatch();
+    }
+
+    /// A delivery given back: to the front of the queue (redelivered), or dead-lettered.
+    pub(crate) fn give_back(self: &Arc<Self>, u: Unacked, requeue: bool) {
+        if let Some(c) = &u.consumer {
+            c.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+        let mut m = u.msg;
+        if requeue {
+            m.redelivered = true;
+            self.push(m, true);
+        } else {
+            self.dead_letter_all(vec![m], REJECTED);
+            self.dispatch();
+        }
+    }
+
+    /// Removes every message; how many there were.
+    pub(crate) fn purge(&self) -> u32 {
+        let mut st = lock(&self.st);
+        let n = st.msgs.len() as u32;
+        st.msgs.clear();
+        st.bytes = 0;
+        lock(&self.charge).shrink(0);
+        n
+    }
+
+    /// Marks the queue deleted, ends its bindings and takes its consumers (the caller
+    /// tells them); the number of messages it held.
+    pub(crate) fn delete(&self) -> (u32, Vec<Arc<Consumer>>) {
+        let (n, consumers) = {
+            let mut st = lock(&self.st);
+            st.deleted = true;
+            let n = st.msgs.len() as u32;
+            st.msgs.clear();
+            st.bytes = 0;
+            st.bindings.clear();
+            (n, std::mem::take(&mut st.consumers))
+        };
+        lock(&self.charge).shrink(0);
+        // Dropping the session removes its subscriptions.
+        drop(lock(&self.session).take());
+        self.wake.notify_one();
+        (n, consumers)
+    }
+
+    /// Unused (no consumer, no basic.get) for longer than x-expires?
+    pub(crate) fn expired(&self) -> bool {
+        let Some(ttl) = self.args.expires else {
+            return false;
+        };
+        let st = lock(&self.st);
+        st.consumers.is_empty() && st.used.is_some_and(|u| u.elapsed() >= ttl)
+    }
+
+    fn binding(&self, sid: u32) -> Option<(String, Kind, FieldTable)> {
+        lock(&self.st)
+            .bindings
+            .iter()
+            .find(|b| b.sid == sid)
+            .map(|b| (b.exchange.clone(), b.kind, b.args.clone()))
+    }
+}
+
+/// The queue's task: looks again at stalled consumers and expired messages, and ends when
+/// the queue is deleted.
+async fn run(q: Weak<Queue>) {
+    loop {
+        let Some(queue) = q.upgrade() else { return };
+        let wake = queue.wake.clone();
+        let notified = wake.notified();
+        let stalled = {
+            let mut st = lock(&queue.st);
+            if st.deleted {
+                return;
+            }
+            std::mem::take(&mut st.stalled)
+        };
+        if stalled {
+            queue.dispatch();
+        }
+        drop(queue);
+        let wait = if stalled {
+            Duration::from_millis(2)
+        } else {
+            Duration::from_secs(1)
+        };
+        let _ = tokio::time::timeout(wait, notified).await;
+        // Expired messages at the head go even without a consumer to see them; a queue
+        // unused past its x-expires goes.
+        if let Some(queue) = q.upgrade() {
+            queue.dispatch();
+            if queue.expired() {
+                if let Some(amqp) = queue.amqp.upgrade() {
+                    super::conn::delete_queue(&amqp, &queue);
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// A queue's broker session's encoder: appends what its bindings receive to the queue.
+pub(crate) struct QueueEncoder {
+    pub(crate) queue: Weak<Queue>,
+}
+
+impl Encoder for QueueEncoder {
+    fn encode(&mut self, sid: u32, batch: Batch<'_>, _origin: u64, _out: &mut OutBuf) {
+        let Some(q) = self.queue.upgrade() else {
+            return;
+        };
+        let Some((exchange, kind, args)) = q.binding(sid) else {
+            return;
+        };
+        let exchange_s = ShortStr::lit(&exchange);
+        let now = Instant::now();
+        for i in 0..batch.len() {
+            let msg = batch.message(i);
+            if kind == Kind::Headers && !super::headers_match(&args, &msg) {
+                continue;
+            }
+            let rk = names::routing_key_of(&exchange, kind, msg.key.as_str());
+            let expires = match (q.args.message_ttl, msg.attrs.expires) {
+                (Some(ttl), Some(at)) => Some((now + ttl).min(at)),
+                (Some(ttl), None) => Some(now + ttl),
+                (None, at) => at,
+            };
+            q.push(
+                QMsg {
+                    msg: msg.compact(),
+                    exchange: exchange_s.clone(),
+                    routing_key: ShortStr::lit(&rk),
+                    redelivered: false,
+                    expires,
+                },
+                false,
+            );
+        }
+    }
+
+    fn encode_lost(&mut self, _sid: u32, count: u64, _out: &mut OutBuf) {
+        if let Some(q) = self.queue.upgrade() {
+            q.dropped.fetch_add(count, Ordering::Relaxed);
+        }
+    }
+}

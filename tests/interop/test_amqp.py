@@ -1,0 +1,432 @@
+"""AMQP 0-9-1 with pika (a client nobody here wrote) against Hayate's AMQP listener:
+publish and consume, acknowledgements (ack, nack with and without requeue, reject),
+prefetch, publisher confirms, mandatory returns, transactions, direct reply-to RPC,
+exchanges of each type, queue arguments (TTL, max length, dead-lettering), exclusive
+queues; cross-protocol with MQTT (paho) and STOMP (stomp.py); and bad input answered with
+the error and close RabbitMQ would send, the broker serving others throughout."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+import uuid
+
+import paho.mqtt.client as paho
+import pika
+import pytest
+import stomp
+from paho.mqtt.enums import CallbackAPIVersion
+
+from conftest import KIND, start_hayate, stop_process
+
+pytestmark = pytest.mark.skipif(KIND != "hayate", reason="Hayate's AMQP listener")
+
+
+@pytest.fixture
+def broker(tmp_path):
+    from test_dashboard import HAYATE
+
+    cfg = tmp_path / "hayate.toml"
+    cfg.write_text("""
+[server]
+data_dir = ""
+[admin]
+listen = []
+[native]
+listen = ["127.0.0.1:0"]
+shm = false
+[mqtt]
+listen = ["127.0.0.1:0"]
+ws = []
+[stomp]
+listen = ["127.0.0.1:0"]
+[amqp]
+listen = ["127.0.0.1:0"]
+heartbeat_secs = 10
+""")
+    proc, ports = start_hayate(HAYATE, cfg, tmp_path / "broker.log")
+    yield ports
+    stop_process(proc)
+
+
+def connect(ports) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", ports["amqp"], connection_attempts=1, socket_timeout=5,
+        blocked_connection_timeout=10))
+
+
+def drain(ch, queue: str, n: int, auto_ack=True, timeout=10.0) -> list:
+    """The first `n` messages of `queue` (method, properties, body) via basic.consume."""
+    got = []
+    deadline = time.monotonic() + timeout
+    for method, props, body in ch.consume(queue, auto_ack=auto_ack, inactivity_timeout=0.2):
+        if method is not None:
+            got.append((method, props, body))
+            if len(got) == n:
+                break
+        if time.monotonic() > deadline:
+            break
+    ch.cancel()
+    return got
+
+
+def test_publish_consume_ack_and_properties(broker):
+    conn = connect(broker)
+    ch = conn.channel()
+    q = ch.queue_declare(queue="", exclusive=True).method.queue
+    assert q.startswith("amq.gen-")
+    props = pika.BasicProperties(content_type="text/plain", correlation_id="c-1",
+                                 message_id="m-1", headers={"app": "x", "n": 7},
+                                 delivery_mode=2, priority=3, timestamp=1700000000,
+                                 type="t", app_id="pytest")
+    for i in range(5):
+        ch.basic_publish("", q, f"msg-{i}".encode(), props)
+    got = drain(ch, q, 5, auto_ack=False)
+    assert [b for _, _, b in got] == [f"msg-{i}".encode() for i in range(5)]
+    m, p, _ = got[0]
+    assert (m.exchange, m.routing_key, m.redelivered) == ("", q, False)
+    assert (p.content_type, p.correlation_id, p.message_id) == ("text/plain", "c-1", "m-1")
+    assert (p.delivery_mode, p.priority, p.timestamp, p.type, p.app_id) == (2, 3, 1700000000, "t", "pytest")
+    assert p.headers["app"] == b"x" or p.headers["app"] == "x"
+    ch.basic_ack(got[-1][0].delivery_tag, multiple=True)
+    declared = ch.queue_declare(queue=q, passive=True).method
+    assert (declared.message_count, declared.consumer_count) == (0, 0)
+    conn.close()
+
+
+def test_nack_requeue_reject_and_redelivery_on_close(broker):
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare(queue="work-nack")
+    ch.basic_publish("", "work-nack", b"a")
+    ch.basic_publish("", "work-nack", b"b")
+    m, _, body = ch.basic_get("work-nack")
+    assert body == b"a"
+    ch.basic_nack(m.delivery_tag, requeue=True)
+    m, _, body = ch.basic_get("work-nack")
+    assert (body, m.redelivered) == (b"a", True)
+    ch.basic_reject(m.delivery_tag, requeue=False)  # dropped: no dead-letter exchange
+    m, _, body = ch.basic_get("work-nack")
+    assert body == b"b"
+    # Left unacknowledged when the connection goes: back in the queue, redelivered.
+    conn.close()
+    conn = connect(broker)
+    ch = conn.channel()
+    m, _, body = ch.basic_get("work-nack", auto_ack=True)
+    assert (body, m.redelivered) == (b"b", True)
+    assert ch.basic_get("work-nack") == (None, None, None)
+    # An unknown delivery tag closes the channel with PRECONDITION_FAILED.
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+        ch.basic_ack(999)
+        ch.queue_declare(queue="work-nack", passive=True)
+    assert e.value.reply_code == 406
+    conn.channel().queue_delete("work-nack")
+    conn.close()
+
+
+def test_prefetch_limits_unacknowledged_deliveries(broker):
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare(queue="prefetch-q")
+    for i in range(10):
+        ch.basic_publish("", "prefetch-q", str(i).encode())
+    ch.basic_qos(prefetch_count=3)
+    got = []
+    ch.basic_consume("prefetch-q", lambda c, m, p, b: got.append(m.delivery_tag))
+    conn.process_data_events(time_limit=0.5)
+    assert len(got) == 3, got
+    ch.basic_ack(got[-1], multiple=True)
+    conn.process_data_events(time_limit=0.5)
+    assert len(got) == 6, got
+    conn.close()
+
+
+def test_confirms_mandatory_returns_and_transactions(broker):
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare(queue="confirm-q")
+    for i in range(20):
+        ch.basic_publish("", "confirm-q", b"x", mandatory=True)  # raises unless acked
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch.basic_publish("amq.direct", "nobody-bound", b"lost", mandatory=True)
+    assert ch.queue_declare(queue="confirm-q", passive=True).method.message_count == 20
+    # A transaction: publishes and acks take effect at commit, not before, nor at rollback.
+    tx = conn.channel()
+    tx.tx_select()
+    tx.basic_publish("", "confirm-q", b"in-tx")
+    tx.tx_rollback()
+    assert ch.queue_declare(queue="confirm-q", passive=True).method.message_count == 20
+    tx.basic_publish("", "confirm-q", b"in-tx")
+    assert ch.queue_declare(queue="confirm-q", passive=True).method.message_count == 20
+    tx.tx_commit()
+    assert ch.queue_declare(queue="confirm-q", passive=True).method.message_count == 21
+    ch.queue_delete("confirm-q")
+    conn.close()
+
+
+def test_exchanges_of_each_type(broker):
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.exchange_declare("ex-direct", "direct")
+    ch.exchange_declare("ex-fanout", "fanout")
+    ch.exchange_declare("ex-topic", "topic")
+    ch.exchange_declare("ex-headers", "headers")
+    qs = {name: ch.queue_declare(queue="", exclusive=True).method.queue
+          for name in ["d", "f1", "f2", "t", "h"]}
+    ch.queue_bind(qs["d"], "ex-direct", "green")
+    ch.queue_bind(qs["f1"], "ex-fanout")
+    ch.queue_bind(qs["f2"], "ex-fanout")
+    ch.queue_bind(qs["t"], "ex-topic", "a.*.c")
+    ch.queue_bind(qs["h"], "ex-headers", arguments={"x-match": "all", "kind": "big"})
+    ch.basic_publish("ex-direct", "green", b"d1")
+    ch.basic_publish("ex-direct", "red", b"d2")
+    ch.basic_publish("ex-fanout", "whatever", b"f")
+    ch.basic_publish("ex-topic", "a.b.c", b"t1")
+    ch.basic_publish("ex-topic", "a.b.d", b"t2")
+    ch.basic_publish("ex-headers", "", b"h1", pika.BasicProperties(headers={"kind": "big"}))
+    ch.basic_publish("ex-headers", "", b"h2", pika.BasicProperties(headers={"kind": "small"}))
+    time.sleep(0.2)
+    def bodies(q):
+        out = []
+        while True:
+            m, _, b = ch.basic_get(q, auto_ack=True)
+            if m is None:
+                return out
+            out.append(b)
+    assert bodies(qs["d"]) == [b"d1"]
+    assert bodies(qs["f1"]) == [b"f"] and bodies(qs["f2"]) == [b"f"]
+    assert bodies(qs["t"]) == [b"t1"]
+    assert bodies(qs["h"]) == [b"h1"]
+    # Redeclaring with another type: PRECONDITION_FAILED on the channel.
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+        ch.exchange_declare("ex-direct", "fanout")
+    assert e.value.reply_code == 406
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+        ch.exchange_declare("nowhere", "direct", passive=True)
+    assert e.value.reply_code == 404
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+        ch.basic_publish("nowhere", "x", b"y")
+        ch.queue_declare(queue="", exclusive=True)
+    assert e.value.reply_code == 404
+    conn.close()
+
+
+def test_queue_arguments_ttl_max_length_dead_letters(broker):
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare(queue="dlq")
+    ch.queue_declare(queue="bounded", arguments={"x-max-length": 2,
+                                                 "x-dead-letter-exchange": "",
+                                                 "x-dead-letter-routing-key": "dlq"})
+    for i in range(4):
+        ch.basic_publish("", "bounded", str(i).encode())
+    time.sleep(0.3)
+    assert ch.queue_declare(queue="bounded", passive=True).method.message_count == 2
+    assert [ch.basic_get("bounded", auto_ack=True)[2] for _ in range(2)] == [b"2", b"3"]
+    dead = [ch.basic_get("dlq", auto_ack=True) for _ in range(2)]
+    assert [d[2] for d in dead] == [b"0", b"1"]
+    assert dead[0][1].headers.get("x-first-death-reason") in (b"maxlen", "maxlen")
+    ch.queue_declare(queue="ttl", arguments={"x-message-ttl": 100})
+    ch.basic_publish("", "ttl", b"old")
+    time.sleep(0.4)
+    assert ch.basic_get("ttl", auto_ack=True) == (None, None, None)
+    # Redeclaring with other arguments: PRECONDITION_FAILED.
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+        ch.queue_declare(queue="ttl", arguments={"x-message-ttl": 5})
+    assert e.value.reply_code == 406
+    conn.close()
+
+
+def test_exclusive_queues_belong_to_their_connection(broker):
+    a = connect(broker)
+    q = a.channel().queue_declare(queue="mine", exclusive=True).method.queue
+    b = connect(broker)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+        b.channel().basic_consume(q, lambda *x: None)
+    assert e.value.reply_code == 405
+    a.close()
+    time.sleep(0.2)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+        b.channel().queue_declare(queue="mine", passive=True)
+    assert e.value.reply_code == 404, "deleted with its connection"
+    b.close()
+
+
+def test_direct_reply_to_rpc(broker):
+    server = connect(broker)
+    sch = server.channel()
+    sch.queue_declare(queue="rpc-q")
+
+    def on_request(c, m, p, body):
+        c.basic_publish("", p.reply_to, body.upper(),
+                        pika.BasicProperties(correlation_id=p.correlation_id))
+        c.basic_ack(m.delivery_tag)
+
+    sch.basic_consume("rpc-q", on_request)
+    stop = threading.Event()
+
+    def serve():
+        # process_data_events returns after the first events it dispatches: loop.
+        while not stop.is_set():
+            server.process_data_events(time_limit=0.05)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    client = connect(broker)
+    cch = client.channel()
+    replies = []
+    cch.basic_consume("amq.rabbitmq.reply-to", lambda c, m, p, b: replies.append((p.correlation_id, b)),
+                      auto_ack=True)
+    for i in range(5):
+        cch.basic_publish("", "rpc-q", f"req-{i}".encode(),
+                          pika.BasicProperties(reply_to="amq.rabbitmq.reply-to", correlation_id=str(i)))
+    deadline = time.monotonic() + 5
+    while len(replies) < 5 and time.monotonic() < deadline:
+        client.process_data_events(time_limit=0.1)
+    stop.set()
+    t.join(5)
+    assert sorted(replies) == [(str(i), f"REQ-{i}".encode()) for i in range(5)]
+    client.close()
+    server.close()
+
+
+def test_cross_protocol_mqtt_stomp_amqp(broker):
+    tag = uuid.uuid4().hex[:8]
+    conn = connect(broker)
+    ch = conn.channel()
+    q = ch.queue_declare(queue="", exclusive=True).method.queue
+    ch.queue_bind(q, "amq.topic", f"x.{tag}.#")
+    # MQTT publishes on x/<tag>/m, STOMP sends to /topic/x/<tag>/s: both reach the queue.
+    m = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"amqp-x-{tag}")
+    m.connect("127.0.0.1", broker["mqtt"])
+    m.loop_start()
+    m.publish(f"x/{tag}/m", b"from-mqtt", qos=1).wait_for_publish(5)
+    s = stomp.Connection12([("127.0.0.1", broker["stomp"])])
+    s.connect(wait=True)
+    s.send(f"/topic/x/{tag}/s", "from-stomp")
+    got = drain(ch, q, 2)
+    assert sorted((mm.routing_key, b) for mm, _, b in got) == [
+        (f"x.{tag}.m", b"from-mqtt"), (f"x.{tag}.s", b"from-stomp")]
+    # And the reverse: an AMQP publish to amq.topic reaches an MQTT subscriber.
+    received = []
+    ev = threading.Event()
+    m.on_message = lambda c, u, msg: (received.append((msg.topic, msg.payload)), ev.set())
+    m.subscribe(f"y/{tag}/#", qos=0).__class__  # noqa: B018
+    time.sleep(0.3)
+    ch.basic_publish("amq.topic", f"y.{tag}.z", b"from-amqp")
+    assert ev.wait(5)
+    assert received == [(f"y/{tag}/z", b"from-amqp")]
+    m.loop_stop()
+    s.disconnect()
+    conn.close()
+
+
+def raw(ports) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", ports["amqp"]), timeout=5)
+    return s
+
+
+def frames_until_close(s: socket.socket) -> bytes:
+    out = b""
+    try:
+        while True:
+            b = s.recv(65536)
+            if not b:
+                return out
+            out += b
+    except (socket.timeout, ConnectionResetError):
+        return out
+
+
+def connection_close_code(data: bytes) -> int | None:
+    """The reply code of the first connection.close (class 10, method 50) in `data`."""
+    i = 0
+    while i + 7 <= len(data):
+        ty, ch, size = struct.unpack(">BHI", data[i:i + 7])
+        payload = data[i + 7:i + 7 + size]
+        if ty == 1 and payload[:4] == b"\x00\x0a\x00\x32":
+            return struct.unpack(">H", payload[4:6])[0]
+        i += 8 + size
+    return None
+
+
+def handshake(s: socket.socket) -> None:
+    """Protocol header, start-ok (PLAIN guest), tune-ok, open; reads what comes back."""
+    s.sendall(b"AMQP\x00\x00\x09\x01")
+    time.sleep(0.1)
+    s.recv(65536)  # connection.start
+    resp = b"\x00guest\x00guest"
+    args = (struct.pack(">I", 0) + bytes([5]) + b"PLAIN" + struct.pack(">I", len(resp)) + resp
+            + bytes([5]) + b"en_US")
+    start_ok = b"\x00\x0a\x00\x0b" + args
+    s.sendall(struct.pack(">BHI", 1, 0, len(start_ok)) + start_ok + b"\xce")
+    time.sleep(0.1)
+    s.recv(65536)  # connection.tune
+    tune_ok = b"\x00\x0a\x00\x1f" + struct.pack(">HIH", 10, 4096, 0)
+    s.sendall(struct.pack(">BHI", 1, 0, len(tune_ok)) + tune_ok + b"\xce")
+    open_ = b"\x00\x0a\x00\x28" + bytes([1]) + b"/" + bytes([0]) + bytes([0])
+    s.sendall(struct.pack(">BHI", 1, 0, len(open_)) + open_ + b"\xce")
+    time.sleep(0.1)
+    s.recv(65536)  # connection.open-ok
+
+
+@pytest.mark.parametrize("bad,code", [
+    # A frame larger than the negotiated 4096 bytes: FRAME_ERROR.
+    (struct.pack(">BHI", 1, 1, 100_000) + b"x" * 100, 501),
+    # An unknown class/method: NOT_IMPLEMENTED.
+    (struct.pack(">BHI", 1, 1, 4) + b"\x00\x63\x00\x01" + b"\xce", 540),
+    # A channel past channel_max (10): CHANNEL_ERROR.
+    (struct.pack(">BHI", 1, 500, 5) + b"\x00\x14\x00\x0a\x00" + b"\xce", 504),
+    # A method on a channel never opened: CHANNEL_ERROR.
+    (struct.pack(">BHI", 1, 3, 5) + b"\x00\x55\x00\x0a\x00" + b"\xce", 504),
+    # A bad frame end: FRAME_ERROR.
+    (struct.pack(">BHI", 8, 0, 0) + b"\x00", 501),
+    # A content header without basic.publish: UNEXPECTED_FRAME (after channel.open).
+    (struct.pack(">BHI", 1, 1, 5) + b"\x00\x14\x00\x0a\x00" + b"\xce"
+     + struct.pack(">BHI", 2, 1, 14) + b"\x00\x3c\x00\x00" + struct.pack(">Q", 1) + b"\x00\x00\xce", 505),
+    # A body longer than its header announced: FRAME_ERROR.
+    (struct.pack(">BHI", 1, 1, 5) + b"\x00\x14\x00\x0a\x00" + b"\xce"
+     + struct.pack(">BHI", 1, 1, 10) + b"\x00\x3c\x00\x28\x00\x00\x00\x01q\x00" + b"\xce"
+     + struct.pack(">BHI", 2, 1, 14) + b"\x00\x3c\x00\x00" + struct.pack(">Q", 2) + b"\x00\x00\xce"
+     + struct.pack(">BHI", 3, 1, 5) + b"12345" + b"\xce", 501),
+])
+def test_bad_input_gets_the_error_rabbitmq_sends(broker, bad, code):
+    bystander = connect(broker)
+    bch = bystander.channel()
+    bq = bch.queue_declare(queue="", exclusive=True).method.queue
+    s = raw(broker)
+    handshake(s)
+    s.sendall(bad)
+    data = frames_until_close(s)
+    assert connection_close_code(data) == code, data[:200]
+    s.close()
+    # The broker and its other clients carry on.
+    bch.basic_publish("", bq, b"still")
+    assert bch.basic_get(bq, auto_ack=True)[2] == b"still"
+    bystander.close()
+
+
+def test_not_amqp_gets_the_protocol_header(broker):
+    s = raw(broker)
+    s.sendall(b"GET / HTTP/1.1\r\n\r\n")
+    assert frames_until_close(s) == b"AMQP\x00\x00\x09\x01"
+    s.close()
+
+
+def test_kombu_simple_queue(broker):
+    from kombu import Connection
+
+    with Connection(f"amqp://guest:guest@127.0.0.1:{broker['amqp']}//", connect_timeout=5) as c:
+        q = c.SimpleQueue("kombu-q")
+        q.put({"hello": "world", "n": 1})
+        m = q.get(timeout=5)
+        assert m.payload == {"hello": "world", "n": 1}
+        m.ack()
+        q.put("again")
+        assert q.get(timeout=5).payload == "again"
+        q.close()
