@@ -126,6 +126,29 @@ def test_nack_requeue_reject_and_redelivery_on_close(broker):
     conn.close()
 
 
+def test_messages_given_back_keep_their_order(broker):
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare(queue="order-q")
+    for i in range(6):
+        ch.basic_publish("", "order-q", str(i).encode())
+    got = [ch.basic_get("order-q") for _ in range(3)]
+    assert [b for _, _, b in got] == [b"0", b"1", b"2"]
+    # All three back (nack multiple, requeue): first again, in order, redelivered.
+    ch.basic_nack(got[-1][0].delivery_tag, multiple=True, requeue=True)
+    again = [ch.basic_get("order-q") for _ in range(4)]
+    assert [b for _, _, b in again] == [b"0", b"1", b"2", b"3"]
+    assert [m.redelivered for m, _, _ in again] == [True, True, True, False]
+    # Left unacknowledged when the connection closes: back in order too.
+    conn.close()
+    conn = connect(broker)
+    ch = conn.channel()
+    back = [ch.basic_get("order-q", auto_ack=True)[2] for _ in range(6)]
+    assert back == [b"0", b"1", b"2", b"3", b"4", b"5"]
+    ch.queue_delete("order-q")
+    conn.close()
+
+
 def test_prefetch_limits_unacknowledged_deliveries(broker):
     conn = connect(broker)
     ch = conn.channel()
@@ -430,3 +453,103 @@ def test_kombu_simple_queue(broker):
         q.put("again")
         assert q.get(timeout=5).payload == "again"
         q.close()
+
+
+@pytest.fixture
+def small_broker(tmp_path):
+    """A broker with small AMQP bounds: 2 MiB per queue, 8 channels, a 1 s handshake."""
+    from test_dashboard import HAYATE
+
+    cfg = tmp_path / "hayate.toml"
+    cfg.write_text("""
+[server]
+data_dir = ""
+[admin]
+listen = []
+[native]
+listen = []
+[mqtt]
+listen = []
+ws = []
+[stomp]
+listen = []
+[amqp]
+listen = ["127.0.0.1:0"]
+channel_max = 8
+queue_max_bytes = 2097152
+[limits]
+handshake_timeout_ms = 1000
+""")
+    proc, ports = start_hayate(HAYATE, cfg, tmp_path / "broker.log")
+    yield proc, ports
+    stop_process(proc)
+
+
+def rss_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_hostile_amqp_clients(small_broker):
+    proc, ports = small_broker
+    # A consumer that never reads: raw handshake, basic.consume with no_ack, then silence.
+    s = raw(ports)
+    handshake(s)
+    s.sendall(struct.pack(">BHI", 1, 1, 5) + b"\x00\x14\x00\x0a\x00" + b"\xce")
+    conn = connect(ports)
+    ch = conn.channel()
+    ch.queue_declare(queue="hog")
+    consume = (b"\x00\x3c\x00\x14" + b"\x00\x00" + bytes([3]) + b"hog" + bytes([0])
+               + bytes([0b10]) + struct.pack(">I", 0))
+    s.sendall(struct.pack(">BHI", 1, 1, len(consume)) + consume + b"\xce")
+    time.sleep(0.3)
+    before = rss_kib(proc.pid)
+    # 64 MiB published at it: the queue keeps at most 2 MiB, the consumer's outbox 1 MiB
+    # (plus what its socket buffers hold); the publisher is never held back.
+    body = b"x" * 65536
+    t0 = time.monotonic()
+    for _ in range(1024):
+        ch.basic_publish("", "hog", body)
+    ch.queue_declare(queue="hog", passive=True)  # a round trip: all routed
+    assert time.monotonic() - t0 < 10, "the publisher was held back by a consumer that never reads"
+    grown = rss_kib(proc.pid) - before
+    assert grown < 48 * 1024, f"the broker grew by {grown} KiB for a consumer that never reads"
+    # Everyone else carries on.
+    other = conn.channel()
+    q = other.queue_declare(queue="", exclusive=True).method.queue
+    other.basic_publish("", q, b"fine")
+    assert other.basic_get(q, auto_ack=True)[2] == b"fine"
+    s.close()
+
+    # Channels past channel_max (8): CHANNEL_ERROR, the connection closed.
+    s = raw(ports)
+    handshake(s)
+    for n in range(1, 10):
+        s.sendall(struct.pack(">BHI", 1, n, 5) + b"\x00\x14\x00\x0a\x00" + b"\xce")
+    assert connection_close_code(frames_until_close(s)) == 504
+    s.close()
+
+    # A handshake that never finishes: closed after limits.handshake_timeout_ms.
+    s = raw(ports)
+    s.sendall(b"AMQP\x00\x00\x09\x01")
+    t0 = time.monotonic()
+    frames_until_close(s)
+    assert 0.5 < time.monotonic() - t0 < 4.5
+    s.close()
+
+    # A start-ok announced past the pre-login frame limit: FRAME_ERROR before it is read.
+    s = raw(ports)
+    s.sendall(b"AMQP\x00\x00\x09\x01")
+    time.sleep(0.1)
+    s.recv(65536)
+    s.sendall(struct.pack(">BHI", 1, 0, 50_000_000))
+    assert connection_close_code(frames_until_close(s)) == 501
+    s.close()
+
+    # Many connections at once, each handshaking: all served.
+    conns = [connect(ports) for _ in range(50)]
+    for c in conns:
+        c.close()
+    conn.close()

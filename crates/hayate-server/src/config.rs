@@ -665,10 +665,11 @@ impl Config {
             && self.mqtt.listen.is_empty()
             && self.mqtt.ws.is_empty()
             && self.stomp.listen.is_empty()
+            && self.amqp.listen.is_empty()
         {
             return Err(ConfigError::Invalid(
-                "no listener: set native.listen, native.unix, mqtt.listen, mqtt.ws or \
-                 stomp.listen"
+                "no listener: set native.listen, native.unix, mqtt.listen, mqtt.ws, \
+                 stomp.listen or amqp.listen"
                     .into(),
             ));
         }

@@ -30,6 +30,12 @@ use crate::frontend::{self, Accepted, Handler, Stop};
 
 const READ_BUF: usize = 64 * 1024;
 
+/// Consumers per channel, at most.
+const MAX_CONSUMERS: usize = 4096;
+
+/// Operations one transaction holds, at most.
+const MAX_TX_OPS: usize = 65_536;
+
 /// The key, under the connection's inbox, of its direct reply-to consumer.
 const REPLY_SUFFIX: &str = "amqp";
 
@@ -154,6 +160,10 @@ struct Conn<'a> {
     blocked: bool,
     /// The client said it understands connection.blocked.
     wants_blocked: bool,
+    /// Content bytes held (messages being received, transactions' publishes), and their
+    /// share of the broker-wide memory budget.
+    held: usize,
+    input: hayate_io::memory::Charge,
 }
 
 /// The front-end as the connection driver sees it.
@@ -313,6 +323,8 @@ pub async fn serve(io: Accepted, amqp: Arc<Amqp>) {
             next_sid: 1,
             blocked: false,
             wants_blocked: false,
+            held: 0,
+            input: hayate_io::memory::Charge::exact(&amqp.broker.config().memory),
         },
         session,
         decoder: FrameDecoder::new(amqp.max_preauth as u32),
@@ -677,10 +689,11 @@ impl Conn<'_> {
                         method_id: e.method,
                     },
                 );
-                if let Some(c) = self.channels.get_mut(&ch) {
+                let dropped = self.channels.get_mut(&ch).map_or(0, |c| {
                     c.closing = true;
-                    c.pending = None;
-                }
+                    c.pending.take().map_or(0, |p| p.body.len())
+                });
+                self.release_held(dropped);
                 // Deliveries stop now; the channel's messages go back once it is closed.
                 self.release_channel_consumers(ch, session).await;
                 Ok(())
@@ -811,6 +824,7 @@ impl Conn<'_> {
             }
             Method::QueuePurge { queue, no_wait, .. } => {
                 let q = self.queue(queue)?;
+                self.may_serve(&q)?;
                 let n = q.purge();
                 if !no_wait {
                     self.send(session, ch, Method::QueuePurgeOk { message_count: n });
@@ -903,7 +917,7 @@ impl Conn<'_> {
                 let q = self.queue(queue)?;
                 self.may_serve(&q)?;
                 let chan = self.chan(ch)?.shared.clone();
-                if q.get(&chan, *no_ack).is_none() {
+                if !q.get(&chan, *no_ack) {
                     self.send(
                         session,
                         ch,
@@ -921,6 +935,7 @@ impl Conn<'_> {
             } => {
                 let c = self.chan(ch)?;
                 if let Some(tx) = &mut c.tx {
+                    tx_room(tx)?;
                     tx.push(TxOp::Ack(*delivery_tag, *multiple));
                 } else {
                     settle(c, *delivery_tag, *multiple, None)?;
@@ -933,6 +948,7 @@ impl Conn<'_> {
             } => {
                 let c = self.chan(ch)?;
                 if let Some(tx) = &mut c.tx {
+                    tx_room(tx)?;
                     tx.push(TxOp::Nack(*delivery_tag, *multiple, *requeue));
                 } else {
                     settle(c, *delivery_tag, *multiple, Some(*requeue))?;
@@ -944,6 +960,7 @@ impl Conn<'_> {
             } => {
                 let c = self.chan(ch)?;
                 if let Some(tx) = &mut c.tx {
+                    tx_room(tx)?;
                     tx.push(TxOp::Nack(*delivery_tag, false, *requeue));
                 } else {
                     settle(c, *delivery_tag, false, Some(*requeue))?;
@@ -953,6 +970,7 @@ impl Conn<'_> {
                 let c = self.chan(ch)?;
                 let all: Vec<Unacked> = std::mem::take(&mut lock(&c.shared.st).unacked)
                     .into_values()
+                    .rev()
                     .collect();
                 // Redelivered to whoever the queue picks (RabbitMQ requeues even when asked
                 // to redeliver to the same consumer).
@@ -998,18 +1016,34 @@ impl Conn<'_> {
                     ));
                 }
                 let ops = c.tx.replace(Vec::new()).unwrap_or_default();
+                let bytes: usize = ops
+                    .iter()
+                    .map(|o| match o {
+                        TxOp::Publish(p) => p.body.len(),
+                        _ => 0,
+                    })
+                    .sum();
                 if let Method::TxCommit {} = m {
+                    let mut result = Ok(());
                     for op in ops {
-                        match op {
-                            TxOp::Publish(p) => self.publish(ch, *p, session).await?,
-                            TxOp::Ack(t, multi) => settle(self.chan(ch)?, t, multi, None)?,
-                            TxOp::Nack(t, multi, rq) => {
-                                settle(self.chan(ch)?, t, multi, Some(rq))?;
-                            }
+                        if result.is_err() {
+                            break;
                         }
+                        result = match op {
+                            TxOp::Publish(p) => self.publish(ch, *p, session).await,
+                            TxOp::Ack(t, multi) => {
+                                self.chan(ch).and_then(|c| settle(c, t, multi, None))
+                            }
+                            TxOp::Nack(t, multi, rq) => {
+                                self.chan(ch).and_then(|c| settle(c, t, multi, Some(rq)))
+                            }
+                        };
                     }
+                    self.release_held(bytes);
+                    result?;
                     self.send(session, ch, Method::TxCommitOk {});
                 } else {
+                    self.release_held(bytes);
                     self.send(session, ch, Method::TxRollbackOk {});
                 }
             }
@@ -1058,7 +1092,11 @@ impl Conn<'_> {
             return Ok(());
         }
         let done = h.body_size == 0;
-        p.body.reserve(h.body_size.min(1 << 20) as usize);
+        // At most one frame ahead: the rest is reserved as it arrives (and charged).
+        p.body.reserve(
+            h.body_size
+                .min(self.frame_max.load(Ordering::Relaxed) as u64) as usize,
+        );
         p.header = Some(h);
         if done {
             self.complete(ch, session).await?;
@@ -1093,10 +1131,26 @@ impl Conn<'_> {
             )));
         }
         p.body.extend_from_slice(&b);
-        if p.body.len() as u64 == size {
+        let full = p.body.len() as u64 == size;
+        // Content held (this body, other channels', open transactions'): charged to the
+        // memory budget, which may refuse it.
+        self.held += b.len();
+        if !self.input.cover(self.held) {
+            return Err(End::Hard(err(
+                ReplyCode::ResourceError,
+                "the broker's memory budget has no room for this message",
+            )));
+        }
+        if full {
             self.complete(ch, session).await?;
         }
         Ok(())
+    }
+
+    /// Content no longer held (published, discarded).
+    fn release_held(&mut self, bytes: usize) {
+        self.held = self.held.saturating_sub(bytes);
+        self.input.shrink(self.held);
     }
 
     /// A publish with all its content: published now, or held by the transaction.
@@ -1108,10 +1162,19 @@ impl Conn<'_> {
             return Ok(());
         };
         if let Some(tx) = &mut c.tx {
+            if let Err(e) = tx_room(tx) {
+                let n = p.body.len();
+                self.release_held(n);
+                self.soft_close(ch, e, 60, 40, session).await;
+                return Ok(());
+            }
             tx.push(TxOp::Publish(Box::new(p)));
             return Ok(());
         }
-        if let Err(e) = self.publish(ch, p, session).await {
+        let n = p.body.len();
+        let r = self.publish(ch, p, session).await;
+        self.release_held(n);
+        if let Err(e) = r {
             if e.code.is_hard() {
                 return Err(End::Hard(e));
             }
@@ -1139,10 +1202,11 @@ impl Conn<'_> {
                 method_id: e.method,
             },
         );
-        if let Some(c) = self.channels.get_mut(&ch) {
+        let dropped = self.channels.get_mut(&ch).map_or(0, |c| {
             c.closing = true;
-            c.pending = None;
-        }
+            c.pending.take().map_or(0, |p| p.body.len())
+        });
+        self.release_held(dropped);
         self.release_channel_consumers(ch, session).await;
     }
 
@@ -1374,6 +1438,15 @@ impl Conn<'_> {
                 "operation not permitted on the default exchange",
             ));
         }
+        if reg.exchanges.len() >= self.amqp.cfg.max_queues {
+            return Err(err(
+                ReplyCode::PreconditionFailed,
+                format!(
+                    "exchange limit in vhost '/' ({}) is reached",
+                    self.amqp.cfg.max_queues
+                ),
+            ));
+        }
         reg.exchanges.insert(
             n.to_string(),
             Exchange {
@@ -1389,7 +1462,7 @@ impl Conn<'_> {
 
     fn exchange_delete(&self, name: &ShortStr, if_unused: bool) -> Result<(), AmqpError> {
         let n = name.as_str().unwrap_or("");
-        let mut reg = lock(&self.amqp.registry);
+        let reg = lock(&self.amqp.registry);
         let Some(x) = reg.exchanges.get(n) else {
             // Deleting what is not there is not an error (RabbitMQ 3.x).
             return Ok(());
@@ -1401,6 +1474,7 @@ impl Conn<'_> {
             ));
         }
         let queues: Vec<_> = reg.queues.values().cloned().collect();
+        drop(reg);
         let used = queues
             .iter()
             .any(|q| q.bindings().iter().any(|b| b.exchange == n));
@@ -1410,8 +1484,7 @@ impl Conn<'_> {
                 format!("exchange '{n}' in vhost '/' in use"),
             ));
         }
-        reg.exchanges.remove(n);
-        drop(reg);
+        lock(&self.amqp.registry).exchanges.remove(n);
         for q in queues {
             q.unbind_exchange(n);
         }
@@ -1474,6 +1547,7 @@ impl Conn<'_> {
                     format!("inequivalent arguments for queue '{n}' in vhost '/'"),
                 ));
             }
+            q.touch();
             let (m, c) = q.counts();
             return Ok((n, m, c));
         }
@@ -1525,18 +1599,46 @@ impl Conn<'_> {
         }
         q.bind("", Kind::Direct, &n, FieldTable::default(), expr)
             .map_err(|e| err(ReplyCode::InternalError, e))?;
-        {
-            let mut reg = lock(&self.amqp.registry);
-            if let Some(other) = reg.queues.get(&n).filter(|o| !o.is_deleted()) {
-                // Declared by another connection meanwhile: that one stands.
+        // Into the registry, unless another connection declared it meanwhile (that one
+        // stands) or the limit is reached; the queue found is looked at outside the
+        // registry's lock (a leaf).
+        loop {
+            let found = {
+                let mut reg = lock(&self.amqp.registry);
+                match reg.queues.get(&n).cloned() {
+                    Some(other) => Some(other),
+                    None if reg.queues.len() >= self.amqp.cfg.max_queues => {
+                        drop(reg);
+                        q.delete();
+                        return Err(err(
+                            ReplyCode::PreconditionFailed,
+                            format!(
+                                "queue limit in vhost '/' ({}) is reached",
+                                self.amqp.cfg.max_queues
+                            ),
+                        ));
+                    }
+                    None => {
+                        reg.queues.insert(n.clone(), q.clone());
+                        None
+                    }
+                }
+            };
+            let Some(other) = found else { break };
+            if !other.is_deleted() {
                 let (m, c) = other.counts();
-                drop(reg);
                 q.delete();
                 return Ok((n, m, c));
             }
-            reg.queues.insert(n.clone(), q.clone());
+            // A queue on its way out: ours takes its place.
+            let mut reg = lock(&self.amqp.registry);
+            if reg.queues.get(&n).is_some_and(|o| Arc::ptr_eq(o, &other)) {
+                reg.queues.insert(n.clone(), q.clone());
+                break;
+            }
         }
         if exclusive {
+            self.exclusive.retain(|q| !q.is_deleted());
             self.exclusive.push(q);
         }
         Ok((n, 0, 0))
@@ -1604,6 +1706,7 @@ impl Conn<'_> {
             Err(e) if e.code == ReplyCode::NotFound => return Ok(0),
             Err(e) => return Err(e),
         };
+        self.may_serve(&q)?;
         let (m, c) = q.counts();
         if if_unused && c > 0 {
             return Err(err(
@@ -1636,7 +1739,17 @@ impl Conn<'_> {
         } else {
             tag.clone()
         };
-        if self.chan(ch)?.consumers.contains_key(&tag) {
+        let c = self.chan(ch)?;
+        // Consumers the broker cancelled (their queue deleted) are forgotten first.
+        c.consumers
+            .retain(|_, r| !matches!(r, ConsumerReg::Queue(q) if q.is_deleted()));
+        if c.consumers.len() >= MAX_CONSUMERS {
+            return Err(err(
+                ReplyCode::PreconditionFailed,
+                format!("a channel has at most {MAX_CONSUMERS} consumers"),
+            ));
+        }
+        if c.consumers.contains_key(&tag) {
             return Err(err(
                 ReplyCode::NotAllowed,
                 format!("attempt to reuse consumer tag '{tag}'"),
@@ -1693,11 +1806,15 @@ impl Conn<'_> {
             prefetch: c.prefetch,
             in_flight: AtomicUsize::new(0),
         });
-        // consume-ok before any delivery: the queue may deliver as soon as it is added.
-        if !no_wait {
-            self.send(session, ch, ok);
-        }
-        if q.add_consumer(consumer.clone()).is_err() {
+        // consume-ok once the queue took the consumer, before any delivery (under the
+        // queue's lock: the queue may deliver as soon as it is added).
+        let outbox = session.outbox().clone();
+        let added = || {
+            if !no_wait {
+                outbox.push_reply_unbudgeted(|o| Frame::Method(ch, ok).encode(o.tail()));
+            }
+        };
+        if q.add_consumer(consumer, added).is_err() {
             return Err(err(
                 ReplyCode::AccessRefused,
                 format!("queue '{}' in vhost '/' in exclusive use", q.name),
@@ -1752,8 +1869,19 @@ impl Conn<'_> {
         let Some(c) = self.channels.remove(&ch) else {
             return;
         };
+        let held = c.pending.as_ref().map_or(0, |p| p.body.len())
+            + c.tx
+                .iter()
+                .flatten()
+                .map(|o| match o {
+                    TxOp::Publish(p) => p.body.len(),
+                    _ => 0,
+                })
+                .sum::<usize>();
+        self.release_held(held);
         let unacked = std::mem::take(&mut lock(&c.shared.st).unacked);
-        for (_, u) in unacked {
+        // Newest first, each to the front of its queue: the original order is kept.
+        for (_, u) in unacked.into_iter().rev() {
             let q = u.queue.clone();
             q.give_back(u, true);
         }
@@ -1769,6 +1897,17 @@ impl Conn<'_> {
             delete_queue(self.amqp, &q);
         }
     }
+}
+
+/// Room for one more operation in a transaction?
+fn tx_room(tx: &[TxOp]) -> Result<(), AmqpError> {
+    if tx.len() >= MAX_TX_OPS {
+        return Err(err(
+            ReplyCode::PreconditionFailed,
+            format!("a transaction holds at most {MAX_TX_OPS} operations"),
+        ));
+    }
+    Ok(())
 }
 
 /// A key for content that has none (an unroutable publish returned).
@@ -1824,10 +1963,12 @@ fn settle(
             }
         }
     };
-    for u in settled {
+    // Given back newest first: each goes to the front of its queue, so the oldest ends
+    // up first again.
+    for u in settled.into_iter().rev() {
         let q = u.queue.clone();
         match requeue {
-            None => q.settled(u.consumer.as_ref()),
+            None => q.settled(&u),
             Some(rq) => q.give_back(u, rq),
         }
     }

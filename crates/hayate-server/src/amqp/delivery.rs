@@ -94,10 +94,34 @@ pub(crate) fn encode_delivery(d: &Delivery<'_>, frame_max: usize, out: &mut Byte
 
 /// A message's content header and body frames.
 pub(crate) fn encode_content(channel: u16, msg: &Message, frame_max: usize, out: &mut BytesMut) {
-    let header = ContentHeader {
+    let mut header = ContentHeader {
         body_size: msg.payload.len() as u64,
         properties: properties_of(msg),
     };
+    // A header must fit one frame: a message from another protocol with more headers than
+    // that loses its headers table, then its other properties, rather than making a frame
+    // the client must refuse.
+    // (An upper bound first: the fixed part is at most 14 short strings and a few numbers.)
+    let bound = 14 * 256
+        + 64
+        + msg
+            .headers
+            .iter()
+            .flatten()
+            .map(|(k, v)| k.len() + v.len() + 6)
+            .sum::<usize>();
+    let mut probe = BytesMut::new();
+    if bound + 8 > frame_max {
+        header.encode(&mut probe);
+    }
+    if probe.len() + 8 > frame_max {
+        header.properties.headers = None;
+        probe.clear();
+        header.encode(&mut probe);
+        if probe.len() + 8 > frame_max {
+            header.properties = BasicProperties::default();
+        }
+    }
     frame(out, 2, channel, |b| header.encode(b));
     let chunk = frame_max.saturating_sub(8).max(1);
     for part in msg.payload.chunks(chunk) {

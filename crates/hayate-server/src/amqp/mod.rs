@@ -134,6 +134,17 @@ impl Amqp {
             return;
         };
         let mut msg = m.msg;
+        // A cycle (a queue's dead letters coming back to it without a client rejecting
+        // them, as RabbitMQ defines it): dropped, not sent round for ever.
+        let first = msg
+            .headers
+            .iter()
+            .flatten()
+            .find(|(k, _)| k == "x-first-death-queue")
+            .map(|(_, v)| v.clone());
+        if why != queue::REJECTED && first.is_some_and(|q| q == queue.as_bytes()) {
+            return;
+        }
         msg.key = key;
         msg.attrs.expires = None;
         let h = msg.headers.get_or_insert_with(Vec::new);

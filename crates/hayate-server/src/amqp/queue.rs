@@ -45,6 +45,9 @@ pub(crate) struct QMsg {
     pub(crate) redelivered: bool,
     /// When it expires (x-message-ttl, or its own expiration).
     pub(crate) expires: Option<Instant>,
+    /// Its place in the queue (set when it enters): a message given back goes back to it,
+    /// as in RabbitMQ.
+    pub(crate) seq: u64,
 }
 
 impl QMsg {
@@ -65,6 +68,8 @@ pub(crate) struct QueueArgs {
     /// `x-overflow = reject-publish`: new messages are refused (dropped) instead of the
     /// oldest.
     pub(crate) reject_publish: bool,
+    /// `x-overflow = reject-publish-dlx`: and dead-lettered.
+    pub(crate) reject_publish_dlx: bool,
 }
 
 impl QueueArgs {
@@ -101,7 +106,11 @@ impl QueueArgs {
                 }
                 "x-overflow" => match text(name, v)?.as_str() {
                     "drop-head" => a.reject_publish = false,
-                    "reject-publish" | "reject-publish-dlx" => a.reject_publish = true,
+                    "reject-publish" => a.reject_publish = true,
+                    "reject-publish-dlx" => {
+                        a.reject_publish = true;
+                        a.reject_publish_dlx = true;
+                    }
                     o => return Err(format!("invalid arg 'x-overflow' for queue: '{o}'")),
                 },
                 "x-queue-type" => match text(name, v)?.as_str() {
@@ -167,6 +176,9 @@ pub(crate) struct Unacked {
     pub(crate) msg: QMsg,
 }
 
+/// Bindings per queue, at most.
+pub(crate) const MAX_BINDINGS: usize = 4096;
+
 /// Most bytes a consumer's outbox may hold before its queue stops delivering to it.
 const OUTBOX_LIMIT: usize = 1024 * 1024;
 
@@ -207,8 +219,12 @@ struct QState {
     stalled: bool,
     /// A consumer existed once (auto-delete applies from then on).
     had_consumer: bool,
-    /// When the queue was last used (x-expires).
+    /// The place of the next message in.
+    next_seq: u64,
+    /// When the queue was last used (x-expires): declared, consumed from, got from.
     used: Option<Instant>,
+    /// Bytes of its deliveries not yet acknowledged (still charged to the memory budget).
+    unacked_bytes: usize,
 }
 
 /// A queue.
@@ -348,6 +364,9 @@ impl Queue {
         {
             return Ok(());
         }
+        if st.bindings.len() >= MAX_BINDINGS {
+            return Err(format!("a queue has at most {MAX_BINDINGS} bindings"));
+        }
         let sid = st.bindings.iter().map(|b| b.sid).max().unwrap_or(0) + 1;
         st.bindings.push(Binding {
             exchange: exchange.to_string(),
@@ -426,7 +445,11 @@ impl Queue {
         {
             if self.args.reject_publish {
                 drop(st);
-                self.dead_letter_all(vec![m], MAXLEN);
+                if self.args.reject_publish_dlx {
+                    self.dead_letter_all(vec![m], MAXLEN);
+                } else {
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                }
                 return;
             }
             if let Some(old) = st.msgs.pop_front() {
@@ -443,9 +466,11 @@ impl Queue {
         // And by the broker-wide budget (a requeued message is held already: forced).
         {
             let mut c = lock(&self.charge);
+            let held = st.bytes + st.unacked_bytes;
             if front {
-                c.force(st.bytes + size);
-            } else if !c.cover(st.bytes + size) {
+                c.force(held + size);
+            } else if !c.cover(held + size) {
+                c.shrink(held);
                 drop(c);
                 drop(st);
                 dead.push(m);
@@ -454,9 +479,14 @@ impl Queue {
             }
         }
         st.bytes += size;
+        let mut m = m;
         if front {
-            st.msgs.push_front(m);
+            // Back to its place among those still there (they are in order of place).
+            let at = st.msgs.partition_point(|x| x.seq < m.seq);
+            st.msgs.insert(at, m);
         } else {
+            st.next_seq += 1;
+            m.seq = st.next_seq;
             st.msgs.push_back(m);
         }
         self.dispatch_locked(&mut st);
@@ -492,6 +522,9 @@ impl Queue {
 
     fn dispatch_locked(self: &Arc<Self>, st: &mut QState) {
         let now = Instant::now();
+        // Set again below if a consumer is still skipped; the task is woken only when the
+        // queue starts to be stalled (it looks again every 2 ms while it is).
+        let was_stalled = std::mem::take(&mut st.stalled);
         let mut expired = Vec::new();
         while let Some(front) = st.msgs.front() {
             if front.expires.is_some_and(|at| now >= at) {
@@ -525,104 +558,124 @@ impl Queue {
             let c = st.consumers[at].clone();
             let Some(m) = st.msgs.pop_front() else { break };
             st.bytes -= m.size();
-            self.deliver(&c, m);
+            self.deliver(st, &c, m);
         }
-        lock(&self.charge).shrink(st.bytes);
-        st.used = Some(now);
-        if st.stalled {
+        lock(&self.charge).shrink(st.bytes + st.unacked_bytes);
+        if st.stalled && !was_stalled {
             self.wake.notify_one();
         }
         self.dead_letter_all(expired, EXPIRED);
     }
 
     /// Writes one delivery to consumer `c` (under the queue's lock).
-    fn deliver(self: &Arc<Self>, c: &Arc<Consumer>, m: QMsg) {
-        let tag = c.chan.next_tag.fetch_add(1, Ordering::AcqRel) + 1;
-        let d = Delivery {
-            channel: c.chan.channel,
-            consumer_tag: Some(&c.tag),
-            delivery_tag: tag,
-            redelivered: m.redelivered,
-            exchange: &m.exchange,
-            routing_key: &m.routing_key,
-            message_count: None,
-            msg: &m.msg,
-        };
-        let frame_max = c.chan.frame_max.load(Ordering::Relaxed);
-        c.chan
-            .outbox
-            .push_control_unbudgeted(|b: &mut BytesMut| encode_delivery(&d, frame_max, b));
+    fn deliver(self: &Arc<Self>, st: &mut QState, c: &Arc<Consumer>, m: QMsg) {
         if !c.no_ack {
+            st.unacked_bytes += m.size();
             c.in_flight.fetch_add(1, Ordering::AcqRel);
-            lock(&c.chan.st).unacked.insert(
+        }
+        self.write_delivery(&c.chan, Some(c), None, m, c.no_ack);
+    }
+
+    /// Writes a delivery (basic.deliver to `consumer`, or basic.get-ok with `left`) on
+    /// `chan`, and keeps it until acknowledged unless `no_ack`. The channel's state is held
+    /// throughout and the tag is taken under the outbox's lock, so tags go out in order
+    /// (whoever else delivers on the channel) and an acknowledgement never finds its tag
+    /// missing.
+    fn write_delivery(
+        self: &Arc<Self>,
+        chan: &Arc<Chan>,
+        consumer: Option<&Arc<Consumer>>,
+        left: Option<u32>,
+        m: QMsg,
+        no_ack: bool,
+    ) {
+        let mut cs = lock(&chan.st);
+        let frame_max = chan.frame_max.load(Ordering::Relaxed);
+        let mut tag = 0;
+        chan.outbox.push_control_unbudgeted(|b: &mut BytesMut| {
+            tag = chan.next_tag.fetch_add(1, Ordering::AcqRel) + 1;
+            let d = Delivery {
+                channel: chan.channel,
+                consumer_tag: consumer.map(|c| &c.tag),
+                delivery_tag: tag,
+                redelivered: m.redelivered,
+                exchange: &m.exchange,
+                routing_key: &m.routing_key,
+                message_count: left,
+                msg: &m.msg,
+            };
+            encode_delivery(&d, frame_max, b);
+        });
+        if !no_ack && tag > 0 {
+            cs.unacked.insert(
                 tag,
                 Unacked {
                     queue: self.clone(),
-                    consumer: Some(c.clone()),
+                    consumer: consumer.cloned(),
                     msg: m,
                 },
             );
         }
     }
 
-    /// basic.get: the next message for channel `chan` (`no_ack`: settled at once), and how
-    /// many are left.
-    pub(crate) fn get(self: &Arc<Self>, chan: &Arc<Chan>, no_ack: bool) -> Option<(u64, u32)> {
+    /// basic.get: the next message for channel `chan` (`no_ack`: settled at once); false
+    /// when there is none.
+    pub(crate) fn get(self: &Arc<Self>, chan: &Arc<Chan>, no_ack: bool) -> bool {
         let mut st = lock(&self.st);
         let now = Instant::now();
         st.used = Some(now);
         let mut expired = Vec::new();
-        let m = loop {
-            let m = st.msgs.pop_front()?;
+        let mut found = None;
+        while let Some(m) = st.msgs.pop_front() {
             st.bytes -= m.size();
             if m.expires.is_some_and(|at| now >= at) {
                 expired.push(m);
                 continue;
             }
-            break m;
-        };
-        lock(&self.charge).shrink(st.bytes);
-        let left = st.msgs.len() as u32;
-        let tag = chan.next_tag.fetch_add(1, Ordering::AcqRel) + 1;
-        let d = Delivery {
-            channel: chan.channel,
-            consumer_tag: None,
-            delivery_tag: tag,
-            redelivered: m.redelivered,
-            exchange: &m.exchange,
-            routing_key: &m.routing_key,
-            message_count: Some(left),
-            msg: &m.msg,
-        };
-        let frame_max = chan.frame_max.load(Ordering::Relaxed);
-        chan.outbox
-            .push_control_unbudgeted(|b: &mut BytesMut| encode_delivery(&d, frame_max, b));
-        if !no_ack {
-            lock(&chan.st).unacked.insert(
-                tag,
-                Unacked {
-                    queue: self.clone(),
-                    consumer: None,
-                    msg: m,
-                },
-            );
+            found = Some(m);
+            break;
         }
+        let got = found.is_some();
+        if let Some(m) = found {
+            let left = st.msgs.len() as u32;
+            if !no_ack {
+                st.unacked_bytes += m.size();
+            }
+            self.write_delivery(chan, None, Some(left), m, no_ack);
+        }
+        lock(&self.charge).shrink(st.bytes + st.unacked_bytes);
         drop(st);
         self.dead_letter_all(expired, EXPIRED);
-        Some((tag, left))
+        got
     }
 
     /// Adds a consumer and delivers what it can. `Err`: an exclusive consumer is there (or
     /// this one wants to be exclusive and others are).
-    pub(crate) fn add_consumer(self: &Arc<Self>, c: Arc<Consumer>) -> Result<(), ()> {
+    /// `added` runs once it is in, before any delivery (the caller's consume-ok: it may
+    /// lock the consumer connection's outbox).
+    pub(crate) fn add_consumer(
+        self: &Arc<Self>,
+        c: Arc<Consumer>,
+        added: impl FnOnce(),
+    ) -> Result<(), ()> {
         let mut st = lock(&self.st);
-        if st.consumers.iter().any(|o| o.exclusive) || (c.exclusive && !st.consumers.is_empty()) {
+        if st.deleted
+            || st.consumers.iter().any(|o| o.exclusive)
+            || (c.exclusive && !st.consumers.is_empty())
+        {
             return Err(());
         }
         st.consumers.push(c);
         st.had_consumer = true;
+        st.used = Some(Instant::now());
+        added();
         self.dispatch_locked(&mut st);
         Ok(())
+    }
+
+    /// Marks the queue used now (declared again: x-expires counts from here).
+    pub(crate) fn touch(&self) {
+        lock(&self.st).used = Some(Instant::now());
     }
 
     /// Removes consumer `tag` of channel `chan`; true if the queue is now to be
@@ -634,7 +687,11 @@ impl Queue {
         if st.next >= st.consumers.len() {
             st.next = 0;
         }
-        self.auto_delete && st.had_consumer && st.consumers.is_empty() && !st.deleted
+        st.used = Some(Instant::now());
+        let gone = self.auto_delete && st.had_consumer && st.consumers.is_empty() && !st.deleted;
+        // Marked at once, under the same lock: a declare or consume from now on sees it gone.
+        st.deleted |= gone;
+        gone
     }
 
     /// Removes every consumer of channel `chan` (the channel closed); true if the queue is
@@ -646,25 +703,33 @@ impl Queue {
         if st.next >= st.consumers.len() {
             st.next = 0;
         }
-        before != st.consumers.len()
+        let gone = before != st.consumers.len()
             && self.auto_delete
             && st.had_consumer
             && st.consumers.is_empty()
-            && !st.deleted
+            && !st.deleted;
+        st.deleted |= gone;
+        gone
     }
 
     /// An acknowledgement of one of its deliveries to `consumer`: credit back.
-    pub(crate) fn settled(self: &Arc<Self>, consumer: Option<&Arc<Consumer>>) {
-        if let Some(c) = consumer {
+    pub(crate) fn settled(self: &Arc<Self>, u: &Unacked) {
+        if let Some(c) = &u.consumer {
             c.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
-        self.dispatch();
+        let mut st = lock(&self.st);
+        st.unacked_bytes = st.unacked_bytes.saturating_sub(u.msg.size());
+        self.dispatch_locked(&mut st);
     }
 
     /// A delivery given back: to the front of the queue (redelivered), or dead-lettered.
     pub(crate) fn give_back(self: &Arc<Self>, u: Unacked, requeue: bool) {
         if let Some(c) = &u.consumer {
             c.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+        {
+            let mut st = lock(&self.st);
+            st.unacked_bytes = st.unacked_bytes.saturating_sub(u.msg.size());
         }
         let mut m = u.msg;
         if requeue {
@@ -682,7 +747,7 @@ impl Queue {
         let n = st.msgs.len() as u32;
         st.msgs.clear();
         st.bytes = 0;
-        lock(&self.charge).shrink(0);
+        lock(&self.charge).shrink(st.unacked_bytes);
         n
     }
 
@@ -699,8 +764,9 @@ impl Queue {
             (n, std::mem::take(&mut st.consumers))
         };
         lock(&self.charge).shrink(0);
-        // Dropping the session removes its subscriptions.
-        drop(lock(&self.session).take());
+        // Dropping the session removes its subscriptions (outside the session's mutex).
+        let session = lock(&self.session).take();
+        drop(session);
         self.wake.notify_one();
         (n, consumers)
     }
@@ -731,15 +797,12 @@ async fn run(q: Weak<Queue>) {
         let wake = queue.wake.clone();
         let notified = wake.notified();
         let stalled = {
-            let mut st = lock(&queue.st);
+            let st = lock(&queue.st);
             if st.deleted {
                 return;
             }
-            std::mem::take(&mut st.stalled)
+            st.stalled
         };
-        if stalled {
-            queue.dispatch();
-        }
         drop(queue);
         let wait = if stalled {
             Duration::from_millis(2)
@@ -794,6 +857,7 @@ impl Encoder for QueueEncoder {
                     routing_key: ShortStr::lit(&rk),
                     redelivered: false,
                     expires,
+                    seq: 0,
                 },
                 false,
             );
