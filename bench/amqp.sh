@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# AMQP 0-9-1 (issue 17): Hayate's AMQP listener against RabbitMQ, the same client (lapin) in
-# one run: thr at 64 B and 1 KiB (amq.topic, a server-named exclusive queue, no-ack), and RPC
-# by direct reply-to at concurrency 1 and 16 (bench/peers/rabbitmq.sh starts RabbitMQ).
+# AMQP 0-9-1 (issue 17): Hayate's AMQP listener against RabbitMQ, the same client in one run:
+# thr at 64 B and 1 KiB (amq.topic, a server-named exclusive queue, no-ack) with lapin and
+# with the workspace's own client, and RPC by direct reply-to at concurrency 1 and 16 (lapin).
+# bench/peers/rabbitmq.sh starts RabbitMQ.
 # Needs the release build with the peers feature: cargo build --release -p hayate --features
 # hayate/peers. Writes bench/results/<date>-vm-amqp/{thr,rpc}.json and prints the tables.
 set -euo pipefail
@@ -20,7 +21,12 @@ for _ in $(seq 100); do grep -q ready "$tmp/out" && break; sleep 0.05; done
 bench/peers/rabbitmq.sh start
 targets=(--target "amqp://127.0.0.1:$PORT?name=hayate-amqp"
          --target "amqp://127.0.0.1:5672?name=rabbitmq")
-"$BIN" bench thr "${targets[@]}" --payload 64,1KiB --duration "$DURATION" --json "$OUT/thr.json"
+# Throughput with lapin, and with the workspace's own AMQP client (hayate-amqp codec,
+# `client=hayate`), which costs less per message: both clients against both brokers.
+own=(--target "amqp://127.0.0.1:$PORT?client=hayate&name=hayate-amqp/own-client"
+     --target "amqp://127.0.0.1:5672?client=hayate&name=rabbitmq/own-client")
+"$BIN" bench thr "${targets[@]}" "${own[@]}" --payload 64,1KiB --duration "$DURATION" \
+    --json "$OUT/thr.json"
 "$BIN" bench rpc "${targets[@]}" --calls 20k --concurrency 16 --concurrent-calls 20k \
     --runs "${RUNS:-3}" --json "$OUT/rpc.json"
 grep -m1 "model name" /proc/cpuinfo >"$OUT/machine.txt"; nproc >>"$OUT/machine.txt"

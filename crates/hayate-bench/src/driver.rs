@@ -36,6 +36,7 @@ use crate::target::{System, Target};
 
 #[cfg(feature = "peers")]
 pub(crate) mod amqp;
+pub(crate) mod amqpc;
 #[cfg(feature = "peers")]
 pub(crate) mod grpc;
 #[cfg(feature = "peers")]
@@ -52,6 +53,11 @@ pub(crate) mod zmq;
 
 #[cfg(feature = "peers")]
 pub(crate) use zenoh::check_params as zenoh_check_params;
+
+/// `amqp://...?client=hayate`: the workspace's own AMQP client instead of lapin.
+fn wants_amqpc(target: &Target) -> bool {
+    target.param("client") == Some("hayate")
+}
 
 /// Whether an `mqtt://` target asks for the `rumqttc` driver (`?client=rumqttc`).
 #[cfg(feature = "peers")]
@@ -73,6 +79,7 @@ pub(crate) fn client_name(target: &Target) -> &'static str {
             Ok(v) if v.is_v5() => mqttc::CLIENT_V5,
             _ => mqttc::CLIENT,
         },
+        System::Amqp if wants_amqpc(target) => amqpc::CLIENT,
         #[cfg(feature = "peers")]
         System::Amqp => amqp::CLIENT,
         #[cfg(feature = "peers")]
@@ -99,6 +106,7 @@ pub(crate) enum Conn {
     Rumqttc(mqtt::MqttConn),
     #[cfg(feature = "peers")]
     Amqp(amqp::AmqpConn),
+    Amqpc(amqpc::AmqpcConn),
     #[cfg(feature = "peers")]
     Zmq(zmq::ZmqConn),
     #[cfg(feature = "peers")]
@@ -135,6 +143,7 @@ pub(crate) enum Sub {
     Rumqttc(mqtt::MqttSub),
     #[cfg(feature = "peers")]
     Amqp(amqp::AmqpSub),
+    Amqpc(amqpc::AmqpcSub),
     #[cfg(feature = "peers")]
     Zmq(zmq::ZmqSub),
     #[cfg(feature = "peers")]
@@ -408,6 +417,9 @@ impl Conn {
             System::Mqtt => Ok(Conn::Mqtt(
                 mqttc::MqttConn::connect(target, name, expect_payload, CONNECT_TIMEOUT).await?,
             )),
+            System::Amqp if wants_amqpc(target) => Ok(Conn::Amqpc(
+                amqpc::AmqpcConn::connect(target, CONNECT_TIMEOUT).await?,
+            )),
             #[cfg(feature = "peers")]
             System::Amqp => Ok(Conn::Amqp(
                 amqp::AmqpConn::connect(target, name, expect_payload).await?,
@@ -437,6 +449,7 @@ impl Conn {
             Conn::Rumqttc(_) => Topic::Peer(key.to_string()),
             #[cfg(feature = "peers")]
             Conn::Amqp(_) => Topic::Peer(amqp::routing_key(key)),
+            Conn::Amqpc(_) => Topic::Peer(key.replace('/', ".")),
             #[cfg(feature = "peers")]
             Conn::Zmq(z) => Topic::Peer(z.topic(key)?),
             #[cfg(feature = "peers")]
@@ -459,6 +472,7 @@ impl Conn {
             (Conn::Rumqttc(c), Topic::Peer(t)) => c.publish(t, payload).await?,
             #[cfg(feature = "peers")]
             (Conn::Amqp(c), Topic::Peer(t)) => c.publish(t, payload).await?,
+            (Conn::Amqpc(c), Topic::Peer(t)) => c.publish(t, payload).await?,
             #[cfg(feature = "peers")]
             (Conn::Zmq(c), Topic::Peer(t)) => c.publish(t, payload).await?,
             #[cfg(feature = "peers")]
@@ -481,6 +495,7 @@ impl Conn {
             Conn::Rumqttc(c) => Sub::Rumqttc(c.subscribe(key).await?),
             #[cfg(feature = "peers")]
             Conn::Amqp(c) => Sub::Amqp(c.subscribe(key).await?),
+            Conn::Amqpc(c) => Sub::Amqpc(c.subscribe(key).await?),
             #[cfg(feature = "peers")]
             Conn::Zmq(c) => Sub::Zmq(c.subscribe(key).await?),
             #[cfg(feature = "peers")]
@@ -503,6 +518,7 @@ impl Conn {
             Conn::Rumqttc(c) => c.flush(FLUSH_TIMEOUT).await?,
             #[cfg(feature = "peers")]
             Conn::Amqp(c) => c.flush(FLUSH_TIMEOUT).await?,
+            Conn::Amqpc(c) => c.flush(FLUSH_TIMEOUT).await?,
             #[cfg(feature = "peers")]
             Conn::Zmq(c) => c.flush(FLUSH_TIMEOUT).await?,
             #[cfg(feature = "peers")]
@@ -532,6 +548,7 @@ impl Conn {
             Conn::Rumqttc(c) => c.trouble(),
             #[cfg(feature = "peers")]
             Conn::Amqp(c) => c.trouble(),
+            Conn::Amqpc(c) => c.trouble(),
             #[cfg(feature = "peers")]
             Conn::Zmq(c) => c.trouble(),
             #[cfg(feature = "peers")]
@@ -557,6 +574,7 @@ impl Conn {
             Conn::Stomp(c) => c.server_version(),
             #[cfg(feature = "peers")]
             Conn::Amqp(c) => c.server_version(),
+            Conn::Amqpc(c) => c.server_version(),
             #[cfg(feature = "peers")]
             Conn::Kafka(c) => c.server_version(),
             _ => None,
@@ -589,6 +607,7 @@ impl Conn {
             Conn::Rumqttc(c) => tokio::time::timeout(timeout, c.close()).await.is_ok(),
             #[cfg(feature = "peers")]
             Conn::Amqp(c) => tokio::time::timeout(timeout, c.close()).await.is_ok(),
+            Conn::Amqpc(c) => tokio::time::timeout(timeout, c.close()).await.is_ok(),
             #[cfg(feature = "peers")]
             Conn::Zmq(c) => tokio::time::timeout(timeout, c.close()).await.is_ok(),
             #[cfg(feature = "peers")]
@@ -615,6 +634,7 @@ impl Sub {
             Sub::Rumqttc(s) => s.next().await,
             #[cfg(feature = "peers")]
             Sub::Amqp(s) => s.next().await,
+            Sub::Amqpc(s) => s.next().await,
             #[cfg(feature = "peers")]
             Sub::Zmq(s) => s.next().await,
             #[cfg(feature = "peers")]

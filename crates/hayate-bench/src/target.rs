@@ -75,6 +75,7 @@ impl System {
                 "ca",
             ],
             System::Kafka => &["acks"],
+            System::Amqp => &["client"],
             System::Zenoh => &["mode", "express", "connect"],
             _ => &[],
         }
@@ -229,6 +230,12 @@ impl Target {
             match t.param("mode") {
                 None | Some("broker") | Some("peer") => {}
                 Some(m) => bail!("target {url:?}: unknown hayate mode {m:?} (broker or peer)"),
+            }
+        }
+        if system == System::Amqp {
+            match t.param("client") {
+                None | Some("lapin") | Some("hayate") => {}
+                Some(c) => bail!("target {url:?}: unknown amqp client {c:?} (lapin or hayate)"),
             }
         }
         if system == System::Mqtt {

@@ -102,7 +102,39 @@ struct Pending {
     routing_key: ShortStr,
     mandatory: bool,
     header: Option<ContentHeader>,
-    body: BytesMut,
+    body: Body,
+}
+
+/// A message's body as its frames bring it: the one frame's bytes as they are (no copy:
+/// most bodies come in one frame), or the frames copied together.
+#[derive(Debug, Default)]
+struct Body {
+    one: Option<Bytes>,
+    many: BytesMut,
+}
+
+impl Body {
+    fn len(&self) -> usize {
+        self.one.as_ref().map_or(0, Bytes::len) + self.many.len()
+    }
+
+    fn push(&mut self, b: Bytes) {
+        if self.one.is_none() && self.many.is_empty() {
+            self.one = Some(b);
+            return;
+        }
+        if let Some(first) = self.one.take() {
+            self.many.extend_from_slice(&first);
+        }
+        self.many.extend_from_slice(&b);
+    }
+
+    fn freeze(self) -> Bytes {
+        match self.one {
+            Some(b) => b,
+            None => self.many.freeze(),
+        }
+    }
 }
 
 /// What a transaction holds until tx.commit.
@@ -910,7 +942,7 @@ impl Conn<'_> {
                     routing_key: routing_key.clone(),
                     mandatory: *mandatory,
                     header: None,
-                    body: BytesMut::new(),
+                    body: Body::default(),
                 });
             }
             Method::BasicGet { queue, no_ack, .. } => {
@@ -1092,11 +1124,6 @@ impl Conn<'_> {
             return Ok(());
         }
         let done = h.body_size == 0;
-        // At most one frame ahead: the rest is reserved as it arrives (and charged).
-        p.body.reserve(
-            h.body_size
-                .min(self.frame_max.load(Ordering::Relaxed) as u64) as usize,
-        );
         p.header = Some(h);
         if done {
             self.complete(ch, session).await?;
@@ -1130,11 +1157,12 @@ impl Conn<'_> {
                 format!("content body exceeds the {size} bytes its header announced"),
             )));
         }
-        p.body.extend_from_slice(&b);
+        let n = b.len();
+        p.body.push(b);
         let full = p.body.len() as u64 == size;
         // Content held (this body, other channels', open transactions'): charged to the
         // memory budget, which may refuse it.
-        self.held += b.len();
+        self.held += n;
         if !self.input.cover(self.held) {
             return Err(End::Hard(err(
                 ReplyCode::ResourceError,

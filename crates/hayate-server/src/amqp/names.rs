@@ -74,6 +74,9 @@ pub(crate) fn escape_word(w: &str, out: &mut String) {
 
 /// The inverse of [`escape_word`] (a segment that is not an escape comes back as it is).
 pub(crate) fn unescape_word(s: &str) -> String {
+    if !s.contains('%') {
+        return s.to_string();
+    }
     match s {
         "%_" => return String::new(),
         "%2A" => return "*".into(),
@@ -187,11 +190,15 @@ pub(crate) fn routing_key_of(x: &str, kind: Kind, key: &str) -> String {
             .map(|r| r.strip_prefix('/').unwrap_or(r))
     };
     match (kind, rest) {
-        (Kind::Direct | Kind::Topic, Some(r)) if !r.is_empty() => r
-            .split('/')
-            .map(unescape_word)
-            .collect::<Vec<_>>()
-            .join("."),
+        (Kind::Direct | Kind::Topic, Some(r)) if !r.is_empty() => {
+            if !r.contains('%') {
+                return r.replace('/', ".");
+            }
+            r.split('/')
+                .map(unescape_word)
+                .collect::<Vec<_>>()
+                .join(".")
+        }
         _ => String::new(),
     }
 }

@@ -217,6 +217,8 @@ struct QState {
     deleted: bool,
     /// Some consumer was skipped because its outbox was backed up.
     stalled: bool,
+    /// The outboxes of the consumers skipped (the task waits for one to drain).
+    stalled_on: Vec<Arc<Outbox>>,
     /// A consumer existed once (auto-delete applies from then on).
     had_consumer: bool,
     /// The place of the next message in.
@@ -489,7 +491,16 @@ impl Queue {
             m.seq = st.next_seq;
             st.msgs.push_back(m);
         }
+        let seq = m_seq(&st);
         self.dispatch_locked(&mut st);
+        // Still here (no consumer took it at once): it may stay long, so it gets
+        // allocations of its own instead of pinning the read buffer it came in.
+        if !front
+            && let Some(back) = st.msgs.back_mut()
+            && Some(back.seq) == seq
+        {
+            back.msg = back.msg.compact();
+        }
         drop(st);
         self.dead_letter_all(dead, MAXLEN);
     }
@@ -521,13 +532,17 @@ impl Queue {
     }
 
     fn dispatch_locked(self: &Arc<Self>, st: &mut QState) {
-        let now = Instant::now();
+        // The clock is read only if some message has an expiry.
+        let mut now = None;
         // Set again below if a consumer is still skipped; the task is woken only when the
         // queue starts to be stalled (it looks again every 2 ms while it is).
         let was_stalled = std::mem::take(&mut st.stalled);
         let mut expired = Vec::new();
         while let Some(front) = st.msgs.front() {
-            if front.expires.is_some_and(|at| now >= at) {
+            if front
+                .expires
+                .is_some_and(|at| *now.get_or_insert_with(Instant::now) >= at)
+            {
                 if let Some(m) = st.msgs.pop_front() {
                     st.bytes -= m.size();
                     expired.push(m);
@@ -544,6 +559,10 @@ impl Queue {
                 let c = &st.consumers[at];
                 if c.chan.outbox.backlog().0 > OUTBOX_LIMIT {
                     st.stalled = true;
+                    let ob = c.chan.outbox.clone();
+                    if !st.stalled_on.iter().any(|o| Arc::ptr_eq(o, &ob)) {
+                        st.stalled_on.push(ob);
+                    }
                     continue;
                 }
                 let cs = lock(&c.chan.st);
@@ -789,6 +808,11 @@ impl Queue {
     }
 }
 
+/// The place of the message at the back of the queue.
+fn m_seq(st: &QState) -> Option<u64> {
+    st.msgs.back().map(|m| m.seq)
+}
+
 /// The queue's task: looks again at stalled consumers and expired messages, and ends when
 /// the queue is deleted.
 async fn run(q: Weak<Queue>) {
@@ -796,20 +820,40 @@ async fn run(q: Weak<Queue>) {
         let Some(queue) = q.upgrade() else { return };
         let wake = queue.wake.clone();
         let notified = wake.notified();
-        let stalled = {
-            let st = lock(&queue.st);
+        let stalled_on = {
+            let mut st = lock(&queue.st);
             if st.deleted {
                 return;
             }
-            st.stalled
+            if st.stalled {
+                std::mem::take(&mut st.stalled_on)
+            } else {
+                st.stalled_on.clear();
+                Vec::new()
+            }
         };
         drop(queue);
-        let wait = if stalled {
-            Duration::from_millis(2)
+        if stalled_on.is_empty() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
         } else {
-            Duration::from_secs(1)
-        };
-        let _ = tokio::time::timeout(wait, notified).await;
+            // Until a skipped consumer's writer takes what its outbox holds (registered
+            // before looking again, so the wake-up cannot be missed), or 50 ms.
+            let mut waits: Vec<_> = stalled_on
+                .iter()
+                .map(|o| Box::pin(o.wait_space()))
+                .collect();
+            for w in &mut waits {
+                w.as_mut().enable();
+            }
+            let drained = stalled_on.iter().any(|o| o.backlog().0 <= OUTBOX_LIMIT);
+            if !drained {
+                let _ = tokio::time::timeout(
+                    Duration::from_millis(50),
+                    futures::future::select_all(waits),
+                )
+                .await;
+            }
+        }
         // Expired messages at the head go even without a consumer to see them; a queue
         // unused past its x-expires goes.
         if let Some(queue) = q.upgrade() {
@@ -838,7 +882,6 @@ impl Encoder for QueueEncoder {
             return;
         };
         let exchange_s = ShortStr::lit(&exchange);
-        let now = Instant::now();
         for i in 0..batch.len() {
             let msg = batch.message(i);
             if kind == Kind::Headers && !super::headers_match(&args, &msg) {
@@ -846,13 +889,13 @@ impl Encoder for QueueEncoder {
             }
             let rk = names::routing_key_of(&exchange, kind, msg.key.as_str());
             let expires = match (q.args.message_ttl, msg.attrs.expires) {
-                (Some(ttl), Some(at)) => Some((now + ttl).min(at)),
-                (Some(ttl), None) => Some(now + ttl),
+                (Some(ttl), Some(at)) => Some((Instant::now() + ttl).min(at)),
+                (Some(ttl), None) => Some(Instant::now() + ttl),
                 (None, at) => at,
             };
             q.push(
                 QMsg {
-                    msg: msg.compact(),
+                    msg,
                     exchange: exchange_s.clone(),
                     routing_key: ShortStr::lit(&rk),
                     redelivered: false,
