@@ -45,6 +45,7 @@ mod kafka;
 mod mqtt;
 pub(crate) mod mqttc;
 pub(crate) mod stomp;
+pub(crate) mod wbuf;
 mod ws;
 #[cfg(feature = "peers")]
 pub(crate) mod zenoh;

@@ -44,6 +44,21 @@ fn config_with(per_address: usize, bob: Option<&UserConfig>, carol: Option<&User
     c.to_toml()
 }
 
+/// Waits (10 s at most) for the server's refusal of what `c` did: NOT_AUTHORIZED.
+async fn assert_refused(c: &Client, what: &str) {
+    let refused = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(Error::Server { code, .. }) = c.last_error() {
+                return code;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: not refused"));
+    assert_eq!(format!("{refused:?}"), "NotAuthorized", "{what}");
+}
+
 /// POST /api/reload as alice (off the runtime's threads: the helper blocks).
 async fn reload(admin: &str) -> (u16, String) {
     let admin = admin.to_string();
@@ -132,17 +147,7 @@ async fn reload_changes_limits_and_users_for_new_connections() {
     b.flush().await.unwrap();
     let _ = b.publish(&Key::new("secret/x").unwrap(), "no").await;
     let _ = b.flush().await;
-    let refused = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            if let Some(Error::Server { code, .. }) = b.last_error() {
-                return code;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("bob's publish on secret/x refused");
-    assert_eq!(format!("{refused:?}"), "NotAuthorized");
+    assert_refused(&b, "bob's publish on secret/x").await;
 
     // A file that does not parse: refused, nothing changes.
     std::fs::write(&cfg, "[limits\nnot toml").unwrap();
@@ -259,17 +264,7 @@ async fn reload_changes_permissions_of_connections_logged_in() {
     assert_eq!(status, 200, "{body}");
     let _ = bob.publish(&Key::new("out/2").unwrap(), "no").await;
     let _ = bob.flush().await;
-    let refused = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            if let Some(Error::Server { code, .. }) = bob.last_error() {
-                return code;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("bob's publish on out/2 refused after the reload");
-    assert_eq!(format!("{refused:?}"), "NotAuthorized");
+    assert_refused(&bob, "bob's publish on out/2 after the reload").await;
     drop(bob_sub);
     let bob = login(&addr, "bob", "bob-pw").await.unwrap();
     let mut bob_sub = bob.subscribe("data/**").await.unwrap();

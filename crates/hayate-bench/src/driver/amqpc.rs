@@ -17,7 +17,7 @@
 //! - A channel.close or connection.close from the server is trouble and fails the point.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,7 +26,7 @@ use bytes::{Bytes, BytesMut};
 use hayate_amqp::frame::PROTOCOL_HEADER;
 use hayate_amqp::{ContentHeader, FieldTable, Frame, FrameDecoder, Method, ShortStr};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 
 use crate::target::Target;
 
@@ -43,10 +43,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 struct Shared {
-    out: Mutex<BytesMut>,
-    wake: Notify,
-    space: Notify,
-    closed: AtomicBool,
+    buf: super::wbuf::WriteBuf,
     /// Consumer tag → its messages' bodies.
     subs: Mutex<HashMap<Bytes, mpsc::Sender<Bytes>>>,
     trouble: Mutex<Option<String>>,
@@ -176,10 +173,7 @@ impl AmqpcConn {
         .with_context(|| format!("{target}: no AMQP handshake within {timeout:?}"))??;
         let (server, fm) = server;
         let shared = Arc::new(Shared {
-            out: Mutex::new(BytesMut::with_capacity(HIGH_WATER)),
-            wake: Notify::new(),
-            space: Notify::new(),
-            closed: AtomicBool::new(false),
+            buf: super::wbuf::WriteBuf::new(HIGH_WATER),
             subs: Mutex::default(),
             trouble: Mutex::default(),
             frame_max: fm as usize,
@@ -191,22 +185,20 @@ impl AmqpcConn {
             let dec = FrameDecoder::new(fm.max(FRAME_MAX));
             tokio::spawn(async move {
                 let e = read_loop(&mut rd, &mut buf, &dec, &shared, tx).await;
-                shared.closed.store(true, Ordering::Release);
+                shared.buf.close();
                 lock(&shared.subs).clear();
                 if let Err(e) = e {
                     shared.fail(format!("amqp: {e:#}"));
                 }
-                shared.space.notify_waiters();
             })
         };
         let writer = {
             let shared = shared.clone();
             tokio::spawn(async move {
-                if let Err(e) = write_loop(&mut wr, &shared).await {
+                if let Err(e) = shared.buf.write_loop(&mut wr).await {
                     shared.fail(format!("amqp write: {e}"));
                 }
-                shared.closed.store(true, Ordering::Release);
-                shared.space.notify_waiters();
+                shared.buf.close();
             })
         };
         Ok(AmqpcConn {
@@ -217,27 +209,13 @@ impl AmqpcConn {
     }
 
     async fn write(&self, f: impl Fn(&mut BytesMut)) -> anyhow::Result<()> {
-        loop {
-            let space = self.shared.space.notified();
-            tokio::pin!(space);
-            space.as_mut().enable();
-            if self.shared.closed.load(Ordering::Acquire) {
-                bail!(
-                    "{}",
-                    self.trouble()
-                        .unwrap_or_else(|| "amqp: connection closed".into())
-                );
-            }
-            {
-                let mut out = lock(&self.shared.out);
-                if out.len() < HIGH_WATER {
-                    f(&mut out);
-                    break;
-                }
-            }
-            space.await;
+        if !self.shared.buf.write(f).await {
+            bail!(
+                "{}",
+                self.trouble()
+                    .unwrap_or_else(|| "amqp: connection closed".into())
+            );
         }
-        self.shared.wake.notify_one();
         Ok(())
     }
 
@@ -476,39 +454,5 @@ async fn deliver(shared: &Shared, i: Option<Incoming>, body: Bytes) {
     let tx = lock(&shared.subs).get(&i.tag).cloned();
     if let Some(tx) = tx {
         let _ = tx.send(body).await;
-    }
-}
-
-async fn write_loop(
-    wr: &mut tokio::net::tcp::OwnedWriteHalf,
-    shared: &Shared,
-) -> std::io::Result<()> {
-    loop {
-        let chunk = {
-            let mut out = lock(&shared.out);
-            if out.is_empty() {
-                None
-            } else {
-                Some(out.split())
-            }
-        };
-        match chunk {
-            Some(c) => {
-                wr.write_all(&c).await?;
-                shared.space.notify_waiters();
-                let mut out = lock(&shared.out);
-                if out.is_empty() {
-                    let mut c = c;
-                    c.clear();
-                    out.unsplit(c);
-                }
-            }
-            None => {
-                if shared.closed.load(Ordering::Acquire) {
-                    return Ok(());
-                }
-                shared.wake.notified().await;
-            }
-        }
     }
 }

@@ -20,7 +20,7 @@
 //! - An ERROR frame from the server is recorded as trouble and fails the point.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,7 +28,7 @@ use anyhow::{Context, bail};
 use bytes::{Bytes, BytesMut};
 use hayate_stomp::{Command, Frame, Item, Limits, Version};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::target::Target;
 
@@ -50,12 +50,7 @@ pub(crate) fn topic_destination(key: &str) -> String {
 }
 
 struct Shared {
-    out: Mutex<BytesMut>,
-    /// Wakes the writer task.
-    wake: Notify,
-    /// Wakes publishers waiting for buffer space.
-    space: Notify,
-    closed: AtomicBool,
+    buf: super::wbuf::WriteBuf,
     subs: Mutex<HashMap<String, mpsc::Sender<Frame>>>,
     receipts: Mutex<HashMap<String, oneshot::Sender<()>>>,
     trouble: Mutex<Option<String>>,
@@ -125,10 +120,7 @@ impl StompConn {
             );
         }
         let shared = Arc::new(Shared {
-            out: Mutex::new(BytesMut::with_capacity(HIGH_WATER)),
-            wake: Notify::new(),
-            space: Notify::new(),
-            closed: AtomicBool::new(false),
+            buf: super::wbuf::WriteBuf::new(HIGH_WATER),
             subs: Mutex::default(),
             receipts: Mutex::default(),
             trouble: Mutex::default(),
@@ -139,22 +131,20 @@ impl StompConn {
             let shared = shared.clone();
             tokio::spawn(async move {
                 let e = read_loop(&mut rd, &mut buf, &limits, &shared).await;
-                shared.closed.store(true, Ordering::Release);
+                shared.buf.close();
                 lock(&shared.subs).clear();
                 if let Err(e) = e {
                     shared.fail(format!("stomp: {e:#}"));
                 }
-                shared.space.notify_waiters();
             })
         };
         let writer = {
             let shared = shared.clone();
             tokio::spawn(async move {
-                if let Err(e) = write_loop(&mut wr, &shared).await {
+                if let Err(e) = shared.buf.write_loop(&mut wr).await {
                     shared.fail(format!("stomp write: {e}"));
                 }
-                shared.closed.store(true, Ordering::Release);
-                shared.space.notify_waiters();
+                shared.buf.close();
             })
         };
         Ok(StompConn {
@@ -165,27 +155,13 @@ impl StompConn {
 
     /// Appends to the write buffer with `f`, waiting while it is over the high-water mark.
     async fn write(&self, f: impl Fn(&mut BytesMut)) -> anyhow::Result<()> {
-        loop {
-            let space = self.shared.space.notified();
-            tokio::pin!(space);
-            space.as_mut().enable();
-            if self.shared.closed.load(Ordering::Acquire) {
-                bail!(
-                    "{}",
-                    self.trouble()
-                        .unwrap_or_else(|| "stomp: connection closed".into())
-                );
-            }
-            {
-                let mut out = lock(&self.shared.out);
-                if out.len() < HIGH_WATER {
-                    f(&mut out);
-                    break;
-                }
-            }
-            space.await;
+        if !self.shared.buf.write(f).await {
+            bail!(
+                "{}",
+                self.trouble()
+                    .unwrap_or_else(|| "stomp: connection closed".into())
+            );
         }
-        self.shared.wake.notify_one();
         Ok(())
     }
 
@@ -337,41 +313,6 @@ async fn read_loop(
         }
         if rd.read_buf(buf).await? == 0 {
             bail!("connection closed by the server");
-        }
-    }
-}
-
-async fn write_loop(
-    wr: &mut tokio::net::tcp::OwnedWriteHalf,
-    shared: &Shared,
-) -> std::io::Result<()> {
-    loop {
-        let chunk = {
-            let mut out = lock(&shared.out);
-            if out.is_empty() {
-                None
-            } else {
-                Some(out.split())
-            }
-        };
-        match chunk {
-            Some(c) => {
-                wr.write_all(&c).await?;
-                shared.space.notify_waiters();
-                // Give the buffer back when it is the only reference (reuse the allocation).
-                let mut out = lock(&shared.out);
-                if out.is_empty() {
-                    let mut c = c;
-                    c.clear();
-                    out.unsplit(c);
-                }
-            }
-            None => {
-                if shared.closed.load(Ordering::Acquire) {
-                    return Ok(());
-                }
-                shared.wake.notified().await;
-            }
         }
     }
 }

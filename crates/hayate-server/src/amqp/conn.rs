@@ -63,6 +63,15 @@ impl AmqpError {
         self
     }
 
+    /// The error as an answer to basic.publish (its content is what failed).
+    fn at_publish(self) -> AmqpError {
+        AmqpError {
+            class: 60,
+            method: 40,
+            ..self
+        }
+    }
+
     fn reply_text(&self) -> ShortStr {
         ShortStr::lit(&format!("{} - {}", self.code.name(), self.text))
     }
@@ -703,31 +712,7 @@ impl Conn<'_> {
             Ok(()) => Ok(()),
             Err(e) if e.code.is_hard() => Err(End::Hard(e.on(&m))),
             Err(e) => {
-                let e = e.on(&m);
-                tracing::debug!(
-                    conn = self.id,
-                    ch,
-                    code = e.code.code(),
-                    text = e.text,
-                    "amqp: channel error"
-                );
-                self.send(
-                    session,
-                    ch,
-                    Method::ChannelClose {
-                        reply_code: e.code.code(),
-                        reply_text: e.reply_text(),
-                        class_id: e.class,
-                        method_id: e.method,
-                    },
-                );
-                let dropped = self.channels.get_mut(&ch).map_or(0, |c| {
-                    c.closing = true;
-                    c.pending.take().map_or(0, |p| p.body.len())
-                });
-                self.release_held(dropped);
-                // Deliveries stop now; the channel's messages go back once it is closed.
-                self.release_channel_consumers(ch, session).await;
+                self.soft_close(ch, e.on(&m), session).await;
                 Ok(())
             }
         }
@@ -1120,7 +1105,7 @@ impl Conn<'_> {
                     h.body_size
                 ),
             );
-            self.soft_close(ch, e, 60, 40, session).await;
+            self.soft_close(ch, e.at_publish(), session).await;
             return Ok(());
         }
         let done = h.body_size == 0;
@@ -1193,7 +1178,7 @@ impl Conn<'_> {
             if let Err(e) = tx_room(tx) {
                 let n = p.body.len();
                 self.release_held(n);
-                self.soft_close(ch, e, 60, 40, session).await;
+                self.soft_close(ch, e.at_publish(), session).await;
                 return Ok(());
             }
             tx.push(TxOp::Publish(Box::new(p)));
@@ -1206,20 +1191,22 @@ impl Conn<'_> {
             if e.code.is_hard() {
                 return Err(End::Hard(e));
             }
-            self.soft_close(ch, e, 60, 40, session).await;
+            self.soft_close(ch, e.at_publish(), session).await;
         }
         Ok(())
     }
 
-    async fn soft_close(
-        &mut self,
-        ch: u16,
-        e: AmqpError,
-        class: u16,
-        method: u16,
-        session: &mut Session,
-    ) {
-        let e = AmqpError { class, method, ..e };
+    /// A soft error: channel.close with it; the channel's frames are ignored until the
+    /// client's channel.close-ok, its deliveries stop now and its messages go back once it
+    /// is closed.
+    async fn soft_close(&mut self, ch: u16, e: AmqpError, session: &mut Session) {
+        tracing::debug!(
+            conn = self.id,
+            ch,
+            code = e.code.code(),
+            text = e.text,
+            "amqp: channel error"
+        );
         self.send(
             session,
             ch,
