@@ -45,7 +45,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 struct Shared {
     buf: super::wbuf::WriteBuf,
     /// Consumer tag → its messages' bodies.
-    subs: Mutex<HashMap<Bytes, mpsc::Sender<Bytes>>>,
+    subs: Mutex<HashMap<Bytes, mpsc::Sender<Delivery>>>,
     trouble: Mutex<Option<String>>,
     frame_max: usize,
     server: Option<String>,
@@ -68,7 +68,14 @@ pub(crate) struct AmqpcConn {
     tasks: Arc<Vec<tokio::task::AbortHandle>>,
 }
 
-pub(crate) struct AmqpcSub(mpsc::Receiver<Bytes>);
+pub(crate) struct AmqpcSub(mpsc::Receiver<Delivery>);
+
+/// A message received: its body, and the properties RPC needs.
+pub(crate) struct Delivery {
+    pub(crate) body: Bytes,
+    pub(crate) reply_to: Option<ShortStr>,
+    pub(crate) correlation_id: Option<ShortStr>,
+}
 
 /// Reads frames until `want` says one is the answer.
 async fn expect(
@@ -237,28 +244,40 @@ impl AmqpcConn {
     }
 
     pub(crate) async fn publish(&self, routing_key: &str, payload: Bytes) -> anyhow::Result<()> {
-        let rk = ShortStr::lit(routing_key);
+        self.publish_to("amq.topic", routing_key, Default::default(), &payload)
+            .await
+    }
+
+    /// basic.publish to `exchange` with `props` (RPC: reply-to, correlation id).
+    pub(crate) async fn publish_to(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        props: hayate_amqp::BasicProperties,
+        payload: &[u8],
+    ) -> anyhow::Result<()> {
+        let (x, rk) = (ShortStr::lit(exchange), ShortStr::lit(routing_key));
         let fm = self.shared.frame_max;
+        let header = Frame::Header(
+            CHANNEL,
+            Box::new(ContentHeader {
+                body_size: payload.len() as u64,
+                properties: props,
+            }),
+        );
         self.write(|out| {
             Frame::Method(
                 CHANNEL,
                 Method::BasicPublish {
                     ticket: 0,
-                    exchange: ShortStr::lit("amq.topic"),
+                    exchange: x.clone(),
                     routing_key: rk.clone(),
                     mandatory: false,
                     immediate: false,
                 },
             )
             .encode(out);
-            Frame::Header(
-                CHANNEL,
-                Box::new(ContentHeader {
-                    body_size: payload.len() as u64,
-                    properties: Default::default(),
-                }),
-            )
-            .encode(out);
+            header.encode(out);
             for part in payload.chunks(fm.saturating_sub(8).max(1)) {
                 Frame::encode_body(CHANNEL, part, out);
             }
@@ -299,13 +318,41 @@ impl AmqpcConn {
             T,
         )
         .await?;
-        let tag = ShortStr::lit(&format!("c-{}", q));
+        self.consume(q).await
+    }
+
+    /// Declares queue `name` (exclusive, auto-delete).
+    pub(crate) async fn declare(&self, name: &str) -> anyhow::Result<ShortStr> {
+        match self
+            .call(
+                Method::QueueDeclare {
+                    ticket: 0,
+                    queue: ShortStr::lit(name),
+                    passive: false,
+                    durable: false,
+                    exclusive: true,
+                    auto_delete: true,
+                    no_wait: false,
+                    arguments: FieldTable::default(),
+                },
+                Duration::from_secs(10),
+            )
+            .await?
+        {
+            Method::QueueDeclareOk { queue, .. } => Ok(queue),
+            m => bail!("expected queue.declare-ok, got {}", m.name()),
+        }
+    }
+
+    /// Consumes `queue` with no-ack.
+    pub(crate) async fn consume(&self, queue: ShortStr) -> anyhow::Result<AmqpcSub> {
+        let tag = ShortStr::lit(&format!("c-{queue}"));
         let (tx, rx) = mpsc::channel(SUB_CAPACITY);
         lock(&self.shared.subs).insert(tag.bytes().clone(), tx);
         self.call(
             Method::BasicConsume {
                 ticket: 0,
-                queue: q,
+                queue,
                 consumer_tag: tag,
                 no_local: false,
                 no_ack: true,
@@ -313,7 +360,7 @@ impl AmqpcConn {
                 no_wait: false,
                 arguments: FieldTable::default(),
             },
-            T,
+            Duration::from_secs(10),
         )
         .await?;
         Ok(AmqpcSub(rx))
@@ -365,15 +412,100 @@ impl AmqpcConn {
 
 impl AmqpcSub {
     pub(crate) async fn next(&mut self) -> Option<Bytes> {
+        self.0.recv().await.map(|d| d.body)
+    }
+
+    pub(crate) async fn next_delivery(&mut self) -> Option<Delivery> {
         self.0.recv().await
     }
 }
 
-/// A delivery being received: its consumer, body size and what came so far.
+/// RabbitMQ's pseudo-queue for direct reply-to.
+const REPLY_TO: &str = "amq.rabbitmq.reply-to";
+
+/// The RPC server: consumes `queue` (no-ack) and publishes each answer to the request's
+/// reply-to through the default exchange, with its correlation id.
+pub(crate) struct RpcServer {
+    conn: AmqpcConn,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RpcServer {
+    pub(crate) async fn start(
+        target: &Target,
+        queue: &str,
+        handler: fn(&[u8]) -> Bytes,
+    ) -> anyhow::Result<RpcServer> {
+        let conn = AmqpcConn::connect(target, Duration::from_secs(10)).await?;
+        let q = conn.declare(queue).await?;
+        let mut sub = conn.consume(q).await?;
+        let c = conn.clone();
+        let task = tokio::spawn(async move {
+            while let Some(d) = sub.next_delivery().await {
+                let Some(reply_to) = d.reply_to else { continue };
+                let props = hayate_amqp::BasicProperties {
+                    correlation_id: d.correlation_id,
+                    ..Default::default()
+                };
+                let answer = handler(&d.body);
+                let rk = String::from_utf8_lossy(reply_to.as_bytes()).into_owned();
+                if c.publish_to("", &rk, props, &answer).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(RpcServer { conn, task })
+    }
+
+    pub(crate) async fn close(self) {
+        self.task.abort();
+        self.conn.close().await;
+    }
+}
+
+/// An RPC caller: consumes `amq.rabbitmq.reply-to` (no-ack) and publishes each request to
+/// the server's queue with reply-to set to it.
+pub(crate) struct RpcCaller {
+    conn: AmqpcConn,
+    replies: AmqpcSub,
+    queue: String,
+}
+
+impl RpcCaller {
+    pub(crate) async fn connect(target: &Target, queue: &str) -> anyhow::Result<RpcCaller> {
+        let conn = AmqpcConn::connect(target, Duration::from_secs(10)).await?;
+        let replies = conn.consume(ShortStr::lit(REPLY_TO)).await?;
+        Ok(RpcCaller {
+            conn,
+            replies,
+            queue: queue.to_string(),
+        })
+    }
+
+    pub(crate) async fn call(&mut self, req: &[u8]) -> anyhow::Result<Bytes> {
+        let props = hayate_amqp::BasicProperties {
+            reply_to: Some(ShortStr::lit(REPLY_TO)),
+            ..Default::default()
+        };
+        self.conn.publish_to("", &self.queue, props, req).await?;
+        self.replies
+            .next()
+            .await
+            .context("amqp: the reply consumer ended")
+    }
+
+    pub(crate) async fn close(self) {
+        self.conn.close().await;
+    }
+}
+
+/// A delivery being received: its consumer, body size, properties and what came so far.
 struct Incoming {
     tag: Bytes,
     size: u64,
     body: BytesMut,
+    reply_to: Option<ShortStr>,
+    correlation_id: Option<ShortStr>,
 }
 
 async fn read_loop(
@@ -392,11 +524,16 @@ async fn read_loop(
                         tag: consumer_tag.bytes().clone(),
                         size: 0,
                         body: BytesMut::new(),
+                        reply_to: None,
+                        correlation_id: None,
                     });
                 }
                 Frame::Header(_, h) => {
                     if let Some(i) = &mut incoming {
                         i.size = h.body_size;
+                        let h = *h;
+                        i.reply_to = h.properties.reply_to;
+                        i.correlation_id = h.properties.correlation_id;
                         if h.body_size == 0 {
                             deliver(shared, incoming.take(), Bytes::new()).await;
                         }
@@ -453,6 +590,12 @@ async fn deliver(shared: &Shared, i: Option<Incoming>, body: Bytes) {
     let Some(i) = i else { return };
     let tx = lock(&shared.subs).get(&i.tag).cloned();
     if let Some(tx) = tx {
-        let _ = tx.send(body).await;
+        let _ = tx
+            .send(Delivery {
+                body,
+                reply_to: i.reply_to,
+                correlation_id: i.correlation_id,
+            })
+            .await;
     }
 }

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use bytes::Bytes;
 
-#[cfg(feature = "peers")]
 use super::amqp_queue;
 use super::pubsub::connect_pubsub_caller;
 use super::stomp_queue;
@@ -35,6 +34,8 @@ pub(super) enum Caller {
     },
     #[cfg(feature = "peers")]
     Amqp(crate::driver::amqp::RpcCaller),
+    /// `amqp://...?client=hayate`.
+    Amqpc(crate::driver::amqpc::RpcCaller),
     #[cfg(feature = "peers")]
     Zmq(crate::driver::zmq::RpcCaller),
     #[cfg(feature = "peers")]
@@ -77,6 +78,7 @@ impl Caller {
                 }
                 #[cfg(feature = "peers")]
                 Caller::Amqp(c) => c.call(&req).await?,
+                Caller::Amqpc(c) => c.call(&req).await?,
                 #[cfg(feature = "peers")]
                 Caller::Zmq(c) => c.call(req).await?,
                 #[cfg(feature = "peers")]
@@ -108,6 +110,7 @@ impl Caller {
             Caller::PubSub { conn, .. } => conn.close(t).await,
             #[cfg(feature = "peers")]
             Caller::Amqp(c) => c.close().await,
+            Caller::Amqpc(c) => c.close().await,
             #[cfg(feature = "peers")]
             Caller::Zmq(_) | Caller::Grpc(_) => {}
             #[cfg(feature = "peers")]
@@ -162,6 +165,9 @@ async fn connect_caller(
             let replies = c.listen("/temp-queue/rpc");
             Caller::Stomp(c, replies, stomp_queue(prefix))
         }
+        System::Amqp if target.param("client") == Some("hayate") => Caller::Amqpc(
+            crate::driver::amqpc::RpcCaller::connect(target, &amqp_queue(prefix)).await?,
+        ),
         #[cfg(feature = "peers")]
         System::Amqp => Caller::Amqp(
             crate::driver::amqp::RpcCaller::connect(target, &amqp_queue(prefix)).await?,

@@ -177,7 +177,6 @@ fn stomp_queue(prefix: &str) -> String {
     format!("/queue/{}", prefix.replace('/', "."))
 }
 
-#[cfg(feature = "peers")]
 fn amqp_queue(prefix: &str) -> String {
     format!("{}.rpc", prefix.replace('/', "."))
 }

@@ -6,7 +6,6 @@ use std::time::Duration;
 use anyhow::bail;
 use futures::StreamExt;
 
-#[cfg(feature = "peers")]
 use super::amqp_queue;
 use super::pubsub::start_pubsub_server;
 use super::{add_one, stomp_queue};
@@ -27,6 +26,8 @@ pub(super) struct Server {
     node: Option<hayate_client::peer::Node>,
     #[cfg(feature = "peers")]
     amqp: Option<crate::driver::amqp::RpcServer>,
+    /// `amqp://...?client=hayate`: the server on our own AMQP client.
+    amqpc: Option<crate::driver::amqpc::RpcServer>,
     #[cfg(feature = "peers")]
     zenoh: Option<::zenoh::Session>,
 }
@@ -41,6 +42,7 @@ impl Server {
             node: None,
             #[cfg(feature = "peers")]
             amqp: None,
+            amqpc: None,
             #[cfg(feature = "peers")]
             zenoh: None,
         }
@@ -66,6 +68,9 @@ impl Server {
         }
         #[cfg(feature = "peers")]
         if let Some(a) = self.amqp {
+            a.close().await;
+        }
+        if let Some(a) = self.amqpc {
             a.close().await;
         }
         #[cfg(feature = "peers")]
@@ -179,6 +184,12 @@ pub(super) async fn start_server(target: &Target, prefix: &str) -> anyhow::Resul
                 }
             }));
             server.conns.push(Conn::Stomp(c));
+        }
+        System::Amqp if target.param("client") == Some("hayate") => {
+            server.amqpc = Some(
+                crate::driver::amqpc::RpcServer::start(target, &amqp_queue(prefix), add_one)
+                    .await?,
+            );
         }
         #[cfg(feature = "peers")]
         System::Amqp => {
