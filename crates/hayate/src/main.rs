@@ -433,12 +433,7 @@ async fn reply_direct(addr: &str, expr: &str, count: u64) -> Result<()> {
         server.local_addr()
     );
     tokio::select! {
-        _ = done.notified() => {
-            // The handler counts the last request before it returns its reply: give the
-            // reply the time to reach its connection (closing at once lost it now and then:
-            // the caller saw the connection close first).
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
+        _ = done.notified() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
     // Each connection writes the replies in hand before it closes.

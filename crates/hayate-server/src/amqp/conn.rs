@@ -205,6 +205,9 @@ struct Conn<'a> {
     /// share of the broker-wide memory budget.
     held: usize,
     input: hayate_io::memory::Charge,
+    /// The exchange last published to, with the registry's `exchanges_changed` it was read
+    /// at.
+    last_exchange: Option<(u64, ShortStr, Exchange)>,
 }
 
 /// The front-end as the connection driver sees it.
@@ -366,6 +369,7 @@ pub async fn serve(io: Accepted, amqp: Arc<Amqp>) {
             wants_blocked: false,
             held: 0,
             input: hayate_io::memory::Charge::exact(&amqp.broker.config().memory),
+            last_exchange: None,
         },
         session,
         decoder: FrameDecoder::new(amqp.max_preauth as u32),
@@ -404,6 +408,13 @@ impl Conn<'_> {
     fn stage_frame_max(&self) -> Option<u32> {
         (self.stage == Stage::Ready || self.stage == Stage::Open)
             .then(|| self.frame_max.load(Ordering::Relaxed) as u32)
+    }
+
+    /// `m` unless the client asked for no answer (`no-wait`).
+    fn answer(&self, session: &mut Session, channel: u16, no_wait: bool, m: Method) {
+        if !no_wait {
+            self.send(session, channel, m);
+        }
     }
 
     fn send(&self, session: &mut Session, channel: u16, m: Method) {
@@ -763,9 +774,7 @@ impl Conn<'_> {
                 ..
             } => {
                 self.exchange_declare(exchange, kind, *passive, *durable, *auto_delete, *internal)?;
-                if !no_wait {
-                    self.send(session, ch, Method::ExchangeDeclareOk {});
-                }
+                self.answer(session, ch, *no_wait, Method::ExchangeDeclareOk {});
             }
             Method::ExchangeDelete {
                 exchange,
@@ -774,9 +783,7 @@ impl Conn<'_> {
                 ..
             } => {
                 self.exchange_delete(exchange, *if_unused)?;
-                if !no_wait {
-                    self.send(session, ch, Method::ExchangeDeleteOk {});
-                }
+                self.answer(session, ch, *no_wait, Method::ExchangeDeleteOk {});
             }
             Method::ExchangeBind { .. } | Method::ExchangeUnbind { .. } => {
                 return Err(err(
@@ -804,17 +811,16 @@ impl Conn<'_> {
                         arguments,
                     )
                     .await?;
-                if !no_wait {
-                    self.send(
-                        session,
-                        ch,
-                        Method::QueueDeclareOk {
-                            queue: ShortStr::lit(&name),
-                            message_count: n,
-                            consumer_count: c,
-                        },
-                    );
-                }
+                self.answer(
+                    session,
+                    ch,
+                    *no_wait,
+                    Method::QueueDeclareOk {
+                        queue: ShortStr::lit(&name),
+                        message_count: n,
+                        consumer_count: c,
+                    },
+                );
             }
             Method::QueueBind {
                 queue,
@@ -825,9 +831,7 @@ impl Conn<'_> {
                 ..
             } => {
                 self.queue_bind(queue, exchange, routing_key, arguments, true)?;
-                if !no_wait {
-                    self.send(session, ch, Method::QueueBindOk {});
-                }
+                self.answer(session, ch, *no_wait, Method::QueueBindOk {});
             }
             Method::QueueUnbind {
                 queue,
@@ -843,9 +847,12 @@ impl Conn<'_> {
                 let q = self.queue(queue)?;
                 self.may_serve(&q)?;
                 let n = q.purge();
-                if !no_wait {
-                    self.send(session, ch, Method::QueuePurgeOk { message_count: n });
-                }
+                self.answer(
+                    session,
+                    ch,
+                    *no_wait,
+                    Method::QueuePurgeOk { message_count: n },
+                );
             }
             Method::QueueDelete {
                 queue,
@@ -855,9 +862,12 @@ impl Conn<'_> {
                 ..
             } => {
                 let n = self.queue_delete(queue, *if_unused, *if_empty)?;
-                if !no_wait {
-                    self.send(session, ch, Method::QueueDeleteOk { message_count: n });
-                }
+                self.answer(
+                    session,
+                    ch,
+                    *no_wait,
+                    Method::QueueDeleteOk { message_count: n },
+                );
             }
             Method::BasicQos {
                 prefetch_size,
@@ -905,15 +915,14 @@ impl Conn<'_> {
                 no_wait,
             } => {
                 self.cancel(ch, consumer_tag, session);
-                if !no_wait {
-                    self.send(
-                        session,
-                        ch,
-                        Method::BasicCancelOk {
-                            consumer_tag: consumer_tag.clone(),
-                        },
-                    );
-                }
+                self.answer(
+                    session,
+                    ch,
+                    *no_wait,
+                    Method::BasicCancelOk {
+                        consumer_tag: consumer_tag.clone(),
+                    },
+                );
             }
             Method::BasicPublish {
                 exchange,
@@ -1009,9 +1018,7 @@ impl Conn<'_> {
                     ));
                 }
                 c.confirm = true;
-                if !no_wait {
-                    self.send(session, ch, Method::ConfirmSelectOk {});
-                }
+                self.answer(session, ch, *no_wait, Method::ConfirmSelectOk {});
             }
             Method::TxSelect {} => {
                 let c = self.chan(ch)?;
@@ -1234,8 +1241,7 @@ impl Conn<'_> {
         session: &mut Session,
     ) -> Result<(), AmqpError> {
         let exchange = p.exchange.as_str().unwrap_or("");
-        let x = lock(&self.amqp.registry).exchanges.get(exchange).cloned();
-        let Some(x) = x else {
+        let Some(x) = self.exchange(&p.exchange) else {
             return Err(err(
                 ReplyCode::NotFound,
                 format!("no exchange '{exchange}' in vhost '/'"),
@@ -1345,6 +1351,24 @@ impl Conn<'_> {
             self.blocked = false;
             self.send(session, 0, Method::ConnectionUnblocked {});
         }
+    }
+
+    /// Exchange `name`, from the one-entry cache while no exchange was declared or deleted
+    /// since it was read (a publisher sending to one exchange takes no registry lock).
+    fn exchange(&mut self, name: &ShortStr) -> Option<Exchange> {
+        let now = self.amqp.exchanges_changed.load(Ordering::Acquire);
+        if let Some((at, n, x)) = &self.last_exchange
+            && *at == now
+            && n == name
+        {
+            return Some(x.clone());
+        }
+        let x = lock(&self.amqp.registry)
+            .exchanges
+            .get(name.as_str().unwrap_or(""))
+            .cloned()?;
+        self.last_exchange = Some((now, name.clone(), x.clone()));
+        Some(x)
     }
 
     fn own_reply_consumer(&self) -> bool {
@@ -1462,6 +1486,7 @@ impl Conn<'_> {
                 ),
             ));
         }
+        self.amqp.exchanges_changed.fetch_add(1, Ordering::AcqRel);
         reg.exchanges.insert(
             n.to_string(),
             Exchange {
@@ -1500,6 +1525,7 @@ impl Conn<'_> {
             ));
         }
         lock(&self.amqp.registry).exchanges.remove(n);
+        self.amqp.exchanges_changed.fetch_add(1, Ordering::AcqRel);
         for q in queues {
             q.unbind_exchange(n);
         }
@@ -1799,12 +1825,11 @@ impl Conn<'_> {
             );
             let expr = KeyExpr::new(&format!("{}/{REPLY_SUFFIX}", session.inbox()))
                 .map_err(|e| err(ReplyCode::InternalError, e.to_string()))?;
-            if !no_wait {
-                self.send(session, ch, ok);
+            if let Err(e) = session.subscribe(sid, expr, None, Qos::default()) {
+                lock(&self.own).remove(&sid);
+                return Err(err(ReplyCode::InternalError, e.to_string()));
             }
-            session
-                .subscribe(sid, expr, None, Qos::default())
-                .map_err(|e| err(ReplyCode::InternalError, e.to_string()))?;
+            self.answer(session, ch, no_wait, ok);
             self.chan(ch)?
                 .consumers
                 .insert(tag, ConsumerReg::ReplyTo(sid));

@@ -65,6 +65,9 @@ pub struct Amqp {
     pub(crate) registry: Mutex<Registry>,
     /// Numbers connections (exclusive queues' owners) and server-named queues.
     next: AtomicU64,
+    /// Bumped whenever an exchange is declared or deleted: a connection's cached exchange
+    /// is good while it is unchanged (publishing takes no registry lock).
+    pub(crate) exchanges_changed: AtomicU64,
     /// The broker session dead letters are published from.
     dead_letters: tokio::sync::Mutex<Option<hayate_broker::Session>>,
 }
@@ -106,6 +109,7 @@ impl Amqp {
             max_preauth: (config.limits.max_preauth_bytes as usize).max(4096),
             registry: Mutex::new(reg),
             next: AtomicU64::new(1),
+            exchanges_changed: AtomicU64::new(0),
             dead_letters: tokio::sync::Mutex::new(None),
         })
     }

@@ -135,6 +135,8 @@ impl QueueArgs {
 #[derive(Debug, Clone)]
 pub(crate) struct Binding {
     pub(crate) exchange: String,
+    /// The exchange's name as deliveries show it (made once, shared by every delivery).
+    exchange_s: ShortStr,
     pub(crate) kind: Kind,
     pub(crate) key: String,
     pub(crate) args: FieldTable,
@@ -372,6 +374,7 @@ impl Queue {
         let sid = st.bindings.iter().map(|b| b.sid).max().unwrap_or(0) + 1;
         st.bindings.push(Binding {
             exchange: exchange.to_string(),
+            exchange_s: ShortStr::lit(exchange),
             kind,
             key: key.to_string(),
             args,
@@ -491,12 +494,11 @@ impl Queue {
             m.seq = st.next_seq;
             st.msgs.push_back(m);
         }
-        let seq = m_seq(&st);
+        let seq = (!front).then_some(st.next_seq);
         self.dispatch_locked(&mut st);
         // Still here (no consumer took it at once): it may stay long, so it gets
         // allocations of its own instead of pinning the read buffer it came in.
-        if !front
-            && let Some(back) = st.msgs.back_mut()
+        if let Some(back) = st.msgs.back_mut()
             && Some(back.seq) == seq
         {
             back.msg = back.msg.compact();
@@ -799,18 +801,18 @@ impl Queue {
         st.consumers.is_empty() && st.used.is_some_and(|u| u.elapsed() >= ttl)
     }
 
-    fn binding(&self, sid: u32) -> Option<(String, Kind, FieldTable)> {
+    /// A binding's exchange (shared) and type, and its arguments for a headers exchange
+    /// (the only type whose arguments a delivery needs).
+    fn binding(&self, sid: u32) -> Option<(ShortStr, Kind, Option<FieldTable>)> {
         lock(&self.st)
             .bindings
             .iter()
             .find(|b| b.sid == sid)
-            .map(|b| (b.exchange.clone(), b.kind, b.args.clone()))
+            .map(|b| {
+                let args = (b.kind == Kind::Headers).then(|| b.args.clone());
+                (b.exchange_s.clone(), b.kind, args)
+            })
     }
-}
-
-/// The place of the message at the back of the queue.
-fn m_seq(st: &QState) -> Option<u64> {
-    st.msgs.back().map(|m| m.seq)
 }
 
 /// The queue's task: looks again at stalled consumers and expired messages, and ends when
@@ -881,13 +883,22 @@ impl Encoder for QueueEncoder {
         let Some((exchange, kind, args)) = q.binding(sid) else {
             return;
         };
-        let exchange_s = ShortStr::lit(&exchange);
+        let x = exchange.as_str().unwrap_or("");
         for i in 0..batch.len() {
             let msg = batch.message(i);
-            if kind == Kind::Headers && !super::headers_match(&args, &msg) {
+            if args
+                .as_ref()
+                .is_some_and(|a| !super::headers_match(a, &msg))
+            {
                 continue;
             }
-            let rk = names::routing_key_of(&exchange, kind, msg.key.as_str());
+            let rk = names::routing_key_of(x, kind, msg.key.as_str());
+            // The string's buffer becomes the short string's (no second copy).
+            let routing_key = if rk.len() <= 255 {
+                ShortStr::new(bytes::Bytes::from(rk)).unwrap_or_default()
+            } else {
+                ShortStr::lit(&rk)
+            };
             let expires = match (q.args.message_ttl, msg.attrs.expires) {
                 (Some(ttl), Some(at)) => Some((Instant::now() + ttl).min(at)),
                 (Some(ttl), None) => Some(Instant::now() + ttl),
@@ -896,8 +907,8 @@ impl Encoder for QueueEncoder {
             q.push(
                 QMsg {
                     msg,
-                    exchange: exchange_s.clone(),
-                    routing_key: ShortStr::lit(&rk),
+                    exchange: exchange.clone(),
+                    routing_key,
                     redelivered: false,
                     expires,
                     seq: 0,
