@@ -553,3 +553,57 @@ def test_hostile_amqp_clients(small_broker):
     for c in conns:
         c.close()
     conn.close()
+
+
+def test_content_held_is_bounded_by_the_memory_budget(tmp_path):
+    """A client that announces a huge body and sends it slowly cannot hold more than the
+    broker-wide memory budget: past it, 506 RESOURCE_ERROR and the connection closed,
+    while another client carries on."""
+    from test_dashboard import HAYATE
+
+    cfg = tmp_path / "hayate.toml"
+    cfg.write_text("""
+[server]
+data_dir = ""
+[admin]
+listen = []
+[native]
+listen = []
+[mqtt]
+listen = []
+ws = []
+[stomp]
+listen = []
+[amqp]
+listen = ["127.0.0.1:0"]
+[limits]
+memory_budget = 16777216
+""")
+    proc, ports = start_hayate(HAYATE, cfg, tmp_path / "broker.log")
+    try:
+        other = connect(ports)
+        och = other.channel()
+        q = och.queue_declare(queue="", exclusive=True).method.queue
+        s = raw(ports)
+        handshake(s)  # frame_max 4096
+        s.sendall(struct.pack(">BHI", 1, 1, 5) + b"\x00\x14\x00\x0a\x00" + b"\xce")
+        publish = b"\x00\x3c\x00\x28\x00\x00\x00\x01q\x00"
+        header = b"\x00\x3c\x00\x00" + struct.pack(">Q", 100 << 20) + b"\x00\x00"
+        s.sendall(struct.pack(">BHI", 1, 1, len(publish)) + publish + b"\xce"
+                  + struct.pack(">BHI", 2, 1, len(header)) + header + b"\xce")
+        body = struct.pack(">BHI", 3, 1, 4000) + b"x" * 4000 + b"\xce"
+        sent = 0
+        try:
+            # 40 MB in 4 KB frames: far past the 16 MiB budget.
+            for _ in range(10_000):
+                s.sendall(body)
+                sent += 4000
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        assert connection_close_code(frames_until_close(s)) == 506
+        s.close()
+        och.basic_publish("", q, b"fine")
+        assert och.basic_get(q, auto_ack=True)[2] == b"fine"
+        other.close()
+    finally:
+        stop_process(proc)
