@@ -5,6 +5,8 @@
 # 64 B. Certificates: a throwaway CA and a server certificate for 127.0.0.1 (openssl, RSA
 # 2048); both brokers negotiate TLS 1.3 with the same certificate and the same cipher suite,
 # TLS_AES_128_GCM_SHA256 (Hayate's first choice; Mosquitto is told to use it).
+# The native targets say `shm=off`: a native client on the broker's host otherwise moves to
+# shared memory after its HELLO, TLS or not, and the TLS row would measure no TLS at all.
 # Writes bench/results/<date>-<host>-tls/ (or $1).
 #
 #   cargo build --release -p hayate && bench/tls.sh
@@ -55,8 +57,8 @@ pids+=($!)
 sleep 1
 ca="ca=$tmp/ca.pem"
 targets=(
-    --target "hayate://$native?name=hayate"
-    --target "hayate://$native_tls?$ca&name=hayate-tls"
+    --target "hayate://$native?shm=off&name=hayate"
+    --target "hayate://$native_tls?$ca&shm=off&name=hayate-tls"
     --target "mqtt://$mqtt?qos=0&name=hayate-mqtt"
     --target "mqtt://$mqtt_tls?qos=0&transport=tls&$ca&name=hayate-mqtt-tls"
     --target "mqtt://127.0.0.1:$mp?qos=0&name=mosquitto"

@@ -7,6 +7,8 @@ the error and close RabbitMQ would send, the broker serving others throughout.""
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import socket
 import struct
 import threading
@@ -93,6 +95,42 @@ def test_publish_consume_ack_and_properties(broker):
     ch.basic_ack(got[-1][0].delivery_tag, multiple=True)
     declared = ch.queue_declare(queue=q, passive=True).method
     assert (declared.message_count, declared.consumer_count) == (0, 0)
+    conn.close()
+
+
+def test_headers_table_keeps_its_types_and_mqtt_sees_text(broker):
+    # Celery relies on this: 'ignore_result': False must come back as a boolean, not the
+    # text "False" (which is true in Python); arrays, tables and void must come back too.
+    tag = uuid.uuid4().hex[:8]
+    headers = {"flag": False, "on": True, "n": 7, "big": 2 ** 40, "neg": -3, "dec": decimal.Decimal("1.50"),
+               "ts": datetime.datetime(2026, 11, 26, 4, 0, 0, tzinfo=datetime.timezone.utc),
+               "s": "text", "void": None, "arr": [1, "a", None], "tbl": {"k": 2, "t": {}}}
+    conn = connect(broker)
+    ch = conn.channel()
+    q = ch.queue_declare(queue="", exclusive=True).method.queue
+    ch.queue_bind(q, "amq.topic", f"h.{tag}")
+    received = []
+    ev = threading.Event()
+    m = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"amqp-h-{tag}",
+                    protocol=paho.MQTTv5)
+    m.on_message = lambda c, u, msg: (received.append(msg), ev.set())
+    m.connect("127.0.0.1", broker["mqtt"])
+    m.loop_start()
+    m.subscribe(f"h/{tag}", qos=0)
+    time.sleep(0.3)
+    ch.basic_publish("amq.topic", f"h.{tag}", b"typed",
+                     pika.BasicProperties(headers=headers, content_type="text/plain"))
+    [(_, props, body)] = drain(ch, q, 1)
+    assert body == b"typed"
+    assert props.headers == headers
+    assert props.content_type == "text/plain"
+    # The MQTT subscriber gets the scalar entries as text user properties, and no binary
+    # copy of the table.
+    assert ev.wait(5)
+    user = dict(received[0].properties.UserProperty)
+    assert user["flag"] == "false" and user["n"] == "7" and user["s"] == "text"
+    assert "amqp-table" not in user
+    m.loop_stop()
     conn.close()
 
 

@@ -198,10 +198,7 @@ pub(crate) async fn connect_tls(
     target: &Target,
     ca: &str,
     timeout: std::time::Duration,
-) -> anyhow::Result<(
-    tokio::io::ReadHalf<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
-    tokio::io::WriteHalf<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
-)> {
+) -> anyhow::Result<(hayate_io::transport::Reader, TransportWrite)> {
     use anyhow::Context as _;
     let config = hayate_client::tls_client_config(std::path::Path::new(ca), None)
         .with_context(|| format!("ca={ca}"))?;
@@ -211,11 +208,47 @@ pub(crate) async fn connect_tls(
         .with_context(|| format!("connecting to {target}"))?;
     stream.set_nodelay(true)?;
     let name = rustls::pki_types::ServerName::try_from(target.host.clone())?;
-    let tls = tokio_rustls::TlsConnector::from(config)
-        .connect(name, stream)
+    // hayate-io's TLS transport (the one Hayate's own client and broker use): one `recv` of
+    // up to 64 KiB per read, where tokio-rustls makes one per 4 KiB.
+    let (r, w) = hayate_io::transport::tls::connect(stream, config, name, timeout)
         .await
         .with_context(|| format!("TLS handshake with {target}"))?;
-    Ok(tokio::io::split(tls))
+    Ok((r, TransportWrite(w)))
+}
+
+/// `AsyncWrite` over a transport's write half. `poll_flush` pushes what the transport still
+/// holds (TLS ciphertext): call it after a `write_all`.
+pub(crate) struct TransportWrite(hayate_io::transport::Writer);
+
+impl tokio::io::AsyncWrite for TransportWrite {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        loop {
+            match self.0.try_write_vectored(&[std::io::IoSlice::new(buf)]) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::task::ready!(self.0.poll_write_ready(cx))?
+                }
+                r => return std::task::Poll::Ready(r),
+            }
+        }
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.0.poll_write_ready(cx)
+    }
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::ready!(self.0.poll_write_ready(cx))?;
+        self.0.shutdown();
+        std::task::Poll::Ready(Ok(()))
+    }
 }
 
 /// A key prefix unique to one point of one process: `bench/<pid>-<n>`.

@@ -315,3 +315,85 @@ async fn a_tls_subscriber_that_never_reads_is_cut_off() {
     .await;
     within(60, reader).await.unwrap();
 }
+
+/// The TLS transport's read half on its own: it reads up to 64 KiB of ciphertext per `recv`
+/// (many records) and hands out their plaintext whole or in pieces, in order, to buffers of
+/// any size; then the end of the stream, with the peer's close_notify and without it.
+#[tokio::test]
+async fn tls_reads_span_records_and_end_cleanly() {
+    use hayate_io::transport::tls::{self as t, rustls};
+    use rustls::pki_types::pem::PemObject;
+    use std::sync::Arc;
+    use tokio::io::AsyncReadExt;
+
+    let f = files("reads");
+    let mut server_cfg =
+        rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            t::load_certs(&f.cert).unwrap(),
+            rustls::pki_types::PrivateKeyDer::from_pem_file(&f.key).unwrap(),
+        )
+        .unwrap();
+    // No session tickets: the client reads nothing, so closing its socket is a FIN (unread
+    // tickets would make it a reset).
+    server_cfg.send_tls13_tickets = 0;
+    let server_cfg = Arc::new(server_cfg);
+    let client_cfg = t::client_config(&f.ca, None).unwrap();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    for close_notify in [true, false] {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let cfg = server_cfg.clone();
+        let reader = tokio::spawn(async move {
+            let (s, _) = l.accept().await.unwrap();
+            let (mut r, _w, _) = t::accept(s, cfg, Duration::from_secs(5)).await.unwrap();
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; 200_000];
+            // Small and large reads in turn: a read smaller than a record leaves the rest
+            // of its plaintext for the next one.
+            for i in 0usize.. {
+                let want = [100, 200_000, 1, 17_000][i % 4];
+                let n = r.read(&mut buf[..want]).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            got
+        });
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let (r, w) = t::connect(tcp, client_cfg.clone(), name, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let mut q = std::collections::VecDeque::new();
+        let mut at = 0;
+        for size in [1usize, 100, 5_000, 70_000].iter().cycle() {
+            if at == data.len() {
+                break;
+            }
+            let end = (at + size).min(data.len());
+            q.push_back(bytes::Bytes::copy_from_slice(&data[at..end]));
+            at = end;
+        }
+        hayate_io::transport::write_chunks(&*w, &mut q).await.unwrap();
+        std::future::poll_fn(|cx| w.poll_write_ready(cx))
+            .await
+            .unwrap();
+        if close_notify {
+            w.shutdown();
+        } else {
+            // The socket closes with no close_notify: an end like TCP's.
+            drop(r);
+            drop(w);
+        }
+        let got = within(20, reader).await.unwrap();
+        assert_eq!(got.len(), data.len(), "close_notify: {close_notify}");
+        assert!(got == data, "close_notify: {close_notify}");
+    }
+}

@@ -9,7 +9,7 @@
 //! socket until that buffer has drained. So a client that stops reading holds at most
 //! `TLS_BUFFER` bytes of ciphertext here, beyond the outbox's own budget.
 
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, Read as _, Write};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
@@ -53,14 +53,6 @@ impl Write for SockW<'_> {
     }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
-    }
-}
-
-/// `io::Read` over the socket's non-blocking reads.
-struct SockR<'a>(&'a OwnedReadHalf);
-impl Read for SockR<'_> {
-    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
-        self.0.try_read(b)
     }
 }
 
@@ -141,55 +133,97 @@ pub struct TlsRead {
     /// buffer is zeroed first. (Zeroing all of it cost a memset of the whole reserved
     /// frame per record read: quadratic in a large frame.)
     avail: Option<usize>,
+    /// Ciphertext read from the socket and not yet handed to rustls (from `pos` on). rustls
+    /// reads at most 4 KiB from a socket per call, so a busy connection made a `recv` per
+    /// 4 KiB; this reads up to [`READ_AHEAD`] per `recv` and feeds rustls from memory. It is
+    /// freed whenever it is empty and the socket has nothing more, so an idle connection
+    /// holds none of it.
+    cipher: Vec<u8>,
+    pos: usize,
 }
 
 /// The most plaintext one TLS record carries: what a read asks for when it does not know.
 const MAX_RECORD: usize = 16 * 1024;
 
+/// The most ciphertext one `recv` takes from the socket.
+const READ_AHEAD: usize = 64 * 1024;
+
 impl AsyncRead for TlsRead {
+    /// Fills `out` with as much plaintext as rustls and the ciphertext read ahead hold (one
+    /// read may span several records, as a plain TCP read spans several frames), and reads
+    /// the socket only when it has given nothing yet.
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
-        if out.remaining() == 0 {
-            return Poll::Ready(Ok(()));
-        }
+        let start = out.filled().len();
         loop {
-            {
-                let mut c = lock(&this.shared.conn);
-                let want = out.remaining().min(this.avail.unwrap_or(MAX_RECORD));
-                let r = if want == 0 {
-                    Err(io::ErrorKind::WouldBlock.into())
-                } else {
-                    c.reader().read(out.initialize_unfilled_to(want))
-                };
-                match r {
-                    Ok(n) => {
-                        // 0: the peer's close_notify (a clean end).
-                        if let Some(a) = &mut this.avail {
-                            *a = a.saturating_sub(n);
-                        }
-                        out.advance(n);
-                        return Poll::Ready(Ok(()));
+            if out.remaining() == 0 {
+                return Poll::Ready(Ok(()));
+            }
+            let mut c = lock(&this.shared.conn);
+            let want = out.remaining().min(this.avail.unwrap_or(MAX_RECORD));
+            let r = if want == 0 {
+                Err(io::ErrorKind::WouldBlock.into())
+            } else {
+                c.reader().read(out.initialize_unfilled_to(want))
+            };
+            match r {
+                // 0: the peer's close_notify (a clean end, given by the next read when this
+                // one has data).
+                Ok(0) => return Poll::Ready(Ok(())),
+                Ok(n) => {
+                    if let Some(a) = &mut this.avail {
+                        *a = a.saturating_sub(n);
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        this.avail = Some(0);
-                    }
-                    // The peer closed without close_notify: an end like TCP's.
-                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                        return Poll::Ready(Ok(()));
-                    }
-                    Err(e) => return Poll::Ready(Err(e)),
+                    out.advance(n);
+                    continue;
                 }
-                if this.eof {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    this.avail = Some(0);
+                }
+                // The peer closed without close_notify: an end like TCP's.
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                     return Poll::Ready(Ok(()));
                 }
-                match c.read_tls(&mut SockR(&this.tcp)) {
-                    Ok(0) => this.eof = true,
-                    Ok(_) => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+            let got = out.filled().len() > start;
+            if this.pos < this.cipher.len() {
+                // Feed rustls what an earlier `recv` brought.
+                let mut rest = &this.cipher[this.pos..];
+                match c.read_tls(&mut rest) {
+                    // rustls takes nothing after the peer's close_notify: what follows it is
+                    // not read.
+                    Ok(0) => {
+                        this.eof = true;
+                        this.pos = this.cipher.len();
+                    }
+                    Ok(n) => this.pos += n,
+                    Err(e) => return Poll::Ready(Err(e)),
+                }
+                if this.pos == this.cipher.len() {
+                    this.cipher.clear();
+                    this.pos = 0;
+                }
+            } else if got || this.eof {
+                return Poll::Ready(Ok(()));
+            } else {
+                if this.cipher.capacity() < READ_AHEAD {
+                    this.cipher.reserve_exact(READ_AHEAD);
+                }
+                match this.tcp.try_read_buf(&mut this.cipher) {
+                    Ok(0) => {
+                        // Tell rustls the stream ended (a read of nothing).
+                        this.eof = true;
+                        c.read_tls(&mut io::empty())?;
+                    }
+                    Ok(_) => continue,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        // Nothing more for now: an idle connection keeps no buffer.
+                        this.cipher = Vec::new();
                         drop(c);
                         match this.tcp.as_ref().poll_read_ready(cx) {
                             Poll::Ready(Ok(())) => continue,
@@ -199,24 +233,23 @@ impl AsyncRead for TlsRead {
                     }
                     Err(e) => return Poll::Ready(Err(e)),
                 }
-                match c.process_new_packets() {
-                    // After the peer's close_notify, a read gives the clean end (0).
-                    Ok(state)
-                        if state.peer_has_closed() && state.plaintext_bytes_to_read() == 0 =>
-                    {
-                        this.avail = None;
-                    }
-                    Ok(state) => this.avail = Some(state.plaintext_bytes_to_read()),
-                    Err(e) => {
-                        // Send the alert rustls queued for the peer, then fail.
-                        let _ = flush(&mut c, &this.shared.tcp);
-                        return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, e)));
-                    }
-                }
-                // Answers rustls owes the peer (key updates, tickets): best effort here, the
-                // writer pushes the rest.
-                let _ = flush(&mut c, &this.shared.tcp);
             }
+            match c.process_new_packets() {
+                // After the peer's close_notify, a read gives the clean end (0).
+                Ok(state) if state.peer_has_closed() && state.plaintext_bytes_to_read() == 0 => {
+                    this.avail = None;
+                }
+                Ok(state) => this.avail = Some(state.plaintext_bytes_to_read()),
+                Err(e) => {
+                    // Send the alert rustls queued for the peer, then fail.
+                    // (Plaintext this read took before the bad record is dropped with it.)
+                    let _ = flush(&mut c, &this.shared.tcp);
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, e)));
+                }
+            }
+            // Answers rustls owes the peer (key updates, tickets): best effort here, the
+            // writer pushes the rest.
+            let _ = flush(&mut c, &this.shared.tcp);
         }
     }
 }
@@ -234,6 +267,8 @@ fn split(tcp: TcpStream, mut conn: rustls::Connection) -> (Reader, Writer) {
             tcp: r,
             eof: false,
             avail: None,
+            cipher: Vec::new(),
+            pos: 0,
         }),
         Arc::new(TlsWrite(shared)),
     )

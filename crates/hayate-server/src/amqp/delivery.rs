@@ -7,7 +7,8 @@
 //! `expiration` ↔ the message's expiry, and the rest as headers named as RabbitMQ's STOMP
 //! plugin names them (`amqp-message-id`, `persistent`, `priority`, `timestamp`, `type`,
 //! `user-id`, `app-id`, `content-encoding`); the headers table's entries are headers of
-//! their own (values other than strings as their text).
+//! their own (values other than strings as their text), and the table itself travels whole
+//! in [`TABLE_HEADER`] so that AMQP consumers get it back exactly.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,8 +25,16 @@ use hayate_core::{Key, Message};
 
 use super::names;
 
+/// The header that carries an AMQP publish's headers table exactly, types and nesting kept,
+/// for AMQP consumers: the byte 0xFF, then the table as encoded on the wire. The 0xFF makes
+/// the value invalid UTF-8, so MQTT and STOMP deliveries leave it out (they carry the
+/// table's scalar entries as text headers of their own instead); native clients see it.
+pub(crate) const TABLE_HEADER: &str = "amqp-table";
+const TABLE_MARK: u8 = 0xFF;
+
 /// Message headers that carry AMQP properties (and are not application headers).
-const PROP_HEADERS: [&str; 9] = [
+const PROP_HEADERS: [&str; 10] = [
+    TABLE_HEADER,
     "content-type",
     "content-encoding",
     "amqp-message-id",
@@ -143,10 +152,19 @@ pub(crate) fn properties_of(msg: &Message) -> BasicProperties {
         let ms = at.saturating_duration_since(Instant::now()).as_millis();
         p.expiration = Some(ShortStr::lit(&ms.to_string()));
     }
+    // A message published over AMQP brings its headers table whole: the text headers
+    // beside it are copies of its entries for other protocols.
+    let exact = msg
+        .headers
+        .iter()
+        .flatten()
+        .find(|(k, v)| k == TABLE_HEADER && v.first() == Some(&TABLE_MARK))
+        .and_then(|(_, v)| hayate_amqp::types::Reader::new(&v[1..]).table().ok());
     let mut table = FieldTable::default();
     for (name, value) in msg.headers.iter().flatten() {
         let text = || std::str::from_utf8(value).ok().map(ShortStr::lit);
         match name.as_str() {
+            TABLE_HEADER => {}
             "content-type" => p.content_type = text(),
             "content-encoding" => p.content_encoding = text(),
             "amqp-message-id" => p.message_id = text(),
@@ -158,10 +176,18 @@ pub(crate) fn properties_of(msg: &Message) -> BasicProperties {
             "type" => p.kind = text(),
             "user-id" => p.user_id = text(),
             "app-id" => p.app_id = text(),
+            // Copies of the exact table's entries; headers added since (dead-lettering's)
+            // are not in it.
+            _ if exact.as_ref().is_some_and(|t| t.get(name).is_some()) => {}
             _ => table.insert(name, FieldValue::LongStr(value.clone())),
         }
     }
-    if !table.is_empty() {
+    if let Some(mut t) = exact {
+        for (k, v) in table.0 {
+            t.0.push((k, v));
+        }
+        p.headers = Some(t);
+    } else if !table.is_empty() {
         p.headers = Some(table);
     }
     p
@@ -224,7 +250,11 @@ pub(crate) fn message_of(
     put("type", s(&props.kind));
     put("user-id", s(&props.user_id));
     put("app-id", s(&props.app_id));
-    if let Some(t) = &props.headers {
+    if let Some(t) = props.headers.as_ref().filter(|t| !t.is_empty()) {
+        let mut raw = BytesMut::with_capacity(64);
+        raw.put_u8(TABLE_MARK);
+        hayate_amqp::types::Writer::new(&mut raw).table(t);
+        h.push((TABLE_HEADER.to_string(), raw.freeze()));
         for (k, v) in &t.0 {
             let (Some(name), Some(v)) = (k.as_str(), value_text(v)) else {
                 continue;
@@ -291,5 +321,75 @@ impl Encoder for AmqpEncoder {
 
     fn encode_lost(&mut self, _sid: u32, _count: u64, _out: &mut OutBuf) {
         // AMQP has no way to tell a consumer; the broker counts drops.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> FieldTable {
+        let mut inner = FieldTable::default();
+        inner.insert("k", FieldValue::I32(2));
+        let mut t = FieldTable::default();
+        t.insert("flag", FieldValue::Bool(false));
+        t.insert("n", FieldValue::I64(-7));
+        t.insert("s", FieldValue::LongStr(Bytes::from_static(b"text")));
+        t.insert("void", FieldValue::Void);
+        t.insert(
+            "arr",
+            FieldValue::Array(vec![FieldValue::U8(1), FieldValue::Void]),
+        );
+        t.insert("tbl", FieldValue::Table(inner));
+        t
+    }
+
+    #[test]
+    fn an_amqp_headers_table_comes_back_exactly() {
+        let props = BasicProperties {
+            headers: Some(table()),
+            content_type: Some(ShortStr::lit("text/plain")),
+            ..BasicProperties::default()
+        };
+        let mut msg = message_of(Key::new("q").unwrap(), &props, None, Bytes::new());
+        // Other protocols get the scalar entries as text, and the table itself as a value
+        // that is not UTF-8 (so MQTT and STOMP leave it out).
+        let h = msg.headers.clone().unwrap();
+        let text = |n: &str| h.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+        assert_eq!(text("flag").as_deref(), Some(&b"false"[..]));
+        assert_eq!(text("n").as_deref(), Some(&b"-7"[..]));
+        assert_eq!(text("arr"), None);
+        assert!(std::str::from_utf8(&text(TABLE_HEADER).unwrap()).is_err());
+
+        let back = properties_of(&msg);
+        assert_eq!(back.headers, Some(table()));
+        assert_eq!(back.content_type, Some(ShortStr::lit("text/plain")));
+
+        // A header added on the way (dead-lettering) follows the table's entries.
+        msg.headers.as_mut().unwrap().push((
+            "x-first-death-reason".into(),
+            Bytes::from_static(b"expired"),
+        ));
+        let mut want = table();
+        want.insert(
+            "x-first-death-reason",
+            FieldValue::LongStr(Bytes::from_static(b"expired")),
+        );
+        assert_eq!(properties_of(&msg).headers, Some(want));
+    }
+
+    #[test]
+    fn a_table_header_that_does_not_decode_is_ignored() {
+        let mut msg = Message::new(Key::new("q").unwrap(), Bytes::new());
+        msg.headers = Some(vec![
+            (
+                TABLE_HEADER.into(),
+                Bytes::from_static(b"\xff\x00\x00\x00\x09ab"),
+            ),
+            ("a".into(), Bytes::from_static(b"b")),
+        ]);
+        let mut want = FieldTable::default();
+        want.insert("a", FieldValue::LongStr(Bytes::from_static(b"b")));
+        assert_eq!(properties_of(&msg).headers, Some(want));
     }
 }

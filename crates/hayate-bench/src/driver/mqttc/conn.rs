@@ -96,6 +96,7 @@ impl MqttConn {
         let mut hello = BytesMut::new();
         hayate_mqtt::encode(&Packet::from(connect), version, &mut hello)?;
         wr.write_all(&hello).await?;
+        wr.flush().await?;
 
         let mut buf = BytesMut::with_capacity(READ_CHUNK * 2);
         let connack = tokio::time::timeout(timeout, async {

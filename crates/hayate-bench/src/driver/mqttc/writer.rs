@@ -19,6 +19,7 @@ pub(super) async fn write_loop(wr: &mut super::Wr, s: &Shared) -> std::io::Resul
         match chunk {
             Some(c) => {
                 wr.write_all(&c).await?;
+                wr.flush().await?;
                 s.wrote.store(true, Ordering::Relaxed);
                 s.space.notify_waiters();
                 // Give the buffer back when it is the only reference (reuse the allocation).
