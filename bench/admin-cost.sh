@@ -17,7 +17,7 @@ pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp"; }
 trap cleanup EXIT
 start() { # NAME BIN [ADMIN] (no ADMIN: a build from before --admin existed)
-    "$2" broker --listen 127.0.0.1:0 --mqtt off --ws off --stomp off ${3:+--admin "$3"} --data "" >"$tmp/$1.out" 2>"$tmp/$1.err" &
+    "$2" broker --listen 127.0.0.1:0 --mqtt off --ws off --stomp off --amqp off ${3:+--admin "$3"} --data "" >"$tmp/$1.out" 2>"$tmp/$1.err" &
     pids+=($!)
     for _ in $(seq 100); do grep -q ready "$tmp/$1.out" && break; sleep 0.05; done
 }

@@ -12,7 +12,7 @@ OUT="${2:-$ROOT/bench/results/$(date +%F)-$(hostname -s)-catchup}"
 HAYATE="${HAYATE_BIN:-$ROOT/target/release/hayate}"
 mkdir -p "$OUT"
 data="$(mktemp -d -p "${CATCHUP_DIR:-/var/tmp}")"
-"$HAYATE" broker --listen 127.0.0.1:0 --mqtt off --ws off --stomp off --admin off --data "$data" >"$OUT/broker.log" 2>&1 &
+"$HAYATE" broker --listen 127.0.0.1:0 --mqtt off --ws off --stomp off --amqp off --admin off --data "$data" >"$OUT/broker.log" 2>&1 &
 bpid=$!
 trap 'kill $bpid 2>/dev/null || true; rm -rf "$data"' EXIT
 for _ in $(seq 100); do grep -q ready "$OUT/broker.log" && break; sleep 0.1; done

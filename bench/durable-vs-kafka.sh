@@ -25,7 +25,7 @@ PORT=19092
 
 # --- Hayate ---------------------------------------------------------------------------------
 data="$(mktemp -d)"
-"$HAYATE" broker --listen 127.0.0.1:0 --mqtt off --ws off --stomp off --admin off --data "$data" >"$OUT/hayate-broker.log" 2>&1 &
+"$HAYATE" broker --listen 127.0.0.1:0 --mqtt off --ws off --stomp off --amqp off --admin off --data "$data" >"$OUT/hayate-broker.log" 2>&1 &
 bpid=$!
 trap 'kill $bpid 2>/dev/null || true; "$ROOT/bench/peers/kafka.sh" stop >/dev/null 2>&1 || true; rm -rf "$data"' EXIT
 for _ in $(seq 100); do grep -q ready "$OUT/hayate-broker.log" && break; sleep 0.1; done

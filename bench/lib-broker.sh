@@ -4,7 +4,7 @@
 #   stop_broker    for the caller's EXIT trap
 
 start_broker() {
-    "$BIN" broker --listen 127.0.0.1:0 --mqtt off --ws off --stomp off --admin off \
+    "$BIN" broker --listen 127.0.0.1:0 --mqtt off --ws off --stomp off --amqp off --admin off \
         --data "$tmp/data" >"$tmp/out" 2>"$tmp/err" &
     BROKER_PID=$!
     for _ in $(seq 100); do grep -q 'native protocol on' "$tmp/out" && break; sleep 0.05; done

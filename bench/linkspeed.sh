@@ -353,7 +353,7 @@ start_servers() {
     down=" "
     if measured hayate; then
         log="$tmp/hayate.log"
-        ip netns exec "$BRK_NS" "$BIN" broker --listen "$BRK_IP:$HAYATE_PORT" --admin off --max-payload "$MAX_PAYLOAD" >"$log" 2>&1 &
+        ip netns exec "$BRK_NS" "$BIN" broker --listen "$BRK_IP:$HAYATE_PORT" --amqp off --admin off --max-payload "$MAX_PAYLOAD" >"$log" 2>&1 &
         pids+=($!)
         wait_port "$HAYATE_PORT" "${pids[-1]}" "hayate broker" "$log" || exit 1
     fi

@@ -65,7 +65,7 @@ trap 'exit 143' TERM
 # start-up line).
 hayate_listen=127.0.0.1:4700
 port_open 4700 && hayate_listen=127.0.0.1:0
-"$BIN" broker --listen "$hayate_listen" --admin off --max-payload "$MAX_PAYLOAD" >"$tmp/hayate.out" 2>"$tmp/hayate.err" &
+"$BIN" broker --listen "$hayate_listen" --amqp off --admin off --max-payload "$MAX_PAYLOAD" >"$tmp/hayate.out" 2>"$tmp/hayate.err" &
 hayate_pid=$!
 hayate_addr=""
 for _ in $(seq 200); do

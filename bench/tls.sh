@@ -23,7 +23,7 @@ trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$tm
 "$ROOT/bench/tls-certs.sh" "$tmp"
 
 "$HAYATE" broker --listen 127.0.0.1:0 --native-tls 127.0.0.1:0 --mqtt 127.0.0.1:0 --mqtt-tls 127.0.0.1:0 \
-    --ws off --stomp off --admin off --data "" --tls-cert "$tmp/server.pem" --tls-key "$tmp/server.key" \
+    --ws off --stomp off --amqp off --admin off --data "" --tls-cert "$tmp/server.pem" --tls-key "$tmp/server.key" \
     >"$OUT/hayate-broker.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do grep -q ready "$OUT/hayate-broker.log" && break; sleep 0.1; done

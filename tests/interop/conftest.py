@@ -256,7 +256,7 @@ class Broker:
         cmd = [str(self.bin), "broker", "--listen", "127.0.0.1:0"]
         for proto in ("mqtt", "ws", "stomp"):
             cmd += [f"--{proto}", "127.0.0.1:0" if proto in self.protocols else "off"]
-        cmd += ["--data", str(self.data_dir), "--admin", "off"]
+        cmd += ["--amqp", "off", "--data", str(self.data_dir), "--admin", "off"]
         if BUSY_POLL_US:
             cmd += ["--busy-poll-us", BUSY_POLL_US]
         if self.config:

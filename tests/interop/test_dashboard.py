@@ -65,6 +65,8 @@ shm = false
 [mqtt]
 listen = ["127.0.0.1:0"]
 ws = []
+[amqp]
+listen = []
 [stomp]
 listen = ["127.0.0.1:0"]
 """)

@@ -13,6 +13,8 @@ pub const MQTT_MAX_PACKET: u32 = hayate_mqtt::MAX_VAR_INT;
 pub const DEFAULT_MQTT_LISTEN: &str = "127.0.0.1:1883";
 /// The default STOMP address.
 pub const DEFAULT_STOMP_LISTEN: &str = "127.0.0.1:61613";
+/// The default AMQP 0-9-1 address.
+pub const DEFAULT_AMQP_LISTEN: &str = "127.0.0.1:5672";
 /// The default MQTT-over-WebSocket address.
 pub const DEFAULT_MQTT_WS_LISTEN: &str = "127.0.0.1:8083";
 
@@ -241,8 +243,7 @@ impl Default for StompSection {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AmqpSection {
-    /// TCP addresses for AMQP 0-9-1 (empty, the default for now: no AMQP listener; the
-    /// usual port is 5672).
+    /// TCP addresses for AMQP 0-9-1 (default `127.0.0.1:5672`).
     pub listen: Vec<String>,
     /// Channels per connection at most (connection.tune's channel-max).
     pub channel_max: u16,
@@ -263,7 +264,7 @@ pub struct AmqpSection {
 impl Default for AmqpSection {
     fn default() -> Self {
         AmqpSection {
-            listen: Vec::new(),
+            listen: vec![DEFAULT_AMQP_LISTEN.to_string()],
             channel_max: 2047,
             frame_max: 131_072,
             heartbeat_secs: 60,

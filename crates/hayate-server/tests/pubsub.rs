@@ -174,6 +174,7 @@ async fn unix_socket_listener_works() {
     config.mqtt.listen.clear();
     config.mqtt.ws.clear();
     config.stomp.listen.clear();
+    config.amqp.listen.clear();
     config.admin.listen.clear();
     let server = hayate_server::Server::bind(&config).await.unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

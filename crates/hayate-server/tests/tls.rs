@@ -327,18 +327,17 @@ async fn tls_reads_span_records_and_end_cleanly() {
     use tokio::io::AsyncReadExt;
 
     let f = files("reads");
-    let mut server_cfg =
-        rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            t::load_certs(&f.cert).unwrap(),
-            rustls::pki_types::PrivateKeyDer::from_pem_file(&f.key).unwrap(),
-        )
-        .unwrap();
+    let mut server_cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        t::load_certs(&f.cert).unwrap(),
+        rustls::pki_types::PrivateKeyDer::from_pem_file(&f.key).unwrap(),
+    )
+    .unwrap();
     // No session tickets: the client reads nothing, so closing its socket is a FIN (unread
     // tickets would make it a reset).
     server_cfg.send_tls13_tickets = 0;
@@ -381,7 +380,9 @@ async fn tls_reads_span_records_and_end_cleanly() {
             q.push_back(bytes::Bytes::copy_from_slice(&data[at..end]));
             at = end;
         }
-        hayate_io::transport::write_chunks(&*w, &mut q).await.unwrap();
+        hayate_io::transport::write_chunks(&*w, &mut q)
+            .await
+            .unwrap();
         std::future::poll_fn(|cx| w.poll_write_ready(cx))
             .await
             .unwrap();

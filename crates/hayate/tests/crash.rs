@@ -36,6 +36,8 @@ fn start(dir: &std::path::Path) -> (Child, String) {
             "off",
             "--stomp",
             "off",
+            "--amqp",
+            "off",
             "--admin",
             "off",
             "--data",

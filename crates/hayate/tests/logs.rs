@@ -32,7 +32,7 @@ fn json_logs_and_a_filter_changed_at_run_time() {
             format!(
                 "[server]\ndata_dir = \"\"\nlog = \"{level}\"\nlog_format = \"json\"\n\
                  [native]\nlisten = [\"127.0.0.1:0\"]\nshm = false\n[mqtt]\nlisten = []\nws = []\n\
-                 [stomp]\nlisten = []\n[admin]\nlisten = [\"127.0.0.1:0\"]\n"
+                 [stomp]\nlisten = []\n[amqp]\nlisten = []\n[admin]\nlisten = [\"127.0.0.1:0\"]\n"
             ),
         )
         .unwrap();

@@ -28,6 +28,7 @@ fn config_with(per_address: usize, bob: Option<&UserConfig>, carol: Option<&User
     c.mqtt.listen.clear();
     c.mqtt.ws.clear();
     c.stomp.listen.clear();
+    c.amqp.listen.clear();
     c.admin.listen = vec!["127.0.0.1:0".into()];
     c.admin.users = vec!["alice".into()];
     c.auth.users.insert(

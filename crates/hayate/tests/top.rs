@@ -23,6 +23,8 @@ fn top_once_shows_the_clients() {
             "off",
             "--stomp",
             "off",
+            "--amqp",
+            "off",
             "--admin",
             "127.0.0.1:0",
             "--data",

@@ -1,5 +1,5 @@
 //! The Hayate brokers a comparison starts: the default one and the busy-polling one, each
-//! with its native, MQTT and STOMP listeners, started on first use.
+//! with its native, MQTT, STOMP and AMQP listeners, started on first use.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -38,7 +38,7 @@ pub(super) fn hayate_addr(
         .with_context(|| format!("the hayate broker reported no {label} listener"))
 }
 
-/// Spawns `hayate broker` with its native, MQTT and STOMP listeners on kernel-chosen ports
+/// Spawns `hayate broker` with its native, MQTT, STOMP and AMQP listeners on kernel-chosen ports
 /// (no WebSocket, nothing kept on disk), busy-polling if `busy`, and returns their addresses
 /// by protocol label.
 fn start_hayate(
@@ -55,6 +55,8 @@ fn start_hayate(
             "--mqtt",
             "127.0.0.1:0",
             "--stomp",
+            "127.0.0.1:0",
+            "--amqp",
             "127.0.0.1:0",
             "--ws",
             "off",

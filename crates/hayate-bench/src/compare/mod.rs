@@ -63,6 +63,7 @@ pub const ALL_PEERS: &[&str] = &[
     "hayate",
     "hayate-mqtt",
     "hayate-stomp",
+    "hayate-amqp",
     "hayate-broker-shm",
     "hayate-busy",
     "hayate-mqtt-busy",

@@ -72,6 +72,15 @@ pub(super) fn spec(name: &str) -> Option<Spec> {
             "the same hayate broker's STOMP listener; /topic/ destinations, ack auto; RPC by \
              temp-queue reply-to (as for RabbitMQ STOMP)",
         ),
+        "hayate-amqp" => s(
+            "hayate-amqp",
+            None,
+            Some("amqp://127.0.0.1:{port}?name=hayate-amqp"),
+            None,
+            "the same hayate broker's AMQP 0-9-1 listener; the same client and settings as \
+             rabbitmq (lapin, no publisher confirms, auto-ack consumer, transient messages; RPC \
+             by direct reply-to)",
+        ),
         "hayate-busy" => s(
             "hayate-busy",
             None,
@@ -242,6 +251,7 @@ pub(super) fn prepare(
         "hayate" | "hayate-broker-shm" => Some("native protocol"),
         "hayate-mqtt" => Some("mqtt"),
         "hayate-stomp" => Some("stomp"),
+        "hayate-amqp" => Some("amqp"),
         _ => None,
     } {
         let busy = spec.name.ends_with("-busy");
