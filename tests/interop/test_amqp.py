@@ -303,6 +303,38 @@ def test_queue_arguments_ttl_max_length_dead_letters(broker):
     conn.close()
 
 
+def test_priority_queues(broker):
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare(queue="prio", arguments={"x-max-priority": 5})
+    ch.queue_declare(queue="fifo")
+    sent = [(b"a", 1), (b"b", 5), (b"c", None), (b"d", 9), (b"e", 5), (b"f", 3)]
+    for body, p in sent:
+        for q in ("prio", "fifo"):
+            ch.basic_publish("", q, body, pika.BasicProperties(priority=p))
+    time.sleep(0.3)
+    # Higher priorities first (9 counts as the queue's 5), the same priority in order of
+    # arrival, no priority as 0. A queue without x-max-priority keeps arrival order.
+    got = [ch.basic_get("prio", auto_ack=False) for _ in range(6)]
+    assert [g[2] for g in got] == [b"b", b"d", b"e", b"f", b"a", b"c"]
+    assert [ch.basic_get("fifo", auto_ack=True)[2] for _ in range(6)] == \
+        [b"a", b"b", b"c", b"d", b"e", b"f"]
+    # Given back, a message returns to its place: before those of lower priority.
+    ch.basic_nack(got[4][0].delivery_tag, requeue=True)   # a (1)
+    ch.basic_nack(got[0][0].delivery_tag, requeue=True)   # b (5)
+    for g in got[1:4] + got[5:]:
+        ch.basic_ack(g[0].delivery_tag)
+    time.sleep(0.2)
+    again = [ch.basic_get("prio", auto_ack=True) for _ in range(2)]
+    assert [(g[2], g[0].redelivered) for g in again] == [(b"b", True), (b"a", True)]
+    for bad in (0, 256):
+        c2 = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+            c2.queue_declare(queue=f"prio-bad-{bad}", arguments={"x-max-priority": bad})
+        assert e.value.reply_code == 406
+    conn.close()
+
+
 def test_exclusive_queues_belong_to_their_connection(broker):
     a = connect(broker)
     q = a.channel().queue_declare(queue="mine", exclusive=True).method.queue

@@ -48,11 +48,19 @@ pub(crate) struct QMsg {
     /// Its place in the queue (set when it enters): a message given back goes back to it,
     /// as in RabbitMQ.
     pub(crate) seq: u64,
+    /// Its priority in a queue with `x-max-priority` (the message's own, at most the
+    /// queue's); 0 in any other queue.
+    pub(crate) priority: u8,
 }
 
 impl QMsg {
     fn size(&self) -> usize {
         self.msg.payload.len() + self.msg.key.as_bytes().len() + 64
+    }
+
+    /// Where it stands in its queue: higher priorities first, then in order of arrival.
+    fn place(&self) -> (std::cmp::Reverse<u8>, u64) {
+        (std::cmp::Reverse(self.priority), self.seq)
     }
 }
 
@@ -70,6 +78,9 @@ pub(crate) struct QueueArgs {
     pub(crate) reject_publish: bool,
     /// `x-overflow = reject-publish-dlx`: and dead-lettered.
     pub(crate) reject_publish_dlx: bool,
+    /// `x-max-priority`: a priority queue, message priorities 0 to this (higher ones count
+    /// as this).
+    pub(crate) max_priority: Option<u8>,
 }
 
 impl QueueArgs {
@@ -99,6 +110,12 @@ impl QueueArgs {
                     a.expires = Some(Duration::from_millis(ms));
                 }
                 "x-max-length" => a.max_length = Some(int(name, v)? as usize),
+                "x-max-priority" => match int(name, v)? {
+                    n @ 1..=255 => a.max_priority = Some(n as u8),
+                    _ => {
+                        return Err("invalid arg 'x-max-priority' for queue: from 1 to 255".into());
+                    }
+                },
                 "x-max-length-bytes" => a.max_length_bytes = Some(int(name, v)? as usize),
                 "x-dead-letter-exchange" => a.dead_letter_exchange = Some(text(name, v)?),
                 "x-dead-letter-routing-key" => {
@@ -485,23 +502,29 @@ impl Queue {
         }
         st.bytes += size;
         let mut m = m;
-        if front {
-            // Back to its place among those still there (they are in order of place).
-            let at = st.msgs.partition_point(|x| x.seq < m.seq);
-            st.msgs.insert(at, m);
-        } else {
+        if !front {
             st.next_seq += 1;
             m.seq = st.next_seq;
+        }
+        let place = (!front).then(|| m.place());
+        if front || m.priority > 0 {
+            // To its place among those there (they are in order of place): a message given
+            // back, or one of a priority queue that goes before lower priorities.
+            let at = st.msgs.partition_point(|x| x.place() < m.place());
+            st.msgs.insert(at, m);
+        } else {
             st.msgs.push_back(m);
         }
-        let seq = (!front).then_some(st.next_seq);
         self.dispatch_locked(&mut st);
         // Still here (no consumer took it at once): it may stay long, so it gets
         // allocations of its own instead of pinning the read buffer it came in.
-        if let Some(back) = st.msgs.back_mut()
-            && Some(back.seq) == seq
-        {
-            back.msg = back.msg.compact();
+        if let Some(place) = place {
+            let at = st.msgs.partition_point(|x| x.place() < place);
+            if let Some(m) = st.msgs.get_mut(at)
+                && m.place() == place
+            {
+                m.msg = m.msg.compact();
+            }
         }
         drop(st);
         self.dead_letter_all(dead, MAXLEN);
@@ -899,6 +922,16 @@ impl Encoder for QueueEncoder {
             } else {
                 ShortStr::lit(&rk)
             };
+            // A priority queue orders by the message's priority (the AMQP property, or a
+            // `priority` header from another protocol).
+            let priority = q.args.max_priority.map_or(0, |max| {
+                msg.headers
+                    .iter()
+                    .flatten()
+                    .find(|(k, _)| k == "priority")
+                    .and_then(|(_, v)| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok())
+                    .map_or(0, |p| p.min(u64::from(max)) as u8)
+            });
             let expires = match (q.args.message_ttl, msg.attrs.expires) {
                 (Some(ttl), Some(at)) => Some((Instant::now() + ttl).min(at)),
                 (Some(ttl), None) => Some(Instant::now() + ttl),
@@ -912,6 +945,7 @@ impl Encoder for QueueEncoder {
                     redelivered: false,
                     expires,
                     seq: 0,
+                    priority,
                 },
                 false,
             );
