@@ -47,16 +47,17 @@ listen = ["127.0.0.1:0"]
 [amqp]
 listen = ["127.0.0.1:0"]
 heartbeat_secs = 10
+vhosts = ["/", "dev"]
 """)
     proc, ports = start_hayate(HAYATE, cfg, tmp_path / "broker.log")
     yield ports
     stop_process(proc)
 
 
-def connect(ports) -> pika.BlockingConnection:
+def connect(ports, vhost: str = "/") -> pika.BlockingConnection:
     return pika.BlockingConnection(pika.ConnectionParameters(
-        "127.0.0.1", ports["amqp"], connection_attempts=1, socket_timeout=5,
-        blocked_connection_timeout=10))
+        "127.0.0.1", ports["amqp"], virtual_host=vhost, connection_attempts=1,
+        socket_timeout=5, blocked_connection_timeout=10))
 
 
 def drain(ch, queue: str, n: int, auto_ack=True, timeout=10.0) -> list:
@@ -333,6 +334,58 @@ def test_priority_queues(broker):
             c2.queue_declare(queue=f"prio-bad-{bad}", arguments={"x-max-priority": bad})
         assert e.value.reply_code == 406
     conn.close()
+
+
+def test_virtual_hosts_are_separate(broker):
+    root, dev = connect(broker), connect(broker, "dev")
+    rc, dc = root.channel(), dev.channel()
+    # The same queue name in two vhosts: two queues.
+    rc.queue_declare(queue="jobs")
+    dc.queue_declare(queue="jobs")
+    dc.basic_publish("", "jobs", b"dev-job",
+                     pika.BasicProperties(reply_to="dev-replies", correlation_id="1"))
+    rc.basic_publish("", "jobs", b"root-job")
+    time.sleep(0.2)
+    method, props, body = dc.basic_get("jobs", auto_ack=True)
+    assert body == b"dev-job"
+    # A reply-to naming a queue reads as the name the publisher gave, in its vhost.
+    assert props.reply_to == "dev-replies"
+    assert dc.basic_get("jobs", auto_ack=True) == (None, None, None)
+    assert rc.basic_get("jobs", auto_ack=True)[2] == b"root-job"
+    # Bindings see their own vhost only, both ways: dev's '#', and in '/' a binding whose
+    # expression also covers dev's keys (amqp-vhost/dev/v/...).
+    rq = rc.queue_declare(queue="", exclusive=True).method.queue
+    rc.queue_bind(rq, "amq.topic", "v.#")
+    rc.queue_bind(rq, "amq.topic", "amqp-vhost.*.v.#")
+    dq = dc.queue_declare(queue="", exclusive=True).method.queue
+    dc.queue_bind(dq, "amq.topic", "#")
+    # Other protocols see a vhost's keys under amqp-vhost/<name>/.
+    tag = uuid.uuid4().hex[:8]
+    received, ev = [], threading.Event()
+    m = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"amqp-vh-{tag}")
+    m.on_message = lambda c, u, msg: (received.append((msg.topic, msg.payload)), ev.set())
+    m.connect("127.0.0.1", broker["mqtt"])
+    m.loop_start()
+    m.subscribe(f"amqp-vhost/dev/v/{tag}", qos=0)
+    time.sleep(0.3)
+    dc.basic_publish("amq.topic", f"v.{tag}", b"in-dev")
+    rc.basic_publish("amq.topic", f"v.{tag}", b"in-root")
+    # (Asking for two, waiting 1 s: a second would be the other vhost's.)
+    assert [(mm.routing_key, b) for mm, _, b in drain(dc, dq, 2, timeout=1)] == \
+        [(f"v.{tag}", b"in-dev")]
+    assert [(mm.routing_key, b) for mm, _, b in drain(rc, rq, 2, timeout=1)] == \
+        [(f"v.{tag}", b"in-root")]
+    assert ev.wait(5)
+    time.sleep(0.2)
+    assert received == [(f"amqp-vhost/dev/v/{tag}", b"in-dev")]
+    m.loop_stop()
+    # An unknown vhost: connection.close 530 NOT_ALLOWED, as RabbitMQ.
+    with pytest.raises(pika.exceptions.AMQPConnectionError) as e:
+        connect(broker, "nope")
+    assert "530" in repr(e.value) or "NOT_ALLOWED" in repr(e.value) or \
+        "not found" in repr(e.value)
+    root.close()
+    dev.close()
 
 
 def test_exclusive_queues_belong_to_their_connection(broker):

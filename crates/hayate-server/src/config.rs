@@ -259,6 +259,10 @@ pub struct AmqpSection {
     pub queue_max_bytes: u64,
     /// Queues at most.
     pub max_queues: usize,
+    /// The virtual hosts that exist (connection.open names one): each has exchanges and
+    /// queues of its own, and every vhost but `/` publishes under the keys
+    /// `amqp-vhost/<name>/...` (docs/amqp.md, "Virtual hosts").
+    pub vhosts: Vec<String>,
 }
 
 impl Default for AmqpSection {
@@ -271,6 +275,7 @@ impl Default for AmqpSection {
             max_message_size: 128 * 1024 * 1024,
             queue_max_bytes: 64 * 1024 * 1024,
             max_queues: 10_000,
+            vhosts: vec!["/".to_string()],
         }
     }
 }
@@ -603,6 +608,23 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "amqp.channel_max must be at least 1".into(),
             ));
+        }
+        if self.amqp.vhosts.is_empty() {
+            return Err(ConfigError::Invalid(
+                "amqp.vhosts must name at least one virtual host".into(),
+            ));
+        }
+        for (i, v) in self.amqp.vhosts.iter().enumerate() {
+            if v.is_empty() || v.len() > 255 || v.chars().any(char::is_control) {
+                return Err(ConfigError::Invalid(format!(
+                    "amqp.vhosts: {v:?} is not a virtual host name (1 to 255 bytes, no control characters)"
+                )));
+            }
+            if self.amqp.vhosts[..i].contains(v) {
+                return Err(ConfigError::Invalid(format!(
+                    "amqp.vhosts: {v:?} is listed twice"
+                )));
+            }
         }
         for s in &self.stream {
             s.check()

@@ -136,10 +136,13 @@ pub struct TlsRead {
     /// Ciphertext read from the socket and not yet handed to rustls (from `pos` on). rustls
     /// reads at most 4 KiB from a socket per call, so a busy connection made a `recv` per
     /// 4 KiB; this reads up to [`READ_AHEAD`] per `recv` and feeds rustls from memory. It is
-    /// freed whenever it is empty and the socket has nothing more, so an idle connection
-    /// holds none of it.
+    /// freed as soon as rustls has taken all of it, so a connection that is not being read
+    /// holds only ciphertext it has not fed yet, and an idle one none.
     cipher: Vec<u8>,
     pos: usize,
+    /// An error met after this read had plaintext to give: that is given first, the
+    /// error by the next read.
+    failed: Option<io::Error>,
 }
 
 /// The most plaintext one TLS record carries: what a read asks for when it does not know.
@@ -158,6 +161,9 @@ impl AsyncRead for TlsRead {
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        if let Some(e) = this.failed.take() {
+            return Poll::Ready(Err(e));
+        }
         let start = out.filled().len();
         loop {
             if out.remaining() == 0 {
@@ -202,10 +208,15 @@ impl AsyncRead for TlsRead {
                         this.pos = this.cipher.len();
                     }
                     Ok(n) => this.pos += n,
-                    Err(e) => return Poll::Ready(Err(e)),
+                    Err(e) => {
+                        drop(c);
+                        return this.fail(got, e);
+                    }
                 }
                 if this.pos == this.cipher.len() {
-                    this.cipher.clear();
+                    // All of it fed: freed now, not kept while the connection is not
+                    // read (a connection held back by the memory budget, say).
+                    this.cipher = Vec::new();
                     this.pos = 0;
                 }
             } else if got || this.eof {
@@ -242,15 +253,27 @@ impl AsyncRead for TlsRead {
                 Ok(state) => this.avail = Some(state.plaintext_bytes_to_read()),
                 Err(e) => {
                     // Send the alert rustls queued for the peer, then fail.
-                    // (Plaintext this read took before the bad record is dropped with it.)
                     let _ = flush(&mut c, &this.shared.tcp);
-                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, e)));
+                    drop(c);
+                    return this.fail(got, io::Error::new(io::ErrorKind::InvalidData, e));
                 }
             }
             // Answers rustls owes the peer (key updates, tickets): best effort here, the
             // writer pushes the rest.
             let _ = flush(&mut c, &this.shared.tcp);
         }
+    }
+}
+
+impl TlsRead {
+    /// Ends a read with error `e`: at once when it has no plaintext (`got` false), else
+    /// after the plaintext it has, at the next read.
+    fn fail(&mut self, got: bool, e: io::Error) -> Poll<io::Result<()>> {
+        if got {
+            self.failed = Some(e);
+            return Poll::Ready(Ok(()));
+        }
+        Poll::Ready(Err(e))
     }
 }
 
@@ -269,6 +292,7 @@ fn split(tcp: TcpStream, mut conn: rustls::Connection) -> (Reader, Writer) {
             avail: None,
             cipher: Vec::new(),
             pos: 0,
+            failed: None,
         }),
         Arc::new(TlsWrite(shared)),
     )

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use super::delivery::{AmqpEncoder, OwnConsumer, encode_content, message_of};
 use super::names::{self, Kind, REPLY_TO_QUEUE};
 use super::queue::{Chan, ChanState, Consumer, Queue, QueueArgs, QueueEncoder, Unacked, lock};
-use super::{Amqp, Exchange};
+use super::{Amqp, Exchange, VHost};
 use crate::auth::{Credentials, Identity};
 use crate::frontend::{self, Accepted, Handler, Stop};
 
@@ -208,6 +208,8 @@ struct Conn<'a> {
     /// The exchange last published to, with the registry's `exchanges_changed` it was read
     /// at.
     last_exchange: Option<(u64, ShortStr, Exchange)>,
+    /// The virtual host connection.open named.
+    vhost: Arc<VHost>,
 }
 
 /// The front-end as the connection driver sees it.
@@ -370,6 +372,8 @@ pub async fn serve(io: Accepted, amqp: Arc<Amqp>) {
             held: 0,
             input: hayate_io::memory::Charge::exact(&amqp.broker.config().memory),
             last_exchange: None,
+            // Until connection.open names one (no method that uses it comes before).
+            vhost: amqp.first_vhost(),
         },
         session,
         decoder: FrameDecoder::new(amqp.max_preauth as u32),
@@ -557,15 +561,18 @@ impl Conn<'_> {
                 let Method::ConnectionOpen { virtual_host, .. } = &m else {
                     return Ok(());
                 };
-                if virtual_host.as_bytes() != b"/" {
+                let Some(vh) = virtual_host
+                    .as_str()
+                    .and_then(|v| self.amqp.vhosts.get(v))
+                    .cloned()
+                else {
                     return hard(
                         ReplyCode::NotAllowed,
-                        format!(
-                            "vhost '{virtual_host}' not found (this broker has the vhost '/' only)"
-                        ),
+                        format!("vhost {virtual_host} not found"),
                         &m,
                     );
-                }
+                };
+                self.vhost = vh;
                 self.send(
                     session,
                     0,
@@ -1244,19 +1251,25 @@ impl Conn<'_> {
         let Some(x) = self.exchange(&p.exchange) else {
             return Err(err(
                 ReplyCode::NotFound,
-                format!("no exchange '{exchange}' in vhost '/'"),
+                format!(
+                    "no exchange '{exchange}' in vhost '{vh}'",
+                    vh = self.vhost.name
+                ),
             ));
         };
         if x.internal {
             return Err(err(
                 ReplyCode::AccessRefused,
-                format!("cannot publish to internal exchange '{exchange}' in vhost '/'"),
+                format!(
+                    "cannot publish to internal exchange '{exchange}' in vhost '{vh}'",
+                    vh = self.vhost.name
+                ),
             ));
         }
         let header = p.header.unwrap_or_default();
         let props = &header.properties;
         let rk = p.routing_key.as_str().unwrap_or("");
-        let key = names::publish_key(exchange, x.kind, rk);
+        let key = self.vhost.key(names::publish_key(exchange, x.kind, rk));
         let reply_to = match props.reply_to.as_ref().and_then(|r| r.as_str()) {
             None | Some("") => None,
             Some(r) if r == REPLY_TO_QUEUE => {
@@ -1268,7 +1281,10 @@ impl Conn<'_> {
                 }
                 Key::new(&format!("{}/{REPLY_SUFFIX}", session.inbox())).ok()
             }
-            Some(r) => names::queue_key(r),
+            // A direct reply-to address is an inbox (of no vhost); a queue name is one of
+            // this vhost's.
+            Some(r) if r.starts_with(names::REPLY_TO_PREFIX) => names::queue_key(r),
+            Some(r) => self.vhost.key(names::queue_key(r)),
         };
         let body = p.body.freeze();
         let mut routed = 0;
@@ -1356,14 +1372,14 @@ impl Conn<'_> {
     /// Exchange `name`, from the one-entry cache while no exchange was declared or deleted
     /// since it was read (a publisher sending to one exchange takes no registry lock).
     fn exchange(&mut self, name: &ShortStr) -> Option<Exchange> {
-        let now = self.amqp.exchanges_changed.load(Ordering::Acquire);
+        let now = self.vhost.exchanges_changed.load(Ordering::Acquire);
         if let Some((at, n, x)) = &self.last_exchange
             && *at == now
             && n == name
         {
             return Some(x.clone());
         }
-        let x = lock(&self.amqp.registry)
+        let x = lock(&self.vhost.registry)
             .exchanges
             .get(name.as_str().unwrap_or(""))
             .cloned()?;
@@ -1377,17 +1393,20 @@ impl Conn<'_> {
 
     fn queue(&self, name: &ShortStr) -> Result<Arc<Queue>, AmqpError> {
         let n = name.as_str().unwrap_or("");
-        let q = lock(&self.amqp.registry).queues.get(n).cloned();
+        let q = lock(&self.vhost.registry).queues.get(n).cloned();
         let Some(q) = q.filter(|q| !q.is_deleted()) else {
             return Err(err(
                 ReplyCode::NotFound,
-                format!("no queue '{n}' in vhost '/'"),
+                format!("no queue '{n}' in vhost '{vh}'", vh = self.vhost.name),
             ));
         };
         if q.owner.is_some_and(|o| o != self.id) {
             return Err(err(
                 ReplyCode::ResourceLocked,
-                format!("cannot obtain exclusive access to locked queue '{n}' in vhost '/'"),
+                format!(
+                    "cannot obtain exclusive access to locked queue '{n}' in vhost '{vh}'",
+                    vh = self.vhost.name
+                ),
             ));
         }
         Ok(q)
@@ -1395,7 +1414,7 @@ impl Conn<'_> {
 
     /// May this connection's user take messages from `q` (serve its key)?
     fn may_serve(&self, q: &Queue) -> Result<(), AmqpError> {
-        let Some(key) = names::queue_key(&q.name) else {
+        let Some(key) = self.vhost.key(names::queue_key(&q.name)) else {
             return Ok(());
         };
         let expr = KeyExpr::new(key.as_str())
@@ -1405,9 +1424,10 @@ impl Conn<'_> {
             _ => Err(err(
                 ReplyCode::AccessRefused,
                 format!(
-                    "access to queue '{}' in vhost '/' refused for user '{}'",
+                    "access to queue '{}' in vhost '{vh}' refused for user '{}'",
                     q.name,
-                    self.identity.name()
+                    self.identity.name(),
+                    vh = self.vhost.name
                 ),
             )),
         }
@@ -1425,14 +1445,14 @@ impl Conn<'_> {
         let n = name
             .as_str()
             .ok_or_else(|| err(ReplyCode::PreconditionFailed, "exchange name is not UTF-8"))?;
-        let mut reg = lock(&self.amqp.registry);
+        let mut reg = lock(&self.vhost.registry);
         if passive {
             return if reg.exchanges.contains_key(n) {
                 Ok(())
             } else {
                 Err(err(
                     ReplyCode::NotFound,
-                    format!("no exchange '{n}' in vhost '/'"),
+                    format!("no exchange '{n}' in vhost '{vh}'", vh = self.vhost.name),
                 ))
             };
         }
@@ -1448,9 +1468,10 @@ impl Conn<'_> {
                 return Err(err(
                     ReplyCode::PreconditionFailed,
                     format!(
-                        "inequivalent arg 'type' for exchange '{n}' in vhost '/': received '{}' but current is '{}'",
+                        "inequivalent arg 'type' for exchange '{n}' in vhost '{vh}': received '{}' but current is '{}'",
                         kind.name(),
-                        x.kind.name()
+                        x.kind.name(),
+                        vh = self.vhost.name
                     ),
                 ));
             }
@@ -1458,8 +1479,9 @@ impl Conn<'_> {
                 return Err(err(
                     ReplyCode::PreconditionFailed,
                     format!(
-                        "inequivalent arg 'durable' for exchange '{n}' in vhost '/': received '{durable}' but current is '{}'",
-                        x.durable
+                        "inequivalent arg 'durable' for exchange '{n}' in vhost '{vh}': received '{durable}' but current is '{}'",
+                        x.durable,
+                        vh = self.vhost.name
                     ),
                 ));
             }
@@ -1481,12 +1503,13 @@ impl Conn<'_> {
             return Err(err(
                 ReplyCode::PreconditionFailed,
                 format!(
-                    "exchange limit in vhost '/' ({}) is reached",
-                    self.amqp.cfg.max_queues
+                    "exchange limit in vhost '{vh}' ({}) is reached",
+                    self.amqp.cfg.max_queues,
+                    vh = self.vhost.name
                 ),
             ));
         }
-        self.amqp.exchanges_changed.fetch_add(1, Ordering::AcqRel);
+        self.vhost.exchanges_changed.fetch_add(1, Ordering::AcqRel);
         reg.exchanges.insert(
             n.to_string(),
             Exchange {
@@ -1502,7 +1525,7 @@ impl Conn<'_> {
 
     fn exchange_delete(&self, name: &ShortStr, if_unused: bool) -> Result<(), AmqpError> {
         let n = name.as_str().unwrap_or("");
-        let reg = lock(&self.amqp.registry);
+        let reg = lock(&self.vhost.registry);
         let Some(x) = reg.exchanges.get(n) else {
             // Deleting what is not there is not an error (RabbitMQ 3.x).
             return Ok(());
@@ -1521,11 +1544,14 @@ impl Conn<'_> {
         if if_unused && used {
             return Err(err(
                 ReplyCode::PreconditionFailed,
-                format!("exchange '{n}' in vhost '/' in use"),
+                format!(
+                    "exchange '{n}' in vhost '{vh}' in use",
+                    vh = self.vhost.name
+                ),
             ));
         }
-        lock(&self.amqp.registry).exchanges.remove(n);
-        self.amqp.exchanges_changed.fetch_add(1, Ordering::AcqRel);
+        lock(&self.vhost.registry).exchanges.remove(n);
+        self.vhost.exchanges_changed.fetch_add(1, Ordering::AcqRel);
         for q in queues {
             q.unbind_exchange(n);
         }
@@ -1560,12 +1586,15 @@ impl Conn<'_> {
         }
         let args =
             QueueArgs::parse(arguments).map_err(|e| err(ReplyCode::PreconditionFailed, e))?;
-        let existing = lock(&self.amqp.registry).queues.get(&n).cloned();
+        let existing = lock(&self.vhost.registry).queues.get(&n).cloned();
         if let Some(q) = existing.filter(|q| !q.is_deleted()) {
             if q.owner.is_some_and(|o| o != self.id) {
                 return Err(err(
                     ReplyCode::ResourceLocked,
-                    format!("cannot obtain exclusive access to locked queue '{n}' in vhost '/'"),
+                    format!(
+                        "cannot obtain exclusive access to locked queue '{n}' in vhost '{vh}'",
+                        vh = self.vhost.name
+                    ),
                 ));
             }
             for (what, got, have) in [
@@ -1577,7 +1606,8 @@ impl Conn<'_> {
                     return Err(err(
                         ReplyCode::PreconditionFailed,
                         format!(
-                            "inequivalent arg '{what}' for queue '{n}' in vhost '/': received '{got}' but current is '{have}'"
+                            "inequivalent arg '{what}' for queue '{n}' in vhost '{vh}': received '{got}' but current is '{have}'",
+                            vh = self.vhost.name
                         ),
                     ));
                 }
@@ -1585,14 +1615,17 @@ impl Conn<'_> {
             if args != q.args {
                 return Err(err(
                     ReplyCode::PreconditionFailed,
-                    format!("inequivalent arguments for queue '{n}' in vhost '/'"),
+                    format!(
+                        "inequivalent arguments for queue '{n}' in vhost '{vh}'",
+                        vh = self.vhost.name
+                    ),
                 ));
             }
             q.touch();
             let (m, c) = q.counts();
             return Ok((n, m, c));
         }
-        let Some(key) = names::queue_key(&n) else {
+        let Some(key) = self.vhost.key(names::queue_key(&n)) else {
             return Err(err(
                 ReplyCode::PreconditionFailed,
                 format!("queue name '{n}' cannot be a key"),
@@ -1601,19 +1634,20 @@ impl Conn<'_> {
         let expr = KeyExpr::new(key.as_str())
             .map_err(|e| err(ReplyCode::PreconditionFailed, e.to_string()))?;
         {
-            let reg = lock(&self.amqp.registry);
+            let reg = lock(&self.vhost.registry);
             if reg.queues.len() >= self.amqp.cfg.max_queues {
                 return Err(err(
                     ReplyCode::PreconditionFailed,
                     format!(
-                        "queue limit in vhost '/' ({}) is reached",
-                        self.amqp.cfg.max_queues
+                        "queue limit in vhost '{vh}' ({}) is reached",
+                        self.amqp.cfg.max_queues,
+                        vh = self.vhost.name
                     ),
                 ));
             }
         }
         let q = Queue::new(
-            Arc::downgrade(self.amqp),
+            self.vhost.clone(),
             n.clone(),
             durable,
             auto_delete,
@@ -1628,13 +1662,20 @@ impl Conn<'_> {
         q.attach(session);
         if let Some(dlx) = args.dead_letter_exchange.clone() {
             let amqp = self.amqp.clone();
+            let vhost = self.vhost.clone();
             let name = n.clone();
             let dlrk = args.dead_letter_routing_key.clone();
             q.set_dead_letters(Arc::new(move |m: super::queue::QMsg, why: &'static str| {
-                let (amqp, name, dlx, dlrk) =
-                    (amqp.clone(), name.clone(), dlx.clone(), dlrk.clone());
+                let (amqp, vhost, name, dlx, dlrk) = (
+                    amqp.clone(),
+                    vhost.clone(),
+                    name.clone(),
+                    dlx.clone(),
+                    dlrk.clone(),
+                );
                 Box::pin(async move {
-                    amqp.dead_letter(&name, &dlx, dlrk.as_deref(), m, why).await;
+                    amqp.dead_letter(&vhost, &name, &dlx, dlrk.as_deref(), m, why)
+                        .await;
                 }) as std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
             }));
         }
@@ -1645,7 +1686,7 @@ impl Conn<'_> {
         // registry's lock (a leaf).
         loop {
             let found = {
-                let mut reg = lock(&self.amqp.registry);
+                let mut reg = lock(&self.vhost.registry);
                 match reg.queues.get(&n).cloned() {
                     Some(other) => Some(other),
                     None if reg.queues.len() >= self.amqp.cfg.max_queues => {
@@ -1654,8 +1695,9 @@ impl Conn<'_> {
                         return Err(err(
                             ReplyCode::PreconditionFailed,
                             format!(
-                                "queue limit in vhost '/' ({}) is reached",
-                                self.amqp.cfg.max_queues
+                                "queue limit in vhost '{vh}' ({}) is reached",
+                                self.amqp.cfg.max_queues,
+                                vh = self.vhost.name
                             ),
                         ));
                     }
@@ -1672,7 +1714,7 @@ impl Conn<'_> {
                 return Ok((n, m, c));
             }
             // A queue on its way out: ours takes its place.
-            let mut reg = lock(&self.amqp.registry);
+            let mut reg = lock(&self.vhost.registry);
             if reg.queues.get(&n).is_some_and(|o| Arc::ptr_eq(o, &other)) {
                 reg.queues.insert(n.clone(), q.clone());
                 break;
@@ -1701,11 +1743,11 @@ impl Conn<'_> {
                 "operation not permitted on the default exchange",
             ));
         }
-        let kind = lock(&self.amqp.registry).exchanges.get(x).map(|e| e.kind);
+        let kind = lock(&self.vhost.registry).exchanges.get(x).map(|e| e.kind);
         let Some(kind) = kind else {
             return Err(err(
                 ReplyCode::NotFound,
-                format!("no exchange '{x}' in vhost '/'"),
+                format!("no exchange '{x}' in vhost '{vh}'", vh = self.vhost.name),
             ));
         };
         let rk = routing_key.as_str().unwrap_or("");
@@ -1713,7 +1755,7 @@ impl Conn<'_> {
             q.unbind(x, rk, arguments);
             return Ok(());
         }
-        let Some(expr) = names::binding_expr(x, kind, rk) else {
+        let Some(expr) = self.vhost.expr(names::binding_expr(x, kind, rk)) else {
             return Err(err(
                 ReplyCode::PreconditionFailed,
                 format!("binding key '{rk}' of exchange '{x}' cannot be a key expression"),
@@ -1752,16 +1794,24 @@ impl Conn<'_> {
         if if_unused && c > 0 {
             return Err(err(
                 ReplyCode::PreconditionFailed,
-                format!("queue '{}' in vhost '/' in use", q.name),
+                format!(
+                    "queue '{}' in vhost '{vh}' in use",
+                    q.name,
+                    vh = self.vhost.name
+                ),
             ));
         }
         if if_empty && m > 0 {
             return Err(err(
                 ReplyCode::PreconditionFailed,
-                format!("queue '{}' in vhost '/' is not empty", q.name),
+                format!(
+                    "queue '{}' in vhost '{vh}' is not empty",
+                    q.name,
+                    vh = self.vhost.name
+                ),
             ));
         }
-        Ok(delete_queue(self.amqp, &q))
+        Ok(delete_queue(&q))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1857,7 +1907,11 @@ impl Conn<'_> {
         if q.add_consumer(consumer, added).is_err() {
             return Err(err(
                 ReplyCode::AccessRefused,
-                format!("queue '{}' in vhost '/' in exclusive use", q.name),
+                format!(
+                    "queue '{}' in vhost '{vh}' in exclusive use",
+                    q.name,
+                    vh = self.vhost.name
+                ),
             ));
         }
         self.chan(ch)?.consumers.insert(tag, ConsumerReg::Queue(q));
@@ -1871,7 +1925,7 @@ impl Conn<'_> {
         };
         match c.consumers.remove(tag) {
             Some(ConsumerReg::Queue(q)) if q.remove_consumer(&c.shared, tag) => {
-                delete_queue(self.amqp, &q);
+                delete_queue(&q);
             }
             Some(ConsumerReg::ReplyTo(sid)) => {
                 session.unsubscribe(sid);
@@ -1891,7 +1945,7 @@ impl Conn<'_> {
             match reg {
                 ConsumerReg::Queue(q) => {
                     if q.remove_channel(&c.shared) {
-                        delete_queue(self.amqp, &q);
+                        delete_queue(&q);
                     }
                 }
                 ConsumerReg::ReplyTo(sid) => {
@@ -1934,7 +1988,7 @@ impl Conn<'_> {
             self.release_channel(ch, session).await;
         }
         for q in std::mem::take(&mut self.exclusive) {
-            delete_queue(self.amqp, &q);
+            delete_queue(&q);
         }
     }
 }
@@ -2017,9 +2071,9 @@ fn settle(
 
 /// Deletes a queue: out of the registry, its consumers told (basic.cancel on their
 /// channels), its bindings gone. How many messages it held.
-pub(crate) fn delete_queue(amqp: &Amqp, q: &Arc<Queue>) -> u32 {
+pub(crate) fn delete_queue(q: &Arc<Queue>) -> u32 {
     {
-        let mut reg = lock(&amqp.registry);
+        let mut reg = lock(&q.vhost.registry);
         if reg.queues.get(&q.name).is_some_and(|x| Arc::ptr_eq(x, q)) {
             reg.queues.remove(&q.name);
         }

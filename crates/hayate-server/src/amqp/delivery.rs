@@ -160,6 +160,11 @@ pub(crate) fn properties_of(msg: &Message) -> BasicProperties {
         .flatten()
         .find(|(k, v)| k == TABLE_HEADER && v.first() == Some(&TABLE_MARK))
         .and_then(|(_, v)| hayate_amqp::types::Reader::new(&v[1..]).table().ok());
+    // The exact table's names, looked up once per header (a linear search each would be
+    // quadratic in a hostile publisher's thousands of headers, under the queue's lock).
+    let copied: Option<std::collections::HashSet<&[u8]>> = exact
+        .as_ref()
+        .map(|t| t.0.iter().map(|(k, _)| k.as_bytes()).collect());
     let mut table = FieldTable::default();
     for (name, value) in msg.headers.iter().flatten() {
         let text = || std::str::from_utf8(value).ok().map(ShortStr::lit);
@@ -178,10 +183,11 @@ pub(crate) fn properties_of(msg: &Message) -> BasicProperties {
             "app-id" => p.app_id = text(),
             // Copies of the exact table's entries; headers added since (dead-lettering's)
             // are not in it.
-            _ if exact.as_ref().is_some_and(|t| t.get(name).is_some()) => {}
+            _ if copied.as_ref().is_some_and(|c| c.contains(name.as_bytes())) => {}
             _ => table.insert(name, FieldValue::LongStr(value.clone())),
         }
     }
+    drop(copied);
     if let Some(mut t) = exact {
         for (k, v) in table.0 {
             t.0.push((k, v));
@@ -197,7 +203,14 @@ pub(crate) fn properties_of(msg: &Message) -> BasicProperties {
 /// inbox as `amq.rabbitmq.reply-to.<key>`, any other key as itself (the default exchange
 /// routes that routing key back to the key).
 fn reply_to_text(k: &Key) -> ShortStr {
-    ShortStr::new(Bytes::copy_from_slice(k.as_bytes())).unwrap_or_else(|| ShortStr::lit(""))
+    // A queue of a vhost other than `/` is named without its vhost's prefix (the consumer
+    // is in that vhost: its reply to that name comes back to the same key).
+    let s = k.as_str();
+    let s = s
+        .strip_prefix(super::VHOST_KEYS)
+        .and_then(|rest| rest.split_once('/'))
+        .map_or(s, |(_, name)| name);
+    ShortStr::new(Bytes::copy_from_slice(s.as_bytes())).unwrap_or_else(|| ShortStr::lit(""))
 }
 
 /// A field value as header text.

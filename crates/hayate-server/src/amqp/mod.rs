@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 
 use hayate_amqp::{FieldTable, FieldValue};
 use hayate_broker::Broker;
-use hayate_core::Message;
+use hayate_core::{Key, KeyExpr, Message};
 
 use crate::auth::Authenticator;
 use crate::config::{AmqpSection, Config};
@@ -47,12 +47,103 @@ pub(crate) struct Exchange {
     pub(crate) builtin: bool,
 }
 
-/// Exchanges and queues of the (one) virtual host.
+/// Exchanges and queues of a virtual host.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
     pub(crate) exchanges: HashMap<String, Exchange>,
     pub(crate) queues: HashMap<String, Arc<Queue>>,
 }
+
+/// A virtual host: its exchanges and queues, and where its keys are.
+#[derive(Debug)]
+pub(crate) struct VHost {
+    pub(crate) name: String,
+    /// What every key of the vhost starts with: nothing for `/` (whose keys meet MQTT,
+    /// STOMP and native clients' as they are), `amqp-vhost/<name>/` for the others.
+    pub(crate) prefix: String,
+    pub(crate) registry: Mutex<Registry>,
+    /// Bumped whenever an exchange is declared or deleted: a connection's cached exchange
+    /// is good while it is unchanged (publishing takes no registry lock).
+    pub(crate) exchanges_changed: AtomicU64,
+}
+
+impl VHost {
+    fn new(name: &str) -> VHost {
+        let mut reg = Registry::default();
+        for (x, kind) in [
+            ("", Kind::Direct),
+            ("amq.direct", Kind::Direct),
+            ("amq.fanout", Kind::Fanout),
+            ("amq.topic", Kind::Topic),
+            ("amq.headers", Kind::Headers),
+            ("amq.match", Kind::Headers),
+        ] {
+            reg.exchanges.insert(
+                x.to_string(),
+                Exchange {
+                    kind,
+                    durable: true,
+                    auto_delete: false,
+                    internal: false,
+                    builtin: true,
+                },
+            );
+        }
+        let prefix = if name == "/" {
+            String::new()
+        } else {
+            let mut p = String::from("amqp-vhost/");
+            names::escape_word(name, &mut p);
+            p.push('/');
+            p
+        };
+        VHost {
+            name: name.to_string(),
+            prefix,
+            registry: Mutex::new(reg),
+            exchanges_changed: AtomicU64::new(0),
+        }
+    }
+
+    /// `k` (a key of the `/` mapping) as a key of this vhost.
+    pub(crate) fn key(&self, k: Option<Key>) -> Option<Key> {
+        let k = k?;
+        if self.prefix.is_empty() {
+            return Some(k);
+        }
+        Key::new(&format!("{}{}", self.prefix, k.as_str())).ok()
+    }
+
+    /// `e` (an expression of the `/` mapping) as an expression of this vhost.
+    pub(crate) fn expr(&self, e: Option<KeyExpr>) -> Option<KeyExpr> {
+        let e = e?;
+        if self.prefix.is_empty() {
+            return Some(e);
+        }
+        KeyExpr::new(&format!("{}{}", self.prefix, e.as_str())).ok()
+    }
+
+    /// A key of this vhost as a key of the `/` mapping (what routing keys and reply-to
+    /// queue names are read from).
+    pub(crate) fn strip<'a>(&self, key: &'a str) -> &'a str {
+        if self.prefix.is_empty() {
+            return key;
+        }
+        key.strip_prefix(self.prefix.as_str()).unwrap_or(key)
+    }
+
+    /// A key of another vhost (so not this one's, when this one is `/`)?
+    pub(crate) fn foreign(&self, key: &str) -> bool {
+        if self.prefix.is_empty() {
+            key.starts_with(VHOST_KEYS)
+        } else {
+            !key.starts_with(self.prefix.as_str())
+        }
+    }
+}
+
+/// Where the keys of the vhosts other than `/` are.
+pub(crate) const VHOST_KEYS: &str = "amqp-vhost/";
 
 /// The AMQP front-end's shared state.
 pub struct Amqp {
@@ -62,12 +153,10 @@ pub struct Amqp {
     pub(crate) handshake_timeout: std::time::Duration,
     /// Largest connection.start-ok accepted before login (`limits.max_preauth_bytes`).
     pub(crate) max_preauth: usize,
-    pub(crate) registry: Mutex<Registry>,
+    /// The virtual hosts (`[amqp] vhosts`).
+    pub(crate) vhosts: HashMap<String, Arc<VHost>>,
     /// Numbers connections (exclusive queues' owners) and server-named queues.
     next: AtomicU64,
-    /// Bumped whenever an exchange is declared or deleted: a connection's cached exchange
-    /// is good while it is unchanged (publishing takes no registry lock).
-    pub(crate) exchanges_changed: AtomicU64,
     /// The broker session dead letters are published from.
     dead_letters: tokio::sync::Mutex<Option<hayate_broker::Session>>,
 }
@@ -81,37 +170,32 @@ impl std::fmt::Debug for Amqp {
 impl Amqp {
     /// The front-end for `broker` with `config`'s AMQP and auth settings.
     pub fn new(broker: Broker, config: &Config, auth: Arc<dyn Authenticator>) -> Arc<Amqp> {
-        let mut reg = Registry::default();
-        for (name, kind) in [
-            ("", Kind::Direct),
-            ("amq.direct", Kind::Direct),
-            ("amq.fanout", Kind::Fanout),
-            ("amq.topic", Kind::Topic),
-            ("amq.headers", Kind::Headers),
-            ("amq.match", Kind::Headers),
-        ] {
-            reg.exchanges.insert(
-                name.to_string(),
-                Exchange {
-                    kind,
-                    durable: true,
-                    auto_delete: false,
-                    internal: false,
-                    builtin: true,
-                },
-            );
-        }
+        let vhosts = config
+            .amqp
+            .vhosts
+            .iter()
+            .map(|v| (v.clone(), Arc::new(VHost::new(v))))
+            .collect();
         Arc::new(Amqp {
             broker,
             cfg: config.amqp.clone(),
             auth,
             handshake_timeout: std::time::Duration::from_millis(config.limits.handshake_timeout_ms),
             max_preauth: (config.limits.max_preauth_bytes as usize).max(4096),
-            registry: Mutex::new(reg),
+            vhosts,
             next: AtomicU64::new(1),
-            exchanges_changed: AtomicU64::new(0),
             dead_letters: tokio::sync::Mutex::new(None),
         })
+    }
+
+    /// The first virtual host of `[amqp] vhosts` (`/` by default).
+    pub(crate) fn first_vhost(&self) -> Arc<VHost> {
+        self.cfg
+            .vhosts
+            .first()
+            .and_then(|v| self.vhosts.get(v))
+            .cloned()
+            .unwrap_or_else(|| Arc::new(VHost::new("/")))
     }
 
     pub(crate) fn next_id(&self) -> u64 {
@@ -123,18 +207,19 @@ impl Amqp {
     /// (`x-first-death-reason`, `x-first-death-queue`).
     pub(crate) async fn dead_letter(
         self: &Arc<Self>,
+        vhost: &VHost,
         queue: &str,
         exchange: &str,
         routing_key: Option<&str>,
         m: queue::QMsg,
         why: &'static str,
     ) {
-        let kind = match lock(&self.registry).exchanges.get(exchange) {
+        let kind = match lock(&vhost.registry).exchanges.get(exchange) {
             Some(x) => x.kind,
             None => return, // RabbitMQ drops dead letters to a missing exchange too.
         };
         let rk = routing_key.unwrap_or(m.routing_key.as_str().unwrap_or(""));
-        let Some(key) = names::publish_key(exchange, kind, rk) else {
+        let Some(key) = vhost.key(names::publish_key(exchange, kind, rk)) else {
             return;
         };
         let mut msg = m.msg;

@@ -57,11 +57,6 @@ impl QMsg {
     fn size(&self) -> usize {
         self.msg.payload.len() + self.msg.key.as_bytes().len() + 64
     }
-
-    /// Where it stands in its queue: higher priorities first, then in order of arrival.
-    fn place(&self) -> (std::cmp::Reverse<u8>, u64) {
-        (std::cmp::Reverse(self.priority), self.seq)
-    }
 }
 
 /// What `x-` arguments of queue.declare set.
@@ -224,10 +219,76 @@ impl Consumer {
     }
 }
 
+/// A queue's ready messages in delivery order: a first-in first-out list per priority
+/// (a queue without `x-max-priority` has priority 0 only), the highest served first. New
+/// messages go to the back of their priority's list (O(1)); a message given back goes to
+/// its place in its own list.
+#[derive(Debug, Default)]
+struct Msgs {
+    /// Index: the priority (grown to the highest one seen).
+    levels: Vec<VecDeque<QMsg>>,
+    len: usize,
+}
+
+impl Msgs {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn level(&mut self, priority: u8) -> &mut VecDeque<QMsg> {
+        let p = usize::from(priority);
+        if self.levels.len() <= p {
+            self.levels.resize_with(p + 1, VecDeque::new);
+        }
+        &mut self.levels[p]
+    }
+
+    /// The next to deliver.
+    fn front(&self) -> Option<&QMsg> {
+        self.levels.iter().rev().find_map(VecDeque::front)
+    }
+
+    fn pop_front(&mut self) -> Option<QMsg> {
+        let m = self.levels.iter_mut().rev().find_map(VecDeque::pop_front)?;
+        self.len -= 1;
+        Some(m)
+    }
+
+    /// A new message (its `seq` the highest yet): at the back of its priority.
+    fn push_back(&mut self, m: QMsg) {
+        self.level(m.priority).push_back(m);
+        self.len += 1;
+    }
+
+    /// A message given back: to its place among those of its priority.
+    fn insert_in_place(&mut self, m: QMsg) {
+        let level = self.level(m.priority);
+        let at = level.partition_point(|x| x.seq < m.seq);
+        level.insert(at, m);
+        self.len += 1;
+    }
+
+    /// The message with `priority` and `seq`, if it is still here.
+    fn get_mut(&mut self, priority: u8, seq: u64) -> Option<&mut QMsg> {
+        let level = self.levels.get_mut(usize::from(priority))?;
+        let at = level.partition_point(|x| x.seq < seq);
+        level.get_mut(at).filter(|m| m.seq == seq)
+    }
+
+    fn clear(&mut self) {
+        self.levels.clear();
+        self.len = 0;
+    }
+}
+
 /// Queue state under its lock.
 #[derive(Debug, Default)]
 struct QState {
-    msgs: VecDeque<QMsg>,
+    msgs: Msgs,
     bytes: usize,
     consumers: Vec<Arc<Consumer>>,
     /// Round robin: where the next delivery starts looking.
@@ -250,8 +311,8 @@ struct QState {
 
 /// A queue.
 pub(crate) struct Queue {
-    /// The front-end (to delete itself when x-expires says so).
-    amqp: Weak<super::Amqp>,
+    /// Its virtual host (registry, key prefix).
+    pub(crate) vhost: Arc<super::VHost>,
     pub(crate) name: String,
     pub(crate) durable: bool,
     pub(crate) auto_delete: bool,
@@ -300,7 +361,7 @@ impl Queue {
     /// it: see [`Queue::attach`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        amqp: Weak<super::Amqp>,
+        vhost: Arc<super::VHost>,
         name: String,
         durable: bool,
         auto_delete: bool,
@@ -310,7 +371,7 @@ impl Queue {
         memory: &Arc<hayate_io::memory::Memory>,
     ) -> Arc<Queue> {
         Arc::new(Queue {
-            amqp,
+            vhost,
             name,
             durable,
             auto_delete,
@@ -506,25 +567,19 @@ impl Queue {
             st.next_seq += 1;
             m.seq = st.next_seq;
         }
-        let place = (!front).then(|| m.place());
-        if front || m.priority > 0 {
-            // To its place among those there (they are in order of place): a message given
-            // back, or one of a priority queue that goes before lower priorities.
-            let at = st.msgs.partition_point(|x| x.place() < m.place());
-            st.msgs.insert(at, m);
+        let new = (!front).then_some((m.priority, m.seq));
+        if front {
+            st.msgs.insert_in_place(m);
         } else {
             st.msgs.push_back(m);
         }
         self.dispatch_locked(&mut st);
         // Still here (no consumer took it at once): it may stay long, so it gets
         // allocations of its own instead of pinning the read buffer it came in.
-        if let Some(place) = place {
-            let at = st.msgs.partition_point(|x| x.place() < place);
-            if let Some(m) = st.msgs.get_mut(at)
-                && m.place() == place
-            {
-                m.msg = m.msg.compact();
-            }
+        if let Some((priority, seq)) = new
+            && let Some(m) = st.msgs.get_mut(priority, seq)
+        {
+            m.msg = m.msg.compact();
         }
         drop(st);
         self.dead_letter_all(dead, MAXLEN);
@@ -884,9 +939,7 @@ async fn run(q: Weak<Queue>) {
         if let Some(queue) = q.upgrade() {
             queue.dispatch();
             if queue.expired() {
-                if let Some(amqp) = queue.amqp.upgrade() {
-                    super::conn::delete_queue(&amqp, &queue);
-                }
+                super::conn::delete_queue(&queue);
                 return;
             }
         }
@@ -909,13 +962,18 @@ impl Encoder for QueueEncoder {
         let x = exchange.as_str().unwrap_or("");
         for i in 0..batch.len() {
             let msg = batch.message(i);
+            // A key of another vhost (a `/` binding's wildcard covers them all): not this
+            // queue's.
+            if q.vhost.foreign(msg.key.as_str()) {
+                continue;
+            }
             if args
                 .as_ref()
                 .is_some_and(|a| !super::headers_match(a, &msg))
             {
                 continue;
             }
-            let rk = names::routing_key_of(x, kind, msg.key.as_str());
+            let rk = names::routing_key_of(x, kind, q.vhost.strip(msg.key.as_str()));
             // The string's buffer becomes the short string's (no second copy).
             let routing_key = if rk.len() <= 255 {
                 ShortStr::new(bytes::Bytes::from(rk)).unwrap_or_default()
