@@ -388,6 +388,31 @@ def test_virtual_hosts_are_separate(broker):
     dev.close()
 
 
+def test_reject_publish_nacks_the_confirm(broker):
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare(queue="one-only", arguments={"x-max-length": 1,
+                                                   "x-overflow": "reject-publish"})
+    ch.basic_publish("", "one-only", b"first")          # confirmed: acked
+    with pytest.raises(pika.exceptions.NackError):
+        ch.basic_publish("", "one-only", b"second")      # refused: nacked
+    assert ch.basic_get("one-only", auto_ack=True)[2] == b"first"
+    ch.basic_publish("", "one-only", b"third")           # room again: acked
+    assert ch.basic_get("one-only", auto_ack=True)[2] == b"third"
+    # Mandatory to a headers exchange: returned when no binding's arguments match.
+    ch.exchange_declare("hx", exchange_type="headers")
+    hq = ch.queue_declare(queue="", exclusive=True).method.queue
+    ch.queue_bind(hq, "hx", arguments={"x-match": "all", "k": "v"})
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch.basic_publish("hx", "", b"no", pika.BasicProperties(headers={"k": "w"}),
+                         mandatory=True)
+    ch.basic_publish("hx", "", b"yes", pika.BasicProperties(headers={"k": "v"}),
+                     mandatory=True)
+    assert ch.basic_get(hq, auto_ack=True)[2] == b"yes"
+    conn.close()
+
+
 def test_exclusive_queues_belong_to_their_connection(broker):
     a = connect(broker)
     q = a.channel().queue_declare(queue="mine", exclusive=True).method.queue

@@ -173,6 +173,8 @@ struct Channel {
     /// Publishes counted in confirm mode; the last one is acknowledged at the next flush.
     published: u64,
     confirmed: u64,
+    /// Publishes since `confirmed` that a queue refused: nacked instead (in order).
+    refused: Vec<u64>,
     tx: Option<Vec<TxOp>>,
     consumers: HashMap<ShortStr, ConsumerReg>,
     /// basic.qos without `global`: the prefetch of consumers started from now on.
@@ -689,6 +691,7 @@ impl Conn<'_> {
                     confirm: false,
                     published: 0,
                     confirmed: 0,
+                    refused: Vec::new(),
                     tx: None,
                     consumers: HashMap::new(),
                     prefetch: 0,
@@ -1288,17 +1291,42 @@ impl Conn<'_> {
         };
         let body = p.body.freeze();
         let mut routed = 0;
+        let mut refused = false;
         let returned = match key {
             Some(key) => {
                 frontend::check_publish(&self.identity, &key, reply_to.is_some())
                     .map_err(|d| err(ReplyCode::AccessRefused, d.to_string()))?;
                 let msg = message_of(key, props, reply_to, body);
-                routed = session.publish(Batch::One(&msg)).await;
+                let confirm = self.channels.get(&ch).is_some_and(|c| c.confirm);
+                if confirm {
+                    let (n, r) = super::queue::REFUSED
+                        .scope(std::cell::Cell::new(false), async {
+                            let n = session.publish(Batch::One(&msg)).await;
+                            (n, super::queue::REFUSED.with(std::cell::Cell::get))
+                        })
+                        .await;
+                    routed = n;
+                    refused = r;
+                } else {
+                    routed = session.publish(Batch::One(&msg)).await;
+                }
                 msg
             }
             // Not a valid key: routed nowhere. The key below only carries the content.
             None => message_of(return_key(), props, reply_to, body),
         };
+        // A headers exchange's bindings subscribe to all its keys and look at the headers
+        // only in the queue: routed there means routed if some binding takes it.
+        if p.mandatory && routed > 0 && x.kind == Kind::Headers {
+            let queues: Vec<Arc<Queue>> = lock(&self.vhost.registry)
+                .queues
+                .values()
+                .cloned()
+                .collect();
+            if !queues.iter().any(|q| q.takes_headers(exchange, &returned)) {
+                routed = 0;
+            }
+        }
         if p.mandatory && routed == 0 {
             let frame_max = self.frame_max.load(Ordering::Relaxed);
             let m = Method::BasicReturn {
@@ -1317,29 +1345,55 @@ impl Conn<'_> {
             && c.confirm
         {
             c.published += 1;
+            if refused {
+                c.refused.push(c.published);
+            }
         }
         Ok(())
     }
 
     /// Acknowledges what was published in confirm mode since the last time (one
     /// basic.ack with `multiple` per channel and read).
+    /// A publish a queue refused gets its own basic.nack, those before it an ack.
     fn send_confirms(&mut self, session: &mut Session) {
-        let mut acks = Vec::new();
+        let mut out = Vec::new();
         for (ch, c) in &mut self.channels {
-            if c.confirm && c.published > c.confirmed {
+            if !c.confirm || c.published == c.confirmed {
+                continue;
+            }
+            for tag in c.refused.drain(..) {
+                if tag > c.confirmed + 1 {
+                    out.push((
+                        *ch,
+                        Method::BasicAck {
+                            delivery_tag: tag - 1,
+                            multiple: true,
+                        },
+                    ));
+                }
+                out.push((
+                    *ch,
+                    Method::BasicNack {
+                        delivery_tag: tag,
+                        multiple: false,
+                        requeue: false,
+                    },
+                ));
+                c.confirmed = tag;
+            }
+            if c.published > c.confirmed {
+                out.push((
+                    *ch,
+                    Method::BasicAck {
+                        delivery_tag: c.published,
+                        multiple: true,
+                    },
+                ));
                 c.confirmed = c.published;
-                acks.push((*ch, c.published));
             }
         }
-        for (ch, tag) in acks {
-            self.send(
-                session,
-                ch,
-                Method::BasicAck {
-                    delivery_tag: tag,
-                    multiple: true,
-                },
-            );
+        for (ch, m) in out {
+            self.send(session, ch, m);
         }
     }
 

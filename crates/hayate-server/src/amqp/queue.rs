@@ -219,6 +219,18 @@ impl Consumer {
     }
 }
 
+tokio::task_local! {
+    /// Set by a queue that refuses a message (`x-overflow` `reject-publish`, or no room in
+    /// the memory budget) while an AMQP connection's task is routing it: the publisher's
+    /// confirm is then a basic.nack, as in RabbitMQ. (A queue encodes synchronously in the
+    /// publishing task, so the flag reaches the publish that caused it.)
+    pub(crate) static REFUSED: std::cell::Cell<bool>;
+}
+
+fn note_refused() {
+    let _ = REFUSED.try_with(|r| r.set(true));
+}
+
 /// A queue's ready messages in delivery order: a first-in first-out list per priority
 /// (a queue without `x-max-priority` has priority 0 only), the highest served first. New
 /// messages go to the back of their priority's list (O(1)); a message given back goes to
@@ -472,6 +484,14 @@ impl Queue {
         Ok(())
     }
 
+    /// Does a binding of this queue to headers exchange `exchange` take `msg` (its
+    /// arguments match the message's headers)?
+    pub(crate) fn takes_headers(&self, exchange: &str, msg: &Message) -> bool {
+        lock(&self.st).bindings.iter().any(|b| {
+            b.kind == Kind::Headers && b.exchange == exchange && super::headers_match(&b.args, msg)
+        })
+    }
+
     /// Removes a binding; false if there was none.
     pub(crate) fn unbind(&self, exchange: &str, key: &str, args: &FieldTable) -> bool {
         let mut st = lock(&self.st);
@@ -528,6 +548,7 @@ impl Queue {
         {
             if self.args.reject_publish {
                 drop(st);
+                note_refused();
                 if self.args.reject_publish_dlx {
                     self.dead_letter_all(vec![m], MAXLEN);
                 } else {
@@ -556,6 +577,7 @@ impl Queue {
                 c.shrink(held);
                 drop(c);
                 drop(st);
+                note_refused();
                 dead.push(m);
                 self.dead_letter_all(dead, MAXLEN);
                 return;
