@@ -413,6 +413,23 @@ def test_reject_publish_nacks_the_confirm(broker):
     conn.close()
 
 
+def test_large_bodies_cross_whole(broker):
+    # Bodies of many frames (frame_max 128 KiB), around the sizes where the broker stops
+    # copying frame payloads and queues them by reference (16 KiB).
+    conn = connect(broker)
+    ch = conn.channel()
+    q = ch.queue_declare(queue="", exclusive=True).method.queue
+    sizes = [0, 1, 16 * 1024 - 1, 16 * 1024, 131072 - 8, 131072, 1024 * 1024 + 3,
+             3 * 1024 * 1024]
+    bodies = [bytes((i * 31 + n) % 251 for i in range(n)) for n in sizes]
+    for b in bodies:
+        ch.basic_publish("", q, b)
+    got = [body for _, _, body in drain(ch, q, len(bodies))]
+    assert [len(b) for b in got] == sizes
+    assert got == bodies
+    conn.close()
+
+
 def test_exclusive_queues_belong_to_their_connection(broker):
     a = connect(broker)
     q = a.channel().queue_declare(queue="mine", exclusive=True).method.queue

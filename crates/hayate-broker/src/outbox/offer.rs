@@ -179,6 +179,17 @@ impl Outbox {
         self.wake(&mut st);
     }
 
+    /// Appends output like [`Outbox::push_control_unbudgeted`], given the whole output
+    /// buffer (large payloads queued by reference, [`OutBuf::put_payload`]).
+    pub fn push_control_buf(&self, f: impl FnOnce(&mut OutBuf)) {
+        let mut st = self.lock();
+        if st.closed {
+            return;
+        }
+        f(&mut st.buf);
+        self.wake(&mut st);
+    }
+
     /// Runs `f` on the queue under the outbox's lock, for a reader answering its own client
     /// with output that depends on the encoder's state (an MQTT session releasing held
     /// messages when an acknowledgement frees its window): `f` may lock that state (lock

@@ -1337,7 +1337,7 @@ impl Conn<'_> {
             };
             session.outbox().push_reply_unbudgeted(|o| {
                 Frame::Method(ch, m).encode(o.tail());
-                encode_content(ch, &returned, frame_max, o.tail());
+                encode_content(ch, &returned, frame_max, o);
             });
             session.mark_own_output();
         }

@@ -16,10 +16,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use hayate_amqp::frame::FRAME_END;
-use hayate_amqp::{
-    BasicProperties, ContentHeader, FieldTable, FieldValue, Frame, Method, ShortStr,
-};
+use hayate_amqp::frame::{FRAME_END, FrameType};
+use hayate_amqp::{BasicProperties, ContentHeader, FieldTable, FieldValue, Method, ShortStr};
 use hayate_broker::{Batch, Encoder, OutBuf};
 use hayate_core::{Key, Message};
 
@@ -75,9 +73,9 @@ fn frame(out: &mut BytesMut, ty: u8, channel: u16, f: impl FnOnce(&mut BytesMut)
 
 /// The method, content header and body frames of a delivery (bodies split to fit
 /// `frame_max`, which counts the 8 bytes around each frame's payload).
-pub(crate) fn encode_delivery(d: &Delivery<'_>, frame_max: usize, out: &mut BytesMut) {
+pub(crate) fn encode_delivery(d: &Delivery<'_>, frame_max: usize, out: &mut OutBuf) {
     match d.consumer_tag {
-        Some(tag) => frame(out, 1, d.channel, |b| {
+        Some(tag) => frame(out.tail(), 1, d.channel, |b| {
             Method::encode_deliver(
                 tag,
                 d.delivery_tag,
@@ -87,7 +85,7 @@ pub(crate) fn encode_delivery(d: &Delivery<'_>, frame_max: usize, out: &mut Byte
                 b,
             )
         }),
-        None => frame(out, 1, d.channel, |b| {
+        None => frame(out.tail(), 1, d.channel, |b| {
             Method::BasicGetOk {
                 delivery_tag: d.delivery_tag,
                 redelivered: d.redelivered,
@@ -101,8 +99,10 @@ pub(crate) fn encode_delivery(d: &Delivery<'_>, frame_max: usize, out: &mut Byte
     encode_content(d.channel, d.msg, frame_max, out);
 }
 
-/// A message's content header and body frames.
-pub(crate) fn encode_content(channel: u16, msg: &Message, frame_max: usize, out: &mut BytesMut) {
+/// A message's content header and body frames. A body frame's payload of 16 KiB or more
+/// is queued by reference to the message's payload, not copied
+/// ([`OutBuf::put_payload`]).
+pub(crate) fn encode_content(channel: u16, msg: &Message, frame_max: usize, out: &mut OutBuf) {
     let mut header = ContentHeader {
         body_size: msg.payload.len() as u64,
         properties: properties_of(msg),
@@ -131,10 +131,19 @@ pub(crate) fn encode_content(channel: u16, msg: &Message, frame_max: usize, out:
             header.properties = BasicProperties::default();
         }
     }
-    frame(out, 2, channel, |b| header.encode(b));
+    frame(out.tail(), 2, channel, |b| header.encode(b));
     let chunk = frame_max.saturating_sub(8).max(1);
-    for part in msg.payload.chunks(chunk) {
-        Frame::encode_body(channel, part, out);
+    let len = msg.payload.len();
+    let mut at = 0;
+    while at < len {
+        let end = (at + chunk).min(len);
+        let t = out.tail();
+        t.put_u8(FrameType::Body as u8);
+        t.put_u16(channel);
+        t.put_u32((end - at) as u32);
+        out.put_payload(&msg.payload.slice(at..end));
+        out.tail().put_u8(FRAME_END);
+        at = end;
     }
 }
 
@@ -328,7 +337,7 @@ impl Encoder for AmqpEncoder {
                 message_count: None,
                 msg: &msg,
             };
-            encode_delivery(&d, frame_max, out.tail());
+            encode_delivery(&d, frame_max, out);
         }
     }
 

@@ -22,7 +22,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
 use hayate_amqp::{FieldTable, FieldValue, ShortStr};
 use hayate_broker::{Batch, Encoder, OutBuf, Outbox, Session};
 use hayate_core::{Message, Qos};
@@ -713,7 +712,7 @@ impl Queue {
         let mut cs = lock(&chan.st);
         let frame_max = chan.frame_max.load(Ordering::Relaxed);
         let mut tag = 0;
-        chan.outbox.push_control_unbudgeted(|b: &mut BytesMut| {
+        chan.outbox.push_control_buf(|b: &mut OutBuf| {
             tag = chan.next_tag.fetch_add(1, Ordering::AcqRel) + 1;
             let d = Delivery {
                 channel: chan.channel,
