@@ -47,7 +47,7 @@ listen = ["127.0.0.1:0"]
 [amqp]
 listen = ["127.0.0.1:0"]
 heartbeat_secs = 10
-vhosts = ["/", "dev"]
+vhosts = ["/", "dev", "a*b/c"]
 """)
     proc, ports = start_hayate(HAYATE, cfg, tmp_path / "broker.log")
     yield ports
@@ -379,6 +379,23 @@ def test_virtual_hosts_are_separate(broker):
     time.sleep(0.2)
     assert received == [(f"amqp-vhost/dev/v/{tag}", b"in-dev")]
     m.loop_stop()
+    # '/' cannot write into dev by naming dev's keys: unroutable (returned), dev's queue
+    # stays empty.
+    rc.confirm_delivery()
+    with pytest.raises(pika.exceptions.UnroutableError):
+        rc.basic_publish("", "amqp-vhost/dev/jobs", b"intruder", mandatory=True)
+    with pytest.raises(pika.exceptions.UnroutableError):
+        rc.basic_publish("amq.topic", "amqp-vhost.dev.jobs", b"intruder", mandatory=True)
+    assert dc.basic_get("jobs", auto_ack=True) == (None, None, None)
+    # A vhost whose name has characters keys treat specially works like any other.
+    odd = connect(broker, "a*b/c")
+    oc = odd.channel()
+    oq = oc.queue_declare(queue="q*", exclusive=True).method.queue
+    oc.queue_bind(oq, "amq.topic", "t.#")
+    oc.basic_publish("", oq, b"direct")
+    oc.basic_publish("amq.topic", "t.1", b"topic")
+    assert [b for _, _, b in drain(oc, oq, 2, timeout=2)] == [b"direct", b"topic"]
+    odd.close()
     # An unknown vhost: connection.close 530 NOT_ALLOWED, as RabbitMQ.
     with pytest.raises(pika.exceptions.AMQPConnectionError) as e:
         connect(broker, "nope")
@@ -445,8 +462,9 @@ def test_exclusive_queues_belong_to_their_connection(broker):
     b.close()
 
 
-def test_direct_reply_to_rpc(broker):
-    server = connect(broker)
+@pytest.mark.parametrize("vhost", ["/", "dev"])
+def test_direct_reply_to_rpc(broker, vhost):
+    server = connect(broker, vhost)
     sch = server.channel()
     sch.queue_declare(queue="rpc-q")
 
@@ -465,7 +483,7 @@ def test_direct_reply_to_rpc(broker):
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
-    client = connect(broker)
+    client = connect(broker, vhost)
     cch = client.channel()
     replies = []
     cch.basic_consume("amq.rabbitmq.reply-to", lambda c, m, p, b: replies.append((p.correlation_id, b)),

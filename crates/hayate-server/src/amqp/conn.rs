@@ -1272,7 +1272,7 @@ impl Conn<'_> {
         let header = p.header.unwrap_or_default();
         let props = &header.properties;
         let rk = p.routing_key.as_str().unwrap_or("");
-        let key = self.vhost.key(names::publish_key(exchange, x.kind, rk));
+        let key = self.vhost.publish_key(exchange, x.kind, rk);
         let reply_to = match props.reply_to.as_ref().and_then(|r| r.as_str()) {
             None | Some("") => None,
             Some(r) if r == REPLY_TO_QUEUE => {
@@ -1284,10 +1284,8 @@ impl Conn<'_> {
                 }
                 Key::new(&format!("{}/{REPLY_SUFFIX}", session.inbox())).ok()
             }
-            // A direct reply-to address is an inbox (of no vhost); a queue name is one of
-            // this vhost's.
-            Some(r) if r.starts_with(names::REPLY_TO_PREFIX) => names::queue_key(r),
-            Some(r) => self.vhost.key(names::queue_key(r)),
+            // A queue name of this vhost, or an inbox (of no vhost).
+            Some(r) => self.vhost.publish_key("", Kind::Direct, r),
         };
         let body = p.body.freeze();
         let mut routed = 0;
@@ -1298,14 +1296,19 @@ impl Conn<'_> {
                     .map_err(|d| err(ReplyCode::AccessRefused, d.to_string()))?;
                 let msg = message_of(key, props, reply_to, body);
                 let confirm = self.channels.get(&ch).is_some_and(|c| c.confirm);
-                if confirm {
-                    let (n, r) = super::queue::REFUSED
-                        .scope(std::cell::Cell::new(false), async {
+                let headers_mandatory = p.mandatory && x.kind == Kind::Headers;
+                if confirm || headers_mandatory {
+                    let (n, queued, r) = super::queue::ROUTED
+                        .scope(super::queue::Routed::default(), async {
                             let n = session.publish(Batch::One(&msg)).await;
-                            (n, super::queue::REFUSED.with(std::cell::Cell::get))
+                            let (q, r) =
+                                super::queue::ROUTED.with(|r| (r.queued.get(), r.refused.get()));
+                            (n, q, r)
                         })
                         .await;
-                    routed = n;
+                    // A headers exchange's bindings subscribe to all its keys and compare
+                    // the headers in the queue: routed means some binding took it.
+                    routed = if headers_mandatory && !queued { 0 } else { n };
                     refused = r;
                 } else {
                     routed = session.publish(Batch::One(&msg)).await;
@@ -1315,18 +1318,6 @@ impl Conn<'_> {
             // Not a valid key: routed nowhere. The key below only carries the content.
             None => message_of(return_key(), props, reply_to, body),
         };
-        // A headers exchange's bindings subscribe to all its keys and look at the headers
-        // only in the queue: routed there means routed if some binding takes it.
-        if p.mandatory && routed > 0 && x.kind == Kind::Headers {
-            let queues: Vec<Arc<Queue>> = lock(&self.vhost.registry)
-                .queues
-                .values()
-                .cloned()
-                .collect();
-            if !queues.iter().any(|q| q.takes_headers(exchange, &returned)) {
-                routed = 0;
-            }
-        }
         if p.mandatory && routed == 0 {
             let frame_max = self.frame_max.load(Ordering::Relaxed);
             let m = Method::BasicReturn {
@@ -1337,7 +1328,7 @@ impl Conn<'_> {
             };
             session.outbox().push_reply_unbudgeted(|o| {
                 Frame::Method(ch, m).encode(o.tail());
-                encode_content(ch, &returned, frame_max, o);
+                encode_content(ch, &returned, &self.vhost.prefix, frame_max, o);
             });
             session.mark_own_output();
         }

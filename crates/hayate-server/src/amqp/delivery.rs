@@ -57,6 +57,8 @@ pub(crate) struct Delivery<'a> {
     /// basic.get-ok's message count.
     pub(crate) message_count: Option<u32>,
     pub(crate) msg: &'a Message,
+    /// The consumer's vhost's key prefix (reply-to queue names are shown without it).
+    pub(crate) vhost_prefix: &'a str,
 }
 
 /// Appends one frame whose payload `f` writes (type, channel, size patched after).
@@ -96,16 +98,22 @@ pub(crate) fn encode_delivery(d: &Delivery<'_>, frame_max: usize, out: &mut OutB
             .encode(b)
         }),
     }
-    encode_content(d.channel, d.msg, frame_max, out);
+    encode_content(d.channel, d.msg, d.vhost_prefix, frame_max, out);
 }
 
 /// A message's content header and body frames. A body frame's payload of 16 KiB or more
 /// is queued by reference to the message's payload, not copied
 /// ([`OutBuf::put_payload`]).
-pub(crate) fn encode_content(channel: u16, msg: &Message, frame_max: usize, out: &mut OutBuf) {
+pub(crate) fn encode_content(
+    channel: u16,
+    msg: &Message,
+    vhost_prefix: &str,
+    frame_max: usize,
+    out: &mut OutBuf,
+) {
     let mut header = ContentHeader {
         body_size: msg.payload.len() as u64,
-        properties: properties_of(msg),
+        properties: properties_of(msg, vhost_prefix),
     };
     // A header must fit one frame: a message from another protocol with more headers than
     // that loses its headers table, then its other properties, rather than making a frame
@@ -147,14 +155,18 @@ pub(crate) fn encode_content(channel: u16, msg: &Message, frame_max: usize, out:
     }
 }
 
-/// The AMQP properties of a message (from any protocol).
-pub(crate) fn properties_of(msg: &Message) -> BasicProperties {
+/// The AMQP properties of a message (from any protocol), for a consumer of the vhost whose
+/// keys start with `vhost_prefix`.
+pub(crate) fn properties_of(msg: &Message, vhost_prefix: &str) -> BasicProperties {
     let mut p = BasicProperties {
         correlation_id: msg
             .correlation_id
             .as_ref()
             .and_then(|c| ShortStr::new(c.clone())),
-        reply_to: msg.reply_to.as_ref().map(reply_to_text),
+        reply_to: msg
+            .reply_to
+            .as_ref()
+            .map(|k| reply_to_text(k, vhost_prefix)),
         ..BasicProperties::default()
     };
     if let Some(at) = msg.attrs.expires {
@@ -208,17 +220,18 @@ pub(crate) fn properties_of(msg: &Message) -> BasicProperties {
     p
 }
 
-/// How a reply-to key is shown to an AMQP client: an AMQP connection's direct reply-to
-/// inbox as `amq.rabbitmq.reply-to.<key>`, any other key as itself (the default exchange
-/// routes that routing key back to the key).
-fn reply_to_text(k: &Key) -> ShortStr {
-    // A queue of a vhost other than `/` is named without its vhost's prefix (the consumer
-    // is in that vhost: its reply to that name comes back to the same key).
+/// How a reply-to key is shown to an AMQP client: as itself (the default exchange routes
+/// that routing key back to the key; an inbox, direct reply-to's included, in any vhost),
+/// a queue of the consumer's vhost without the vhost's prefix.
+fn reply_to_text(k: &Key, vhost_prefix: &str) -> ShortStr {
+    // A queue of the consumer's vhost is named without the vhost's prefix: a reply to that
+    // name, published in the same vhost, comes back to the same key.
     let s = k.as_str();
-    let s = s
-        .strip_prefix(super::VHOST_KEYS)
-        .and_then(|rest| rest.split_once('/'))
-        .map_or(s, |(_, name)| name);
+    let s = if vhost_prefix.is_empty() {
+        s
+    } else {
+        s.strip_prefix(vhost_prefix).unwrap_or(s)
+    };
     ShortStr::new(Bytes::copy_from_slice(s.as_bytes())).unwrap_or_else(|| ShortStr::lit(""))
 }
 
@@ -336,6 +349,7 @@ impl Encoder for AmqpEncoder {
                 routing_key: &rk,
                 message_count: None,
                 msg: &msg,
+                vhost_prefix: "",
             };
             encode_delivery(&d, frame_max, out);
         }
@@ -383,7 +397,7 @@ mod tests {
         assert_eq!(text("arr"), None);
         assert!(std::str::from_utf8(&text(TABLE_HEADER).unwrap()).is_err());
 
-        let back = properties_of(&msg);
+        let back = properties_of(&msg, "");
         assert_eq!(back.headers, Some(table()));
         assert_eq!(back.content_type, Some(ShortStr::lit("text/plain")));
 
@@ -397,7 +411,7 @@ mod tests {
             "x-first-death-reason",
             FieldValue::LongStr(Bytes::from_static(b"expired")),
         );
-        assert_eq!(properties_of(&msg).headers, Some(want));
+        assert_eq!(properties_of(&msg, "").headers, Some(want));
     }
 
     #[test]
@@ -412,6 +426,6 @@ mod tests {
         ]);
         let mut want = FieldTable::default();
         want.insert("a", FieldValue::LongStr(Bytes::from_static(b"b")));
-        assert_eq!(properties_of(&msg).headers, Some(want));
+        assert_eq!(properties_of(&msg, "").headers, Some(want));
     }
 }

@@ -92,8 +92,16 @@ impl VHost {
         let prefix = if name == "/" {
             String::new()
         } else {
+            // One key segment, with nothing a key expression would read as a wildcard.
             let mut p = String::from("amqp-vhost/");
-            names::escape_word(name, &mut p);
+            for c in name.chars() {
+                match c {
+                    '%' => p.push_str("%25"),
+                    '/' => p.push_str("%2F"),
+                    '*' => p.push_str("%2A"),
+                    c => p.push(c),
+                }
+            }
             p.push('/');
             p
         };
@@ -121,6 +129,19 @@ impl VHost {
             return Some(e);
         }
         KeyExpr::new(&format!("{}{}", self.prefix, e.as_str())).ok()
+    }
+
+    /// The key a publish to exchange `x` with routing key `rk` goes to in this vhost:
+    /// [`names::publish_key`] under the vhost's prefix; `None` (unroutable) for a key of
+    /// another vhost (`/` reaching `amqp-vhost/...`). Inboxes (direct reply-to) belong to no
+    /// vhost: the default exchange reaches them as they are.
+    pub(crate) fn publish_key(&self, x: &str, kind: Kind, rk: &str) -> Option<Key> {
+        if x.is_empty() && (rk.starts_with(names::REPLY_TO_PREFIX) || hayate_core::is_inbox_key(rk))
+        {
+            return names::queue_key(rk);
+        }
+        self.key(names::publish_key(x, kind, rk))
+            .filter(|k| !self.foreign(k.as_str()))
     }
 
     /// A key of this vhost as a key of the `/` mapping (what routing keys and reply-to
@@ -219,7 +240,7 @@ impl Amqp {
             None => return, // RabbitMQ drops dead letters to a missing exchange too.
         };
         let rk = routing_key.unwrap_or(m.routing_key.as_str().unwrap_or(""));
-        let Some(key) = vhost.key(names::publish_key(exchange, kind, rk)) else {
+        let Some(key) = vhost.publish_key(exchange, kind, rk) else {
             return;
         };
         let mut msg = m.msg;

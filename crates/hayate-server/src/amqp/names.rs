@@ -65,6 +65,8 @@ pub(crate) fn escape_word(w: &str, out: &mut String) {
                 match c {
                     '%' => out.push_str("%25"),
                     '/' => out.push_str("%2F"),
+                    // Inside a word: a key expression would read it as a partial wildcard.
+                    '*' => out.push_str("%2A"),
                     c => out.push(c),
                 }
             }
@@ -83,7 +85,9 @@ pub(crate) fn unescape_word(s: &str) -> String {
         "%2A%2A" => return "**".into(),
         _ => {}
     }
-    s.replace("%2F", "/").replace("%25", "%")
+    s.replace("%2F", "/")
+        .replace("%2A", "*")
+        .replace("%25", "%")
 }
 
 /// The key of a queue name (the default exchange's routing key): its `/`-separated parts,
@@ -106,7 +110,7 @@ pub(crate) fn queue_key(name: &str) -> Option<Key> {
             // Only the wildcards and empty parts need escaping in a path; `%` stays
             // itself unless it could be read as an escape.
             "" | "*" | "**" => escape_word(part, &mut k),
-            p if p.starts_with('%') => escape_word(p, &mut k),
+            p if p.starts_with('%') || p.contains('*') => escape_word(p, &mut k),
             p => k.push_str(p),
         }
     }
@@ -237,6 +241,23 @@ mod tests {
         assert_eq!(k("ex", Kind::Direct, ""), Some("amqp/ex".into()));
         assert_eq!(k("e/x", Kind::Topic, "a"), Some("amqp/e%2Fx/a".into()));
         assert_eq!(k("ex", Kind::Direct, "a\u{1}"), None, "control characters");
+        // A `*` inside a word or queue name is escaped (a key expression would read it as
+        // a partial wildcard), and comes back.
+        assert_eq!(k("", Kind::Direct, "q*"), Some("q%2A".into()));
+        assert_eq!(
+            k("ex", Kind::Direct, "a*b.c"),
+            Some("amqp/ex/a%2Ab/c".into())
+        );
+        assert_eq!(e("", Kind::Direct, "q*"), Some("q%2A".into()));
+        assert_eq!(e("t", Kind::Topic, "a*.#"), Some("amqp/t/a%2A/**".into()));
+        assert_eq!(
+            routing_key_of("ex", Kind::Direct, "amqp/ex/a%2Ab/c"),
+            "a*b.c"
+        );
+        assert_eq!(
+            routing_key_of("ex", Kind::Direct, "amqp/ex/a%252Ab"),
+            "a%2Ab"
+        );
     }
 
     #[test]

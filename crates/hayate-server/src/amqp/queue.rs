@@ -218,16 +218,24 @@ impl Consumer {
     }
 }
 
+/// What queues did with a message an AMQP connection's task is routing, for its publish
+/// to read after: a queue encodes synchronously in the publishing task, so what it notes
+/// here reaches the publish that caused it (and nobody else's).
+#[derive(Debug, Default)]
+pub(crate) struct Routed {
+    /// A queue took it (a headers binding's arguments matched): routed, for `mandatory`.
+    pub(crate) queued: std::cell::Cell<bool>,
+    /// A queue refused it (`x-overflow` `reject-publish`, or no room in the memory
+    /// budget): the publisher's confirm is a basic.nack, as in RabbitMQ.
+    pub(crate) refused: std::cell::Cell<bool>,
+}
+
 tokio::task_local! {
-    /// Set by a queue that refuses a message (`x-overflow` `reject-publish`, or no room in
-    /// the memory budget) while an AMQP connection's task is routing it: the publisher's
-    /// confirm is then a basic.nack, as in RabbitMQ. (A queue encodes synchronously in the
-    /// publishing task, so the flag reaches the publish that caused it.)
-    pub(crate) static REFUSED: std::cell::Cell<bool>;
+    pub(crate) static ROUTED: Routed;
 }
 
 fn note_refused() {
-    let _ = REFUSED.try_with(|r| r.set(true));
+    let _ = ROUTED.try_with(|r| r.refused.set(true));
 }
 
 /// A queue's ready messages in delivery order: a first-in first-out list per priority
@@ -483,14 +491,6 @@ impl Queue {
         Ok(())
     }
 
-    /// Does a binding of this queue to headers exchange `exchange` take `msg` (its
-    /// arguments match the message's headers)?
-    pub(crate) fn takes_headers(&self, exchange: &str, msg: &Message) -> bool {
-        lock(&self.st).bindings.iter().any(|b| {
-            b.kind == Kind::Headers && b.exchange == exchange && super::headers_match(&b.args, msg)
-        })
-    }
-
     /// Removes a binding; false if there was none.
     pub(crate) fn unbind(&self, exchange: &str, key: &str, args: &FieldTable) -> bool {
         let mut st = lock(&self.st);
@@ -723,6 +723,7 @@ impl Queue {
                 routing_key: &m.routing_key,
                 message_count: left,
                 msg: &m.msg,
+                vhost_prefix: &self.vhost.prefix,
             };
             encode_delivery(&d, frame_max, b);
         });
@@ -1001,6 +1002,7 @@ impl Encoder for QueueEncoder {
             } else {
                 ShortStr::lit(&rk)
             };
+            let _ = ROUTED.try_with(|r| r.queued.set(true));
             // A priority queue orders by the message's priority (the AMQP property, or a
             // `priority` header from another protocol).
             let priority = q.args.max_priority.map_or(0, |max| {
