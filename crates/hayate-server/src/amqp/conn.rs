@@ -122,17 +122,25 @@ struct Body {
     many: BytesMut,
 }
 
+/// The most a body of several frames reserves at once (a larger one grows as it arrives).
+const BODY_RESERVE: usize = 16 << 20;
+
 impl Body {
     fn len(&self) -> usize {
         self.one.as_ref().map_or(0, Bytes::len) + self.many.len()
     }
 
-    fn push(&mut self, b: Bytes) {
+    /// Adds a body frame's payload of a body of `total` bytes (as its header announced).
+    fn push(&mut self, b: Bytes, total: usize) {
         if self.one.is_none() && self.many.is_empty() {
             self.one = Some(b);
             return;
         }
         if let Some(first) = self.one.take() {
+            // The second frame: room for the whole body at once (up to `BODY_RESERVE`),
+            // instead of a buffer doubling through copies of everything received so far.
+            // Only what arrives is written (and charged to the memory budget).
+            self.many.reserve(total.min(BODY_RESERVE));
             self.many.extend_from_slice(&first);
         }
         self.many.extend_from_slice(&b);
@@ -1160,7 +1168,7 @@ impl Conn<'_> {
             )));
         }
         let n = b.len();
-        p.body.push(b);
+        p.body.push(b, usize::try_from(size).unwrap_or(usize::MAX));
         let full = p.body.len() as u64 == size;
         // Content held (this body, other channels', open transactions'): charged to the
         // memory budget, which may refuse it.
