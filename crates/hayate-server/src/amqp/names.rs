@@ -312,4 +312,80 @@ mod tests {
             assert_eq!(routing_key_of("t", Kind::Topic, key.as_str()), rk);
         }
     }
+
+    mod props {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        /// Words with the characters the mapping escapes or keys treat specially.
+        fn word() -> impl Strategy<Value = String> {
+            prop::collection::vec(
+                prop_oneof![
+                    Just('a'),
+                    Just('Z'),
+                    Just('*'),
+                    Just('%'),
+                    Just('/'),
+                    Just('#'),
+                    Just('-'),
+                    Just('é'),
+                    Just('2'),
+                    Just('A'),
+                    Just('_'),
+                ],
+                0..6,
+            )
+            .prop_map(|cs| cs.into_iter().collect())
+        }
+
+        fn routing_key() -> impl Strategy<Value = String> {
+            prop::collection::vec(word(), 1..5).prop_map(|ws| ws.join("."))
+        }
+
+        proptest! {
+            /// A routing key published to a direct or topic exchange comes back as itself,
+            /// and a direct binding with the same key matches what the publish produced.
+            #[test]
+            fn routing_keys_round_trip(rk in routing_key(), x in word(), topic in any::<bool>()) {
+                let x = if x.is_empty() { "x".to_string() } else { x };
+                let kind = if topic { Kind::Topic } else { Kind::Direct };
+                if let Some(key) = publish_key(&x, kind, &rk) {
+                    prop_assert_eq!(routing_key_of(&x, kind, key.as_str()), rk.clone());
+                    if !topic {
+                        let e = binding_expr(&x, kind, &rk);
+                        prop_assert!(e.is_some_and(|e| e.matches(&key)), "{} {}", x, rk);
+                    }
+                }
+            }
+
+            /// Queue names (the default exchange) map to keys that their own binding
+            /// matches, and two different names never share a key.
+            #[test]
+            fn queue_names_are_keys_of_their_own(a in word(), b in word()) {
+                if let (Some(ka), Some(ea)) = (queue_key(&a), binding_expr("", Kind::Direct, &a)) {
+                    prop_assert!(ea.matches(&ka));
+                    if a != b && !b.starts_with(REPLY_TO_PREFIX)
+                        && let Some(kb) = queue_key(&b)
+                    {
+                        prop_assert_ne!(ka.as_str(), kb.as_str());
+                    }
+                }
+            }
+
+            /// Two vhosts never share keys: neither prefix starts the other's, and each
+            /// prefix makes valid keys and expressions.
+            #[test]
+            fn vhost_prefixes_are_apart(a in word(), b in word()) {
+                prop_assume!(!a.is_empty() && !b.is_empty() && a != b && a != "/" && b != "/");
+                let (va, vb) = (super::super::super::VHost::new(&a), super::super::super::VHost::new(&b));
+                prop_assert!(!va.prefix.starts_with(vb.prefix.as_str()));
+                prop_assert!(!vb.prefix.starts_with(va.prefix.as_str()));
+                let e = va.expr(binding_expr("amq.topic", Kind::Topic, "#"));
+                prop_assert!(e.is_some(), "{}", va.prefix);
+                let k = va.publish_key("amq.topic", Kind::Topic, "x.y");
+                prop_assert!(k.as_ref().is_some_and(|k| k.as_str().starts_with(va.prefix.as_str())));
+                prop_assert!(k.is_some_and(|k| vb.foreign(k.as_str())));
+            }
+        }
+    }
 }
