@@ -316,18 +316,14 @@ async fn a_tls_subscriber_that_never_reads_is_cut_off() {
     within(60, reader).await.unwrap();
 }
 
-/// The TLS transport's read half on its own: it reads up to 64 KiB of ciphertext per `recv`
-/// (many records) and hands out their plaintext whole or in pieces, in order, to buffers of
-/// any size; then the end of the stream, with the peer's close_notify and without it.
-#[tokio::test]
-async fn tls_reads_span_records_and_end_cleanly() {
+/// A server config for the TLS transport on its own (`files`' certificate), without session
+/// tickets: a client that reads nothing then closes its socket with a FIN, not a reset.
+fn transport_server_config(
+    f: &Files,
+) -> std::sync::Arc<hayate_io::transport::tls::rustls::ServerConfig> {
     use hayate_io::transport::tls::{self as t, rustls};
     use rustls::pki_types::pem::PemObject;
-    use std::sync::Arc;
-    use tokio::io::AsyncReadExt;
-
-    let f = files("reads");
-    let mut server_cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+    let mut c = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
@@ -338,10 +334,20 @@ async fn tls_reads_span_records_and_end_cleanly() {
         rustls::pki_types::PrivateKeyDer::from_pem_file(&f.key).unwrap(),
     )
     .unwrap();
-    // No session tickets: the client reads nothing, so closing its socket is a FIN (unread
-    // tickets would make it a reset).
-    server_cfg.send_tls13_tickets = 0;
-    let server_cfg = Arc::new(server_cfg);
+    c.send_tls13_tickets = 0;
+    std::sync::Arc::new(c)
+}
+
+/// The TLS transport's read half on its own: it reads up to 64 KiB of ciphertext per `recv`
+/// (many records) and hands out their plaintext whole or in pieces, in order, to buffers of
+/// any size; then the end of the stream, with the peer's close_notify and without it.
+#[tokio::test]
+async fn tls_reads_span_records_and_end_cleanly() {
+    use hayate_io::transport::tls::{self as t, rustls};
+    use tokio::io::AsyncReadExt;
+
+    let f = files("reads");
+    let server_cfg = transport_server_config(&f);
     let client_cfg = t::client_config(&f.ca, None).unwrap();
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
     for close_notify in [true, false] {
@@ -396,5 +402,76 @@ async fn tls_reads_span_records_and_end_cleanly() {
         let got = within(20, reader).await.unwrap();
         assert_eq!(got.len(), data.len(), "close_notify: {close_notify}");
         assert!(got == data, "close_notify: {close_notify}");
+    }
+}
+
+/// Hostile input after a good start: a client sends 200 KB of valid records, then a record
+/// that does not decrypt, or one whose length is past TLS's largest. The read half gives
+/// every byte of plaintext that came before, then an error (the connection ends), and the
+/// same server then serves the next connection as before.
+#[tokio::test]
+async fn a_bad_record_after_good_ones_ends_only_that_connection() {
+    use hayate_io::transport::tls::{self as t, rustls};
+    use std::io::Write as _;
+    use tokio::io::AsyncReadExt;
+
+    let f = files("badrec");
+    let server_cfg = transport_server_config(&f);
+    let client_cfg = t::client_config(&f.ca, None).unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i * 13 % 251) as u8).collect();
+    // A forged application-data record (its tag cannot verify), one announcing 65,535 bytes
+    // (past the 16 KiB + 256 a TLS 1.3 record may carry), and none (a good connection).
+    let tails: [Option<Vec<u8>>; 3] = [
+        Some([&[0x17, 3, 3, 0, 40][..], &[0xA5; 40][..]].concat()),
+        Some([&[0x17, 3, 3, 0xFF, 0xFF][..], &[0; 64][..]].concat()),
+        None,
+    ];
+    for tail in tails {
+        let cfg = server_cfg.clone();
+        let accept = async {
+            let (s, _) = l.accept().await.unwrap();
+            let (mut r, _w, _) = t::accept(s, cfg, Duration::from_secs(5)).await.unwrap();
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; 64 * 1024];
+            let end = loop {
+                match r.read(&mut buf).await {
+                    Ok(0) => break None,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                    Err(e) => break Some(e.kind()),
+                }
+            };
+            (got, end)
+        };
+        let (cc, d, bad) = (client_cfg.clone(), data.clone(), tail.clone());
+        let client = tokio::task::spawn_blocking(move || {
+            let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+            let conn = rustls::ClientConnection::new(cc, name).unwrap();
+            let tcp = std::net::TcpStream::connect(addr).unwrap();
+            let mut tls = rustls::StreamOwned::new(conn, tcp);
+            tls.write_all(&d).unwrap();
+            tls.flush().unwrap();
+            match bad {
+                // Straight onto the socket, after the good records.
+                Some(b) => tls.sock.write_all(&b).unwrap(),
+                None => tls.conn.send_close_notify(),
+            }
+            let _ = tls.flush();
+            // Keep the socket open a moment: the end must come from the bad record.
+            std::thread::sleep(Duration::from_millis(300));
+        });
+        let (got, end) = within(20, accept).await;
+        client.await.unwrap();
+        assert!(
+            got == data,
+            "every byte before the bad record ({} of {})",
+            got.len(),
+            data.len()
+        );
+        match tail {
+            Some(_) => assert_eq!(end, Some(std::io::ErrorKind::InvalidData)),
+            None => assert_eq!(end, None, "a good connection ends cleanly"),
+        }
     }
 }

@@ -187,14 +187,21 @@ impl AsyncRead for TlsRead {
                     out.advance(n);
                     continue;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    this.avail = Some(0);
+                Err(e) => {
+                    // No plaintext left: an error met while decrypting ends the read now
+                    // (after the plaintext of the good records before it).
+                    if let Some(f) = this.failed.take() {
+                        drop(c);
+                        let got = out.filled().len() > start;
+                        return this.fail(got, f);
+                    }
+                    match e.kind() {
+                        io::ErrorKind::WouldBlock => this.avail = Some(0),
+                        // The peer closed without close_notify: an end like TCP's.
+                        io::ErrorKind::UnexpectedEof => return Poll::Ready(Ok(())),
+                        _ => return Poll::Ready(Err(e)),
+                    }
                 }
-                // The peer closed without close_notify: an end like TCP's.
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                    return Poll::Ready(Ok(()));
-                }
-                Err(e) => return Poll::Ready(Err(e)),
             }
             let got = out.filled().len() > start;
             if this.pos < this.cipher.len() {
@@ -209,8 +216,10 @@ impl AsyncRead for TlsRead {
                     }
                     Ok(n) => this.pos += n,
                     Err(e) => {
-                        drop(c);
-                        return this.fail(got, e);
+                        // Given once the plaintext rustls holds is read (loop top).
+                        this.failed = Some(e);
+                        this.avail = None;
+                        continue;
                     }
                 }
                 if this.pos == this.cipher.len() {
@@ -252,10 +261,12 @@ impl AsyncRead for TlsRead {
                 }
                 Ok(state) => this.avail = Some(state.plaintext_bytes_to_read()),
                 Err(e) => {
-                    // Send the alert rustls queued for the peer, then fail.
+                    // Send the alert rustls queued for the peer; the error is given once
+                    // the plaintext of the records before the bad one is read (loop top).
                     let _ = flush(&mut c, &this.shared.tcp);
-                    drop(c);
-                    return this.fail(got, io::Error::new(io::ErrorKind::InvalidData, e));
+                    this.failed = Some(io::Error::new(io::ErrorKind::InvalidData, e));
+                    this.avail = None;
+                    continue;
                 }
             }
             // Answers rustls owes the peer (key updates, tickets): best effort here, the
