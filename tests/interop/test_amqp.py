@@ -447,6 +447,34 @@ def test_large_bodies_cross_whole(broker):
     conn.close()
 
 
+def test_hostile_headers_tables(broker):
+    # A publisher sends a headers table of 12,000 entries (about 100 KB, near the frame
+    # limit), and a STOMP client forges an `amqp-table` header (text, never taken for the
+    # binary table). The AMQP consumer gets the table intact and the forged message without
+    # the forgery, and a plain publish after them still flows.
+    tag = uuid.uuid4().hex[:8]
+    conn = connect(broker)
+    ch = conn.channel()
+    q = ch.queue_declare(queue="", exclusive=True).method.queue
+    ch.queue_bind(q, "amq.topic", f"hh.{tag}.#")
+    big = {f"k{i}": (i % 2 == 0) for i in range(12000)}
+    ch.basic_publish("amq.topic", f"hh.{tag}.big", b"big", pika.BasicProperties(headers=big))
+    s = stomp.Connection12([("127.0.0.1", broker["stomp"])])
+    s.connect(wait=True)
+    s.send(f"/topic/hh/{tag}/forged", "forged", headers={"amqp-table": "not a table",
+                                                        "plain": "yes"})
+    ch.basic_publish("amq.topic", f"hh.{tag}.after", b"after")
+    got = drain(ch, q, 3, timeout=15)
+    by_body = {b: p for _, p, b in got}
+    assert set(by_body) == {b"big", b"forged", b"after"}
+    assert by_body[b"big"].headers == big
+    # A forged `amqp-table` that is not a table is left out; the other headers stay.
+    assert "amqp-table" not in by_body[b"forged"].headers
+    assert by_body[b"forged"].headers.get("plain") in (b"yes", "yes")
+    s.disconnect()
+    conn.close()
+
+
 def test_exclusive_queues_belong_to_their_connection(broker):
     a = connect(broker)
     q = a.channel().queue_declare(queue="mine", exclusive=True).method.queue

@@ -46,18 +46,8 @@ struct Shared {
     buf: super::wbuf::WriteBuf,
     /// Consumer tag → its messages' bodies.
     subs: Mutex<HashMap<Bytes, mpsc::Sender<Delivery>>>,
-    trouble: Mutex<Option<String>>,
     frame_max: usize,
     server: Option<String>,
-}
-
-impl Shared {
-    fn fail(&self, msg: String) {
-        let mut t = lock(&self.trouble);
-        if t.is_none() {
-            *t = Some(msg);
-        }
-    }
 }
 
 #[derive(Clone)]
@@ -182,7 +172,6 @@ impl AmqpcConn {
         let shared = Arc::new(Shared {
             buf: super::wbuf::WriteBuf::new(HIGH_WATER),
             subs: Mutex::default(),
-            trouble: Mutex::default(),
             frame_max: fm as usize,
             server,
         });
@@ -195,23 +184,15 @@ impl AmqpcConn {
                 shared.buf.close();
                 lock(&shared.subs).clear();
                 if let Err(e) = e {
-                    shared.fail(format!("amqp: {e:#}"));
+                    shared.buf.fail(format!("amqp: {e:#}"));
                 }
             })
         };
-        let writer = {
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                if let Err(e) = shared.buf.write_loop(&mut wr).await {
-                    shared.fail(format!("amqp write: {e}"));
-                }
-                shared.buf.close();
-            })
-        };
+        let writer = super::wbuf::spawn_writer(shared.clone(), wr, |s| &s.buf, "amqp");
         Ok(AmqpcConn {
             shared,
             replies: Arc::new(tokio::sync::Mutex::new(rx)),
-            tasks: Arc::new(vec![reader.abort_handle(), writer.abort_handle()]),
+            tasks: Arc::new(vec![reader.abort_handle(), writer]),
         })
     }
 
@@ -287,25 +268,8 @@ impl AmqpcConn {
 
     pub(crate) async fn subscribe(&self, key: &str) -> anyhow::Result<AmqpcSub> {
         const T: Duration = Duration::from_secs(10);
-        let q = match self
-            .call(
-                Method::QueueDeclare {
-                    ticket: 0,
-                    queue: ShortStr::lit(""),
-                    passive: false,
-                    durable: false,
-                    exclusive: true,
-                    auto_delete: true,
-                    no_wait: false,
-                    arguments: FieldTable::default(),
-                },
-                T,
-            )
-            .await?
-        {
-            Method::QueueDeclareOk { queue, .. } => queue,
-            m => bail!("expected queue.declare-ok, got {}", m.name()),
-        };
+        // A server-named queue.
+        let q = self.declare("").await?;
         self.call(
             Method::QueueBind {
                 ticket: 0,
@@ -321,7 +285,7 @@ impl AmqpcConn {
         self.consume(q).await
     }
 
-    /// Declares queue `name` (exclusive, auto-delete).
+    /// Declares queue `name` (exclusive, auto-delete; `""`: the server names it).
     pub(crate) async fn declare(&self, name: &str) -> anyhow::Result<ShortStr> {
         match self
             .call(
@@ -386,7 +350,7 @@ impl AmqpcConn {
     }
 
     pub(crate) fn trouble(&self) -> Option<String> {
-        lock(&self.shared.trouble).clone()
+        self.shared.buf.trouble()
     }
 
     pub(crate) fn server_version(&self) -> Option<String> {

@@ -53,18 +53,8 @@ struct Shared {
     buf: super::wbuf::WriteBuf,
     subs: Mutex<HashMap<String, mpsc::Sender<Frame>>>,
     receipts: Mutex<HashMap<String, oneshot::Sender<()>>>,
-    trouble: Mutex<Option<String>>,
     next_id: AtomicU64,
     server: Mutex<Option<String>>,
-}
-
-impl Shared {
-    fn fail(&self, msg: String) {
-        let mut t = lock(&self.trouble);
-        if t.is_none() {
-            *t = Some(msg);
-        }
-    }
 }
 
 #[derive(Clone)]
@@ -123,7 +113,6 @@ impl StompConn {
             buf: super::wbuf::WriteBuf::new(HIGH_WATER),
             subs: Mutex::default(),
             receipts: Mutex::default(),
-            trouble: Mutex::default(),
             next_id: AtomicU64::new(0),
             server: Mutex::new(connected.get("server").map(str::to_string)),
         });
@@ -134,22 +123,14 @@ impl StompConn {
                 shared.buf.close();
                 lock(&shared.subs).clear();
                 if let Err(e) = e {
-                    shared.fail(format!("stomp: {e:#}"));
+                    shared.buf.fail(format!("stomp: {e:#}"));
                 }
             })
         };
-        let writer = {
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                if let Err(e) = shared.buf.write_loop(&mut wr).await {
-                    shared.fail(format!("stomp write: {e}"));
-                }
-                shared.buf.close();
-            })
-        };
+        let writer = super::wbuf::spawn_writer(shared.clone(), wr, |s| &s.buf, "stomp");
         Ok(StompConn {
             shared,
-            tasks: Arc::new(vec![reader.abort_handle(), writer.abort_handle()]),
+            tasks: Arc::new(vec![reader.abort_handle(), writer]),
         })
     }
 
@@ -234,7 +215,7 @@ impl StompConn {
     }
 
     pub(crate) fn trouble(&self) -> Option<String> {
-        lock(&self.shared.trouble).clone()
+        self.shared.buf.trouble()
     }
 
     pub(crate) fn server_version(&self) -> Option<String> {

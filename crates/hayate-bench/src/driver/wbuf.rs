@@ -17,6 +17,8 @@ pub(crate) struct WriteBuf {
     space: Notify,
     closed: AtomicBool,
     high_water: usize,
+    /// The first error that ended the connection (it fails the point).
+    trouble: Mutex<Option<String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -32,7 +34,21 @@ impl WriteBuf {
             space: Notify::new(),
             closed: AtomicBool::new(false),
             high_water,
+            trouble: Mutex::default(),
         }
+    }
+
+    /// Records what ended the connection (the first report stands).
+    pub(crate) fn fail(&self, msg: String) {
+        let mut t = lock(&self.trouble);
+        if t.is_none() {
+            *t = Some(msg);
+        }
+    }
+
+    /// What ended the connection, if something did.
+    pub(crate) fn trouble(&self) -> Option<String> {
+        lock(&self.trouble).clone()
     }
 
     /// The connection ended: writers stop waiting.
@@ -105,4 +121,27 @@ impl WriteBuf {
             }
         }
     }
+}
+
+/// Spawns the writer task of a connection whose shared state `shared` holds its write
+/// buffer (`buf` finds it): it writes until the buffer closes, and a write error (named
+/// after `proto`) is the connection's trouble.
+pub(crate) fn spawn_writer<S, W>(
+    shared: std::sync::Arc<S>,
+    mut wr: W,
+    buf: fn(&S) -> &WriteBuf,
+    proto: &'static str,
+) -> tokio::task::AbortHandle
+where
+    S: Send + Sync + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let b = buf(&shared);
+        if let Err(e) = b.write_loop(&mut wr).await {
+            b.fail(format!("{proto} write: {e}"));
+        }
+        b.close();
+    })
+    .abort_handle()
 }

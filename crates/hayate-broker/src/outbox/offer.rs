@@ -171,12 +171,7 @@ impl Outbox {
 
     /// Queues control output (handshake answers, PONG, errors) outside the budget.
     pub fn push_control_unbudgeted(&self, f: impl FnOnce(&mut BytesMut)) {
-        let mut st = self.lock();
-        if st.closed {
-            return;
-        }
-        f(st.buf.tail());
-        self.wake(&mut st);
+        self.push_control_buf(|b| f(b.tail()));
     }
 
     /// Appends output like [`Outbox::push_control_unbudgeted`], given the whole output
