@@ -263,6 +263,11 @@ pub struct AmqpSection {
     /// queues of its own, and every vhost but `/` publishes under the keys
     /// `amqp-vhost/<name>/...` (docs/amqp.md, "Virtual hosts").
     pub vhosts: Vec<String>,
+    /// When persistent messages in durable queues are synced to disk before their
+    /// publisher's confirm: `always` (default, as RabbitMQ: one fsync shared by concurrent
+    /// publishers), `interval=<ms>` or `never` (written, so they survive the broker being
+    /// killed, not a power loss). Durable queues are kept in `<data>/amqp/`.
+    pub fsync: String,
 }
 
 impl Default for AmqpSection {
@@ -276,6 +281,7 @@ impl Default for AmqpSection {
             queue_max_bytes: 64 * 1024 * 1024,
             max_queues: 10_000,
             vhosts: vec!["/".to_string()],
+            fsync: "always".to_string(),
         }
     }
 }
@@ -608,6 +614,9 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "amqp.channel_max must be at least 1".into(),
             ));
+        }
+        if let Err(e) = self.amqp.fsync.parse::<hayate_log::FsyncPolicy>() {
+            return Err(ConfigError::Invalid(format!("amqp.fsync: {e}")));
         }
         if self.amqp.vhosts.is_empty() {
             return Err(ConfigError::Invalid(

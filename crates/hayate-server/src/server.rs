@@ -211,7 +211,7 @@ impl Server {
     }
 
     /// Opens the streams kept in the data directory and creates those of `config.stream`
-    /// that do not exist yet ([`Server::bind`] does this; servers made from bound listeners
+    /// that do not exist yet, and opens AMQP's durable queues ([`Server::bind`] does this; servers made from bound listeners
     /// call it themselves when they use streams).
     pub fn open_streams(&self, config: &Config) -> Result<(), crate::config::ConfigError> {
         let bad =
@@ -223,6 +223,10 @@ impl Server {
         for s in &config.stream {
             self.broker.create_stream(s.clone()).map_err(bad)?;
         }
+        // AMQP's durable exchanges, queues and persistent messages.
+        self.amqp.open_durable().map_err(|e| {
+            crate::config::ConfigError::Invalid(format!("amqp durable queues: {e}"))
+        })?;
         Ok(())
     }
 

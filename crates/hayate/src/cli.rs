@@ -63,7 +63,7 @@ pub(crate) struct BrokerArgs {
     #[arg(long, value_name = "HOST:PORT")]
     pub(crate) stomp: Vec<String>,
     /// AMQP 0-9-1 TCP address (repeatable; replaces the configured list; `off` for none;
-    /// none by default for now, usually 5672).
+    /// default 127.0.0.1:5672).
     #[arg(long, value_name = "HOST:PORT")]
     pub(crate) amqp: Vec<String>,
     /// Native protocol over TLS: TCP address (repeatable; needs --tls-cert and --tls-key).
@@ -94,7 +94,8 @@ pub(crate) struct BrokerArgs {
     /// none; default 127.0.0.1:4780).
     #[arg(long, value_name = "HOST:PORT")]
     pub(crate) admin: Option<String>,
-    /// Data directory (persistent MQTT sessions, retained messages).
+    /// Data directory (streams, persistent MQTT sessions, retained messages, AMQP durable
+    /// queues).
     #[arg(long, value_name = "DIR")]
     pub(crate) data: Option<String>,
     /// Largest payload accepted, in bytes.

@@ -35,7 +35,8 @@ pub fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-fn instant_to_ms(at: Instant) -> i64 {
+/// `at` as milliseconds since the Unix epoch (by the clocks now).
+pub fn instant_to_ms(at: Instant) -> i64 {
     let now = Instant::now();
     let base = now_ms();
     if at >= now {
@@ -45,7 +46,8 @@ fn instant_to_ms(at: Instant) -> i64 {
     }
 }
 
-fn ms_to_instant(ms: i64) -> Instant {
+/// Milliseconds since the Unix epoch as an instant (by the clocks now).
+pub fn ms_to_instant(ms: i64) -> Instant {
     let now = Instant::now();
     let base = now_ms();
     let d = Duration::from_millis(ms.abs_diff(base));

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use super::delivery::{AmqpEncoder, OwnConsumer, encode_content, message_of};
 use super::names::{self, Kind, REPLY_TO_QUEUE};
-use super::queue::{Chan, ChanState, Consumer, Queue, QueueArgs, QueueEncoder, Unacked, lock};
+use super::queue::{Chan, ChanState, Consumer, Queue, QueueArgs, Unacked, lock};
 use super::{Amqp, Exchange, VHost};
 use crate::auth::{Credentials, Identity};
 use crate::frontend::{self, Accepted, Handler, Stop};
@@ -177,17 +177,74 @@ struct Channel {
     /// We sent channel.close: everything but channel.close(-ok) is ignored.
     closing: bool,
     pending: Option<Pending>,
-    confirm: bool,
-    /// Publishes counted in confirm mode; the last one is acknowledged at the next flush.
-    published: u64,
-    confirmed: u64,
-    /// Publishes since `confirmed` that a queue refused: nacked instead (in order).
-    refused: Vec<u64>,
+    /// Confirm mode: what is published and confirmed.
+    confirms: Option<Arc<Mutex<Confirms>>>,
     tx: Option<Vec<TxOp>>,
     consumers: HashMap<ShortStr, ConsumerReg>,
     /// basic.qos without `global`: the prefetch of consumers started from now on.
     prefetch: usize,
 }
+
+/// Publisher confirms of a channel in confirm mode, shared with the tasks that wait for
+/// stored messages to be durable. Confirms go out in order: nothing after a publish still
+/// waiting is acknowledged before it.
+#[derive(Debug, Default)]
+struct Confirms {
+    /// Publishes counted (the last delivery tag given).
+    published: u64,
+    /// Acknowledged (or nacked) up to here.
+    confirmed: u64,
+    /// Publishes a queue refused, or whose storing failed: nacked instead.
+    refused: std::collections::BTreeSet<u64>,
+    /// Publishes whose stored records are not durable yet.
+    waiting: std::collections::BTreeSet<u64>,
+    /// The channel is closed: nothing more is sent.
+    closed: bool,
+}
+
+impl Confirms {
+    /// The basic.ack / basic.nack due now, in order (one ack with `multiple` for a run).
+    fn due(&mut self) -> Vec<Method> {
+        let mut out = Vec::new();
+        if self.closed {
+            return out;
+        }
+        let limit = self
+            .waiting
+            .first()
+            .map_or(self.published, |w| w.saturating_sub(1));
+        while let Some(&tag) = self.refused.first() {
+            if tag > limit {
+                break;
+            }
+            self.refused.pop_first();
+            if tag > self.confirmed + 1 {
+                out.push(Method::BasicAck {
+                    delivery_tag: tag - 1,
+                    multiple: true,
+                });
+            }
+            out.push(Method::BasicNack {
+                delivery_tag: tag,
+                multiple: false,
+                requeue: false,
+            });
+            self.confirmed = tag;
+        }
+        if limit > self.confirmed {
+            out.push(Method::BasicAck {
+                delivery_tag: limit,
+                multiple: true,
+            });
+            self.confirmed = limit;
+        }
+        out
+    }
+}
+
+/// Resolves once a published message is durable where it was stored (false: storing
+/// failed).
+type Wait = std::pin::Pin<Box<dyn Future<Output = bool> + Send>>;
 
 /// Per-connection state.
 struct Conn<'a> {
@@ -696,10 +753,7 @@ impl Conn<'_> {
                     shared,
                     closing: false,
                     pending: None,
-                    confirm: false,
-                    published: 0,
-                    confirmed: 0,
-                    refused: Vec::new(),
+                    confirms: None,
                     tx: None,
                     consumers: HashMap::new(),
                     prefetch: 0,
@@ -1035,12 +1089,12 @@ impl Conn<'_> {
                         "cannot switch from tx to confirm mode",
                     ));
                 }
-                c.confirm = true;
+                c.confirms.get_or_insert_with(Default::default);
                 self.answer(session, ch, *no_wait, Method::ConfirmSelectOk {});
             }
             Method::TxSelect {} => {
                 let c = self.chan(ch)?;
-                if c.confirm {
+                if c.confirms.is_some() {
                     return Err(err(
                         ReplyCode::PreconditionFailed,
                         "cannot switch from confirm to tx mode",
@@ -1067,12 +1121,15 @@ impl Conn<'_> {
                     .sum();
                 if let Method::TxCommit {} = m {
                     let mut result = Ok(());
+                    let mut waits = Vec::new();
                     for op in ops {
                         if result.is_err() {
                             break;
                         }
                         result = match op {
-                            TxOp::Publish(p) => self.publish(ch, *p, session).await,
+                            TxOp::Publish(p) => {
+                                self.publish(ch, *p, session).await.map(|w| waits.extend(w))
+                            }
                             TxOp::Ack(t, multi) => {
                                 self.chan(ch).and_then(|c| settle(c, t, multi, None))
                             }
@@ -1083,6 +1140,17 @@ impl Conn<'_> {
                     }
                     self.release_held(bytes);
                     result?;
+                    // commit-ok once what durable queues stored is durable.
+                    if !futures::future::join_all(waits)
+                        .await
+                        .into_iter()
+                        .all(|ok| ok)
+                    {
+                        return Err(err(
+                            ReplyCode::InternalError,
+                            "persistent messages of the transaction could not be stored",
+                        ));
+                    }
                     self.send(session, ch, Method::TxCommitOk {});
                 } else {
                     self.release_held(bytes);
@@ -1210,7 +1278,7 @@ impl Conn<'_> {
             return Ok(());
         }
         let n = p.body.len();
-        let r = self.publish(ch, p, session).await;
+        let r = self.publish(ch, p, session).await.map(drop);
         self.release_held(n);
         if let Err(e) = r {
             if e.code.is_hard() {
@@ -1244,6 +1312,9 @@ impl Conn<'_> {
         );
         let dropped = self.channels.get_mut(&ch).map_or(0, |c| {
             c.closing = true;
+            if let Some(cf) = &c.confirms {
+                lock(cf).closed = true;
+            }
             c.pending.take().map_or(0, |p| p.body.len())
         });
         self.release_held(dropped);
@@ -1251,13 +1322,15 @@ impl Conn<'_> {
     }
 
     /// Publishes one message: to the key of its exchange and routing key, where every
-    /// binding and subscriber that covers it takes it.
+    /// binding and subscriber that covers it takes it. In confirm mode its confirm is
+    /// counted (and sent once what stored it made it durable); in a transaction, what to
+    /// wait for before commit-ok is returned.
     async fn publish(
         &mut self,
         ch: u16,
         p: Pending,
         session: &mut Session,
-    ) -> Result<(), AmqpError> {
+    ) -> Result<Vec<Wait>, AmqpError> {
         let exchange = p.exchange.as_str().unwrap_or("");
         let Some(x) = self.exchange(&p.exchange) else {
             return Err(err(
@@ -1298,26 +1371,44 @@ impl Conn<'_> {
         let body = p.body.freeze();
         let mut routed = 0;
         let mut refused = false;
+        let mut waits: Vec<Wait> = Vec::new();
+        let confirms = self.channels.get(&ch).and_then(|c| c.confirms.clone());
+        let in_tx = self.channels.get(&ch).is_some_and(|c| c.tx.is_some());
         let returned = match key {
             Some(key) => {
                 frontend::check_publish(&self.identity, &key, reply_to.is_some())
                     .map_err(|d| err(ReplyCode::AccessRefused, d.to_string()))?;
                 let msg = message_of(key, props, reply_to, body);
-                let confirm = self.channels.get(&ch).is_some_and(|c| c.confirm);
                 let headers_mandatory = p.mandatory && x.kind == Kind::Headers;
-                if confirm || headers_mandatory {
-                    let (n, queued, r) = super::queue::ROUTED
+                if confirms.is_some() || in_tx || headers_mandatory {
+                    let (n, queued, r, stored, streams) = super::queue::ROUTED
                         .scope(super::queue::Routed::default(), async {
-                            let n = session.publish(Batch::One(&msg)).await;
-                            let (q, r) =
-                                super::queue::ROUTED.with(|r| (r.queued.get(), r.refused.get()));
-                            (n, q, r)
+                            let (n, streams) = session.publish_stored(Batch::One(&msg)).await;
+                            let (q, r, stored) = super::queue::ROUTED
+                                .with(|r| (r.queued.get(), r.refused.get(), r.stored.take()));
+                            (n, q, r, stored, streams)
                         })
                         .await;
                     // A headers exchange's bindings subscribe to all its keys and compare
                     // the headers in the queue: routed means some binding took it.
                     routed = if headers_mandatory && !queued { 0 } else { n };
                     refused = r;
+                    // Durable queues' records and streams' appends, until durable.
+                    for (store, o) in stored {
+                        if let Some(c) = store.confirmed(o) {
+                            waits.push(Box::pin(async move { c.await.is_ok() }));
+                        }
+                    }
+                    match streams.ready() {
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => {
+                            tracing::warn!(conn = self.id, "amqp: publish not stored: {e}");
+                            refused = true;
+                        }
+                        None => {
+                            waits.push(Box::pin(async move { streams.confirmed().await.is_ok() }))
+                        }
+                    }
                 } else {
                     routed = session.publish(Batch::One(&msg)).await;
                 }
@@ -1340,59 +1431,64 @@ impl Conn<'_> {
             });
             session.mark_own_output();
         }
-        if let Some(c) = self.channels.get_mut(&ch)
-            && c.confirm
-        {
-            c.published += 1;
-            if refused {
-                c.refused.push(c.published);
-            }
+        let Some(cf) = confirms else {
+            return Ok(waits);
+        };
+        let mut c = lock(&cf);
+        c.published += 1;
+        let tag = c.published;
+        if refused {
+            c.refused.insert(tag);
         }
-        Ok(())
+        if waits.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Confirmed (with whatever followed it) once durable, by a task of its own.
+        c.waiting.insert(tag);
+        drop(c);
+        let outbox = session.outbox().clone();
+        tokio::spawn(async move {
+            let ok = futures::future::join_all(waits)
+                .await
+                .into_iter()
+                .all(|ok| ok);
+            let mut c = lock(&cf);
+            c.waiting.remove(&tag);
+            if !ok {
+                c.refused.insert(tag);
+            }
+            let due = c.due();
+            if !due.is_empty() {
+                outbox.push_control_unbudgeted(|b| {
+                    for m in due {
+                        Frame::Method(ch, m).encode(b);
+                    }
+                });
+            }
+        });
+        Ok(Vec::new())
     }
 
     /// Acknowledges what was published in confirm mode since the last time (one
     /// basic.ack with `multiple` per channel and read).
     /// A publish a queue refused gets its own basic.nack, those before it an ack.
     fn send_confirms(&mut self, session: &mut Session) {
-        let mut out = Vec::new();
-        for (ch, c) in &mut self.channels {
-            if !c.confirm || c.published == c.confirmed {
+        for (ch, c) in &self.channels {
+            let Some(cf) = &c.confirms else { continue };
+            // Under the lock while written: a waiting task's confirms stay in order.
+            let mut cf = lock(cf);
+            if cf.published == cf.confirmed {
                 continue;
             }
-            for tag in c.refused.drain(..) {
-                if tag > c.confirmed + 1 {
-                    out.push((
-                        *ch,
-                        Method::BasicAck {
-                            delivery_tag: tag - 1,
-                            multiple: true,
-                        },
-                    ));
-                }
-                out.push((
-                    *ch,
-                    Method::BasicNack {
-                        delivery_tag: tag,
-                        multiple: false,
-                        requeue: false,
-                    },
-                ));
-                c.confirmed = tag;
+            let due = cf.due();
+            if !due.is_empty() {
+                session.outbox().push_reply_unbudgeted(|o| {
+                    for m in due {
+                        Frame::Method(*ch, m).encode(o.tail());
+                    }
+                });
+                session.mark_own_output();
             }
-            if c.published > c.confirmed {
-                out.push((
-                    *ch,
-                    Method::BasicAck {
-                        delivery_tag: c.published,
-                        multiple: true,
-                    },
-                ));
-                c.confirmed = c.published;
-            }
-        }
-        for (ch, m) in out {
-            self.send(session, ch, m);
         }
     }
 
@@ -1573,6 +1669,20 @@ impl Conn<'_> {
                 builtin: false,
             },
         );
+        drop(reg);
+        if let Some(s) = self.vhost.store_for(durable) {
+            let def = super::store::ExchangeDef {
+                kind: kind.name().to_string(),
+                auto_delete,
+                internal,
+            };
+            s.put_exchange(n, def).map_err(|e| {
+                err(
+                    ReplyCode::InternalError,
+                    format!("cannot keep durable exchange '{n}': {e}"),
+                )
+            })?;
+        }
         Ok(())
     }
 
@@ -1607,6 +1717,14 @@ impl Conn<'_> {
         self.vhost.exchanges_changed.fetch_add(1, Ordering::AcqRel);
         for q in queues {
             q.unbind_exchange(n);
+        }
+        if let Some(s) = self.vhost.store.get() {
+            s.remove_exchange(n).map_err(|e| {
+                err(
+                    ReplyCode::InternalError,
+                    format!("cannot forget durable exchange '{n}': {e}"),
+                )
+            })?;
         }
         Ok(())
     }
@@ -1699,39 +1817,21 @@ impl Conn<'_> {
                 ));
             }
         }
-        let q = Queue::new(
-            self.vhost.clone(),
-            n.clone(),
+        // A durable queue (not exclusive: those end with their connection) is kept in the
+        // vhost's store, with a number of its own.
+        let store = self
+            .vhost
+            .store_for(durable && !exclusive)
+            .map(|s| (s.clone(), s.new_queue_id()));
+        let q = self.amqp.make_queue(
+            &self.vhost,
+            &n,
             durable,
             auto_delete,
             exclusive.then_some(self.id),
             args.clone(),
-            self.amqp.cfg.queue_max_bytes as usize,
-            &self.amqp.broker.config().memory,
+            store.clone(),
         );
-        let session = self.amqp.broker.open_session(Box::new(QueueEncoder {
-            queue: Arc::downgrade(&q),
-        }));
-        q.attach(session);
-        if let Some(dlx) = args.dead_letter_exchange.clone() {
-            let amqp = self.amqp.clone();
-            let vhost = self.vhost.clone();
-            let name = n.clone();
-            let dlrk = args.dead_letter_routing_key.clone();
-            q.set_dead_letters(Arc::new(move |m: super::queue::QMsg, why: &'static str| {
-                let (amqp, vhost, name, dlx, dlrk) = (
-                    amqp.clone(),
-                    vhost.clone(),
-                    name.clone(),
-                    dlx.clone(),
-                    dlrk.clone(),
-                );
-                Box::pin(async move {
-                    amqp.dead_letter(&vhost, &name, &dlx, dlrk.as_deref(), m, why)
-                        .await;
-                }) as std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
-            }));
-        }
         q.bind("", Kind::Direct, &n, FieldTable::default(), expr)
             .map_err(|e| err(ReplyCode::InternalError, e))?;
         // Into the registry, unless another connection declared it meanwhile (that one
@@ -1773,6 +1873,22 @@ impl Conn<'_> {
                 break;
             }
         }
+        if let Some((s, id)) = store {
+            let def = super::store::QueueDef {
+                id,
+                auto_delete,
+                arguments: super::store::table_hex(arguments),
+                bindings: Vec::new(),
+            };
+            if let Err(e) = s.put_queue(&n, def) {
+                tracing::error!(queue = %n, "amqp: cannot keep a durable queue: {e}");
+                delete_queue(&q);
+                return Err(err(
+                    ReplyCode::InternalError,
+                    format!("cannot keep durable queue '{n}': {e}"),
+                ));
+            }
+        }
         if exclusive {
             self.exclusive.retain(|q| !q.is_deleted());
             self.exclusive.push(q);
@@ -1804,8 +1920,21 @@ impl Conn<'_> {
             ));
         };
         let rk = routing_key.as_str().unwrap_or("");
+        let saved = |q: &Queue| {
+            q.save_bindings().map_err(|e| {
+                err(
+                    ReplyCode::InternalError,
+                    format!(
+                        "cannot keep the bindings of durable queue '{}': {e}",
+                        q.name
+                    ),
+                )
+            })
+        };
         if !bind {
-            q.unbind(x, rk, arguments);
+            if q.unbind(x, rk, arguments) {
+                saved(&q)?;
+            }
             return Ok(());
         }
         let Some(expr) = self.vhost.expr(names::binding_expr(x, kind, rk)) else {
@@ -1828,7 +1957,8 @@ impl Conn<'_> {
             }
         }
         q.bind(x, kind, rk, arguments.clone(), expr)
-            .map_err(|e| err(ReplyCode::InternalError, e))
+            .map_err(|e| err(ReplyCode::InternalError, e))?;
+        saved(&q)
     }
 
     fn queue_delete(
@@ -2016,6 +2146,9 @@ impl Conn<'_> {
         let Some(c) = self.channels.remove(&ch) else {
             return;
         };
+        if let Some(cf) = &c.confirms {
+            lock(cf).closed = true;
+        }
         let held = c.pending.as_ref().map_or(0, |p| p.body.len())
             + c.tx
                 .iter()

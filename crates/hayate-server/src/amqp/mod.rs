@@ -8,20 +8,23 @@
 //! - Queues ([`queue::Queue`]) hold messages for their consumers; their bindings are broker
 //!   subscriptions on [`names::binding_expr`], so an MQTT publish on `a/b` reaches a queue
 //!   bound to `amq.topic` with `a.b` (or `a.*`, `#`).
-//! - Queues are in memory (the streams issue brings durable ones): `durable` is accepted
-//!   and kept, the messages do not survive a restart.
+//! - Durable queues, durable exchanges and the persistent messages in durable queues are
+//!   kept in a store per virtual host (`store`, under `<data>/amqp/`) and read back at
+//!   start; every queue also holds its messages in memory.
 //!
 //! # Layout
 //! - this module: [`Amqp`] (the front-end's shared state: exchanges, queues, settings);
 //! - `names`: exchanges and routing keys as keys;
 //! - `queue`: queues, consumers, channels' delivery state, dispatch;
 //! - `delivery`: messages ↔ frames and properties, the connection session's encoder;
+//! - `store`: what of a virtual host survives a restart;
 //! - `conn`: one connection (handshake, channels, every method).
 
 pub mod conn;
 pub(crate) mod delivery;
 pub(crate) mod names;
 pub(crate) mod queue;
+pub(crate) mod store;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -65,6 +68,9 @@ pub(crate) struct VHost {
     /// Bumped whenever an exchange is declared or deleted: a connection's cached exchange
     /// is good while it is unchanged (publishing takes no registry lock).
     pub(crate) exchanges_changed: AtomicU64,
+    /// Where its durable exchanges, queues and persistent messages are kept (set at
+    /// start when the broker has a data directory).
+    pub(crate) store: std::sync::OnceLock<Arc<store::Store>>,
 }
 
 impl VHost {
@@ -110,7 +116,13 @@ impl VHost {
             prefix,
             registry: Mutex::new(reg),
             exchanges_changed: AtomicU64::new(0),
+            store: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The store, for something durable (none without a data directory).
+    pub(crate) fn store_for(&self, durable: bool) -> Option<&Arc<store::Store>> {
+        self.store.get().filter(|_| durable)
     }
 
     /// `k` (a key of the `/` mapping) as a key of this vhost.
@@ -221,6 +233,149 @@ impl Amqp {
 
     pub(crate) fn next_id(&self) -> u64 {
         self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A new queue with its broker session, its task and (with `x-dead-letter-exchange`)
+    /// its dead-letter task. It has no binding yet, not even the default exchange's.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn make_queue(
+        self: &Arc<Self>,
+        vhost: &Arc<VHost>,
+        name: &str,
+        durable: bool,
+        auto_delete: bool,
+        owner: Option<u64>,
+        args: queue::QueueArgs,
+        store: Option<(Arc<store::Store>, u64)>,
+    ) -> Arc<Queue> {
+        let dlx = args.dead_letter_exchange.clone();
+        let dlrk = args.dead_letter_routing_key.clone();
+        let q = Queue::new(
+            vhost.clone(),
+            name.to_string(),
+            durable,
+            auto_delete,
+            owner,
+            args,
+            self.cfg.queue_max_bytes as usize,
+            &self.broker.config().memory,
+            store,
+        );
+        let session = self.broker.open_session(Box::new(queue::QueueEncoder {
+            queue: Arc::downgrade(&q),
+        }));
+        q.attach(session);
+        if let Some(dlx) = dlx {
+            let amqp = self.clone();
+            let vhost = vhost.clone();
+            let name = name.to_string();
+            q.set_dead_letters(Arc::new(move |m: queue::QMsg, why: &'static str| {
+                let (amqp, vhost, name, dlx, dlrk) = (
+                    amqp.clone(),
+                    vhost.clone(),
+                    name.clone(),
+                    dlx.clone(),
+                    dlrk.clone(),
+                );
+                Box::pin(async move {
+                    amqp.dead_letter(&vhost, &name, &dlx, dlrk.as_deref(), m, why)
+                        .await;
+                }) as std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
+            }));
+        }
+        q
+    }
+
+    /// Opens every virtual host's store under `<data>/amqp/` and puts back what they kept:
+    /// durable exchanges, durable queues with their bindings, and the persistent messages
+    /// they held (marked redelivered). Without a data directory nothing is kept.
+    pub fn open_durable(self: &Arc<Self>) -> Result<(), String> {
+        let Some(data) = self.broker.config().data_dir.clone() else {
+            return Ok(());
+        };
+        let fsync: hayate_log::FsyncPolicy = self
+            .cfg
+            .fsync
+            .parse()
+            .map_err(|e| format!("amqp.fsync: {e}"))?;
+        for vhost in self.vhosts.values() {
+            if vhost.store.get().is_some() {
+                continue;
+            }
+            let dir = data.join("amqp").join(store::vhost_dir(&vhost.name));
+            let max = usize::try_from(self.cfg.max_message_size).unwrap_or(usize::MAX);
+            let (st, rec) = store::Store::open(&dir, fsync, max)?;
+            let (mut queues, mut messages) = (0, 0);
+            {
+                let mut reg = lock(&vhost.registry);
+                for (name, x) in rec.exchanges {
+                    let Some(kind) = Kind::parse(&x.kind) else {
+                        tracing::warn!(vhost = %vhost.name, "amqp store: exchange {name:?} of unknown type {:?}: left out", x.kind);
+                        continue;
+                    };
+                    reg.exchanges.entry(name).or_insert(Exchange {
+                        kind,
+                        durable: true,
+                        auto_delete: x.auto_delete,
+                        internal: x.internal,
+                        builtin: false,
+                    });
+                }
+            }
+            vhost.exchanges_changed.fetch_add(1, Ordering::AcqRel);
+            for (name, def, msgs) in rec.queues {
+                let args =
+                    store::table_of_hex(&def.arguments).and_then(|t| queue::QueueArgs::parse(&t));
+                let (args, key) = match (args, vhost.key(names::queue_key(&name))) {
+                    (Ok(a), Some(k)) => (a, k),
+                    (Err(e), _) => {
+                        tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: bad arguments ({e}): left out");
+                        continue;
+                    }
+                    (_, None) => continue,
+                };
+                let Ok(expr) = KeyExpr::new(key.as_str()) else {
+                    continue;
+                };
+                messages += msgs.len();
+                queues += 1;
+                let q = self.make_queue(
+                    vhost,
+                    &name,
+                    true,
+                    def.auto_delete,
+                    None,
+                    args,
+                    Some((st.clone(), def.id)),
+                );
+                q.restore(msgs);
+                if let Err(e) = q.bind("", Kind::Direct, &name, FieldTable::default(), expr) {
+                    tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: {e}");
+                }
+                for b in &def.bindings {
+                    let kind = lock(&vhost.registry)
+                        .exchanges
+                        .get(&b.exchange)
+                        .map(|x| x.kind);
+                    let (Some(kind), Ok(args)) = (kind, store::table_of_hex(&b.arguments)) else {
+                        tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: binding to {:?} left out", b.exchange);
+                        continue;
+                    };
+                    let Some(expr) = vhost.expr(names::binding_expr(&b.exchange, kind, &b.key))
+                    else {
+                        continue;
+                    };
+                    if let Err(e) = q.bind(&b.exchange, kind, &b.key, args, expr) {
+                        tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: {e}");
+                    }
+                }
+                lock(&vhost.registry).queues.insert(name, q);
+            }
+            st.start();
+            let _ = vhost.store.set(st);
+            tracing::info!(vhost = %vhost.name, queues, messages, dir = %dir.display(), "amqp: durable queues opened");
+        }
+        Ok(())
     }
 
     /// Publishes a dead letter of queue `queue` to its dead-letter exchange (with its

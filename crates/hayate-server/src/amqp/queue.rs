@@ -29,6 +29,7 @@ use hayate_io::memory::Charge;
 
 use super::delivery::{Delivery, encode_delivery};
 use super::names::{self, Kind};
+use super::store::Store;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -50,6 +51,20 @@ pub(crate) struct QMsg {
     /// Its priority in a queue with `x-max-priority` (the message's own, at most the
     /// queue's); 0 in any other queue.
     pub(crate) priority: u8,
+    /// Its record in its durable queue's store, when it is kept there.
+    pub(crate) stored: Option<u64>,
+}
+
+/// Is `m` persistent: AMQP delivery mode 2 (STOMP's and native `persistent: true` header),
+/// or MQTT QoS 1 or 2, as RabbitMQ's MQTT plugin counts them?
+pub(crate) fn persistent(m: &Message) -> bool {
+    m.attrs
+        .guarantee
+        .is_some_and(|g| g != hayate_core::Guarantee::AtMostOnce)
+        || m.headers
+            .iter()
+            .flatten()
+            .any(|(k, v)| k == "persistent" && v.eq_ignore_ascii_case(b"true"))
 }
 
 impl QMsg {
@@ -228,6 +243,8 @@ pub(crate) struct Routed {
     /// A queue refused it (`x-overflow` `reject-publish`, or no room in the memory
     /// budget): the publisher's confirm is a basic.nack, as in RabbitMQ.
     pub(crate) refused: std::cell::Cell<bool>,
+    /// Durable queues stored it: the confirm waits until these records are durable.
+    pub(crate) stored: std::cell::RefCell<Vec<(Arc<Store>, u64)>>,
 }
 
 tokio::task_local! {
@@ -236,6 +253,10 @@ tokio::task_local! {
 
 fn note_refused() {
     let _ = ROUTED.try_with(|r| r.refused.set(true));
+}
+
+fn note_stored(store: &Arc<Store>, offset: u64) {
+    let _ = ROUTED.try_with(|r| r.stored.borrow_mut().push((store.clone(), offset)));
 }
 
 /// A queue's ready messages in delivery order: a first-in first-out list per priority
@@ -352,6 +373,8 @@ pub(crate) struct Queue {
     /// Where dead letters go, in order, when the queue has a dead-letter exchange: the
     /// queue of its dead-letter task.
     dead: Mutex<Option<tokio::sync::mpsc::Sender<(QMsg, &'static str)>>>,
+    /// A durable queue's store and number there (persistent messages are kept in it).
+    pub(crate) store: Option<(Arc<Store>, u64)>,
 }
 
 /// Dead letters waiting for their task, at most (past it they are dropped, counted).
@@ -388,6 +411,7 @@ impl Queue {
         args: QueueArgs,
         max_bytes: usize,
         memory: &Arc<hayate_io::memory::Memory>,
+        store: Option<(Arc<Store>, u64)>,
     ) -> Arc<Queue> {
         Arc::new(Queue {
             vhost,
@@ -406,7 +430,31 @@ impl Queue {
             dropped: AtomicU64::new(0),
             wake: Arc::new(tokio::sync::Notify::new()),
             dead: Mutex::new(None),
+            store,
         })
+    }
+
+    /// Message `m` leaves the queue for good: its record (if any) is settled.
+    fn forget(&self, m: &QMsg) {
+        if let (Some((s, _)), Some(o)) = (&self.store, m.stored) {
+            s.settle(o);
+        }
+    }
+
+    /// Puts messages read back from the store into the (new, durable) queue, in order.
+    pub(crate) fn restore(self: &Arc<Self>, msgs: Vec<QMsg>) {
+        let mut st = lock(&self.st);
+        for mut m in msgs {
+            st.next_seq += 1;
+            m.seq = st.next_seq;
+            if self.args.max_priority.is_none() {
+                m.priority = 0;
+            }
+            st.bytes += m.size();
+            st.msgs.push_back(m);
+        }
+        let held = st.bytes;
+        lock(&self.charge).force(held);
     }
 
     /// Gives the queue its broker session and starts its task.
@@ -442,6 +490,24 @@ impl Queue {
     /// Its bindings.
     pub(crate) fn bindings(&self) -> Vec<Binding> {
         lock(&self.st).bindings.clone()
+    }
+
+    /// A durable queue's bindings into its store's definitions (after a bind or unbind).
+    pub(crate) fn save_bindings(&self) -> Result<(), String> {
+        let Some((store, id)) = &self.store else {
+            return Ok(());
+        };
+        let defs = lock(&self.st)
+            .bindings
+            .iter()
+            .filter(|b| !b.exchange.is_empty())
+            .map(|b| super::store::BindingDef {
+                exchange: b.exchange.clone(),
+                key: b.key.clone(),
+                arguments: super::store::table_hex(&b.args),
+            })
+            .collect();
+        store.set_bindings(&self.name, *id, defs)
     }
 
     /// Adds a binding (a broker subscription on `expr`); an identical one is kept as is.
@@ -531,6 +597,8 @@ impl Queue {
     pub(crate) fn push(self: &Arc<Self>, m: QMsg, front: bool) {
         let mut st = lock(&self.st);
         if st.deleted {
+            drop(st);
+            self.forget(&m);
             return;
         }
         let size = m.size();
@@ -582,8 +650,26 @@ impl Queue {
                 return;
             }
         }
-        st.bytes += size;
         let mut m = m;
+        // A persistent message entering a durable queue is written to its store first
+        // (the publisher's confirm waits until it is durable). If it cannot be, the
+        // publisher is told (basic.nack) and the message is still delivered.
+        if !front
+            && let Some((store, id)) = &self.store
+            && persistent(&m.msg)
+        {
+            match store.append(*id, &m) {
+                Ok(o) => {
+                    m.stored = Some(o);
+                    note_stored(store, o);
+                }
+                Err(e) => {
+                    tracing::error!(queue = %self.name, "amqp: cannot store a persistent message: {e}");
+                    note_refused();
+                }
+            }
+        }
+        st.bytes += size;
         if !front {
             st.next_seq += 1;
             m.seq = st.next_seq;
@@ -612,6 +698,9 @@ impl Queue {
     fn dead_letter_all(&self, msgs: Vec<QMsg>, why: &'static str) {
         if msgs.is_empty() {
             return;
+        }
+        for m in &msgs {
+            self.forget(m);
         }
         if why != REJECTED {
             self.dropped.fetch_add(msgs.len() as u64, Ordering::Relaxed);
@@ -727,7 +816,9 @@ impl Queue {
             };
             encode_delivery(&d, frame_max, b);
         });
-        if !no_ack && tag > 0 {
+        if no_ack || tag == 0 {
+            self.forget(&m);
+        } else {
             cs.unacked.insert(
                 tag,
                 Unacked {
@@ -838,6 +929,7 @@ impl Queue {
         if let Some(c) = &u.consumer {
             c.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
+        self.forget(&u.msg);
         let mut st = lock(&self.st);
         st.unacked_bytes = st.unacked_bytes.saturating_sub(u.msg.size());
         self.dispatch_locked(&mut st);
@@ -866,10 +958,20 @@ impl Queue {
     pub(crate) fn purge(&self) -> u32 {
         let mut st = lock(&self.st);
         let n = st.msgs.len() as u32;
-        st.msgs.clear();
+        self.forget_all(&mut st);
         st.bytes = 0;
         lock(&self.charge).shrink(st.unacked_bytes);
         n
+    }
+
+    /// Empties the ready messages, settling their records.
+    fn forget_all(&self, st: &mut QState) {
+        if self.store.is_some() {
+            while let Some(m) = st.msgs.pop_front() {
+                self.forget(&m);
+            }
+        }
+        st.msgs.clear();
     }
 
     /// Marks the queue deleted, ends its bindings and takes its consumers (the caller
@@ -879,12 +981,17 @@ impl Queue {
             let mut st = lock(&self.st);
             st.deleted = true;
             let n = st.msgs.len() as u32;
-            st.msgs.clear();
+            self.forget_all(&mut st);
             st.bytes = 0;
             st.bindings.clear();
             (n, std::mem::take(&mut st.consumers))
         };
         lock(&self.charge).shrink(0);
+        if let Some((store, id)) = &self.store
+            && let Err(e) = store.remove_queue(&self.name, *id)
+        {
+            tracing::error!(queue = %self.name, "amqp: durable queue deleted but not from its store: {e}");
+        }
         // Dropping the session removes its subscriptions (outside the session's mutex).
         let session = lock(&self.session).take();
         drop(session);
@@ -1027,6 +1134,7 @@ impl Encoder for QueueEncoder {
                     expires,
                     seq: 0,
                     priority,
+                    stored: None,
                 },
                 false,
             );

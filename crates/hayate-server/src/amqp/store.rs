@@ -1,0 +1,789 @@
+//! Durable queues: what of a virtual host survives a restart of the broker (docs/amqp.md,
+//! "Durable queues").
+//!
+//! One store per virtual host, in `<data>/amqp/<vhost dir>/`:
+//! - `definitions.json`: the durable exchanges clients declared and the durable queues (flags,
+//!   arguments, bindings), each queue with a number of its own (a queue deleted and declared
+//!   again is another queue: the first one's messages do not come back into it). Rewritten
+//!   whole (temporary file, fsync, rename) at every change.
+//! - `log/`: a hayate-log with one record per persistent message and durable queue it entered
+//!   (the queue's number, the exchange and routing key it is delivered with, its priority and
+//!   expiry, then the message as streams store it). Appended in the publisher's task before
+//!   its confirm; durable under the store's fsync policy (`[amqp] fsync`).
+//! - `acks`: the offsets (8 bytes, big-endian) of records whose message left its queue
+//!   (acknowledged, rejected, expired, dropped, purged, its queue deleted), appended every
+//!   100 ms: a message acknowledged just before a crash may come back once (at least once).
+//!
+//! Opening reads every record of a known queue whose offset is not in `acks` back into its
+//! queue, marked redelivered, in offset order. Whole log segments below the oldest message
+//! still held are removed as the queues move on, and `acks` is rewritten without what they
+//! covered.
+//!
+//! Locks: [`Store::st`] is a leaf (taken under a queue's state, never the other way round);
+//! [`Store::files`] is taken before `st` when both are needed, and never under a queue's lock.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use hayate_amqp::{FieldTable, ShortStr};
+use hayate_broker::stream::codec;
+use hayate_log::{Entry, FsyncPolicy, Log, LogConfig, ReadLimit, Record};
+use serde::{Deserialize, Serialize};
+
+use super::queue::{QMsg, lock};
+
+/// The record format this store writes (its first byte).
+const FORMAT: u8 = 1;
+
+/// How often acknowledgements are written and old segments removed.
+const FLUSH_EVERY: Duration = Duration::from_millis(100);
+
+/// `acks` is rewritten (without offsets of removed segments) once it is this large and has
+/// doubled since it was last rewritten.
+const ACKS_REWRITE_BYTES: u64 = 1 << 20;
+
+/// A durable exchange a client declared.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ExchangeDef {
+    /// Its type (`direct`, `fanout`, `topic`, `headers`).
+    pub(crate) kind: String,
+    pub(crate) auto_delete: bool,
+    pub(crate) internal: bool,
+}
+
+/// A binding of a durable queue (the default exchange's is not kept: every queue has it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct BindingDef {
+    pub(crate) exchange: String,
+    pub(crate) key: String,
+    /// The binding's arguments, as an AMQP field table, in hex.
+    pub(crate) arguments: String,
+}
+
+/// A durable queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct QueueDef {
+    /// Its number: records carry it.
+    pub(crate) id: u64,
+    pub(crate) auto_delete: bool,
+    /// queue.declare's arguments, as an AMQP field table, in hex.
+    pub(crate) arguments: String,
+    pub(crate) bindings: Vec<BindingDef>,
+}
+
+/// `definitions.json`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Defs {
+    /// The number the next durable queue gets.
+    next_id: u64,
+    exchanges: BTreeMap<String, ExchangeDef>,
+    queues: BTreeMap<String, QueueDef>,
+}
+
+/// What opening a store found: the durable exchanges, and each durable queue with the
+/// messages it held.
+#[derive(Debug, Default)]
+pub(crate) struct Recovered {
+    pub(crate) exchanges: Vec<(String, ExchangeDef)>,
+    pub(crate) queues: Vec<(String, QueueDef, Vec<QMsg>)>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Offsets of the records whose message a queue still holds (ready or unacknowledged).
+    live: BTreeSet<u64>,
+    /// Offsets settled since the last flush.
+    acks: Vec<u64>,
+    defs: Defs,
+}
+
+#[derive(Debug)]
+struct Files {
+    acks: std::fs::File,
+    /// The size of `acks` after it was last rewritten.
+    acks_base: u64,
+}
+
+/// The durable state of one virtual host.
+pub(crate) struct Store {
+    dir: PathBuf,
+    log: Log,
+    st: Mutex<State>,
+    files: Mutex<Files>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A field table as hex (definitions keep tables so).
+pub(crate) fn table_hex(t: &FieldTable) -> String {
+    let mut b = BytesMut::new();
+    hayate_amqp::types::Writer::new(&mut b).table(t);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A field table back from [`table_hex`].
+pub(crate) fn table_of_hex(s: &str) -> Result<FieldTable, String> {
+    if !s.len().is_multiple_of(2) {
+        return Err("odd hex length".into());
+    }
+    let raw: Result<Vec<u8>, _> = (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16))
+        .collect();
+    let raw = raw.map_err(|e| e.to_string())?;
+    let mut r = hayate_amqp::types::Reader::new(&raw);
+    let t = r.table().map_err(|e| e.to_string())?;
+    r.finish().map_err(|e| e.to_string())?;
+    Ok(t)
+}
+
+/// The directory name of virtual host `name`: its characters a file name cannot hold (and
+/// `%`) as `%XX`.
+pub(crate) fn vhost_dir(name: &str) -> String {
+    if name == "/" {
+        return "default".into();
+    }
+    let mut d = String::from("vhost-");
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.' {
+            d.push(b as char);
+        } else {
+            d.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if d.len() > 120 {
+        // Too long for a file name: cut, and told apart by a hash of the whole name.
+        let h = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        let cut: String = d.chars().take(100).collect();
+        d = format!("{cut}-{h:016x}");
+    }
+    d
+}
+
+fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Encodes the record of `m` in durable queue `queue`: its `headers` field.
+fn encode_head(queue: u64, m: &QMsg, meta: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    out.put_u8(FORMAT);
+    out.put_u64(queue);
+    out.put_u8(m.priority);
+    let x = m.exchange.as_bytes();
+    out.put_u8(x.len().min(255) as u8);
+    out.put_slice(&x[..x.len().min(255)]);
+    let rk = m.routing_key.as_bytes();
+    let n = rk.len().min(u16::MAX as usize);
+    out.put_u16(n as u16);
+    out.put_slice(&rk[..n]);
+    out.put_i64(m.expires.map_or(-1, codec::instant_to_ms));
+    out.put_slice(meta);
+}
+
+/// A record back into its queue's number and message (marked redelivered); `Err` says what
+/// is wrong with it.
+fn decode_record(r: &Record) -> Result<(u64, QMsg), String> {
+    let mut h = r.headers.clone();
+    let need = |h: &Bytes, n: usize| {
+        if h.remaining() < n {
+            Err(format!("record {}: truncated head", r.offset))
+        } else {
+            Ok(())
+        }
+    };
+    need(&h, 1 + 8 + 1 + 1)?;
+    if h.get_u8() != FORMAT {
+        return Err(format!("record {}: unknown format", r.offset));
+    }
+    let queue = h.get_u64();
+    let priority = h.get_u8();
+    let xl = usize::from(h.get_u8());
+    need(&h, xl + 2)?;
+    let exchange = h.split_to(xl);
+    let rl = usize::from(h.get_u16());
+    need(&h, rl + 8)?;
+    let rk = h.split_to(rl);
+    let expires = h.get_i64();
+    let meta = Record {
+        offset: r.offset,
+        timestamp: r.timestamp,
+        key: r.key.clone(),
+        headers: h,
+        value: r.value.clone(),
+    };
+    let msg = codec::decode(&meta).map_err(|e| e.to_string())?;
+    let short = |b: Bytes| {
+        ShortStr::new(b.clone())
+            .unwrap_or_else(|| ShortStr::lit(std::str::from_utf8(&b).unwrap_or("")))
+    };
+    Ok((
+        queue,
+        QMsg {
+            msg,
+            exchange: short(exchange),
+            routing_key: short(rk),
+            redelivered: true,
+            expires: (expires >= 0).then(|| codec::ms_to_instant(expires)),
+            seq: 0,
+            priority,
+            stored: Some(r.offset),
+        },
+    ))
+}
+
+/// Reads `acks` (a torn last entry is ignored).
+fn read_acks(path: &Path) -> std::io::Result<HashSet<u64>> {
+    let mut raw = Vec::new();
+    match std::fs::File::open(path) {
+        Ok(mut f) => {
+            f.read_to_end(&mut raw)?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    Ok(raw
+        .chunks_exact(8)
+        .map(|c| u64::from_be_bytes(c.try_into().unwrap_or([0; 8])))
+        .collect())
+}
+
+fn acks_bytes(acks: impl IntoIterator<Item = u64>) -> Vec<u8> {
+    acks.into_iter().flat_map(u64::to_be_bytes).collect()
+}
+
+impl Store {
+    /// Opens (or creates) the store in `dir` and reads back what it kept. Records of
+    /// queues that no longer exist count as settled.
+    pub(crate) fn open(
+        dir: &Path,
+        fsync: FsyncPolicy,
+        max_message: usize,
+    ) -> Result<(Arc<Store>, Recovered), String> {
+        let io = |what: &str, e: std::io::Error| format!("{}: {what}: {e}", dir.display());
+        std::fs::create_dir_all(dir).map_err(|e| io("create", e))?;
+        let _ = std::fs::remove_file(dir.join("definitions.json.tmp"));
+        let _ = std::fs::remove_file(dir.join("acks.tmp"));
+        let defs: Defs = match std::fs::read(dir.join("definitions.json")) {
+            Ok(raw) => serde_json::from_slice(&raw)
+                .map_err(|e| format!("{}/definitions.json: {e}", dir.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Defs::default(),
+            Err(e) => return Err(io("definitions.json", e)),
+        };
+        let config = LogConfig {
+            segment_bytes: 16 << 20,
+            max_record_bytes: max_message.saturating_add(256 << 10).min(1 << 30),
+            fsync,
+            ..LogConfig::default()
+        };
+        let log = Log::open_dir(dir.join("log"), config)
+            .map_err(|e| format!("{}/log: {e}", dir.display()))?;
+        for r in &log.recovery().repairs {
+            tracing::warn!(dir = %dir.display(), "amqp store recovery: {r}");
+        }
+        let acked = read_acks(&dir.join("acks")).map_err(|e| io("acks", e))?;
+        let ids: HashMap<u64, &str> = defs
+            .queues
+            .iter()
+            .map(|(n, q)| (q.id, n.as_str()))
+            .collect();
+        let mut held: HashMap<u64, Vec<QMsg>> = HashMap::new();
+        let mut live = BTreeSet::new();
+        let mut settled = Vec::new();
+        let mut at = log.start_offset();
+        let end = log.end_offset();
+        while at < end {
+            let batch = log
+                .read(
+                    at,
+                    ReadLimit {
+                        max_bytes: 4 << 20,
+                        max_records: 10_000,
+                        confirmed_only: false,
+                    },
+                )
+                .map_err(|e| format!("{}/log: {e}", dir.display()))?;
+            if batch.next <= at {
+                break;
+            }
+            for r in &batch.records {
+                if acked.contains(&r.offset) {
+                    settled.push(r.offset);
+                    continue;
+                }
+                match decode_record(r) {
+                    Ok((q, m)) if ids.contains_key(&q) => {
+                        live.insert(r.offset);
+                        held.entry(q).or_default().push(m);
+                    }
+                    Ok(_) => settled.push(r.offset), // its queue was deleted
+                    Err(e) => {
+                        tracing::warn!(dir = %dir.display(), "amqp store: {e}: skipped");
+                        settled.push(r.offset);
+                    }
+                }
+            }
+            at = batch.next;
+        }
+        // `acks` again, with only what the log still holds.
+        write_atomically(dir, "acks", &acks_bytes(settled.iter().copied()))
+            .map_err(|e| io("acks", e))?;
+        let acks = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join("acks"))
+            .map_err(|e| io("acks", e))?;
+        let rec = Recovered {
+            exchanges: defs
+                .exchanges
+                .iter()
+                .map(|(n, x)| (n.clone(), x.clone()))
+                .collect(),
+            queues: defs
+                .queues
+                .iter()
+                .map(|(n, q)| (n.clone(), q.clone(), held.remove(&q.id).unwrap_or_default()))
+                .collect(),
+        };
+        let store = Arc::new(Store {
+            dir: dir.to_path_buf(),
+            log,
+            st: Mutex::new(State {
+                live,
+                acks: Vec::new(),
+                defs,
+            }),
+            files: Mutex::new(Files {
+                acks,
+                acks_base: (settled.len() * 8) as u64,
+            }),
+        });
+        store.flush();
+        Ok((store, rec))
+    }
+
+    /// Starts the task that writes acknowledgements and removes old segments (every
+    /// [`FLUSH_EVERY`]) until the store is dropped.
+    pub(crate) fn start(self: &Arc<Self>) {
+        let weak: Weak<Store> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(FLUSH_EVERY).await;
+                let Some(s) = weak.upgrade() else { return };
+                // File work off the runtime's threads.
+                let _ = tokio::task::spawn_blocking(move || s.flush()).await;
+            }
+        });
+    }
+
+    /// Appends `m`, entering durable queue `queue`; returns its offset (held from now on,
+    /// until [`Store::settle`]).
+    pub(crate) fn append(&self, queue: u64, m: &QMsg) -> Result<u64, hayate_log::Error> {
+        let mut meta = Vec::new();
+        codec::encode_meta(&m.msg, &mut meta);
+        let mut head = Vec::with_capacity(meta.len() + 32);
+        encode_head(queue, m, &meta, &mut head);
+        let o = self.log.append(&Entry {
+            timestamp: codec::now_ms(),
+            key: m.msg.key.as_bytes(),
+            headers: &head,
+            value: &m.msg.payload,
+        })?;
+        lock(&self.st).live.insert(o);
+        Ok(o)
+    }
+
+    /// Resolves once the record at `offset` is durable under the fsync policy; `None` when
+    /// it is already.
+    pub(crate) fn confirmed(&self, offset: u64) -> Option<hayate_log::Confirmed> {
+        (self.log.confirmed_offset() <= offset).then(|| self.log.confirmed(offset))
+    }
+
+    /// The message of record `offset` left its queue.
+    pub(crate) fn settle(&self, offset: u64) {
+        let mut st = lock(&self.st);
+        if st.live.remove(&offset) {
+            st.acks.push(offset);
+        }
+    }
+
+    /// Writes the acknowledgements gathered since the last time, removes the segments no
+    /// queue needs any more, and rewrites `acks` when it has grown.
+    pub(crate) fn flush(&self) {
+        let mut files = lock(&self.files);
+        let (acks, floor) = {
+            let mut st = lock(&self.st);
+            let floor = st
+                .live
+                .first()
+                .copied()
+                .unwrap_or_else(|| self.log.end_offset());
+            (std::mem::take(&mut st.acks), floor)
+        };
+        if !acks.is_empty()
+            && let Err(e) = files.acks.write_all(&acks_bytes(acks))
+        {
+            tracing::error!(dir = %self.dir.display(), "amqp store: cannot write acks: {e}");
+        }
+        if floor > self.log.start_offset()
+            && let Err(e) = self.log.delete_before(floor)
+        {
+            tracing::error!(dir = %self.dir.display(), "amqp store: cannot remove segments: {e}");
+        }
+        let size = files.acks.metadata().map_or(0, |m| m.len());
+        if size >= ACKS_REWRITE_BYTES && size >= 2 * files.acks_base {
+            let start = self.log.start_offset();
+            let path = self.dir.join("acks");
+            let r = read_acks(&path).and_then(|a| {
+                let mut keep: Vec<u64> = a.into_iter().filter(|o| *o >= start).collect();
+                keep.sort_unstable();
+                write_atomically(&self.dir, "acks", &acks_bytes(keep.iter().copied()))?;
+                let f = std::fs::OpenOptions::new().append(true).open(&path)?;
+                Ok((f, (keep.len() * 8) as u64))
+            });
+            match r {
+                Ok((f, base)) => {
+                    files.acks = f;
+                    files.acks_base = base.max(ACKS_REWRITE_BYTES / 2);
+                }
+                Err(e) => {
+                    tracing::error!(dir = %self.dir.display(), "amqp store: cannot rewrite acks: {e}");
+                }
+            }
+        }
+    }
+
+    /// Writes `definitions.json` as the definitions stand now (under `files`, so the last
+    /// writer writes the latest).
+    fn save(&self) -> Result<(), String> {
+        let _files = lock(&self.files);
+        let raw = {
+            let st = lock(&self.st);
+            serde_json::to_vec_pretty(&st.defs).map_err(|e| e.to_string())?
+        };
+        write_atomically(&self.dir, "definitions.json", &raw)
+            .map_err(|e| format!("{}/definitions.json: {e}", self.dir.display()))
+    }
+
+    /// The number a new durable queue gets.
+    pub(crate) fn new_queue_id(&self) -> u64 {
+        let mut st = lock(&self.st);
+        st.defs.next_id += 1;
+        st.defs.next_id
+    }
+
+    /// Keeps durable queue `name` (replacing a queue of the same name).
+    pub(crate) fn put_queue(&self, name: &str, def: QueueDef) -> Result<(), String> {
+        lock(&self.st).defs.queues.insert(name.to_string(), def);
+        self.save()
+    }
+
+    /// Forgets durable queue `name` if it is still queue number `id`; its messages are
+    /// settled by the queue.
+    pub(crate) fn remove_queue(&self, name: &str, id: u64) -> Result<(), String> {
+        {
+            let mut st = lock(&self.st);
+            if st.defs.queues.get(name).is_none_or(|q| q.id != id) {
+                return Ok(());
+            }
+            st.defs.queues.remove(name);
+        }
+        self.save()
+    }
+
+    /// Durable queue `name` (number `id`) has these bindings now.
+    pub(crate) fn set_bindings(
+        &self,
+        name: &str,
+        id: u64,
+        bindings: Vec<BindingDef>,
+    ) -> Result<(), String> {
+        {
+            let mut st = lock(&self.st);
+            match st.defs.queues.get_mut(name) {
+                Some(q) if q.id == id => {
+                    if q.bindings == bindings {
+                        return Ok(());
+                    }
+                    q.bindings = bindings;
+                }
+                _ => return Ok(()),
+            }
+        }
+        self.save()
+    }
+
+    /// Keeps durable exchange `name`.
+    pub(crate) fn put_exchange(&self, name: &str, def: ExchangeDef) -> Result<(), String> {
+        lock(&self.st).defs.exchanges.insert(name.to_string(), def);
+        self.save()
+    }
+
+    /// Forgets exchange `name` and every durable queue's bindings to it.
+    pub(crate) fn remove_exchange(&self, name: &str) -> Result<(), String> {
+        {
+            let mut st = lock(&self.st);
+            let had = st.defs.exchanges.remove(name).is_some();
+            let mut bound = false;
+            for q in st.defs.queues.values_mut() {
+                let before = q.bindings.len();
+                q.bindings.retain(|b| b.exchange != name);
+                bound |= q.bindings.len() != before;
+            }
+            if !had && !bound {
+                return Ok(());
+            }
+        }
+        self.save()
+    }
+
+    /// Records held and bytes of the log now (for tests and the stats).
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
+        lock(&self.st).live.len()
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hayate_core::{Key, Message};
+
+    /// A directory of its own, removed when dropped.
+    struct TmpDir(PathBuf);
+    impl TmpDir {
+        fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+    impl Drop for TmpDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    fn tempdir() -> TmpDir {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let d = std::env::temp_dir().join(format!("hayate-amqp-store-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        TmpDir(d)
+    }
+
+    fn qmsg(key: &str, body: &str, persistent: bool) -> QMsg {
+        let mut msg = Message::new(Key::new(key).unwrap(), Bytes::from(body.to_string()));
+        if persistent {
+            msg.headers = Some(vec![("persistent".into(), Bytes::from_static(b"true"))]);
+        }
+        msg.correlation_id = Some(Bytes::from_static(b"c-1"));
+        QMsg {
+            msg,
+            exchange: ShortStr::lit("amq.topic"),
+            routing_key: ShortStr::lit("a.b"),
+            redelivered: false,
+            expires: None,
+            seq: 0,
+            priority: 3,
+            stored: None,
+        }
+    }
+
+    fn def(id: u64) -> QueueDef {
+        QueueDef {
+            id,
+            auto_delete: false,
+            arguments: table_hex(&FieldTable::default()),
+            bindings: vec![BindingDef {
+                exchange: "amq.topic".into(),
+                key: "a.*".into(),
+                arguments: table_hex(&FieldTable::default()),
+            }],
+        }
+    }
+
+    #[test]
+    fn messages_not_settled_come_back_in_order_and_settled_ones_do_not() {
+        let dir = tempdir();
+        let (s, rec) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        assert!(rec.queues.is_empty());
+        let q1 = s.new_queue_id();
+        let q2 = s.new_queue_id();
+        s.put_queue("one", def(q1)).unwrap();
+        s.put_queue("two", def(q2)).unwrap();
+        let mut offsets = Vec::new();
+        for i in 0..10 {
+            offsets.push(s.append(q1, &qmsg("a/b", &format!("m{i}"), true)).unwrap());
+        }
+        let o2 = s.append(q2, &qmsg("a/c", "other", true)).unwrap();
+        s.settle(offsets[0]);
+        s.settle(offsets[4]);
+        s.settle(o2);
+        s.flush();
+        s.settle(offsets[9]); // not flushed: comes back (at least once)
+        std::mem::forget(s); // as if killed: no last flush
+        let (s, rec) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        let one = &rec.queues.iter().find(|q| q.0 == "one").unwrap().2;
+        let bodies: Vec<_> = one.iter().map(|m| m.msg.payload.clone()).collect();
+        let want: Vec<Bytes> = [1, 2, 3, 5, 6, 7, 8, 9]
+            .iter()
+            .map(|i| Bytes::from(format!("m{i}")))
+            .collect();
+        assert_eq!(bodies, want);
+        let m = &one[0];
+        assert!(m.redelivered);
+        assert_eq!(m.priority, 3);
+        assert_eq!(m.routing_key.as_str(), Some("a.b"));
+        assert_eq!(m.exchange.as_str(), Some("amq.topic"));
+        assert_eq!(m.msg.correlation_id.as_deref(), Some(&b"c-1"[..]));
+        assert_eq!(m.msg.key.as_str(), "a/b");
+        assert!(
+            rec.queues
+                .iter()
+                .find(|q| q.0 == "two")
+                .unwrap()
+                .2
+                .is_empty()
+        );
+        assert_eq!(s.held(), 8);
+        assert_eq!(rec.queues[0].1.bindings, def(q1).bindings);
+    }
+
+    #[test]
+    fn a_deleted_queue_leaves_nothing_and_a_new_one_of_its_name_starts_empty() {
+        let dir = tempdir();
+        let (s, _) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        let q1 = s.new_queue_id();
+        s.put_queue("q", def(q1)).unwrap();
+        s.append(q1, &qmsg("q", "old", true)).unwrap();
+        s.remove_queue("q", q1).unwrap();
+        let q2 = s.new_queue_id();
+        s.put_queue("q", def(q2)).unwrap();
+        s.append(q2, &qmsg("q", "new", true)).unwrap();
+        drop(s);
+        let (_, rec) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        assert_eq!(rec.queues.len(), 1);
+        let (name, d, msgs) = &rec.queues[0];
+        assert_eq!((name.as_str(), d.id), ("q", q2));
+        assert_eq!(msgs.len(), 1);
+        assert_eq!(&msgs[0].msg.payload[..], b"new");
+    }
+
+    #[test]
+    fn exchanges_and_bindings_are_kept_and_an_exchange_takes_its_bindings_along() {
+        let dir = tempdir();
+        let (s, _) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        let x = ExchangeDef {
+            kind: "topic".into(),
+            auto_delete: false,
+            internal: false,
+        };
+        s.put_exchange("dx", x.clone()).unwrap();
+        s.put_exchange("gone", x.clone()).unwrap();
+        let id = s.new_queue_id();
+        s.put_queue("q", def(id)).unwrap();
+        let mut b = def(id).bindings;
+        b.push(BindingDef {
+            exchange: "gone".into(),
+            key: "k".into(),
+            arguments: table_hex(&FieldTable::default()),
+        });
+        s.set_bindings("q", id, b).unwrap();
+        s.remove_exchange("gone").unwrap();
+        drop(s);
+        let (_, rec) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        assert_eq!(rec.exchanges, vec![("dx".to_string(), x)]);
+        assert_eq!(rec.queues[0].1.bindings, def(id).bindings);
+    }
+
+    #[test]
+    fn segments_nobody_needs_are_removed_and_acks_shrink() {
+        let dir = tempdir();
+        let (s, _) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        let id = s.new_queue_id();
+        s.put_queue("q", def(id)).unwrap();
+        let body = "x".repeat(64 << 10);
+        // 48 MiB: three segments of 16 MiB.
+        let offsets: Vec<u64> = (0..768)
+            .map(|_| s.append(id, &qmsg("q", &body, true)).unwrap())
+            .collect();
+        for o in &offsets[..767] {
+            s.settle(*o);
+        }
+        s.flush();
+        assert!(s.log.start_offset() > 0, "old segments removed");
+        drop(s);
+        let (s, rec) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        assert_eq!(rec.queues[0].2.len(), 1);
+        assert_eq!(rec.queues[0].2[0].stored, Some(767));
+        let acks = std::fs::metadata(dir.path().join("acks")).unwrap().len();
+        assert!(
+            acks / 8 < 767 - s.log.start_offset() + 1,
+            "acks rewritten: {acks}"
+        );
+    }
+
+    #[test]
+    fn a_torn_ack_and_a_garbage_record_are_survived() {
+        let dir = tempdir();
+        let (s, _) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        let id = s.new_queue_id();
+        s.put_queue("q", def(id)).unwrap();
+        let a = s.append(id, &qmsg("q", "a", true)).unwrap();
+        // A record of another format: skipped with a warning.
+        s.log
+            .append(&Entry {
+                timestamp: 0,
+                key: b"q",
+                headers: &[9, 9, 9],
+                value: b"junk",
+            })
+            .unwrap();
+        let b = s.append(id, &qmsg("q", "b", true)).unwrap();
+        s.settle(a);
+        s.flush();
+        drop(s);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("acks"))
+            .unwrap();
+        f.write_all(&[0, 0, 0]).unwrap(); // torn
+        drop(f);
+        let (_, rec) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        let msgs = &rec.queues[0].2;
+        assert_eq!(msgs.len(), 1);
+        assert_eq!(msgs[0].stored, Some(b));
+    }
+
+    #[test]
+    fn hex_tables_round_trip_and_vhost_dirs_are_file_names() {
+        let mut t = FieldTable::default();
+        t.insert("x-max-length", hayate_amqp::FieldValue::I32(5));
+        assert_eq!(table_of_hex(&table_hex(&t)).unwrap(), t);
+        assert!(table_of_hex("zz").is_err());
+        assert!(table_of_hex("000000").is_err());
+        assert_eq!(vhost_dir("/"), "default");
+        assert_eq!(vhost_dir("a/b c%"), "vhost-a%2Fb%20c%25");
+        assert_ne!(vhost_dir("default"), vhost_dir("/"));
+    }
+}
