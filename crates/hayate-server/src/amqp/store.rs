@@ -4,8 +4,10 @@
 //! One store per virtual host, in `<data>/amqp/<vhost dir>/`:
 //! - `definitions.json`: the durable exchanges clients declared and the durable queues (flags,
 //!   arguments, bindings), each queue with a number of its own (a queue deleted and declared
-//!   again is another queue: the first one's messages do not come back into it). Rewritten
-//!   whole (temporary file, fsync, rename) at every change.
+//!   again is another queue: the first one's messages do not come back into it);
+//!   `definitions.log`: the changes since, one JSON line each, synced before the client's
+//!   declare-ok (bind-ok, delete-ok); folded into `definitions.json` (temporary file,
+//!   fsync, rename) at start and once it outgrows it.
 //! - `log/`: a hayate-log with one record per persistent message and durable queue it entered
 //!   (the queue's number, the exchange and routing key it is delivered with, its priority and
 //!   expiry, then the message as streams store it). Appended in the publisher's task before
@@ -84,6 +86,107 @@ struct Defs {
     queues: BTreeMap<String, QueueDef>,
 }
 
+/// One change of the definitions: a line of `definitions.log`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+enum Change {
+    PutQueue {
+        name: String,
+        def: QueueDef,
+    },
+    RemoveQueue {
+        name: String,
+        id: u64,
+    },
+    SetBindings {
+        name: String,
+        id: u64,
+        bindings: Vec<BindingDef>,
+    },
+    PutExchange {
+        name: String,
+        def: ExchangeDef,
+    },
+    RemoveExchange {
+        name: String,
+    },
+}
+
+impl Defs {
+    /// Applies `c`; false when it changes nothing.
+    fn apply(&mut self, c: &Change) -> bool {
+        match c {
+            Change::PutQueue { name, def } => {
+                self.next_id = self.next_id.max(def.id);
+                self.queues.insert(name.clone(), def.clone()).as_ref() != Some(def)
+            }
+            Change::RemoveQueue { name, id } => {
+                if self.queues.get(name).is_some_and(|q| q.id == *id) {
+                    self.queues.remove(name);
+                    true
+                } else {
+                    false
+                }
+            }
+            Change::SetBindings { name, id, bindings } => match self.queues.get_mut(name) {
+                Some(q) if q.id == *id && q.bindings != *bindings => {
+                    q.bindings = bindings.clone();
+                    true
+                }
+                _ => false,
+            },
+            Change::PutExchange { name, def } => {
+                self.exchanges.insert(name.clone(), def.clone()).as_ref() != Some(def)
+            }
+            Change::RemoveExchange { name } => {
+                let mut changed = self.exchanges.remove(name).is_some();
+                for q in self.queues.values_mut() {
+                    let before = q.bindings.len();
+                    q.bindings.retain(|b| b.exchange != *name);
+                    changed |= q.bindings.len() != before;
+                }
+                changed
+            }
+        }
+    }
+}
+
+/// `definitions.json`, then the changes of `definitions.log` over it. A last line cut
+/// short by a crash is left out (its change was not acknowledged); anything else that
+/// does not read is an error.
+fn read_defs(dir: &Path) -> Result<Defs, String> {
+    let mut defs: Defs = match std::fs::read(dir.join("definitions.json")) {
+        Ok(raw) => serde_json::from_slice(&raw)
+            .map_err(|e| format!("{}/definitions.json: {e}", dir.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Defs::default(),
+        Err(e) => return Err(format!("{}/definitions.json: {e}", dir.display())),
+    };
+    let raw = match std::fs::read(dir.join("definitions.log")) {
+        Ok(raw) => raw,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(format!("{}/definitions.log: {e}", dir.display())),
+    };
+    let mut lines = raw.split(|b| *b == b'\n').peekable();
+    let mut n = 0;
+    while let Some(line) = lines.next() {
+        n += 1;
+        let last = lines.peek().is_none_or(|l| l.is_empty());
+        if line.is_empty() {
+            continue;
+        }
+        match serde_json::from_slice::<Change>(line) {
+            Ok(c) => {
+                defs.apply(&c);
+            }
+            Err(_) if last => {
+                tracing::warn!(dir = %dir.display(), "amqp store: definitions.log ends in a torn line: left out");
+            }
+            Err(e) => return Err(format!("{}/definitions.log line {n}: {e}", dir.display())),
+        }
+    }
+    Ok(defs)
+}
+
 /// What opening a store found: the durable exchanges, and each durable queue with the
 /// messages it held.
 #[derive(Debug, Default)]
@@ -106,7 +209,16 @@ struct Files {
     acks: std::fs::File,
     /// The size of `acks` after it was last rewritten.
     acks_base: u64,
+    /// `definitions.log`: the changes since `definitions.json` was written.
+    journal: std::fs::File,
+    /// The size of `definitions.json` when last written.
+    snapshot_bytes: u64,
 }
+
+/// `definitions.log` is folded into `definitions.json` once it is this large and larger
+/// than the snapshot (so a change costs one line, and the files stay within a few times
+/// the definitions' size).
+const JOURNAL_FOLD_BYTES: u64 = 64 << 10;
 
 /// The durable state of one virtual host.
 pub(crate) struct Store {
@@ -281,12 +393,7 @@ impl Store {
         std::fs::create_dir_all(dir).map_err(|e| io("create", e))?;
         let _ = std::fs::remove_file(dir.join("definitions.json.tmp"));
         let _ = std::fs::remove_file(dir.join("acks.tmp"));
-        let defs: Defs = match std::fs::read(dir.join("definitions.json")) {
-            Ok(raw) => serde_json::from_slice(&raw)
-                .map_err(|e| format!("{}/definitions.json: {e}", dir.display()))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Defs::default(),
-            Err(e) => return Err(io("definitions.json", e)),
-        };
+        let defs = read_defs(dir)?;
         let config = LogConfig {
             segment_bytes: 16 << 20,
             max_record_bytes: max_message.saturating_add(256 << 10).min(1 << 30),
@@ -349,6 +456,11 @@ impl Store {
             .append(true)
             .open(dir.join("acks"))
             .map_err(|e| io("acks", e))?;
+        let journal = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("definitions.log"))
+            .map_err(|e| io("definitions.log", e))?;
         let rec = Recovered {
             exchanges: defs
                 .exchanges
@@ -372,8 +484,14 @@ impl Store {
             files: Mutex::new(Files {
                 acks,
                 acks_base: (settled.len() * 8) as u64,
+                journal,
+                snapshot_bytes: 0,
             }),
         });
+        // The definitions as read, in one file again.
+        store
+            .snapshot(&mut lock(&store.files))
+            .map_err(|e| io("definitions.json", e))?;
         store.flush();
         Ok((store, rec))
     }
@@ -446,6 +564,13 @@ impl Store {
         {
             tracing::error!(dir = %self.dir.display(), "amqp store: cannot remove segments: {e}");
         }
+        let journal = files.journal.metadata().map_or(0, |m| m.len());
+        if journal >= JOURNAL_FOLD_BYTES
+            && journal >= files.snapshot_bytes
+            && let Err(e) = self.snapshot(&mut files)
+        {
+            tracing::error!(dir = %self.dir.display(), "amqp store: cannot fold definitions.log: {e}");
+        }
         let size = files.acks.metadata().map_or(0, |m| m.len());
         if size >= ACKS_REWRITE_BYTES && size >= 2 * files.acks_base {
             let start = self.log.start_offset();
@@ -469,16 +594,34 @@ impl Store {
         }
     }
 
-    /// Writes `definitions.json` as the definitions stand now (under `files`, so the last
-    /// writer writes the latest).
-    fn save(&self) -> Result<(), String> {
-        let _files = lock(&self.files);
-        let raw = {
-            let st = lock(&self.st);
-            serde_json::to_vec_pretty(&st.defs).map_err(|e| e.to_string())?
-        };
-        write_atomically(&self.dir, "definitions.json", &raw)
-            .map_err(|e| format!("{}/definitions.json: {e}", self.dir.display()))
+    /// Applies a change to the definitions and, if it changed them, appends it to
+    /// `definitions.log` and syncs it before returning (under `files`: changes are logged
+    /// in the order they are applied).
+    fn change(&self, c: Change) -> Result<(), String> {
+        let mut files = lock(&self.files);
+        if !lock(&self.st).defs.apply(&c) {
+            return Ok(());
+        }
+        let mut line = serde_json::to_vec(&c).map_err(|e| e.to_string())?;
+        line.push(b'\n');
+        files
+            .journal
+            .write_all(&line)
+            .and_then(|()| files.journal.sync_data())
+            .map_err(|e| format!("{}/definitions.log: {e}", self.dir.display()))
+    }
+
+    /// Writes `definitions.json` with the definitions as they stand and empties
+    /// `definitions.log` (called with `files` held). Replaying the log's changes over the
+    /// new snapshot (a crash between the two) ends in the same definitions: every change
+    /// sets a value by name.
+    fn snapshot(&self, files: &mut Files) -> std::io::Result<()> {
+        let raw = serde_json::to_vec_pretty(&lock(&self.st).defs)?;
+        write_atomically(&self.dir, "definitions.json", &raw)?;
+        files.journal.set_len(0)?;
+        files.journal.sync_all()?;
+        files.snapshot_bytes = raw.len() as u64;
+        Ok(())
     }
 
     /// The number a new durable queue gets.
@@ -490,21 +633,19 @@ impl Store {
 
     /// Keeps durable queue `name` (replacing a queue of the same name).
     pub(crate) fn put_queue(&self, name: &str, def: QueueDef) -> Result<(), String> {
-        lock(&self.st).defs.queues.insert(name.to_string(), def);
-        self.save()
+        self.change(Change::PutQueue {
+            name: name.to_string(),
+            def,
+        })
     }
 
     /// Forgets durable queue `name` if it is still queue number `id`; its messages are
     /// settled by the queue.
     pub(crate) fn remove_queue(&self, name: &str, id: u64) -> Result<(), String> {
-        {
-            let mut st = lock(&self.st);
-            if st.defs.queues.get(name).is_none_or(|q| q.id != id) {
-                return Ok(());
-            }
-            st.defs.queues.remove(name);
-        }
-        self.save()
+        self.change(Change::RemoveQueue {
+            name: name.to_string(),
+            id,
+        })
     }
 
     /// Durable queue `name` (number `id`) has these bindings now.
@@ -514,43 +655,26 @@ impl Store {
         id: u64,
         bindings: Vec<BindingDef>,
     ) -> Result<(), String> {
-        {
-            let mut st = lock(&self.st);
-            match st.defs.queues.get_mut(name) {
-                Some(q) if q.id == id => {
-                    if q.bindings == bindings {
-                        return Ok(());
-                    }
-                    q.bindings = bindings;
-                }
-                _ => return Ok(()),
-            }
-        }
-        self.save()
+        self.change(Change::SetBindings {
+            name: name.to_string(),
+            id,
+            bindings,
+        })
     }
 
     /// Keeps durable exchange `name`.
     pub(crate) fn put_exchange(&self, name: &str, def: ExchangeDef) -> Result<(), String> {
-        lock(&self.st).defs.exchanges.insert(name.to_string(), def);
-        self.save()
+        self.change(Change::PutExchange {
+            name: name.to_string(),
+            def,
+        })
     }
 
     /// Forgets exchange `name` and every durable queue's bindings to it.
     pub(crate) fn remove_exchange(&self, name: &str) -> Result<(), String> {
-        {
-            let mut st = lock(&self.st);
-            let had = st.defs.exchanges.remove(name).is_some();
-            let mut bound = false;
-            for q in st.defs.queues.values_mut() {
-                let before = q.bindings.len();
-                q.bindings.retain(|b| b.exchange != name);
-                bound |= q.bindings.len() != before;
-            }
-            if !had && !bound {
-                return Ok(());
-            }
-        }
-        self.save()
+        self.change(Change::RemoveExchange {
+            name: name.to_string(),
+        })
     }
 
     /// Records held and bytes of the log now (for tests and the stats).
@@ -773,6 +897,63 @@ mod tests {
         let msgs = &rec.queues[0].2;
         assert_eq!(msgs.len(), 1);
         assert_eq!(msgs[0].stored, Some(b));
+    }
+
+    #[test]
+    fn definitions_are_a_journal_folded_into_a_snapshot() {
+        let dir = tempdir();
+        let (s, _) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        // Many changes: each is a line, and the log is folded as it grows, so the bytes
+        // written stay proportional to the changes, not to changes x definitions.
+        let mut kept = Vec::new();
+        for i in 0..3000 {
+            let id = s.new_queue_id();
+            let name = format!("q{i}");
+            s.put_queue(&name, def(id)).unwrap();
+            if i % 3 == 0 {
+                kept.push((name, id));
+            } else {
+                s.remove_queue(&name, id).unwrap();
+            }
+            if i % 500 == 0 {
+                s.flush();
+            }
+        }
+        s.flush();
+        let log = std::fs::metadata(dir.path().join("definitions.log"))
+            .unwrap()
+            .len();
+        let snap = std::fs::metadata(dir.path().join("definitions.json"))
+            .unwrap()
+            .len();
+        assert!(
+            log < 2 * JOURNAL_FOLD_BYTES.max(snap),
+            "log {log}, snapshot {snap}"
+        );
+        std::mem::forget(s);
+        // A line torn by a crash at the end is left out; the rest is read.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("definitions.log"))
+            .unwrap();
+        f.write_all(b"{\"op\":\"remove_queue\",\"na").unwrap();
+        drop(f);
+        let (s, rec) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        let names: Vec<&str> = rec.queues.iter().map(|q| q.0.as_str()).collect();
+        assert_eq!(names.len(), kept.len());
+        for (n, id) in &kept {
+            assert!(rec.queues.iter().any(|q| &q.0 == n && q.1.id == *id), "{n}");
+        }
+        // Numbers go on from the highest given.
+        assert!(s.new_queue_id() > kept.last().unwrap().1);
+        drop(s);
+        // Garbage before the last line is an error, not a silent loss.
+        std::fs::write(
+            dir.path().join("definitions.log"),
+            b"garbage\n{\"op\":\"remove_exchange\",\"name\":\"x\"}\n",
+        )
+        .unwrap();
+        assert!(Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).is_err());
     }
 
     #[test]
