@@ -75,7 +75,7 @@ impl System {
                 "ca",
             ],
             System::Kafka => &["acks"],
-            System::Amqp => &["client"],
+            System::Amqp => &["client", "durable"],
             System::Zenoh => &["mode", "express", "connect"],
             _ => &[],
         }
@@ -124,7 +124,8 @@ impl Target {
     /// go in brackets: `nats://[::1]:4222`. Query parameters: `name` (any system), `qos=0|1`,
     /// `version=3.1.1|5`, `client=hayate|rumqttc` (mqtt; rumqttc needs feature `peers`) and
     /// `transport=tcp|ws` (mqtt, hayate client: MQTT over WebSocket, `path=/mqtt` by default),
-    /// `acks=0|1|all` (kafka), `mode=client|peer` and `express=0|1` (zenoh), `mode=peer`
+    /// `acks=0|1|all` (kafka), `durable=1` (amqp, `client=hayate`: persistent messages
+    /// with publisher confirms into a durable queue consumed with acknowledgements), `mode=client|peer` and `express=0|1` (zenoh), `mode=peer`
     /// (hayate: with `bench rpc` the server is a `PeerServer` that callers reach directly;
     /// with `thr`/`lat` publisher and subscriber are two peer nodes in this process; HOST is
     /// where they listen, the port is ignored), `shm=off|auto|require` and `spin=MICROS`
@@ -236,6 +237,13 @@ impl Target {
             match t.param("client") {
                 None | Some("lapin") | Some("hayate") => {}
                 Some(c) => bail!("target {url:?}: unknown amqp client {c:?} (lapin or hayate)"),
+            }
+            match (t.param("durable"), t.param("client")) {
+                (None | Some("0"), _) | (Some("1"), Some("hayate")) => {}
+                (Some("1"), _) => {
+                    bail!("target {url:?}: durable=1 needs the hayate AMQP client (client=hayate)")
+                }
+                (Some(d), _) => bail!("target {url:?}: durable={d:?}: 0 or 1"),
             }
         }
         if system == System::Mqtt {

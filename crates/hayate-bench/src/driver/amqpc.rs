@@ -15,6 +15,11 @@
 //! - Flush: a passive `exchange.declare` of `amq.topic`: the server handles a channel's
 //!   methods in order, so its answer means everything sent before was routed.
 //! - A channel.close or connection.close from the server is trouble and fails the point.
+//! - `durable=1`: the at-least-once setting. Publications are persistent (delivery mode 2)
+//!   on a channel in confirm mode, at most [`CONFIRM_WINDOW`] unconfirmed; a flush waits for
+//!   every confirm. A subscription is a durable queue named `bench-durable.<routing key>`
+//!   (purged when subscribed, deleted when the connection closes), consumed with
+//!   acknowledgements (one `multiple` ack per [`ACK_EVERY`] deliveries).
 
 use std::collections::HashMap;
 
@@ -34,6 +39,10 @@ use crate::target::Target;
 pub(crate) const CLIENT: &str = concat!("hayate-amqp client ", env!("CARGO_PKG_VERSION"));
 
 const HIGH_WATER: usize = 1 << 20;
+/// Unconfirmed publications at most (`durable=1`).
+const CONFIRM_WINDOW: u64 = 4096;
+/// A consumer's acknowledgement covers this many deliveries (`durable=1`).
+const ACK_EVERY: u64 = 64;
 const SUB_CAPACITY: usize = 64 << 10;
 const CHANNEL: u16 = 1;
 const FRAME_MAX: u32 = 131_072;
@@ -42,10 +51,24 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Publisher confirms (`durable=1`).
+#[derive(Default)]
+struct Confirms {
+    published: std::sync::atomic::AtomicU64,
+    acked: std::sync::atomic::AtomicU64,
+    nacked: std::sync::atomic::AtomicU64,
+    changed: tokio::sync::Notify,
+}
+
 struct Shared {
     buf: super::wbuf::WriteBuf,
+    /// `durable=1`.
+    durable: bool,
+    confirms: Confirms,
+    /// Durable queues declared (deleted at close).
+    queues: Mutex<Vec<ShortStr>>,
     /// Consumer tag → its messages' bodies.
-    subs: Mutex<HashMap<Bytes, mpsc::Sender<Delivery>>>,
+    subs: Mutex<HashMap<Bytes, (mpsc::Sender<Delivery>, bool)>>,
     frame_max: usize,
     server: Option<String>,
 }
@@ -169,8 +192,12 @@ impl AmqpcConn {
         .await
         .with_context(|| format!("{target}: no AMQP handshake within {timeout:?}"))??;
         let (server, fm) = server;
+        let durable = target.param("durable") == Some("1");
         let shared = Arc::new(Shared {
             buf: super::wbuf::WriteBuf::new(HIGH_WATER),
+            durable,
+            confirms: Confirms::default(),
+            queues: Mutex::default(),
             subs: Mutex::default(),
             frame_max: fm as usize,
             server,
@@ -189,11 +216,47 @@ impl AmqpcConn {
             })
         };
         let writer = super::wbuf::spawn_writer(shared.clone(), wr, |s| &s.buf, "amqp");
-        Ok(AmqpcConn {
+        let c = AmqpcConn {
             shared,
             replies: Arc::new(tokio::sync::Mutex::new(rx)),
             tasks: Arc::new(vec![reader.abort_handle(), writer]),
-        })
+        };
+        if durable {
+            match c
+                .call(Method::ConfirmSelect { no_wait: false }, timeout)
+                .await?
+            {
+                Method::ConfirmSelectOk {} => {}
+                m => bail!("expected confirm.select-ok, got {}", m.name()),
+            }
+        }
+        Ok(c)
+    }
+
+    /// Waits until at most `outstanding` publications are unconfirmed (`durable=1`).
+    async fn wait_confirms(&self, outstanding: u64) -> anyhow::Result<()> {
+        use std::sync::atomic::Ordering::Acquire;
+        let c = &self.shared.confirms;
+        loop {
+            let changed = c.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if c.nacked.load(Acquire) > 0 {
+                bail!("amqp: the broker refused (nacked) a publication");
+            }
+            if c.published.load(Acquire) <= c.acked.load(Acquire) + outstanding {
+                return Ok(());
+            }
+            if let Some(t) = self.trouble() {
+                bail!("{t}");
+            }
+            if tokio::time::timeout(Duration::from_secs(30), changed)
+                .await
+                .is_err()
+            {
+                bail!("amqp: no publisher confirm within 30 s");
+            }
+        }
     }
 
     async fn write(&self, f: impl Fn(&mut BytesMut)) -> anyhow::Result<()> {
@@ -225,7 +288,21 @@ impl AmqpcConn {
     }
 
     pub(crate) async fn publish(&self, routing_key: &str, payload: Bytes) -> anyhow::Result<()> {
-        self.publish_to("amq.topic", routing_key, Default::default(), &payload)
+        if !self.shared.durable {
+            return self
+                .publish_to("amq.topic", routing_key, Default::default(), &payload)
+                .await;
+        }
+        self.wait_confirms(CONFIRM_WINDOW - 1).await?;
+        let props = hayate_amqp::BasicProperties {
+            delivery_mode: Some(2),
+            ..Default::default()
+        };
+        self.shared
+            .confirms
+            .published
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.publish_to("amq.topic", routing_key, props, &payload)
             .await
     }
 
@@ -268,8 +345,24 @@ impl AmqpcConn {
 
     pub(crate) async fn subscribe(&self, key: &str) -> anyhow::Result<AmqpcSub> {
         const T: Duration = Duration::from_secs(10);
-        // A server-named queue.
-        let q = self.declare("").await?;
+        // A server-named queue, or (durable=1) a durable queue of the key's own, emptied.
+        let q = if self.shared.durable {
+            let name = format!("bench-durable.{}", key.replace('/', "."));
+            let q = self.declare_durable(&name).await?;
+            self.call(
+                Method::QueuePurge {
+                    ticket: 0,
+                    queue: q.clone(),
+                    no_wait: false,
+                },
+                T,
+            )
+            .await?;
+            lock(&self.shared.queues).push(q.clone());
+            q
+        } else {
+            self.declare("").await?
+        };
         self.call(
             Method::QueueBind {
                 ticket: 0,
@@ -282,7 +375,7 @@ impl AmqpcConn {
             T,
         )
         .await?;
-        self.consume(q).await
+        self.consume(q, !self.shared.durable).await
     }
 
     /// Declares queue `name` (exclusive, auto-delete; `""`: the server names it).
@@ -308,18 +401,41 @@ impl AmqpcConn {
         }
     }
 
-    /// Consumes `queue` with no-ack.
-    pub(crate) async fn consume(&self, queue: ShortStr) -> anyhow::Result<AmqpcSub> {
+    /// Declares durable queue `name` (not exclusive, not auto-delete).
+    async fn declare_durable(&self, name: &str) -> anyhow::Result<ShortStr> {
+        match self
+            .call(
+                Method::QueueDeclare {
+                    ticket: 0,
+                    queue: ShortStr::lit(name),
+                    passive: false,
+                    durable: true,
+                    exclusive: false,
+                    auto_delete: false,
+                    no_wait: false,
+                    arguments: FieldTable::default(),
+                },
+                Duration::from_secs(10),
+            )
+            .await?
+        {
+            Method::QueueDeclareOk { queue, .. } => Ok(queue),
+            m => bail!("expected queue.declare-ok, got {}", m.name()),
+        }
+    }
+
+    /// Consumes `queue`, with no-ack or (`no_ack` false) acknowledgements.
+    pub(crate) async fn consume(&self, queue: ShortStr, no_ack: bool) -> anyhow::Result<AmqpcSub> {
         let tag = ShortStr::lit(&format!("c-{queue}"));
         let (tx, rx) = mpsc::channel(SUB_CAPACITY);
-        lock(&self.shared.subs).insert(tag.bytes().clone(), tx);
+        lock(&self.shared.subs).insert(tag.bytes().clone(), (tx, !no_ack));
         self.call(
             Method::BasicConsume {
                 ticket: 0,
                 queue,
                 consumer_tag: tag,
                 no_local: false,
-                no_ack: true,
+                no_ack,
                 exclusive: false,
                 no_wait: false,
                 arguments: FieldTable::default(),
@@ -331,6 +447,11 @@ impl AmqpcConn {
     }
 
     pub(crate) async fn flush(&self, timeout: Duration) -> anyhow::Result<()> {
+        if self.shared.durable {
+            tokio::time::timeout(timeout, self.wait_confirms(0))
+                .await
+                .context("amqp: waiting for publisher confirms")??;
+        }
         self.call(
             Method::ExchangeDeclare {
                 ticket: 0,
@@ -358,6 +479,21 @@ impl AmqpcConn {
     }
 
     pub(crate) async fn close(self) {
+        let queues = std::mem::take(&mut *lock(&self.shared.queues));
+        for q in queues {
+            let _ = self
+                .call(
+                    Method::QueueDelete {
+                        ticket: 0,
+                        queue: q,
+                        if_unused: false,
+                        if_empty: false,
+                        no_wait: false,
+                    },
+                    Duration::from_secs(5),
+                )
+                .await;
+        }
         let bye = Method::ConnectionClose {
             reply_code: 200,
             reply_text: ShortStr::lit("bye"),
@@ -402,7 +538,7 @@ impl RpcServer {
     ) -> anyhow::Result<RpcServer> {
         let conn = AmqpcConn::connect(target, Duration::from_secs(10)).await?;
         let q = conn.declare(queue).await?;
-        let mut sub = conn.consume(q).await?;
+        let mut sub = conn.consume(q, true).await?;
         let c = conn.clone();
         let task = tokio::spawn(async move {
             while let Some(d) = sub.next_delivery().await {
@@ -438,7 +574,7 @@ pub(crate) struct RpcCaller {
 impl RpcCaller {
     pub(crate) async fn connect(target: &Target, queue: &str) -> anyhow::Result<RpcCaller> {
         let conn = AmqpcConn::connect(target, Duration::from_secs(10)).await?;
-        let replies = conn.consume(ShortStr::lit(REPLY_TO)).await?;
+        let replies = conn.consume(ShortStr::lit(REPLY_TO), true).await?;
         Ok(RpcCaller {
             conn,
             replies,
@@ -466,6 +602,7 @@ impl RpcCaller {
 /// A delivery being received: its consumer, body size, properties and what came so far.
 struct Incoming {
     tag: Bytes,
+    delivery_tag: u64,
     size: u64,
     body: BytesMut,
     reply_to: Option<ShortStr>,
@@ -483,9 +620,17 @@ async fn read_loop(
     loop {
         while let Some(f) = dec.decode(buf)? {
             match f {
-                Frame::Method(_, Method::BasicDeliver { consumer_tag, .. }) => {
+                Frame::Method(
+                    _,
+                    Method::BasicDeliver {
+                        consumer_tag,
+                        delivery_tag,
+                        ..
+                    },
+                ) => {
                     incoming = Some(Incoming {
                         tag: consumer_tag.bytes().clone(),
+                        delivery_tag,
                         size: 0,
                         body: BytesMut::new(),
                         reply_to: None,
@@ -533,6 +678,20 @@ async fn read_loop(
                         ..
                     },
                 ) => bail!("closed by the server: {reply_code} {reply_text}"),
+                // Publisher confirms (both brokers confirm in order).
+                Frame::Method(_, Method::BasicAck { delivery_tag, .. }) => {
+                    let c = &shared.confirms;
+                    c.acked
+                        .fetch_max(delivery_tag, std::sync::atomic::Ordering::AcqRel);
+                    c.changed.notify_waiters();
+                }
+                Frame::Method(_, Method::BasicNack { delivery_tag, .. }) => {
+                    let c = &shared.confirms;
+                    c.nacked.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                    c.acked
+                        .fetch_max(delivery_tag, std::sync::atomic::Ordering::AcqRel);
+                    c.changed.notify_waiters();
+                }
                 Frame::Method(_, m) => {
                     if replies.send(m).await.is_err() {
                         return Ok(());
@@ -552,14 +711,25 @@ async fn read_loop(
 
 async fn deliver(shared: &Shared, i: Option<Incoming>, body: Bytes) {
     let Some(i) = i else { return };
-    let tx = lock(&shared.subs).get(&i.tag).cloned();
-    if let Some(tx) = tx {
-        let _ = tx
-            .send(Delivery {
-                body,
-                reply_to: i.reply_to,
-                correlation_id: i.correlation_id,
-            })
+    let Some((tx, acked)) = lock(&shared.subs).get(&i.tag).cloned() else {
+        return;
+    };
+    // Consumed with acknowledgements: one per ACK_EVERY deliveries.
+    if acked && i.delivery_tag.is_multiple_of(ACK_EVERY) {
+        let ack = Method::BasicAck {
+            delivery_tag: i.delivery_tag,
+            multiple: true,
+        };
+        shared
+            .buf
+            .write(|out| Frame::Method(CHANNEL, ack.clone()).encode(out))
             .await;
     }
+    let _ = tx
+        .send(Delivery {
+            body,
+            reply_to: i.reply_to,
+            correlation_id: i.correlation_id,
+        })
+        .await;
 }
