@@ -18,10 +18,10 @@ pub struct ServerTls {
     current: RwLock<Arc<rustls::ServerConfig>>,
 }
 
-/// ring's suites with AES-128-GCM ahead of AES-256-GCM (as safe, and about a third less
+/// aws-lc-rs's suites with AES-128-GCM ahead of AES-256-GCM (as safe, and about a third less
 /// work per byte; the server's order wins, see `ignore_client_order`), ChaCha20 next.
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    let mut p = rustls::crypto::ring::default_provider();
+    let mut p = rustls::crypto::aws_lc_rs::default_provider();
     let rank = |s: &rustls::SupportedCipherSuite| {
         let name = format!("{:?}", s.suite());
         if name.contains("AES_128_GCM") {

@@ -324,7 +324,7 @@ fn transport_server_config(
     use hayate_io::transport::tls::{self as t, rustls};
     use rustls::pki_types::pem::PemObject;
     let mut c = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
+        rustls::crypto::aws_lc_rs::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .unwrap()

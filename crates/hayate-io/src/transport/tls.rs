@@ -345,7 +345,7 @@ pub fn client_config(
         roots.add(c).map_err(|e| invalid(ca, e))?;
     }
     let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
+        rustls::crypto::aws_lc_rs::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .map_err(io::Error::other)?
