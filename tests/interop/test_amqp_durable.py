@@ -428,6 +428,48 @@ def test_priority_queue_order_survives_kill_9(make_durable_broker):
     assert all(m.redelivered for m, _, _ in got)
 
 
+def test_quorum_queues_keep_every_message_and_limit_deliveries(make_durable_broker):
+    b = make_durable_broker()
+    conn = b.connect()
+    ch = conn.channel()
+    q = {"x-queue-type": "quorum"}
+    # As RabbitMQ: a quorum queue is durable, not exclusive, not auto-delete, no priorities.
+    assert channel_error(conn, lambda c: c.queue_declare("qq", durable=False, arguments=q)) == 406
+    assert channel_error(conn, lambda c: c.queue_declare("qq", durable=True, exclusive=True,
+                                                          arguments=q)) == 406
+    assert channel_error(conn, lambda c: c.queue_declare("qq", durable=True, auto_delete=True,
+                                                          arguments=q)) == 406
+    assert channel_error(conn, lambda c: c.queue_declare(
+        "qq", durable=True, arguments={**q, "x-max-priority": 3})) == 406
+    assert channel_error(conn, lambda c: c.queue_declare(
+        "sq", durable=True, arguments={"x-queue-type": "stream"})) == 406
+    ch.confirm_delivery()
+    ch.queue_declare("dead", durable=True)
+    args = {**q, "x-delivery-limit": 2, "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": "dead"}
+    ch.queue_declare("qq", durable=True, arguments=args)
+    # Transient messages too: a quorum queue keeps every message.
+    for i in range(5):
+        ch.basic_publish("", "qq", f"q{i}".encode(), pika.BasicProperties(delivery_mode=1))
+    b.restart("kill")
+
+    ch = b.connect().channel()
+    ch.queue_declare("qq", durable=True, arguments=args)
+    assert count(ch, "qq") == 5, "a quorum queue's transient messages survive kill -9"
+    # q0 given back three times: the third return passes the limit of 2 and dead-letters it.
+    counts = []
+    for _ in range(3):
+        m, p, body = ch.basic_get("qq", auto_ack=False)
+        assert body == b"q0"
+        counts.append(header(p, "x-delivery-count"))
+        ch.basic_nack(m.delivery_tag, requeue=True)
+    assert counts == [None, 1, 2], "x-delivery-count counts the returns"
+    got = take(ch, "dead", 1)
+    assert bodies(got) == [b"q0"]
+    assert header(got[0][1], "x-first-death-reason") == "delivery_limit"
+    assert bodies(take(ch, "qq", 4)) == [b"q1", b"q2", b"q3", b"q4"]
+
+
 def test_purge_and_delete_are_durable(make_durable_broker):
     b = make_durable_broker()
     conn = b.connect()

@@ -1757,6 +1757,24 @@ impl Conn<'_> {
         }
         let args =
             QueueArgs::parse(arguments).map_err(|e| err(ReplyCode::PreconditionFailed, e))?;
+        // A quorum queue is durable, shared and kept (RabbitMQ's texts).
+        if args.quorum {
+            for (bad, what) in [
+                (!durable, "non-durable"),
+                (exclusive, "exclusive-owner"),
+                (auto_delete, "auto-delete"),
+            ] {
+                if bad {
+                    return Err(err(
+                        ReplyCode::PreconditionFailed,
+                        format!(
+                            "invalid property '{what}' for queue '{n}' in vhost '{vh}'",
+                            vh = self.vhost.name
+                        ),
+                    ));
+                }
+            }
+        }
         let existing = lock(&self.vhost.registry).queues.get(&n).cloned();
         if let Some(q) = existing.filter(|q| !q.is_deleted()) {
             if q.owner.is_some_and(|o| o != self.id) {

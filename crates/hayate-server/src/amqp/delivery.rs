@@ -202,6 +202,13 @@ pub(crate) fn properties_of(msg: &Message, vhost_prefix: &str) -> BasicPropertie
             "type" => p.kind = text(),
             "user-id" => p.user_id = text(),
             "app-id" => p.app_id = text(),
+            // A quorum queue's count of returns: a long, as RabbitMQ sends it (and newer
+            // than any such entry of the publisher's table).
+            "x-delivery-count" => {
+                if let Some(n) = std::str::from_utf8(value).ok().and_then(|v| v.parse().ok()) {
+                    table.insert(name, FieldValue::I64(n));
+                }
+            }
             // Copies of the exact table's entries; headers added since (dead-lettering's)
             // are not in it.
             _ if copied.as_ref().is_some_and(|c| c.contains(name.as_bytes())) => {}
@@ -211,7 +218,10 @@ pub(crate) fn properties_of(msg: &Message, vhost_prefix: &str) -> BasicPropertie
     drop(copied);
     if let Some(mut t) = exact {
         for (k, v) in table.0 {
-            t.0.push((k, v));
+            match t.0.iter_mut().find(|(n, _)| *n == k) {
+                Some(e) => e.1 = v,
+                None => t.0.push((k, v)),
+            }
         }
         p.headers = Some(t);
     } else if !table.is_empty() {

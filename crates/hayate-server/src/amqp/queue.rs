@@ -53,6 +53,8 @@ pub(crate) struct QMsg {
     pub(crate) priority: u8,
     /// Its record in its durable queue's store, when it is kept there.
     pub(crate) stored: Option<u64>,
+    /// Times it was given back (requeued) by consumers (a quorum queue's delivery limit).
+    pub(crate) returns: u32,
 }
 
 /// Is `m` persistent: AMQP delivery mode 2 (STOMP's and native `persistent: true` header),
@@ -90,6 +92,12 @@ pub(crate) struct QueueArgs {
     /// `x-max-priority`: a priority queue, message priorities 0 to this (higher ones count
     /// as this).
     pub(crate) max_priority: Option<u8>,
+    /// `x-queue-type = quorum`: every message is kept in the store (persistent or not), and
+    /// `x-delivery-limit` applies. (One node: nothing is replicated.)
+    pub(crate) quorum: bool,
+    /// `x-delivery-limit` (quorum queues): a message given back more often than this is
+    /// dead-lettered (or dropped) instead of requeued.
+    pub(crate) delivery_limit: Option<u32>,
 }
 
 impl QueueArgs {
@@ -140,17 +148,32 @@ impl QueueArgs {
                     o => return Err(format!("invalid arg 'x-overflow' for queue: '{o}'")),
                 },
                 "x-queue-type" => match text(name, v)?.as_str() {
-                    // Quorum and stream queues need replication and the log: a classic
-                    // (in-memory) queue is what this broker gives.
                     "classic" => {}
+                    // A durable queue whose every message is stored, with a delivery limit:
+                    // what a single-node RabbitMQ quorum queue is (nothing to replicate to).
+                    "quorum" => a.quorum = true,
+                    // RabbitMQ's streams are read by offset with their own protocol
+                    // extensions: not this queue model.
                     o => {
                         return Err(format!(
-                            "invalid arg 'x-queue-type' for queue: '{o}' (this broker has classic queues only)"
+                            "invalid arg 'x-queue-type' for queue: '{o}' (this broker has classic and quorum queues)"
                         ));
                     }
                 },
+                "x-delivery-limit" => {
+                    a.delivery_limit = Some(u32::try_from(int(name, v)?).unwrap_or(u32::MAX));
+                }
                 _ => {}
             }
+        }
+        if !a.quorum {
+            // As RabbitMQ: a classic queue has no delivery limit.
+            a.delivery_limit = None;
+        } else if a.max_priority.is_some() {
+            return Err(
+                "invalid arg 'x-max-priority' for queue of queue type quorum: priorities need a classic queue"
+                    .into(),
+            );
         }
         Ok(a)
     }
@@ -397,6 +420,7 @@ pub(crate) type DeadLetters = Arc<
 pub(crate) const REJECTED: &str = "rejected";
 pub(crate) const EXPIRED: &str = "expired";
 pub(crate) const MAXLEN: &str = "maxlen";
+pub(crate) const DELIVERY_LIMIT: &str = "delivery_limit";
 
 impl Queue {
     /// A queue with its broker session (opened by the caller with a [`QueueEncoder`] for
@@ -656,7 +680,7 @@ impl Queue {
         // publisher is told (basic.nack) and the message is still delivered.
         if !front
             && let Some((store, id)) = &self.store
-            && persistent(&m.msg)
+            && (self.args.quorum || persistent(&m.msg))
         {
             match store.append(*id, &m) {
                 Ok(o) => {
@@ -945,6 +969,22 @@ impl Queue {
             st.unacked_bytes = st.unacked_bytes.saturating_sub(u.msg.size());
         }
         let mut m = u.msg;
+        if requeue && self.args.quorum {
+            // A quorum queue counts returns (shown as `x-delivery-count`) and, past its
+            // delivery limit, dead-letters the message instead.
+            m.returns = m.returns.saturating_add(1);
+            let h = m.msg.headers.get_or_insert_with(Vec::new);
+            h.retain(|(k, _)| k != "x-delivery-count");
+            h.push((
+                "x-delivery-count".into(),
+                bytes::Bytes::from(m.returns.to_string()),
+            ));
+            if self.args.delivery_limit.is_some_and(|l| m.returns > l) {
+                self.dead_letter_all(vec![m], DELIVERY_LIMIT);
+                self.dispatch();
+                return;
+            }
+        }
         if requeue {
             m.redelivered = true;
             self.push(m, true);
@@ -1135,6 +1175,7 @@ impl Encoder for QueueEncoder {
                     seq: 0,
                     priority,
                     stored: None,
+                    returns: 0,
                 },
                 false,
             );

@@ -357,6 +357,7 @@ fn decode_record(r: &Record) -> Result<(u64, QMsg), String> {
             seq: 0,
             priority,
             stored: Some(r.offset),
+            returns: 0,
         },
     ))
 }
@@ -730,6 +731,7 @@ mod tests {
             seq: 0,
             priority: 3,
             stored: None,
+            returns: 0,
         }
     }
 
