@@ -45,9 +45,17 @@ def until(pred, timeout: float = 10.0) -> bool:
     return pred()
 
 
-def test_rpc_call_cast_fanout_with_a_versioned_target(broker):  # noqa: F811
+@pytest.mark.parametrize("quorum", [False, True], ids=["classic", "quorum"])
+def test_rpc_call_cast_fanout_with_a_versioned_target(broker, quorum, tmp_path):  # noqa: F811
     conf = cfg.CONF
-    conf([], project="hayate-interop")
+    args = []
+    if quorum:
+        # The topic queues as quorum queues (durable, x-queue-type quorum), as OpenStack
+        # deployments set it.
+        ini = tmp_path / "oslo.conf"
+        ini.write_text("[oslo_messaging_rabbit]\nrabbit_quorum_queue = true\n")
+        args = ["--config-file", str(ini)]
+    conf(args, project="hayate-interop")
     url = f"rabbit://guest:guest@127.0.0.1:{broker['amqp']}/"
     transport = om.get_rpc_transport(conf, url=url)
     endpoints, servers = [], []
@@ -60,6 +68,16 @@ def test_rpc_call_cast_fanout_with_a_versioned_target(broker):  # noqa: F811
             servers.append(srv)
         client = om.get_rpc_client(transport, om.Target(topic="calc", version="1.0"),
                                    timeout=15)
+        if quorum:
+            # The topic queue really is the durable quorum queue oslo.messaging asked for:
+            # declaring it as a transient classic queue is refused.
+            import pika
+            conn = pika.BlockingConnection(
+                pika.ConnectionParameters("127.0.0.1", broker["amqp"]))
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+                conn.channel().queue_declare("calc", durable=False)
+            assert e.value.reply_code == 406
+            conn.close()
 
         # call: one of the servers answers, as often as asked, at any version it has.
         for i in range(20):
