@@ -15,6 +15,9 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${1:-$ROOT/bench/results/$(date +%F)-$(hostname -s)-tls}"
 HAYATE="${HAYATE_BIN:-$ROOT/target/release/hayate}"
 DURATION="${DURATION:-3s}"
+# MQTT QoS of the MQTT rows (0: the broker sheds what a slow subscriber cannot take; 1:
+# the publisher is held back by its in-flight window instead).
+QOS="${QOS:-0}"
 mkdir -p "$OUT"
 tmp="$(mktemp -d)"
 pids=()
@@ -59,10 +62,10 @@ ca="ca=$tmp/ca.pem"
 targets=(
     --target "hayate://$native?shm=off&name=hayate"
     --target "hayate://$native_tls?$ca&shm=off&name=hayate-tls"
-    --target "mqtt://$mqtt?qos=0&name=hayate-mqtt"
-    --target "mqtt://$mqtt_tls?qos=0&transport=tls&$ca&name=hayate-mqtt-tls"
-    --target "mqtt://127.0.0.1:$mp?qos=0&name=mosquitto"
-    --target "mqtt://127.0.0.1:$mtp?qos=0&transport=tls&$ca&name=mosquitto-tls"
+    --target "mqtt://$mqtt?qos=$QOS&name=hayate-mqtt"
+    --target "mqtt://$mqtt_tls?qos=$QOS&transport=tls&$ca&name=hayate-mqtt-tls"
+    --target "mqtt://127.0.0.1:$mp?qos=$QOS&name=mosquitto"
+    --target "mqtt://127.0.0.1:$mtp?qos=$QOS&transport=tls&$ca&name=mosquitto-tls"
 )
 {
     echo "hayate: $("$HAYATE" --version)"

@@ -317,12 +317,29 @@ impl ShmReader {
 }
 
 impl AsyncRead for ShmReader {
+    /// Each read spends the task's Tokio budget, as a socket read does: a ring that always
+    /// has more would otherwise never let the task yield (see the TLS read half).
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
+        let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
+        let r = self.get_mut().poll_read_inner(cx, buf);
+        if r.is_ready() {
+            coop.made_progress();
+        }
+        r
+    }
+}
+
+impl ShmReader {
+    fn poll_read_inner(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self;
         if buf.remaining() == 0 {
             return Poll::Ready(Ok(()));
         }

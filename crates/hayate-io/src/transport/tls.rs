@@ -155,12 +155,33 @@ impl AsyncRead for TlsRead {
     /// Fills `out` with as much plaintext as rustls and the ciphertext read ahead hold (one
     /// read may span several records, as a plain TCP read spans several frames), and reads
     /// the socket only when it has given nothing yet.
+    ///
+    /// Each read spends the task's Tokio budget, as a `TcpStream` read does: the socket is
+    /// read with `try_read`, which spends none, so a task reading a peer that always has
+    /// more to send never yielded, and a task woken by it into its worker's LIFO slot (which
+    /// other workers cannot steal) waited until the flood stopped: a subscriber's writer
+    /// woken by a publisher's reader, say, for seconds.
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = &mut *self;
+        let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
+        let r = self.poll_read_inner(cx, out);
+        if r.is_ready() {
+            coop.made_progress();
+        }
+        r
+    }
+}
+
+impl TlsRead {
+    fn poll_read_inner(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self;
         if let Some(e) = this.failed.take() {
             return Poll::Ready(Err(e));
         }
@@ -274,9 +295,7 @@ impl AsyncRead for TlsRead {
             let _ = flush(&mut c, &this.shared.tcp);
         }
     }
-}
 
-impl TlsRead {
     /// Ends a read with error `e`: at once when it has no plaintext (`got` false), else
     /// after the plaintext it has, at the next read.
     fn fail(&mut self, got: bool, e: io::Error) -> Poll<io::Result<()>> {
