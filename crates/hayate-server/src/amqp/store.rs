@@ -390,6 +390,16 @@ impl Store {
         fsync: FsyncPolicy,
         max_message: usize,
     ) -> Result<(Arc<Store>, Recovered), String> {
+        Store::open_with(dir, None, fsync, max_message)
+    }
+
+    /// [`Store::open`] with the log in `storage` instead of `dir/log` (tests inject faults).
+    fn open_with(
+        dir: &Path,
+        storage: Option<Arc<dyn hayate_log::Storage>>,
+        fsync: FsyncPolicy,
+        max_message: usize,
+    ) -> Result<(Arc<Store>, Recovered), String> {
         let io = |what: &str, e: std::io::Error| format!("{}: {what}: {e}", dir.display());
         std::fs::create_dir_all(dir).map_err(|e| io("create", e))?;
         let _ = std::fs::remove_file(dir.join("definitions.json.tmp"));
@@ -401,8 +411,11 @@ impl Store {
             fsync,
             ..LogConfig::default()
         };
-        let log = Log::open_dir(dir.join("log"), config)
-            .map_err(|e| format!("{}/log: {e}", dir.display()))?;
+        let log = match storage {
+            Some(s) => Log::open(s, config),
+            None => Log::open_dir(dir.join("log"), config),
+        }
+        .map_err(|e| format!("{}/log: {e}", dir.display()))?;
         for r in &log.recovery().repairs {
             tracing::warn!(dir = %dir.display(), "amqp store recovery: {r}");
         }
@@ -956,6 +969,50 @@ mod tests {
         )
         .unwrap();
         assert!(Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).is_err());
+    }
+
+    #[test]
+    fn a_full_disk_and_a_failed_fsync_reach_the_publisher() {
+        let dir = tempdir();
+        let disk = Arc::new(hayate_log::FaultyStorage::new());
+        let (s, _) = Store::open_with(
+            dir.path(),
+            Some(disk.clone() as Arc<dyn hayate_log::Storage>),
+            FsyncPolicy::Always,
+            1 << 20,
+        )
+        .unwrap();
+        let id = s.new_queue_id();
+        s.put_queue("q", def(id)).unwrap();
+        // A failed fsync: the append is written, but its confirm resolves with the error
+        // (the publisher gets basic.nack), and the log refuses later appends.
+        disk.fail_syncs(1);
+        let o = s.append(id, &qmsg("q", "a", true)).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let waited = rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(5), s.confirmed(o).unwrap()).await
+        });
+        assert!(waited.expect("the confirm resolves").is_err());
+        assert!(s.append(id, &qmsg("q", "b", true)).is_err());
+        assert_eq!(s.held(), 1, "a refused append is not held");
+        // A full disk on a fresh store: the append fails, nothing is held.
+        let dir2 = tempdir();
+        let disk2 = Arc::new(hayate_log::FaultyStorage::new());
+        let (s2, _) = Store::open_with(
+            dir2.path(),
+            Some(disk2.clone() as Arc<dyn hayate_log::Storage>),
+            FsyncPolicy::Never,
+            1 << 20,
+        )
+        .unwrap();
+        let id2 = s2.new_queue_id();
+        disk2.fail_writes_after(0);
+        assert!(s2.append(id2, &qmsg("q", "c", true)).is_err());
+        assert_eq!(s2.held(), 0);
+        disk2.clear_write_faults();
     }
 
     #[test]
