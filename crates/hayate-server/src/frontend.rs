@@ -347,3 +347,11 @@ pub(crate) fn check_consumer_api(
         None => Ok(()), // the API says there is no such stream
     }
 }
+
+/// FNV-1a of `s`: a hash that is the same in every run and build, for names kept on disk
+/// (a STOMP durable queue's consumer, an AMQP vhost's directory) that had to be cut.
+pub(crate) fn stable_hash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}

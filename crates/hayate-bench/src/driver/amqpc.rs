@@ -348,7 +348,7 @@ impl AmqpcConn {
         // A server-named queue, or (durable=1) a durable queue of the key's own, emptied.
         let q = if self.shared.durable {
             let name = format!("bench-durable.{}", key.replace('/', "."));
-            let q = self.declare_durable(&name).await?;
+            let q = self.declare_queue(&name, true).await?;
             self.call(
                 Method::QueuePurge {
                     ticket: 0,
@@ -380,38 +380,20 @@ impl AmqpcConn {
 
     /// Declares queue `name` (exclusive, auto-delete; `""`: the server names it).
     pub(crate) async fn declare(&self, name: &str) -> anyhow::Result<ShortStr> {
-        match self
-            .call(
-                Method::QueueDeclare {
-                    ticket: 0,
-                    queue: ShortStr::lit(name),
-                    passive: false,
-                    durable: false,
-                    exclusive: true,
-                    auto_delete: true,
-                    no_wait: false,
-                    arguments: FieldTable::default(),
-                },
-                Duration::from_secs(10),
-            )
-            .await?
-        {
-            Method::QueueDeclareOk { queue, .. } => Ok(queue),
-            m => bail!("expected queue.declare-ok, got {}", m.name()),
-        }
+        self.declare_queue(name, false).await
     }
 
-    /// Declares durable queue `name` (not exclusive, not auto-delete).
-    async fn declare_durable(&self, name: &str) -> anyhow::Result<ShortStr> {
+    /// Declares queue `name`: `durable` (shared, kept), or exclusive and auto-delete.
+    async fn declare_queue(&self, name: &str, durable: bool) -> anyhow::Result<ShortStr> {
         match self
             .call(
                 Method::QueueDeclare {
                     ticket: 0,
                     queue: ShortStr::lit(name),
                     passive: false,
-                    durable: true,
-                    exclusive: false,
-                    auto_delete: false,
+                    durable,
+                    exclusive: !durable,
+                    auto_delete: !durable,
                     no_wait: false,
                     arguments: FieldTable::default(),
                 },

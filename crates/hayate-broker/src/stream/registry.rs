@@ -3,11 +3,12 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use hayate_log::Removed;
+use hayate_log::storage::write_atomically;
 
 use super::consumer::{Consumer, ConsumerConfig};
 use super::{Stream, StreamConfig, StreamError};
@@ -70,16 +71,6 @@ impl Stored {
                 .map(|(s, r)| (s.name().to_owned(), r.start)))
         }
     }
-}
-
-fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let tmp = dir.join(format!("{name}.tmp"));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join(name))?;
-    std::fs::File::open(dir)?.sync_all()
 }
 
 impl Broker {

@@ -53,6 +53,23 @@ pub async fn write_chunks(w: &dyn WriteHalf, q: &mut VecDeque<Bytes>) -> io::Res
     Ok(())
 }
 
+/// Polls `read` as one read that spends the task's Tokio budget, as a socket read does
+/// (the budget is given back when it is pending). For transports that read with `try_read`
+/// or from memory, which spend none: a task reading a peer that never pauses would never
+/// yield, and a task it woke into its worker's LIFO slot, which no other worker can steal,
+/// would wait until the flood stopped.
+pub(crate) fn poll_read_budgeted<T>(
+    cx: &mut std::task::Context<'_>,
+    read: impl FnOnce(&mut std::task::Context<'_>) -> std::task::Poll<T>,
+) -> std::task::Poll<T> {
+    let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
+    let r = read(cx);
+    if r.is_ready() {
+        coop.made_progress();
+    }
+    r
+}
+
 /// Writes `bytes` whole (handshake answers before a session exists).
 pub async fn write_all(w: &dyn WriteHalf, bytes: Bytes) -> io::Result<()> {
     write_chunks(w, &mut VecDeque::from([bytes])).await

@@ -317,19 +317,15 @@ impl ShmReader {
 }
 
 impl AsyncRead for ShmReader {
-    /// Each read spends the task's Tokio budget, as a socket read does: a ring that always
-    /// has more would otherwise never let the task yield (see the TLS read half).
+    /// Each read spends the task's Tokio budget ([`super::poll_read_budgeted`]): a ring
+    /// that always has more would otherwise never let the task yield.
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
-        let r = self.get_mut().poll_read_inner(cx, buf);
-        if r.is_ready() {
-            coop.made_progress();
-        }
-        r
+        let this = self.get_mut();
+        super::poll_read_budgeted(cx, |cx| this.poll_read_inner(cx, buf))
     }
 }
 

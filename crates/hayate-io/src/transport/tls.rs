@@ -156,22 +156,15 @@ impl AsyncRead for TlsRead {
     /// read may span several records, as a plain TCP read spans several frames), and reads
     /// the socket only when it has given nothing yet.
     ///
-    /// Each read spends the task's Tokio budget, as a `TcpStream` read does: the socket is
-    /// read with `try_read`, which spends none, so a task reading a peer that always has
-    /// more to send never yielded, and a task woken by it into its worker's LIFO slot (which
-    /// other workers cannot steal) waited until the flood stopped: a subscriber's writer
-    /// woken by a publisher's reader, say, for seconds.
+    /// Each read spends the task's Tokio budget ([`super::poll_read_budgeted`]): the socket
+    /// is read with `try_read`, and a publisher's reader that never yielded once held a
+    /// subscriber's writer off for seconds.
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
-        let r = self.poll_read_inner(cx, out);
-        if r.is_ready() {
-            coop.made_progress();
-        }
-        r
+        super::poll_read_budgeted(cx, |cx| self.poll_read_inner(cx, out))
     }
 }
 

@@ -1372,8 +1372,10 @@ impl Conn<'_> {
         let mut routed = 0;
         let mut refused = false;
         let mut waits: Vec<Wait> = Vec::new();
-        let confirms = self.channels.get(&ch).and_then(|c| c.confirms.clone());
-        let in_tx = self.channels.get(&ch).is_some_and(|c| c.tx.is_some());
+        let (confirms, in_tx) = self
+            .channels
+            .get(&ch)
+            .map_or((None, false), |c| (c.confirms.clone(), c.tx.is_some()));
         let returned = match key {
             Some(key) => {
                 frontend::check_publish(&self.identity, &key, reply_to.is_some())

@@ -33,6 +33,7 @@ use std::time::Duration;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use hayate_amqp::{FieldTable, ShortStr};
 use hayate_broker::stream::codec;
+use hayate_log::storage::write_atomically;
 use hayate_log::{Entry, FsyncPolicy, Log, LogConfig, ReadLimit, Record};
 use serde::{Deserialize, Serialize};
 
@@ -275,22 +276,11 @@ pub(crate) fn vhost_dir(name: &str) -> String {
     }
     if d.len() > 120 {
         // Too long for a file name: cut, and told apart by a hash of the whole name.
-        let h = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
+        let h = crate::frontend::stable_hash(name);
         let cut: String = d.chars().take(100).collect();
         d = format!("{cut}-{h:016x}");
     }
     d
-}
-
-fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join(name))?;
-    std::fs::File::open(dir)?.sync_all()
 }
 
 /// Encodes the record of `m` in durable queue `queue`: its `headers` field.
@@ -527,15 +517,20 @@ impl Store {
     /// Appends `m`, entering durable queue `queue`; returns its offset (held from now on,
     /// until [`Store::settle`]).
     pub(crate) fn append(&self, queue: u64, m: &QMsg) -> Result<u64, hayate_log::Error> {
-        let mut meta = Vec::new();
-        codec::encode_meta(&m.msg, &mut meta);
-        let mut head = Vec::with_capacity(meta.len() + 32);
-        encode_head(queue, m, &meta, &mut head);
-        let o = self.log.append(&Entry {
-            timestamp: codec::now_ms(),
-            key: m.msg.key.as_bytes(),
-            headers: &head,
-            value: &m.msg.payload,
+        thread_local! {
+            /// The message's metadata and the record's head, reused: no allocation per
+            /// message.
+            static SCRATCH: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = Default::default();
+        }
+        let o = SCRATCH.with_borrow_mut(|(meta, head)| {
+            codec::encode_meta(&m.msg, meta);
+            encode_head(queue, m, meta, head);
+            self.log.append(&Entry {
+                timestamp: codec::now_ms(),
+                key: m.msg.key.as_bytes(),
+                headers: head,
+                value: &m.msg.payload,
+            })
         })?;
         lock(&self.st).live.insert(o);
         Ok(o)
@@ -691,7 +686,7 @@ impl Store {
         })
     }
 
-    /// Records held and bytes of the log now (for tests and the stats).
+    /// Records whose message a queue still holds (for tests).
     #[cfg(test)]
     pub(crate) fn held(&self) -> usize {
         lock(&self.st).live.len()

@@ -640,16 +640,8 @@ pub(crate) fn snapshot(mqtt: &Mqtt, replay_from: u64, next_sgen: u64) -> (Vec<u8
 /// Writes `bytes` as the checkpoint file in `dir`, durably (temporary file, fsync, rename,
 /// fsync of the directory).
 pub(crate) fn write_file(dir: &Path, bytes: &[u8]) -> Result<(), PersistError> {
-    use std::io::Write;
     std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!("{FILE}.tmp"));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, dir.join(FILE))?;
-    std::fs::File::open(dir)?.sync_all()?;
+    hayate_log::storage::write_atomically(dir, FILE, bytes)?;
     Ok(())
 }
 

@@ -531,10 +531,8 @@ fn queue_consumer_name(q: &str) -> String {
     if clean == q && q.len() <= 58 {
         return format!("stomp-{q}");
     }
-    // FNV-1a, stable across runs (the name is stored with the consumer).
-    let h = q.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    // Stable across runs: the name is stored with the consumer.
+    let h = crate::frontend::stable_hash(q);
     let cut: String = clean.chars().take(40).collect();
     format!("stomp-{cut}-{:016x}", h)
 }
