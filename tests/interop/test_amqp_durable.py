@@ -667,3 +667,85 @@ def test_confirmed_persistent_messages_survive_repeated_kill_9(make_durable_brok
           f"{dups} duplicates, {len(got)} distinct received")
     assert not lost, f"{len(lost)} confirmed messages lost: {lost[:10]}"
     assert not_redelivered == 0, f"{not_redelivered} recovered messages without redelivered"
+
+
+# -- hostile clients ---------------------------------------------------------------------------
+
+def dir_bytes(d: Path) -> int:
+    return sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+
+
+def test_garbage_arguments_get_406_and_the_broker_carries_on(make_durable_broker):
+    b = make_durable_broker()
+    conn = b.connect()
+    for args in ({"x-queue-type": "quorum", "x-delivery-limit": "abc"},
+                 {"x-queue-type": "quorum", "x-delivery-limit": -1},
+                 {"x-queue-type": 5},
+                 {"x-queue-type": "stream"}):
+        assert channel_error(conn, lambda c: c.queue_declare("bad", durable=True,
+                                                              arguments=args)) == 406, args
+    # Nothing of it was kept; the connection and the broker serve on.
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("good", durable=True)
+    ch.basic_publish("", "good", b"ok", PERSISTENT)
+    b.restart("kill")
+    ch = b.connect().channel()
+    assert channel_error(b.connect(), lambda c: c.queue_declare("bad", passive=True)) == 404
+    assert bodies(take(ch, "good", 1)) == [b"ok"]
+
+
+def test_churning_durable_queues_keeps_the_definitions_small(make_durable_broker):
+    """A client that declares and deletes durable queues as fast as it can: each change is
+    one line of definitions.log, folded as it grows, so the files stay within a few times
+    what is kept; another client's persistent messages flow meanwhile; after kill -9 the
+    churned queues are gone and the kept one is there."""
+    b = make_durable_broker()
+    ch = b.connect().channel()
+    ch.confirm_delivery()
+    ch.queue_declare("kept", durable=True)
+    churn = b.connect().channel()
+    for i in range(1500):
+        churn.queue_declare(f"churn-{i}", durable=True, arguments={"x-max-length": i})
+        churn.queue_bind(f"churn-{i}", "amq.topic", f"c.{i}")
+        churn.queue_delete(f"churn-{i}")
+        if i % 100 == 0:
+            ch.basic_publish("", "kept", f"k{i // 100}".encode(), PERSISTENT)
+    time.sleep(ACK_SETTLE)  # a fold happens in the store's 100 ms task
+    defs = b.data_dir / "amqp" / "default"
+    size = sum((defs / f).stat().st_size for f in ("definitions.json", "definitions.log"))
+    assert size < 256 * 1024, f"definitions take {size} bytes after 4,500 changes"
+    b.restart("kill")
+    conn = b.connect()
+    assert channel_error(conn, lambda c: c.queue_declare("churn-7", passive=True)) == 404
+    got = take(conn.channel(), "kept", 15)
+    assert bodies(got) == [f"k{i}".encode() for i in range(15)]
+
+
+def test_a_consumer_that_never_reads_holds_back_no_publisher(make_durable_broker):
+    """A durable queue bounded by x-max-length-bytes has a consumer that never reads its
+    socket. A publisher with confirms sends 24 MB of persistent messages into it and as
+    much into another durable queue read normally: every publish is confirmed, the reader
+    gets all of its queue, and the bounded queue keeps its bound. (What the store keeps on
+    disk meanwhile is not bounded: the stuck consumer's first unacknowledged message pins
+    every later segment; docs/amqp.md, *Durable queues*, and the closing note say so.)"""
+    b = make_durable_broker()
+    setup = b.connect().channel()
+    setup.queue_declare("stuck", durable=True, arguments={"x-max-length-bytes": 4 << 20})
+    setup.queue_declare("read", durable=True)
+    sleeper = b.connect()
+    sc = sleeper.channel()
+    sc.basic_consume("stuck", lambda *a: None, auto_ack=False)  # never processed: never read
+    pub = b.connect().channel()
+    pub.confirm_delivery()  # each publish below raises if it is not confirmed
+    body = b"x" * (16 << 10)
+    n = 1500
+    reader = b.connect().channel()
+    for i in range(n):
+        pub.basic_publish("", "stuck", body, PERSISTENT)
+        pub.basic_publish("", "read", body, PERSISTENT)
+    got = take(reader, "read", n, timeout=60)
+    assert len(got) == n
+    ready = count(setup, "stuck")
+    assert ready * len(body) <= 4 << 20, f"{ready} messages wait in a queue bounded to 4 MiB"
+    assert b.alive()
