@@ -30,7 +30,7 @@ mod sync;
 
 pub use config::{FsyncPolicy, LogConfig, Retention};
 pub use error::{Error, Result};
-pub use log::{Batch, Log, LogStats, ReadLimit, Removed};
+pub use log::{Batch, Log, LogStats, ReadLimit, Removed, SegmentStats};
 pub use record::{Entry, Record};
 pub use recover::RecoveryReport;
 pub use storage::{CrashMode, FaultyStorage, FsStorage, Storage, StorageFile};

@@ -67,6 +67,17 @@ pub struct LogStats {
     pub bytes: u64,
 }
 
+/// One segment file: the offsets it holds and its size.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SegmentStats {
+    /// Its first offset.
+    pub base: u64,
+    /// One past its last record.
+    pub next: u64,
+    /// Bytes in the file.
+    pub bytes: u64,
+}
+
 /// What a removal took away.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Removed {
@@ -379,6 +390,19 @@ impl Log {
             segments,
             bytes,
         }
+    }
+
+    /// The segments, oldest first (the last is the active one).
+    pub fn segments(&self) -> Vec<SegmentStats> {
+        lock(&self.shared.inner)
+            .segments
+            .iter()
+            .map(|s| SegmentStats {
+                base: s.base,
+                next: s.next,
+                bytes: s.size,
+            })
+            .collect()
     }
 
     /// Removes the sealed segments the retention policy no longer keeps; `now_ms` is the

@@ -17,14 +17,17 @@
 //!   100 ms: a message acknowledged just before a crash may come back once (at least once).
 //!
 //! Opening reads every record of a known queue whose offset is not in `acks` back into its
-//! queue, marked redelivered, in offset order. Whole log segments below the oldest message
-//! still held are removed as the queues move on, and `acks` is rewritten without what they
-//! covered.
+//! queue, marked redelivered, in the order the messages were first stored. Whole log
+//! segments below the oldest message still held are removed as the queues move on, and
+//! `acks` is rewritten without what they covered. So that one message held for long does
+//! not keep every later segment, the records still held in the oldest segments are moved
+//! to the log's end once the log outgrows what is held ([`Store::compact`]).
 //!
-//! Locks: [`Store::st`] is a leaf (taken under a queue's state, never the other way round);
-//! [`Store::files`] is taken before `st` when both are needed, and never under a queue's lock.
+//! Locks: [`Store::st`] is taken under a queue's state, never the other way round, and
+//! only the log's own locks are taken under it; [`Store::files`] is taken before `st` when
+//! both are needed, and never under a queue's lock.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
@@ -41,6 +44,17 @@ use super::queue::{QMsg, lock};
 
 /// The record format this store writes (its first byte).
 const FORMAT: u8 = 1;
+
+/// The format of a record moved to the log's end ([`Store::compact`]): [`FORMAT`]'s head
+/// with the offset the message was first stored at (its id) after the format byte.
+const FORMAT_MOVED: u8 = 2;
+
+/// Log bytes allowed beyond twice the bytes of the records still held before the oldest
+/// segment's held records are moved to the end (two segments).
+const COMPACT_SLACK: u64 = 32 << 20;
+
+/// The most segments one flush compacts (the rest wait for the next).
+const COMPACT_SEGMENTS: usize = 4;
 
 /// How often acknowledgements are written and old segments removed.
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
@@ -196,10 +210,23 @@ pub(crate) struct Recovered {
     pub(crate) queues: Vec<(String, QueueDef, Vec<QMsg>)>,
 }
 
+/// A record whose message a queue still holds.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    /// The message's id: the offset it was first stored at (what its queue knows it by).
+    id: u64,
+    /// The record's bytes on disk.
+    bytes: u64,
+}
+
 #[derive(Debug, Default)]
 struct State {
-    /// Offsets of the records whose message a queue still holds (ready or unacknowledged).
-    live: BTreeSet<u64>,
+    /// The records whose message a queue still holds (ready or unacknowledged), by offset.
+    live: BTreeMap<u64, Held>,
+    /// Messages whose record was moved to the log's end: id → offset now.
+    moved: HashMap<u64, u64>,
+    /// The bytes of the records in `live`.
+    live_bytes: u64,
     /// Offsets settled since the last flush.
     acks: Vec<u64>,
     defs: Defs,
@@ -300,9 +327,9 @@ fn encode_head(queue: u64, m: &QMsg, meta: &[u8], out: &mut Vec<u8>) {
     out.put_slice(meta);
 }
 
-/// A record back into its queue's number and message (marked redelivered); `Err` says what
-/// is wrong with it.
-fn decode_record(r: &Record) -> Result<(u64, QMsg), String> {
+/// A record back into its queue's number, its message's id and the message (marked
+/// redelivered); `Err` says what is wrong with it.
+fn decode_record(r: &Record) -> Result<(u64, u64, QMsg), String> {
     let mut h = r.headers.clone();
     let need = |h: &Bytes, n: usize| {
         if h.remaining() < n {
@@ -312,9 +339,14 @@ fn decode_record(r: &Record) -> Result<(u64, QMsg), String> {
         }
     };
     need(&h, 1 + 8 + 1 + 1)?;
-    if h.get_u8() != FORMAT {
-        return Err(format!("record {}: unknown format", r.offset));
-    }
+    let id = match h.get_u8() {
+        FORMAT => r.offset,
+        FORMAT_MOVED => {
+            need(&h, 8 + 8 + 1 + 1)?;
+            h.get_u64()
+        }
+        _ => return Err(format!("record {}: unknown format", r.offset)),
+    };
     let queue = h.get_u64();
     let priority = h.get_u8();
     let xl = usize::from(h.get_u8());
@@ -338,6 +370,7 @@ fn decode_record(r: &Record) -> Result<(u64, QMsg), String> {
     };
     Ok((
         queue,
+        id,
         QMsg {
             msg,
             exchange: short(exchange),
@@ -350,6 +383,31 @@ fn decode_record(r: &Record) -> Result<(u64, QMsg), String> {
             returns: 0,
         },
     ))
+}
+
+/// The head of record `r` moved to the log's end: its message keeps its id.
+fn moved_head(r: &Record) -> Vec<u8> {
+    match r.headers.first() {
+        Some(&FORMAT) => {
+            let mut h = Vec::with_capacity(r.headers.len() + 8);
+            h.push(FORMAT_MOVED);
+            h.extend_from_slice(&r.offset.to_be_bytes());
+            h.extend_from_slice(&r.headers[1..]);
+            h
+        }
+        _ => r.headers.to_vec(),
+    }
+}
+
+/// The bytes record `r` takes in the log.
+fn record_bytes(r: &Record) -> u64 {
+    Entry {
+        timestamp: r.timestamp,
+        key: &r.key,
+        headers: &r.headers,
+        value: &r.value,
+    }
+    .encoded_len() as u64
 }
 
 /// Reads `acks` (a torn last entry is ignored).
@@ -415,8 +473,12 @@ impl Store {
             .iter()
             .map(|(n, q)| (q.id, n.as_str()))
             .collect();
-        let mut held: HashMap<u64, Vec<QMsg>> = HashMap::new();
-        let mut live = BTreeSet::new();
+        let mut held: HashMap<u64, Vec<(u64, QMsg)>> = HashMap::new();
+        let mut live = BTreeMap::new();
+        let mut live_bytes = 0;
+        // Ids met: a message moved to the end by a compaction that a crash cut short is
+        // there twice (the first copy is kept).
+        let mut ids_seen = HashSet::new();
         let mut settled = Vec::new();
         let mut at = log.start_offset();
         let end = log.end_offset();
@@ -440,11 +502,20 @@ impl Store {
                     continue;
                 }
                 match decode_record(r) {
-                    Ok((q, m)) if ids.contains_key(&q) => {
-                        live.insert(r.offset);
-                        held.entry(q).or_default().push(m);
+                    Ok((q, id, m)) if ids.contains_key(&q) && ids_seen.insert(id) => {
+                        let bytes = record_bytes(r);
+                        live.insert(
+                            r.offset,
+                            Held {
+                                id: r.offset,
+                                bytes,
+                            },
+                        );
+                        live_bytes += bytes;
+                        held.entry(q).or_default().push((id, m));
                     }
-                    Ok(_) => settled.push(r.offset), // its queue was deleted
+                    // Its queue was deleted, or a second copy.
+                    Ok(_) => settled.push(r.offset),
                     Err(e) => {
                         tracing::warn!(dir = %dir.display(), "amqp store: {e}: skipped");
                         settled.push(r.offset);
@@ -474,7 +545,16 @@ impl Store {
             queues: defs
                 .queues
                 .iter()
-                .map(|(n, q)| (n.clone(), q.clone(), held.remove(&q.id).unwrap_or_default()))
+                .map(|(n, q)| {
+                    // In the order they were first stored (moved ones are further on).
+                    let mut msgs = held.remove(&q.id).unwrap_or_default();
+                    msgs.sort_by_key(|(id, _)| *id);
+                    (
+                        n.clone(),
+                        q.clone(),
+                        msgs.into_iter().map(|(_, m)| m).collect(),
+                    )
+                })
                 .collect(),
         };
         let store = Arc::new(Store {
@@ -482,6 +562,8 @@ impl Store {
             log,
             st: Mutex::new(State {
                 live,
+                moved: HashMap::new(),
+                live_bytes,
                 acks: Vec::new(),
                 defs,
             }),
@@ -514,26 +596,32 @@ impl Store {
         });
     }
 
-    /// Appends `m`, entering durable queue `queue`; returns its offset (held from now on,
-    /// until [`Store::settle`]).
+    /// Appends `m`, entering durable queue `queue`; returns its offset, the message's id
+    /// (held from now on, until [`Store::settle`]).
     pub(crate) fn append(&self, queue: u64, m: &QMsg) -> Result<u64, hayate_log::Error> {
         thread_local! {
             /// The message's metadata and the record's head, reused: no allocation per
             /// message.
             static SCRATCH: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = Default::default();
         }
-        let o = SCRATCH.with_borrow_mut(|(meta, head)| {
+        SCRATCH.with_borrow_mut(|(meta, head)| {
             codec::encode_meta(&m.msg, meta);
             encode_head(queue, m, meta, head);
-            self.log.append(&Entry {
+            let e = Entry {
                 timestamp: codec::now_ms(),
                 key: m.msg.key.as_bytes(),
                 headers: head,
                 value: &m.msg.payload,
-            })
-        })?;
-        lock(&self.st).live.insert(o);
-        Ok(o)
+            };
+            // Under `st`: a flush never sees an appended record missing from `live` (it
+            // would remove its segment).
+            let mut st = lock(&self.st);
+            let o = self.log.append(&e)?;
+            let bytes = e.encoded_len() as u64;
+            st.live.insert(o, Held { id: o, bytes });
+            st.live_bytes += bytes;
+            Ok(o)
+        })
     }
 
     /// Resolves once the record at `offset` is durable under the fsync policy; `None` when
@@ -542,25 +630,116 @@ impl Store {
         (self.log.confirmed_offset() <= offset).then(|| self.log.confirmed(offset))
     }
 
-    /// The message of record `offset` left its queue.
-    pub(crate) fn settle(&self, offset: u64) {
+    /// The message `id` (the offset [`Store::append`] gave) left its queue.
+    pub(crate) fn settle(&self, id: u64) {
         let mut st = lock(&self.st);
-        if st.live.remove(&offset) {
+        let offset = st.moved.remove(&id).unwrap_or(id);
+        if let Some(h) = st.live.remove(&offset) {
+            st.live_bytes -= h.bytes;
             st.acks.push(offset);
         }
+    }
+
+    /// Moves the records still held in the oldest segments to the log's end while the log
+    /// is more than twice the bytes held (plus [`COMPACT_SLACK`]), so that one message
+    /// held for long (a consumer that never acknowledges) does not keep every segment
+    /// after it. A moved record keeps its message's id; the old one is settled once the
+    /// copy is synced. A crash in between leaves both, and opening keeps the first.
+    /// Called under `files` (one flush at a time: nothing else removes segments).
+    fn compact(&self) {
+        for _ in 0..COMPACT_SEGMENTS {
+            let segs = self.log.segments();
+            let total: u64 = segs.iter().map(|s| s.bytes).sum();
+            let (Some(first), true) = (segs.first(), segs.len() > 1) else {
+                return;
+            };
+            let held: Vec<u64> = {
+                let st = lock(&self.st);
+                if total <= 2 * st.live_bytes + COMPACT_SLACK {
+                    return;
+                }
+                st.live.range(..first.next).map(|(o, _)| *o).collect()
+            };
+            let mut copies = Vec::with_capacity(held.len());
+            for &o in &held {
+                match self.copy_to_end(o) {
+                    Ok(c) => copies.push((o, c)),
+                    Err(e) => {
+                        tracing::error!(dir = %self.dir.display(), "amqp store: cannot move record {o}: {e}");
+                        return;
+                    }
+                }
+            }
+            if let Err(e) = self.log.sync() {
+                tracing::error!(dir = %self.dir.display(), "amqp store: cannot sync moved records: {e}");
+                return;
+            }
+            let mut st = lock(&self.st);
+            for (o, (c, bytes)) in copies {
+                match st.live.remove(&o) {
+                    Some(h) => {
+                        // Settled from now on: the copy holds the message.
+                        st.live_bytes = st.live_bytes - h.bytes + bytes;
+                        st.live.insert(c, Held { id: h.id, bytes });
+                        st.moved.insert(h.id, c);
+                        st.acks.push(o);
+                    }
+                    // Settled while it was copied: so is the copy.
+                    None => st.acks.push(c),
+                }
+            }
+            // Under `st`, as appends are.
+            let floor = st
+                .live
+                .first_key_value()
+                .map_or_else(|| self.log.end_offset(), |(o, _)| *o);
+            drop(st);
+            if let Err(e) = self.log.delete_before(floor) {
+                tracing::error!(dir = %self.dir.display(), "amqp store: cannot remove segments: {e}");
+                return;
+            }
+        }
+    }
+
+    /// Appends a copy of record `o` (as moved); its offset and size.
+    fn copy_to_end(&self, o: u64) -> Result<(u64, u64), hayate_log::Error> {
+        let batch = self.log.read(
+            o,
+            ReadLimit {
+                max_bytes: 0,
+                max_records: 1,
+                confirmed_only: false,
+            },
+        )?;
+        let Some(r) = batch.records.first().filter(|r| r.offset == o) else {
+            return Err(hayate_log::Error::OffsetOutOfRange {
+                offset: o,
+                start: self.log.start_offset(),
+                end: self.log.end_offset(),
+            });
+        };
+        let head = moved_head(r);
+        let e = Entry {
+            timestamp: r.timestamp,
+            key: &r.key,
+            headers: &head,
+            value: &r.value,
+        };
+        let c = self.log.append(&e)?;
+        Ok((c, e.encoded_len() as u64))
     }
 
     /// Writes the acknowledgements gathered since the last time, removes the segments no
     /// queue needs any more, and rewrites `acks` when it has grown.
     pub(crate) fn flush(&self) {
         let mut files = lock(&self.files);
+        self.compact();
         let (acks, floor) = {
             let mut st = lock(&self.st);
             let floor = st
                 .live
-                .first()
-                .copied()
-                .unwrap_or_else(|| self.log.end_offset());
+                .first_key_value()
+                .map_or_else(|| self.log.end_offset(), |(o, _)| *o);
             (std::mem::take(&mut st.acks), floor)
         };
         if !acks.is_empty()
@@ -875,6 +1054,95 @@ mod tests {
             acks / 8 < 767 - s.log.start_offset() + 1,
             "acks rewritten: {acks}"
         );
+    }
+
+    fn bodies(rec: &Recovered, queue: &str) -> Vec<String> {
+        rec.queues
+            .iter()
+            .find(|q| q.0 == queue)
+            .map(|q| {
+                q.2.iter()
+                    .map(|m| {
+                        String::from_utf8_lossy(&m.msg.payload[..8.min(m.msg.payload.len())])
+                            .into_owned()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_message_held_long_does_not_keep_the_log_from_shrinking() {
+        let dir = tempdir();
+        let (s, _) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        let (q, other) = (s.new_queue_id(), s.new_queue_id());
+        s.put_queue("held", def(q)).unwrap();
+        s.put_queue("busy", def(other)).unwrap();
+        let pad = "x".repeat(64 << 10);
+        // Three messages a consumer keeps unacknowledged, stored between 200 MiB of others
+        // that are acknowledged as they go.
+        let a = s
+            .append(q, &qmsg("q", &format!("aaaaaaaa{pad}"), true))
+            .unwrap();
+        let mut most = 0;
+        let mut moved_b = None;
+        for i in 0..3200 {
+            let o = s.append(other, &qmsg("o", &pad, true)).unwrap();
+            s.settle(o);
+            if i == 1000 {
+                moved_b = Some(
+                    s.append(q, &qmsg("q", &format!("bbbbbbbb{pad}"), true))
+                        .unwrap(),
+                );
+            }
+            if i == 2000 {
+                s.append(q, &qmsg("q", &format!("cccccccc{pad}"), true))
+                    .unwrap();
+            }
+            if i % 64 == 0 {
+                s.flush();
+                let bytes = s.log.stats().bytes;
+                most = most.max(bytes);
+                let held = lock(&s.st).live_bytes;
+                assert!(
+                    bytes <= 2 * held + COMPACT_SLACK + (16 << 20) + (4 << 20),
+                    "log {bytes} B for {held} B held"
+                );
+            }
+        }
+        assert!(most < 64 << 20, "the log peaked at {most} B");
+        // `a` and `b` were moved (their first segments are gone): their ids still settle.
+        assert!(s.log.start_offset() > moved_b.unwrap());
+        s.settle(moved_b.unwrap());
+        s.flush();
+        std::mem::forget(s); // as if killed
+        let (s, rec) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        assert_eq!(bodies(&rec, "held"), ["aaaaaaaa", "cccccccc"]);
+        assert!(bodies(&rec, "busy").is_empty());
+        assert_eq!(s.held(), 2);
+        let _ = a;
+    }
+
+    #[test]
+    fn a_move_cut_short_by_a_crash_leaves_one_copy_in_its_place() {
+        let dir = tempdir();
+        let (s, _) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        let q = s.new_queue_id();
+        s.put_queue("q", def(q)).unwrap();
+        let a = s.append(q, &qmsg("q", "aaaaaaaa", true)).unwrap();
+        s.append(q, &qmsg("q", "bbbbbbbb", true)).unwrap();
+        // Moved once for good (the original settled) and then half moved again (the copy
+        // written, the crash before the first copy was settled).
+        let (c1, _) = s.copy_to_end(a).unwrap();
+        s.settle(a);
+        s.flush();
+        s.copy_to_end(c1).unwrap();
+        s.log.sync().unwrap();
+        std::mem::forget(s);
+        let (s, rec) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        // Once, and before `b`, which was stored after it.
+        assert_eq!(bodies(&rec, "q"), ["aaaaaaaa", "bbbbbbbb"]);
+        assert_eq!(s.held(), 2);
     }
 
     #[test]
