@@ -471,6 +471,9 @@ impl Queue {
         for mut m in msgs {
             st.next_seq += 1;
             m.seq = st.next_seq;
+            if m.returns > 0 {
+                set_delivery_count(&mut m);
+            }
             if self.args.max_priority.is_none() {
                 m.priority = 0;
             }
@@ -973,12 +976,10 @@ impl Queue {
             // A quorum queue counts returns (shown as `x-delivery-count`) and, past its
             // delivery limit, dead-letters the message instead.
             m.returns = m.returns.saturating_add(1);
-            let h = m.msg.headers.get_or_insert_with(Vec::new);
-            h.retain(|(k, _)| k != "x-delivery-count");
-            h.push((
-                "x-delivery-count".into(),
-                bytes::Bytes::from(m.returns.to_string()),
-            ));
+            set_delivery_count(&mut m);
+            if let (Some((s, _)), Some(id)) = (&self.store, m.stored) {
+                s.note_return(id, m.returns);
+            }
             if self.args.delivery_limit.is_some_and(|l| m.returns > l) {
                 self.dead_letter_all(vec![m], DELIVERY_LIMIT);
                 self.dispatch();
@@ -1187,4 +1188,14 @@ impl Encoder for QueueEncoder {
             q.dropped.fetch_add(count, Ordering::Relaxed);
         }
     }
+}
+
+/// Sets a quorum queue message's `x-delivery-count` header to its count of returns.
+fn set_delivery_count(m: &mut QMsg) {
+    let h = m.msg.headers.get_or_insert_with(Vec::new);
+    h.retain(|(k, _)| k != "x-delivery-count");
+    h.push((
+        "x-delivery-count".into(),
+        bytes::Bytes::from(m.returns.to_string()),
+    ));
 }

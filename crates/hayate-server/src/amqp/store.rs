@@ -15,6 +15,9 @@
 //! - `acks`: the offsets (8 bytes, big-endian) of records whose message left its queue
 //!   (acknowledged, rejected, expired, dropped, purged, its queue deleted), appended every
 //!   100 ms: a message acknowledged just before a crash may come back once (at least once).
+//! - `returns`: how often a quorum queue's message was given back (its id, 8 bytes, and the
+//!   count, 4 bytes, big-endian; the last entry of an id counts), appended every 100 ms and
+//!   rewritten with only the messages still held at start and once it has grown.
 //!
 //! Opening reads every record of a known queue whose offset is not in `acks` back into its
 //! queue, marked redelivered, in the order the messages were first stored. Whole log
@@ -127,6 +130,22 @@ enum Change {
     },
 }
 
+impl State {
+    /// Record `o` was copied to `c` (`bytes` long, synced): the copy holds its message from
+    /// now on and `o` is settled; if the message was settled meanwhile, so is the copy.
+    fn moved_to(&mut self, o: u64, c: u64, bytes: u64) {
+        match self.live.remove(&o) {
+            Some(h) => {
+                self.live_bytes = self.live_bytes - h.bytes + bytes;
+                self.live.insert(c, Held { id: h.id, bytes });
+                self.moved.insert(h.id, c);
+                self.acks.push(o);
+            }
+            None => self.acks.push(c),
+        }
+    }
+}
+
 impl Defs {
     /// Applies `c`; false when it changes nothing.
     fn apply(&mut self, c: &Change) -> bool {
@@ -223,8 +242,12 @@ struct Held {
 struct State {
     /// The records whose message a queue still holds (ready or unacknowledged), by offset.
     live: BTreeMap<u64, Held>,
-    /// Messages whose record was moved to the log's end: id → offset now.
+    /// Messages whose record is not where they were first stored: id → offset now.
     moved: HashMap<u64, u64>,
+    /// Quorum queues' messages given back: id → times.
+    returns: HashMap<u64, u32>,
+    /// Counts noted since the last flush.
+    returned: Vec<(u64, u32)>,
     /// The bytes of the records in `live`.
     live_bytes: u64,
     /// Offsets settled since the last flush.
@@ -237,6 +260,9 @@ struct Files {
     acks: std::fs::File,
     /// The size of `acks` after it was last rewritten.
     acks_base: u64,
+    returns: std::fs::File,
+    /// The size of `returns` after it was last rewritten.
+    returns_base: u64,
     /// `definitions.log`: the changes since `definitions.json` was written.
     journal: std::fs::File,
     /// The size of `definitions.json` when last written.
@@ -379,7 +405,7 @@ fn decode_record(r: &Record) -> Result<(u64, u64, QMsg), String> {
             expires: (expires >= 0).then(|| codec::ms_to_instant(expires)),
             seq: 0,
             priority,
-            stored: Some(r.offset),
+            stored: Some(id),
             returns: 0,
         },
     ))
@@ -430,6 +456,34 @@ fn acks_bytes(acks: impl IntoIterator<Item = u64>) -> Vec<u8> {
     acks.into_iter().flat_map(u64::to_be_bytes).collect()
 }
 
+/// Reads `returns` (the last count of each id; a torn last entry is ignored).
+fn read_returns(path: &Path) -> std::io::Result<HashMap<u64, u32>> {
+    let raw = match std::fs::read(path) {
+        Ok(r) => r,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    Ok(raw
+        .chunks_exact(12)
+        .map(|c| {
+            let (id, n) = c.split_at(8);
+            (
+                u64::from_be_bytes(id.try_into().unwrap_or([0; 8])),
+                u32::from_be_bytes(n.try_into().unwrap_or([0; 4])),
+            )
+        })
+        .collect())
+}
+
+fn returns_bytes(returns: impl IntoIterator<Item = (u64, u32)>) -> Vec<u8> {
+    let mut v = Vec::new();
+    for (id, n) in returns {
+        v.extend_from_slice(&id.to_be_bytes());
+        v.extend_from_slice(&n.to_be_bytes());
+    }
+    v
+}
+
 impl Store {
     /// Opens (or creates) the store in `dir` and reads back what it kept. Records of
     /// queues that no longer exist count as settled.
@@ -452,6 +506,7 @@ impl Store {
         std::fs::create_dir_all(dir).map_err(|e| io("create", e))?;
         let _ = std::fs::remove_file(dir.join("definitions.json.tmp"));
         let _ = std::fs::remove_file(dir.join("acks.tmp"));
+        let _ = std::fs::remove_file(dir.join("returns.tmp"));
         let defs = read_defs(dir)?;
         let config = LogConfig {
             segment_bytes: 16 << 20,
@@ -468,6 +523,8 @@ impl Store {
             tracing::warn!(dir = %dir.display(), "amqp store recovery: {r}");
         }
         let acked = read_acks(&dir.join("acks")).map_err(|e| io("acks", e))?;
+        let mut returned = read_returns(&dir.join("returns")).map_err(|e| io("returns", e))?;
+        let mut returns = HashMap::new();
         let ids: HashMap<u64, &str> = defs
             .queues
             .iter()
@@ -475,6 +532,7 @@ impl Store {
             .collect();
         let mut held: HashMap<u64, Vec<(u64, QMsg)>> = HashMap::new();
         let mut live = BTreeMap::new();
+        let mut moved = HashMap::new();
         let mut live_bytes = 0;
         // Ids met: a message moved to the end by a compaction that a crash cut short is
         // there twice (the first copy is kept).
@@ -502,15 +560,17 @@ impl Store {
                     continue;
                 }
                 match decode_record(r) {
-                    Ok((q, id, m)) if ids.contains_key(&q) && ids_seen.insert(id) => {
+                    Ok((q, id, mut m)) if ids.contains_key(&q) && ids_seen.insert(id) => {
                         let bytes = record_bytes(r);
-                        live.insert(
-                            r.offset,
-                            Held {
-                                id: r.offset,
-                                bytes,
-                            },
-                        );
+                        // The message keeps its id (the offset first stored at) for good.
+                        live.insert(r.offset, Held { id, bytes });
+                        if id != r.offset {
+                            moved.insert(id, r.offset);
+                        }
+                        if let Some(n) = returned.remove(&id) {
+                            m.returns = n;
+                            returns.insert(id, n);
+                        }
                         live_bytes += bytes;
                         held.entry(q).or_default().push((id, m));
                     }
@@ -531,6 +591,13 @@ impl Store {
             .append(true)
             .open(dir.join("acks"))
             .map_err(|e| io("acks", e))?;
+        // `returns` again, with only the messages still held.
+        let kept = returns_bytes(returns.iter().map(|(a, b)| (*a, *b)));
+        write_atomically(dir, "returns", &kept).map_err(|e| io("returns", e))?;
+        let returns_file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join("returns"))
+            .map_err(|e| io("returns", e))?;
         let journal = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -562,7 +629,9 @@ impl Store {
             log,
             st: Mutex::new(State {
                 live,
-                moved: HashMap::new(),
+                moved,
+                returns,
+                returned: Vec::new(),
                 live_bytes,
                 acks: Vec::new(),
                 defs,
@@ -570,6 +639,8 @@ impl Store {
             files: Mutex::new(Files {
                 acks,
                 acks_base: (settled.len() * 8) as u64,
+                returns: returns_file,
+                returns_base: kept.len() as u64,
                 journal,
                 snapshot_bytes: 0,
             }),
@@ -634,9 +705,20 @@ impl Store {
     pub(crate) fn settle(&self, id: u64) {
         let mut st = lock(&self.st);
         let offset = st.moved.remove(&id).unwrap_or(id);
+        st.returns.remove(&id);
         if let Some(h) = st.live.remove(&offset) {
             st.live_bytes -= h.bytes;
             st.acks.push(offset);
+        }
+    }
+
+    /// Message `id` of a quorum queue was given back: `n` times so far.
+    pub(crate) fn note_return(&self, id: u64, n: u32) {
+        let mut st = lock(&self.st);
+        let at = st.moved.get(&id).copied().unwrap_or(id);
+        if st.live.contains_key(&at) {
+            st.returns.insert(id, n);
+            st.returned.push((id, n));
         }
     }
 
@@ -676,17 +758,7 @@ impl Store {
             }
             let mut st = lock(&self.st);
             for (o, (c, bytes)) in copies {
-                match st.live.remove(&o) {
-                    Some(h) => {
-                        // Settled from now on: the copy holds the message.
-                        st.live_bytes = st.live_bytes - h.bytes + bytes;
-                        st.live.insert(c, Held { id: h.id, bytes });
-                        st.moved.insert(h.id, c);
-                        st.acks.push(o);
-                    }
-                    // Settled while it was copied: so is the copy.
-                    None => st.acks.push(c),
-                }
+                st.moved_to(o, c, bytes);
             }
             // Under `st`, as appends are.
             let floor = st
@@ -734,14 +806,42 @@ impl Store {
     pub(crate) fn flush(&self) {
         let mut files = lock(&self.files);
         self.compact();
-        let (acks, floor) = {
+        let returns_size = files.returns.metadata().map_or(0, |m| m.len());
+        let rewrite_returns =
+            returns_size >= ACKS_REWRITE_BYTES && returns_size >= 2 * files.returns_base;
+        let (acks, floor, returned) = {
             let mut st = lock(&self.st);
             let floor = st
                 .live
                 .first_key_value()
                 .map_or_else(|| self.log.end_offset(), |(o, _)| *o);
-            (std::mem::take(&mut st.acks), floor)
+            // All of them when rewriting, else those noted since the last flush.
+            let returned = if rewrite_returns {
+                st.returned.clear();
+                returns_bytes(st.returns.iter().map(|(a, b)| (*a, *b)))
+            } else {
+                returns_bytes(st.returned.drain(..))
+            };
+            (std::mem::take(&mut st.acks), floor, returned)
         };
+        if rewrite_returns {
+            let path = self.dir.join("returns");
+            let r = write_atomically(&self.dir, "returns", &returned)
+                .and_then(|()| std::fs::OpenOptions::new().append(true).open(&path));
+            match r {
+                Ok(f) => {
+                    files.returns = f;
+                    files.returns_base = (returned.len() as u64).max(ACKS_REWRITE_BYTES / 2);
+                }
+                Err(e) => {
+                    tracing::error!(dir = %self.dir.display(), "amqp store: cannot rewrite returns: {e}");
+                }
+            }
+        } else if !returned.is_empty()
+            && let Err(e) = files.returns.write_all(&returned)
+        {
+            tracing::error!(dir = %self.dir.display(), "amqp store: cannot write returns: {e}");
+        }
         if !acks.is_empty()
             && let Err(e) = files.acks.write_all(&acks_bytes(acks))
         {
@@ -1143,6 +1243,41 @@ mod tests {
         // Once, and before `b`, which was stored after it.
         assert_eq!(bodies(&rec, "q"), ["aaaaaaaa", "bbbbbbbb"]);
         assert_eq!(s.held(), 2);
+    }
+
+    #[test]
+    fn return_counts_survive_a_crash_and_go_with_their_message() {
+        let dir = tempdir();
+        let (s, _) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        let q = s.new_queue_id();
+        s.put_queue("q", def(q)).unwrap();
+        let a = s.append(q, &qmsg("q", "aaaaaaaa", true)).unwrap();
+        let b = s.append(q, &qmsg("q", "bbbbbbbb", true)).unwrap();
+        let c = s.append(q, &qmsg("q", "cccccccc", true)).unwrap();
+        s.note_return(a, 1);
+        s.note_return(a, 2);
+        s.note_return(b, 1);
+        s.settle(b); // settled: its count goes with it
+        // Moved (as a compaction does), then given back: the count follows its id.
+        let (moved, bytes) = s.copy_to_end(c).unwrap();
+        lock(&s.st).moved_to(c, moved, bytes);
+        s.note_return(c, 5);
+        s.flush();
+        std::mem::forget(s);
+        let (s, rec) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        let msgs = &rec.queues[0].2;
+        let got: Vec<_> = msgs.iter().map(|m| (m.stored, m.returns)).collect();
+        assert_eq!(got, [(Some(a), 2), (Some(c), 5)]);
+        // Ids stay what they were: settling `c` by its id after the restart works.
+        s.settle(c);
+        s.flush();
+        drop(s);
+        let (_, rec) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        assert_eq!(bodies(&rec, "q"), ["aaaaaaaa"]);
+        assert_eq!(
+            std::fs::metadata(dir.path().join("returns")).unwrap().len(),
+            12
+        );
     }
 
     #[test]
