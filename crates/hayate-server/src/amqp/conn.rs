@@ -185,10 +185,10 @@ struct Channel {
     prefetch: usize,
 }
 
-/// Publisher confirms of a channel in confirm mode, shared with the tasks that wait for
-/// stored messages to be durable. Confirms go out in order: nothing after a publish still
-/// waiting is acknowledged before it.
-#[derive(Debug, Default)]
+/// Publisher confirms of a channel in confirm mode, shared with the task that waits for
+/// stored messages to be durable ([`drain_confirms`]). Confirms go out in order: nothing
+/// after a publish still waiting is acknowledged before it.
+#[derive(Default)]
 struct Confirms {
     /// Publishes counted (the last delivery tag given).
     published: u64,
@@ -198,8 +198,22 @@ struct Confirms {
     refused: std::collections::BTreeSet<u64>,
     /// Publishes whose stored records are not durable yet.
     waiting: std::collections::BTreeSet<u64>,
+    /// Their waits, in order, for the channel's one waiting task.
+    pending: std::collections::VecDeque<(u64, Wait)>,
+    /// That task runs.
+    draining: bool,
     /// The channel is closed: nothing more is sent.
     closed: bool,
+}
+
+impl std::fmt::Debug for Confirms {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Confirms")
+            .field("published", &self.published)
+            .field("confirmed", &self.confirmed)
+            .field("waiting", &self.waiting.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Confirms {
@@ -245,6 +259,54 @@ impl Confirms {
 /// Resolves once a published message is durable where it was stored (false: storing
 /// failed).
 type Wait = std::pin::Pin<Box<dyn Future<Output = bool> + Send>>;
+
+/// The waiting task of a channel's confirms: awaits its publishes' waits in order and
+/// sends the confirms that become due, all those already durable at once (one fsync
+/// covers many publishes: one basic.ack with `multiple` for them), until none is left.
+async fn drain_confirms(cf: Arc<Mutex<Confirms>>, outbox: Arc<hayate_broker::Outbox>, ch: u16) {
+    use futures::FutureExt as _;
+    loop {
+        let (tag, wait) = {
+            let mut c = lock(&cf);
+            match c.pending.pop_front() {
+                Some(p) => p,
+                None => {
+                    c.draining = false;
+                    return;
+                }
+            }
+        };
+        let mut settled = vec![(tag, wait.await)];
+        // Polled outside the lock (a wait takes the log's own locks); only this task takes
+        // from the front, so one put back keeps its place.
+        loop {
+            let next = lock(&cf).pending.pop_front();
+            let Some((t, mut w)) = next else { break };
+            match w.as_mut().now_or_never() {
+                Some(ok) => settled.push((t, ok)),
+                None => {
+                    lock(&cf).pending.push_front((t, w));
+                    break;
+                }
+            }
+        }
+        let mut c = lock(&cf);
+        for (t, ok) in settled {
+            c.waiting.remove(&t);
+            if !ok {
+                c.refused.insert(t);
+            }
+        }
+        let due = c.due();
+        if !due.is_empty() {
+            outbox.push_control_unbudgeted(|b| {
+                for m in due {
+                    Frame::Method(ch, m).encode(b);
+                }
+            });
+        }
+    }
+}
 
 /// Per-connection state.
 struct Conn<'a> {
@@ -1445,29 +1507,24 @@ impl Conn<'_> {
         if waits.is_empty() {
             return Ok(Vec::new());
         }
-        // Confirmed (with whatever followed it) once durable, by a task of its own.
+        // Confirmed (with whatever followed it) once durable, by the channel's waiting task.
         c.waiting.insert(tag);
-        drop(c);
-        let outbox = session.outbox().clone();
-        tokio::spawn(async move {
-            let ok = futures::future::join_all(waits)
-                .await
-                .into_iter()
-                .all(|ok| ok);
-            let mut c = lock(&cf);
-            c.waiting.remove(&tag);
-            if !ok {
-                c.refused.insert(tag);
-            }
-            let due = c.due();
-            if !due.is_empty() {
-                outbox.push_control_unbudgeted(|b| {
-                    for m in due {
-                        Frame::Method(ch, m).encode(b);
-                    }
-                });
-            }
-        });
+        let wait: Wait = if waits.len() == 1 {
+            waits.pop().expect("one")
+        } else {
+            Box::pin(async move {
+                futures::future::join_all(waits)
+                    .await
+                    .into_iter()
+                    .all(|ok| ok)
+            })
+        };
+        c.pending.push_back((tag, wait));
+        if !c.draining {
+            c.draining = true;
+            drop(c);
+            tokio::spawn(drain_confirms(cf, session.outbox().clone(), ch));
+        }
         Ok(Vec::new())
     }
 
