@@ -1281,6 +1281,33 @@ mod tests {
     }
 
     #[test]
+    fn a_message_returned_without_end_keeps_the_returns_file_small() {
+        // A consumer that nacks with requeue in a tight loop (no delivery limit).
+        let dir = tempdir();
+        let (s, _) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        let q = s.new_queue_id();
+        s.put_queue("q", def(q)).unwrap();
+        let a = s.append(q, &qmsg("q", "aaaaaaaa", true)).unwrap();
+        let path = dir.path().join("returns");
+        let mut most = 0;
+        for n in 1..=300_000u32 {
+            s.note_return(a, n);
+            if n % 1000 == 0 {
+                s.flush();
+                most = most.max(std::fs::metadata(&path).unwrap().len());
+            }
+        }
+        assert!(
+            most <= (ACKS_REWRITE_BYTES + 12 * 1000),
+            "returns grew to {most} B"
+        );
+        std::mem::forget(s);
+        let (_, rec) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        assert_eq!(rec.queues[0].2[0].returns, 300_000);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 12);
+    }
+
+    #[test]
     fn a_torn_ack_and_a_garbage_record_are_survived() {
         let dir = tempdir();
         let (s, _) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
