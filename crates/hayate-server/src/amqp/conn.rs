@@ -198,8 +198,8 @@ struct Confirms {
     refused: std::collections::BTreeSet<u64>,
     /// Publishes whose stored records are not durable yet.
     waiting: std::collections::BTreeSet<u64>,
-    /// Their waits, in order, for the channel's one waiting task.
-    pending: std::collections::VecDeque<(u64, Wait)>,
+    /// What they wait for, in order, for the channel's one waiting task.
+    pending: std::collections::VecDeque<(u64, Vec<Durable>)>,
     /// That task runs.
     draining: bool,
     /// The channel is closed: nothing more is sent.
@@ -256,17 +256,49 @@ impl Confirms {
     }
 }
 
-/// Resolves once a published message is durable where it was stored (false: storing
-/// failed).
-type Wait = std::pin::Pin<Box<dyn Future<Output = bool> + Send>>;
+/// What a publish waits for before it is confirmed (or a transaction committed): a durable
+/// queue's record, or streams' appends, to be durable.
+enum Durable {
+    Record(Arc<super::store::Store>, u64),
+    Streams(hayate_broker::stream::Stored),
+}
 
-/// The waiting task of a channel's confirms: awaits its publishes' waits in order and
-/// sends the confirms that become due, all those already durable at once (one fsync
-/// covers many publishes: one basic.ack with `multiple` for them), until none is left.
+impl Durable {
+    /// `Some(true)` once durable; `None` while not known yet (or failed: [`Durable::wait`]
+    /// says so). Takes no waker: probing a publish behind the one awaited costs nothing.
+    fn ready(&self) -> Option<bool> {
+        match self {
+            Durable::Record(s, o) => s.is_durable(*o).then_some(true),
+            Durable::Streams(st) => st.ready().map(|r| r.is_ok()),
+        }
+    }
+
+    /// Durable (true) or failed (false).
+    async fn wait(self) -> bool {
+        match self {
+            Durable::Record(s, o) => match s.confirmed(o) {
+                None => true,
+                Some(c) => c.await.is_ok(),
+            },
+            Durable::Streams(st) => st.confirmed().await.is_ok(),
+        }
+    }
+}
+
+/// All of `waits` durable (false: one failed).
+async fn all_durable(waits: Vec<Durable>) -> bool {
+    futures::future::join_all(waits.into_iter().map(Durable::wait))
+        .await
+        .into_iter()
+        .all(|ok| ok)
+}
+
+/// The waiting task of a channel's confirms: awaits its publishes in order and sends the
+/// confirms that become due, every publish already durable at once (one fsync covers many
+/// publishes: one basic.ack with `multiple` for them), until none is left.
 async fn drain_confirms(cf: Arc<Mutex<Confirms>>, outbox: Arc<hayate_broker::Outbox>, ch: u16) {
-    use futures::FutureExt as _;
     loop {
-        let (tag, wait) = {
+        let (tag, waits) = {
             let mut c = lock(&cf);
             match c.pending.pop_front() {
                 Some(p) => p,
@@ -276,18 +308,22 @@ async fn drain_confirms(cf: Arc<Mutex<Confirms>>, outbox: Arc<hayate_broker::Out
                 }
             }
         };
-        let mut settled = vec![(tag, wait.await)];
-        // Polled outside the lock (a wait takes the log's own locks); only this task takes
-        // from the front, so one put back keeps its place.
+        let mut settled = vec![(tag, all_durable(waits).await)];
+        // Those after it already durable too. Probed outside the lock (a probe takes the
+        // log's own locks); only this task takes from the front, so one put back keeps
+        // its place.
         loop {
             let next = lock(&cf).pending.pop_front();
-            let Some((t, mut w)) = next else { break };
-            match w.as_mut().now_or_never() {
-                Some(ok) => settled.push((t, ok)),
-                None => {
-                    lock(&cf).pending.push_front((t, w));
-                    break;
-                }
+            let Some((t, waits)) = next else { break };
+            if let Some(ok) = waits
+                .iter()
+                .map(Durable::ready)
+                .try_fold(true, |all, r| r.map(|ok| all && ok))
+            {
+                settled.push((t, ok));
+            } else {
+                lock(&cf).pending.push_front((t, waits));
+                break;
             }
         }
         let mut c = lock(&cf);
@@ -1203,11 +1239,7 @@ impl Conn<'_> {
                     self.release_held(bytes);
                     result?;
                     // commit-ok once what durable queues stored is durable.
-                    if !futures::future::join_all(waits)
-                        .await
-                        .into_iter()
-                        .all(|ok| ok)
-                    {
+                    if !all_durable(waits).await {
                         return Err(err(
                             ReplyCode::InternalError,
                             "persistent messages of the transaction could not be stored",
@@ -1392,7 +1424,7 @@ impl Conn<'_> {
         ch: u16,
         p: Pending,
         session: &mut Session,
-    ) -> Result<Vec<Wait>, AmqpError> {
+    ) -> Result<Vec<Durable>, AmqpError> {
         let exchange = p.exchange.as_str().unwrap_or("");
         let Some(x) = self.exchange(&p.exchange) else {
             return Err(err(
@@ -1433,7 +1465,7 @@ impl Conn<'_> {
         let body = p.body.freeze();
         let mut routed = 0;
         let mut refused = false;
-        let mut waits: Vec<Wait> = Vec::new();
+        let mut waits: Vec<Durable> = Vec::new();
         let (confirms, in_tx) = self
             .channels
             .get(&ch)
@@ -1459,8 +1491,8 @@ impl Conn<'_> {
                     refused = r;
                     // Durable queues' records and streams' appends, until durable.
                     for (store, o) in stored {
-                        if let Some(c) = store.confirmed(o) {
-                            waits.push(Box::pin(async move { c.await.is_ok() }));
+                        if !store.is_durable(o) {
+                            waits.push(Durable::Record(store, o));
                         }
                     }
                     match streams.ready() {
@@ -1469,9 +1501,7 @@ impl Conn<'_> {
                             tracing::warn!(conn = self.id, "amqp: publish not stored: {e}");
                             refused = true;
                         }
-                        None => {
-                            waits.push(Box::pin(async move { streams.confirmed().await.is_ok() }))
-                        }
+                        None => waits.push(Durable::Streams(streams)),
                     }
                 } else {
                     routed = session.publish(Batch::One(&msg)).await;
@@ -1509,17 +1539,7 @@ impl Conn<'_> {
         }
         // Confirmed (with whatever followed it) once durable, by the channel's waiting task.
         c.waiting.insert(tag);
-        let wait: Wait = if waits.len() == 1 {
-            waits.pop().expect("one")
-        } else {
-            Box::pin(async move {
-                futures::future::join_all(waits)
-                    .await
-                    .into_iter()
-                    .all(|ok| ok)
-            })
-        };
-        c.pending.push_back((tag, wait));
+        c.pending.push_back((tag, waits));
         if !c.draining {
             c.draining = true;
             drop(c);

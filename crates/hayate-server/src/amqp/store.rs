@@ -12,9 +12,10 @@
 //!   (the queue's number, the exchange and routing key it is delivered with, its priority and
 //!   expiry, then the message as streams store it). Appended in the publisher's task before
 //!   its confirm; durable under the store's fsync policy (`[amqp] fsync`).
-//! - `acks`: the offsets (8 bytes, big-endian) of records whose message left its queue
-//!   (acknowledged, rejected, expired, dropped, purged, its queue deleted), appended every
-//!   100 ms: a message acknowledged just before a crash may come back once (at least once).
+//! - `acks`: the offsets (8 bytes, big-endian) of records not to read back: their message
+//!   left its queue (acknowledged, rejected, expired, dropped, purged, its queue deleted),
+//!   or it was moved (the original, and copies a failed move left), appended every 100 ms:
+//!   a message acknowledged just before a crash may come back once (at least once).
 //! - `returns`: how often a quorum queue's message was given back (its id, 8 bytes, and the
 //!   count, 4 bytes, big-endian; the last entry of an id counts), appended every 100 ms and
 //!   rewritten with only the messages still held at start and once it has grown.
@@ -27,14 +28,15 @@
 //! to the log's end once the log outgrows what is held ([`Store::compact`]).
 //!
 //! Locks: [`Store::st`] is taken under a queue's state, never the other way round, and
-//! only the log's own locks are taken under it; [`Store::files`] is taken before `st` when
-//! both are needed, and never under a queue's lock.
+//! only the log's own locks are taken under it (no append is made under it);
+//! [`Store::files`] is taken before `st` when both are needed, and never under a queue's
+//! lock; [`Store::flushing`] before `files`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use hayate_amqp::{FieldTable, ShortStr};
@@ -62,9 +64,16 @@ const COMPACT_SEGMENTS: usize = 4;
 /// How often acknowledgements are written and old segments removed.
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
 
-/// `acks` is rewritten (without offsets of removed segments) once it is this large and has
-/// doubled since it was last rewritten.
-const ACKS_REWRITE_BYTES: u64 = 1 << 20;
+/// `acks` and `returns` are rewritten (with only what is still needed) once they are this
+/// large and have doubled since they were last rewritten.
+const REWRITE_BYTES: u64 = 1 << 20;
+
+/// How long compaction waits after it failed before it tries again.
+const COMPACT_PAUSE: Duration = Duration::from_secs(30);
+
+/// Bytes a moved record's head takes beyond the original's (the log is opened with this
+/// much room above the largest record [`Store::append`] accepts, so every record can move).
+const MOVED_EXTRA: usize = 8;
 
 /// A durable exchange a client declared.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -131,6 +140,14 @@ enum Change {
 }
 
 impl State {
+    /// The lowest offset a flush must keep: the first record held or being appended, else
+    /// `end` (the log's end, read under `st`).
+    fn floor(&self, end: u64) -> u64 {
+        let held = self.live.first_key_value().map(|(o, _)| *o);
+        let appending = self.in_flight.first_key_value().map(|(o, _)| *o);
+        held.into_iter().chain(appending).min().unwrap_or(end)
+    }
+
     /// Record `o` was copied to `c` (`bytes` long, synced): the copy holds its message from
     /// now on and `o` is settled; if the message was settled meanwhile, so is the copy.
     fn moved_to(&mut self, o: u64, c: u64, bytes: u64) {
@@ -246,8 +263,11 @@ struct State {
     moved: HashMap<u64, u64>,
     /// Quorum queues' messages given back: id → times.
     returns: HashMap<u64, u32>,
-    /// Counts noted since the last flush.
-    returned: Vec<(u64, u32)>,
+    /// Ids whose count changed since the last flush.
+    returned: HashSet<u64>,
+    /// Appends in progress: the log's end offset before each (a lower bound of the offset
+    /// it gets), with how many share it.
+    in_flight: BTreeMap<u64, usize>,
     /// The bytes of the records in `live`.
     live_bytes: u64,
     /// Offsets settled since the last flush.
@@ -255,14 +275,86 @@ struct State {
     defs: Defs,
 }
 
+/// A file of fixed-size entries appended between rewrites (`acks`, `returns`).
+#[derive(Debug)]
+struct Entries {
+    name: &'static str,
+    file: std::fs::File,
+    /// Its size after it was last rewritten.
+    base: u64,
+}
+
+impl Entries {
+    /// Writes `dir/name` with `bytes` (atomically) and opens it for appending.
+    fn create(dir: &Path, name: &'static str, bytes: &[u8]) -> std::io::Result<Entries> {
+        write_atomically(dir, name, bytes)?;
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join(name))?;
+        Ok(Entries {
+            name,
+            file,
+            base: bytes.len() as u64,
+        })
+    }
+
+    /// Appends `bytes` whole or not at all: a failed write is cut off again, so the entries
+    /// after it stay aligned.
+    fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        let len = self.file.metadata()?.len();
+        self.file.write_all(bytes).inspect_err(|_| {
+            let _ = self.file.set_len(len);
+        })
+    }
+
+    /// It has grown enough to be rewritten.
+    fn wants_rewrite(&self) -> bool {
+        let size = self.file.metadata().map_or(0, |m| m.len());
+        size >= REWRITE_BYTES && size >= 2 * self.base
+    }
+
+    /// Replaces the file with `bytes`.
+    fn rewrite(&mut self, dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        let mut e = Entries::create(dir, self.name, bytes)?;
+        e.base = e.base.max(REWRITE_BYTES / 2);
+        *self = e;
+        Ok(())
+    }
+}
+
+/// The entries of `N` bytes in `path` (none if it does not exist; a torn last one is
+/// ignored).
+fn read_entries<const N: usize>(path: &Path) -> std::io::Result<Vec<[u8; N]>> {
+    let raw = match std::fs::read(path) {
+        Ok(r) => r,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    Ok(raw
+        .chunks_exact(N)
+        .map(|c| c.try_into().unwrap_or([0; N]))
+        .collect())
+}
+
+/// `acks`' entries: offsets, 8 bytes big-endian.
+fn acks_bytes(acks: impl IntoIterator<Item = u64>) -> Vec<u8> {
+    acks.into_iter().flat_map(u64::to_be_bytes).collect()
+}
+
+/// `returns`' entries: an id (8 bytes) and its count (4), big-endian.
+fn returns_bytes(returns: impl IntoIterator<Item = (u64, u32)>) -> Vec<u8> {
+    let mut v = Vec::new();
+    for (id, n) in returns {
+        v.extend_from_slice(&id.to_be_bytes());
+        v.extend_from_slice(&n.to_be_bytes());
+    }
+    v
+}
+
 #[derive(Debug)]
 struct Files {
-    acks: std::fs::File,
-    /// The size of `acks` after it was last rewritten.
-    acks_base: u64,
-    returns: std::fs::File,
-    /// The size of `returns` after it was last rewritten.
-    returns_base: u64,
+    acks: Entries,
+    returns: Entries,
     /// `definitions.log`: the changes since `definitions.json` was written.
     journal: std::fs::File,
     /// The size of `definitions.json` when last written.
@@ -278,8 +370,13 @@ const JOURNAL_FOLD_BYTES: u64 = 64 << 10;
 pub(crate) struct Store {
     dir: PathBuf,
     log: Log,
+    /// The largest record [`Store::append`] takes.
+    max_record: usize,
     st: Mutex<State>,
     files: Mutex<Files>,
+    /// Held by a flush (one at a time; only a flush appends moved records and removes
+    /// segments): until when compaction rests after a failure.
+    flushing: Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -436,54 +533,6 @@ fn record_bytes(r: &Record) -> u64 {
     .encoded_len() as u64
 }
 
-/// Reads `acks` (a torn last entry is ignored).
-fn read_acks(path: &Path) -> std::io::Result<HashSet<u64>> {
-    let mut raw = Vec::new();
-    match std::fs::File::open(path) {
-        Ok(mut f) => {
-            f.read_to_end(&mut raw)?;
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    Ok(raw
-        .chunks_exact(8)
-        .map(|c| u64::from_be_bytes(c.try_into().unwrap_or([0; 8])))
-        .collect())
-}
-
-fn acks_bytes(acks: impl IntoIterator<Item = u64>) -> Vec<u8> {
-    acks.into_iter().flat_map(u64::to_be_bytes).collect()
-}
-
-/// Reads `returns` (the last count of each id; a torn last entry is ignored).
-fn read_returns(path: &Path) -> std::io::Result<HashMap<u64, u32>> {
-    let raw = match std::fs::read(path) {
-        Ok(r) => r,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(e),
-    };
-    Ok(raw
-        .chunks_exact(12)
-        .map(|c| {
-            let (id, n) = c.split_at(8);
-            (
-                u64::from_be_bytes(id.try_into().unwrap_or([0; 8])),
-                u32::from_be_bytes(n.try_into().unwrap_or([0; 4])),
-            )
-        })
-        .collect())
-}
-
-fn returns_bytes(returns: impl IntoIterator<Item = (u64, u32)>) -> Vec<u8> {
-    let mut v = Vec::new();
-    for (id, n) in returns {
-        v.extend_from_slice(&id.to_be_bytes());
-        v.extend_from_slice(&n.to_be_bytes());
-    }
-    v
-}
-
 impl Store {
     /// Opens (or creates) the store in `dir` and reads back what it kept. Records of
     /// queues that no longer exist count as settled.
@@ -508,9 +557,10 @@ impl Store {
         let _ = std::fs::remove_file(dir.join("acks.tmp"));
         let _ = std::fs::remove_file(dir.join("returns.tmp"));
         let defs = read_defs(dir)?;
+        let max_record = max_message.saturating_add(256 << 10).min(1 << 30);
         let config = LogConfig {
             segment_bytes: 16 << 20,
-            max_record_bytes: max_message.saturating_add(256 << 10).min(1 << 30),
+            max_record_bytes: max_record + MOVED_EXTRA,
             fsync,
             ..LogConfig::default()
         };
@@ -522,8 +572,23 @@ impl Store {
         for r in &log.recovery().repairs {
             tracing::warn!(dir = %dir.display(), "amqp store recovery: {r}");
         }
-        let acked = read_acks(&dir.join("acks")).map_err(|e| io("acks", e))?;
-        let mut returned = read_returns(&dir.join("returns")).map_err(|e| io("returns", e))?;
+        let acked: HashSet<u64> = read_entries::<8>(&dir.join("acks"))
+            .map_err(|e| io("acks", e))?
+            .into_iter()
+            .map(u64::from_be_bytes)
+            .collect();
+        // The last count of each id.
+        let mut returned: HashMap<u64, u32> = read_entries::<12>(&dir.join("returns"))
+            .map_err(|e| io("returns", e))?
+            .into_iter()
+            .map(|e| {
+                let (id, n) = e.split_at(8);
+                (
+                    u64::from_be_bytes(id.try_into().unwrap_or([0; 8])),
+                    u32::from_be_bytes(n.try_into().unwrap_or([0; 4])),
+                )
+            })
+            .collect();
         let mut returns = HashMap::new();
         let ids: HashMap<u64, &str> = defs
             .queues
@@ -584,20 +649,16 @@ impl Store {
             }
             at = batch.next;
         }
-        // `acks` again, with only what the log still holds.
-        write_atomically(dir, "acks", &acks_bytes(settled.iter().copied()))
+        // `acks` again, with only what the log still holds, and `returns` with only the
+        // messages still held.
+        let acks = Entries::create(dir, "acks", &acks_bytes(settled.iter().copied()))
             .map_err(|e| io("acks", e))?;
-        let acks = std::fs::OpenOptions::new()
-            .append(true)
-            .open(dir.join("acks"))
-            .map_err(|e| io("acks", e))?;
-        // `returns` again, with only the messages still held.
-        let kept = returns_bytes(returns.iter().map(|(a, b)| (*a, *b)));
-        write_atomically(dir, "returns", &kept).map_err(|e| io("returns", e))?;
-        let returns_file = std::fs::OpenOptions::new()
-            .append(true)
-            .open(dir.join("returns"))
-            .map_err(|e| io("returns", e))?;
+        let returns_file = Entries::create(
+            dir,
+            "returns",
+            &returns_bytes(returns.iter().map(|(a, b)| (*a, *b))),
+        )
+        .map_err(|e| io("returns", e))?;
         let journal = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -627,23 +688,24 @@ impl Store {
         let store = Arc::new(Store {
             dir: dir.to_path_buf(),
             log,
+            max_record,
             st: Mutex::new(State {
                 live,
                 moved,
                 returns,
-                returned: Vec::new(),
+                returned: HashSet::new(),
+                in_flight: BTreeMap::new(),
                 live_bytes,
                 acks: Vec::new(),
                 defs,
             }),
             files: Mutex::new(Files {
                 acks,
-                acks_base: (settled.len() * 8) as u64,
                 returns: returns_file,
-                returns_base: kept.len() as u64,
                 journal,
                 snapshot_bytes: 0,
             }),
+            flushing: Mutex::new(None),
         });
         // The definitions as read, in one file again.
         store
@@ -684,21 +746,51 @@ impl Store {
                 headers: head,
                 value: &m.msg.payload,
             };
-            // Under `st`: a flush never sees an appended record missing from `live` (it
-            // would remove its segment).
+            let bytes = e.encoded_len();
+            if bytes > self.max_record {
+                return Err(hayate_log::Error::RecordTooLarge {
+                    size: bytes,
+                    max: self.max_record,
+                });
+            }
+            // A flush must not remove the segment of a record appended but not yet in
+            // `live`: the log's end before the append bounds it until then.
+            let bound = {
+                let mut st = lock(&self.st);
+                let b = self.log.end_offset();
+                *st.in_flight.entry(b).or_default() += 1;
+                b
+            };
+            let r = self.log.append(&e);
             let mut st = lock(&self.st);
-            let o = self.log.append(&e)?;
-            let bytes = e.encoded_len() as u64;
-            st.live.insert(o, Held { id: o, bytes });
-            st.live_bytes += bytes;
+            if let Some(n) = st.in_flight.get_mut(&bound) {
+                *n -= 1;
+                if *n == 0 {
+                    st.in_flight.remove(&bound);
+                }
+            }
+            let o = r?;
+            st.live.insert(
+                o,
+                Held {
+                    id: o,
+                    bytes: bytes as u64,
+                },
+            );
+            st.live_bytes += bytes as u64;
             Ok(o)
         })
+    }
+
+    /// The record at `offset` is durable under the fsync policy.
+    pub(crate) fn is_durable(&self, offset: u64) -> bool {
+        self.log.confirmed_offset() > offset
     }
 
     /// Resolves once the record at `offset` is durable under the fsync policy; `None` when
     /// it is already.
     pub(crate) fn confirmed(&self, offset: u64) -> Option<hayate_log::Confirmed> {
-        (self.log.confirmed_offset() <= offset).then(|| self.log.confirmed(offset))
+        (!self.is_durable(offset)).then(|| self.log.confirmed(offset))
     }
 
     /// The message `id` (the offset [`Store::append`] gave) left its queue.
@@ -718,7 +810,7 @@ impl Store {
         let at = st.moved.get(&id).copied().unwrap_or(id);
         if st.live.contains_key(&at) {
             st.returns.insert(id, n);
-            st.returned.push((id, n));
+            st.returned.insert(id);
         }
     }
 
@@ -726,9 +818,13 @@ impl Store {
     /// is more than twice the bytes held (plus [`COMPACT_SLACK`]), so that one message
     /// held for long (a consumer that never acknowledges) does not keep every segment
     /// after it. A moved record keeps its message's id; the old one is settled once the
-    /// copy is synced. A crash in between leaves both, and opening keeps the first.
-    /// Called under `files` (one flush at a time: nothing else removes segments).
-    fn compact(&self) {
+    /// copy is synced. A crash in between leaves both, and opening keeps the first. After a
+    /// failure the copies made are settled and compaction rests for [`COMPACT_PAUSE`]
+    /// (`paused`). Called by a flush, with `flushing` held.
+    fn compact(&self, paused: &mut Option<Instant>) {
+        if paused.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
         for _ in 0..COMPACT_SEGMENTS {
             let segs = self.log.segments();
             let total: u64 = segs.iter().map(|s| s.bytes).sum();
@@ -743,28 +839,35 @@ impl Store {
                 st.live.range(..first.next).map(|(o, _)| *o).collect()
             };
             let mut copies = Vec::with_capacity(held.len());
+            let mut failed = None;
             for &o in &held {
                 match self.copy_to_end(o) {
                     Ok(c) => copies.push((o, c)),
                     Err(e) => {
-                        tracing::error!(dir = %self.dir.display(), "amqp store: cannot move record {o}: {e}");
-                        return;
+                        failed = Some(format!("cannot move record {o}: {e}"));
+                        break;
                     }
                 }
             }
-            if let Err(e) = self.log.sync() {
-                tracing::error!(dir = %self.dir.display(), "amqp store: cannot sync moved records: {e}");
-                return;
+            if failed.is_none()
+                && !copies.is_empty()
+                && let Err(e) = self.log.sync()
+            {
+                failed = Some(format!("cannot sync moved records: {e}"));
             }
             let mut st = lock(&self.st);
+            if let Some(why) = failed {
+                // The copies made must not outlive their message after a restart.
+                st.acks.extend(copies.iter().map(|(_, (c, _))| *c));
+                drop(st);
+                tracing::error!(dir = %self.dir.display(), "amqp store: {why}; compaction rests for {COMPACT_PAUSE:?}");
+                *paused = Some(Instant::now() + COMPACT_PAUSE);
+                return;
+            }
             for (o, (c, bytes)) in copies {
                 st.moved_to(o, c, bytes);
             }
-            // Under `st`, as appends are.
-            let floor = st
-                .live
-                .first_key_value()
-                .map_or_else(|| self.log.end_offset(), |(o, _)| *o);
+            let floor = st.floor(self.log.end_offset());
             drop(st);
             if let Err(e) = self.log.delete_before(floor) {
                 tracing::error!(dir = %self.dir.display(), "amqp store: cannot remove segments: {e}");
@@ -801,51 +904,52 @@ impl Store {
         Ok((c, e.encoded_len() as u64))
     }
 
-    /// Writes the acknowledgements gathered since the last time, removes the segments no
-    /// queue needs any more, and rewrites `acks` when it has grown.
+    /// Compacts the log, writes the acknowledgements and return counts gathered since the
+    /// last time, removes the segments no queue needs any more, folds `definitions.log`,
+    /// and rewrites `acks` and `returns` when they have grown.
     pub(crate) fn flush(&self) {
+        let mut paused = lock(&self.flushing);
+        self.compact(&mut paused);
         let mut files = lock(&self.files);
-        self.compact();
-        let returns_size = files.returns.metadata().map_or(0, |m| m.len());
-        let rewrite_returns =
-            returns_size >= ACKS_REWRITE_BYTES && returns_size >= 2 * files.returns_base;
+        let rewrite_returns = files.returns.wants_rewrite();
         let (acks, floor, returned) = {
             let mut st = lock(&self.st);
-            let floor = st
-                .live
-                .first_key_value()
-                .map_or_else(|| self.log.end_offset(), |(o, _)| *o);
-            // All of them when rewriting, else those noted since the last flush.
-            let returned = if rewrite_returns {
-                st.returned.clear();
-                returns_bytes(st.returns.iter().map(|(a, b)| (*a, *b)))
+            let floor = st.floor(self.log.end_offset());
+            let changed = std::mem::take(&mut st.returned);
+            // All counts when rewriting, else those that changed (and are still held).
+            let returned: Vec<(u64, u32)> = if rewrite_returns {
+                st.returns.iter().map(|(a, b)| (*a, *b)).collect()
             } else {
-                returns_bytes(st.returned.drain(..))
+                changed
+                    .into_iter()
+                    .filter_map(|id| st.returns.get(&id).map(|n| (id, *n)))
+                    .collect()
             };
             (std::mem::take(&mut st.acks), floor, returned)
         };
-        if rewrite_returns {
-            let path = self.dir.join("returns");
-            let r = write_atomically(&self.dir, "returns", &returned)
-                .and_then(|()| std::fs::OpenOptions::new().append(true).open(&path));
-            match r {
-                Ok(f) => {
-                    files.returns = f;
-                    files.returns_base = (returned.len() as u64).max(ACKS_REWRITE_BYTES / 2);
-                }
-                Err(e) => {
-                    tracing::error!(dir = %self.dir.display(), "amqp store: cannot rewrite returns: {e}");
-                }
-            }
-        } else if !returned.is_empty()
-            && let Err(e) = files.returns.write_all(&returned)
-        {
+        let r = if rewrite_returns {
+            files
+                .returns
+                .rewrite(&self.dir, &returns_bytes(returned.iter().copied()))
+        } else if returned.is_empty() {
+            Ok(())
+        } else {
+            files
+                .returns
+                .append(&returns_bytes(returned.iter().copied()))
+        };
+        if let Err(e) = r {
             tracing::error!(dir = %self.dir.display(), "amqp store: cannot write returns: {e}");
+            // Again at the next flush.
+            lock(&self.st)
+                .returned
+                .extend(returned.iter().map(|(id, _)| *id));
         }
         if !acks.is_empty()
-            && let Err(e) = files.acks.write_all(&acks_bytes(acks))
+            && let Err(e) = files.acks.append(&acks_bytes(acks.iter().copied()))
         {
             tracing::error!(dir = %self.dir.display(), "amqp store: cannot write acks: {e}");
+            lock(&self.st).acks.extend(acks);
         }
         if floor > self.log.start_offset()
             && let Err(e) = self.log.delete_before(floor)
@@ -859,25 +963,20 @@ impl Store {
         {
             tracing::error!(dir = %self.dir.display(), "amqp store: cannot fold definitions.log: {e}");
         }
-        let size = files.acks.metadata().map_or(0, |m| m.len());
-        if size >= ACKS_REWRITE_BYTES && size >= 2 * files.acks_base {
+        if files.acks.wants_rewrite() {
+            // Without the offsets of removed segments.
             let start = self.log.start_offset();
-            let path = self.dir.join("acks");
-            let r = read_acks(&path).and_then(|a| {
-                let mut keep: Vec<u64> = a.into_iter().filter(|o| *o >= start).collect();
+            let r = read_entries::<8>(&self.dir.join("acks")).and_then(|a| {
+                let mut keep: Vec<u64> = a
+                    .into_iter()
+                    .map(u64::from_be_bytes)
+                    .filter(|o| *o >= start)
+                    .collect();
                 keep.sort_unstable();
-                write_atomically(&self.dir, "acks", &acks_bytes(keep.iter().copied()))?;
-                let f = std::fs::OpenOptions::new().append(true).open(&path)?;
-                Ok((f, (keep.len() * 8) as u64))
+                files.acks.rewrite(&self.dir, &acks_bytes(keep))
             });
-            match r {
-                Ok((f, base)) => {
-                    files.acks = f;
-                    files.acks_base = base.max(ACKS_REWRITE_BYTES / 2);
-                }
-                Err(e) => {
-                    tracing::error!(dir = %self.dir.display(), "amqp store: cannot rewrite acks: {e}");
-                }
+            if let Err(e) = r {
+                tracing::error!(dir = %self.dir.display(), "amqp store: cannot rewrite acks: {e}");
             }
         }
     }
@@ -1181,8 +1280,7 @@ mod tests {
         let pad = "x".repeat(64 << 10);
         // Three messages a consumer keeps unacknowledged, stored between 200 MiB of others
         // that are acknowledged as they go.
-        let a = s
-            .append(q, &qmsg("q", &format!("aaaaaaaa{pad}"), true))
+        s.append(q, &qmsg("q", &format!("aaaaaaaa{pad}"), true))
             .unwrap();
         let mut most = 0;
         let mut moved_b = None;
@@ -1220,7 +1318,6 @@ mod tests {
         assert_eq!(bodies(&rec, "held"), ["aaaaaaaa", "cccccccc"]);
         assert!(bodies(&rec, "busy").is_empty());
         assert_eq!(s.held(), 2);
-        let _ = a;
     }
 
     #[test]
@@ -1298,13 +1395,72 @@ mod tests {
             }
         }
         assert!(
-            most <= (ACKS_REWRITE_BYTES + 12 * 1000),
+            most <= (REWRITE_BYTES + 12 * 1000),
             "returns grew to {most} B"
         );
         std::mem::forget(s);
         let (_, rec) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
         assert_eq!(rec.queues[0].2[0].returns, 300_000);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 12);
+    }
+
+    #[test]
+    fn a_move_that_fails_leaves_no_copy_to_come_back() {
+        let dir = tempdir();
+        let disk = Arc::new(hayate_log::FaultyStorage::new());
+        let open = |disk: &Arc<hayate_log::FaultyStorage>| {
+            Store::open_with(
+                dir.path(),
+                Some(disk.clone() as Arc<dyn hayate_log::Storage>),
+                FsyncPolicy::Never,
+                1 << 20,
+            )
+            .unwrap()
+        };
+        let (s, _) = open(&disk);
+        let q = s.new_queue_id();
+        s.put_queue("q", def(q)).unwrap();
+        let a = s.append(q, &qmsg("q", "aaaaaaaa", true)).unwrap();
+        s.append(q, &qmsg("q", "bbbbbbbb", true)).unwrap();
+        let pad = "x".repeat(64 << 10);
+        for _ in 0..800 {
+            let o = s.append(q, &qmsg("o", &pad, true)).unwrap();
+            s.settle(o);
+        }
+        // The disk fills while the two are moved: `a`'s copy is written, `b`'s is not.
+        disk.fail_writes_after(200);
+        s.flush();
+        disk.clear_write_faults();
+        assert!(s.log.start_offset() <= a, "nothing moved for good");
+        // `a` is acknowledged: neither it nor the copy the failed move wrote comes back.
+        s.settle(a);
+        s.flush();
+        std::mem::forget(s);
+        let disk = Arc::new(disk.crash(hayate_log::CrashMode::ProcessKill));
+        let (s, rec) = open(&disk);
+        assert_eq!(bodies(&rec, "q"), ["bbbbbbbb"]);
+        assert_eq!(s.held(), 1);
+    }
+
+    #[test]
+    fn the_largest_record_taken_can_still_be_moved() {
+        let dir = tempdir();
+        let (s, _) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 10).unwrap();
+        let q = s.new_queue_id();
+        let o = s.append(q, &qmsg("q", "x", true)).unwrap();
+        let overhead = lock(&s.st).live_bytes as usize - 1;
+        s.settle(o);
+        let body = "y".repeat(s.max_record - overhead);
+        let big = s.append(q, &qmsg("q", &body, true)).unwrap();
+        assert!(
+            s.copy_to_end(big).is_ok(),
+            "a moved head is larger: room is kept for it"
+        );
+        let over = format!("{body}z");
+        assert!(matches!(
+            s.append(q, &qmsg("q", &over, true)),
+            Err(hayate_log::Error::RecordTooLarge { .. })
+        ));
     }
 
     #[test]
