@@ -9,7 +9,7 @@
 //! socket until that buffer has drained. So a client that stops reading holds at most
 //! `TLS_BUFFER` bytes of ciphertext here, beyond the outbox's own budget.
 
-use std::io::{self, IoSlice, Read as _, Write};
+use std::io::{self, BufRead as _, IoSlice, Write};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
@@ -128,11 +128,6 @@ pub struct TlsRead {
     shared: Arc<Shared>,
     tcp: OwnedReadHalf,
     eof: bool,
-    /// Plaintext rustls holds for us, as its last `process_new_packets` said (`None`: not
-    /// known, at the start): what a read asks for, so that only that much of the caller's
-    /// buffer is zeroed first. (Zeroing all of it cost a memset of the whole reserved
-    /// frame per record read: quadratic in a large frame.)
-    avail: Option<usize>,
     /// Ciphertext read from the socket and not yet handed to rustls (from `pos` on). rustls
     /// reads at most 4 KiB from a socket per call, so a busy connection made a `recv` per
     /// 4 KiB; this reads up to [`READ_AHEAD`] per `recv` and feeds rustls from memory. It is
@@ -144,9 +139,6 @@ pub struct TlsRead {
     /// error by the next read.
     failed: Option<io::Error>,
 }
-
-/// The most plaintext one TLS record carries: what a read asks for when it does not know.
-const MAX_RECORD: usize = 16 * 1024;
 
 /// The most ciphertext one `recv` takes from the socket.
 const READ_AHEAD: usize = 64 * 1024;
@@ -184,23 +176,23 @@ impl TlsRead {
                 return Poll::Ready(Ok(()));
             }
             let mut c = lock(&this.shared.conn);
-            let want = out.remaining().min(this.avail.unwrap_or(MAX_RECORD));
-            let r = if want == 0 {
-                Err(io::ErrorKind::WouldBlock.into())
-            } else {
-                c.reader().read(out.initialize_unfilled_to(want))
+            // Copied from rustls' own buffer into the unfilled part of `out`, which is
+            // neither zeroed first nor read.
+            let r = {
+                let mut rd = c.reader();
+                rd.fill_buf()
+                    .map(|chunk| {
+                        let n = chunk.len().min(out.remaining());
+                        out.put_slice(&chunk[..n]);
+                        n
+                    })
+                    .inspect(|&n| rd.consume(n))
             };
             match r {
                 // 0: the peer's close_notify (a clean end, given by the next read when this
                 // one has data).
                 Ok(0) => return Poll::Ready(Ok(())),
-                Ok(n) => {
-                    if let Some(a) = &mut this.avail {
-                        *a = a.saturating_sub(n);
-                    }
-                    out.advance(n);
-                    continue;
-                }
+                Ok(_) => continue,
                 Err(e) => {
                     // No plaintext left: an error met while decrypting ends the read now
                     // (after the plaintext of the good records before it).
@@ -210,7 +202,7 @@ impl TlsRead {
                         return this.fail(got, f);
                     }
                     match e.kind() {
-                        io::ErrorKind::WouldBlock => this.avail = Some(0),
+                        io::ErrorKind::WouldBlock => {}
                         // The peer closed without close_notify: an end like TCP's.
                         io::ErrorKind::UnexpectedEof => return Poll::Ready(Ok(())),
                         _ => return Poll::Ready(Err(e)),
@@ -232,7 +224,6 @@ impl TlsRead {
                     Err(e) => {
                         // Given once the plaintext rustls holds is read (loop top).
                         this.failed = Some(e);
-                        this.avail = None;
                         continue;
                     }
                 }
@@ -268,20 +259,13 @@ impl TlsRead {
                     Err(e) => return Poll::Ready(Err(e)),
                 }
             }
-            match c.process_new_packets() {
-                // After the peer's close_notify, a read gives the clean end (0).
-                Ok(state) if state.peer_has_closed() && state.plaintext_bytes_to_read() == 0 => {
-                    this.avail = None;
-                }
-                Ok(state) => this.avail = Some(state.plaintext_bytes_to_read()),
-                Err(e) => {
-                    // Send the alert rustls queued for the peer; the error is given once
-                    // the plaintext of the records before the bad one is read (loop top).
-                    let _ = flush(&mut c, &this.shared.tcp);
-                    this.failed = Some(io::Error::new(io::ErrorKind::InvalidData, e));
-                    this.avail = None;
-                    continue;
-                }
+            // After the peer's close_notify, the next read gives the clean end (0).
+            if let Err(e) = c.process_new_packets() {
+                // Send the alert rustls queued for the peer; the error is given once the
+                // plaintext of the records before the bad one is read (loop top).
+                let _ = flush(&mut c, &this.shared.tcp);
+                this.failed = Some(io::Error::new(io::ErrorKind::InvalidData, e));
+                continue;
             }
             // Answers rustls owes the peer (key updates, tickets): best effort here, the
             // writer pushes the rest.
@@ -312,7 +296,6 @@ fn split(tcp: TcpStream, mut conn: rustls::Connection) -> (Reader, Writer) {
             shared: shared.clone(),
             tcp: r,
             eof: false,
-            avail: None,
             cipher: Vec::new(),
             pos: 0,
             failed: None,
