@@ -533,6 +533,76 @@ fn record_bytes(r: &Record) -> u64 {
     .encoded_len() as u64
 }
 
+/// Each queue's messages read back, by queue number: (message id, message).
+type QueueMsgs = HashMap<u64, Vec<(u64, QMsg)>>;
+
+/// Reads every record of `log` back: a record not in `acked` whose queue is in `queues` is
+/// held (into `st`, under its message's id, with its count from `returned`); the others
+/// (settled, of a deleted queue, a second copy of a moved message, unreadable) are settled
+/// (the second value). The first value: each queue's messages as (id, message), in log
+/// order.
+fn read_back(
+    log: &Log,
+    dir: &Path,
+    queues: &HashSet<u64>,
+    acked: &HashSet<u64>,
+    mut returned: HashMap<u64, u32>,
+    st: &mut State,
+) -> Result<(QueueMsgs, Vec<u64>), String> {
+    let mut held = QueueMsgs::new();
+    // Ids met: a message moved to the end by a compaction that a crash cut short is there
+    // twice (the first copy is kept).
+    let mut ids_seen = HashSet::new();
+    let mut settled = Vec::new();
+    let mut at = log.start_offset();
+    let end = log.end_offset();
+    while at < end {
+        let batch = log
+            .read(
+                at,
+                ReadLimit {
+                    max_bytes: 4 << 20,
+                    max_records: 10_000,
+                    confirmed_only: false,
+                },
+            )
+            .map_err(|e| format!("{}/log: {e}", dir.display()))?;
+        if batch.next <= at {
+            break;
+        }
+        for r in &batch.records {
+            if acked.contains(&r.offset) {
+                settled.push(r.offset);
+                continue;
+            }
+            match decode_record(r) {
+                Ok((q, id, mut m)) if queues.contains(&q) && ids_seen.insert(id) => {
+                    let bytes = record_bytes(r);
+                    // The message keeps its id (the offset first stored at) for good.
+                    st.live.insert(r.offset, Held { id, bytes });
+                    if id != r.offset {
+                        st.moved.insert(id, r.offset);
+                    }
+                    if let Some(n) = returned.remove(&id) {
+                        m.returns = n;
+                        st.returns.insert(id, n);
+                    }
+                    st.live_bytes += bytes;
+                    held.entry(q).or_default().push((id, m));
+                }
+                // Its queue was deleted, or a second copy.
+                Ok(_) => settled.push(r.offset),
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), "amqp store: {e}: skipped");
+                    settled.push(r.offset);
+                }
+            }
+        }
+        at = batch.next;
+    }
+    Ok((held, settled))
+}
+
 impl Store {
     /// Opens (or creates) the store in `dir` and reads back what it kept. Records of
     /// queues that no longer exist count as settled.
@@ -578,7 +648,7 @@ impl Store {
             .map(u64::from_be_bytes)
             .collect();
         // The last count of each id.
-        let mut returned: HashMap<u64, u32> = read_entries::<12>(&dir.join("returns"))
+        let returned: HashMap<u64, u32> = read_entries::<12>(&dir.join("returns"))
             .map_err(|e| io("returns", e))?
             .into_iter()
             .map(|e| {
@@ -589,66 +659,9 @@ impl Store {
                 )
             })
             .collect();
-        let mut returns = HashMap::new();
-        let ids: HashMap<u64, &str> = defs
-            .queues
-            .iter()
-            .map(|(n, q)| (q.id, n.as_str()))
-            .collect();
-        let mut held: HashMap<u64, Vec<(u64, QMsg)>> = HashMap::new();
-        let mut live = BTreeMap::new();
-        let mut moved = HashMap::new();
-        let mut live_bytes = 0;
-        // Ids met: a message moved to the end by a compaction that a crash cut short is
-        // there twice (the first copy is kept).
-        let mut ids_seen = HashSet::new();
-        let mut settled = Vec::new();
-        let mut at = log.start_offset();
-        let end = log.end_offset();
-        while at < end {
-            let batch = log
-                .read(
-                    at,
-                    ReadLimit {
-                        max_bytes: 4 << 20,
-                        max_records: 10_000,
-                        confirmed_only: false,
-                    },
-                )
-                .map_err(|e| format!("{}/log: {e}", dir.display()))?;
-            if batch.next <= at {
-                break;
-            }
-            for r in &batch.records {
-                if acked.contains(&r.offset) {
-                    settled.push(r.offset);
-                    continue;
-                }
-                match decode_record(r) {
-                    Ok((q, id, mut m)) if ids.contains_key(&q) && ids_seen.insert(id) => {
-                        let bytes = record_bytes(r);
-                        // The message keeps its id (the offset first stored at) for good.
-                        live.insert(r.offset, Held { id, bytes });
-                        if id != r.offset {
-                            moved.insert(id, r.offset);
-                        }
-                        if let Some(n) = returned.remove(&id) {
-                            m.returns = n;
-                            returns.insert(id, n);
-                        }
-                        live_bytes += bytes;
-                        held.entry(q).or_default().push((id, m));
-                    }
-                    // Its queue was deleted, or a second copy.
-                    Ok(_) => settled.push(r.offset),
-                    Err(e) => {
-                        tracing::warn!(dir = %dir.display(), "amqp store: {e}: skipped");
-                        settled.push(r.offset);
-                    }
-                }
-            }
-            at = batch.next;
-        }
+        let queues: HashSet<u64> = defs.queues.values().map(|q| q.id).collect();
+        let mut st = State::default();
+        let (mut held, settled) = read_back(&log, dir, &queues, &acked, returned, &mut st)?;
         // `acks` again, with only what the log still holds, and `returns` with only the
         // messages still held.
         let acks = Entries::create(dir, "acks", &acks_bytes(settled.iter().copied()))
@@ -656,7 +669,7 @@ impl Store {
         let returns_file = Entries::create(
             dir,
             "returns",
-            &returns_bytes(returns.iter().map(|(a, b)| (*a, *b))),
+            &returns_bytes(st.returns.iter().map(|(a, b)| (*a, *b))),
         )
         .map_err(|e| io("returns", e))?;
         let journal = std::fs::OpenOptions::new()
@@ -689,16 +702,7 @@ impl Store {
             dir: dir.to_path_buf(),
             log,
             max_record,
-            st: Mutex::new(State {
-                live,
-                moved,
-                returns,
-                returned: HashSet::new(),
-                in_flight: BTreeMap::new(),
-                live_bytes,
-                acks: Vec::new(),
-                defs,
-            }),
+            st: Mutex::new(State { defs, ..st }),
             files: Mutex::new(Files {
                 acks,
                 returns: returns_file,
@@ -1255,6 +1259,14 @@ mod tests {
         );
     }
 
+    /// A store in `dir` (no fsync) with one durable queue, `q`: the store and its number.
+    fn store_with_queue(dir: &TmpDir) -> (Arc<Store>, u64) {
+        let (s, _) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
+        let q = s.new_queue_id();
+        s.put_queue("q", def(q)).unwrap();
+        (s, q)
+    }
+
     fn bodies(rec: &Recovered, queue: &str) -> Vec<String> {
         rec.queues
             .iter()
@@ -1323,9 +1335,7 @@ mod tests {
     #[test]
     fn a_move_cut_short_by_a_crash_leaves_one_copy_in_its_place() {
         let dir = tempdir();
-        let (s, _) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
-        let q = s.new_queue_id();
-        s.put_queue("q", def(q)).unwrap();
+        let (s, q) = store_with_queue(&dir);
         let a = s.append(q, &qmsg("q", "aaaaaaaa", true)).unwrap();
         s.append(q, &qmsg("q", "bbbbbbbb", true)).unwrap();
         // Moved once for good (the original settled) and then half moved again (the copy
@@ -1345,9 +1355,7 @@ mod tests {
     #[test]
     fn return_counts_survive_a_crash_and_go_with_their_message() {
         let dir = tempdir();
-        let (s, _) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
-        let q = s.new_queue_id();
-        s.put_queue("q", def(q)).unwrap();
+        let (s, q) = store_with_queue(&dir);
         let a = s.append(q, &qmsg("q", "aaaaaaaa", true)).unwrap();
         let b = s.append(q, &qmsg("q", "bbbbbbbb", true)).unwrap();
         let c = s.append(q, &qmsg("q", "cccccccc", true)).unwrap();
@@ -1381,9 +1389,7 @@ mod tests {
     fn a_message_returned_without_end_keeps_the_returns_file_small() {
         // A consumer that nacks with requeue in a tight loop (no delivery limit).
         let dir = tempdir();
-        let (s, _) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
-        let q = s.new_queue_id();
-        s.put_queue("q", def(q)).unwrap();
+        let (s, q) = store_with_queue(&dir);
         let a = s.append(q, &qmsg("q", "aaaaaaaa", true)).unwrap();
         let path = dir.path().join("returns");
         let mut most = 0;
