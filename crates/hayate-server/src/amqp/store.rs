@@ -1470,6 +1470,42 @@ mod tests {
     }
 
     #[test]
+    fn a_power_loss_right_after_a_move_keeps_the_message() {
+        // A message durable before it is moved stays durable: the copy is synced before the
+        // original is settled. (No fsync policy here, so that only the explicit syncs, the
+        // test's and the moves', make anything durable.)
+        let dir = tempdir();
+        let disk = Arc::new(hayate_log::FaultyStorage::new());
+        let open = |disk: &Arc<hayate_log::FaultyStorage>| {
+            Store::open_with(
+                dir.path(),
+                Some(disk.clone() as Arc<dyn hayate_log::Storage>),
+                FsyncPolicy::Never,
+                1 << 20,
+            )
+            .unwrap()
+        };
+        let (s, _) = open(&disk);
+        let q = s.new_queue_id();
+        s.put_queue("q", def(q)).unwrap();
+        // Held (a consumer that does not acknowledge), then 40 MiB acknowledged as they go.
+        s.append(q, &qmsg("q", "held-one", true)).unwrap();
+        let pad = "x".repeat(64 << 10);
+        for _ in 0..640 {
+            let o = s.append(q, &qmsg("o", &pad, true)).unwrap();
+            s.settle(o);
+        }
+        s.log.sync().unwrap(); // as confirms under `always` wait for
+        s.flush(); // moves `held-one` and removes the segments before it
+        assert!(s.log.start_offset() > 0, "moved and removed");
+        std::mem::forget(s);
+        let disk = Arc::new(disk.crash(hayate_log::CrashMode::PowerLoss));
+        let (s, rec) = open(&disk);
+        assert_eq!(bodies(&rec, "q"), ["held-one"]);
+        assert_eq!(s.held(), 1);
+    }
+
+    #[test]
     fn a_torn_ack_and_a_garbage_record_are_survived() {
         let dir = tempdir();
         let (s, _) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
