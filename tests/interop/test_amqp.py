@@ -278,6 +278,47 @@ def test_exchanges_of_each_type(broker):
     conn.close()
 
 
+def test_a_publish_matching_several_bindings_enters_a_queue_once(broker):
+    """As RabbitMQ: a message that matches two or more bindings of one queue is in it once
+    (topic patterns that overlap, a fanout bound twice, a headers exchange with one
+    binding that refuses and one that takes), from AMQP, MQTT and native publishers alike;
+    another queue bound once still gets its own copy."""
+    tag = uuid.uuid4().hex[:8]
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    q = ch.queue_declare(queue="", exclusive=True).method.queue
+    other = ch.queue_declare(queue="", exclusive=True).method.queue
+    for bk in (f"o.{tag}.*", "o.*.b", f"o.{tag}.#", "o.#"):
+        ch.queue_bind(q, "amq.topic", bk)
+    ch.queue_bind(other, "amq.topic", f"o.{tag}.b")
+    ch.exchange_declare(f"fan-{tag}", "fanout")
+    ch.queue_bind(q, f"fan-{tag}", "one")
+    ch.queue_bind(q, f"fan-{tag}", "two")
+    ch.exchange_declare(f"hdr-{tag}", "headers")
+    ch.queue_bind(q, f"hdr-{tag}", "no", arguments={"x-match": "all", "k": "nope"})
+    ch.queue_bind(q, f"hdr-{tag}", "yes", arguments={"x-match": "any", "k": "v"})
+    ch.queue_bind(q, f"hdr-{tag}", "yes-too", arguments={"x-match": "all", "k": "v"})
+    for i in range(3):
+        ch.basic_publish("amq.topic", f"o.{tag}.b", f"topic-{i}".encode(), mandatory=True)
+    ch.basic_publish(f"fan-{tag}", "", b"fanout", mandatory=True)
+    ch.basic_publish(f"hdr-{tag}", "", b"headers", pika.BasicProperties(headers={"k": "v"}),
+                     mandatory=True)
+    m = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"amqp-once-{tag}")
+    m.connect("127.0.0.1", broker["mqtt"])
+    m.loop_start()
+    m.publish(f"o/{tag}/b", b"from-mqtt", qos=1).wait_for_publish(5)
+    m.loop_stop()
+    m.disconnect()
+    got = drain(ch, q, 7, timeout=3.0)
+    assert sorted(b for _, _, b in got) == sorted(
+        [b"topic-0", b"topic-1", b"topic-2", b"fanout", b"headers", b"from-mqtt"]), \
+        "each publish once, whatever the number of bindings it matched"
+    got = drain(ch, other, 5, timeout=2.0)
+    assert sorted(b for _, _, b in got) == [b"from-mqtt", b"topic-0", b"topic-1", b"topic-2"]
+    conn.close()
+
+
 def test_queue_arguments_ttl_max_length_dead_letters(broker):
     conn = connect(broker)
     ch = conn.channel()

@@ -85,7 +85,10 @@ impl Session {
             // Skipped like a closed member, so a queue group tries its next member.
             return Ok((0, true));
         }
-        match t.outbox.offer(t.sid, self.id, batch, own) {
+        super::PUBLISH.set((self.id, self.publishes));
+        let offer = t.outbox.offer(t.sid, self.id, batch, own);
+        super::PUBLISH.set((0, 0));
+        match offer {
             Offer::Closed => Ok((0, true)),
             Offer::Took(n) => {
                 if n > 0 {

@@ -43,6 +43,21 @@ pub struct Session {
     /// When the publish being delivered reached the broker, if it is timed (the sampled
     /// one in [`crate::keys::EVERY`]; see [`crate::latency`]).
     probe: Option<std::time::Instant>,
+    /// Publishes made so far: with the session's id, what names the one being delivered
+    /// ([`current_publish`]).
+    publishes: u64,
+}
+
+thread_local! {
+    static PUBLISH: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// The publish being offered on this thread, as (publishing session, its publish count;
+/// `(0, 0)` outside an offer): for an [`crate::Encoder`] that must take one publish once
+/// even when several of its subscriptions match it (an AMQP queue with overlapping
+/// bindings). Set around each offer of a publish, so valid within `Encoder::encode`.
+pub fn current_publish() -> (u64, u64) {
+    PUBLISH.with(std::cell::Cell::get)
 }
 
 /// A fresh inbox name: 96 random bits (a fallback mixes the session id into a per-process
@@ -81,6 +96,7 @@ impl Session {
             inbox: new_inbox(id),
             sample_in: (id as u32) % crate::keys::EVERY,
             probe: None,
+            publishes: 0,
         }
     }
 
@@ -292,6 +308,7 @@ impl Session {
     /// Awaits only when a `block` subscriber's outbox is full; drops (and counts) for `drop`
     /// subscribers. Returns the number of deliveries made (messages × subscribers).
     pub async fn publish(&mut self, batch: Batch<'_>) -> usize {
+        self.publishes += 1;
         self.note_in(batch);
         let route = self.lookup(batch.key());
         if !route.streams.is_empty() {
@@ -306,6 +323,7 @@ impl Session {
     /// append before anything is delivered live). Await [`Stored::confirmed`] for a
     /// publisher's confirm.
     pub async fn publish_stored(&mut self, batch: Batch<'_>) -> (usize, Stored) {
+        self.publishes += 1;
         self.note_in(batch);
         let route = self.lookup(batch.key());
         let stored = if route.streams.is_empty() {

@@ -263,6 +263,7 @@ impl Amqp {
         );
         let session = self.broker.open_session(Box::new(queue::QueueEncoder {
             queue: Arc::downgrade(&q),
+            taken: queue::Taken::default(),
         }));
         q.attach(session);
         if let Some(dlx) = dlx {

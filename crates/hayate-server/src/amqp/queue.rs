@@ -1119,6 +1119,50 @@ async fn run(q: Weak<Queue>) {
 /// A queue's broker session's encoder: appends what its bindings receive to the queue.
 pub(crate) struct QueueEncoder {
     pub(crate) queue: Weak<Queue>,
+    /// The last publishes taken, as `hayate_broker::session::current_publish` names them,
+    /// with the items of each batch taken: a publish matching several bindings enters the
+    /// queue once, as in RabbitMQ.
+    pub(crate) taken: Taken,
+}
+
+/// The publishes a queue took last (one entry per publishing session, the most recent
+/// [`TAKEN_SESSIONS`]).
+#[derive(Debug, Default)]
+pub(crate) struct Taken(std::collections::VecDeque<((u64, u64), Vec<bool>)>);
+
+/// Publishing sessions whose last publish a queue remembers. One forgotten (more sessions
+/// publishing into the queue at the same moment) can only let a duplicate in, as before.
+const TAKEN_SESSIONS: usize = 16;
+
+impl Taken {
+    /// Item `i` of publish `p` (of `n` items) was taken already; else notes it as taken
+    /// (`(0, 0)`, no publish known: never a duplicate).
+    fn seen(&mut self, p: (u64, u64), i: usize, n: usize) -> bool {
+        if p == (0, 0) {
+            return false;
+        }
+        let e = match self.0.iter().position(|(q, _)| q.0 == p.0) {
+            Some(at) if self.0[at].0 == p => &mut self.0[at].1,
+            Some(at) => {
+                let e = &mut self.0[at];
+                e.0 = p;
+                e.1.clear();
+                e.1.resize(n, false);
+                &mut e.1
+            }
+            None => {
+                if self.0.len() == TAKEN_SESSIONS {
+                    self.0.pop_front();
+                }
+                self.0.push_back((p, vec![false; n]));
+                &mut self.0.back_mut().expect("pushed").1
+            }
+        };
+        if e.len() < n {
+            e.resize(n, false);
+        }
+        std::mem::replace(&mut e[i], true)
+    }
 }
 
 impl Encoder for QueueEncoder {
@@ -1130,6 +1174,7 @@ impl Encoder for QueueEncoder {
             return;
         };
         let x = exchange.as_str().unwrap_or("");
+        let publish = hayate_broker::session::current_publish();
         for i in 0..batch.len() {
             let msg = batch.message(i);
             // A key of another vhost (a `/` binding's wildcard covers them all): not this
@@ -1141,6 +1186,10 @@ impl Encoder for QueueEncoder {
                 .as_ref()
                 .is_some_and(|a| !super::headers_match(a, &msg))
             {
+                continue;
+            }
+            // Taken already through another of the queue's bindings.
+            if self.taken.seen(publish, i, batch.len()) {
                 continue;
             }
             let rk = names::routing_key_of(x, kind, q.vhost.strip(msg.key.as_str()));
@@ -1198,4 +1247,33 @@ fn set_delivery_count(m: &mut QMsg) {
         "x-delivery-count".into(),
         bytes::Bytes::from(m.returns.to_string()),
     ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Taken;
+
+    #[test]
+    fn a_publish_is_taken_once_per_item_whatever_the_bindings_and_interleavings() {
+        let mut t = Taken::default();
+        // Publish 7 of session 1, two items, offered through two bindings.
+        assert!(!t.seen((1, 7), 0, 2));
+        assert!(!t.seen((1, 7), 1, 2));
+        // Session 2's publish offered in between.
+        assert!(!t.seen((2, 3), 0, 1));
+        assert!(t.seen((1, 7), 0, 2), "the second binding's offer of item 0");
+        assert!(t.seen((1, 7), 1, 2));
+        assert!(t.seen((2, 3), 0, 1));
+        // Session 1's next publish is new.
+        assert!(!t.seen((1, 8), 0, 1));
+        // No publish known: never a duplicate.
+        assert!(!t.seen((0, 0), 0, 1));
+        assert!(!t.seen((0, 0), 0, 1));
+        // Sixteen other sessions push session 1 out: a duplicate can then pass, nothing
+        // is refused.
+        for s in 10..26 {
+            assert!(!t.seen((s, 1), 0, 1));
+        }
+        assert!(!t.seen((1, 8), 0, 1));
+    }
 }
