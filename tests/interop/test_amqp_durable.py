@@ -23,6 +23,8 @@ from __future__ import annotations
 import os
 import random
 import signal
+import socket
+import struct
 import subprocess
 import tempfile
 import threading
@@ -847,3 +849,66 @@ def test_kill_9_while_held_messages_are_moved_loses_and_duplicates_nothing(make_
         print(f"round {k + 1}: {moved[0] >> 20} MiB of flow, log {log_bytes(b) >> 20} MiB")
         # Held again, unacknowledged, for the next round.
     assert log_bytes(b) < 128 << 20, "the log kept the flow (compaction did not run)"
+
+
+def test_a_confirming_publisher_that_never_reads_holds_nothing_up(make_durable_broker):
+    """A raw client puts a channel in confirm mode and sends persistent messages as fast as
+    it can into a durable queue bounded at 4 MiB with `reject-publish` (so most of them get
+    a basic.nack of their own), and never reads a byte: the acks and nacks it is owed pile
+    up on its side. For 5 s the broker's RSS stays within 96 MiB of where it started,
+    another publisher with confirms and a consumer carry on, and the durable queue keeps
+    its bound. (Measured: 127 MiB sent in 5 s, RSS +23 MiB; with HOSTILE_SECS=25, 157 MiB,
+    RSS +25 MiB: once what it is owed fills its outbox it is no longer read.)"""
+    from test_amqp import handshake, rss_kib
+
+    b = make_durable_broker()
+    setup = b.connect().channel()
+    setup.queue_declare("sink", durable=True, arguments={
+        "x-max-length-bytes": 4 << 20, "x-overflow": "reject-publish"})
+    setup.queue_declare("fine", durable=True)
+    s = socket.create_connection(("127.0.0.1", b.ports["amqp"]), timeout=5)
+    handshake(s)
+
+    def method(payload: bytes) -> bytes:
+        return struct.pack(">BHI", 1, 1, len(payload)) + payload + b"\xce"
+
+    s.sendall(method(b"\x00\x14\x00\x0a\x00"))          # channel.open
+    s.sendall(method(b"\x00\x55\x00\x0a\x00"))          # confirm.select
+    body = b"p" * 200
+    one = (method(b"\x00\x3c\x00\x28\x00\x00\x00\x04sink\x00")   # basic.publish "" "sink"
+           # content header: class 60, size, delivery-mode present (0x1000) = 2
+           + struct.pack(">BHI", 2, 1, 15) + struct.pack(">HHQH", 60, 0, len(body), 0x1000)
+           + b"\x02\xce"
+           + struct.pack(">BHI", 3, 1, len(body)) + body + b"\xce")
+    burst = one * 64
+    s.setblocking(False)
+    pid = b.proc.pid
+    start = rss_kib(pid)
+    most = start
+    sent = 0
+    pub = b.connect().channel()
+    pub.confirm_delivery()
+    deadline = time.monotonic() + float(os.environ.get("HOSTILE_SECS", "5"))
+    n = 0
+    out = b""
+    while time.monotonic() < deadline:
+        if not out:
+            out = burst
+        try:
+            k = s.send(out)  # possibly part of it: the rest goes first next time
+            out = out[k:]
+            sent += k
+        except BlockingIOError:
+            time.sleep(0.005)
+        if n % 50 == 0:
+            pub.basic_publish("", "fine", f"f{n}".encode(), PERSISTENT)  # raises if not confirmed
+            most = max(most, rss_kib(pid))
+        n += 1
+    reader = b.connect().channel()  # (pika's idle connections would miss heartbeats above)
+    got = take(reader, "fine", len(range(0, n, 50)), timeout=30)
+    assert len(got) == len(range(0, n, 50)), "the well-behaved pair lost messages"
+    assert b.alive()
+    assert (most - start) < 96 << 10, f"RSS grew {most - start} KiB ({sent >> 20} MiB sent)"
+    assert count(reader, "sink") * len(body) <= 4 << 20
+    print(f"never-reading confirming publisher: {sent >> 20} MiB sent, RSS +{(most - start) >> 10} MiB")
+    s.close()

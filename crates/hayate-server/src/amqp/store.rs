@@ -1267,6 +1267,17 @@ mod tests {
         (s, q)
     }
 
+    /// A store in `dir` (no fsync) whose log is on `disk` (faults, crashes).
+    fn open_faulty(dir: &TmpDir, disk: &Arc<hayate_log::FaultyStorage>) -> (Arc<Store>, Recovered) {
+        Store::open_with(
+            dir.path(),
+            Some(disk.clone() as Arc<dyn hayate_log::Storage>),
+            FsyncPolicy::Never,
+            1 << 20,
+        )
+        .unwrap()
+    }
+
     fn bodies(rec: &Recovered, queue: &str) -> Vec<String> {
         rec.queues
             .iter()
@@ -1414,16 +1425,7 @@ mod tests {
     fn a_move_that_fails_leaves_no_copy_to_come_back() {
         let dir = tempdir();
         let disk = Arc::new(hayate_log::FaultyStorage::new());
-        let open = |disk: &Arc<hayate_log::FaultyStorage>| {
-            Store::open_with(
-                dir.path(),
-                Some(disk.clone() as Arc<dyn hayate_log::Storage>),
-                FsyncPolicy::Never,
-                1 << 20,
-            )
-            .unwrap()
-        };
-        let (s, _) = open(&disk);
+        let (s, _) = open_faulty(&dir, &disk);
         let q = s.new_queue_id();
         s.put_queue("q", def(q)).unwrap();
         let a = s.append(q, &qmsg("q", "aaaaaaaa", true)).unwrap();
@@ -1443,7 +1445,7 @@ mod tests {
         s.flush();
         std::mem::forget(s);
         let disk = Arc::new(disk.crash(hayate_log::CrashMode::ProcessKill));
-        let (s, rec) = open(&disk);
+        let (s, rec) = open_faulty(&dir, &disk);
         assert_eq!(bodies(&rec, "q"), ["bbbbbbbb"]);
         assert_eq!(s.held(), 1);
     }
@@ -1476,16 +1478,7 @@ mod tests {
         // test's and the moves', make anything durable.)
         let dir = tempdir();
         let disk = Arc::new(hayate_log::FaultyStorage::new());
-        let open = |disk: &Arc<hayate_log::FaultyStorage>| {
-            Store::open_with(
-                dir.path(),
-                Some(disk.clone() as Arc<dyn hayate_log::Storage>),
-                FsyncPolicy::Never,
-                1 << 20,
-            )
-            .unwrap()
-        };
-        let (s, _) = open(&disk);
+        let (s, _) = open_faulty(&dir, &disk);
         let q = s.new_queue_id();
         s.put_queue("q", def(q)).unwrap();
         // Held (a consumer that does not acknowledge), then 40 MiB acknowledged as they go.
@@ -1500,7 +1493,7 @@ mod tests {
         assert!(s.log.start_offset() > 0, "moved and removed");
         std::mem::forget(s);
         let disk = Arc::new(disk.crash(hayate_log::CrashMode::PowerLoss));
-        let (s, rec) = open(&disk);
+        let (s, rec) = open_faulty(&dir, &disk);
         assert_eq!(bodies(&rec, "q"), ["held-one"]);
         assert_eq!(s.held(), 1);
     }
