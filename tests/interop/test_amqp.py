@@ -319,6 +319,149 @@ def test_a_publish_matching_several_bindings_enters_a_queue_once(broker):
     conn.close()
 
 
+def bodies_of(ch, q) -> list:
+    """Everything `q` holds now, by basic.get."""
+    out = []
+    while True:
+        m, _, b = ch.basic_get(q, auto_ack=True)
+        if m is None:
+            return out
+        out.append((m.exchange, m.routing_key, b))
+
+
+def test_exchange_to_exchange_bindings_route_as_rabbitmq(broker):
+    """exchange.bind: a message goes on through the destination's bindings when the
+    source's binding takes it (each exchange matching as its type does), keeps the exchange
+    it was published to and its routing key, enters a queue once whatever the number of
+    paths (cycles included), and stops when the binding or an exchange goes. MQTT publishes
+    take the same routes from amq.topic."""
+    tag = uuid.uuid4().hex[:8]
+    conn = connect(broker)
+    ch = conn.channel()
+    src, top, fan, hdr = (f"{n}-{tag}" for n in ("src", "top", "fan", "hdr"))
+    ch.exchange_declare(src, "direct")
+    ch.exchange_declare(top, "topic")
+    ch.exchange_declare(fan, "fanout")
+    ch.exchange_declare(hdr, "headers")
+    # direct src --a.b--> topic top --a.*--> queue qt
+    ch.exchange_bind(top, src, "a.b")
+    qt = ch.queue_declare(queue="", exclusive=True).method.queue
+    ch.queue_bind(qt, top, "a.*")
+    # fanout fan --(any)--> topic top: qt also gets fan's a.* messages.
+    ch.exchange_bind(top, fan, "ignored")
+    # amq.topic --x.#--> fanout fan --> headers hdr --(k=v)--> queue qh
+    ch.exchange_bind(fan, "amq.topic", f"x.{tag}.#")
+    ch.exchange_bind(hdr, fan, "")
+    qh = ch.queue_declare(queue="", exclusive=True).method.queue
+    ch.queue_bind(qh, hdr, "", arguments={"x-match": "all", "k": "v"})
+    ch.basic_publish(src, "a.b", b"1")          # src takes, top takes: qt
+    ch.basic_publish(src, "a.c", b"2")          # src's binding refuses
+    ch.basic_publish(fan, "a.z", b"3")          # fan takes all, top takes a.*: qt
+    ch.basic_publish(fan, "b.z", b"4")          # top refuses
+    ch.basic_publish("amq.topic", f"x.{tag}.y", b"5",
+                     pika.BasicProperties(headers={"k": "v"}))   # qh (and not qt: x.*.y)
+    ch.basic_publish("amq.topic", f"x.{tag}.y", b"6",
+                     pika.BasicProperties(headers={"k": "w"}))   # hdr refuses
+    m = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"e2e-{tag}",
+                    protocol=paho.MQTTv5)
+    m.connect("127.0.0.1", broker["mqtt"])
+    m.loop_start()
+    from paho.mqtt.properties import Properties
+    from paho.mqtt.packettypes import PacketTypes
+    props = Properties(PacketTypes.PUBLISH)
+    props.UserProperty = [("k", "v")]
+    m.publish(f"x/{tag}/mqtt", b"7", qos=1, properties=props).wait_for_publish(5)
+    m.loop_stop()
+    m.disconnect()
+    time.sleep(0.3)
+    assert bodies_of(ch, qt) == [(src, "a.b", b"1"), (fan, "a.z", b"3")]
+    assert bodies_of(ch, qh) == [("amq.topic", f"x.{tag}.y", b"5"),
+                                 ("amq.topic", f"x.{tag}.mqtt", b"7")]
+    # A cycle: c1 <-> c2, a queue bound to both: each publish once.
+    c1, c2 = f"c1-{tag}", f"c2-{tag}"
+    ch.exchange_declare(c1, "fanout")
+    ch.exchange_declare(c2, "fanout")
+    ch.exchange_bind(c2, c1)
+    ch.exchange_bind(c1, c2)
+    ch.exchange_bind(c1, c1)
+    qc = ch.queue_declare(queue="", exclusive=True).method.queue
+    ch.queue_bind(qc, c1)
+    ch.queue_bind(qc, c2)
+    ch.confirm_delivery()
+    ch.basic_publish(c1, "k", b"once-1", mandatory=True)
+    ch.basic_publish(c2, "k", b"once-2", mandatory=True)
+    time.sleep(0.2)
+    assert bodies_of(ch, qc) == [(c1, "k", b"once-1"), (c2, "k", b"once-2")]
+    # mandatory: a publish a route subscribes to but a later hop refuses is returned.
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch.basic_publish(fan, "b.z", b"returned", mandatory=True)
+    ch.basic_publish(fan, "a.q", b"routed", mandatory=True)
+    assert bodies_of(ch, qt) == [(fan, "a.q", b"routed")]
+    # if-unused: the source of an exchange binding is in use.
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+        ch.exchange_delete(src, if_unused=True)
+    assert e.value.reply_code == 406
+    ch = conn.channel()
+    # unbind: the route is gone; deleting an exchange in the middle ends the rest.
+    ch.exchange_unbind(top, src, "a.b")
+    ch.exchange_unbind(top, src, "a.b")  # again: nothing to do, not an error
+    ch.basic_publish(src, "a.b", b"after-unbind")
+    ch.exchange_delete(fan)
+    ch.basic_publish("amq.topic", f"x.{tag}.y", b"after-delete",
+                     pika.BasicProperties(headers={"k": "v"}))
+    time.sleep(0.2)
+    assert bodies_of(ch, qt) == [] and bodies_of(ch, qh) == []
+    # Errors as RabbitMQ's: a missing end (404), the default exchange (403).
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+        ch.exchange_bind(top, f"nowhere-{tag}", "k")
+    assert e.value.reply_code == 404
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+        ch.exchange_bind("", top, "k")
+    assert e.value.reply_code == 403
+    conn.close()
+
+
+def test_hostile_exchange_binding_graphs_are_refused_in_bounded_time(broker):
+    """A dense graph of exchange bindings (every path a route) is refused with 406 once a
+    queue would get more than 1024 routes, in bounded time, and leaves the routes as they
+    were; the broker serves others throughout."""
+    tag = uuid.uuid4().hex[:8]
+    bystander = connect(broker)
+    bch = bystander.channel()
+    bq = bch.queue_declare(queue="", exclusive=True).method.queue
+    conn = connect(broker)
+    ch = conn.channel()
+    xs = [f"g{i}-{tag}" for i in range(9)]
+    for x in xs:
+        ch.exchange_declare(x, "fanout")
+    q = ch.queue_declare(queue="", exclusive=True).method.queue
+    ch.queue_bind(q, xs[0])
+    refused_at = None
+    started = time.monotonic()
+    for a in xs:
+        for b in xs:
+            if a == b:
+                continue
+            try:
+                ch.exchange_bind(b, a)
+            except pika.exceptions.ChannelClosedByBroker as e:
+                assert e.reply_code == 406 and "routes" in e.reply_text, e
+                refused_at = (a, b)
+                ch = conn.channel()
+    took = time.monotonic() - started
+    assert refused_at is not None, "9 fully connected exchanges make far more than 1024 paths"
+    assert took < 20, f"72 binds took {took:.1f} s"
+    # What was accepted still routes, once.
+    ch.basic_publish(xs[1], "k", b"through")
+    time.sleep(0.2)
+    assert bodies_of(ch, q) == [(xs[1], "k", b"through")]
+    bch.basic_publish("", bq, b"still")
+    assert bch.basic_get(bq, auto_ack=True)[2] == b"still"
+    conn.close()
+    bystander.close()
+
+
 def test_queue_arguments_ttl_max_length_dead_letters(broker):
     conn = connect(broker)
     ch = conn.channel()

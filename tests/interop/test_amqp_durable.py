@@ -537,6 +537,43 @@ def test_bindings_are_as_they_were_before_kill_9(make_durable_broker):
         "bq must have the bindings k1, k3 and t.# only (k2 and u.# unbound, gone-x deleted)"
 
 
+def test_exchange_to_exchange_bindings_between_durable_exchanges_survive_kill_9(
+        make_durable_broker):
+    """An exchange binding between two durable exchanges is kept (and its unbind, and the
+    delete of an exchange at one end); one with a transient end is not, as in RabbitMQ."""
+    b = make_durable_broker()
+    ch = b.connect().channel()
+    ch.exchange_declare("e-src", "topic", durable=True)
+    ch.exchange_declare("e-mid", "fanout", durable=True)
+    ch.exchange_declare("e-dst", "direct", durable=True)
+    ch.exchange_declare("e-gone", "fanout", durable=True)
+    ch.exchange_declare("e-tmp", "fanout", durable=False)
+    ch.exchange_bind("e-mid", "e-src", "a.#")
+    ch.exchange_bind("e-dst", "e-mid")
+    ch.exchange_bind("e-dst", "e-src", "b.*")
+    ch.exchange_unbind("e-dst", "e-src", "b.*")
+    ch.exchange_bind("e-dst", "e-gone")
+    ch.exchange_delete("e-gone")
+    ch.exchange_bind("e-dst", "e-tmp")
+    ch.queue_declare("e-q", durable=True)
+    ch.queue_bind("e-q", "e-dst", "a.x")
+    ch.queue_bind("e-q", "e-dst", "b.x")
+    b.restart("kill")
+
+    conn = b.connect()
+    ch = conn.channel()
+    ch.exchange_declare("e-gone", "fanout", durable=True)  # a new one: no bindings
+    ch.exchange_declare("e-tmp", "fanout", durable=False)  # a new one too
+    ch.confirm_delivery()
+    for x, k in [("e-src", "a.x"), ("e-src", "a.y"), ("e-src", "b.x"), ("e-gone", "a.x"),
+                 ("e-tmp", "a.x"), ("e-mid", "b.x")]:
+        ch.basic_publish(x, k, f"{x}:{k}".encode(), PERSISTENT)
+    got = take(ch, "e-q", 2, quiet=0.5)
+    assert bodies(got) == [b"e-src:a.x", b"e-mid:b.x"], \
+        "e-src -a.#-> e-mid -> e-dst must be back; the unbound b.*, the deleted e-gone's " \
+        "and the transient e-tmp's bindings must not"
+
+
 def test_without_a_data_directory_durable_queues_are_in_memory_only(make_durable_broker):
     b = make_durable_broker(data=False)
     conn = b.connect()

@@ -33,6 +33,9 @@ const READ_BUF: usize = 64 * 1024;
 /// Consumers per channel, at most.
 const MAX_CONSUMERS: usize = 4096;
 
+/// Exchange-to-exchange bindings per vhost, at most.
+const MAX_EXCHANGE_BINDINGS: usize = 4096;
+
 /// Operations one transaction holds, at most.
 const MAX_TX_OPS: usize = 65_536;
 
@@ -607,7 +610,7 @@ impl Conn<'_> {
         ] {
             caps.insert(c, FieldValue::Bool(true));
         }
-        caps.insert("exchange_exchange_bindings", FieldValue::Bool(false));
+        caps.insert("exchange_exchange_bindings", FieldValue::Bool(true));
         let mut props = FieldTable::default();
         props.insert(
             "product",
@@ -955,11 +958,27 @@ impl Conn<'_> {
                 self.exchange_delete(exchange, *if_unused)?;
                 self.answer(session, ch, *no_wait, Method::ExchangeDeleteOk {});
             }
-            Method::ExchangeBind { .. } | Method::ExchangeUnbind { .. } => {
-                return Err(err(
-                    ReplyCode::NotImplemented,
-                    "exchange-to-exchange bindings are not implemented",
-                ));
+            Method::ExchangeBind {
+                destination,
+                source,
+                routing_key,
+                no_wait,
+                arguments,
+                ..
+            } => {
+                self.exchange_bind(destination, source, routing_key, arguments, true)?;
+                self.answer(session, ch, *no_wait, Method::ExchangeBindOk {});
+            }
+            Method::ExchangeUnbind {
+                destination,
+                source,
+                routing_key,
+                no_wait,
+                arguments,
+                ..
+            } => {
+                self.exchange_bind(destination, source, routing_key, arguments, false)?;
+                self.answer(session, ch, *no_wait, Method::ExchangeUnbindOk {});
             }
             Method::QueueDeclare {
                 queue,
@@ -1447,7 +1466,7 @@ impl Conn<'_> {
         let header = p.header.unwrap_or_default();
         let props = &header.properties;
         let rk = p.routing_key.as_str().unwrap_or("");
-        let key = self.vhost.publish_key(exchange, x.kind, rk);
+        let key = self.vhost.publish_key(exchange, rk);
         let reply_to = match props.reply_to.as_ref().and_then(|r| r.as_str()) {
             None | Some("") => None,
             Some(r) if r == REPLY_TO_QUEUE => {
@@ -1460,7 +1479,7 @@ impl Conn<'_> {
                 Key::new(&format!("{}/{REPLY_SUFFIX}", session.inbox())).ok()
             }
             // A queue name of this vhost, or an inbox (of no vhost).
-            Some(r) => self.vhost.publish_key("", Kind::Direct, r),
+            Some(r) => self.vhost.publish_key("", r),
         };
         let body = p.body.freeze();
         let mut routed = 0;
@@ -1475,7 +1494,10 @@ impl Conn<'_> {
                 frontend::check_publish(&self.identity, &key, reply_to.is_some())
                     .map_err(|d| err(ReplyCode::AccessRefused, d.to_string()))?;
                 let msg = message_of(key, props, reply_to, body);
-                let headers_mandatory = p.mandatory && x.kind == Kind::Headers;
+                // A headers exchange's bindings, and the routes of one that forwards through
+                // exchange-to-exchange bindings, subscribe to more than they take: routed
+                // means some queue took it.
+                let headers_mandatory = p.mandatory && (x.kind == Kind::Headers || x.forwards);
                 if confirms.is_some() || in_tx || headers_mandatory {
                     let (n, queued, r, stored, streams) = super::queue::ROUTED
                         .scope(super::queue::Routed::default(), async {
@@ -1746,6 +1768,7 @@ impl Conn<'_> {
                 auto_delete,
                 internal,
                 builtin: false,
+                forwards: false,
             },
         );
         drop(reg);
@@ -1767,6 +1790,7 @@ impl Conn<'_> {
 
     fn exchange_delete(&self, name: &ShortStr, if_unused: bool) -> Result<(), AmqpError> {
         let n = name.as_str().unwrap_or("");
+        let _topology = lock(&self.vhost.topology);
         let reg = lock(&self.vhost.registry);
         let Some(x) = reg.exchanges.get(n) else {
             // Deleting what is not there is not an error (RabbitMQ 3.x).
@@ -1779,10 +1803,13 @@ impl Conn<'_> {
             ));
         }
         let queues: Vec<_> = reg.queues.values().cloned().collect();
+        let forwards = x.forwards;
         drop(reg);
-        let used = queues
-            .iter()
-            .any(|q| q.bindings().iter().any(|b| b.exchange == n));
+        // In use: the source of a binding (a queue's or another exchange's), as RabbitMQ.
+        let used = forwards
+            || queues
+                .iter()
+                .any(|q| q.bindings().iter().any(|b| b.exchange == n));
         if if_unused && used {
             return Err(err(
                 ReplyCode::PreconditionFailed,
@@ -1792,16 +1819,143 @@ impl Conn<'_> {
                 ),
             ));
         }
-        lock(&self.vhost.registry).exchanges.remove(n);
+        let affected = self.vhost.queues_after(n);
+        {
+            let mut reg = lock(&self.vhost.registry);
+            reg.exchanges.remove(n);
+            reg.edges.retain(|e| e.source != n && e.destination != n);
+            reg.mark_forwarders();
+        }
         self.vhost.exchanges_changed.fetch_add(1, Ordering::AcqRel);
         for q in queues {
             q.unbind_exchange(n);
+        }
+        if let Err(e) = self.vhost.reroute(&affected) {
+            tracing::warn!(conn = self.id, vhost = %self.vhost.name, "amqp: routes after deleting exchange {n:?}: {e}");
         }
         if let Some(s) = self.vhost.store.get() {
             s.remove_exchange(n).map_err(|e| {
                 err(
                     ReplyCode::InternalError,
                     format!("cannot forget durable exchange '{n}': {e}"),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// exchange.bind (`bind`) or exchange.unbind: messages `source` routes with
+    /// `routing_key` go on through `destination`'s bindings. Every queue bound downstream
+    /// gets (or loses) the routes this makes (docs/amqp.md, "Exchange-to-exchange
+    /// bindings").
+    fn exchange_bind(
+        &self,
+        destination: &ShortStr,
+        source: &ShortStr,
+        routing_key: &ShortStr,
+        arguments: &FieldTable,
+        bind: bool,
+    ) -> Result<(), AmqpError> {
+        let d = destination.as_str().unwrap_or("");
+        let s = source.as_str().unwrap_or("");
+        if d.is_empty() || s.is_empty() {
+            return Err(err(
+                ReplyCode::AccessRefused,
+                "operation not permitted on the default exchange",
+            ));
+        }
+        let key = routing_key.as_str().unwrap_or("");
+        let vh = &self.vhost.name;
+        let _topology = lock(&self.vhost.topology);
+        let reg = lock(&self.vhost.registry);
+        let exchange = |x: &str| {
+            reg.exchanges.get(x).cloned().ok_or_else(|| {
+                err(
+                    ReplyCode::NotFound,
+                    format!("no exchange '{x}' in vhost '{vh}'"),
+                )
+            })
+        };
+        let (sx, dx) = (exchange(s)?, exchange(d)?);
+        let edge = super::Edge {
+            source: s.to_string(),
+            destination: d.to_string(),
+            key: key.to_string(),
+            args: arguments.clone(),
+        };
+        let exists = reg.edges.contains(&edge);
+        if bind && exists || !bind && !exists {
+            return Ok(());
+        }
+        if bind {
+            // Forwarding what the source routes is reading it: the same permission as a
+            // queue binding there.
+            let Some(expr) = self.vhost.expr(names::binding_expr(s, sx.kind, key)) else {
+                return Err(err(
+                    ReplyCode::PreconditionFailed,
+                    format!("binding key '{key}' of exchange '{s}' cannot be a key expression"),
+                ));
+            };
+            if !matches!(
+                self.identity.access.check_subscribe(&expr, false, ""),
+                Ok(None)
+            ) {
+                return Err(err(
+                    ReplyCode::AccessRefused,
+                    format!(
+                        "access to '{}' refused for user '{}'",
+                        expr.as_str(),
+                        self.identity.name()
+                    ),
+                ));
+            }
+            if reg.edges.len() >= MAX_EXCHANGE_BINDINGS {
+                return Err(err(
+                    ReplyCode::PreconditionFailed,
+                    format!(
+                        "exchange-to-exchange binding limit in vhost '{vh}' ({MAX_EXCHANGE_BINDINGS}) is reached"
+                    ),
+                ));
+            }
+        }
+        drop(reg);
+        let affected = self.vhost.queues_after(d);
+        let change = |add: bool| {
+            let mut reg = lock(&self.vhost.registry);
+            if add {
+                reg.edges.push(edge.clone());
+            } else {
+                reg.edges.retain(|e| e != &edge);
+            }
+            reg.mark_forwarders();
+            drop(reg);
+            self.vhost.exchanges_changed.fetch_add(1, Ordering::AcqRel);
+        };
+        change(bind);
+        if let Err(e) = self.vhost.reroute(&affected) {
+            // Too many routes for some queue (nothing changed), or a subscription refused
+            // midway: back to the bindings as they were.
+            change(!bind);
+            let _ = self.vhost.reroute(&affected);
+            return Err(err(ReplyCode::PreconditionFailed, e));
+        }
+        // Kept when both ends are durable, as in RabbitMQ.
+        if let Some(st) = self.vhost.store_for(sx.durable && dx.durable) {
+            let def = super::store::EdgeDef {
+                source: s.to_string(),
+                destination: d.to_string(),
+                key: key.to_string(),
+                arguments: super::store::table_hex(arguments),
+            };
+            let kept = if bind {
+                st.put_edge(def)
+            } else {
+                st.remove_edge(def)
+            };
+            kept.map_err(|e| {
+                err(
+                    ReplyCode::InternalError,
+                    format!("cannot keep the exchange-to-exchange bindings of '{d}': {e}"),
                 )
             })?;
         }
@@ -1929,7 +2083,7 @@ impl Conn<'_> {
             args.clone(),
             store.clone(),
         );
-        q.bind("", Kind::Direct, &n, FieldTable::default(), expr)
+        q.bind("", Kind::Direct, &n, FieldTable::default(), expr, None)
             .map_err(|e| err(ReplyCode::InternalError, e))?;
         // Into the registry, unless another connection declared it meanwhile (that one
         // stands) or the limit is reached; the queue found is looked at outside the
@@ -2002,6 +2156,7 @@ impl Conn<'_> {
         bind: bool,
     ) -> Result<(), AmqpError> {
         let q = self.queue(queue)?;
+        let _topology = lock(&self.vhost.topology);
         let x = exchange.as_str().unwrap_or("");
         if x.is_empty() {
             return Err(err(
@@ -2030,8 +2185,17 @@ impl Conn<'_> {
         };
         if !bind {
             if q.unbind(x, rk, arguments) {
+                if let Err(e) = self.vhost.reroute(std::slice::from_ref(&q)) {
+                    tracing::warn!(conn = self.id, queue = %q.name, "amqp: routes after an unbind: {e}");
+                }
                 saved(&q)?;
             }
+            return Ok(());
+        }
+        if q.bindings()
+            .iter()
+            .any(|b| b.exchange == x && b.key == rk && &b.args == arguments)
+        {
             return Ok(());
         }
         let Some(expr) = self.vhost.expr(names::binding_expr(x, kind, rk)) else {
@@ -2053,8 +2217,21 @@ impl Conn<'_> {
                 ));
             }
         }
-        q.bind(x, kind, rk, arguments.clone(), expr)
-            .map_err(|e| err(ReplyCode::InternalError, e))?;
+        q.bind(
+            x,
+            kind,
+            rk,
+            arguments.clone(),
+            expr,
+            Some(self.identity.access.clone()),
+        )
+        .map_err(|e| err(ReplyCode::InternalError, e))?;
+        // The routes exchange-to-exchange bindings lead into the exchange.
+        if let Err(e) = self.vhost.reroute(std::slice::from_ref(&q)) {
+            q.unbind(x, rk, arguments);
+            let _ = self.vhost.reroute(std::slice::from_ref(&q));
+            return Err(err(ReplyCode::PreconditionFailed, e));
+        }
         saved(&q)
     }
 

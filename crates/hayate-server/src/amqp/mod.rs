@@ -26,7 +26,7 @@ pub(crate) mod names;
 pub(crate) mod queue;
 pub(crate) mod store;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -48,6 +48,19 @@ pub(crate) struct Exchange {
     pub(crate) internal: bool,
     /// Predeclared (`""`, `amq.*`): cannot be deleted.
     pub(crate) builtin: bool,
+    /// The source of some exchange-to-exchange binding (a mandatory publish is then routed
+    /// only if a queue takes it: a route's subscription may match and its hops refuse).
+    pub(crate) forwards: bool,
+}
+
+/// An exchange-to-exchange binding: what `source` routes with `key` and `args` (as its
+/// type routes) goes on through `destination`'s bindings.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Edge {
+    pub(crate) source: String,
+    pub(crate) destination: String,
+    pub(crate) key: String,
+    pub(crate) args: FieldTable,
 }
 
 /// Exchanges and queues of a virtual host.
@@ -55,6 +68,151 @@ pub(crate) struct Exchange {
 pub(crate) struct Registry {
     pub(crate) exchanges: HashMap<String, Exchange>,
     pub(crate) queues: HashMap<String, Arc<Queue>>,
+    /// Exchange-to-exchange bindings.
+    pub(crate) edges: Vec<Edge>,
+}
+
+impl Registry {
+    /// `x` and every exchange that exchange-to-exchange bindings lead to from it.
+    pub(crate) fn downstream(&self, x: &str) -> HashSet<String> {
+        let mut seen = HashSet::from([x.to_string()]);
+        let mut todo = vec![x.to_string()];
+        while let Some(at) = todo.pop() {
+            for e in self.edges.iter().filter(|e| e.source == at) {
+                if seen.insert(e.destination.clone()) {
+                    todo.push(e.destination.clone());
+                }
+            }
+        }
+        seen
+    }
+
+    /// Marks each exchange that is the source of an exchange-to-exchange binding.
+    pub(crate) fn mark_forwarders(&mut self) {
+        let sources: HashSet<&str> = self.edges.iter().map(|e| e.source.as_str()).collect();
+        for (n, x) in &mut self.exchanges {
+            x.forwards = sources.contains(n.as_str());
+        }
+    }
+
+    /// Every chain of exchange-to-exchange bindings that ends at `x` and names no exchange
+    /// twice (so cycles end), as indices into `edges`, source first; `None` past
+    /// [`queue::MAX_ROUTES`] chains. The work is bounded by the chains found times the
+    /// bindings into each exchange on them.
+    fn chains_into(&self, x: &str) -> Option<Vec<Vec<usize>>> {
+        fn walk(
+            reg: &Registry,
+            into: &HashMap<&str, Vec<usize>>,
+            at: &str,
+            path: &mut Vec<usize>,
+            on_path: &mut Vec<String>,
+            out: &mut Vec<Vec<usize>>,
+        ) -> bool {
+            for &i in into.get(at).map(Vec::as_slice).unwrap_or_default() {
+                let e = &reg.edges[i];
+                if on_path.contains(&e.source) {
+                    continue;
+                }
+                path.push(i);
+                out.push(path.iter().rev().copied().collect());
+                if out.len() > queue::MAX_ROUTES {
+                    return false;
+                }
+                on_path.push(e.source.clone());
+                let ok = walk(reg, into, &e.source, path, on_path, out);
+                on_path.pop();
+                path.pop();
+                if !ok {
+                    return false;
+                }
+            }
+            true
+        }
+        let mut into: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, e) in self.edges.iter().enumerate() {
+            into.entry(e.destination.as_str()).or_default().push(i);
+        }
+        let mut out = Vec::new();
+        walk(
+            self,
+            &into,
+            x,
+            &mut Vec::new(),
+            &mut vec![x.to_string()],
+            &mut out,
+        )
+        .then_some(out)
+    }
+
+    /// The routes a queue named `name` with client-made `bindings` gets (each chain into
+    /// a bound exchange, from a source the binding's maker may read, in `vhost`);
+    /// `chains` caches [`Registry::chains_into`] across queues.
+    pub(crate) fn routes(
+        &self,
+        vhost: &VHost,
+        name: &str,
+        bindings: &[queue::Binding],
+        chains: &mut HashMap<String, Option<Vec<Vec<usize>>>>,
+    ) -> Result<Vec<queue::Route>, String> {
+        let too_many = || {
+            format!(
+                "exchange-to-exchange bindings would give queue '{name}' in vhost '{}' more than {} routes",
+                vhost.name,
+                queue::MAX_ROUTES
+            )
+        };
+        let kind = |x: &str| self.exchanges.get(x).map(|e| e.kind);
+        let mut routes: Vec<queue::Route> = Vec::new();
+        for b in bindings.iter().filter(|b| !b.exchange.is_empty()) {
+            let found = chains
+                .entry(b.exchange.clone())
+                .or_insert_with(|| self.chains_into(&b.exchange));
+            let Some(found) = found else {
+                return Err(too_many());
+            };
+            'chain: for chain in found.iter() {
+                let first = &self.edges[chain[0]];
+                let Some(source_kind) = kind(&first.source) else {
+                    continue;
+                };
+                let mut hops = Vec::with_capacity(chain.len());
+                for &i in &chain[1..] {
+                    let e = &self.edges[i];
+                    let Some(k) = kind(&e.source) else {
+                        continue 'chain;
+                    };
+                    hops.push(queue::Hop::new(&e.source, k, &e.key, &e.args));
+                }
+                hops.push(queue::Hop::new(&b.exchange, b.kind, &b.key, &b.args));
+                let r = queue::Route {
+                    source: first.source.clone(),
+                    kind: source_kind,
+                    key: first.key.clone(),
+                    args: if source_kind == Kind::Headers {
+                        first.args.clone()
+                    } else {
+                        FieldTable::default()
+                    },
+                    hops,
+                };
+                if routes.contains(&r) {
+                    continue;
+                }
+                // Only from sources the binding's maker may read all of.
+                if let Some(g) = &b.grant {
+                    let expr = vhost.expr(names::binding_expr(&r.source, r.kind, &r.key));
+                    if !expr.is_some_and(|e| matches!(g.check_subscribe(&e, false, ""), Ok(None))) {
+                        continue;
+                    }
+                }
+                if routes.len() == queue::MAX_ROUTES {
+                    return Err(too_many());
+                }
+                routes.push(r);
+            }
+        }
+        Ok(routes)
+    }
 }
 
 /// A virtual host: its exchanges and queues, and where its keys are.
@@ -65,9 +223,14 @@ pub(crate) struct VHost {
     /// STOMP and native clients' as they are), `amqp-vhost/<name>/` for the others.
     pub(crate) prefix: String,
     pub(crate) registry: Mutex<Registry>,
-    /// Bumped whenever an exchange is declared or deleted: a connection's cached exchange
-    /// is good while it is unchanged (publishing takes no registry lock).
+    /// Bumped whenever an exchange is declared or deleted, or its exchange-to-exchange
+    /// bindings change: a connection's cached exchange is good while it is unchanged
+    /// (publishing takes no registry lock).
     pub(crate) exchanges_changed: AtomicU64,
+    /// Held through every change of bindings (queue's and exchange-to-exchange) and the
+    /// routes it leads to, so routes are computed and applied in the order of the changes.
+    /// Taken before `registry`.
+    pub(crate) topology: Mutex<()>,
     /// Where its durable exchanges, queues and persistent messages are kept (set at
     /// start when the broker has a data directory).
     pub(crate) store: std::sync::OnceLock<Arc<store::Store>>,
@@ -92,6 +255,7 @@ impl VHost {
                     auto_delete: false,
                     internal: false,
                     builtin: true,
+                    forwards: false,
                 },
             );
         }
@@ -116,6 +280,7 @@ impl VHost {
             prefix,
             registry: Mutex::new(reg),
             exchanges_changed: AtomicU64::new(0),
+            topology: Mutex::new(()),
             store: std::sync::OnceLock::new(),
         }
     }
@@ -147,13 +312,50 @@ impl VHost {
     /// [`names::publish_key`] under the vhost's prefix; `None` (unroutable) for a key of
     /// another vhost (`/` reaching `amqp-vhost/...`). Inboxes (direct reply-to) belong to no
     /// vhost: the default exchange reaches them as they are.
-    pub(crate) fn publish_key(&self, x: &str, kind: Kind, rk: &str) -> Option<Key> {
+    pub(crate) fn publish_key(&self, x: &str, rk: &str) -> Option<Key> {
         if x.is_empty() && (rk.starts_with(names::REPLY_TO_PREFIX) || hayate_core::is_inbox_key(rk))
         {
             return names::queue_key(rk);
         }
-        self.key(names::publish_key(x, kind, rk))
+        self.key(names::publish_key(x, rk))
             .filter(|k| !self.foreign(k.as_str()))
+    }
+
+    /// The queues whose routes depend on the bindings of exchange `x`: those bound to it or
+    /// to an exchange downstream of it (read without holding `registry` while a queue's
+    /// state is locked).
+    pub(crate) fn queues_after(&self, x: &str) -> Vec<Arc<Queue>> {
+        let (down, queues) = {
+            let reg = lock(&self.registry);
+            (
+                reg.downstream(x),
+                reg.queues.values().cloned().collect::<Vec<_>>(),
+            )
+        };
+        queues
+            .into_iter()
+            .filter(|q| q.bindings().iter().any(|b| down.contains(&b.exchange)))
+            .collect()
+    }
+
+    /// Recomputes the routes of `queues` (called with `topology` held, after a change of
+    /// bindings): computes them all first, and changes nothing if one queue would have
+    /// too many.
+    pub(crate) fn reroute(&self, queues: &[Arc<Queue>]) -> Result<(), String> {
+        let bindings: Vec<Vec<queue::Binding>> = queues.iter().map(|q| q.bindings()).collect();
+        let plans = {
+            let reg = lock(&self.registry);
+            let mut chains = HashMap::new();
+            queues
+                .iter()
+                .zip(&bindings)
+                .map(|(q, b)| reg.routes(self, &q.name, b, &mut chains))
+                .collect::<Result<Vec<_>, String>>()?
+        };
+        for (q, routes) in queues.iter().zip(plans) {
+            q.set_routes(&routes)?;
+        }
+        Ok(())
     }
 
     /// A key of this vhost as a key of the `/` mapping (what routing keys and reply-to
@@ -320,8 +522,29 @@ impl Amqp {
                         auto_delete: x.auto_delete,
                         internal: x.internal,
                         builtin: false,
+                        forwards: false,
                     });
                 }
+                for e in rec.edges {
+                    let args = store::table_of_hex(&e.arguments);
+                    match args {
+                        Ok(args)
+                            if reg.exchanges.contains_key(&e.source)
+                                && reg.exchanges.contains_key(&e.destination) =>
+                        {
+                            reg.edges.push(Edge {
+                                source: e.source,
+                                destination: e.destination,
+                                key: e.key,
+                                args,
+                            });
+                        }
+                        _ => {
+                            tracing::warn!(vhost = %vhost.name, "amqp store: exchange binding {:?} -> {:?} left out", e.source, e.destination);
+                        }
+                    }
+                }
+                reg.mark_forwarders();
             }
             vhost.exchanges_changed.fetch_add(1, Ordering::AcqRel);
             for (name, def, msgs) in rec.queues {
@@ -350,7 +573,7 @@ impl Amqp {
                     Some((st.clone(), def.id)),
                 );
                 q.restore(msgs);
-                if let Err(e) = q.bind("", Kind::Direct, &name, FieldTable::default(), expr) {
+                if let Err(e) = q.bind("", Kind::Direct, &name, FieldTable::default(), expr, None) {
                     tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: {e}");
                 }
                 for b in &def.bindings {
@@ -366,11 +589,20 @@ impl Amqp {
                     else {
                         continue;
                     };
-                    if let Err(e) = q.bind(&b.exchange, kind, &b.key, args, expr) {
+                    if let Err(e) = q.bind(&b.exchange, kind, &b.key, args, expr, None) {
                         tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: {e}");
                     }
                 }
                 lock(&vhost.registry).queues.insert(name, q);
+            }
+            {
+                let _topology = lock(&vhost.topology);
+                let queues: Vec<_> = lock(&vhost.registry).queues.values().cloned().collect();
+                for q in queues {
+                    if let Err(e) = vhost.reroute(std::slice::from_ref(&q)) {
+                        tracing::warn!(vhost = %vhost.name, "amqp store: queue {:?}: {e}", q.name);
+                    }
+                }
             }
             st.start();
             let _ = vhost.store.set(st);
@@ -391,12 +623,11 @@ impl Amqp {
         m: queue::QMsg,
         why: &'static str,
     ) {
-        let kind = match lock(&vhost.registry).exchanges.get(exchange) {
-            Some(x) => x.kind,
-            None => return, // RabbitMQ drops dead letters to a missing exchange too.
-        };
+        if !lock(&vhost.registry).exchanges.contains_key(exchange) {
+            return; // RabbitMQ drops dead letters to a missing exchange too.
+        }
         let rk = routing_key.unwrap_or(m.routing_key.as_str().unwrap_or(""));
-        let Some(key) = vhost.publish_key(exchange, kind, rk) else {
+        let Some(key) = vhost.publish_key(exchange, rk) else {
             return;
         };
         let mut msg = m.msg;
@@ -485,5 +716,63 @@ pub(crate) fn headers_match(args: &FieldTable, msg: &Message) -> bool {
         results.any(|r| r)
     } else {
         results.all(|r| r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Edge, Registry, queue::MAX_ROUTES};
+    use hayate_amqp::FieldTable;
+
+    fn edge(s: &str, d: &str) -> Edge {
+        Edge {
+            source: s.into(),
+            destination: d.into(),
+            key: String::new(),
+            args: FieldTable::default(),
+        }
+    }
+
+    #[test]
+    fn chains_end_at_cycles_and_at_the_limit() {
+        // a -> b -> c, c -> a (a cycle), c -> c (a loop), d -> c.
+        let mut reg = Registry {
+            edges: vec![
+                edge("a", "b"),
+                edge("b", "c"),
+                edge("c", "a"),
+                edge("c", "c"),
+                edge("d", "c"),
+            ],
+            ..Registry::default()
+        };
+        let mut chains: Vec<Vec<&str>> = reg
+            .chains_into("c")
+            .unwrap_or_else(|| panic!("few chains"))
+            .iter()
+            .map(|ch| ch.iter().map(|&i| reg.edges[i].source.as_str()).collect())
+            .collect();
+        chains.sort();
+        // Sources first; no exchange twice on a chain (c's loop and the way back to c are
+        // left out).
+        assert_eq!(chains, vec![vec!["a", "b"], vec!["b"], vec!["d"]]);
+        assert_eq!(reg.downstream("a").len(), 3);
+        // Ten exchanges all bound to each other: far more than MAX_ROUTES simple paths.
+        let names: Vec<String> = (0..10).map(|i| format!("x{i}")).collect();
+        reg.edges = names
+            .iter()
+            .flat_map(|a| {
+                names
+                    .iter()
+                    .filter(move |b| *b != a)
+                    .map(move |b| edge(a, b))
+            })
+            .collect();
+        let started = std::time::Instant::now();
+        assert!(
+            reg.chains_into("x0").is_none(),
+            "more than {MAX_ROUTES} chains"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
     }
 }

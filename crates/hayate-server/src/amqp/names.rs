@@ -8,9 +8,10 @@
 //!   `sensors.room1` is MQTT's `sensors/room1` and STOMP's `/topic/sensors/room1`
 //!   (RabbitMQ's MQTT and STOMP plugins use the same convention). In a binding, `*` is `*`
 //!   and `#` is `**`.
-//! - Any other exchange `X`: its messages live under `amqp/<X>/`: a topic or direct
-//!   exchange's routing key `a.b` is `amqp/<X>/a/b`; a fanout or headers exchange's
-//!   messages are all on `amqp/<X>` (the routing key is carried, not routed on).
+//! - Any other exchange `X`: its messages live under `amqp/<X>/`: routing key `a.b` is
+//!   `amqp/<X>/a/b`, whatever the exchange's type (a fanout or headers exchange's bindings
+//!   cover all of `amqp/<X>/**`: the routing key is carried in the key, not routed on, so
+//!   deliveries show it and exchange-to-exchange bindings can route on it further).
 //!
 //! Escaping keeps every word a valid, unambiguous segment: `%` is `%25`, `/` is `%2F`, a
 //! word that is exactly `*` or `**` is `%2A` or `%2A%2A` (a key cannot have a wildcard
@@ -125,9 +126,9 @@ fn exchange_prefix(x: &str) -> String {
     p
 }
 
-/// The key a message published to exchange `x` of `kind` with routing key `rk` is
+/// The key a message published to exchange `x` (of any type) with routing key `rk` is
 /// published on; `None` when there is none (not a valid key: unroutable).
-pub(crate) fn publish_key(x: &str, kind: Kind, rk: &str) -> Option<Key> {
+pub(crate) fn publish_key(x: &str, rk: &str) -> Option<Key> {
     if x.is_empty() {
         return queue_key(rk);
     }
@@ -136,9 +137,9 @@ pub(crate) fn publish_key(x: &str, kind: Kind, rk: &str) -> Option<Key> {
     } else {
         exchange_prefix(x)
     };
-    // The routing key's words, for the exchanges that route on them (amq.topic's empty
-    // routing key is no key at all; another exchange's is its prefix alone).
-    if matches!(kind, Kind::Direct | Kind::Topic) && (x == "amq.topic" || !rk.is_empty()) {
+    // The routing key's words (amq.topic's empty routing key is one empty word; another
+    // exchange's is its prefix alone), whatever the exchange's type.
+    if x == "amq.topic" || !rk.is_empty() {
         for w in rk.split('.') {
             if !k.is_empty() {
                 k.push('/');
@@ -160,7 +161,8 @@ pub(crate) fn binding_expr(x: &str, kind: Kind, bk: &str) -> Option<KeyExpr> {
         exchange_prefix(x)
     };
     match kind {
-        Kind::Fanout | Kind::Headers => {}
+        // Every routing key of the exchange (`**` also matches none).
+        Kind::Fanout | Kind::Headers => e.push_str("/**"),
         Kind::Direct | Kind::Topic => {
             if x == "amq.topic" || !bk.is_empty() {
                 for w in bk.split('.') {
@@ -180,9 +182,9 @@ pub(crate) fn binding_expr(x: &str, kind: Kind, bk: &str) -> Option<KeyExpr> {
 }
 
 /// The routing key a delivery shows for a message on `key` that reached a binding of
-/// exchange `x` (of `kind`): the words after the exchange's prefix, joined by `.` (for a
+/// exchange `x` (of any type): the words after the exchange's prefix, joined by `.` (for a
 /// message published by AMQP, its routing key; for one from MQTT on `a/b`, `a.b`).
-pub(crate) fn routing_key_of(x: &str, kind: Kind, key: &str) -> String {
+pub(crate) fn routing_key_of(x: &str, key: &str) -> String {
     if x.is_empty() {
         return key.to_string();
     }
@@ -193,8 +195,8 @@ pub(crate) fn routing_key_of(x: &str, kind: Kind, key: &str) -> String {
         key.strip_prefix(p.as_str())
             .map(|r| r.strip_prefix('/').unwrap_or(r))
     };
-    match (kind, rest) {
-        (Kind::Direct | Kind::Topic, Some(r)) if !r.is_empty() => {
+    match rest {
+        Some(r) if !r.is_empty() => {
             if !r.contains('%') {
                 return r.replace('/', ".");
             }
@@ -212,7 +214,10 @@ mod tests {
     use super::*;
 
     fn k(x: &str, kind: Kind, rk: &str) -> Option<String> {
-        publish_key(x, kind, rk).map(|k| k.as_str().to_string())
+        {
+            let _ = kind;
+            publish_key(x, rk).map(|k| k.as_str().to_string())
+        }
     }
     fn e(x: &str, kind: Kind, bk: &str) -> Option<String> {
         binding_expr(x, kind, bk).map(|k| k.as_str().to_string())
@@ -236,7 +241,8 @@ mod tests {
         assert_eq!(k("amq.topic", Kind::Topic, "a..b"), Some("a/%_/b".into()));
         assert_eq!(k("amq.topic", Kind::Topic, ""), Some("%_".into()));
         assert_eq!(k("amq.topic", Kind::Topic, "*"), Some("%2A".into()));
-        assert_eq!(k("logs", Kind::Fanout, "x.y"), Some("amqp/logs".into()));
+        assert_eq!(k("logs", Kind::Fanout, "x.y"), Some("amqp/logs/x/y".into()));
+        assert_eq!(k("logs", Kind::Fanout, ""), Some("amqp/logs".into()));
         assert_eq!(k("ex", Kind::Direct, "a.b"), Some("amqp/ex/a/b".into()));
         assert_eq!(k("ex", Kind::Direct, ""), Some("amqp/ex".into()));
         assert_eq!(k("e/x", Kind::Topic, "a"), Some("amqp/e%2Fx/a".into()));
@@ -250,14 +256,8 @@ mod tests {
         );
         assert_eq!(e("", Kind::Direct, "q*"), Some("q%2A".into()));
         assert_eq!(e("t", Kind::Topic, "a*.#"), Some("amqp/t/a%2A/**".into()));
-        assert_eq!(
-            routing_key_of("ex", Kind::Direct, "amqp/ex/a%2Ab/c"),
-            "a*b.c"
-        );
-        assert_eq!(
-            routing_key_of("ex", Kind::Direct, "amqp/ex/a%252Ab"),
-            "a%2Ab"
-        );
+        assert_eq!(routing_key_of("ex", "amqp/ex/a%2Ab/c"), "a*b.c");
+        assert_eq!(routing_key_of("ex", "amqp/ex/a%252Ab"), "a%2Ab");
     }
 
     #[test]
@@ -265,8 +265,8 @@ mod tests {
         assert_eq!(e("amq.topic", Kind::Topic, "a.*.#"), Some("a/*/**".into()));
         assert_eq!(e("t", Kind::Topic, "#"), Some("amqp/t/**".into()));
         assert_eq!(e("d", Kind::Direct, "a.*"), Some("amqp/d/a/%2A".into()));
-        assert_eq!(e("f", Kind::Fanout, "ignored"), Some("amqp/f".into()));
-        assert_eq!(e("h", Kind::Headers, ""), Some("amqp/h".into()));
+        assert_eq!(e("f", Kind::Fanout, "ignored"), Some("amqp/f/**".into()));
+        assert_eq!(e("h", Kind::Headers, ""), Some("amqp/h/**".into()));
         assert_eq!(e("", Kind::Direct, "q"), Some("q".into()));
         // An empty binding key matches the empty routing key only.
         assert_eq!(e("amq.topic", Kind::Topic, ""), Some("%_".into()));
@@ -276,7 +276,7 @@ mod tests {
     fn bindings_match_what_publishes_produce() {
         let m = |x: &str, kind: Kind, bk: &str, rk: &str| {
             let e = binding_expr(x, kind, bk).unwrap_or_else(|| panic!("{bk}"));
-            publish_key(x, kind, rk).is_some_and(|k| e.matches(&k))
+            publish_key(x, rk).is_some_and(|k| e.matches(&k))
         };
         assert!(m("amq.topic", Kind::Topic, "a.*.c", "a.b.c"));
         assert!(!m("amq.topic", Kind::Topic, "a.*.c", "a.b.d"));
@@ -292,24 +292,25 @@ mod tests {
         );
         assert!(!m("d", Kind::Direct, "*", "x"));
         assert!(m("f", Kind::Fanout, "ignored", "anything"));
+        assert!(m("f", Kind::Fanout, "ignored", ""));
+        assert!(m("f", Kind::Fanout, "ignored", "a.b.c"));
+        assert!(m("h", Kind::Headers, "", "a.b"));
         assert!(m("", Kind::Direct, "q", "q"));
         // Another exchange's keys never meet this one's.
         let d = binding_expr("d", Kind::Direct, "a").unwrap_or_else(|| panic!());
-        assert!(!d.matches(&publish_key("e", Kind::Direct, "a").unwrap_or_else(|| panic!())));
+        assert!(!d.matches(&publish_key("e", "a").unwrap_or_else(|| panic!())));
     }
 
     #[test]
     fn routing_keys_come_back() {
-        assert_eq!(routing_key_of("amq.topic", Kind::Topic, "a/b"), "a.b");
-        assert_eq!(
-            routing_key_of("ex", Kind::Direct, "amqp/ex/a/%2A/%_"),
-            "a.*."
-        );
-        assert_eq!(routing_key_of("", Kind::Direct, "orders"), "orders");
-        assert_eq!(routing_key_of("f", Kind::Fanout, "amqp/f"), "");
+        assert_eq!(routing_key_of("amq.topic", "a/b"), "a.b");
+        assert_eq!(routing_key_of("ex", "amqp/ex/a/%2A/%_"), "a.*.");
+        assert_eq!(routing_key_of("", "orders"), "orders");
+        assert_eq!(routing_key_of("f", "amqp/f"), "");
+        assert_eq!(routing_key_of("f", "amqp/f/a/b"), "a.b");
         for rk in ["a.b", "x", "a%b.c/d", "*.#"] {
-            let key = publish_key("t", Kind::Topic, rk).unwrap_or_else(|| panic!("{rk}"));
-            assert_eq!(routing_key_of("t", Kind::Topic, key.as_str()), rk);
+            let key = publish_key("t", rk).unwrap_or_else(|| panic!("{rk}"));
+            assert_eq!(routing_key_of("t", key.as_str()), rk);
         }
     }
 
@@ -343,15 +344,16 @@ mod tests {
         }
 
         proptest! {
-            /// A routing key published to a direct or topic exchange comes back as itself,
-            /// and a direct binding with the same key matches what the publish produced.
+            /// A routing key published to an exchange of any type comes back as itself; a
+            /// direct binding with the same key, and any fanout or headers binding, match
+            /// what the publish produced.
             #[test]
-            fn routing_keys_round_trip(rk in routing_key(), x in word(), topic in any::<bool>()) {
+            fn routing_keys_round_trip(rk in routing_key(), x in word(), kind in 0..4u8) {
                 let x = if x.is_empty() { "x".to_string() } else { x };
-                let kind = if topic { Kind::Topic } else { Kind::Direct };
-                if let Some(key) = publish_key(&x, kind, &rk) {
-                    prop_assert_eq!(routing_key_of(&x, kind, key.as_str()), rk.clone());
-                    if !topic {
+                let kind = [Kind::Direct, Kind::Topic, Kind::Fanout, Kind::Headers][usize::from(kind)];
+                if let Some(key) = publish_key(&x, &rk) {
+                    prop_assert_eq!(routing_key_of(&x, key.as_str()), rk.clone());
+                    if kind != Kind::Topic {
                         let e = binding_expr(&x, kind, &rk);
                         prop_assert!(e.is_some_and(|e| e.matches(&key)), "{} {}", x, rk);
                     }
@@ -382,7 +384,7 @@ mod tests {
                 prop_assert!(!vb.prefix.starts_with(va.prefix.as_str()));
                 let e = va.expr(binding_expr("amq.topic", Kind::Topic, "#"));
                 prop_assert!(e.is_some(), "{}", va.prefix);
-                let k = va.publish_key("amq.topic", Kind::Topic, "x.y");
+                let k = va.publish_key("amq.topic", "x.y");
                 prop_assert!(k.as_ref().is_some_and(|k| k.as_str().starts_with(va.prefix.as_str())));
                 prop_assert!(k.is_some_and(|k| vb.foreign(k.as_str())));
             }

@@ -5,7 +5,9 @@
 //! (the default exchange's binding to its own key included); the session's encoder
 //! ([`QueueEncoder`]) does not encode bytes: it appends each message it is given to the
 //! queue and hands what it can to consumers at once. So a message published by any
-//! protocol on a key a binding covers enters the queue once per binding that covers it.
+//! protocol on a key a binding covers enters the queue (once, however many of its bindings
+//! and routes cover it: [`Taken`]). Routes are the bindings exchange-to-exchange bindings
+//! lead to ([`Binding`], [`Queue::set_routes`]).
 //!
 //! A delivery is written straight into the consumer connection's outbox (AMQP frames).
 //! Consumers are served round robin, each within its prefetch (and its channel's); a
@@ -181,6 +183,13 @@ impl QueueArgs {
 
 /// One binding of a queue: the exchange, its type, the binding key, its arguments, and the
 /// broker subscription that implements it.
+///
+/// A binding a client made has no `via`. A route (a derived binding) has: it exists because
+/// the queue is bound to an exchange that exchange-to-exchange bindings lead to from
+/// `exchange` (the route's source, where its messages are published); its subscription is
+/// the first of those bindings, and a message must also pass every hop in `via` (the
+/// further exchange-to-exchange bindings, then the queue's own binding). Routes are made
+/// and removed by [`Queue::set_routes`] only; clients never see them.
 #[derive(Debug, Clone)]
 pub(crate) struct Binding {
     pub(crate) exchange: String,
@@ -190,6 +199,70 @@ pub(crate) struct Binding {
     pub(crate) key: String,
     pub(crate) args: FieldTable,
     pub(crate) sid: u32,
+    pub(crate) via: Option<Arc<[Hop]>>,
+    /// Who made a client's binding (none: read back from the store, or the default
+    /// exchange's): routes into it are made only from sources this grant may read.
+    pub(crate) grant: Option<Arc<crate::auth::Grant>>,
+}
+
+/// A binding a message must pass on its way through exchange-to-exchange bindings: that of
+/// exchange `exchange` (of `kind`) with `key` and `args`, matched as that exchange routes.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Hop {
+    pub(crate) exchange: String,
+    pub(crate) kind: Kind,
+    pub(crate) key: String,
+    pub(crate) args: FieldTable,
+    /// The binding's expression (of the `/` mapping) for direct and topic exchanges.
+    expr: Option<hayate_core::KeyExpr>,
+}
+
+impl Hop {
+    pub(crate) fn new(exchange: &str, kind: Kind, key: &str, args: &FieldTable) -> Hop {
+        let expr = match kind {
+            Kind::Direct | Kind::Topic => names::binding_expr(exchange, kind, key),
+            Kind::Fanout | Kind::Headers => None,
+        };
+        Hop {
+            exchange: exchange.to_string(),
+            kind,
+            key: key.to_string(),
+            args: if kind == Kind::Headers {
+                args.clone()
+            } else {
+                FieldTable::default()
+            },
+            expr,
+        }
+    }
+
+    /// Does a message with routing key `rk` pass this binding? Matched through the same
+    /// key mapping a publish to the hop's exchange would take (so exactly as if the message
+    /// had been published there).
+    fn passes(&self, rk: &str, msg: &Message) -> bool {
+        match self.kind {
+            Kind::Fanout => true,
+            Kind::Headers => super::headers_match(&self.args, msg),
+            Kind::Direct | Kind::Topic => self.expr.as_ref().is_some_and(|e| {
+                names::publish_key(&self.exchange, rk).is_some_and(|k| e.matches(&k))
+            }),
+        }
+    }
+}
+
+/// What a delivery needs of a binding: its exchange (shared), its arguments for a headers
+/// exchange, a route's further hops.
+type BindingView = (ShortStr, Option<FieldTable>, Option<Arc<[Hop]>>);
+
+/// A route to make into a queue (see [`Binding`]): the source exchange's binding, then the
+/// hops.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Route {
+    pub(crate) source: String,
+    pub(crate) kind: Kind,
+    pub(crate) key: String,
+    pub(crate) args: FieldTable,
+    pub(crate) hops: Vec<Hop>,
 }
 
 /// A channel of a consumer connection, as queues see it.
@@ -229,6 +302,9 @@ pub(crate) struct Unacked {
 
 /// Bindings per queue, at most.
 pub(crate) const MAX_BINDINGS: usize = 4096;
+
+/// Routes (derived bindings, through exchange-to-exchange bindings) per queue, at most.
+pub(crate) const MAX_ROUTES: usize = 1024;
 
 /// Most bytes a consumer's outbox may hold before its queue stops delivering to it.
 const OUTBOX_LIMIT: usize = 1024 * 1024;
@@ -514,9 +590,14 @@ impl Queue {
         lock(&self.st).deleted
     }
 
-    /// Its bindings.
+    /// The bindings clients made (not routes).
     pub(crate) fn bindings(&self) -> Vec<Binding> {
-        lock(&self.st).bindings.clone()
+        lock(&self.st)
+            .bindings
+            .iter()
+            .filter(|b| b.via.is_none())
+            .cloned()
+            .collect()
     }
 
     /// A durable queue's bindings into its store's definitions (after a bind or unbind).
@@ -527,7 +608,7 @@ impl Queue {
         let defs = lock(&self.st)
             .bindings
             .iter()
-            .filter(|b| !b.exchange.is_empty())
+            .filter(|b| !b.exchange.is_empty() && b.via.is_none())
             .map(|b| super::store::BindingDef {
                 exchange: b.exchange.clone(),
                 key: b.key.clone(),
@@ -545,22 +626,45 @@ impl Queue {
         key: &str,
         args: FieldTable,
         expr: hayate_core::KeyExpr,
+        grant: Option<Arc<crate::auth::Grant>>,
     ) -> Result<(), String> {
         let mut session = lock(&self.session);
         let Some(session) = session.as_mut() else {
             return Err("queue is being deleted".into());
         };
-        let mut st = lock(&self.st);
+        let st = lock(&self.st);
         if st
             .bindings
             .iter()
-            .any(|b| b.exchange == exchange && b.key == key && b.args == args)
+            .any(|b| b.via.is_none() && b.exchange == exchange && b.key == key && b.args == args)
         {
             return Ok(());
         }
-        if st.bindings.len() >= MAX_BINDINGS {
+        if st.bindings.iter().filter(|b| b.via.is_none()).count() >= MAX_BINDINGS {
             return Err(format!("a queue has at most {MAX_BINDINGS} bindings"));
         }
+        drop(st);
+        self.add_binding(session, exchange, kind, key, args, Err(grant), expr)
+    }
+
+    /// Adds a route (`how`: its hops) or a client's binding (`how`: who made it), with
+    /// `session` held, so sids are not raced for.
+    #[allow(clippy::too_many_arguments)]
+    fn add_binding(
+        &self,
+        session: &mut Session,
+        exchange: &str,
+        kind: Kind,
+        key: &str,
+        args: FieldTable,
+        how: Result<Arc<[Hop]>, Option<Arc<crate::auth::Grant>>>,
+        expr: hayate_core::KeyExpr,
+    ) -> Result<(), String> {
+        let (via, grant) = match how {
+            Ok(hops) => (Some(hops), None),
+            Err(grant) => (None, grant),
+        };
+        let mut st = lock(&self.st);
         let sid = st.bindings.iter().map(|b| b.sid).max().unwrap_or(0) + 1;
         st.bindings.push(Binding {
             exchange: exchange.to_string(),
@@ -569,6 +673,8 @@ impl Queue {
             key: key.to_string(),
             args,
             sid,
+            via,
+            grant,
         });
         drop(st);
         // Drop, not block: a queue past its limits drops (counted), it never holds a
@@ -584,14 +690,65 @@ impl Queue {
         Ok(())
     }
 
+    /// The queue's routes become `routes` (those it has and keeps stay as they are, so no
+    /// message in flight on them is lost). Each route's subscription is on the source's
+    /// binding expression in the queue's vhost.
+    pub(crate) fn set_routes(&self, routes: &[Route]) -> Result<(), String> {
+        let mut session = lock(&self.session);
+        let Some(session) = session.as_mut() else {
+            return Ok(()); // being deleted
+        };
+        let same = |b: &Binding, r: &Route| {
+            b.exchange == r.source
+                && b.key == r.key
+                && b.args == r.args
+                && b.via.as_deref().is_some_and(|v| v == r.hops.as_slice())
+        };
+        let gone: Vec<u32> = {
+            let mut st = lock(&self.st);
+            let (gone, keep) = std::mem::take(&mut st.bindings)
+                .into_iter()
+                .partition::<Vec<_>, _>(|b| b.via.is_some() && !routes.iter().any(|r| same(b, r)));
+            st.bindings = keep;
+            gone.into_iter().map(|b| b.sid).collect()
+        };
+        for sid in gone {
+            session.unsubscribe(sid);
+        }
+        let new: Vec<&Route> = {
+            let st = lock(&self.st);
+            routes
+                .iter()
+                .filter(|r| !st.bindings.iter().any(|b| same(b, r)))
+                .collect()
+        };
+        for r in new {
+            let Some(expr) = self
+                .vhost
+                .expr(names::binding_expr(&r.source, r.kind, &r.key))
+            else {
+                continue; // a binding key that is no expression routes nothing
+            };
+            let via: Arc<[Hop]> = r.hops.clone().into();
+            self.add_binding(
+                session,
+                &r.source,
+                r.kind,
+                &r.key,
+                r.args.clone(),
+                Ok(via),
+                expr,
+            )?;
+        }
+        Ok(())
+    }
+
     /// Removes a binding; false if there was none.
     pub(crate) fn unbind(&self, exchange: &str, key: &str, args: &FieldTable) -> bool {
         let mut st = lock(&self.st);
-        let Some(i) = st
-            .bindings
-            .iter()
-            .position(|b| b.exchange == exchange && b.key == key && &b.args == args)
-        else {
+        let Some(i) = st.bindings.iter().position(|b| {
+            b.via.is_none() && b.exchange == exchange && b.key == key && &b.args == args
+        }) else {
             return false;
         };
         let b = st.bindings.remove(i);
@@ -602,7 +759,7 @@ impl Queue {
         true
     }
 
-    /// Removes every binding to `exchange` (it is being deleted).
+    /// Removes every binding to `exchange` and route from it (it is being deleted).
     pub(crate) fn unbind_exchange(&self, exchange: &str) {
         let gone: Vec<u32> = {
             let mut st = lock(&self.st);
@@ -1049,16 +1206,16 @@ impl Queue {
         st.consumers.is_empty() && st.used.is_some_and(|u| u.elapsed() >= ttl)
     }
 
-    /// A binding's exchange (shared) and type, and its arguments for a headers exchange
-    /// (the only type whose arguments a delivery needs).
-    fn binding(&self, sid: u32) -> Option<(ShortStr, Kind, Option<FieldTable>)> {
+    /// A binding's exchange (shared), its arguments for a headers exchange (the only type
+    /// whose arguments a delivery needs), and a route's further hops.
+    fn binding(&self, sid: u32) -> Option<BindingView> {
         lock(&self.st)
             .bindings
             .iter()
             .find(|b| b.sid == sid)
             .map(|b| {
                 let args = (b.kind == Kind::Headers).then(|| b.args.clone());
-                (b.exchange_s.clone(), b.kind, args)
+                (b.exchange_s.clone(), args, b.via.clone())
             })
     }
 }
@@ -1170,7 +1327,7 @@ impl Encoder for QueueEncoder {
         let Some(q) = self.queue.upgrade() else {
             return;
         };
-        let Some((exchange, kind, args)) = q.binding(sid) else {
+        let Some((exchange, args, via)) = q.binding(sid) else {
             return;
         };
         let x = exchange.as_str().unwrap_or("");
@@ -1188,11 +1345,19 @@ impl Encoder for QueueEncoder {
             {
                 continue;
             }
+            let rk = names::routing_key_of(x, q.vhost.strip(msg.key.as_str()));
+            // A route: every further exchange-to-exchange hop, and the queue's binding,
+            // must take it too.
+            if via
+                .as_ref()
+                .is_some_and(|v| !v.iter().all(|h| h.passes(&rk, &msg)))
+            {
+                continue;
+            }
             // Taken already through another of the queue's bindings.
             if self.taken.seen(publish, i, batch.len()) {
                 continue;
             }
-            let rk = names::routing_key_of(x, kind, q.vhost.strip(msg.key.as_str()));
             // The string's buffer becomes the short string's (no second copy).
             let routing_key = if rk.len() <= 255 {
                 ShortStr::new(bytes::Bytes::from(rk)).unwrap_or_default()
@@ -1251,7 +1416,38 @@ fn set_delivery_count(m: &mut QMsg) {
 
 #[cfg(test)]
 mod tests {
-    use super::Taken;
+    use super::{Hop, Kind, Taken};
+    use hayate_amqp::{FieldTable, FieldValue};
+    use hayate_core::{Key, Message};
+
+    #[test]
+    fn a_hop_matches_as_its_exchange_would_route() {
+        let m = Message::new(
+            Key::new("x").unwrap_or_else(|_| panic!()),
+            bytes::Bytes::new(),
+        );
+        let none = FieldTable::default();
+        let topic = Hop::new("t", Kind::Topic, "a.*.#", &none);
+        assert!(topic.passes("a.b", &m) && topic.passes("a.b.c.d", &m));
+        assert!(!topic.passes("a", &m) && !topic.passes("b.a.c", &m));
+        let amq = Hop::new("amq.topic", Kind::Topic, "#", &none);
+        assert!(amq.passes("any.thing", &m));
+        let direct = Hop::new("d", Kind::Direct, "a.*", &none);
+        assert!(direct.passes("a.*", &m), "a direct key's * is literal");
+        assert!(!direct.passes("a.b", &m));
+        assert!(Hop::new("f", Kind::Fanout, "k", &none).passes("", &m));
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-match",
+            FieldValue::LongStr(bytes::Bytes::from_static(b"all")),
+        );
+        args.insert("k", FieldValue::LongStr(bytes::Bytes::from_static(b"v")));
+        let headers = Hop::new("h", Kind::Headers, "", &args);
+        assert!(!headers.passes("", &m));
+        let mut with = m.clone();
+        with.headers = Some(vec![("k".into(), bytes::Bytes::from_static(b"v"))]);
+        assert!(headers.passes("", &with));
+    }
 
     #[test]
     fn a_publish_is_taken_once_per_item_whatever_the_bindings_and_interleavings() {

@@ -93,6 +93,16 @@ pub(crate) struct BindingDef {
     pub(crate) arguments: String,
 }
 
+/// An exchange-to-exchange binding between two durable exchanges.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct EdgeDef {
+    pub(crate) source: String,
+    pub(crate) destination: String,
+    pub(crate) key: String,
+    /// The binding's arguments, as an AMQP field table, in hex.
+    pub(crate) arguments: String,
+}
+
 /// A durable queue.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct QueueDef {
@@ -111,6 +121,9 @@ struct Defs {
     next_id: u64,
     exchanges: BTreeMap<String, ExchangeDef>,
     queues: BTreeMap<String, QueueDef>,
+    /// Exchange-to-exchange bindings (absent from files older than them).
+    #[serde(default)]
+    edges: Vec<EdgeDef>,
 }
 
 /// One change of the definitions: a line of `definitions.log`.
@@ -136,6 +149,12 @@ enum Change {
     },
     RemoveExchange {
         name: String,
+    },
+    PutEdge {
+        def: EdgeDef,
+    },
+    RemoveEdge {
+        def: EdgeDef,
     },
 }
 
@@ -189,8 +208,24 @@ impl Defs {
             Change::PutExchange { name, def } => {
                 self.exchanges.insert(name.clone(), def.clone()).as_ref() != Some(def)
             }
+            Change::PutEdge { def } => {
+                let new = !self.edges.contains(def);
+                if new {
+                    self.edges.push(def.clone());
+                }
+                new
+            }
+            Change::RemoveEdge { def } => {
+                let before = self.edges.len();
+                self.edges.retain(|e| e != def);
+                self.edges.len() != before
+            }
             Change::RemoveExchange { name } => {
                 let mut changed = self.exchanges.remove(name).is_some();
+                let before = self.edges.len();
+                self.edges
+                    .retain(|e| e.source != *name && e.destination != *name);
+                changed |= self.edges.len() != before;
                 for q in self.queues.values_mut() {
                     let before = q.bindings.len();
                     q.bindings.retain(|b| b.exchange != *name);
@@ -243,6 +278,7 @@ fn read_defs(dir: &Path) -> Result<Defs, String> {
 #[derive(Debug, Default)]
 pub(crate) struct Recovered {
     pub(crate) exchanges: Vec<(String, ExchangeDef)>,
+    pub(crate) edges: Vec<EdgeDef>,
     pub(crate) queues: Vec<(String, QueueDef, Vec<QMsg>)>,
 }
 
@@ -683,6 +719,7 @@ impl Store {
                 .iter()
                 .map(|(n, x)| (n.clone(), x.clone()))
                 .collect(),
+            edges: defs.edges.clone(),
             queues: defs
                 .queues
                 .iter()
@@ -1061,7 +1098,18 @@ impl Store {
         })
     }
 
-    /// Forgets exchange `name` and every durable queue's bindings to it.
+    /// Keeps an exchange-to-exchange binding.
+    pub(crate) fn put_edge(&self, def: EdgeDef) -> Result<(), String> {
+        self.change(Change::PutEdge { def })
+    }
+
+    /// Forgets an exchange-to-exchange binding.
+    pub(crate) fn remove_edge(&self, def: EdgeDef) -> Result<(), String> {
+        self.change(Change::RemoveEdge { def })
+    }
+
+    /// Forgets exchange `name`, every durable queue's bindings to it and the
+    /// exchange-to-exchange bindings it is an end of.
     pub(crate) fn remove_exchange(&self, name: &str) -> Result<(), String> {
         self.change(Change::RemoveExchange {
             name: name.to_string(),
@@ -1225,11 +1273,24 @@ mod tests {
             arguments: table_hex(&FieldTable::default()),
         });
         s.set_bindings("q", id, b).unwrap();
+        let edge = |s: &str, d: &str, k: &str| EdgeDef {
+            source: s.into(),
+            destination: d.into(),
+            key: k.into(),
+            arguments: table_hex(&FieldTable::default()),
+        };
+        s.put_edge(edge("amq.topic", "dx", "a.#")).unwrap();
+        s.put_edge(edge("amq.topic", "dx", "b.#")).unwrap();
+        s.put_edge(edge("amq.topic", "dx", "a.#")).unwrap(); // the same again: one
+        s.put_edge(edge("gone", "dx", "k")).unwrap();
+        s.put_edge(edge("dx", "gone", "k")).unwrap();
+        s.remove_edge(edge("amq.topic", "dx", "b.#")).unwrap();
         s.remove_exchange("gone").unwrap();
         drop(s);
         let (_, rec) = Store::open(dir.path(), FsyncPolicy::Never, 1 << 20).unwrap();
         assert_eq!(rec.exchanges, vec![("dx".to_string(), x)]);
         assert_eq!(rec.queues[0].1.bindings, def(id).bindings);
+        assert_eq!(rec.edges, vec![edge("amq.topic", "dx", "a.#")]);
     }
 
     #[test]
