@@ -11,6 +11,7 @@ import datetime
 import decimal
 import socket
 import struct
+import subprocess
 import threading
 import time
 import uuid
@@ -460,6 +461,186 @@ def test_hostile_exchange_binding_graphs_are_refused_in_bounded_time(broker):
     assert bch.basic_get(bq, auto_ack=True)[2] == b"still"
     conn.close()
     bystander.close()
+
+
+def test_long_exchange_binding_chains_are_bounded_per_queue_and_per_vhost(broker):
+    """A line of exchange bindings costs a queue at its end one route per exchange and one
+    hop per binding on the way: past 8192 for one queue, or 65536 for a vhost's queues,
+    the binding that would pass it gets 406 and changes nothing."""
+    tag = uuid.uuid4().hex[:8]
+    conn = connect(broker)
+    ch = conn.channel()
+    xs = [f"l{i}-{tag}" for i in range(140)]
+    for x in xs:
+        ch.exchange_declare(x, "fanout")
+    q = ch.queue_declare(queue="", exclusive=True).method.queue
+    ch.queue_bind(q, xs[-1])
+    accepted = 0
+    for i in range(len(xs) - 2, -1, -1):
+        try:
+            ch.exchange_bind(xs[i + 1], xs[i])
+            accepted += 1
+        except pika.exceptions.ChannelClosedByBroker as e:
+            assert e.reply_code == 406 and "8192" in e.reply_text, e
+            ch = conn.channel()
+            break
+    # n bindings: n routes of 1..n hops, n + n(n+1)/2 <= 8192.
+    assert accepted == 126, accepted
+    first = xs[len(xs) - 1 - accepted]
+    ch.basic_publish(first, "k", b"all-the-way")
+    time.sleep(0.3)
+    assert bodies_of(ch, q) == [(first, "k", b"all-the-way")]
+    # Nine more queues at the end of the line: 10 x 8127 > 65536.
+    qs = []
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+        for _ in range(9):
+            qs.append(ch.queue_declare(queue="", exclusive=True).method.queue)
+            ch.queue_bind(qs[-1], xs[-1])
+    assert e.value.reply_code == 406 and "65536" in e.value.reply_text
+    assert len(qs) == 8, "eight queues of 8127 fit in 65536 with the first"
+    ch = conn.channel()
+    ch.basic_publish(first, "k", b"again")
+    time.sleep(0.3)
+    assert bodies_of(ch, q) == [(first, "k", b"again")]
+    assert bodies_of(ch, qs[-1]) == [], "the refused binding routes nothing"
+    assert bodies_of(ch, qs[0]) == [(first, "k", b"again")]
+    conn.close()
+
+
+def test_a_hash_binding_on_amq_topic_sees_everything_but_reply_inboxes(broker):
+    """In `/`, `#` on amq.topic covers every key, reply inboxes included: the binding is
+    allowed, and its guard keeps other connections' direct reply-to replies out."""
+    tag = uuid.uuid4().hex[:8]
+    watcher = connect(broker)
+    wch = watcher.channel()
+    everything = wch.queue_declare(queue="", exclusive=True).method.queue
+    wch.queue_bind(everything, "amq.topic", "#")
+    server = connect(broker)
+    sch = server.channel()
+    sch.queue_declare(f"svc-{tag}", exclusive=True)
+    client = connect(broker)
+    cch = client.channel()
+    replies = []
+    cch.basic_consume("amq.rabbitmq.reply-to",
+                      lambda c, m, p, b: replies.append(b), auto_ack=True)
+    cch.basic_publish("", f"svc-{tag}", b"request",
+                      pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        m, props, body = sch.basic_get(f"svc-{tag}", auto_ack=True)
+        if m is not None:
+            sch.basic_publish("", props.reply_to, b"reply-" + body)
+            break
+        time.sleep(0.05)
+    while not replies and time.monotonic() < deadline:
+        client.process_data_events(time_limit=0.1)
+    assert replies == [b"reply-request"]
+    wch.basic_publish("amq.topic", f"hello.{tag}", b"hello")
+    time.sleep(0.3)
+    got = [b for _, _, b in bodies_of(wch, everything)]
+    assert b"hello" in got and b"request" in got
+    assert b"reply-request" not in got, "another connection's reply reached a '#' binding"
+    for c in (watcher, server, client):
+        c.close()
+
+
+@pytest.fixture
+def users_broker(tmp_path):
+    from test_dashboard import HAYATE
+
+    def user(name, password, group):
+        out = subprocess.run([str(HAYATE), "user", "add", name, "--password", password],
+                             check=True, capture_output=True, text=True).stdout
+        return out.replace(f"[auth.users.{name}]", f"[auth.users.{name}]\ngroups = [\"{group}\"]")
+
+    cfg = tmp_path / "hayate.toml"
+    cfg.write_text("""
+[server]
+data_dir = ""
+[admin]
+listen = []
+[native]
+listen = ["127.0.0.1:0"]
+shm = false
+[mqtt]
+listen = []
+ws = []
+[stomp]
+listen = []
+[amqp]
+listen = ["127.0.0.1:0"]
+[auth.groups.worker]
+subscribe = ["q/**", "a/**", "amqp/**"]
+deny_subscribe = ["a/secret/**"]
+serve = ["q/**"]
+publish = ["q/**", "a/**", "amqp/**"]
+[auth.groups.outsider]
+subscribe = ["amqp/open/**"]
+serve = ["q/bob"]
+publish = ["amqp/open/**", "q/bob"]
+""" + user("alice", "wonderland", "worker") + user("bob", "builder", "outsider"))
+    proc, ports = start_hayate(HAYATE, cfg, tmp_path / "broker.log")
+    yield ports
+    stop_process(proc)
+
+
+def connect_as(ports, user, password) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", ports["amqp"], credentials=pika.PlainCredentials(user, password),
+        connection_attempts=1, socket_timeout=5))
+
+
+def refused(conn, op) -> int:
+    """The reply code of the channel error `op` (given a new channel) ends in."""
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+        op(ch)
+    return e.value.reply_code
+
+
+def test_configured_users_bind_consume_and_bind_exchanges_within_their_permissions(
+        users_broker):
+    """With users configured, a user consumes and binds what its permissions allow (a
+    binding that covers a denied key is allowed, and what it denies stays out), and is
+    refused (403) what they do not; exchange.bind needs reading the source and writing
+    the destination."""
+    alice = connect_as(users_broker, "alice", "wonderland")
+    ch = alice.channel()
+    ch.queue_declare("q/one")
+    ch.basic_publish("", "q/one", b"direct")
+    time.sleep(0.1)
+    assert ch.basic_get("q/one", auto_ack=True)[2] == b"direct"
+    ch.queue_bind("q/one", "amq.topic", "a.#")
+    ch.basic_publish("amq.topic", "a.x", b"open")
+    ch.basic_publish("amq.topic", "a.secret.x", b"secret")
+    ch.exchange_declare("ex-a", "topic")
+    ch.exchange_declare("ex-b", "fanout")
+    ch.exchange_bind("ex-b", "ex-a", "x.*")
+    ch.queue_declare("q/two")
+    ch.queue_bind("q/two", "ex-b")
+    ch.basic_publish("ex-a", "x.y", b"through")
+    ch.basic_publish("ex-a", "z.y", b"not-through")
+    time.sleep(0.3)
+    assert [b for _, _, b in bodies_of(ch, "q/one")] == [b"open"], \
+        "a binding's guard keeps the keys its maker may not read out"
+    assert bodies_of(ch, "q/two") == [("ex-a", "x.y", b"through")]
+    # Reading amq.topic's a.# includes a denied a.secret.#: no exchange binding from it.
+    assert refused(alice, lambda c: c.exchange_bind("ex-b", "amq.topic", "a.#")) == 403
+    alice.close()
+
+    bob = connect_as(users_broker, "bob", "builder")
+    assert refused(bob, lambda c: c.exchange_bind("ex-b", "ex-a", "x.*")) == 403
+    assert refused(bob, lambda c: c.exchange_unbind("ex-b", "ex-a", "x.*")) == 403
+    assert refused(bob, lambda c: c.queue_bind("q/bob", "amq.topic", "a.#")) in (403, 404)
+    bch = bob.channel()
+    bch.queue_declare("q/bob")
+    assert refused(bob, lambda c: c.queue_bind("q/bob", "amq.topic", "a.#")) == 403
+    assert refused(bob, lambda c: c.basic_get("q/one")) == 403
+    bch = bob.channel()
+    bch.basic_publish("", "q/bob", b"mine")
+    time.sleep(0.1)
+    assert bch.basic_get("q/bob", auto_ack=True)[2] == b"mine"
+    bob.close()
 
 
 def test_queue_arguments_ttl_max_length_dead_letters(broker):

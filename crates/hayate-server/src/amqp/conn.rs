@@ -1466,7 +1466,7 @@ impl Conn<'_> {
         let header = p.header.unwrap_or_default();
         let props = &header.properties;
         let rk = p.routing_key.as_str().unwrap_or("");
-        let key = self.vhost.publish_key(exchange, rk);
+        let key = self.vhost.publish_key(exchange, x.kind, rk);
         let reply_to = match props.reply_to.as_ref().and_then(|r| r.as_str()) {
             None | Some("") => None,
             Some(r) if r == REPLY_TO_QUEUE => {
@@ -1479,7 +1479,7 @@ impl Conn<'_> {
                 Key::new(&format!("{}/{REPLY_SUFFIX}", session.inbox())).ok()
             }
             // A queue name of this vhost, or an inbox (of no vhost).
-            Some(r) => self.vhost.publish_key("", r),
+            Some(r) => self.vhost.publish_key("", Kind::Direct, r),
         };
         let body = p.body.freeze();
         let mut routed = 0;
@@ -1494,22 +1494,36 @@ impl Conn<'_> {
                 frontend::check_publish(&self.identity, &key, reply_to.is_some())
                     .map_err(|d| err(ReplyCode::AccessRefused, d.to_string()))?;
                 let msg = message_of(key, props, reply_to, body);
-                // A headers exchange's bindings, and the routes of one that forwards through
-                // exchange-to-exchange bindings, subscribe to more than they take: routed
-                // means some queue took it.
-                let headers_mandatory = p.mandatory && (x.kind == Kind::Headers || x.forwards);
-                if confirms.is_some() || in_tx || headers_mandatory {
-                    let (n, queued, r, stored, streams) = super::queue::ROUTED
+                // A headers exchange's bindings subscribe to all its keys and compare the
+                // headers in the queue, and routes through exchange-to-exchange bindings
+                // compare their hops there: such subscriptions count as routed only if the
+                // queue took the message.
+                let filtered_mandatory = p.mandatory
+                    && (x.kind == Kind::Headers
+                        || self.vhost.edge_count.load(Ordering::Acquire) > 0);
+                if confirms.is_some() || in_tx || filtered_mandatory {
+                    let (n, queued, offers, r, stored, streams) = super::queue::ROUTED
                         .scope(super::queue::Routed::default(), async {
                             let (n, streams) = session.publish_stored(Batch::One(&msg)).await;
-                            let (q, r, stored) = super::queue::ROUTED
-                                .with(|r| (r.queued.get(), r.refused.get(), r.stored.take()));
-                            (n, q, r, stored, streams)
+                            let (q, o, r, stored) = super::queue::ROUTED.with(|r| {
+                                (
+                                    r.queued.get(),
+                                    r.route_offers.get(),
+                                    r.refused.get(),
+                                    r.stored.take(),
+                                )
+                            });
+                            (n, q, o, r, stored, streams)
                         })
                         .await;
-                    // A headers exchange's bindings subscribe to all its keys and compare
-                    // the headers in the queue: routed means some binding took it.
-                    routed = if headers_mandatory && !queued { 0 } else { n };
+                    routed = if !p.mandatory || queued {
+                        n
+                    } else if x.kind == Kind::Headers {
+                        0
+                    } else {
+                        // Offered to something other than a route: routed.
+                        n.saturating_sub(offers)
+                    };
                     refused = r;
                     // Durable queues' records and streams' appends, until durable.
                     for (store, o) in stored {
@@ -1669,9 +1683,10 @@ impl Conn<'_> {
         };
         let expr = KeyExpr::new(key.as_str())
             .map_err(|e| err(ReplyCode::PreconditionFailed, e.to_string()))?;
-        match self.identity.access.check_subscribe(&expr, true, "") {
-            Ok(None) => Ok(()),
-            _ => Err(err(
+        // A queue's messages carry no per-key guard: all of it must be readable.
+        match self.identity.access.may_read_all(&expr, true) {
+            true => Ok(()),
+            false => Err(err(
                 ReplyCode::AccessRefused,
                 format!(
                     "access to queue '{}' in vhost '{vh}' refused for user '{}'",
@@ -1768,7 +1783,6 @@ impl Conn<'_> {
                 auto_delete,
                 internal,
                 builtin: false,
-                forwards: false,
             },
         );
         drop(reg);
@@ -1803,7 +1817,7 @@ impl Conn<'_> {
             ));
         }
         let queues: Vec<_> = reg.queues.values().cloned().collect();
-        let forwards = x.forwards;
+        let forwards = reg.edges.iter().any(|e| e.source == n);
         drop(reg);
         // In use: the source of a binding (a queue's or another exchange's), as RabbitMQ.
         let used = forwards
@@ -1824,7 +1838,9 @@ impl Conn<'_> {
             let mut reg = lock(&self.vhost.registry);
             reg.exchanges.remove(n);
             reg.edges.retain(|e| e.source != n && e.destination != n);
-            reg.mark_forwarders();
+            self.vhost
+                .edge_count
+                .store(reg.edges.len(), Ordering::Release);
         }
         self.vhost.exchanges_changed.fetch_add(1, Ordering::AcqRel);
         for q in queues {
@@ -1883,40 +1899,39 @@ impl Conn<'_> {
             key: key.to_string(),
             args: arguments.clone(),
         };
+        // As RabbitMQ: reading the source (what the binding takes of it, as a queue binding
+        // there would) and writing the destination (what queues bound there get is as if
+        // published there: all of its keys), to bind and to unbind.
+        let Some(read) = self.vhost.expr(names::binding_expr(s, sx.kind, key)) else {
+            return Err(err(
+                ReplyCode::PreconditionFailed,
+                format!("binding key '{key}' of exchange '{s}' cannot be a key expression"),
+            ));
+        };
+        let write = self
+            .vhost
+            .expr(names::binding_expr(d, Kind::Topic, "#"))
+            .filter(|w| self.identity.access.may_publish_all(w));
+        if !self.identity.access.may_read_all(&read, false) || write.is_none() {
+            return Err(err(
+                ReplyCode::AccessRefused,
+                format!(
+                    "access to exchange '{s}' (read) and '{d}' (write) in vhost '{vh}' refused for user '{}'",
+                    self.identity.name()
+                ),
+            ));
+        }
         let exists = reg.edges.contains(&edge);
         if bind && exists || !bind && !exists {
             return Ok(());
         }
-        if bind {
-            // Forwarding what the source routes is reading it: the same permission as a
-            // queue binding there.
-            let Some(expr) = self.vhost.expr(names::binding_expr(s, sx.kind, key)) else {
-                return Err(err(
-                    ReplyCode::PreconditionFailed,
-                    format!("binding key '{key}' of exchange '{s}' cannot be a key expression"),
-                ));
-            };
-            if !matches!(
-                self.identity.access.check_subscribe(&expr, false, ""),
-                Ok(None)
-            ) {
-                return Err(err(
-                    ReplyCode::AccessRefused,
-                    format!(
-                        "access to '{}' refused for user '{}'",
-                        expr.as_str(),
-                        self.identity.name()
-                    ),
-                ));
-            }
-            if reg.edges.len() >= MAX_EXCHANGE_BINDINGS {
-                return Err(err(
-                    ReplyCode::PreconditionFailed,
-                    format!(
-                        "exchange-to-exchange binding limit in vhost '{vh}' ({MAX_EXCHANGE_BINDINGS}) is reached"
-                    ),
-                ));
-            }
+        if bind && reg.edges.len() >= MAX_EXCHANGE_BINDINGS {
+            return Err(err(
+                ReplyCode::PreconditionFailed,
+                format!(
+                    "exchange-to-exchange binding limit in vhost '{vh}' ({MAX_EXCHANGE_BINDINGS}) is reached"
+                ),
+            ));
         }
         drop(reg);
         let affected = self.vhost.queues_after(d);
@@ -1927,7 +1942,9 @@ impl Conn<'_> {
             } else {
                 reg.edges.retain(|e| e != &edge);
             }
-            reg.mark_forwarders();
+            self.vhost
+                .edge_count
+                .store(reg.edges.len(), Ordering::Release);
             drop(reg);
             self.vhost.exchanges_changed.fetch_add(1, Ordering::AcqRel);
         };
@@ -2204,9 +2221,11 @@ impl Conn<'_> {
                 format!("binding key '{rk}' of exchange '{x}' cannot be a key expression"),
             ));
         };
-        match self.identity.access.check_subscribe(&expr, false, "") {
-            Ok(None) => {}
-            _ => {
+        // As a subscription of the binder's: what the expression covers that the binder may
+        // not read (other clients' reply inboxes, denied keys) its guard keeps out.
+        let guard = match self.identity.access.check_subscribe(&expr, false, "") {
+            Ok(guard) => guard,
+            Err(_) => {
                 return Err(err(
                     ReplyCode::AccessRefused,
                     format!(
@@ -2216,16 +2235,9 @@ impl Conn<'_> {
                     ),
                 ));
             }
-        }
-        q.bind(
-            x,
-            kind,
-            rk,
-            arguments.clone(),
-            expr,
-            Some(self.identity.access.clone()),
-        )
-        .map_err(|e| err(ReplyCode::InternalError, e))?;
+        };
+        q.bind(x, kind, rk, arguments.clone(), expr, guard)
+            .map_err(|e| err(ReplyCode::InternalError, e))?;
         // The routes exchange-to-exchange bindings lead into the exchange.
         if let Err(e) = self.vhost.reroute(std::slice::from_ref(&q)) {
             q.unbind(x, rk, arguments);

@@ -48,9 +48,6 @@ pub(crate) struct Exchange {
     pub(crate) internal: bool,
     /// Predeclared (`""`, `amq.*`): cannot be deleted.
     pub(crate) builtin: bool,
-    /// The source of some exchange-to-exchange binding (a mandatory publish is then routed
-    /// only if a queue takes it: a route's subscription may match and its hops refuse).
-    pub(crate) forwards: bool,
 }
 
 /// An exchange-to-exchange binding: what `source` routes with `key` and `args` (as its
@@ -87,21 +84,56 @@ impl Registry {
         seen
     }
 
-    /// Marks each exchange that is the source of an exchange-to-exchange binding.
-    pub(crate) fn mark_forwarders(&mut self) {
-        let sources: HashSet<&str> = self.edges.iter().map(|e| e.source.as_str()).collect();
-        for (n, x) in &mut self.exchanges {
-            x.forwards = sources.contains(n.as_str());
+    /// What routes are computed from: each exchange's type, and the exchange bindings in
+    /// their effective form (a fanout or headers source ignores the key, only a headers one
+    /// reads the arguments), each once.
+    fn topology(&self) -> Topology {
+        let kinds: HashMap<String, Kind> = self
+            .exchanges
+            .iter()
+            .map(|(n, x)| (n.clone(), x.kind))
+            .collect();
+        let mut edges: Vec<Edge> = Vec::new();
+        let mut seen = HashSet::new();
+        for e in &self.edges {
+            let Some(&kind) = kinds.get(&e.source) else {
+                continue;
+            };
+            let hop = queue::Hop::new(&e.source, kind, &e.key, &e.args);
+            let effective = Edge {
+                source: e.source.clone(),
+                destination: e.destination.clone(),
+                key: hop.key,
+                args: hop.args,
+            };
+            if seen.insert((
+                effective.source.clone(),
+                effective.destination.clone(),
+                effective.key.clone(),
+                store::table_hex(&effective.args),
+            )) {
+                edges.push(effective);
+            }
         }
+        Topology { kinds, edges }
     }
+}
 
+/// A snapshot of a vhost's exchanges and exchange bindings (see [`Registry::topology`]),
+/// from which routes are computed without holding the registry.
+struct Topology {
+    kinds: HashMap<String, Kind>,
+    edges: Vec<Edge>,
+}
+
+impl Topology {
     /// Every chain of exchange-to-exchange bindings that ends at `x` and names no exchange
     /// twice (so cycles end), as indices into `edges`, source first; `None` past
     /// [`queue::MAX_ROUTES`] chains. The work is bounded by the chains found times the
     /// bindings into each exchange on them.
     fn chains_into(&self, x: &str) -> Option<Vec<Vec<usize>>> {
         fn walk(
-            reg: &Registry,
+            t: &Topology,
             into: &HashMap<&str, Vec<usize>>,
             at: &str,
             path: &mut Vec<usize>,
@@ -109,7 +141,7 @@ impl Registry {
             out: &mut Vec<Vec<usize>>,
         ) -> bool {
             for &i in into.get(at).map(Vec::as_slice).unwrap_or_default() {
-                let e = &reg.edges[i];
+                let e = &t.edges[i];
                 if on_path.contains(&e.source) {
                     continue;
                 }
@@ -119,7 +151,7 @@ impl Registry {
                     return false;
                 }
                 on_path.push(e.source.clone());
-                let ok = walk(reg, into, &e.source, path, on_path, out);
+                let ok = walk(t, into, &e.source, path, on_path, out);
                 on_path.pop();
                 path.pop();
                 if !ok {
@@ -144,75 +176,94 @@ impl Registry {
         .then_some(out)
     }
 
-    /// The routes a queue named `name` with client-made `bindings` gets (each chain into
-    /// a bound exchange, from a source the binding's maker may read, in `vhost`);
-    /// `chains` caches [`Registry::chains_into`] across queues.
-    pub(crate) fn routes(
+    /// The routes a queue with client-made `bindings` gets: one per distinct subscription
+    /// on a source exchange (its first binding), with every chain of hops that leads from
+    /// it through one of the queue's bindings. `chains` caches [`Topology::chains_into`]
+    /// across queues. `Err` (the text of the 406) past [`queue::MAX_ROUTES`] routes or
+    /// [`queue::MAX_ROUTE_COST`] for the queue.
+    fn routes(
         &self,
-        vhost: &VHost,
         name: &str,
+        vhost: &str,
         bindings: &[queue::Binding],
         chains: &mut HashMap<String, Option<Vec<Vec<usize>>>>,
     ) -> Result<Vec<queue::Route>, String> {
         let too_many = || {
             format!(
-                "exchange-to-exchange bindings would give queue '{name}' in vhost '{}' more than {} routes",
-                vhost.name,
-                queue::MAX_ROUTES
+                "exchange-to-exchange bindings would give queue '{name}' in vhost '{vhost}' more than {} routes of at most {} hops in all",
+                queue::MAX_ROUTES,
+                queue::MAX_ROUTE_COST
             )
         };
-        let kind = |x: &str| self.exchanges.get(x).map(|e| e.kind);
         let mut routes: Vec<queue::Route> = Vec::new();
+        let mut at: HashMap<(String, String, String), usize> = HashMap::new();
+        let mut cost = 0;
+        let mut seen_bindings = HashSet::new();
         for b in bindings.iter().filter(|b| !b.exchange.is_empty()) {
+            let last = queue::Hop::new(&b.exchange, b.kind, &b.key, &b.args);
+            // Bindings that differ only in what their exchange ignores route the same.
+            if !seen_bindings.insert((
+                last.exchange.clone(),
+                last.key.clone(),
+                store::table_hex(&last.args),
+            )) {
+                continue;
+            }
             let found = chains
                 .entry(b.exchange.clone())
                 .or_insert_with(|| self.chains_into(&b.exchange));
             let Some(found) = found else {
                 return Err(too_many());
             };
-            'chain: for chain in found.iter() {
+            for chain in found.iter() {
                 let first = &self.edges[chain[0]];
-                let Some(source_kind) = kind(&first.source) else {
+                let Some(&kind) = self.kinds.get(&first.source) else {
                     continue;
                 };
                 let mut hops = Vec::with_capacity(chain.len());
                 for &i in &chain[1..] {
                     let e = &self.edges[i];
-                    let Some(k) = kind(&e.source) else {
-                        continue 'chain;
-                    };
-                    hops.push(queue::Hop::new(&e.source, k, &e.key, &e.args));
-                }
-                hops.push(queue::Hop::new(&b.exchange, b.kind, &b.key, &b.args));
-                let r = queue::Route {
-                    source: first.source.clone(),
-                    kind: source_kind,
-                    key: first.key.clone(),
-                    args: if source_kind == Kind::Headers {
-                        first.args.clone()
-                    } else {
-                        FieldTable::default()
-                    },
-                    hops,
-                };
-                if routes.contains(&r) {
-                    continue;
-                }
-                // Only from sources the binding's maker may read all of.
-                if let Some(g) = &b.grant {
-                    let expr = vhost.expr(names::binding_expr(&r.source, r.kind, &r.key));
-                    if !expr.is_some_and(|e| matches!(g.check_subscribe(&e, false, ""), Ok(None))) {
-                        continue;
+                    if let Some(&k) = self.kinds.get(&e.source) {
+                        hops.push(queue::Hop::new(&e.source, k, &e.key, &e.args));
                     }
                 }
-                if routes.len() == queue::MAX_ROUTES {
+                hops.push(last.clone());
+                cost += hops.len();
+                let id = (
+                    first.source.clone(),
+                    first.key.clone(),
+                    store::table_hex(&first.args),
+                );
+                match at.get(&id) {
+                    Some(&i) => routes[i].paths.push(hops),
+                    None => {
+                        cost += 1;
+                        at.insert(id, routes.len());
+                        routes.push(queue::Route {
+                            source: first.source.clone(),
+                            kind,
+                            key: first.key.clone(),
+                            args: first.args.clone(),
+                            paths: vec![hops],
+                        });
+                    }
+                }
+                if routes.len() > queue::MAX_ROUTES || cost > queue::MAX_ROUTE_COST {
                     return Err(too_many());
                 }
-                routes.push(r);
             }
         }
         Ok(routes)
     }
+}
+
+/// The cost of routes: one per route and per hop of each of its paths (what their
+/// memory and per-message work are in proportion to).
+pub(crate) fn route_cost(routes: &[queue::Route]) -> usize {
+    routes
+        .iter()
+        .map(|r| 1 + r.paths.iter().map(Vec::len).sum::<usize>())
+        .sum()
 }
 
 /// A virtual host: its exchanges and queues, and where its keys are.
@@ -231,6 +282,11 @@ pub(crate) struct VHost {
     /// routes it leads to, so routes are computed and applied in the order of the changes.
     /// Taken before `registry`.
     pub(crate) topology: Mutex<()>,
+    /// The cost ([`route_cost`]) of all its queues' routes.
+    pub(crate) route_cost: std::sync::atomic::AtomicUsize,
+    /// Its exchange-to-exchange bindings (a mandatory publish then tells routes that
+    /// refused it from other subscriptions).
+    pub(crate) edge_count: std::sync::atomic::AtomicUsize,
     /// Where its durable exchanges, queues and persistent messages are kept (set at
     /// start when the broker has a data directory).
     pub(crate) store: std::sync::OnceLock<Arc<store::Store>>,
@@ -255,7 +311,6 @@ impl VHost {
                     auto_delete: false,
                     internal: false,
                     builtin: true,
-                    forwards: false,
                 },
             );
         }
@@ -281,6 +336,8 @@ impl VHost {
             registry: Mutex::new(reg),
             exchanges_changed: AtomicU64::new(0),
             topology: Mutex::new(()),
+            route_cost: std::sync::atomic::AtomicUsize::new(0),
+            edge_count: std::sync::atomic::AtomicUsize::new(0),
             store: std::sync::OnceLock::new(),
         }
     }
@@ -312,12 +369,12 @@ impl VHost {
     /// [`names::publish_key`] under the vhost's prefix; `None` (unroutable) for a key of
     /// another vhost (`/` reaching `amqp-vhost/...`). Inboxes (direct reply-to) belong to no
     /// vhost: the default exchange reaches them as they are.
-    pub(crate) fn publish_key(&self, x: &str, rk: &str) -> Option<Key> {
+    pub(crate) fn publish_key(&self, x: &str, kind: Kind, rk: &str) -> Option<Key> {
         if x.is_empty() && (rk.starts_with(names::REPLY_TO_PREFIX) || hayate_core::is_inbox_key(rk))
         {
             return names::queue_key(rk);
         }
-        self.key(names::publish_key(x, rk))
+        self.key(names::publish_key(x, kind, rk))
             .filter(|k| !self.foreign(k.as_str()))
     }
 
@@ -339,23 +396,35 @@ impl VHost {
     }
 
     /// Recomputes the routes of `queues` (called with `topology` held, after a change of
-    /// bindings): computes them all first, and changes nothing if one queue would have
-    /// too many.
+    /// bindings). Computes them all first (without holding the registry) and changes
+    /// nothing if one queue, or the vhost, would have too many ([`MAX_VHOST_ROUTE_COST`]);
+    /// then applies each queue's, going on past a queue whose subscriptions fail (the
+    /// first failure is returned).
     pub(crate) fn reroute(&self, queues: &[Arc<Queue>]) -> Result<(), String> {
         let bindings: Vec<Vec<queue::Binding>> = queues.iter().map(|q| q.bindings()).collect();
-        let plans = {
-            let reg = lock(&self.registry);
-            let mut chains = HashMap::new();
-            queues
-                .iter()
-                .zip(&bindings)
-                .map(|(q, b)| reg.routes(self, &q.name, b, &mut chains))
-                .collect::<Result<Vec<_>, String>>()?
-        };
-        for (q, routes) in queues.iter().zip(plans) {
-            q.set_routes(&routes)?;
+        let topology = lock(&self.registry).topology();
+        let mut chains = HashMap::new();
+        let plans = queues
+            .iter()
+            .zip(&bindings)
+            .map(|(q, b)| topology.routes(&q.name, &self.name, b, &mut chains))
+            .collect::<Result<Vec<_>, String>>()?;
+        let old: usize = queues.iter().map(|q| q.route_cost()).sum();
+        let new: usize = plans.iter().map(|r| route_cost(r)).sum();
+        let total = self.route_cost.load(Ordering::Acquire);
+        if new > old && total - old.min(total) + new > MAX_VHOST_ROUTE_COST {
+            return Err(format!(
+                "exchange-to-exchange bindings would give the queues of vhost '{}' more than {MAX_VHOST_ROUTE_COST} routes and hops in all",
+                self.name
+            ));
         }
-        Ok(())
+        let mut failed = Ok(());
+        for (q, routes) in queues.iter().zip(plans) {
+            if let Err(e) = q.set_routes(routes) {
+                failed = failed.and(Err(e));
+            }
+        }
+        failed
     }
 
     /// A key of this vhost as a key of the `/` mapping (what routing keys and reply-to
@@ -376,6 +445,9 @@ impl VHost {
         }
     }
 }
+
+/// The cost of all the routes of one vhost's queues, at most (see [`route_cost`]).
+pub(crate) const MAX_VHOST_ROUTE_COST: usize = 65_536;
 
 /// Where the keys of the vhosts other than `/` are.
 pub(crate) const VHOST_KEYS: &str = "amqp-vhost/";
@@ -522,7 +594,6 @@ impl Amqp {
                         auto_delete: x.auto_delete,
                         internal: x.internal,
                         builtin: false,
-                        forwards: false,
                     });
                 }
                 for e in rec.edges {
@@ -544,7 +615,7 @@ impl Amqp {
                         }
                     }
                 }
-                reg.mark_forwarders();
+                vhost.edge_count.store(reg.edges.len(), Ordering::Release);
             }
             vhost.exchanges_changed.fetch_add(1, Ordering::AcqRel);
             for (name, def, msgs) in rec.queues {
@@ -589,7 +660,11 @@ impl Amqp {
                     else {
                         continue;
                     };
-                    if let Err(e) = q.bind(&b.exchange, kind, &b.key, args, expr, None) {
+                    // Checked when made; what it covers of reply inboxes stays out.
+                    let Ok(guard) = crate::auth::inbox_guard(&expr) else {
+                        continue;
+                    };
+                    if let Err(e) = q.bind(&b.exchange, kind, &b.key, args, expr, guard) {
                         tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: {e}");
                     }
                 }
@@ -623,11 +698,12 @@ impl Amqp {
         m: queue::QMsg,
         why: &'static str,
     ) {
-        if !lock(&vhost.registry).exchanges.contains_key(exchange) {
-            return; // RabbitMQ drops dead letters to a missing exchange too.
-        }
+        let kind = match lock(&vhost.registry).exchanges.get(exchange) {
+            Some(x) => x.kind,
+            None => return, // RabbitMQ drops dead letters to a missing exchange too.
+        };
         let rk = routing_key.unwrap_or(m.routing_key.as_str().unwrap_or(""));
-        let Some(key) = vhost.publish_key(exchange, rk) else {
+        let Some(key) = vhost.publish_key(exchange, kind, rk) else {
             return;
         };
         let mut msg = m.msg;
@@ -721,36 +797,59 @@ pub(crate) fn headers_match(args: &FieldTable, msg: &Message) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{Edge, Registry, queue::MAX_ROUTES};
-    use hayate_amqp::FieldTable;
+    use super::{Edge, Exchange, Registry, queue::MAX_ROUTES};
+    use crate::amqp::names::Kind;
+    use hayate_amqp::{FieldTable, FieldValue};
 
-    fn edge(s: &str, d: &str) -> Edge {
+    fn edge(s: &str, d: &str, key: &str) -> Edge {
         Edge {
             source: s.into(),
             destination: d.into(),
-            key: String::new(),
+            key: key.into(),
             args: FieldTable::default(),
         }
+    }
+
+    fn registry(exchanges: &[(&str, Kind)], edges: Vec<Edge>) -> Registry {
+        let mut reg = Registry {
+            edges,
+            ..Registry::default()
+        };
+        for (n, kind) in exchanges {
+            reg.exchanges.insert(
+                n.to_string(),
+                Exchange {
+                    kind: *kind,
+                    durable: false,
+                    auto_delete: false,
+                    internal: false,
+                    builtin: false,
+                },
+            );
+        }
+        reg
     }
 
     #[test]
     fn chains_end_at_cycles_and_at_the_limit() {
         // a -> b -> c, c -> a (a cycle), c -> c (a loop), d -> c.
-        let mut reg = Registry {
-            edges: vec![
-                edge("a", "b"),
-                edge("b", "c"),
-                edge("c", "a"),
-                edge("c", "c"),
-                edge("d", "c"),
+        let f = Kind::Fanout;
+        let reg = registry(
+            &[("a", f), ("b", f), ("c", f), ("d", f)],
+            vec![
+                edge("a", "b", ""),
+                edge("b", "c", ""),
+                edge("c", "a", ""),
+                edge("c", "c", ""),
+                edge("d", "c", ""),
             ],
-            ..Registry::default()
-        };
-        let mut chains: Vec<Vec<&str>> = reg
+        );
+        let t = reg.topology();
+        let mut chains: Vec<Vec<&str>> = t
             .chains_into("c")
             .unwrap_or_else(|| panic!("few chains"))
             .iter()
-            .map(|ch| ch.iter().map(|&i| reg.edges[i].source.as_str()).collect())
+            .map(|ch| ch.iter().map(|&i| t.edges[i].source.as_str()).collect())
             .collect();
         chains.sort();
         // Sources first; no exchange twice on a chain (c's loop and the way back to c are
@@ -759,20 +858,46 @@ mod tests {
         assert_eq!(reg.downstream("a").len(), 3);
         // Ten exchanges all bound to each other: far more than MAX_ROUTES simple paths.
         let names: Vec<String> = (0..10).map(|i| format!("x{i}")).collect();
-        reg.edges = names
+        let kinds: Vec<(&str, Kind)> = names.iter().map(|n| (n.as_str(), f)).collect();
+        let edges = names
             .iter()
             .flat_map(|a| {
                 names
                     .iter()
                     .filter(move |b| *b != a)
-                    .map(move |b| edge(a, b))
+                    .map(move |b| edge(a, b, ""))
             })
             .collect();
+        let t = registry(&kinds, edges).topology();
         let started = std::time::Instant::now();
         assert!(
-            reg.chains_into("x0").is_none(),
+            t.chains_into("x0").is_none(),
             "more than {MAX_ROUTES} chains"
         );
         assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    }
+
+    #[test]
+    fn bindings_that_route_alike_are_one_and_routes_share_their_subscription() {
+        // 500 bindings fanout s -> topic d that differ only in what a fanout ignores (key,
+        // arguments): one effective binding, one chain.
+        let mut edges: Vec<Edge> = (0..500)
+            .map(|i| {
+                let mut e = edge("s", "d", &format!("k{i}"));
+                e.args.insert("n", FieldValue::I32(i));
+                e
+            })
+            .collect();
+        // And two ways from topic t to d: directly and through s.
+        edges.push(edge("t", "d", "a.#"));
+        edges.push(edge("t", "s", "a.#"));
+        let reg = registry(
+            &[("s", Kind::Fanout), ("d", Kind::Topic), ("t", Kind::Topic)],
+            edges,
+        );
+        let t = reg.topology();
+        assert_eq!(t.edges.len(), 3);
+        let chains = t.chains_into("d").unwrap_or_else(|| panic!("few chains"));
+        assert_eq!(chains.len(), 3, "s->d, t->d, t->s->d");
     }
 }

@@ -126,17 +126,18 @@ fn exchange_prefix(x: &str) -> String {
     p
 }
 
-/// The key a message published to exchange `x` (of any type) with routing key `rk` is
+/// The key a message published to exchange `x` (of `kind`) with routing key `rk` is
 /// published on; `None` when there is none (not a valid key: unroutable).
-pub(crate) fn publish_key(x: &str, rk: &str) -> Option<Key> {
+pub(crate) fn publish_key(x: &str, kind: Kind, rk: &str) -> Option<Key> {
     if x.is_empty() {
         return queue_key(rk);
     }
-    let mut k = if x == "amq.topic" {
+    let prefix = if x == "amq.topic" {
         String::new()
     } else {
         exchange_prefix(x)
     };
+    let mut k = prefix.clone();
     // The routing key's words (amq.topic's empty routing key is one empty word; another
     // exchange's is its prefix alone), whatever the exchange's type.
     if x == "amq.topic" || !rk.is_empty() {
@@ -147,7 +148,15 @@ pub(crate) fn publish_key(x: &str, rk: &str) -> Option<Key> {
             escape_word(w, &mut k);
         }
     }
-    Key::new(&k).ok()
+    match Key::new(&k) {
+        Ok(k) => Some(k),
+        // A fanout or headers exchange does not route on the routing key: one that cannot
+        // be in a key (a control character, too long) is left out, not the message.
+        Err(_) if matches!(kind, Kind::Fanout | Kind::Headers) && !prefix.is_empty() => {
+            Key::new(&prefix).ok()
+        }
+        Err(_) => None,
+    }
 }
 
 /// The expression a binding of exchange `x` of `kind` with binding key `bk` subscribes to.
@@ -214,10 +223,7 @@ mod tests {
     use super::*;
 
     fn k(x: &str, kind: Kind, rk: &str) -> Option<String> {
-        {
-            let _ = kind;
-            publish_key(x, rk).map(|k| k.as_str().to_string())
-        }
+        publish_key(x, kind, rk).map(|k| k.as_str().to_string())
     }
     fn e(x: &str, kind: Kind, bk: &str) -> Option<String> {
         binding_expr(x, kind, bk).map(|k| k.as_str().to_string())
@@ -243,6 +249,12 @@ mod tests {
         assert_eq!(k("amq.topic", Kind::Topic, "*"), Some("%2A".into()));
         assert_eq!(k("logs", Kind::Fanout, "x.y"), Some("amqp/logs/x/y".into()));
         assert_eq!(k("logs", Kind::Fanout, ""), Some("amqp/logs".into()));
+        assert_eq!(
+            k("logs", Kind::Fanout, "a\u{1}"),
+            Some("amqp/logs".into()),
+            "a fanout exchange routes a routing key no key can carry"
+        );
+        assert_eq!(k("hx", Kind::Headers, "a\u{1}"), Some("amqp/hx".into()));
         assert_eq!(k("ex", Kind::Direct, "a.b"), Some("amqp/ex/a/b".into()));
         assert_eq!(k("ex", Kind::Direct, ""), Some("amqp/ex".into()));
         assert_eq!(k("e/x", Kind::Topic, "a"), Some("amqp/e%2Fx/a".into()));
@@ -276,7 +288,7 @@ mod tests {
     fn bindings_match_what_publishes_produce() {
         let m = |x: &str, kind: Kind, bk: &str, rk: &str| {
             let e = binding_expr(x, kind, bk).unwrap_or_else(|| panic!("{bk}"));
-            publish_key(x, rk).is_some_and(|k| e.matches(&k))
+            publish_key(x, kind, rk).is_some_and(|k| e.matches(&k))
         };
         assert!(m("amq.topic", Kind::Topic, "a.*.c", "a.b.c"));
         assert!(!m("amq.topic", Kind::Topic, "a.*.c", "a.b.d"));
@@ -298,7 +310,7 @@ mod tests {
         assert!(m("", Kind::Direct, "q", "q"));
         // Another exchange's keys never meet this one's.
         let d = binding_expr("d", Kind::Direct, "a").unwrap_or_else(|| panic!());
-        assert!(!d.matches(&publish_key("e", "a").unwrap_or_else(|| panic!())));
+        assert!(!d.matches(&publish_key("e", Kind::Direct, "a").unwrap_or_else(|| panic!())));
     }
 
     #[test]
@@ -309,7 +321,7 @@ mod tests {
         assert_eq!(routing_key_of("f", "amqp/f"), "");
         assert_eq!(routing_key_of("f", "amqp/f/a/b"), "a.b");
         for rk in ["a.b", "x", "a%b.c/d", "*.#"] {
-            let key = publish_key("t", rk).unwrap_or_else(|| panic!("{rk}"));
+            let key = publish_key("t", Kind::Topic, rk).unwrap_or_else(|| panic!("{rk}"));
             assert_eq!(routing_key_of("t", key.as_str()), rk);
         }
     }
@@ -351,7 +363,7 @@ mod tests {
             fn routing_keys_round_trip(rk in routing_key(), x in word(), kind in 0..4u8) {
                 let x = if x.is_empty() { "x".to_string() } else { x };
                 let kind = [Kind::Direct, Kind::Topic, Kind::Fanout, Kind::Headers][usize::from(kind)];
-                if let Some(key) = publish_key(&x, &rk) {
+                if let Some(key) = publish_key(&x, kind, &rk) {
                     prop_assert_eq!(routing_key_of(&x, key.as_str()), rk.clone());
                     if kind != Kind::Topic {
                         let e = binding_expr(&x, kind, &rk);
@@ -384,7 +396,7 @@ mod tests {
                 prop_assert!(!vb.prefix.starts_with(va.prefix.as_str()));
                 let e = va.expr(binding_expr("amq.topic", Kind::Topic, "#"));
                 prop_assert!(e.is_some(), "{}", va.prefix);
-                let k = va.publish_key("amq.topic", "x.y");
+                let k = va.publish_key("amq.topic", Kind::Topic, "x.y");
                 prop_assert!(k.as_ref().is_some_and(|k| k.as_str().starts_with(va.prefix.as_str())));
                 prop_assert!(k.is_some_and(|k| vb.foreign(k.as_str())));
             }

@@ -187,9 +187,10 @@ impl QueueArgs {
 /// A binding a client made has no `via`. A route (a derived binding) has: it exists because
 /// the queue is bound to an exchange that exchange-to-exchange bindings lead to from
 /// `exchange` (the route's source, where its messages are published); its subscription is
-/// the first of those bindings, and a message must also pass every hop in `via` (the
-/// further exchange-to-exchange bindings, then the queue's own binding). Routes are made
-/// and removed by [`Queue::set_routes`] only; clients never see them.
+/// the first of those bindings, and a message must also pass every hop of one of the paths
+/// in `via` (the further exchange-to-exchange bindings, then the queue's own binding).
+/// Routes are made, changed and removed by [`Queue::set_routes`] only; clients never see
+/// them.
 #[derive(Debug, Clone)]
 pub(crate) struct Binding {
     pub(crate) exchange: String,
@@ -199,14 +200,13 @@ pub(crate) struct Binding {
     pub(crate) key: String,
     pub(crate) args: FieldTable,
     pub(crate) sid: u32,
-    pub(crate) via: Option<Arc<[Hop]>>,
-    /// Who made a client's binding (none: read back from the store, or the default
-    /// exchange's): routes into it are made only from sources this grant may read.
-    pub(crate) grant: Option<Arc<crate::auth::Grant>>,
+    pub(crate) via: Option<Arc<Vec<Vec<Hop>>>>,
 }
 
 /// A binding a message must pass on its way through exchange-to-exchange bindings: that of
 /// exchange `exchange` (of `kind`) with `key` and `args`, matched as that exchange routes.
+/// What the exchange's type ignores is left out (a fanout or headers exchange's key, the
+/// arguments of any but a headers one), so bindings that route alike are equal.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Hop {
     pub(crate) exchange: String,
@@ -226,7 +226,10 @@ impl Hop {
         Hop {
             exchange: exchange.to_string(),
             kind,
-            key: key.to_string(),
+            key: match kind {
+                Kind::Direct | Kind::Topic => key.to_string(),
+                Kind::Fanout | Kind::Headers => String::new(),
+            },
             args: if kind == Kind::Headers {
                 args.clone()
             } else {
@@ -244,25 +247,26 @@ impl Hop {
             Kind::Fanout => true,
             Kind::Headers => super::headers_match(&self.args, msg),
             Kind::Direct | Kind::Topic => self.expr.as_ref().is_some_and(|e| {
-                names::publish_key(&self.exchange, rk).is_some_and(|k| e.matches(&k))
+                names::publish_key(&self.exchange, self.kind, rk).is_some_and(|k| e.matches(&k))
             }),
         }
     }
 }
 
 /// What a delivery needs of a binding: its exchange (shared), its arguments for a headers
-/// exchange, a route's further hops.
-type BindingView = (ShortStr, Option<FieldTable>, Option<Arc<[Hop]>>);
+/// exchange, a route's paths of further hops.
+type BindingView = (ShortStr, Option<FieldTable>, Option<Arc<Vec<Vec<Hop>>>>);
 
-/// A route to make into a queue (see [`Binding`]): the source exchange's binding, then the
-/// hops.
+/// A route to make into a queue (see [`Binding`]): the source exchange's binding (in the
+/// effective form of [`Hop`]), and the paths of hops from it, any of which lets a message
+/// in.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Route {
     pub(crate) source: String,
     pub(crate) kind: Kind,
     pub(crate) key: String,
     pub(crate) args: FieldTable,
-    pub(crate) hops: Vec<Hop>,
+    pub(crate) paths: Vec<Vec<Hop>>,
 }
 
 /// A channel of a consumer connection, as queues see it.
@@ -306,6 +310,10 @@ pub(crate) const MAX_BINDINGS: usize = 4096;
 /// Routes (derived bindings, through exchange-to-exchange bindings) per queue, at most.
 pub(crate) const MAX_ROUTES: usize = 1024;
 
+/// The cost of one queue's routes (`super::route_cost`: one per route and per hop of each
+/// of its paths), at most.
+pub(crate) const MAX_ROUTE_COST: usize = 8192;
+
 /// Most bytes a consumer's outbox may hold before its queue stops delivering to it.
 const OUTBOX_LIMIT: usize = 1024 * 1024;
 
@@ -344,6 +352,9 @@ pub(crate) struct Routed {
     pub(crate) refused: std::cell::Cell<bool>,
     /// Durable queues stored it: the confirm waits until these records are durable.
     pub(crate) stored: std::cell::RefCell<Vec<(Arc<Store>, u64)>>,
+    /// Offers to routes (each counted as delivered by the broker, taken or not): a
+    /// mandatory publish is routed if a queue took it or something else was offered it.
+    pub(crate) route_offers: std::cell::Cell<usize>,
 }
 
 tokio::task_local! {
@@ -432,7 +443,10 @@ struct QState {
     consumers: Vec<Arc<Consumer>>,
     /// Round robin: where the next delivery starts looking.
     next: usize,
+    /// Sorted by sid.
     bindings: Vec<Binding>,
+    /// The last sid given (see [`Queue::add_binding`]).
+    next_sid: u32,
     deleted: bool,
     /// Some consumer was skipped because its outbox was backed up.
     stalled: bool,
@@ -474,6 +488,9 @@ pub(crate) struct Queue {
     dead: Mutex<Option<tokio::sync::mpsc::Sender<(QMsg, &'static str)>>>,
     /// A durable queue's store and number there (persistent messages are kept in it).
     pub(crate) store: Option<(Arc<Store>, u64)>,
+    /// The cost of its routes (`super::route_cost`), counted in its vhost's too until it is
+    /// deleted.
+    route_cost: AtomicUsize,
 }
 
 /// Dead letters waiting for their task, at most (past it they are dropped, counted).
@@ -531,6 +548,7 @@ impl Queue {
             wake: Arc::new(tokio::sync::Notify::new()),
             dead: Mutex::new(None),
             store,
+            route_cost: AtomicUsize::new(0),
         })
     }
 
@@ -626,7 +644,7 @@ impl Queue {
         key: &str,
         args: FieldTable,
         expr: hayate_core::KeyExpr,
-        grant: Option<Arc<crate::auth::Grant>>,
+        guard: Option<Arc<dyn hayate_broker::KeyGuard>>,
     ) -> Result<(), String> {
         let mut session = lock(&self.session);
         let Some(session) = session.as_mut() else {
@@ -644,11 +662,15 @@ impl Queue {
             return Err(format!("a queue has at most {MAX_BINDINGS} bindings"));
         }
         drop(st);
-        self.add_binding(session, exchange, kind, key, args, Err(grant), expr)
+        self.add_binding(session, exchange, kind, key, args, None, expr, guard)
     }
 
-    /// Adds a route (`how`: its hops) or a client's binding (`how`: who made it), with
-    /// `session` held, so sids are not raced for.
+    /// Adds a binding, or a route (with its paths `via`), with `session` held.
+    ///
+    /// Sids are never reused while others are in use before them: a publisher that looked
+    /// its route up before a binding went could still offer to the old sid, and must not
+    /// find another binding there. They come from a counter that wraps (skipping those in
+    /// use); `bindings` stays sorted by sid, so [`Queue::binding`] is a binary search.
     #[allow(clippy::too_many_arguments)]
     fn add_binding(
         &self,
@@ -657,25 +679,31 @@ impl Queue {
         kind: Kind,
         key: &str,
         args: FieldTable,
-        how: Result<Arc<[Hop]>, Option<Arc<crate::auth::Grant>>>,
+        via: Option<Arc<Vec<Vec<Hop>>>>,
         expr: hayate_core::KeyExpr,
+        guard: Option<Arc<dyn hayate_broker::KeyGuard>>,
     ) -> Result<(), String> {
-        let (via, grant) = match how {
-            Ok(hops) => (Some(hops), None),
-            Err(grant) => (None, grant),
-        };
         let mut st = lock(&self.st);
-        let sid = st.bindings.iter().map(|b| b.sid).max().unwrap_or(0) + 1;
-        st.bindings.push(Binding {
-            exchange: exchange.to_string(),
-            exchange_s: ShortStr::lit(exchange),
-            kind,
-            key: key.to_string(),
-            args,
-            sid,
-            via,
-            grant,
-        });
+        let sid = loop {
+            st.next_sid = st.next_sid.wrapping_add(1).max(1);
+            let sid = st.next_sid;
+            if st.bindings.binary_search_by_key(&sid, |b| b.sid).is_err() {
+                break sid;
+            }
+        };
+        let at = st.bindings.partition_point(|b| b.sid < sid);
+        st.bindings.insert(
+            at,
+            Binding {
+                exchange: exchange.to_string(),
+                exchange_s: ShortStr::lit(exchange),
+                kind,
+                key: key.to_string(),
+                args,
+                sid,
+                via,
+            },
+        );
         drop(st);
         // Drop, not block: a queue past its limits drops (counted), it never holds a
         // publisher back.
@@ -683,45 +711,48 @@ impl Queue {
             congestion: hayate_core::Congestion::Drop,
             ..Qos::default()
         };
-        if let Err(e) = session.subscribe(sid, expr, None, qos) {
+        if let Err(e) = session.subscribe_guarded(sid, expr, None, qos, guard) {
             lock(&self.st).bindings.retain(|b| b.sid != sid);
             return Err(e.to_string());
         }
         Ok(())
     }
 
-    /// The queue's routes become `routes` (those it has and keeps stay as they are, so no
-    /// message in flight on them is lost). Each route's subscription is on the source's
-    /// binding expression in the queue's vhost.
-    pub(crate) fn set_routes(&self, routes: &[Route]) -> Result<(), String> {
+    /// The queue's routes become `routes`. A route whose subscription stays keeps it (only
+    /// its paths change, in place), new ones are subscribed before the old ones go (a
+    /// message offered to both enters once), so no message in flight is lost. Each route's
+    /// subscription is on the source's binding expression in the queue's vhost. Keeps the
+    /// queue's and the vhost's count of route cost (nothing for a queue being deleted).
+    pub(crate) fn set_routes(&self, routes: Vec<Route>) -> Result<(), String> {
         let mut session = lock(&self.session);
         let Some(session) = session.as_mut() else {
             return Ok(()); // being deleted
         };
+        let cost = super::route_cost(&routes);
+        let old = self.route_cost.swap(cost, Ordering::AcqRel);
+        self.vhost.route_cost.fetch_add(cost, Ordering::AcqRel);
+        self.vhost.route_cost.fetch_sub(old, Ordering::AcqRel);
         let same = |b: &Binding, r: &Route| {
-            b.exchange == r.source
-                && b.key == r.key
-                && b.args == r.args
-                && b.via.as_deref().is_some_and(|v| v == r.hops.as_slice())
+            b.via.is_some() && b.exchange == r.source && b.key == r.key && b.args == r.args
         };
-        let gone: Vec<u32> = {
+        // Kept subscriptions take their new paths; the rest are added.
+        let mut new = Vec::new();
+        let mut keep = std::collections::HashSet::new();
+        {
             let mut st = lock(&self.st);
-            let (gone, keep) = std::mem::take(&mut st.bindings)
-                .into_iter()
-                .partition::<Vec<_>, _>(|b| b.via.is_some() && !routes.iter().any(|r| same(b, r)));
-            st.bindings = keep;
-            gone.into_iter().map(|b| b.sid).collect()
-        };
-        for sid in gone {
-            session.unsubscribe(sid);
+            for r in routes {
+                match st.bindings.iter_mut().find(|b| same(b, &r)) {
+                    Some(b) => {
+                        if b.via.as_deref() != Some(&r.paths) {
+                            b.via = Some(Arc::new(r.paths.clone()));
+                        }
+                        keep.insert(b.sid);
+                    }
+                    None => new.push(r),
+                }
+            }
         }
-        let new: Vec<&Route> = {
-            let st = lock(&self.st);
-            routes
-                .iter()
-                .filter(|r| !st.bindings.iter().any(|b| same(b, r)))
-                .collect()
-        };
+        let mut failed = Ok(());
         for r in new {
             let Some(expr) = self
                 .vhost
@@ -729,18 +760,38 @@ impl Queue {
             else {
                 continue; // a binding key that is no expression routes nothing
             };
-            let via: Arc<[Hop]> = r.hops.clone().into();
-            self.add_binding(
-                session,
-                &r.source,
-                r.kind,
-                &r.key,
-                r.args.clone(),
-                Ok(via),
-                expr,
-            )?;
+            // No reply inbox reaches a queue (the binder's permissions were checked when
+            // the exchange binding was made).
+            let Ok(guard) = crate::auth::inbox_guard(&expr) else {
+                continue;
+            };
+            let paths = Some(Arc::new(r.paths));
+            match self.add_binding(
+                session, &r.source, r.kind, &r.key, r.args, paths, expr, guard,
+            ) {
+                Ok(()) => {
+                    keep.insert(lock(&self.st).next_sid);
+                }
+                Err(e) => failed = failed.and(Err(e)),
+            }
         }
-        Ok(())
+        let gone: Vec<u32> = {
+            let mut st = lock(&self.st);
+            let (gone, kept) = std::mem::take(&mut st.bindings)
+                .into_iter()
+                .partition::<Vec<_>, _>(|b| b.via.is_some() && !keep.contains(&b.sid));
+            st.bindings = kept;
+            gone.into_iter().map(|b| b.sid).collect()
+        };
+        for sid in gone {
+            session.unsubscribe(sid);
+        }
+        failed
+    }
+
+    /// The cost of its routes now.
+    pub(crate) fn route_cost(&self) -> usize {
+        self.route_cost.load(Ordering::Acquire)
     }
 
     /// Removes a binding; false if there was none.
@@ -1190,8 +1241,14 @@ impl Queue {
         {
             tracing::error!(queue = %self.name, "amqp: durable queue deleted but not from its store: {e}");
         }
-        // Dropping the session removes its subscriptions (outside the session's mutex).
-        let session = lock(&self.session).take();
+        // Dropping the session removes its subscriptions (outside the session's mutex). Its
+        // routes stop counting against the vhost's (under that mutex, as set_routes counts).
+        let session = {
+            let mut guard = lock(&self.session);
+            let cost = self.route_cost.swap(0, Ordering::AcqRel);
+            self.vhost.route_cost.fetch_sub(cost, Ordering::AcqRel);
+            guard.take()
+        };
         drop(session);
         self.wake.notify_one();
         (n, consumers)
@@ -1209,10 +1266,11 @@ impl Queue {
     /// A binding's exchange (shared), its arguments for a headers exchange (the only type
     /// whose arguments a delivery needs), and a route's further hops.
     fn binding(&self, sid: u32) -> Option<BindingView> {
-        lock(&self.st)
-            .bindings
-            .iter()
-            .find(|b| b.sid == sid)
+        let st = lock(&self.st);
+        st.bindings
+            .binary_search_by_key(&sid, |b| b.sid)
+            .ok()
+            .map(|i| &st.bindings[i])
             .map(|b| {
                 let args = (b.kind == Kind::Headers).then(|| b.args.clone());
                 (b.exchange_s.clone(), args, b.via.clone())
@@ -1332,6 +1390,9 @@ impl Encoder for QueueEncoder {
         };
         let x = exchange.as_str().unwrap_or("");
         let publish = hayate_broker::session::current_publish();
+        if via.is_some() {
+            let _ = ROUTED.try_with(|r| r.route_offers.set(r.route_offers.get() + batch.len()));
+        }
         for i in 0..batch.len() {
             let msg = batch.message(i);
             // A key of another vhost (a `/` binding's wildcard covers them all): not this
@@ -1346,12 +1407,13 @@ impl Encoder for QueueEncoder {
                 continue;
             }
             let rk = names::routing_key_of(x, q.vhost.strip(msg.key.as_str()));
-            // A route: every further exchange-to-exchange hop, and the queue's binding,
-            // must take it too.
-            if via
-                .as_ref()
-                .is_some_and(|v| !v.iter().all(|h| h.passes(&rk, &msg)))
-            {
+            // A route: every further exchange-to-exchange hop of one of its paths, and the
+            // queue's binding, must take it too.
+            if via.as_ref().is_some_and(|paths| {
+                !paths
+                    .iter()
+                    .any(|hops| hops.iter().all(|h| h.passes(&rk, &msg)))
+            }) {
                 continue;
             }
             // Taken already through another of the queue's bindings.

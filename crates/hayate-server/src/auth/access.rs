@@ -34,6 +34,15 @@ impl Rule {
     pub fn is_open(&self) -> bool {
         self.allow.is_none() && self.deny.is_empty()
     }
+
+    /// Does the rule let the operation through on every key `expr` selects?
+    pub fn admits_all(&self, expr: &KeyExpr) -> bool {
+        !self.deny.iter().any(|d| d.intersects(expr))
+            && self
+                .allow
+                .as_ref()
+                .is_none_or(|a| a.iter().any(|x| x.includes(expr)))
+    }
 }
 
 /// Why an operation was refused.
@@ -179,6 +188,12 @@ impl Access {
     }
 }
 
+/// What keeps every reply inbox out of a subscription on `expr` that belongs to no client
+/// (an AMQP queue's bindings): `Ok(None)` if it covers none, `Err` if it covers only them.
+pub fn inbox_guard(expr: &KeyExpr) -> Result<Option<Arc<dyn KeyGuard>>, Denied> {
+    Access::default().check_subscribe(expr, false, "")
+}
+
 /// `_inbox/**`: every session's reply inbox.
 fn all_inboxes() -> KeyExpr {
     KeyExpr::new(&format!("{INBOX_PREFIX}/**")).unwrap_or_else(|_| unreachable_expr())
@@ -252,6 +267,25 @@ impl Grant {
             return Err(Denied::Revoked);
         }
         self.access.load().check_publish(key, with_reply)
+    }
+
+    /// May this identity, with its permissions now, read every key `expr` selects
+    /// (`group`: by the serve rule)? Nothing of it denied or outside its allow list, and not
+    /// only reply inboxes (what else it covers of them a subscription's [`inbox_guard`]
+    /// keeps out). For AMQP consumers and exchange-to-exchange bindings, checked when made.
+    pub fn may_read_all(&self, expr: &KeyExpr, group: bool) -> bool {
+        if self.is_revoked() {
+            return false;
+        }
+        let a = self.access.load();
+        a.check_subscribe(expr, group, "").is_ok() && a.subscription_rule(group).admits_all(expr)
+    }
+
+    /// May this identity, with its permissions now, publish (without a reply-to) on every
+    /// key `expr` selects? (AMQP exchange-to-exchange bindings: what a queue bound to the
+    /// destination gets is as if published there.)
+    pub fn may_publish_all(&self, expr: &KeyExpr) -> bool {
+        !self.is_revoked() && self.access.load().publish.admits_all(expr)
     }
 
     /// [`Access::check_subscribe`] with the permissions now. For a configured user, the

@@ -21,7 +21,7 @@ use std::sync::Arc;
 mod access;
 mod users;
 
-pub use access::{Access, Denied, Grant, Rule, SYS_PREFIX};
+pub use access::{Access, Denied, Grant, Rule, SYS_PREFIX, inbox_guard};
 pub use users::{ConfigAuth, Slot, TOKEN_PREFIX, hash_password, new_token, token_digest};
 
 /// Why a client was refused.
