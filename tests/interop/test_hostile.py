@@ -1,8 +1,9 @@
 """Hostile clients on every listener at once, beside normal publishers and subscribers
-(Hayate only): on the native, MQTT, MQTT-over-WebSocket, STOMP and TLS listeners, connections
+(Hayate only): on the native, MQTT, MQTT-over-WebSocket, STOMP, AMQP and TLS listeners
+(native, MQTT, STOMP and AMQP over TLS), connections
 that send garbage, half frames with 4 GiB length prefixes (and the largest MQTT remaining
-length), or trickle a handshake a byte at a time. Meanwhile a paho-mqtt pair, a stomp.py pair
-and a native `hayate sub`/`hayate pub` pair move their messages: they lose nothing, every
+length), or trickle a handshake a byte at a time. Meanwhile a paho-mqtt pair, a stomp.py pair,
+a pika pair and a native `hayate sub`/`hayate pub` pair move their messages: they lose nothing, every
 hostile connection is closed within the handshake timeout (plus a margin), and the broker's
 resident memory stays under a bound while it all happens."""
 
@@ -65,9 +66,11 @@ listen = ["127.0.0.1:0"]
 ws = ["127.0.0.1:0"]
 tls = ["127.0.0.1:0"]
 [amqp]
-listen = []
+listen = ["127.0.0.1:0"]
+tls = ["127.0.0.1:0"]
 [stomp]
 listen = ["127.0.0.1:0"]
+tls = ["127.0.0.1:0"]
 [tls]
 cert = "{d / 's.pem'}"
 key = "{d / 's.key'}"
@@ -90,6 +93,7 @@ def hostile_payloads(kind: str) -> dict[str, bytes]:
         "stomp": b"CONNECT\ncontent-length:4294967295\n\n" + b"x" * 1000,
         "ws": b"GET /mqtt HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n",  # never ends
         "tls": b"\x16\x03\x01\xff\xff\x01\x00\xff\xfb" + b"\x00" * 100,   # half ClientHello
+        "amqp": b"AMQP\x00\x00\x09\x01" + b"\x01\x00\x00\xff\xff\xff\xff" + b"\x00" * 1000,  # 4 GiB frame
     }[kind]
     return {"garbage": garbage, "half": half}
 
@@ -140,8 +144,11 @@ def test_hostile_clients_on_every_listener_while_normal_pairs_run(broker):
         "mqtt": ports["mqtt"],
         "stomp": ports["stomp"],
         "ws": ports["mqtt over websocket"],
+        "amqp": ports["amqp"],
         "tls": ports["native protocol over tls"],
         "tls-mqtt": ports["mqtt over tls"],
+        "tls-stomp": ports["stomp over tls"],
+        "tls-amqp": ports["amqp over tls"],
     }
     attackers = []
     for name, port in listeners.items():
@@ -188,6 +195,32 @@ def test_hostile_clients_on_every_listener_while_normal_pairs_run(broker):
     sc.connect(wait=True)
     sc.subscribe("/topic/good/stomp", id="1", ack="auto", headers={"receipt": "s"})
     time.sleep(0.3)
+    # AMQP (pika, publisher confirms), on a thread of its own (pika's connection is not
+    # shared across threads).
+    got_amqp = []
+
+    def amqp_pair():
+        import pika
+        params = pika.ConnectionParameters("127.0.0.1", ports["amqp"], connection_attempts=1,
+                                           socket_timeout=10)
+        pc = pika.BlockingConnection(params)
+        ch = pc.channel()
+        ch.confirm_delivery()
+        q = ch.queue_declare(queue="", exclusive=True).method.queue
+        ch.queue_bind(q, "amq.topic", "good.amqp")
+        for i in range(MESSAGES // 4):
+            ch.basic_publish("amq.topic", "good.amqp", b"a%d" % i)
+        deadline = time.monotonic() + 20
+        while len(got_amqp) < MESSAGES // 4 and time.monotonic() < deadline:
+            m, _, body = ch.basic_get(q, auto_ack=True)
+            if m is None:
+                time.sleep(0.02)
+            else:
+                got_amqp.append(body)
+        pc.close()
+
+    amqp_thread = threading.Thread(target=amqp_pair, daemon=True)
+    amqp_thread.start()
     # Native (the CLI).
     nsub = subprocess.Popen([str(HAYATE), "sub", "good/native", "--count", str(MESSAGES), "--server",
                              f"127.0.0.1:{ports['native protocol']}"], stdout=subprocess.PIPE,
@@ -203,6 +236,7 @@ def test_hostile_clients_on_every_listener_while_normal_pairs_run(broker):
     deadline = time.monotonic() + 20
     while (len(got_mqtt) < MESSAGES or len(got_stomp) < MESSAGES // 4) and time.monotonic() < deadline:
         time.sleep(0.05)
+    amqp_thread.join(40)
     for a in attackers:
         a.join(40)
     stop.set()
@@ -211,6 +245,7 @@ def test_hostile_clients_on_every_listener_while_normal_pairs_run(broker):
     assert len(got_mqtt) == MESSAGES, f"paho got {len(got_mqtt)} of {MESSAGES}"
     assert sorted(got_mqtt, key=lambda b: int(b[1:])) == [b"m%d" % i for i in range(MESSAGES)]
     assert len(got_stomp) == MESSAGES // 4, f"stomp.py got {len(got_stomp)} of {MESSAGES // 4}"
+    assert got_amqp == [b"a%d" % i for i in range(MESSAGES // 4)], f"pika got {len(got_amqp)}"
     assert out.count("\n") >= MESSAGES, (out[-200:], err[-500:])
     slow = [a.closed_after for a in attackers if a.closed_after is None or a.closed_after > HANDSHAKE_MS / 1000 + 3]
     assert not slow, f"{len(slow)} of {len(attackers)} hostile connections not closed in time: {slow[:10]}"

@@ -77,6 +77,7 @@ ws = []
 wss = ["127.0.0.1:0"]
 [amqp]
 listen = []
+tls = ["127.0.0.1:0"]
 [stomp]
 listen = ["127.0.0.1:0"]
 tls = ["127.0.0.1:0"]
@@ -204,6 +205,59 @@ def test_stomp_over_tls_login_accepted_and_refused(hayate, certs):
     bad.set_ssl(for_hosts=[("127.0.0.1", port)], ca_certs=str(certs / "ca.pem"))
     with pytest.raises(stomp.exception.ConnectFailedException):
         bad.connect("alice", "wrong", wait=True)
+
+
+def pika_tls(h, certs, credentials, cert=False):
+    import pika
+
+    ctx = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+    if cert:
+        ctx.load_cert_chain(str(certs / "alice.pem"), str(certs / "alice.key"))
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", h.ports["amqp over tls"], credentials=credentials,
+        ssl_options=pika.SSLOptions(ctx, "127.0.0.1"), connection_attempts=1,
+        socket_timeout=10))
+
+
+def test_pika_over_tls_with_a_password_and_with_a_client_certificate(hayate, certs):
+    """amqps: pika with a password (accepted and refused) and with a client certificate
+    through SASL EXTERNAL (CN=alice logs in as alice); an MQTT client over TLS sees what
+    AMQP publishes."""
+    import pika
+
+    with pytest.raises((pika.exceptions.ProbableAuthenticationError,
+                        pika.exceptions.AMQPConnectionError)):
+        pika_tls(hayate, certs, pika.PlainCredentials("alice", "nope"))
+    by_password = pika_tls(hayate, certs, pika.PlainCredentials("alice", "wonderland"))
+    ch = by_password.channel()
+    ch.queue_declare("alice/amqps")
+    ch.basic_publish("", "alice/amqps", b"y" * 100_000)
+    by_cert = pika_tls(hayate, certs, pika.credentials.ExternalCredentials(), cert=True)
+    cch = by_cert.channel()
+    time.sleep(0.2)
+    assert cch.basic_get("alice/amqps", auto_ack=True)[2] == b"y" * 100_000
+    # The certificate's user is alice: her permissions, not anyone's.
+    cch.queue_declare("alice/bound")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+        cch.queue_bind("alice/bound", "amq.topic", "bob.#")
+    assert e.value.reply_code == 403
+    # AMQP over TLS meets MQTT over TLS on one key.
+    m, _ = mqtt_client(hayate, certs, user="alice", password="wonderland")
+    got = threading.Event()
+    m.on_message = lambda c, u, msg: got.set() if msg.payload == b"from amqps" else None
+    subscribed = threading.Event()
+    m.on_subscribe = lambda *a, **k: subscribed.set()
+    m.subscribe("alice/tls", qos=1)
+    assert subscribed.wait(10)
+    ch.basic_publish("amq.topic", "alice.tls", b"from amqps")
+    assert got.wait(10), "an MQTT subscriber over TLS did not get the AMQP publish"
+    m.loop_stop()
+    m.disconnect()
+    # Without a client certificate EXTERNAL is not offered.
+    with pytest.raises(pika.exceptions.AMQPConnectionError):
+        pika_tls(hayate, certs, pika.credentials.ExternalCredentials())
+    by_password.close()
+    by_cert.close()
 
 
 def test_mosquitto_clients_with_cafile(hayate, certs):

@@ -35,7 +35,7 @@ pub struct Config {
     /// Who may connect and what they may do (every protocol).
     pub auth: AuthSection,
     /// Certificates for the TLS listeners (`native.tls`, `mqtt.tls`, `mqtt.wss`,
-    /// `stomp.tls`).
+    /// `stomp.tls`, `amqp.tls`).
     pub tls: TlsSection,
     /// Limits.
     pub limits: Limits,
@@ -245,6 +245,9 @@ impl Default for StompSection {
 pub struct AmqpSection {
     /// TCP addresses for AMQP 0-9-1 (default `127.0.0.1:5672`).
     pub listen: Vec<String>,
+    /// TCP addresses for AMQP 0-9-1 over TLS (`amqps`, RabbitMQ's port 5671; none by
+    /// default), with the `[tls]` certificate.
+    pub tls: Vec<String>,
     /// Channels per connection at most (connection.tune's channel-max).
     pub channel_max: u16,
     /// Largest frame, in bytes (connection.tune's frame-max; at least 4096).
@@ -274,6 +277,7 @@ impl Default for AmqpSection {
     fn default() -> Self {
         AmqpSection {
             listen: vec![DEFAULT_AMQP_LISTEN.to_string()],
+            tls: Vec::new(),
             channel_max: 2047,
             frame_max: 131_072,
             heartbeat_secs: 60,
@@ -601,7 +605,8 @@ impl Config {
         let tls_listeners = !(self.native.tls.is_empty()
             && self.mqtt.tls.is_empty()
             && self.mqtt.wss.is_empty()
-            && self.stomp.tls.is_empty());
+            && self.stomp.tls.is_empty()
+            && self.amqp.tls.is_empty());
         if tls_listeners || !self.tls.cert.is_empty() || !self.tls.key.is_empty() {
             crate::tls::ServerTls::load(&self.tls).map_err(ConfigError::Invalid)?;
         }

@@ -14,7 +14,7 @@ use hayate_io::traffic::TrafficClass;
 #[derive(Debug)]
 pub struct ListenerStats {
     /// `native`, `native-tls`, `mqtt`, `mqtt-tls`, `mqtt-ws`, `mqtt-wss`, `stomp`,
-    /// `stomp-tls`.
+    /// `stomp-tls`, `amqp`, `amqp-tls`.
     pub protocol: &'static str,
     /// `HOST:PORT`, `unix:PATH`, or `shm` (native clients on shared memory).
     pub addr: String,

@@ -46,6 +46,8 @@ pub enum Protocol {
     StompTls,
     /// AMQP 0-9-1 over TCP.
     Amqp,
+    /// AMQP 0-9-1 over TLS (`amqps`).
+    AmqpTls,
 }
 
 impl Protocol {
@@ -61,6 +63,7 @@ impl Protocol {
             Protocol::MqttWss => "mqtt over websocket over tls",
             Protocol::StompTls => "stomp over tls",
             Protocol::Amqp => "amqp",
+            Protocol::AmqpTls => "amqp over tls",
         }
     }
 
@@ -68,7 +71,11 @@ impl Protocol {
     pub fn is_tls(self) -> bool {
         matches!(
             self,
-            Protocol::NativeTls | Protocol::MqttTls | Protocol::MqttWss | Protocol::StompTls
+            Protocol::NativeTls
+                | Protocol::MqttTls
+                | Protocol::MqttWss
+                | Protocol::StompTls
+                | Protocol::AmqpTls
         )
     }
 
@@ -84,6 +91,7 @@ impl Protocol {
             Protocol::MqttWss => "mqtt-wss",
             Protocol::StompTls => "stomp-tls",
             Protocol::Amqp => "amqp",
+            Protocol::AmqpTls => "amqp-tls",
         }
     }
 
@@ -94,6 +102,7 @@ impl Protocol {
             Protocol::MqttTls => Protocol::Mqtt,
             Protocol::MqttWss => Protocol::MqttWs,
             Protocol::StompTls => Protocol::Stomp,
+            Protocol::AmqpTls => Protocol::Amqp,
             p => p,
         }
     }
@@ -181,6 +190,7 @@ impl Server {
             (&config.mqtt.tls, Protocol::MqttTls),
             (&config.mqtt.wss, Protocol::MqttWss),
             (&config.stomp.tls, Protocol::StompTls),
+            (&config.amqp.tls, Protocol::AmqpTls),
         ] {
             for addr in addrs {
                 listeners.push(Listener::Tcp(bind_tcp(addr).await?, p));
@@ -914,7 +924,8 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
                 Protocol::NativeTls
                 | Protocol::MqttTls
                 | Protocol::MqttWss
-                | Protocol::StompTls => {}
+                | Protocol::StompTls
+                | Protocol::AmqpTls => {}
             }
         });
     }

@@ -78,6 +78,9 @@ pub(crate) struct BrokerArgs {
     /// STOMP over TLS: TCP address (repeatable).
     #[arg(long, value_name = "HOST:PORT")]
     pub(crate) stomp_tls: Vec<String>,
+    /// AMQP 0-9-1 over TLS (amqps): TCP address (repeatable).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub(crate) amqp_tls: Vec<String>,
     /// PEM file with the server's certificate chain (`[tls] cert`).
     #[arg(long, value_name = "FILE")]
     pub(crate) tls_cert: Option<String>,

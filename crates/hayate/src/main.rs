@@ -92,6 +92,7 @@ fn effective_config(args: &cli::BrokerArgs) -> Result<Config> {
         (&args.mqtt_tls, &mut config.mqtt.tls),
         (&args.wss, &mut config.mqtt.wss),
         (&args.stomp_tls, &mut config.stomp.tls),
+        (&args.amqp_tls, &mut config.amqp.tls),
     ] {
         if !flag.is_empty() {
             *list = listen_list(flag);

@@ -622,10 +622,13 @@ impl Conn<'_> {
         );
         props.insert("platform", FieldValue::LongStr(Bytes::from_static(b"Rust")));
         props.insert("capabilities", FieldValue::Table(caps));
-        let mechanisms: &[u8] = if self.amqp.auth.required() {
-            b"PLAIN AMQPLAIN"
-        } else {
-            b"PLAIN AMQPLAIN ANONYMOUS"
+        // EXTERNAL (the user a verified client certificate names: `[tls] cert_user`) when
+        // the connection has one, as RabbitMQ's rabbitmq_auth_mechanism_ssl offers it.
+        let mechanisms: &[u8] = match (self.verified_name.is_some(), self.amqp.auth.required()) {
+            (true, true) => b"EXTERNAL PLAIN AMQPLAIN",
+            (true, false) => b"EXTERNAL PLAIN AMQPLAIN ANONYMOUS",
+            (false, true) => b"PLAIN AMQPLAIN",
+            (false, false) => b"PLAIN AMQPLAIN ANONYMOUS",
         };
         self.send(
             session,
@@ -768,8 +771,9 @@ impl Conn<'_> {
         }
     }
 
-    /// SASL PLAIN (`\0user\0password`), AMQPLAIN (a table of LOGIN and PASSWORD) or
-    /// ANONYMOUS, through the server's authenticator.
+    /// SASL PLAIN (`\0user\0password`), AMQPLAIN (a table of LOGIN and PASSWORD),
+    /// ANONYMOUS or EXTERNAL (a verified client certificate), through the server's
+    /// authenticator.
     async fn login(&mut self, mechanism: &str, response: &[u8]) -> Result<(), End> {
         let refused = |why: String| {
             End::Hard(err(
@@ -807,6 +811,10 @@ impl Conn<'_> {
                 )
             }
             "ANONYMOUS" => (None, None),
+            // The certificate's user; a response names the user (authzid) it must be.
+            "EXTERNAL" if self.verified_name.is_some() => {
+                (Some(String::from_utf8_lossy(response).into_owned()), None)
+            }
             other => return Err(refused(format!("mechanism {other} is not offered"))),
         };
         let creds = Credentials {
