@@ -423,6 +423,57 @@ def test_exchange_to_exchange_bindings_route_as_rabbitmq(broker):
     conn.close()
 
 
+def test_auto_delete_exchanges_go_with_their_last_binding(broker):
+    """As RabbitMQ: an auto-delete exchange stays until it has been bound and its last
+    binding as a source (a queue's or an exchange's) goes: by unbind, by its queue's
+    deletion (an exclusive queue when its connection closes), by the deletion of the
+    exchange bound to it; the loss cascades through exchange bindings."""
+    tag = uuid.uuid4().hex[:8]
+    conn = connect(broker)
+    ch = conn.channel()
+    ad, keep = f"ad-{tag}", f"keep-{tag}"
+    ch.exchange_declare(ad, "direct", auto_delete=True)
+    ch.exchange_declare(keep, "direct")
+    ch.exchange_declare(ad, "direct", passive=True)  # never bound: still there
+    q1 = ch.queue_declare(queue="", exclusive=True).method.queue
+    q2 = ch.queue_declare(queue="", exclusive=True).method.queue
+    ch.queue_bind(q1, ad, "a")
+    ch.queue_bind(q2, ad, "b")
+    ch.queue_bind(q1, keep, "a")
+    ch.queue_unbind(q1, ad, "a")
+    ch.exchange_declare(ad, "direct", passive=True)  # q2's binding is left
+    ch.queue_unbind(q1, keep, "a")
+    ch.queue_delete(q2)
+    assert refused_code(conn, lambda c: c.exchange_declare(ad, "direct", passive=True)) == 404
+    ch = conn.channel()
+    ch.exchange_declare(keep, "direct", passive=True)  # not auto-delete: stays
+    # Through exchange bindings: src -> mid -> an exclusive queue; the connection closes.
+    src, mid = f"ad-src-{tag}", f"ad-mid-{tag}"
+    other = connect(broker)
+    och = other.channel()
+    och.exchange_declare(src, "fanout", auto_delete=True)
+    och.exchange_declare(mid, "fanout", auto_delete=True)
+    och.exchange_bind(mid, src)
+    q3 = och.queue_declare(queue="", exclusive=True).method.queue
+    och.queue_bind(q3, mid)
+    och.basic_publish(src, "k", b"through")
+    time.sleep(0.2)
+    assert [b for _, _, b in bodies_of(och, q3)] == [b"through"]
+    other.close()
+    time.sleep(0.3)
+    for x in (src, mid):
+        assert refused_code(conn, lambda c: c.exchange_declare(x, "fanout", passive=True)) == 404, x
+    conn.close()
+
+
+def refused_code(conn, op) -> int:
+    """The reply code of the channel error `op` (on a new channel) ends in."""
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+        op(ch)
+    return e.value.reply_code
+
+
 def test_hostile_exchange_binding_graphs_are_refused_in_bounded_time(broker):
     """A dense graph of exchange bindings (every path a route) is refused with 406 once a
     queue would get more than 1024 routes, in bounded time, and leaves the routes as they
@@ -554,9 +605,9 @@ def users_broker(tmp_path):
         return out.replace(f"[auth.users.{name}]", f"[auth.users.{name}]\ngroups = [\"{group}\"]")
 
     cfg = tmp_path / "hayate.toml"
-    cfg.write_text("""
+    cfg.write_text(f"""
 [server]
-data_dir = ""
+data_dir = "{tmp_path / 'data'}"
 [admin]
 listen = []
 [native]
@@ -571,7 +622,7 @@ listen = []
 listen = ["127.0.0.1:0"]
 [auth.groups.worker]
 subscribe = ["q/**", "a/**", "amqp/**"]
-deny_subscribe = ["a/secret/**"]
+deny_subscribe = ["a/secret/**", "amqp/ex-d/secret/**"]
 serve = ["q/**"]
 publish = ["q/**", "a/**", "amqp/**"]
 [auth.groups.outsider]
@@ -641,6 +692,83 @@ def test_configured_users_bind_consume_and_bind_exchanges_within_their_permissio
     time.sleep(0.1)
     assert bch.basic_get("q/bob", auto_ack=True)[2] == b"mine"
     bob.close()
+
+
+def test_amqp_permissions_on_queues_exchanges_and_routes(users_broker):
+    """A user declares only queues it may consume from (never a reply inbox), dead-letters
+    only where it may publish, binds and unbinds only queues it may publish to (or its own
+    exclusive ones), deletes only exchanges it may publish to, binds a durable queue only to
+    what it may read in full; a route through an exchange binding brings into a queue only
+    what the queue's binding would."""
+    alice = connect_as(users_broker, "alice", "wonderland")
+    ch = alice.channel()
+    ch.queue_declare("q/one")
+    ch.exchange_declare("ex-a", "topic")
+    ch.exchange_declare("ex-d", "topic")
+    ch.exchange_declare("ex-s", "topic")
+    bob = connect_as(users_broker, "bob", "builder")
+    # Declaring: a queue key bob may not consume from, a reply inbox, a DLX he may not
+    # publish to.
+    assert refused(bob, lambda c: c.queue_declare("q/stolen")) == 403
+    assert refused(bob, lambda c: c.queue_declare("_inbox/x/amqp")) == 403
+    assert refused(bob, lambda c: c.queue_declare("q/bob", arguments={
+        "x-dead-letter-exchange": "amq.topic"})) == 403
+    bch = bob.channel()
+    bch.queue_declare("q/bob")
+    mine = bch.queue_declare(queue="", exclusive=True).method.queue
+    # Binding: another user's queue (write on it) no; his own exclusive queue yes (to
+    # what he may read).
+    assert refused(bob, lambda c: c.queue_bind("q/one", "amq.topic", "amqp.open.#")) == 403
+    assert refused(bob, lambda c: c.queue_unbind("q/one", "", "q/one")) == 403
+    assert refused(bob, lambda c: c.exchange_delete("ex-a")) == 403
+    bob.close()
+    # A durable queue's binding must be readable in full (a.# covers the denied a.secret.#).
+    ch.queue_declare("q/dur", durable=True)
+    assert refused(alice, lambda c: c.queue_bind("q/dur", "amq.topic", "a.#")) == 403
+    ch = alice.channel()
+    ch.queue_bind("q/dur", "amq.topic", "a.open.#")
+    # Routes: q/three bound to ex-d with '#', alice may not read amqp/ex-d/secret/**; a
+    # route from ex-s brings in only what a publish to ex-d would.
+    ch.queue_declare("q/three")
+    ch.queue_bind("q/three", "ex-d", "#")
+    ch.exchange_bind("ex-d", "ex-s", "#")
+    ch.basic_publish("ex-s", "open.x", b"open")
+    ch.basic_publish("ex-s", "secret.x", b"secret")
+    ch.basic_publish("ex-d", "secret.y", b"direct-secret")
+    time.sleep(0.3)
+    assert [b for _, _, b in bodies_of(ch, "q/three")] == [b"open"]
+    alice.close()
+
+
+def test_dead_letters_never_reach_sys_and_mandatory_sees_past_other_vhosts(broker):
+    """A dead letter whose routing key falls under $SYS is dropped ($SYS is read-only for
+    clients); a mandatory publish in one vhost is returned when only another vhost's '#'
+    binding was offered it."""
+    tag = uuid.uuid4().hex[:8]
+    conn = connect(broker)
+    ch = conn.channel()
+    watch = ch.queue_declare(queue="", exclusive=True).method.queue
+    ch.queue_bind(watch, "amq.topic", f"$SYS.{tag}")
+    ch.queue_bind(watch, "amq.topic", f"ok.{tag}")
+    ch.queue_declare(f"dl-{tag}", exclusive=True, arguments={
+        "x-message-ttl": 0, "x-dead-letter-exchange": "amq.topic",
+        "x-dead-letter-routing-key": f"$SYS.{tag}"})
+    ch.queue_declare(f"dl-ok-{tag}", exclusive=True, arguments={
+        "x-message-ttl": 0, "x-dead-letter-exchange": "amq.topic",
+        "x-dead-letter-routing-key": f"ok.{tag}"})
+    ch.basic_publish("", f"dl-{tag}", b"to-sys")
+    ch.basic_publish("", f"dl-ok-{tag}", b"to-ok")
+    time.sleep(0.5)
+    assert [b for _, _, b in bodies_of(ch, watch)] == [b"to-ok"]
+    everything = ch.queue_declare(queue="", exclusive=True).method.queue
+    ch.queue_bind(everything, "amq.topic", "#")
+    dev = connect(broker, "dev")
+    dch = dev.channel()
+    dch.confirm_delivery()
+    with pytest.raises(pika.exceptions.UnroutableError):
+        dch.basic_publish("amq.topic", f"nobody.{tag}", b"x", mandatory=True)
+    dev.close()
+    conn.close()
 
 
 def test_queue_arguments_ttl_max_length_dead_letters(broker):

@@ -703,10 +703,11 @@ impl Config {
             && self.mqtt.ws.is_empty()
             && self.stomp.listen.is_empty()
             && self.amqp.listen.is_empty()
+            && !tls_listeners
         {
             return Err(ConfigError::Invalid(
                 "no listener: set native.listen, native.unix, mqtt.listen, mqtt.ws, \
-                 stomp.listen or amqp.listen"
+                 stomp.listen, amqp.listen or a TLS listener"
                     .into(),
             ));
         }

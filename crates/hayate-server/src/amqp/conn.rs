@@ -1502,21 +1502,18 @@ impl Conn<'_> {
                 frontend::check_publish(&self.identity, &key, reply_to.is_some())
                     .map_err(|d| err(ReplyCode::AccessRefused, d.to_string()))?;
                 let msg = message_of(key, props, reply_to, body);
-                // A headers exchange's bindings subscribe to all its keys and compare the
-                // headers in the queue, and routes through exchange-to-exchange bindings
-                // compare their hops there: such subscriptions count as routed only if the
-                // queue took the message.
-                let filtered_mandatory = p.mandatory
-                    && (x.kind == Kind::Headers
-                        || self.vhost.edge_count.load(Ordering::Acquire) > 0);
-                if confirms.is_some() || in_tx || filtered_mandatory {
+                // Queues decide what they take after the broker offered it (a headers
+                // binding's arguments, a route's hops, a key of another vhost under a `/`
+                // wildcard): a mandatory publish is routed only if a queue took it or
+                // something other than a queue was offered it.
+                if confirms.is_some() || in_tx || p.mandatory {
                     let (n, queued, offers, r, stored, streams) = super::queue::ROUTED
                         .scope(super::queue::Routed::default(), async {
                             let (n, streams) = session.publish_stored(Batch::One(&msg)).await;
                             let (q, o, r, stored) = super::queue::ROUTED.with(|r| {
                                 (
                                     r.queued.get(),
-                                    r.route_offers.get(),
+                                    r.queue_offers.get(),
                                     r.refused.get(),
                                     r.stored.take(),
                                 )
@@ -1524,14 +1521,7 @@ impl Conn<'_> {
                             (n, q, o, r, stored, streams)
                         })
                         .await;
-                    routed = if !p.mandatory || queued {
-                        n
-                    } else if x.kind == Kind::Headers {
-                        0
-                    } else {
-                        // Offered to something other than a route: routed.
-                        n.saturating_sub(offers)
-                    };
+                    routed = if queued { n } else { n.saturating_sub(offers) };
                     refused = r;
                     // Durable queues' records and streams' appends, until durable.
                     for (store, o) in stored {
@@ -1824,6 +1814,22 @@ impl Conn<'_> {
                 format!("operation not permitted on exchange '{n}'"),
             ));
         }
+        // Deleting an exchange ends what is published through it: publish on all of its
+        // keys is needed.
+        let writable = self
+            .vhost
+            .expr(names::binding_expr(n, Kind::Topic, "#"))
+            .is_some_and(|e| self.identity.access.may_publish_all(&e));
+        if !writable {
+            return Err(err(
+                ReplyCode::AccessRefused,
+                format!(
+                    "access to exchange '{n}' in vhost '{vh}' refused for user '{}'",
+                    self.identity.name(),
+                    vh = self.vhost.name
+                ),
+            ));
+        }
         let queues: Vec<_> = reg.queues.values().cloned().collect();
         let forwards = reg.edges.iter().any(|e| e.source == n);
         drop(reg);
@@ -1842,13 +1848,17 @@ impl Conn<'_> {
             ));
         }
         let affected = self.vhost.queues_after(n);
+        let sources: Vec<String>;
         {
             let mut reg = lock(&self.vhost.registry);
+            sources = reg
+                .edges
+                .iter()
+                .filter(|e| e.destination == n && e.source != n)
+                .map(|e| e.source.clone())
+                .collect();
             reg.exchanges.remove(n);
             reg.edges.retain(|e| e.source != n && e.destination != n);
-            self.vhost
-                .edge_count
-                .store(reg.edges.len(), Ordering::Release);
         }
         self.vhost.exchanges_changed.fetch_add(1, Ordering::AcqRel);
         for q in queues {
@@ -1857,6 +1867,7 @@ impl Conn<'_> {
         if let Err(e) = self.vhost.reroute(&affected) {
             tracing::warn!(conn = self.id, vhost = %self.vhost.name, "amqp: routes after deleting exchange {n:?}: {e}");
         }
+        self.vhost.drop_unused_exchanges(sources);
         if let Some(s) = self.vhost.store.get() {
             s.remove_exchange(n).map_err(|e| {
                 err(
@@ -1950,9 +1961,6 @@ impl Conn<'_> {
             } else {
                 reg.edges.retain(|e| e != &edge);
             }
-            self.vhost
-                .edge_count
-                .store(reg.edges.len(), Ordering::Release);
             drop(reg);
             self.vhost.exchanges_changed.fetch_add(1, Ordering::AcqRel);
         };
@@ -1983,6 +1991,10 @@ impl Conn<'_> {
                     format!("cannot keep the exchange-to-exchange bindings of '{d}': {e}"),
                 )
             })?;
+        }
+        if !bind {
+            // The source lost a binding: an auto-delete source may now be unused.
+            self.vhost.drop_unused_exchanges(vec![s.to_string()]);
         }
         Ok(())
     }
@@ -2080,6 +2092,38 @@ impl Conn<'_> {
         };
         let expr = KeyExpr::new(key.as_str())
             .map_err(|e| err(ReplyCode::PreconditionFailed, e.to_string()))?;
+        // A queue's default binding reads its own key: a client names only a queue it may
+        // consume from (serve on all of its key; never a reply inbox, whoever asks). A
+        // server-named one is a fresh random key nobody else publishes on.
+        if !name.is_empty() && !self.identity.access.may_read_all(&expr, true) {
+            return Err(err(
+                ReplyCode::AccessRefused,
+                format!(
+                    "access to queue '{n}' in vhost '{vh}' refused for user '{}'",
+                    self.identity.name(),
+                    vh = self.vhost.name
+                ),
+            ));
+        }
+        // Dead letters are published on the dead-letter exchange's keys: the declarer must
+        // be allowed to publish on all of them, as RabbitMQ checks write on the DLX.
+        if let Some(dlx) = &args.dead_letter_exchange {
+            let space = if dlx.is_empty() {
+                self.vhost.expr(KeyExpr::new("**").ok())
+            } else {
+                self.vhost.expr(names::binding_expr(dlx, Kind::Topic, "#"))
+            };
+            if !space.is_some_and(|s| self.identity.access.may_publish_all(&s)) {
+                return Err(err(
+                    ReplyCode::AccessRefused,
+                    format!(
+                        "access to dead-letter exchange '{dlx}' in vhost '{vh}' refused for user '{}'",
+                        self.identity.name(),
+                        vh = self.vhost.name
+                    ),
+                ));
+            }
+        }
         {
             let reg = lock(&self.vhost.registry);
             if reg.queues.len() >= self.amqp.cfg.max_queues {
@@ -2182,6 +2226,27 @@ impl Conn<'_> {
     ) -> Result<(), AmqpError> {
         let q = self.queue(queue)?;
         let _topology = lock(&self.vhost.topology);
+        // What a binding brings into a queue is as if published to it: binding and
+        // unbinding need publish on all of the queue's key (as RabbitMQ's write on the
+        // queue), but for a queue exclusive to this connection, which nobody else reaches.
+        if q.owner != Some(self.id) {
+            let writable = self
+                .vhost
+                .key(names::queue_key(&q.name))
+                .and_then(|k| KeyExpr::new(k.as_str()).ok())
+                .is_some_and(|e| self.identity.access.may_publish_all(&e));
+            if !writable {
+                return Err(err(
+                    ReplyCode::AccessRefused,
+                    format!(
+                        "access to queue '{}' in vhost '{vh}' refused for user '{}'",
+                        q.name,
+                        self.identity.name(),
+                        vh = self.vhost.name
+                    ),
+                ));
+            }
+        }
         let x = exchange.as_str().unwrap_or("");
         if x.is_empty() {
             return Err(err(
@@ -2214,6 +2279,7 @@ impl Conn<'_> {
                     tracing::warn!(conn = self.id, queue = %q.name, "amqp: routes after an unbind: {e}");
                 }
                 saved(&q)?;
+                self.vhost.drop_unused_exchanges(vec![x.to_string()]);
             }
             return Ok(());
         }
@@ -2232,6 +2298,18 @@ impl Conn<'_> {
         // As a subscription of the binder's: what the expression covers that the binder may
         // not read (other clients' reply inboxes, denied keys) its guard keeps out.
         let guard = match self.identity.access.check_subscribe(&expr, false, "") {
+            // A durable queue's binding outlives the guard (a restart puts it back with
+            // the reply-inbox guard only): all of it must be readable.
+            Ok(_) if q.store.is_some() && !self.identity.access.may_read_all(&expr, false) => {
+                return Err(err(
+                    ReplyCode::AccessRefused,
+                    format!(
+                        "access to all of '{}' refused for user '{}' (a durable queue's bindings must be readable in full)",
+                        expr.as_str(),
+                        self.identity.name()
+                    ),
+                ));
+            }
             Ok(guard) => guard,
             Err(_) => {
                 return Err(err(
@@ -2552,6 +2630,9 @@ fn settle(
 /// Deletes a queue: out of the registry, its consumers told (basic.cancel on their
 /// channels), its bindings gone. How many messages it held.
 pub(crate) fn delete_queue(q: &Arc<Queue>) -> u32 {
+    let _topology = lock(&q.vhost.topology);
+    // Its bindings go with it: auto-delete exchanges they were the last of go too.
+    let exchanges: Vec<String> = q.bindings().into_iter().map(|b| b.exchange).collect();
     {
         let mut reg = lock(&q.vhost.registry);
         if reg.queues.get(&q.name).is_some_and(|x| Arc::ptr_eq(x, q)) {
@@ -2569,6 +2650,7 @@ pub(crate) fn delete_queue(q: &Arc<Queue>) -> u32 {
             .outbox
             .push_control_unbudgeted(|b| Frame::Method(ch, m).encode(b));
     }
+    q.vhost.drop_unused_exchanges(exchanges);
     n
 }
 

@@ -185,6 +185,7 @@ impl Topology {
         &self,
         name: &str,
         vhost: &str,
+        prefix: &str,
         bindings: &[queue::Binding],
         chains: &mut HashMap<String, Option<Vec<Vec<usize>>>>,
     ) -> Result<Vec<queue::Route>, String> {
@@ -200,12 +201,17 @@ impl Topology {
         let mut cost = 0;
         let mut seen_bindings = HashSet::new();
         for b in bindings.iter().filter(|b| !b.exchange.is_empty()) {
-            let last = queue::Hop::new(&b.exchange, b.kind, &b.key, &b.args);
-            // Bindings that differ only in what their exchange ignores route the same.
+            let mut last = queue::Hop::new(&b.exchange, b.kind, &b.key, &b.args);
+            last.guard = b.guard.clone().map(|g| (g, prefix.to_string()));
+            // Bindings that differ only in what their exchange ignores route the same (and
+            // the same guard lets the same in).
             if !seen_bindings.insert((
                 last.exchange.clone(),
                 last.key.clone(),
                 store::table_hex(&last.args),
+                b.guard
+                    .as_ref()
+                    .map(|g| Arc::as_ptr(g) as *const () as usize),
             )) {
                 continue;
             }
@@ -284,9 +290,7 @@ pub(crate) struct VHost {
     pub(crate) topology: Mutex<()>,
     /// The cost ([`route_cost`]) of all its queues' routes.
     pub(crate) route_cost: std::sync::atomic::AtomicUsize,
-    /// Its exchange-to-exchange bindings (a mandatory publish then tells routes that
-    /// refused it from other subscriptions).
-    pub(crate) edge_count: std::sync::atomic::AtomicUsize,
+
     /// Where its durable exchanges, queues and persistent messages are kept (set at
     /// start when the broker has a data directory).
     pub(crate) store: std::sync::OnceLock<Arc<store::Store>>,
@@ -337,7 +341,7 @@ impl VHost {
             exchanges_changed: AtomicU64::new(0),
             topology: Mutex::new(()),
             route_cost: std::sync::atomic::AtomicUsize::new(0),
-            edge_count: std::sync::atomic::AtomicUsize::new(0),
+
             store: std::sync::OnceLock::new(),
         }
     }
@@ -378,6 +382,56 @@ impl VHost {
             .filter(|k| !self.foreign(k.as_str()))
     }
 
+    /// Deletes each auto-delete exchange of `candidates` that is no longer the source of any
+    /// binding (a queue's or an exchange's), as RabbitMQ deletes an auto-delete exchange
+    /// when its last binding goes; an exchange bound to one deleted so loses a binding, and
+    /// goes too if it was its last (cascading). Called with `topology` held, after a binding
+    /// went (unbind, a queue deleted, an exchange deleted).
+    pub(crate) fn drop_unused_exchanges(&self, mut candidates: Vec<String>) {
+        let mut affected: Vec<Arc<Queue>> = Vec::new();
+        while let Some(x) = candidates.pop() {
+            let queues = {
+                let reg = lock(&self.registry);
+                let unused = reg
+                    .exchanges
+                    .get(&x)
+                    .is_some_and(|e| e.auto_delete && !e.builtin)
+                    && !reg.edges.iter().any(|e| e.source == x);
+                if !unused {
+                    continue;
+                }
+                reg.queues.values().cloned().collect::<Vec<_>>()
+            };
+            if queues
+                .iter()
+                .any(|q| q.bindings().iter().any(|b| b.exchange == x))
+            {
+                continue;
+            }
+            affected.extend(self.queues_after(&x));
+            let durable = {
+                let mut reg = lock(&self.registry);
+                let durable = reg.exchanges.remove(&x).is_some_and(|e| e.durable);
+                for e in reg.edges.iter().filter(|e| e.destination == x) {
+                    candidates.push(e.source.clone());
+                }
+                reg.edges.retain(|e| e.source != x && e.destination != x);
+                durable
+            };
+            self.exchanges_changed.fetch_add(1, Ordering::AcqRel);
+            tracing::debug!(vhost = %self.name, "amqp: auto-delete exchange {x:?} unused: deleted");
+            if let Some(s) = self.store_for(durable)
+                && let Err(e) = s.remove_exchange(&x)
+            {
+                tracing::error!(vhost = %self.name, "amqp: auto-deleted exchange {x:?} not forgotten by its store: {e}");
+            }
+        }
+        affected.retain(|q| !q.is_deleted());
+        if let Err(e) = self.reroute(&affected) {
+            tracing::warn!(vhost = %self.name, "amqp: routes after auto-deleting exchanges: {e}");
+        }
+    }
+
     /// The queues whose routes depend on the bindings of exchange `x`: those bound to it or
     /// to an exchange downstream of it (read without holding `registry` while a queue's
     /// state is locked).
@@ -407,7 +461,7 @@ impl VHost {
         let plans = queues
             .iter()
             .zip(&bindings)
-            .map(|(q, b)| topology.routes(&q.name, &self.name, b, &mut chains))
+            .map(|(q, b)| topology.routes(&q.name, &self.name, &self.prefix, b, &mut chains))
             .collect::<Result<Vec<_>, String>>()?;
         let old: usize = queues.iter().map(|q| q.route_cost()).sum();
         let new: usize = plans.iter().map(|r| route_cost(r)).sum();
@@ -615,7 +669,6 @@ impl Amqp {
                         }
                     }
                 }
-                vhost.edge_count.store(reg.edges.len(), Ordering::Release);
             }
             vhost.exchanges_changed.fetch_add(1, Ordering::AcqRel);
             for (name, def, msgs) in rec.queues {
@@ -644,7 +697,11 @@ impl Amqp {
                     Some((st.clone(), def.id)),
                 );
                 q.restore(msgs);
-                if let Err(e) = q.bind("", Kind::Direct, &name, FieldTable::default(), expr, None) {
+                if crate::auth::inbox_guard(&expr).is_err() {
+                    tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?} is a reply inbox's key: left unbound");
+                } else if let Err(e) =
+                    q.bind("", Kind::Direct, &name, FieldTable::default(), expr, None)
+                {
                     tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: {e}");
                 }
                 for b in &def.bindings {
@@ -706,6 +763,15 @@ impl Amqp {
         let Some(key) = vhost.publish_key(exchange, kind, rk) else {
             return;
         };
+        // `$SYS` is read-only for clients, a dead letter's routing key included.
+        if key.as_str() == crate::auth::SYS_PREFIX
+            || key
+                .as_str()
+                .strip_prefix(crate::auth::SYS_PREFIX)
+                .is_some_and(|r| r.starts_with('/'))
+        {
+            return;
+        }
         let mut msg = m.msg;
         // A cycle (a queue's dead letters coming back to it without a client rejecting
         // them, as RabbitMQ defines it): dropped, not sent round for ever.

@@ -126,6 +126,10 @@ fn exchange_prefix(x: &str) -> String {
     p
 }
 
+/// What stands for a routing key that no key can carry, published to a fanout or headers
+/// exchange (deliveries show it as the routing key: `%` followed by `!` is no escape).
+pub(crate) const UNKEYABLE: &str = "%!";
+
 /// The key a message published to exchange `x` (of `kind`) with routing key `rk` is
 /// published on; `None` when there is none (not a valid key: unroutable).
 pub(crate) fn publish_key(x: &str, kind: Kind, rk: &str) -> Option<Key> {
@@ -151,9 +155,10 @@ pub(crate) fn publish_key(x: &str, kind: Kind, rk: &str) -> Option<Key> {
     match Key::new(&k) {
         Ok(k) => Some(k),
         // A fanout or headers exchange does not route on the routing key: one that cannot
-        // be in a key (a control character, too long) is left out, not the message.
+        // be in a key (a control character, too long) is replaced by UNKEYABLE, not the
+        // message lost (a segment escaping never makes, so it is not the empty key's).
         Err(_) if matches!(kind, Kind::Fanout | Kind::Headers) && !prefix.is_empty() => {
-            Key::new(&prefix).ok()
+            Key::new(&format!("{prefix}/{UNKEYABLE}")).ok()
         }
         Err(_) => None,
     }
@@ -251,10 +256,16 @@ mod tests {
         assert_eq!(k("logs", Kind::Fanout, ""), Some("amqp/logs".into()));
         assert_eq!(
             k("logs", Kind::Fanout, "a\u{1}"),
-            Some("amqp/logs".into()),
+            Some("amqp/logs/%!".into()),
             "a fanout exchange routes a routing key no key can carry"
         );
-        assert_eq!(k("hx", Kind::Headers, "a\u{1}"), Some("amqp/hx".into()));
+        assert_eq!(k("hx", Kind::Headers, "a\u{1}"), Some("amqp/hx/%!".into()));
+        assert_eq!(routing_key_of("hx", "amqp/hx/%!"), "%!");
+        assert_eq!(
+            k("d", Kind::Direct, "%!"),
+            Some("amqp/d/%25!".into()),
+            "not the same key"
+        );
         assert_eq!(k("ex", Kind::Direct, "a.b"), Some("amqp/ex/a/b".into()));
         assert_eq!(k("ex", Kind::Direct, ""), Some("amqp/ex".into()));
         assert_eq!(k("e/x", Kind::Topic, "a"), Some("amqp/e%2Fx/a".into()));

@@ -201,13 +201,16 @@ pub(crate) struct Binding {
     pub(crate) args: FieldTable,
     pub(crate) sid: u32,
     pub(crate) via: Option<Arc<Vec<Vec<Hop>>>>,
+    /// A client's binding: the guard of its maker's permissions (its subscription carries
+    /// it too); routes into the binding check it in their last hop.
+    pub(crate) guard: Option<Arc<dyn hayate_broker::KeyGuard>>,
 }
 
 /// A binding a message must pass on its way through exchange-to-exchange bindings: that of
 /// exchange `exchange` (of `kind`) with `key` and `args`, matched as that exchange routes.
 /// What the exchange's type ignores is left out (a fanout or headers exchange's key, the
 /// arguments of any but a headers one), so bindings that route alike are equal.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Hop {
     pub(crate) exchange: String,
     pub(crate) kind: Kind,
@@ -215,6 +218,24 @@ pub(crate) struct Hop {
     pub(crate) args: FieldTable,
     /// The binding's expression (of the `/` mapping) for direct and topic exchanges.
     expr: Option<hayate_core::KeyExpr>,
+    /// A queue's own binding (the last hop of a route): its maker's guard, asked about the
+    /// key the message would have had if published to the hop's exchange (under the
+    /// vhost's key prefix, `prefix`), so a route brings in only what the binding would.
+    pub(crate) guard: Option<(Arc<dyn hayate_broker::KeyGuard>, String)>,
+}
+
+impl PartialEq for Hop {
+    fn eq(&self, other: &Hop) -> bool {
+        self.exchange == other.exchange
+            && self.kind == other.kind
+            && self.key == other.key
+            && self.args == other.args
+            && match (&self.guard, &other.guard) {
+                (None, None) => true,
+                (Some((a, p)), Some((b, q))) => Arc::ptr_eq(a, b) && p == q,
+                _ => false,
+            }
+    }
 }
 
 impl Hop {
@@ -236,6 +257,7 @@ impl Hop {
                 FieldTable::default()
             },
             expr,
+            guard: None,
         }
     }
 
@@ -243,13 +265,19 @@ impl Hop {
     /// key mapping a publish to the hop's exchange would take (so exactly as if the message
     /// had been published there).
     fn passes(&self, rk: &str, msg: &Message) -> bool {
-        match self.kind {
+        let matched = match self.kind {
             Kind::Fanout => true,
             Kind::Headers => super::headers_match(&self.args, msg),
             Kind::Direct | Kind::Topic => self.expr.as_ref().is_some_and(|e| {
                 names::publish_key(&self.exchange, self.kind, rk).is_some_and(|k| e.matches(&k))
             }),
-        }
+        };
+        matched
+            && self.guard.as_ref().is_none_or(|(g, prefix)| {
+                names::publish_key(&self.exchange, self.kind, rk)
+                    .and_then(|k| hayate_core::Key::new(&format!("{prefix}{}", k.as_str())).ok())
+                    .is_some_and(|k| g.admits(&k))
+            })
     }
 }
 
@@ -352,9 +380,11 @@ pub(crate) struct Routed {
     pub(crate) refused: std::cell::Cell<bool>,
     /// Durable queues stored it: the confirm waits until these records are durable.
     pub(crate) stored: std::cell::RefCell<Vec<(Arc<Store>, u64)>>,
-    /// Offers to routes (each counted as delivered by the broker, taken or not): a
-    /// mandatory publish is routed if a queue took it or something else was offered it.
-    pub(crate) route_offers: std::cell::Cell<usize>,
+    /// Offers to queues' bindings and routes (each counted as delivered by the broker,
+    /// taken or not: a headers binding's arguments, a route's hops, a key of another vhost
+    /// may refuse it): a mandatory publish is routed if a queue took it or something other
+    /// than a queue was offered it.
+    pub(crate) queue_offers: std::cell::Cell<usize>,
 }
 
 tokio::task_local! {
@@ -701,6 +731,7 @@ impl Queue {
                 key: key.to_string(),
                 args,
                 sid,
+                guard: if via.is_none() { guard.clone() } else { None },
                 via,
             },
         );
@@ -1382,6 +1413,7 @@ impl Taken {
 
 impl Encoder for QueueEncoder {
     fn encode(&mut self, sid: u32, batch: Batch<'_>, _origin: u64, _out: &mut OutBuf) {
+        let _ = ROUTED.try_with(|r| r.queue_offers.set(r.queue_offers.get() + batch.len()));
         let Some(q) = self.queue.upgrade() else {
             return;
         };
@@ -1390,9 +1422,6 @@ impl Encoder for QueueEncoder {
         };
         let x = exchange.as_str().unwrap_or("");
         let publish = hayate_broker::session::current_publish();
-        if via.is_some() {
-            let _ = ROUTED.try_with(|r| r.route_offers.set(r.route_offers.get() + batch.len()));
-        }
         for i in 0..batch.len() {
             let msg = batch.message(i);
             // A key of another vhost (a `/` binding's wildcard covers them all): not this
