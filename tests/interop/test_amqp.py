@@ -707,12 +707,17 @@ def test_amqp_permissions_on_queues_exchanges_and_routes(users_broker):
     ch.exchange_declare("ex-d", "topic")
     ch.exchange_declare("ex-s", "topic")
     bob = connect_as(users_broker, "bob", "builder")
-    # Declaring: a queue key bob may not consume from, a reply inbox, a DLX he may not
-    # publish to.
-    assert refused(bob, lambda c: c.queue_declare("q/stolen")) == 403
+    # Declaring: a reply inbox, a queue he may not consume from with a dead-letter
+    # exchange (its way out), a DLX he may not publish to. Without a DLX a producer may
+    # declare a queue it does not consume from (it cannot read what it collects).
     assert refused(bob, lambda c: c.queue_declare("_inbox/x/amqp")) == 403
+    assert refused(bob, lambda c: c.queue_declare("q/stolen", arguments={
+        "x-dead-letter-exchange": "amqp-open-dlx"})) == 403
     assert refused(bob, lambda c: c.queue_declare("q/bob", arguments={
         "x-dead-letter-exchange": "amq.topic"})) == 403
+    bch = bob.channel()
+    bch.queue_declare("q/produced")
+    assert refused(bob, lambda c: c.basic_get("q/produced")) == 403
     bch = bob.channel()
     bch.queue_declare("q/bob")
     mine = bch.queue_declare(queue="", exclusive=True).method.queue
@@ -760,6 +765,9 @@ def test_dead_letters_never_reach_sys_and_mandatory_sees_past_other_vhosts(broke
     ch.basic_publish("", f"dl-ok-{tag}", b"to-ok")
     time.sleep(0.5)
     assert [b for _, _, b in bodies_of(ch, watch)] == [b"to-ok"]
+    # Nobody names a queue after a reply inbox (its default binding would read it).
+    assert refused_code(conn, lambda c: c.queue_declare("_inbox/x/amqp")) == 403
+    ch = conn.channel()
     everything = ch.queue_declare(queue="", exclusive=True).method.queue
     ch.queue_bind(everything, "amq.topic", "#")
     dev = connect(broker, "dev")

@@ -1521,7 +1521,14 @@ impl Conn<'_> {
                             (n, q, o, r, stored, streams)
                         })
                         .await;
-                    routed = if queued { n } else { n.saturating_sub(offers) };
+                    routed = if queued {
+                        n
+                    } else if x.kind == Kind::Headers {
+                        // As RabbitMQ: through a headers exchange only a queue counts.
+                        0
+                    } else {
+                        n.saturating_sub(offers)
+                    };
                     refused = r;
                     // Durable queues' records and streams' appends, until durable.
                     for (store, o) in stored {
@@ -1756,6 +1763,12 @@ impl Conn<'_> {
                 format!("exchange name '{n}' contains reserved prefix 'amq.*'"),
             ));
         }
+        if !n.is_empty() && names::binding_expr(n, Kind::Topic, "#").is_none() {
+            return Err(err(
+                ReplyCode::PreconditionFailed,
+                format!("exchange name '{n}' cannot be a key"),
+            ));
+        }
         if n.is_empty() {
             return Err(err(
                 ReplyCode::AccessRefused,
@@ -1816,10 +1829,11 @@ impl Conn<'_> {
         }
         // Deleting an exchange ends what is published through it: publish on all of its
         // keys is needed.
+        // (A name that is no key, declared by an older version, has no keys to protect.)
         let writable = self
             .vhost
             .expr(names::binding_expr(n, Kind::Topic, "#"))
-            .is_some_and(|e| self.identity.access.may_publish_all(&e));
+            .is_none_or(|e| self.identity.access.may_publish_all(&e));
         if !writable {
             return Err(err(
                 ReplyCode::AccessRefused,
@@ -1973,6 +1987,7 @@ impl Conn<'_> {
             return Err(err(ReplyCode::PreconditionFailed, e));
         }
         // Kept when both ends are durable, as in RabbitMQ.
+        let mut kept = Ok(());
         if let Some(st) = self.vhost.store_for(sx.durable && dx.durable) {
             let def = super::store::EdgeDef {
                 source: s.to_string(),
@@ -1980,23 +1995,23 @@ impl Conn<'_> {
                 key: key.to_string(),
                 arguments: super::store::table_hex(arguments),
             };
-            let kept = if bind {
+            let written = if bind {
                 st.put_edge(def)
             } else {
                 st.remove_edge(def)
             };
-            kept.map_err(|e| {
+            kept = written.map_err(|e| {
                 err(
                     ReplyCode::InternalError,
                     format!("cannot keep the exchange-to-exchange bindings of '{d}': {e}"),
                 )
-            })?;
+            });
         }
         if !bind {
             // The source lost a binding: an auto-delete source may now be unused.
             self.vhost.drop_unused_exchanges(vec![s.to_string()]);
         }
-        Ok(())
+        kept
     }
 
     async fn queue_declare(
@@ -2092,10 +2107,15 @@ impl Conn<'_> {
         };
         let expr = KeyExpr::new(key.as_str())
             .map_err(|e| err(ReplyCode::PreconditionFailed, e.to_string()))?;
-        // A queue's default binding reads its own key: a client names only a queue it may
-        // consume from (serve on all of its key; never a reply inbox, whoever asks). A
-        // server-named one is a fresh random key nobody else publishes on.
-        if !name.is_empty() && !self.identity.access.may_read_all(&expr, true) {
+        // A queue's default binding reads its own key: never a reply inbox's, whoever asks.
+        // Messages it collects leave only through a consumer (serve, checked then) or as
+        // dead letters: with a dead-letter exchange, a client names only a queue it may
+        // consume from (serve on all of its key). A server-named one is a fresh random key.
+        if !name.is_empty()
+            && (crate::auth::inbox_guard(&expr).is_err()
+                || args.dead_letter_exchange.is_some()
+                    && !self.identity.access.may_read_all(&expr, true))
+        {
             return Err(err(
                 ReplyCode::AccessRefused,
                 format!(
@@ -2278,8 +2298,9 @@ impl Conn<'_> {
                 if let Err(e) = self.vhost.reroute(std::slice::from_ref(&q)) {
                     tracing::warn!(conn = self.id, queue = %q.name, "amqp: routes after an unbind: {e}");
                 }
-                saved(&q)?;
+                let kept = saved(&q);
                 self.vhost.drop_unused_exchanges(vec![x.to_string()]);
+                kept?;
             }
             return Ok(());
         }

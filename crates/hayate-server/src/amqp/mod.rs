@@ -387,8 +387,9 @@ impl VHost {
     /// when its last binding goes; an exchange bound to one deleted so loses a binding, and
     /// goes too if it was its last (cascading). Called with `topology` held, after a binding
     /// went (unbind, a queue deleted, an exchange deleted).
+    /// No route passes through an exchange so deleted (it is the source of no exchange
+    /// binding, and no queue is bound to it), so no queue's routes change.
     pub(crate) fn drop_unused_exchanges(&self, mut candidates: Vec<String>) {
-        let mut affected: Vec<Arc<Queue>> = Vec::new();
         while let Some(x) = candidates.pop() {
             let queues = {
                 let reg = lock(&self.registry);
@@ -408,7 +409,6 @@ impl VHost {
             {
                 continue;
             }
-            affected.extend(self.queues_after(&x));
             let durable = {
                 let mut reg = lock(&self.registry);
                 let durable = reg.exchanges.remove(&x).is_some_and(|e| e.durable);
@@ -425,10 +425,6 @@ impl VHost {
             {
                 tracing::error!(vhost = %self.name, "amqp: auto-deleted exchange {x:?} not forgotten by its store: {e}");
             }
-        }
-        affected.retain(|q| !q.is_deleted());
-        if let Err(e) = self.reroute(&affected) {
-            tracing::warn!(vhost = %self.name, "amqp: routes after auto-deleting exchanges: {e}");
         }
     }
 
