@@ -444,7 +444,7 @@ def test_auto_delete_exchanges_go_with_their_last_binding(broker):
     ch.exchange_declare(ad, "direct", passive=True)  # q2's binding is left
     ch.queue_unbind(q1, keep, "a")
     ch.queue_delete(q2)
-    assert refused_code(conn, lambda c: c.exchange_declare(ad, "direct", passive=True)) == 404
+    assert refused(conn, lambda c: c.exchange_declare(ad, "direct", passive=True)) == 404
     ch = conn.channel()
     ch.exchange_declare(keep, "direct", passive=True)  # not auto-delete: stays
     # Through exchange bindings: src -> mid -> an exclusive queue; the connection closes.
@@ -462,16 +462,8 @@ def test_auto_delete_exchanges_go_with_their_last_binding(broker):
     other.close()
     time.sleep(0.3)
     for x in (src, mid):
-        assert refused_code(conn, lambda c: c.exchange_declare(x, "fanout", passive=True)) == 404, x
+        assert refused(conn, lambda c: c.exchange_declare(x, "fanout", passive=True)) == 404, x
     conn.close()
-
-
-def refused_code(conn, op) -> int:
-    """The reply code of the channel error `op` (on a new channel) ends in."""
-    ch = conn.channel()
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
-        op(ch)
-    return e.value.reply_code
 
 
 def test_hostile_exchange_binding_graphs_are_refused_in_bounded_time(broker):
@@ -766,7 +758,7 @@ def test_dead_letters_never_reach_sys_and_mandatory_sees_past_other_vhosts(broke
     time.sleep(0.5)
     assert [b for _, _, b in bodies_of(ch, watch)] == [b"to-ok"]
     # Nobody names a queue after a reply inbox (its default binding would read it).
-    assert refused_code(conn, lambda c: c.queue_declare("_inbox/x/amqp")) == 403
+    assert refused(conn, lambda c: c.queue_declare("_inbox/x/amqp")) == 403
     ch = conn.channel()
     everything = ch.queue_declare(queue="", exclusive=True).method.queue
     ch.queue_bind(everything, "amq.topic", "#")
