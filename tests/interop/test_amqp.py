@@ -506,6 +506,60 @@ def test_hostile_exchange_binding_graphs_are_refused_in_bounded_time(broker):
     bystander.close()
 
 
+def test_routes_stay_whole_while_a_hostile_client_churns_exchange_bindings(broker):
+    """A queue fed through src -> dst keeps every message once while another client binds
+    and unbinds other exchanges into dst and src (each change recomputes the queue's routes:
+    the route it keeps must not miss or repeat a message)."""
+    tag = uuid.uuid4().hex[:8]
+    src, dst = f"churn-src-{tag}", f"churn-dst-{tag}"
+    setup = connect(broker)
+    sch = setup.channel()
+    sch.exchange_declare(src, "topic")
+    sch.exchange_declare(dst, "fanout")
+    sch.exchange_bind(dst, src, "m.#")
+    q = sch.queue_declare(queue="", exclusive=True).method.queue
+    sch.queue_bind(q, dst)
+    others = [f"churn-x{i}-{tag}" for i in range(6)]
+    for x in others:
+        sch.exchange_declare(x, "fanout")
+    stop = threading.Event()
+    changes = [0]
+
+    def churn():
+        c = connect(broker)
+        ch = c.channel()
+        i = 0
+        while not stop.is_set():
+            x = others[i % len(others)]
+            ch.exchange_bind(dst, x)
+            ch.exchange_bind(src, x, f"k{i % 3}")
+            ch.exchange_unbind(dst, x)
+            ch.exchange_unbind(src, x, f"k{i % 3}")
+            changes[0] += 4
+            i += 1
+        c.close()
+
+    t = threading.Thread(target=churn, daemon=True)
+    t.start()
+    pub = connect(broker)
+    pch = pub.channel()
+    pch.confirm_delivery()
+    n = 3000
+    for i in range(n):
+        pch.basic_publish(src, f"m.{i % 7}", str(i).encode())
+    stop.set()
+    t.join(30)
+    got = drain(sch, q, n + 1, timeout=15)
+    bodies = [int(b) for _, _, b in got]
+    print(f"{changes[0]} binding changes during {n} confirmed publishes")
+    assert changes[0] > 40, f"only {changes[0]} binding changes happened meanwhile"
+    assert sorted(bodies) == list(range(n)), \
+        f"{len(bodies)} of {n}, {len(bodies) - len(set(bodies))} repeated"
+    assert bodies == sorted(bodies), "out of order"
+    pub.close()
+    setup.close()
+
+
 def test_long_exchange_binding_chains_are_bounded_per_queue_and_per_vhost(broker):
     """A line of exchange bindings costs a queue at its end one route per exchange and one
     hop per binding on the way: past 8192 for one queue, or 65536 for a vhost's queues,
