@@ -1848,10 +1848,7 @@ impl Conn<'_> {
         let forwards = reg.edges.iter().any(|e| e.source == n);
         drop(reg);
         // In use: the source of a binding (a queue's or another exchange's), as RabbitMQ.
-        let used = forwards
-            || queues
-                .iter()
-                .any(|q| q.bindings().iter().any(|b| b.exchange == n));
+        let used = forwards || queues.iter().any(|q| q.bound_to(|b| b == n));
         if if_unused && used {
             return Err(err(
                 ReplyCode::PreconditionFailed,

@@ -403,10 +403,7 @@ impl VHost {
                 }
                 reg.queues.values().cloned().collect::<Vec<_>>()
             };
-            if queues
-                .iter()
-                .any(|q| q.bindings().iter().any(|b| b.exchange == x))
-            {
+            if queues.iter().any(|q| q.bound_to(|b| b == x)) {
                 continue;
             }
             let durable = {
@@ -441,7 +438,7 @@ impl VHost {
         };
         queues
             .into_iter()
-            .filter(|q| q.bindings().iter().any(|b| down.contains(&b.exchange)))
+            .filter(|q| q.bound_to(|x| down.contains(x)))
             .collect()
     }
 

@@ -638,6 +638,15 @@ impl Queue {
         lock(&self.st).deleted
     }
 
+    /// Is one of the bindings clients made to an exchange `bound(exchange)` says yes to?
+    /// (Without copying them.)
+    pub(crate) fn bound_to(&self, bound: impl Fn(&str) -> bool) -> bool {
+        lock(&self.st)
+            .bindings
+            .iter()
+            .any(|b| b.via.is_none() && bound(&b.exchange))
+    }
+
     /// The bindings clients made (not routes).
     pub(crate) fn bindings(&self) -> Vec<Binding> {
         lock(&self.st)
@@ -763,17 +772,27 @@ impl Queue {
         let old = self.route_cost.swap(cost, Ordering::AcqRel);
         self.vhost.route_cost.fetch_add(cost, Ordering::AcqRel);
         self.vhost.route_cost.fetch_sub(old, Ordering::AcqRel);
-        let same = |b: &Binding, r: &Route| {
-            b.via.is_some() && b.exchange == r.source && b.key == r.key && b.args == r.args
+        // A route is known by its subscription: source, key, arguments (one lookup per
+        // route, not a scan of every binding: a change may reroute many queues).
+        let id = |x: &str, k: &str, a: &FieldTable| {
+            (x.to_string(), k.to_string(), super::store::table_hex(a))
         };
         // Kept subscriptions take their new paths; the rest are added.
         let mut new = Vec::new();
         let mut keep = std::collections::HashSet::new();
         {
             let mut st = lock(&self.st);
+            let at: std::collections::HashMap<_, usize> = st
+                .bindings
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.via.is_some())
+                .map(|(i, b)| (id(&b.exchange, &b.key, &b.args), i))
+                .collect();
             for r in routes {
-                match st.bindings.iter_mut().find(|b| same(b, &r)) {
-                    Some(b) => {
+                match at.get(&id(&r.source, &r.key, &r.args)) {
+                    Some(&i) => {
+                        let b = &mut st.bindings[i];
                         if b.via.as_deref() != Some(&r.paths) {
                             b.via = Some(Arc::new(r.paths.clone()));
                         }
