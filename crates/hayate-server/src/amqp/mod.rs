@@ -235,11 +235,7 @@ impl Topology {
                 }
                 hops.push(last.clone());
                 cost += hops.len();
-                let id = (
-                    first.source.clone(),
-                    first.key.clone(),
-                    store::table_hex(&first.args),
-                );
+                let id = queue::route_id(&first.source, &first.key, &first.args);
                 match at.get(&id) {
                     Some(&i) => routes[i].paths.push(hops),
                     None => {

@@ -297,6 +297,17 @@ pub(crate) struct Route {
     pub(crate) paths: Vec<Vec<Hop>>,
 }
 
+/// What a route is known by: its subscription (source exchange, key and arguments in the
+/// effective form of [`Hop`]). Routes computed with one are merged
+/// (`super::Topology::routes`); a queue's kept routes are found by it ([`Queue::set_routes`]).
+pub(crate) fn route_id(source: &str, key: &str, args: &FieldTable) -> (String, String, String) {
+    (
+        source.to_string(),
+        key.to_string(),
+        super::store::table_hex(args),
+    )
+}
+
 /// A channel of a consumer connection, as queues see it.
 #[derive(Debug)]
 pub(crate) struct Chan {
@@ -772,11 +783,8 @@ impl Queue {
         let old = self.route_cost.swap(cost, Ordering::AcqRel);
         self.vhost.route_cost.fetch_add(cost, Ordering::AcqRel);
         self.vhost.route_cost.fetch_sub(old, Ordering::AcqRel);
-        // A route is known by its subscription: source, key, arguments (one lookup per
-        // route, not a scan of every binding: a change may reroute many queues).
-        let id = |x: &str, k: &str, a: &FieldTable| {
-            (x.to_string(), k.to_string(), super::store::table_hex(a))
-        };
+        // One lookup per route, not a scan of every binding: a change may reroute many
+        // queues.
         // Kept subscriptions take their new paths; the rest are added.
         let mut new = Vec::new();
         let mut keep = std::collections::HashSet::new();
@@ -787,10 +795,10 @@ impl Queue {
                 .iter()
                 .enumerate()
                 .filter(|(_, b)| b.via.is_some())
-                .map(|(i, b)| (id(&b.exchange, &b.key, &b.args), i))
+                .map(|(i, b)| (route_id(&b.exchange, &b.key, &b.args), i))
                 .collect();
             for r in routes {
-                match at.get(&id(&r.source, &r.key, &r.args)) {
+                match at.get(&route_id(&r.source, &r.key, &r.args)) {
                     Some(&i) => {
                         let b = &mut st.bindings[i];
                         if b.via.as_deref() != Some(&r.paths) {
