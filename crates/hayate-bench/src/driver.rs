@@ -364,6 +364,37 @@ impl NatsConn {
     }
 }
 
+/// A broker client for a `hayate://` target, with the target's settings: `?shm=off|auto|require`
+/// (shared memory with a broker on this host; auto, the client's default, takes it when
+/// offered), `?slots=`, `?slot=` (the client's ring) and `?ca=FILE` (over TLS, trusting that
+/// CA).
+pub(crate) async fn hayate_client(
+    target: &Target,
+    name: &str,
+) -> anyhow::Result<hayate_client::Client> {
+    let mut opts = hayate_client::ConnectOptions::default().name(name);
+    if let Some(m) = target.param("shm") {
+        opts.shm = m.parse().map_err(anyhow::Error::msg)?;
+    }
+    if let Some(n) = target.param("slots") {
+        opts.shm_geometry.slots = n.parse().context("slots=")?;
+    }
+    if let Some(n) = target.param("slot") {
+        opts.shm_geometry.slot_bytes = n.parse().context("slot=")?;
+    }
+    let addr = target.addr();
+    let addr = match target.param("ca") {
+        Some(ca) => {
+            opts = opts.tls_ca(ca);
+            format!("tls://{addr}")
+        }
+        None => addr,
+    };
+    hayate_client::Client::connect_with(addr.as_str(), opts)
+        .await
+        .with_context(|| format!("connecting to {target}"))
+}
+
 impl Conn {
     /// Connects. `expect_payload` sizes the NATS client-side pending limit of subscriptions.
     pub(crate) async fn connect(
@@ -377,33 +408,7 @@ impl Conn {
             System::Hayate if target.param("mode") == Some("peer") => {
                 Ok(Conn::HayatePeer(hayate_peer(target).await?))
             }
-            System::Hayate => {
-                let mut opts = hayate_client::ConnectOptions::default().name(name);
-                // `?shm=off|auto|require`: shared memory with a broker on this host (auto,
-                // the client's default, takes it when offered); `?slots=`, `?slot=`: the
-                // client's ring.
-                if let Some(m) = target.param("shm") {
-                    opts.shm = m.parse().map_err(anyhow::Error::msg)?;
-                }
-                if let Some(n) = target.param("slots") {
-                    opts.shm_geometry.slots = n.parse().context("slots=")?;
-                }
-                if let Some(n) = target.param("slot") {
-                    opts.shm_geometry.slot_bytes = n.parse().context("slot=")?;
-                }
-                // `?ca=FILE`: over TLS, trusting that CA.
-                let addr = match target.param("ca") {
-                    Some(ca) => {
-                        opts = opts.tls_ca(ca);
-                        format!("tls://{addr}")
-                    }
-                    None => addr.clone(),
-                };
-                let c = hayate_client::Client::connect_with(addr.as_str(), opts)
-                    .await
-                    .with_context(|| format!("connecting to {target}"))?;
-                Ok(Conn::Hayate(c))
-            }
+            System::Hayate => Ok(Conn::Hayate(hayate_client(target, name).await?)),
             System::Nats => {
                 let trouble: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
                 let t = trouble.clone();

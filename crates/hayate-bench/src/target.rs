@@ -115,7 +115,17 @@ pub struct Target {
     pub params: Vec<(String, String)>,
 }
 
+/// Whether a driver for `system` is compiled in, given the target's parameters (`param`):
+/// the workspace's own AMQP client (`client=hayate`) always is.
+fn available<'a>(system: System, param: impl Fn(&str) -> Option<&'a str>) -> bool {
+    system.available() || (system == System::Amqp && param("client") == Some("hayate"))
+}
+
 impl Target {
+    /// Whether this target's driver is compiled in.
+    pub fn available(&self) -> bool {
+        available(self.system, |k| self.param(k))
+    }
     /// Parses `SCHEME://HOST[:PORT][?name=LABEL&KEY=VALUE...]`; the scheme is `hayate`,
     /// `nats`, `stomp`, `mqtt`, `amqp`, `zmq`, `kafka` or `zenoh` (the last four need feature
     /// `peers`), or `grpc` (feature `peers`, `bench rpc` only). A missing port means the
@@ -155,13 +165,6 @@ impl Target {
                  (expected hayate, nats, mqtt, amqp, zmq, kafka, stomp, zenoh or grpc)"
             ),
         };
-        if !system.available() {
-            bail!(
-                "target {url:?}: the {} driver is not compiled in \
-                 (build with `--features peers`)",
-                system.name()
-            );
-        }
         let (rest, query) = match rest.split_once('?') {
             Some((r, q)) => (r, Some(q)),
             None => (rest, None),
@@ -190,6 +193,15 @@ impl Target {
                         .collect::<String>()
                 );
             }
+        }
+        if !available(system, |k| {
+            params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
+        }) {
+            bail!(
+                "target {url:?}: the {} driver is not compiled in \
+                 (build with `--features peers`)",
+                system.name()
+            );
         }
         let rest = rest.trim_end_matches('/');
         if rest.is_empty() || rest.contains('/') || rest.contains('@') {
@@ -361,6 +373,9 @@ mod tests {
             cfg!(feature = "peers"),
             "peers are parsed only with the feature"
         );
+        // ... except the workspace's own AMQP client, always compiled in.
+        let t = Target::parse("amqp://x:1?client=hayate").unwrap();
+        assert!(t.available());
         assert_eq!(Target::parse("grpc://x:0").is_ok(), cfg!(feature = "peers"));
         let t = Target::parse("mqtt://x:1?qos=1&version=5").unwrap();
         assert_eq!((t.system, t.param("version")), (System::Mqtt, Some("5")));

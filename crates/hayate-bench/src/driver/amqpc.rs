@@ -124,74 +124,136 @@ fn frame(m: Method, channel: u16) -> BytesMut {
     b
 }
 
+/// A connection after its handshake (channel [`CHANNEL`] open), before any task runs.
+struct Opened {
+    rd: tokio::net::tcp::OwnedReadHalf,
+    wr: tokio::net::tcp::OwnedWriteHalf,
+    /// What was read past the handshake.
+    buf: BytesMut,
+    frame_max: u32,
+    server: Option<String>,
+}
+
+/// Connects to `target`, logs in (guest/guest) and opens channel [`CHANNEL`].
+async fn open(target: &Target, timeout: Duration) -> anyhow::Result<Opened> {
+    let (mut rd, mut wr) = crate::driver::connect_tcp(target, timeout).await?;
+    let mut buf = BytesMut::with_capacity(64 << 10);
+    let dec = FrameDecoder::new(FRAME_MAX);
+    let server = tokio::time::timeout(timeout, async {
+        wr.write_all(&PROTOCOL_HEADER).await?;
+        let start = expect(&mut rd, &mut buf, &dec, "connection.start").await?;
+        let server = match &start {
+            Method::ConnectionStart {
+                server_properties, ..
+            } => server_properties
+                .get("version")
+                .and_then(|v| v.as_str())
+                .map(str::to_string),
+            m => bail!("expected connection.start, got {}", m.name()),
+        };
+        let ok = Method::ConnectionStartOk {
+            client_properties: FieldTable::default(),
+            mechanism: ShortStr::lit("PLAIN"),
+            response: Bytes::from_static(b"\0guest\0guest"),
+            locale: ShortStr::lit("en_US"),
+        };
+        wr.write_all(&frame(ok, 0)).await?;
+        let (channel_max, frame_max) = match expect(&mut rd, &mut buf, &dec, "tune").await? {
+            Method::ConnectionTune {
+                channel_max,
+                frame_max,
+                ..
+            } => (channel_max, frame_max),
+            m => bail!("expected connection.tune, got {}", m.name()),
+        };
+        let fm = if frame_max == 0 {
+            FRAME_MAX
+        } else {
+            frame_max.min(FRAME_MAX)
+        };
+        let mut out = frame(
+            Method::ConnectionTuneOk {
+                channel_max: channel_max.min(8),
+                frame_max: fm,
+                heartbeat: 0,
+            },
+            0,
+        );
+        out.extend_from_slice(&frame(
+            Method::ConnectionOpen {
+                virtual_host: ShortStr::lit("/"),
+                capabilities: ShortStr::lit(""),
+                insist: false,
+            },
+            0,
+        ));
+        out.extend_from_slice(&frame(
+            Method::ChannelOpen {
+                out_of_band: ShortStr::lit(""),
+            },
+            CHANNEL,
+        ));
+        wr.write_all(&out).await?;
+        for what in ["connection.open-ok", "channel.open-ok"] {
+            expect(&mut rd, &mut buf, &dec, what).await?;
+        }
+        anyhow::Ok((server, fm))
+    })
+    .await
+    .with_context(|| format!("{target}: no AMQP handshake within {timeout:?}"))??;
+    let (server, frame_max) = server;
+    Ok(Opened {
+        rd,
+        wr,
+        buf,
+        frame_max,
+        server,
+    })
+}
+
+/// Appends a basic.publish of `payload` to `exchange` with `routing_key` and `props`: the
+/// method, the content header and the body in frames of at most `frame_max` bytes.
+fn encode_publish(
+    exchange: &ShortStr,
+    routing_key: &ShortStr,
+    props: &hayate_amqp::BasicProperties,
+    payload: &[u8],
+    frame_max: usize,
+    out: &mut BytesMut,
+) {
+    Frame::Method(
+        CHANNEL,
+        Method::BasicPublish {
+            ticket: 0,
+            exchange: exchange.clone(),
+            routing_key: routing_key.clone(),
+            mandatory: false,
+            immediate: false,
+        },
+    )
+    .encode(out);
+    Frame::Header(
+        CHANNEL,
+        Box::new(ContentHeader {
+            body_size: payload.len() as u64,
+            properties: props.clone(),
+        }),
+    )
+    .encode(out);
+    for part in payload.chunks(frame_max.saturating_sub(8).max(1)) {
+        Frame::encode_body(CHANNEL, part, out);
+    }
+}
+
 impl AmqpcConn {
     pub(crate) async fn connect(target: &Target, timeout: Duration) -> anyhow::Result<AmqpcConn> {
-        let (mut rd, mut wr) = crate::driver::connect_tcp(target, timeout).await?;
-        let mut buf = BytesMut::with_capacity(64 << 10);
-        let dec = FrameDecoder::new(FRAME_MAX);
-        let server = tokio::time::timeout(timeout, async {
-            wr.write_all(&PROTOCOL_HEADER).await?;
-            let start = expect(&mut rd, &mut buf, &dec, "connection.start").await?;
-            let server = match &start {
-                Method::ConnectionStart {
-                    server_properties, ..
-                } => server_properties
-                    .get("version")
-                    .and_then(|v| v.as_str())
-                    .map(str::to_string),
-                m => bail!("expected connection.start, got {}", m.name()),
-            };
-            let ok = Method::ConnectionStartOk {
-                client_properties: FieldTable::default(),
-                mechanism: ShortStr::lit("PLAIN"),
-                response: Bytes::from_static(b"\0guest\0guest"),
-                locale: ShortStr::lit("en_US"),
-            };
-            wr.write_all(&frame(ok, 0)).await?;
-            let (channel_max, frame_max) = match expect(&mut rd, &mut buf, &dec, "tune").await? {
-                Method::ConnectionTune {
-                    channel_max,
-                    frame_max,
-                    ..
-                } => (channel_max, frame_max),
-                m => bail!("expected connection.tune, got {}", m.name()),
-            };
-            let fm = if frame_max == 0 {
-                FRAME_MAX
-            } else {
-                frame_max.min(FRAME_MAX)
-            };
-            let mut out = frame(
-                Method::ConnectionTuneOk {
-                    channel_max: channel_max.min(8),
-                    frame_max: fm,
-                    heartbeat: 0,
-                },
-                0,
-            );
-            out.extend_from_slice(&frame(
-                Method::ConnectionOpen {
-                    virtual_host: ShortStr::lit("/"),
-                    capabilities: ShortStr::lit(""),
-                    insist: false,
-                },
-                0,
-            ));
-            out.extend_from_slice(&frame(
-                Method::ChannelOpen {
-                    out_of_band: ShortStr::lit(""),
-                },
-                CHANNEL,
-            ));
-            wr.write_all(&out).await?;
-            for what in ["connection.open-ok", "channel.open-ok"] {
-                expect(&mut rd, &mut buf, &dec, what).await?;
-            }
-            anyhow::Ok((server, fm))
-        })
-        .await
-        .with_context(|| format!("{target}: no AMQP handshake within {timeout:?}"))??;
-        let (server, fm) = server;
+        let Opened {
+            mut rd,
+            wr,
+            mut buf,
+            frame_max: fm,
+            server,
+        } = open(target, timeout).await?;
         let durable = target.param("durable") == Some("1");
         let shared = Arc::new(Shared {
             buf: super::wbuf::WriteBuf::new(HIGH_WATER),
@@ -316,31 +378,8 @@ impl AmqpcConn {
     ) -> anyhow::Result<()> {
         let (x, rk) = (ShortStr::lit(exchange), ShortStr::lit(routing_key));
         let fm = self.shared.frame_max;
-        let header = Frame::Header(
-            CHANNEL,
-            Box::new(ContentHeader {
-                body_size: payload.len() as u64,
-                properties: props,
-            }),
-        );
-        self.write(|out| {
-            Frame::Method(
-                CHANNEL,
-                Method::BasicPublish {
-                    ticket: 0,
-                    exchange: x.clone(),
-                    routing_key: rk.clone(),
-                    mandatory: false,
-                    immediate: false,
-                },
-            )
-            .encode(out);
-            header.encode(out);
-            for part in payload.chunks(fm.saturating_sub(8).max(1)) {
-                Frame::encode_body(CHANNEL, part, out);
-            }
-        })
-        .await
+        self.write(|out| encode_publish(&x, &rk, &props, payload, fm, out))
+            .await
     }
 
     pub(crate) async fn subscribe(&self, key: &str) -> anyhow::Result<AmqpcSub> {
@@ -496,20 +535,202 @@ impl AmqpcSub {
     pub(crate) async fn next(&mut self) -> Option<Bytes> {
         self.0.recv().await.map(|d| d.body)
     }
-
-    pub(crate) async fn next_delivery(&mut self) -> Option<Delivery> {
-        self.0.recv().await
-    }
 }
 
 /// RabbitMQ's pseudo-queue for direct reply-to.
 const REPLY_TO: &str = "amq.rabbitmq.reply-to";
 
+/// An RPC end that owns its socket: no reader or writer task, so a call costs the client
+/// no wake-up of another task (the method of rpc-bench: one request in flight per
+/// connection, the caller writes it and reads its answer itself). Both brokers are measured
+/// with it.
+struct Direct {
+    rd: tokio::net::tcp::OwnedReadHalf,
+    wr: tokio::net::tcp::OwnedWriteHalf,
+    buf: BytesMut,
+    out: BytesMut,
+    dec: FrameDecoder,
+    frame_max: usize,
+    /// The delivery whose frames are arriving.
+    incoming: Option<Incoming>,
+}
+
+impl Direct {
+    async fn connect(target: &Target) -> anyhow::Result<Direct> {
+        let o = open(target, Duration::from_secs(10)).await?;
+        Ok(Direct {
+            rd: o.rd,
+            wr: o.wr,
+            buf: o.buf,
+            out: BytesMut::with_capacity(16 << 10),
+            dec: FrameDecoder::new(o.frame_max.max(FRAME_MAX)),
+            frame_max: o.frame_max as usize,
+            incoming: None,
+        })
+    }
+
+    /// Sends what `out` holds.
+    async fn send(&mut self) -> anyhow::Result<()> {
+        self.wr.write_all(&self.out).await?;
+        self.out.clear();
+        Ok(())
+    }
+
+    /// Reads more; an error at the end of the stream.
+    async fn fill(&mut self) -> anyhow::Result<()> {
+        if self.buf.capacity() - self.buf.len() < 4 << 10 {
+            self.buf.reserve(64 << 10);
+        }
+        if self.rd.read_buf(&mut self.buf).await? == 0 {
+            bail!("amqp: connection closed by the server");
+        }
+        Ok(())
+    }
+
+    /// A synchronous method and its answer (before any delivery can arrive).
+    async fn call(&mut self, m: Method) -> anyhow::Result<Method> {
+        let name = m.name();
+        Frame::Method(CHANNEL, m).encode(&mut self.out);
+        self.send().await?;
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                while let Some(f) = self.dec.decode(&mut self.buf)? {
+                    if let Frame::Method(_, m) = f {
+                        return closed(m);
+                    }
+                }
+                self.fill().await?;
+            }
+        })
+        .await
+        .with_context(|| format!("amqp: no answer to {name}"))?
+    }
+
+    /// Consumes `queue` with no-ack.
+    async fn consume(&mut self, queue: ShortStr) -> anyhow::Result<()> {
+        let tag = ShortStr::lit(&format!("c-{queue}"));
+        match self
+            .call(Method::BasicConsume {
+                ticket: 0,
+                queue,
+                consumer_tag: tag,
+                no_local: false,
+                no_ack: true,
+                exclusive: false,
+                no_wait: false,
+                arguments: FieldTable::default(),
+            })
+            .await?
+        {
+            Method::BasicConsumeOk { .. } => Ok(()),
+            m => bail!("expected basic.consume-ok, got {}", m.name()),
+        }
+    }
+
+    /// The next delivery complete in what was read, if any.
+    fn take(&mut self) -> anyhow::Result<Option<Delivery>> {
+        while let Some(f) = self.dec.decode(&mut self.buf)? {
+            match f {
+                Frame::Method(
+                    _,
+                    Method::BasicDeliver {
+                        consumer_tag,
+                        delivery_tag,
+                        ..
+                    },
+                ) => {
+                    self.incoming = Some(Incoming {
+                        tag: consumer_tag.bytes().clone(),
+                        delivery_tag,
+                        size: 0,
+                        body: BytesMut::new(),
+                        reply_to: None,
+                        correlation_id: None,
+                    });
+                }
+                Frame::Header(_, h) => {
+                    if let Some(i) = &mut self.incoming {
+                        let h = *h;
+                        i.size = h.body_size;
+                        i.reply_to = h.properties.reply_to;
+                        i.correlation_id = h.properties.correlation_id;
+                        if i.size == 0 {
+                            return Ok(self.incoming.take().map(|i| i.done(Bytes::new())));
+                        }
+                    }
+                }
+                Frame::Body(_, b) => {
+                    let Some(i) = &mut self.incoming else {
+                        continue;
+                    };
+                    if i.body.is_empty() && b.len() as u64 >= i.size {
+                        return Ok(self.incoming.take().map(|i| i.done(b)));
+                    }
+                    i.body.extend_from_slice(&b);
+                    if i.body.len() as u64 >= i.size {
+                        let body = std::mem::take(&mut i.body).freeze();
+                        return Ok(self.incoming.take().map(|i| i.done(body)));
+                    }
+                }
+                Frame::Method(_, m) => {
+                    closed(m)?;
+                }
+                Frame::Heartbeat => {}
+            }
+        }
+        Ok(None)
+    }
+
+    /// Closes the connection (connection.close, then a short wait for its answer).
+    async fn close(mut self) {
+        Frame::Method(
+            0,
+            Method::ConnectionClose {
+                reply_code: 200,
+                reply_text: ShortStr::lit("bye"),
+                class_id: 0,
+                method_id: 0,
+            },
+        )
+        .encode(&mut self.out);
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            self.send().await?;
+            loop {
+                while let Some(f) = self.dec.decode(&mut self.buf)? {
+                    if let Frame::Method(_, Method::ConnectionCloseOk {}) = f {
+                        return anyhow::Ok(());
+                    }
+                }
+                self.fill().await?;
+            }
+        })
+        .await;
+    }
+}
+
+/// `m`, or an error when it is the server closing the channel or the connection.
+fn closed(m: Method) -> anyhow::Result<Method> {
+    match m {
+        Method::ChannelClose {
+            reply_code,
+            reply_text,
+            ..
+        }
+        | Method::ConnectionClose {
+            reply_code,
+            reply_text,
+            ..
+        } => bail!("amqp: closed by the server: {reply_code} {reply_text}"),
+        m => Ok(m),
+    }
+}
+
 /// The RPC server: consumes `queue` (no-ack) and publishes each answer to the request's
-/// reply-to through the default exchange, with its correlation id.
+/// reply-to through the default exchange, with its correlation id. One task reads the
+/// requests and answers every request of a read with one write.
 pub(crate) struct RpcServer {
-    conn: AmqpcConn,
     task: tokio::task::JoinHandle<()>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl RpcServer {
@@ -518,49 +739,84 @@ impl RpcServer {
         queue: &str,
         handler: fn(&[u8]) -> Bytes,
     ) -> anyhow::Result<RpcServer> {
-        let conn = AmqpcConn::connect(target, Duration::from_secs(10)).await?;
-        let q = conn.declare(queue).await?;
-        let mut sub = conn.consume(q, true).await?;
-        let c = conn.clone();
+        let mut d = Direct::connect(target).await?;
+        let q = match d
+            .call(Method::QueueDeclare {
+                ticket: 0,
+                queue: ShortStr::lit(queue),
+                passive: false,
+                durable: false,
+                exclusive: true,
+                auto_delete: true,
+                no_wait: false,
+                arguments: FieldTable::default(),
+            })
+            .await?
+        {
+            Method::QueueDeclareOk { queue, .. } => queue,
+            m => bail!("expected queue.declare-ok, got {}", m.name()),
+        };
+        d.consume(q).await?;
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(async move {
-            while let Some(d) = sub.next_delivery().await {
-                let Some(reply_to) = d.reply_to else { continue };
-                let props = hayate_amqp::BasicProperties {
-                    correlation_id: d.correlation_id,
-                    ..Default::default()
-                };
-                let answer = handler(&d.body);
-                let rk = String::from_utf8_lossy(reply_to.as_bytes()).into_owned();
-                if c.publish_to("", &rk, props, &answer).await.is_err() {
-                    break;
+            let x = ShortStr::lit("");
+            let served = async {
+                loop {
+                    while let Some(r) = d.take()? {
+                        let Some(reply_to) = r.reply_to else { continue };
+                        let props = hayate_amqp::BasicProperties {
+                            correlation_id: r.correlation_id,
+                            ..Default::default()
+                        };
+                        let answer = handler(&r.body);
+                        encode_publish(&x, &reply_to, &props, &answer, d.frame_max, &mut d.out);
+                    }
+                    if !d.out.is_empty() {
+                        d.send().await?;
+                    }
+                    tokio::select! {
+                        r = d.fill() => r?,
+                        _ = &mut stopped => return anyhow::Ok(()),
+                    }
                 }
+            };
+            if served.await.is_ok() {
+                d.close().await;
             }
         });
-        Ok(RpcServer { conn, task })
+        Ok(RpcServer {
+            task,
+            stop: Some(stop),
+        })
     }
 
-    pub(crate) async fn close(self) {
-        self.task.abort();
-        self.conn.close().await;
+    pub(crate) async fn close(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if tokio::time::timeout(Duration::from_secs(2), &mut self.task)
+            .await
+            .is_err()
+        {
+            self.task.abort();
+        }
     }
 }
 
 /// An RPC caller: consumes `amq.rabbitmq.reply-to` (no-ack) and publishes each request to
-/// the server's queue with reply-to set to it.
+/// the server's queue with reply-to set to it, then reads until the answer is in.
 pub(crate) struct RpcCaller {
-    conn: AmqpcConn,
-    replies: AmqpcSub,
-    queue: String,
+    d: Direct,
+    queue: ShortStr,
 }
 
 impl RpcCaller {
     pub(crate) async fn connect(target: &Target, queue: &str) -> anyhow::Result<RpcCaller> {
-        let conn = AmqpcConn::connect(target, Duration::from_secs(10)).await?;
-        let replies = conn.consume(ShortStr::lit(REPLY_TO), true).await?;
+        let mut d = Direct::connect(target).await?;
+        d.consume(ShortStr::lit(REPLY_TO)).await?;
         Ok(RpcCaller {
-            conn,
-            replies,
-            queue: queue.to_string(),
+            d,
+            queue: ShortStr::lit(queue),
         })
     }
 
@@ -569,15 +825,26 @@ impl RpcCaller {
             reply_to: Some(ShortStr::lit(REPLY_TO)),
             ..Default::default()
         };
-        self.conn.publish_to("", &self.queue, props, req).await?;
-        self.replies
-            .next()
-            .await
-            .context("amqp: the reply consumer ended")
+        let d = &mut self.d;
+        encode_publish(
+            &ShortStr::lit(""),
+            &self.queue,
+            &props,
+            req,
+            d.frame_max,
+            &mut d.out,
+        );
+        d.send().await?;
+        loop {
+            if let Some(r) = d.take()? {
+                return Ok(r.body);
+            }
+            d.fill().await?;
+        }
     }
 
     pub(crate) async fn close(self) {
-        self.conn.close().await;
+        self.d.close().await;
     }
 }
 
@@ -589,6 +856,16 @@ struct Incoming {
     body: BytesMut,
     reply_to: Option<ShortStr>,
     correlation_id: Option<ShortStr>,
+}
+
+impl Incoming {
+    fn done(self, body: Bytes) -> Delivery {
+        Delivery {
+            body,
+            reply_to: self.reply_to,
+            correlation_id: self.correlation_id,
+        }
+    }
 }
 
 async fn read_loop(

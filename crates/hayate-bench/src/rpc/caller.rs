@@ -145,11 +145,12 @@ async fn connect_caller(
             Caller::HayateNode(n, hayate_core::Key::new(&key)?)
         }
         System::Hayate => {
-            let addr = match endpoint {
-                Some(ep) => ep.to_string(),
-                None => target.addr(),
+            let c = match endpoint {
+                // A direct peer server (mode=peer-to-peer).
+                Some(ep) => hayate_client::Client::connect(ep).await?,
+                // Through the broker, with the target's settings (`shm`, `ca`).
+                None => crate::driver::hayate_client(target, &format!("bench-rpc-{id}")).await?,
             };
-            let c = hayate_client::Client::connect(&addr).await?;
             Caller::Hayate(c, hayate_core::Key::new(&key)?)
         }
         System::Nats => {

@@ -163,7 +163,7 @@ impl Drop for ChildServer {
 /// (`{"endpoint":...,"version":...,"error":null}`; `error` set when the server could not
 /// start), then serves until stdin is closed (or reaches its end) and stops the server.
 pub fn serve_rpc_point(target: &Target, prefix: &str) -> anyhow::Result<()> {
-    if !target.system.available() {
+    if !target.available() {
         bail!(
             "rpc: the {} driver is not compiled in",
             target.system.name()

@@ -129,7 +129,7 @@ pub(super) async fn start_server(target: &Target, prefix: &str) -> anyhow::Resul
             server.peer = Some(peer);
         }
         System::Hayate => {
-            let c = hayate_client::Client::connect(&target.addr()).await?;
+            let c = crate::driver::hayate_client(target, "bench-rpc-server").await?;
             let mut sub = c.subscribe(&key).await?;
             c.flush().await?;
             let srv = c.clone();
