@@ -30,9 +30,14 @@ pub trait Sink: Send + Sync + 'static {
 /// stops at the first `false`.
 pub fn write_some<S: Sink + ?Sized>(sink: &S, q: &mut VecDeque<Bytes>) -> io::Result<bool> {
     while !q.is_empty() {
-        let mut iov = [IoSlice::new(&[]); MAX_IOV];
-        let k = fill_iov(q, &mut iov);
-        match sink.try_write_vectored(&iov[..k]) {
+        // A few chunks (a reply, a delivery or two) are the common case on a quiet
+        // connection: a small slice array, not 256 slots set up for every write.
+        let r = if q.len() <= FEW_IOV {
+            write_vectored::<S, FEW_IOV>(sink, q)
+        } else {
+            write_vectored::<S, MAX_IOV>(sink, q)
+        };
+        match r {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => advance(q, n),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
@@ -40,4 +45,17 @@ pub fn write_some<S: Sink + ?Sized>(sink: &S, q: &mut VecDeque<Bytes>) -> io::Re
         }
     }
     Ok(!sink.pending())
+}
+
+/// Chunks written with a small slice array ([`write_some`]).
+const FEW_IOV: usize = 8;
+
+/// One vectored write of the first (up to `N`) chunks of `q`.
+fn write_vectored<S: Sink + ?Sized, const N: usize>(
+    sink: &S,
+    q: &VecDeque<Bytes>,
+) -> io::Result<usize> {
+    let mut iov = [IoSlice::new(&[]); N];
+    let k = fill_iov(q, &mut iov);
+    sink.try_write_vectored(&iov[..k])
 }
