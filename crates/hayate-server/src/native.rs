@@ -27,19 +27,60 @@ use crate::shm::ShmOffer;
 
 /// Encodes deliveries as native MSG / MSG_BATCH frames.
 #[derive(Debug, Default)]
-pub struct NativeEncoder;
+pub struct NativeEncoder {
+    /// The largest payload sent in a MSG: the broker's `max_payload` (in WELCOME), by which
+    /// clients size the frames they accept. A larger message (published over MQTT, STOMP or
+    /// AMQP, which have limits of their own) is not sent, as a frame the client would refuse
+    /// would end its connection and all its subscriptions: it is reported as LOST for the
+    /// subscription instead, and counted as skipped.
+    max_payload: usize,
+    skipped: (u64, u64),
+}
+
+impl NativeEncoder {
+    pub fn new(max_payload: u64) -> NativeEncoder {
+        NativeEncoder {
+            max_payload: usize::try_from(max_payload).unwrap_or(usize::MAX),
+            skipped: (0, 0),
+        }
+    }
+
+    /// Whether `payload` is too large to send; if so, it is counted and reported as LOST.
+    fn refuse(&mut self, sid: u32, payload: &[u8], out: &mut OutBuf) -> bool {
+        if payload.len() <= self.max_payload {
+            return false;
+        }
+        self.skipped.0 += 1;
+        self.skipped.1 += payload.len() as u64;
+        encode(&Frame::Lost { sid, count: 1 }, out.tail());
+        true
+    }
+}
 
 impl Encoder for NativeEncoder {
     fn encode(&mut self, sid: u32, batch: Batch<'_>, _origin: u64, out: &mut OutBuf) {
         match batch {
             Batch::One(m) => {
+                if self.refuse(sid, &m.payload, out) {
+                    return;
+                }
                 encode_msg_head(sid, m, out.tail());
                 out.put_payload(&m.payload);
             }
             Batch::Plain { key, payloads } => {
-                let items: usize = payloads.iter().map(|p| 4 + p.len()).sum();
-                encode_msg_batch_head(sid, key, items, out.tail());
+                // Native publishers' batches, whose items are within `max_payload` already
+                // (checked all the same).
+                let mut items = 0;
                 for p in payloads {
+                    if !self.refuse(sid, p, out) {
+                        items += 4 + p.len();
+                    }
+                }
+                if items == 0 {
+                    return;
+                }
+                encode_msg_batch_head(sid, key, items, out.tail());
+                for p in payloads.iter().filter(|p| p.len() <= self.max_payload) {
                     out.tail().put_u32(p.len() as u32);
                     out.put_payload(p);
                 }
@@ -49,6 +90,10 @@ impl Encoder for NativeEncoder {
 
     fn encode_lost(&mut self, sid: u32, count: u64, out: &mut OutBuf) {
         encode(&Frame::Lost { sid, count }, out.tail());
+    }
+
+    fn take_skipped(&mut self) -> (u64, u64) {
+        std::mem::take(&mut self.skipped)
     }
 
     fn encode_acked(&mut self, sid: u32, delivery: u64, msg: &Message, out: &mut OutBuf) {
@@ -434,7 +479,10 @@ pub async fn serve(
     let peer = io.peer.map(|a| a.ip());
     let verified_name = io.verified_name.clone();
     let (_registered, entry) = io.take_registered();
-    let session = broker.open_session_in(Box::new(NativeEncoder), io.class.as_ref());
+    let session = broker.open_session_in(
+        Box::new(NativeEncoder::new(limits.max_payload)),
+        io.class.as_ref(),
+    );
     let outbox = session.outbox().clone();
     let mut conn = frontend::Conn::new(io, BytesMut::with_capacity(READ_BUF), &outbox);
     // After the outbox has its sink: an admin close that came first cuts it for good.

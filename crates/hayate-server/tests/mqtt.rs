@@ -449,3 +449,46 @@ async fn deliveries_in_flight_survive_a_restart_with_their_packet_ids() {
     b.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A message larger than the native protocol's `max_payload`, published over MQTT (whose
+/// limit is its own), is not sent to a native subscriber: its client would refuse the frame
+/// and lose its connection with every subscription. The subscription is told by a LOST, and
+/// the connection carries on (before: the client closed on the oversized frame).
+#[tokio::test]
+async fn an_mqtt_message_over_max_payload_is_lost_for_native_subscribers_not_their_connection() {
+    let mut config = hayate_server::Config::default();
+    config.limits.max_payload = 4096;
+    let b = start(config).await;
+    let native = Client::connect(&b.addr).await.unwrap();
+    let mut ns = native.subscribe("big/**").await.unwrap();
+    native.flush().await.unwrap();
+
+    let (host, port) = b.mqtt.rsplit_once(':').unwrap();
+    let mut o = MqttOptions::new("big", host, port.parse().unwrap());
+    o.set_keep_alive(Duration::from_secs(10))
+        .set_max_packet_size(1 << 20, 1 << 20);
+    let (m, mut el) = AsyncClient::new(o, 100);
+    tokio::spawn(async move { while el.poll().await.is_ok() {} });
+    // Past the client's frame limit (max_payload + 128 KiB), then a small one.
+    m.publish("big/x", QoS::AtLeastOnce, false, vec![7u8; 300 * 1024])
+        .await
+        .unwrap();
+    m.publish("big/y", QoS::AtLeastOnce, false, "small")
+        .await
+        .unwrap();
+    let got = within(10, ns.next()).await.unwrap();
+    assert_eq!(
+        (got.key.as_str(), &got.payload[..]),
+        ("big/y", &b"small"[..])
+    );
+    assert_eq!(ns.lost(), 1);
+    // The connection is still there: a native publish comes back.
+    native
+        .publish(&Key::new("big/z").unwrap(), "still here")
+        .await
+        .unwrap();
+    let got = within(10, ns.next()).await.unwrap();
+    assert_eq!(got.key.as_str(), "big/z");
+    drop(m);
+    b.shutdown().await;
+}
