@@ -1365,3 +1365,70 @@ memory_budget = 16777216
         other.close()
     finally:
         stop_process(proc)
+
+
+@pytest.fixture
+def patient_broker(tmp_path):
+    """A broker that lets a blocking subscriber hold its publishers for 30 s."""
+    from test_dashboard import HAYATE
+
+    cfg = tmp_path / "hayate.toml"
+    cfg.write_text("""
+[server]
+data_dir = ""
+[admin]
+listen = []
+[native]
+listen = ["127.0.0.1:0"]
+shm = false
+[mqtt]
+listen = ["127.0.0.1:0"]
+ws = []
+[stomp]
+listen = []
+[amqp]
+listen = ["127.0.0.1:0"]
+[limits]
+max_block_ms = 30000
+""")
+    proc, ports = start_hayate(HAYATE, cfg, tmp_path / "broker.log")
+    yield ports
+    stop_process(proc)
+
+
+def test_a_stalled_dead_letter_route_holds_back_only_its_own_queue(patient_broker):
+    """Dead letters of one queue whose dead-letter exchange reaches a subscriber that never
+    reads (an MQTT QoS 1 subscription: it holds its publishers back, here for up to 30 s)
+    wait for it; another queue's dead letters still go at once. Before, every queue's dead
+    letters went through one broker-wide publisher, so they all waited behind the stall."""
+    from mqttraw import CONNACK, SUBACK, RawClient, subscribe
+
+    tag = uuid.uuid4().hex[:8]
+    stalled = RawClient("127.0.0.1", patient_broker["mqtt"])
+    assert stalled.connect(client_id=f"stall-{tag}").type == CONNACK
+    stalled.send(subscribe(f"stall-{tag}/#", qos=1))
+    assert stalled.recv_packet().type == SUBACK  # nothing is read after this
+    stalled.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    conn = connect(patient_broker)
+    ch = conn.channel()
+    ch.queue_declare(f"a-{tag}", exclusive=True, arguments={
+        "x-message-ttl": 0, "x-dead-letter-exchange": "amq.topic",
+        "x-dead-letter-routing-key": f"stall-{tag}.x"})
+    ch.queue_declare(f"b-{tag}", exclusive=True, arguments={
+        "x-message-ttl": 0, "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": f"c-{tag}"})
+    ch.queue_declare(f"c-{tag}", exclusive=True)
+    # More than the stalled subscriber's outbox (8 MiB) and socket take: its dead letters
+    # now wait for room.
+    chunk = b"x" * (256 * 1024)
+    for _ in range(96):
+        ch.basic_publish("", f"a-{tag}", chunk)
+    time.sleep(1.0)
+    started = time.monotonic()
+    ch.basic_publish("", f"b-{tag}", b"go")
+    got = drain(ch, f"c-{tag}", 1, timeout=10.0)
+    took = time.monotonic() - started
+    assert [b for _, _, b in got] == [b"go"], got
+    assert took < 3.0, f"the other queue's dead letter took {took:.1f} s"
+    conn.close()
+    stalled.close()

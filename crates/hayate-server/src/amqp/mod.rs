@@ -507,8 +507,6 @@ pub struct Amqp {
     pub(crate) vhosts: HashMap<String, Arc<VHost>>,
     /// Numbers connections (exclusive queues' owners) and server-named queues.
     next: AtomicU64,
-    /// The broker session dead letters are published from.
-    dead_letters: tokio::sync::Mutex<Option<hayate_broker::Session>>,
 }
 
 impl std::fmt::Debug for Amqp {
@@ -534,7 +532,6 @@ impl Amqp {
             max_preauth: (config.limits.max_preauth_bytes as usize).max(4096),
             vhosts,
             next: AtomicU64::new(1),
-            dead_letters: tokio::sync::Mutex::new(None),
         })
     }
 
@@ -587,17 +584,27 @@ impl Amqp {
             let amqp = self.clone();
             let vhost = vhost.clone();
             let name = name.to_string();
+            // The queue's own publisher of dead letters (opened at the first): a dead-letter
+            // route whose subscriber holds its publishers back holds back this queue's dead
+            // letters only, not every queue's.
+            let publisher = Arc::new(tokio::sync::Mutex::new(None));
             q.set_dead_letters(Arc::new(move |m: queue::QMsg, why: &'static str| {
-                let (amqp, vhost, name, dlx, dlrk) = (
+                let (amqp, vhost, name, dlx, dlrk, publisher) = (
                     amqp.clone(),
                     vhost.clone(),
                     name.clone(),
                     dlx.clone(),
                     dlrk.clone(),
+                    publisher.clone(),
                 );
                 Box::pin(async move {
-                    amqp.dead_letter(&vhost, &name, &dlx, dlrk.as_deref(), m, why)
-                        .await;
+                    let mut session = publisher.lock().await;
+                    let dl = DeadLetter {
+                        queue: &name,
+                        exchange: &dlx,
+                        routing_key: dlrk.as_deref(),
+                    };
+                    amqp.dead_letter(&vhost, &mut session, dl, m, why).await;
                 }) as std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
             }));
         }
@@ -732,18 +739,23 @@ impl Amqp {
         Ok(())
     }
 
-    /// Publishes a dead letter of queue `queue` to its dead-letter exchange (with its
+    /// Publishes a dead letter of queue `dl.queue` to its dead-letter exchange (with its
     /// dead-letter routing key, or the message's own), with an `x-death`-like header
-    /// (`x-first-death-reason`, `x-first-death-queue`).
+    /// (`x-first-death-reason`, `x-first-death-queue`), from `publisher` (the queue's own
+    /// session, opened here at its first dead letter).
     pub(crate) async fn dead_letter(
         self: &Arc<Self>,
         vhost: &VHost,
-        queue: &str,
-        exchange: &str,
-        routing_key: Option<&str>,
+        publisher: &mut Option<hayate_broker::Session>,
+        dl: DeadLetter<'_>,
         m: queue::QMsg,
         why: &'static str,
     ) {
+        let DeadLetter {
+            queue,
+            exchange,
+            routing_key,
+        } = dl;
         let kind = match lock(&vhost.registry).exchanges.get(exchange) {
             Some(x) => x.kind,
             None => return, // RabbitMQ drops dead letters to a missing exchange too.
@@ -786,11 +798,17 @@ impl Amqp {
                 bytes::Bytes::copy_from_slice(queue.as_bytes()),
             ));
         }
-        let mut s = self.dead_letters.lock().await;
-        let session = s.get_or_insert_with(|| self.broker.open_session(Box::new(Discard)));
+        let session = publisher.get_or_insert_with(|| self.broker.open_session(Box::new(Discard)));
         session.publish(hayate_broker::Batch::One(&msg)).await;
         session.flush();
     }
+}
+
+/// Where a queue's dead letters go: its name, its dead-letter exchange and routing key.
+pub(crate) struct DeadLetter<'a> {
+    pub(crate) queue: &'a str,
+    pub(crate) exchange: &'a str,
+    pub(crate) routing_key: Option<&'a str>,
 }
 
 /// The encoder of a session that receives nothing (the dead-letter publisher).
