@@ -35,10 +35,16 @@ pub enum SegmentError {
     /// The memfd can still be resized (or is not a memfd).
     #[error("shared memory: the segment is not sealed against resizing")]
     NotSealed,
+    /// Not ordinary shared memory (a huge-page memfd, a file on disk, ...).
+    #[error("shared memory: the segment is not an ordinary memfd")]
+    NotShmem,
     /// Empty, not a whole number of 64-bit words, or larger than [`MAX_SEGMENT_BYTES`].
     #[error("shared memory: a segment of {0} bytes is not acceptable")]
     Size(u64),
 }
+
+/// `statfs` type of tmpfs (shmem), where ordinary memfds live.
+const TMPFS_MAGIC: u64 = 0x0102_1994;
 
 /// A mapped segment.
 #[derive(Debug)]
@@ -73,6 +79,13 @@ impl Segment {
         if !seals.contains(SEALS) {
             return Err(SegmentError::NotSealed);
         }
+        // Only ordinary shared memory (tmpfs, where memfds live): a huge-page memfd can be
+        // sealed too, but its owner can take its pages back (a hole punched, the pool
+        // emptied) and the next read of the mapping here would fault (SIGBUS).
+        let fs = rustix::fs::fstatfs(&fd).map_err(io::Error::from)?;
+        if fs.f_type as u64 & 0xFFFF_FFFF != TMPFS_MAGIC {
+            return Err(SegmentError::NotShmem);
+        }
         Segment::map(fd)
     }
 
@@ -83,8 +96,9 @@ impl Segment {
         }
         let file = File::from(fd.try_clone()?);
         #[allow(unsafe_code)]
-        // SAFETY: the file cannot shrink while mapped (sealed: checked by `open`, applied by
-        // `create`), so no access within `size` bytes faults. Its contents may change under
+        // SAFETY: the file is tmpfs (checked by `open`; `create` makes a plain memfd) and
+        // cannot shrink while mapped (sealed: checked by `open`, applied by `create`), so
+        // no access within `size` bytes faults (a hole punched in it reads as zeros). Its contents may change under
         // us (that is the point), which is why it is only ever read as atomics.
         let map = unsafe {
             memmap2::MmapOptions::new()
@@ -122,5 +136,33 @@ impl Segment {
     /// The descriptor, to hand to readers.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A huge-page memfd, sealed like a segment, is refused: its owner could take its pages
+    /// back under the mapping (a SIGBUS in the broker).
+    #[test]
+    fn a_sealed_huge_page_memfd_is_refused() {
+        let fd = match rustix::fs::memfd_create(
+            "huge",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING | MemfdFlags::HUGETLB,
+        ) {
+            Ok(fd) => fd,
+            Err(e) => {
+                eprintln!("no huge-page memfd on this kernel ({e}): nothing to check");
+                return;
+            }
+        };
+        rustix::fs::ftruncate(&fd, 2 << 20).unwrap();
+        rustix::fs::fcntl_add_seals(&fd, SEALS).unwrap();
+        assert!(matches!(Segment::open(fd), Err(SegmentError::NotShmem)));
+        // An ordinary sealed memfd still opens.
+        let ok = Segment::create("ok", 4096).unwrap();
+        let fd = ok.fd.try_clone().unwrap();
+        assert!(Segment::open(fd).is_ok());
     }
 }

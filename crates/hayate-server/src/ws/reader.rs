@@ -143,7 +143,7 @@ impl WsReader {
     fn control(&mut self, opcode: u8, payload: &[u8]) -> Step {
         match opcode {
             op::PING => {
-                self.writer.send_control(&control_frame(op::PONG, payload));
+                self.writer.send_pong(&control_frame(op::PONG, payload));
                 Step::Again
             }
             op::CLOSE => {

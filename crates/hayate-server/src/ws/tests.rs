@@ -399,3 +399,54 @@ async fn back_pressure() {
         stalls(sent);
     }
 }
+
+/// A client that sends PINGs and does not read gets PONGs only as far as the sockets and
+/// [`writer::MAX_PONGS`] hold; the others are not queued (before: one queued per PING, with
+/// no bound, so a PING flood grew the broker as fast as it was sent).
+#[tokio::test]
+async fn pongs_to_a_client_that_does_not_read_are_bounded() {
+    use tokio::io::AsyncReadExt;
+    const PINGS: usize = 200_000;
+    let (addr, accepted) = server(1 << 20).await;
+    let (client, _) = connect(addr, Some("mqtt")).await.unwrap();
+    let (mut r, w) = accepted.await.unwrap().unwrap();
+    let reader = tokio::spawn(async move { read_to_end(&mut r).await });
+    let mut tcp = client.into_inner();
+    // A masked PING of 125 zero bytes: its payload on the wire is the mask repeated.
+    let mask = [9u8, 8, 7, 6];
+    let mut ping = vec![0x89, 0x80 | 125];
+    ping.extend_from_slice(&mask);
+    ping.extend((0..125).map(|i| mask[i % 4]));
+    let burst = ping.repeat(1000);
+    for _ in 0..PINGS / 1000 {
+        tokio::time::timeout(T, tcp.write_all(&burst))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    // Let the PINGs be read, then drain: the writer pushes out what it queued once the
+    // socket takes it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let flushed = tokio::spawn(async move {
+        std::future::poll_fn(|cx| w.poll_write_ready(cx))
+            .await
+            .unwrap();
+        w
+    });
+    let mut got = 0usize;
+    let mut b = vec![0u8; 256 * 1024];
+    loop {
+        let idle = if flushed.is_finished() { 300 } else { 5000 };
+        match tokio::time::timeout(Duration::from_millis(idle), tcp.read(&mut b)).await {
+            Ok(Ok(n)) if n > 0 => got += n,
+            Ok(r) => panic!("the connection ended: {r:?}"),
+            Err(_) if flushed.is_finished() => break,
+            Err(_) => panic!("the writer did not drain"),
+        }
+    }
+    reader.abort();
+    let pong = 2 + 125;
+    assert_eq!(got % pong, 0, "whole PONGs");
+    let pongs = got / pong;
+    assert!(pongs < PINGS / 2, "{pongs} PONGs queued for {PINGS} PINGs");
+}

@@ -15,6 +15,9 @@ use hayate_io::transport::Writer;
 use super::MAX_OUT_FRAME;
 use super::frame::{close_frame, code, frame_header, op};
 
+/// Control frames (PONGs) waiting to be written, at most.
+pub(super) const MAX_PONGS: usize = 4096;
+
 /// Output state between writes. A data frame's header is written with the start of its
 /// payload; when the socket takes only part of it, the rest of the header waits in `head`
 /// and the payload still owed in `frame_left`: the next write continues the same frame from
@@ -78,6 +81,20 @@ impl WsWrite {
             return;
         }
         out.control.extend_from_slice(frame);
+        let _ = self.flush_before(&mut out);
+    }
+
+    /// Queues a PONG, unless PONGs not yet written already hold [`MAX_PONGS`] bytes (a
+    /// client that sends PINGs and does not read): then it is not sent, as RFC 6455 allows
+    /// (5.5.3: a PONG for the latest PING only), and what waits stays bounded.
+    pub(super) fn send_pong(&self, frame: &[u8]) {
+        let mut out = self.lock();
+        if out.closed {
+            return;
+        }
+        if out.control.len() + frame.len() <= MAX_PONGS {
+            out.control.extend_from_slice(frame);
+        }
         let _ = self.flush_before(&mut out);
     }
 
