@@ -361,3 +361,105 @@ async fn bad_credentials_are_refused() {
         String::from_utf8_lossy(&out)
     );
 }
+
+/// Transactions are bounded per connection: at most 64 open, and what they hold at most
+/// 64 MiB (within the memory budget); past either, an ERROR and a close (before: no bound,
+/// and the buffered bodies were not charged to the budget).
+#[tokio::test]
+async fn transactions_are_bounded() {
+    let b = start_default().await;
+    let mut p = Stomp::connect(&b.stomp).await;
+    for i in 0..64 {
+        p.send(Frame::new(Command::Begin).header("transaction", &format!("t{i}")))
+            .await;
+    }
+    p.sync(Frame::new(Command::Abort).header("transaction", "t0"))
+        .await;
+    p.send(Frame::new(Command::Begin).header("transaction", "again"))
+        .await;
+    p.send(Frame::new(Command::Begin).header("transaction", "one-too-many"))
+        .await;
+    let e = p.next().await.unwrap();
+    assert_eq!(e.command, Command::Error, "{e:?}");
+    assert_eq!(e.get("message"), Some("too many transactions"));
+    assert!(p.next().await.is_none());
+
+    let mut p = Stomp::connect(&b.stomp).await;
+    p.send(Frame::new(Command::Begin).header("transaction", "big"))
+        .await;
+    let mb = "x".repeat(1 << 20);
+    let mut error = None;
+    for _ in 0..80 {
+        p.send(
+            Frame::new(Command::Send)
+                .header("destination", "/topic/tx/big")
+                .header("transaction", "big")
+                .body(mb.clone()),
+        )
+        .await;
+        if let Ok(f) = tokio::time::timeout(Duration::from_millis(1), p.next()).await {
+            error = f;
+            break;
+        }
+    }
+    let e = match error {
+        Some(e) => e,
+        None => p.next().await.expect("an ERROR"),
+    };
+    assert_eq!(e.command, Command::Error, "{e:?}");
+    assert_eq!(e.get("message"), Some("transaction too large"));
+    b.shutdown().await;
+}
+
+/// A `/queue/` is declared only by a publish or a subscription the user is allowed: a
+/// refused SEND or SUBSCRIBE leaves no queue behind (before, the queue was declared first,
+/// for good, and the permission checked after).
+#[tokio::test]
+async fn refused_sends_and_subscriptions_declare_no_queue() {
+    use hayate_server::config::{Permissions, UserConfig};
+    let mut config = hayate_server::Config::default();
+    config.auth.allow_anonymous = Some(false);
+    let mut eve = UserConfig::with_password("pw").unwrap();
+    eve.permissions = Permissions {
+        publish: Some(vec!["mine/**".into()]),
+        serve: Some(vec!["mine/**".into()]),
+        ..Permissions::default()
+    };
+    config.auth.users.insert("eve".into(), eve);
+    let b = start(config).await;
+    let login = [("login", "eve"), ("passcode", "pw")];
+    let mut c = Stomp::connect_with(&b.stomp, &login).await;
+    c.publish("/queue/theirs", "x").await;
+    let e = c.next().await.unwrap();
+    assert_eq!(e.get("message"), Some("access refused"), "{e:?}");
+    let mut c = Stomp::connect_with(&b.stomp, &login).await;
+    c.send(
+        Frame::new(Command::Subscribe)
+            .header("id", "1")
+            .header("destination", "/queue/other"),
+    )
+    .await;
+    let e = c.next().await.unwrap();
+    assert_eq!(e.get("message"), Some("access refused"), "{e:?}");
+    let mut c = Stomp::connect_with(&b.stomp, &login).await;
+    c.sync(
+        Frame::new(Command::Send)
+            .header("destination", "/queue/mine/q")
+            .body("ok"),
+    )
+    .await;
+    let names: Vec<String> = b
+        .broker
+        .declared_queues()
+        .into_iter()
+        .map(|q| q.0.to_string())
+        .collect();
+    assert!(names.iter().any(|n| n.contains("mine/q")), "{names:?}");
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.contains("theirs") || n.contains("other")),
+        "{names:?}"
+    );
+    b.shutdown().await;
+}

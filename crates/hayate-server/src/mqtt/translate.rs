@@ -335,9 +335,14 @@ pub(crate) fn delivery_properties(
         }
         if let Some(h) = &m.headers {
             for (name, value) in h {
+                // MQTT strings are UTF-8 without U+0000, of at most 65,535 bytes: a header
+                // that is not (from another protocol) is left out, not the message lost.
                 let Ok(v) = std::str::from_utf8(value) else {
-                    continue; // MQTT user properties are UTF-8 only
+                    continue;
                 };
+                if !mqtt_string(name) || !mqtt_string(v) {
+                    continue;
+                }
                 if name == CONTENT_TYPE {
                     p.content_type = Some(v.into());
                 } else {
@@ -451,4 +456,40 @@ mod tests {
         let plain = Message::new(Key::new("a").unwrap(), Bytes::new());
         assert_eq!(delivery_properties(Some(&plain), None, None), None);
     }
+
+    /// Headers from other protocols that MQTT strings cannot carry (a NUL, more than
+    /// 65,535 bytes) are left out of a delivery's user properties; the rest, and the
+    /// message, go (before, the packet failed to encode and the delivery was dropped, even
+    /// at QoS 1).
+    #[test]
+    fn headers_mqtt_cannot_carry_are_left_out_not_the_message() {
+        let mut m = Message::new(Key::new("a").unwrap(), Bytes::from_static(b"x"));
+        m.headers = Some(vec![
+            ("ok".into(), Bytes::from_static(b"v")),
+            ("nul".into(), Bytes::from_static(b"a\0b")),
+            ("n\0ame".into(), Bytes::from_static(b"v")),
+            ("long".into(), Bytes::from(vec![b'a'; 70_000])),
+        ]);
+        let p = delivery_properties(Some(&m), None, None).unwrap();
+        assert_eq!(p.user_properties, vec![("ok".into(), "v".into())]);
+        let mut out = bytes::BytesMut::new();
+        let head = hayate_mqtt::PublishHead {
+            dup: false,
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            topic: "a",
+            packet_id: Some(1),
+            properties: &p,
+        };
+        assert!(
+            hayate_mqtt::encode_publish_head(&head, 1, hayate_mqtt::ProtocolVersion::V5, &mut out)
+                .is_ok()
+        );
+    }
+}
+
+/// Whether `s` can be an MQTT string (UTF-8, which `&str` is; no U+0000; 65,535 bytes at
+/// most).
+fn mqtt_string(s: &str) -> bool {
+    s.len() <= usize::from(u16::MAX) && !s.contains('\0')
 }

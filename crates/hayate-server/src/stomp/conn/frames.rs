@@ -10,6 +10,27 @@ use hayate_stomp::{Command, Frame, Version};
 use super::{Conn, Refusal, refuse};
 use crate::stomp::delivery::{AckMode, Kind, Sub, lock};
 
+/// Queues one connection may declare (`/queue/<name>` sent to or subscribed), at most.
+pub(crate) const MAX_DECLARED: usize = 1024;
+
+/// Open transactions per connection, at most.
+pub(crate) const MAX_TRANSACTIONS: usize = 64;
+
+/// Bytes the open transactions of one connection may hold, at most (also within the
+/// broker-wide memory budget).
+pub(crate) const MAX_TX_BYTES: usize = 64 << 20;
+
+/// What a frame buffered in a transaction holds: its body and headers, and a little for the
+/// rest.
+pub(crate) fn tx_cost(f: &Frame) -> usize {
+    f.body.len()
+        + f.headers
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 48)
+            .sum::<usize>()
+        + 64
+}
+
 /// Headers of a SEND that are the frame's, not the message's.
 fn is_frame_header(name: &str) -> bool {
     matches!(
@@ -51,14 +72,29 @@ impl Conn<'_> {
         match f.command {
             Command::Send | Command::Ack | Command::Nack if f.get("transaction").is_some() => {
                 let t = f.get("transaction").unwrap_or_default().to_string();
-                match self.tx.get_mut(&t) {
-                    Some(frames) => frames.push(f),
-                    None => {
-                        return Err(refuse(
-                            "unknown transaction",
-                            format!("no transaction {t:?} was begun"),
-                        ));
-                    }
+                if !self.tx.contains_key(&t) {
+                    return Err(refuse(
+                        "unknown transaction",
+                        format!("no transaction {t:?} was begun"),
+                    ));
+                }
+                // What transactions hold is bounded per connection and charged to the
+                // memory budget; the body is copied, not left pinning the read buffer.
+                let held = self.tx_bytes + tx_cost(&f);
+                if held > MAX_TX_BYTES || !self.tx_charge.cover(held) {
+                    return Err(refuse(
+                        "transaction too large",
+                        format!(
+                            "the open transactions would hold {held} bytes (at most \
+                             {MAX_TX_BYTES}, within the broker's memory budget)"
+                        ),
+                    ));
+                }
+                self.tx_bytes = held;
+                let mut f = f;
+                f.body = Bytes::copy_from_slice(&f.body);
+                if let Some(frames) = self.tx.get_mut(&t) {
+                    frames.push(f);
                 }
             }
             Command::Send => {
@@ -77,6 +113,12 @@ impl Conn<'_> {
                         format!("transaction {t:?} was already begun"),
                     ));
                 }
+                if self.tx.len() >= MAX_TRANSACTIONS {
+                    return Err(refuse(
+                        "too many transactions",
+                        format!("at most {MAX_TRANSACTIONS} open transactions per connection"),
+                    ));
+                }
                 self.tx.insert(t, Vec::new());
             }
             Command::Commit => {
@@ -87,6 +129,7 @@ impl Conn<'_> {
                         format!("no transaction {t:?} was begun"),
                     ));
                 };
+                self.release_tx(&frames);
                 // A receipt for the COMMIT comes once every SEND in it is stored.
                 let wait = f.get("receipt").is_some();
                 for f in frames {
@@ -100,12 +143,13 @@ impl Conn<'_> {
             }
             Command::Abort => {
                 let t = tx_name(&f)?;
-                if self.tx.remove(&t).is_none() {
+                let Some(frames) = self.tx.remove(&t) else {
                     return Err(refuse(
                         "unknown transaction",
                         format!("no transaction {t:?} was begun"),
                     ));
-                }
+                };
+                self.release_tx(&frames);
             }
             Command::Disconnect => return Ok(false),
             Command::Connect | Command::Stomp => {
@@ -129,13 +173,7 @@ impl Conn<'_> {
         if let Some(k) = dest.strip_prefix("/topic/") {
             key(k)
         } else if let Some(q) = dest.strip_prefix("/queue/") {
-            let k = key(q)?;
-            // A queue whose key a stream captures is that stream's (durable); no in-memory
-            // backlog for it.
-            if durable_stream(session, &k).is_none() {
-                self.declare(q, session)?;
-            }
-            Ok(k)
+            key(q)
         } else if let Some(t) = dest.strip_prefix("/temp-queue/") {
             self.temp_key(t, session)
         } else {
@@ -148,11 +186,44 @@ impl Conn<'_> {
         }
     }
 
+    /// A transaction's frames are no longer held (committed or aborted).
+    fn release_tx(&mut self, frames: &[Frame]) {
+        let n: usize = frames.iter().map(tx_cost).sum();
+        self.tx_bytes = self.tx_bytes.saturating_sub(n);
+        self.tx_charge.shrink(self.tx_bytes);
+    }
+
+    /// Refused unless this user may serve all of queue `q` (`expr`): what a queue's member
+    /// does, durable or not.
+    fn may_serve(&self, q: &str, expr: &KeyExpr, session: &Session) -> Result<(), Refusal> {
+        match self
+            .identity
+            .access
+            .check_subscribe(expr, true, session.inbox())
+        {
+            Ok(None) => Ok(()),
+            Ok(Some(_)) | Err(_) => {
+                let d = crate::auth::Denied::Rule {
+                    what: "serve",
+                    on: q.to_owned(),
+                };
+                tracing::info!(user = self.identity.name(), "subscription refused: {d}");
+                Err(refuse("access refused", d.to_string()))
+            }
+        }
+    }
+
     /// Declares queue `name` (messages wait for a consumer), once per connection. Inbox
     /// keys are not queues.
     fn declare(&mut self, name: &str, session: &mut Session) -> Result<(), Refusal> {
         if name.starts_with(INBOX_PREFIX) || self.declared.contains(name) {
             return Ok(());
+        }
+        if self.declared.len() >= MAX_DECLARED {
+            return Err(refuse(
+                "too many queues",
+                format!("at most {MAX_DECLARED} queues declared per connection"),
+            ));
         }
         let expr = KeyExpr::new(name)
             .map_err(|e| refuse("invalid destination", format!("/queue/{name}: {e}")))?;
@@ -199,6 +270,14 @@ impl Conn<'_> {
         let key = self.send_key(dest, session)?;
         crate::frontend::check_publish(&self.identity, &key, f.get("reply-to").is_some())
             .map_err(|d| refuse("access refused", d.to_string()))?;
+        // A queue is declared (messages wait for a consumer) only by a publish allowed to
+        // reach it; one whose key a stream captures is that stream's (durable), with no
+        // in-memory backlog.
+        if let Some(q) = dest.strip_prefix("/queue/")
+            && durable_stream(session, &key).is_none()
+        {
+            self.declare(q, session)?;
+        }
         let mut msg = Message::new(key, f.body.clone());
         if let Some(r) = f.get("reply-to") {
             msg.reply_to = Some(if let Some(t) = r.strip_prefix("/temp-queue/") {
@@ -278,9 +357,11 @@ impl Conn<'_> {
             if let Some(stream) = durable_stream(session, &k) {
                 return self.subscribe_durable(&stream, q, id, dest, ack, session);
             }
-            self.declare(q, session)?;
             let expr = KeyExpr::new(q)
                 .map_err(|e| refuse("invalid destination", format!("{dest:?}: {e}")))?;
+            // The member of a queue serves its key: checked before the queue is declared.
+            self.may_serve(q, &expr, session)?;
+            self.declare(q, session)?;
             (
                 expr.clone(),
                 Kind::Queue {
@@ -291,7 +372,16 @@ impl Conn<'_> {
             )
         } else if let Some(t) = dest.strip_prefix("/temp-queue/") {
             self.temp_key(t, session)?;
-            lock(&self.out).temp_ids.insert(t.to_string(), id.clone());
+            let max = session.broker().config().max_subscriptions;
+            let mut out = lock(&self.out);
+            if max > 0 && out.temp_ids.len() >= max && !out.temp_ids.contains_key(t) {
+                return Err(refuse(
+                    "too many subscriptions",
+                    format!("at most {max} temp-queue subscriptions (limits.max_subscriptions)"),
+                ));
+            }
+            out.temp_ids.insert(t.to_string(), id.clone());
+            drop(out);
             if let Some(sid) = self.temp_sid {
                 self.subs.bind(id, sid);
             }
@@ -364,21 +454,7 @@ impl Conn<'_> {
         // in-memory queue's.
         let qexpr =
             KeyExpr::new(q).map_err(|e| refuse("invalid destination", format!("{dest:?}: {e}")))?;
-        match self
-            .identity
-            .access
-            .check_subscribe(&qexpr, true, session.inbox())
-        {
-            Ok(None) => {}
-            Ok(Some(_)) | Err(_) => {
-                let d = crate::auth::Denied::Rule {
-                    what: "serve",
-                    on: q.to_owned(),
-                };
-                tracing::info!(user = self.identity.name(), "subscription refused: {d}");
-                return Err(refuse("access refused", d.to_string()));
-            }
-        }
+        self.may_serve(q, &qexpr, session)?;
         // One made beforehand (through the API, with its own settings) is used as it is.
         let name = queue_consumer_name(q);
         let consumer = match stream.consumer(&name) {

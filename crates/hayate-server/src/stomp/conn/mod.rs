@@ -63,6 +63,10 @@ struct Conn<'a> {
     temp_sid: Option<u32>,
     /// Open transactions: their buffered SEND, ACK and NACK frames.
     tx: HashMap<String, Vec<Frame>>,
+    /// What the open transactions hold (bytes, as [`frames::tx_cost`] counts them), and its
+    /// charge to the broker-wide memory budget.
+    tx_bytes: usize,
+    tx_charge: hayate_io::memory::Charge,
     /// `/queue/` subscriptions served by a stream's consumer (durable queues).
     members: crate::frontend::Memberships,
     /// Queues this connection declared (to avoid asking the broker again).
@@ -243,6 +247,8 @@ pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
             subs: SubTable::default(),
             temp_sid: None,
             tx: HashMap::new(),
+            tx_bytes: 0,
+            tx_charge: hayate_io::memory::Charge::exact(&session.broker().config().memory),
             members: Default::default(),
             declared: Default::default(),
             send_every: None,
