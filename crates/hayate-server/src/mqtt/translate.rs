@@ -354,6 +354,12 @@ pub(crate) fn delivery_properties(
     Some(p)
 }
 
+/// Whether `s` can be an MQTT string (UTF-8, which `&str` is; no U+0000; 65,535 bytes at
+/// most).
+fn mqtt_string(s: &str) -> bool {
+    s.len() <= usize::from(u16::MAX) && !s.contains('\0')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -486,10 +492,4 @@ mod tests {
                 .is_ok()
         );
     }
-}
-
-/// Whether `s` can be an MQTT string (UTF-8, which `&str` is; no U+0000; 65,535 bytes at
-/// most).
-fn mqtt_string(s: &str) -> bool {
-    s.len() <= usize::from(u16::MAX) && !s.contains('\0')
 }
