@@ -256,6 +256,37 @@ pub fn decode(
     version: Version,
     limits: &Limits,
 ) -> Result<Option<Item>, DecodeError> {
+    decode_resuming(buf, version, limits, &mut Scanned::default())
+}
+
+/// How much of the body of the frame at the start of a buffer is known to hold no NUL (for
+/// a frame without `content-length`): [`decode_resuming`] starts looking for the NUL there,
+/// so a body that arrives a little at a time is scanned once, not once per read (a client
+/// trickling a large body could otherwise keep a core busy rescanning it).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Scanned(usize);
+
+/// [`decode`] for a connection that keeps a [`Scanned`] between calls (the same buffer, the
+/// same one for every call; it resets itself when a frame is taken).
+pub fn decode_resuming(
+    buf: &mut BytesMut,
+    version: Version,
+    limits: &Limits,
+    scanned: &mut Scanned,
+) -> Result<Option<Item>, DecodeError> {
+    let r = decode_frame(buf, version, limits, scanned);
+    if !matches!(r, Ok(None)) {
+        *scanned = Scanned::default();
+    }
+    r
+}
+
+fn decode_frame(
+    buf: &mut BytesMut,
+    version: Version,
+    limits: &Limits,
+    scanned: &mut Scanned,
+) -> Result<Option<Item>, DecodeError> {
     match buf.first() {
         None => return Ok(None),
         Some(b'\n') => {
@@ -297,14 +328,18 @@ pub fn decode(
             let end = buf
                 .len()
                 .min(body_start.saturating_add(limits.max_body).saturating_add(1));
-            match find(&buf[body_start..end], 0) {
-                Some(n) => n,
+            let from = body_start.saturating_add(scanned.0).min(end);
+            match find(&buf[from..end], 0) {
+                Some(n) => from - body_start + n,
                 None if buf.len() - body_start > limits.max_body => {
                     return Err(DecodeError::BodyTooLarge {
                         max: limits.max_body,
                     });
                 }
-                None => return Ok(None),
+                None => {
+                    scanned.0 = end - body_start;
+                    return Ok(None);
+                }
             }
         }
     };
@@ -327,4 +362,40 @@ pub fn decode(
         headers,
         body,
     })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body without `content-length` that arrives a byte at a time is searched for its
+    /// NUL once: each call starts where the last one stopped, and the frame is the same as
+    /// when it arrives whole.
+    #[test]
+    fn a_trickled_body_is_scanned_once() {
+        let body = vec![b'x'; 5000];
+        let mut wire = b"SEND\ndestination:/queue/a\n\n".to_vec();
+        let head = wire.len();
+        wire.extend_from_slice(&body);
+        wire.push(0);
+        let limits = Limits::default();
+        let (mut buf, mut scanned) = (BytesMut::new(), Scanned::default());
+        for (i, b) in wire.iter().enumerate() {
+            buf.extend_from_slice(&[*b]);
+            match decode_resuming(&mut buf, Version::V1_2, &limits, &mut scanned).unwrap() {
+                None => {
+                    // Everything of the body that arrived was searched.
+                    assert_eq!(scanned.0, (i + 1).saturating_sub(head), "at byte {i}");
+                }
+                Some(Item::Frame(f)) => {
+                    assert_eq!(i, wire.len() - 1);
+                    assert_eq!(&f.body[..], &body[..]);
+                    assert_eq!(scanned.0, 0, "reset for the next frame");
+                    return;
+                }
+                Some(other) => panic!("{other:?}"),
+            }
+        }
+        panic!("no frame");
+    }
 }

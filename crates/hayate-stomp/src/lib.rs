@@ -51,9 +51,11 @@
 //! above `max_body`, no NUL within `max_body` bytes of body. So a peer cannot make the reader
 //! buffer more than about `max_header_bytes + max_body` bytes for one frame.
 //!
-//! A body without `content-length` is searched for its NUL from the start on every call, so
-//! a huge body of that kind arriving in many small reads costs quadratic time (bounded by
-//! `max_body`); bodies with `content-length` are not scanned at all.
+//! A body without `content-length` is searched for its NUL. [`decode`] searches from the
+//! body's start on every call, so a huge body of that kind arriving in many small reads costs
+//! quadratic time (bounded by `max_body`); a connection should use [`decode_resuming`], which
+//! keeps how far it searched ([`Scanned`]) and searches each byte once. Bodies with
+//! `content-length` are not scanned at all.
 //!
 //! # Quick start
 //!
@@ -91,7 +93,7 @@ pub mod encode;
 pub mod escape;
 pub mod frame;
 
-pub use decode::{DecodeError, Limits, decode};
+pub use decode::{DecodeError, Limits, Scanned, decode, decode_resuming};
 pub use encode::{encode, encode_message, encode_message_head, encode_send};
 pub use escape::{escape, unescape};
 pub use frame::{Command, Frame, Item, Version};

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use hayate_broker::Session;
-use hayate_stomp::{Command, Frame, Item, Limits, Version, decode, encode};
+use hayate_stomp::{Command, Frame, Item, Limits, Version, encode};
 use tokio::time::Instant;
 
 use super::Stomp;
@@ -89,6 +89,8 @@ struct Driven<'a> {
     beating: bool,
     /// When the last read brought input (once heart-beats are expected).
     last_read: Option<Instant>,
+    /// How much of a body arriving without `content-length` was already searched for its NUL.
+    scanned: hayate_stomp::Scanned,
 }
 
 /// `None`: a graceful end; `Some`: an ERROR frame for the client.
@@ -112,7 +114,7 @@ impl Handler for Driven<'_> {
             };
             &pre
         };
-        decode(buf, self.c.version, limits)
+        hayate_stomp::decode_resuming(buf, self.c.version, limits, &mut self.scanned)
             .map_err(|e| Some(refuse("malformed frame", e.to_string())))
     }
 
@@ -260,6 +262,7 @@ pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
         beat: None,
         beating: false,
         last_read: None,
+        scanned: hayate_stomp::Scanned::default(),
     };
     let end = conn.drive(&mut h).await;
     let (mut c, mut session) = (h.c, h.session);
