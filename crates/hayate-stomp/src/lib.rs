@@ -51,7 +51,7 @@
 //! above `max_body`, no NUL within `max_body` bytes of body. So a peer cannot make the reader
 //! buffer more than about `max_header_bytes + max_body` bytes for one frame.
 //!
-//! A body without `content-length` is searched for its NUL. [`decode`] searches from the
+//! A body without `content-length` is searched for its NUL. [`decode()`] searches from the
 //! body's start on every call, so a huge body of that kind arriving in many small reads costs
 //! quadratic time (bounded by `max_body`); a connection should use [`decode_resuming`], which
 //! keeps how far it searched ([`Scanned`]) and searches each byte once. Bodies with
