@@ -37,6 +37,13 @@ pub const TICKET_TTL: Duration = Duration::from_secs(10);
 /// Tickets outstanding at most (a client that asks and never comes back holds one for
 /// [`TICKET_TTL`]); past it, no shared memory is offered until some expire.
 const MAX_TICKETS: usize = 4096;
+/// Connections to the broker's socket that have not shown a ticket yet, at most. The socket
+/// is abstract (any process of the host may connect, whatever its user): past this, the
+/// next are closed at once, so such connections cannot fill `limits.max_connections`.
+const MAX_SETTING_UP: usize = 64;
+/// How long a connection to the broker's socket has to send its CONNECT (a client sends it
+/// at once), whatever the handshake timeout.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What a ticket stands for: the session it was issued to.
 #[derive(Debug)]
@@ -53,6 +60,17 @@ pub struct ShmOffer {
     tickets: Mutex<HashMap<u128, Ticket>>,
     active: Arc<AtomicUsize>,
     max: usize,
+    /// Connections not yet past their CONNECT.
+    setting_up: AtomicUsize,
+}
+
+/// A connection counted in [`ShmOffer::setting_up`] until dropped.
+struct SettingUp<'a>(&'a AtomicUsize);
+
+impl Drop for SettingUp<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 fn random_u128() -> u128 {
@@ -82,6 +100,7 @@ impl ShmOffer {
             tickets: Mutex::new(HashMap::new()),
             active: Arc::new(AtomicUsize::new(0)),
             max,
+            setting_up: AtomicUsize::new(0),
         };
         Ok((Arc::new(offer), UnixListener::from_std(l)?))
     }
@@ -189,10 +208,18 @@ pub async fn accept<G>(
     memory: &Arc<Memory>,
     admit: impl FnOnce(Option<SocketAddr>) -> Option<G>,
 ) -> io::Result<Attached<G>> {
+    if offer.setting_up.fetch_add(1, Ordering::AcqRel) >= MAX_SETTING_UP {
+        offer.setting_up.fetch_sub(1, Ordering::AcqRel);
+        return Err(io::Error::new(
+            io::ErrorKind::ConnectionRefused,
+            "too many connections setting up shared memory",
+        ));
+    }
+    let _setting_up = SettingUp(&offer.setting_up);
     // A client sends its CONNECT in one write: once readable, it is all there (a partial
     // one is malformed, like any other garbage). Readiness can be a false alarm
     // (`WouldBlock`): wait again.
-    let got = tokio::time::timeout(timeout, async {
+    let got = tokio::time::timeout(timeout.min(SETUP_TIMEOUT), async {
         loop {
             sock.readable().await?;
             match sock.try_io(tokio::io::Interest::READABLE, || {

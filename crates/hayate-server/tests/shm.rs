@@ -385,3 +385,47 @@ async fn many_clients_at_once_stay_within_the_shared_memory_limit() {
     }
     wait_active(&b, 0).await;
 }
+
+/// Any process of the host can connect to the broker's (abstract) socket. Connections that
+/// say nothing are capped (64) and closed after 2 s, whatever the handshake timeout: they
+/// cannot fill `max_connections`, and once they are gone a real client gets shared memory
+/// again.
+#[tokio::test]
+async fn silent_set_ups_are_capped_and_cut_short() {
+    let mut config = Config::default();
+    config.limits.handshake_timeout_ms = 60_000;
+    config.limits.max_connections = 100;
+    let b = start(config).await;
+    let addr =
+        std::os::unix::net::SocketAddr::from_abstract_name(offer(&b).name().as_bytes()).unwrap();
+    let started = std::time::Instant::now();
+    let mut silent = Vec::new();
+    for _ in 0..90 {
+        let s = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+        s.set_nonblocking(true).unwrap();
+        silent.push(tokio::net::UnixStream::from_std(s).unwrap());
+    }
+    // Past the first 64 they are closed at once; the others after 2 s.
+    let waits: Vec<_> = silent
+        .into_iter()
+        .map(|mut s| {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 16];
+                assert_eq!(within(10, s.read(&mut buf)).await.unwrap_or(0), 0);
+                started.elapsed()
+            })
+        })
+        .collect();
+    let mut ended = Vec::new();
+    for w in waits {
+        ended.push(w.await.unwrap());
+    }
+    let quick = ended.iter().filter(|t| t.as_millis() < 1500).count();
+    assert!(quick >= 26, "{quick} closed at once: {ended:?}");
+    assert!(ended.iter().all(|t| t.as_secs() < 5), "{ended:?}");
+    // Meanwhile, and after, TCP clients connect (max_connections was never reached), and a
+    // client of this host gets shared memory again.
+    let c = Client::connect(&b.addr).await.unwrap();
+    assert_eq!(c.transport(), "shm");
+    c.flush().await.unwrap();
+}
