@@ -203,7 +203,8 @@ impl Native {
         let was_welcomed = self.welcomed;
         if let (false, Frame::Hello(h)) = (self.welcomed, &frame) {
             self.login(h).await?;
-            if h.flags & HELLO_SHM != 0 {
+            // A HELLO of another version is refused next (ERR 7): no ticket for it.
+            if h.flags & HELLO_SHM != 0 && h.version == PROTOCOL_VERSION {
                 self.shm_answer = Some(
                     self.shm
                         .as_ref()

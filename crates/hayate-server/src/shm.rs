@@ -120,6 +120,14 @@ impl ShmOffer {
         self.max
     }
 
+    /// Tickets given out and not yet used nor expired.
+    pub fn tickets(&self) -> usize {
+        self.tickets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+
     /// What WELCOME's `shm` field says to a session from `peer` that asked: `<socket>
     /// <ticket>`, or empty (not offered: the client is not on this host, or the broker is
     /// at its limits). `verified_name`: the user its TLS client certificate names, which

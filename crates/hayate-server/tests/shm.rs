@@ -429,3 +429,34 @@ async fn silent_set_ups_are_capped_and_cut_short() {
     assert_eq!(c.transport(), "shm");
     c.flush().await.unwrap();
 }
+
+/// A HELLO that asks for shared memory but speaks another protocol version is refused
+/// (ERR 7) without a ticket being given out for it (before, one was, and held a slot of
+/// the 4096 for 10 s).
+#[tokio::test]
+async fn a_hello_of_another_version_gets_no_ticket() {
+    let b = start_default().await;
+    let mut s = tokio::net::TcpStream::connect(&b.addr).await.unwrap();
+    let mut hello = BytesMut::new();
+    encode(
+        &Frame::Hello(Hello {
+            version: PROTOCOL_VERSION + 1,
+            flags: hayate_native::HELLO_SHM,
+            name: "old".into(),
+            auth: Default::default(),
+        }),
+        &mut hello,
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut s, &hello)
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    within(10, s.read_to_end(&mut got)).await.unwrap();
+    let mut got = BytesMut::from(&got[..]);
+    let f = hayate_native::decode(&mut got, 1 << 20).unwrap();
+    assert!(
+        matches!(f, Some(Frame::Err { code, .. }) if code == hayate_native::ErrorCode::UnsupportedVersion),
+        "{f:?}"
+    );
+    assert_eq!(offer(&b).tickets(), 0);
+}

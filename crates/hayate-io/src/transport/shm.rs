@@ -46,6 +46,8 @@ pub const PREFIX: &str = "HAYATE-SHM/1";
 
 /// The largest slot accepted from the other side: a read appends at most this much.
 pub const MAX_SLOT_BYTES: usize = 1 << 20;
+/// What the read half keeps allocated for messages that did not fit the caller's buffer.
+const KEEP_PENDING: usize = 64 * 1024;
 /// The largest segment accepted from the other side.
 pub const MAX_SEGMENT_BYTES: u64 = 64 << 20;
 
@@ -312,6 +314,12 @@ impl ShmReader {
         let n = buf.remaining().min(self.pending.len() - self.pos);
         buf.put_slice(&self.pending[self.pos..self.pos + n]);
         self.pos += n;
+        // A message of a large slot (up to MAX_SLOT_BYTES, the other side's choice) is not
+        // kept allocated once given: a connection holds that much only while it reads it.
+        if self.pos == self.pending.len() && self.pending.capacity() > KEEP_PENDING {
+            self.pending = Vec::new();
+            self.pos = 0;
+        }
         true
     }
 }

@@ -150,10 +150,23 @@ impl StompDeliveries {
     }
 }
 
-/// Whether a header name or value can be written in `version`: a NUL ends a frame and
-/// cannot be escaped; 1.0 cannot escape line ends either.
+/// Whether a header value can be written in `version`: a NUL ends a frame and cannot be
+/// escaped; 1.0 cannot escape line ends, and 1.1 has no escape for CR (`\\r` is 1.2's, and a
+/// 1.1 client must take an unknown escape as a fatal error).
 fn header_safe(v: &str, version: Version) -> bool {
-    !v.contains('\0') && (version.escapes() || !v.contains(['\n', '\r']))
+    !v.contains('\0')
+        && match version {
+            Version::V1_0 => !v.contains(['\n', '\r']),
+            Version::V1_1 => !v.contains('\r'),
+            _ => true,
+        }
+}
+
+/// Whether a header name can be written in `version`: as a value, and in 1.0 (no escapes)
+/// without `:`, which would end the name early (a `content-length:5` header name would be
+/// read as a `content-length` header).
+fn header_name_safe(k: &str, version: Version) -> bool {
+    header_safe(k, version) && (version.escapes() || !k.contains(':'))
 }
 
 /// A correlation id as a header value: as it is when it is printable text, otherwise
@@ -221,7 +234,7 @@ fn write_message(
             for (k, v) in h {
                 if let Ok(v) = std::str::from_utf8(v)
                     && header_safe(v, version)
-                    && header_safe(k, version)
+                    && header_name_safe(k, version)
                     && !matches!(
                         k.as_str(),
                         "destination" | "subscription" | "message-id" | "content-length" | "ack"
@@ -265,5 +278,33 @@ impl Encoder for StompEncoder {
 
     fn encode_acked(&mut self, sid: u32, delivery: u64, msg: &Message, out: &mut OutBuf) {
         lock(&self.out).deliver(sid, &msg.key, &msg.payload, Some(msg), Some(delivery), out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What each version's subscribers can parse: 1.0 has no escapes (no line ends, no `:`
+    /// in a name: `content-length:5` as a name would read as a content-length header), 1.1
+    /// escapes LF but has no escape for CR, 1.2 escapes both; a NUL never.
+    #[test]
+    fn headers_are_written_only_where_the_version_can_carry_them() {
+        use Version::*;
+        for (s, v10, v11, v12) in [
+            ("plain", true, true, true),
+            ("a\nb", false, true, true),
+            ("a\rb", false, false, true),
+            ("a\0b", false, false, false),
+        ] {
+            assert_eq!(
+                [V1_0, V1_1, V1_2].map(|v| header_safe(s, v)),
+                [v10, v11, v12],
+                "{s:?}"
+            );
+        }
+        assert!(!header_name_safe("content-length:5", V1_0));
+        assert!(header_name_safe("content-length:5", V1_1));
+        assert!(header_safe("a:b", V1_0), "a colon in a value is fine");
     }
 }
