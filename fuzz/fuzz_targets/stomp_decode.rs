@@ -2,15 +2,52 @@
 //! small and default limits. The decoder must never panic; `Ok(Some)` must consume input
 //! and `Ok(None)` or an error nothing; every decoded frame must respect the limits; and in
 //! 1.1/1.2 every escaped frame must re-encode and decode again to the same frame (plus the
-//! `content-length` the encoder adds to a body that came without one).
+//! `content-length` the encoder adds to a body that came without one). Fed a few bytes at a
+//! time to `decode_resuming` (as a connection reads), the input gives the same items, and
+//! ends in an error exactly when it does whole.
 
 #![no_main]
 
 use bytes::BytesMut;
-use hayate_stomp::{Frame, Item, Limits, Version, decode, encode};
+use hayate_stomp::{Frame, Item, Limits, Scanned, Version, decode, decode_resuming, encode};
 use libfuzzer_sys::fuzz_target;
 
+/// Every item of `data` decoded whole, and whether it ended in an error.
+fn whole(data: &[u8], version: Version, limits: &Limits) -> (Vec<Item>, bool) {
+    let mut buf = BytesMut::from(data);
+    let mut items = Vec::new();
+    loop {
+        match decode(&mut buf, version, limits) {
+            Ok(Some(i)) => items.push(i),
+            Ok(None) => return (items, false),
+            Err(_) => return (items, true),
+        }
+    }
+}
+
+/// The same, fed `step` bytes at a time to one `decode_resuming`.
+fn trickled(data: &[u8], step: usize, version: Version, limits: &Limits) -> (Vec<Item>, bool) {
+    let (mut buf, mut scanned, mut items) = (BytesMut::new(), Scanned::default(), Vec::new());
+    for chunk in data.chunks(step.max(1)) {
+        buf.extend_from_slice(chunk);
+        loop {
+            match decode_resuming(&mut buf, version, limits, &mut scanned) {
+                Ok(Some(i)) => items.push(i),
+                Ok(None) => break,
+                Err(_) => return (items, true),
+            }
+        }
+    }
+    (items, false)
+}
+
 fn check(data: &[u8], version: Version, limits: &Limits) {
+    let step = usize::from(data.first().copied().unwrap_or(1) % 7) + 1;
+    assert_eq!(
+        trickled(data, step, version, limits),
+        whole(data, version, limits),
+        "fed {step} bytes at a time"
+    );
     let mut buf = BytesMut::from(data);
     loop {
         let before = buf.len();

@@ -552,7 +552,7 @@ struct Direct {
     dec: FrameDecoder,
     frame_max: usize,
     /// The delivery whose frames are arriving.
-    incoming: Option<Incoming>,
+    asm: Assembly,
 }
 
 impl Direct {
@@ -565,7 +565,7 @@ impl Direct {
             out: BytesMut::with_capacity(16 << 10),
             dec: FrameDecoder::new(o.frame_max.max(FRAME_MAX)),
             frame_max: o.frame_max as usize,
-            incoming: None,
+            asm: Assembly::default(),
         })
     }
 
@@ -630,52 +630,12 @@ impl Direct {
     /// The next delivery complete in what was read, if any.
     fn take(&mut self) -> anyhow::Result<Option<Delivery>> {
         while let Some(f) = self.dec.decode(&mut self.buf)? {
-            match f {
-                Frame::Method(
-                    _,
-                    Method::BasicDeliver {
-                        consumer_tag,
-                        delivery_tag,
-                        ..
-                    },
-                ) => {
-                    self.incoming = Some(Incoming {
-                        tag: consumer_tag.bytes().clone(),
-                        delivery_tag,
-                        size: 0,
-                        body: BytesMut::new(),
-                        reply_to: None,
-                        correlation_id: None,
-                    });
-                }
-                Frame::Header(_, h) => {
-                    if let Some(i) = &mut self.incoming {
-                        let h = *h;
-                        i.size = h.body_size;
-                        i.reply_to = h.properties.reply_to;
-                        i.correlation_id = h.properties.correlation_id;
-                        if i.size == 0 {
-                            return Ok(self.incoming.take().map(|i| i.done(Bytes::new())));
-                        }
-                    }
-                }
-                Frame::Body(_, b) => {
-                    let Some(i) = &mut self.incoming else {
-                        continue;
-                    };
-                    if i.body.is_empty() && b.len() as u64 >= i.size {
-                        return Ok(self.incoming.take().map(|i| i.done(b)));
-                    }
-                    i.body.extend_from_slice(&b);
-                    if i.body.len() as u64 >= i.size {
-                        let body = std::mem::take(&mut i.body).freeze();
-                        return Ok(self.incoming.take().map(|i| i.done(body)));
-                    }
-                }
-                Frame::Method(_, m) => {
+            match self.asm.frame(f) {
+                Assembled::Delivery(i, body) => return Ok(Some(i.done(body))),
+                Assembled::Other(Frame::Method(_, m)) => {
                     closed(m)?;
                 }
-                Frame::Heartbeat => {}
+                Assembled::Partial | Assembled::Other(_) => {}
             }
         }
         Ok(None)
@@ -868,6 +828,81 @@ impl Incoming {
     }
 }
 
+/// Puts deliveries back together from their frames: basic.deliver, the content header,
+/// then body frames up to the size the header announced.
+#[derive(Default)]
+struct Assembly(Option<Incoming>);
+
+/// What a frame made of the delivery being put together.
+enum Assembled {
+    /// A complete delivery and its body.
+    Delivery(Incoming, Bytes),
+    /// Part of one (or content of none): nothing to do yet.
+    Partial,
+    /// A frame that is no part of a delivery.
+    Other(Frame),
+}
+
+impl Assembly {
+    fn frame(&mut self, f: Frame) -> Assembled {
+        match f {
+            Frame::Method(
+                _,
+                Method::BasicDeliver {
+                    consumer_tag,
+                    delivery_tag,
+                    ..
+                },
+            ) => {
+                self.0 = Some(Incoming {
+                    tag: consumer_tag.bytes().clone(),
+                    delivery_tag,
+                    size: 0,
+                    body: BytesMut::new(),
+                    reply_to: None,
+                    correlation_id: None,
+                });
+                Assembled::Partial
+            }
+            Frame::Header(_, h) => {
+                let Some(i) = &mut self.0 else {
+                    return Assembled::Partial;
+                };
+                let h = *h;
+                i.size = h.body_size;
+                i.reply_to = h.properties.reply_to;
+                i.correlation_id = h.properties.correlation_id;
+                if i.size == 0 {
+                    return self.done(Bytes::new());
+                }
+                Assembled::Partial
+            }
+            Frame::Body(_, b) => {
+                let Some(i) = &mut self.0 else {
+                    return Assembled::Partial;
+                };
+                if i.body.is_empty() && b.len() as u64 >= i.size {
+                    return self.done(b);
+                }
+                i.body.extend_from_slice(&b);
+                if (i.body.len() as u64) < i.size {
+                    return Assembled::Partial;
+                }
+                let body = std::mem::take(&mut i.body).freeze();
+                self.done(body)
+            }
+            other => Assembled::Other(other),
+        }
+    }
+
+    fn done(&mut self, body: Bytes) -> Assembled {
+        match self.0.take() {
+            Some(i) => Assembled::Delivery(i, body),
+            None => Assembled::Partial,
+        }
+    }
+}
+
 async fn read_loop(
     rd: &mut tokio::net::tcp::OwnedReadHalf,
     buf: &mut BytesMut,
@@ -875,52 +910,18 @@ async fn read_loop(
     shared: &Shared,
     replies: mpsc::Sender<Method>,
 ) -> anyhow::Result<()> {
-    let mut incoming: Option<Incoming> = None;
+    let mut asm = Assembly::default();
     loop {
         while let Some(f) = dec.decode(buf)? {
+            let f = match asm.frame(f) {
+                Assembled::Delivery(i, body) => {
+                    deliver(shared, i, body).await;
+                    continue;
+                }
+                Assembled::Partial => continue,
+                Assembled::Other(f) => f,
+            };
             match f {
-                Frame::Method(
-                    _,
-                    Method::BasicDeliver {
-                        consumer_tag,
-                        delivery_tag,
-                        ..
-                    },
-                ) => {
-                    incoming = Some(Incoming {
-                        tag: consumer_tag.bytes().clone(),
-                        delivery_tag,
-                        size: 0,
-                        body: BytesMut::new(),
-                        reply_to: None,
-                        correlation_id: None,
-                    });
-                }
-                Frame::Header(_, h) => {
-                    if let Some(i) = &mut incoming {
-                        i.size = h.body_size;
-                        let h = *h;
-                        i.reply_to = h.properties.reply_to;
-                        i.correlation_id = h.properties.correlation_id;
-                        if h.body_size == 0 {
-                            deliver(shared, incoming.take(), Bytes::new()).await;
-                        }
-                    }
-                }
-                Frame::Body(_, b) => {
-                    let done = match &mut incoming {
-                        Some(i) if i.body.is_empty() && b.len() as u64 == i.size => Some(b),
-                        Some(i) => {
-                            i.body.extend_from_slice(&b);
-                            (i.body.len() as u64 >= i.size)
-                                .then(|| std::mem::take(&mut i.body).freeze())
-                        }
-                        None => None,
-                    };
-                    if let Some(body) = done {
-                        deliver(shared, incoming.take(), body).await;
-                    }
-                }
                 Frame::Method(
                     _,
                     Method::ChannelClose {
@@ -956,7 +957,8 @@ async fn read_loop(
                         return Ok(());
                     }
                 }
-                Frame::Heartbeat => {}
+                // Content frames are the assembly's.
+                Frame::Heartbeat | Frame::Header(..) | Frame::Body(..) => {}
             }
         }
         if buf.capacity() - buf.len() < 16 << 10 {
@@ -968,8 +970,7 @@ async fn read_loop(
     }
 }
 
-async fn deliver(shared: &Shared, i: Option<Incoming>, body: Bytes) {
-    let Some(i) = i else { return };
+async fn deliver(shared: &Shared, i: Incoming, body: Bytes) {
     let Some((tx, acked)) = lock(&shared.subs).get(&i.tag).cloned() else {
         return;
     };
