@@ -27,12 +27,7 @@ from conftest import KIND, start_hayate, stop_process
 pytestmark = pytest.mark.skipif(KIND != "hayate", reason="Hayate's AMQP listener")
 
 
-@pytest.fixture
-def broker(tmp_path):
-    from test_dashboard import HAYATE
-
-    cfg = tmp_path / "hayate.toml"
-    cfg.write_text("""
+BROKER_CONFIG = """
 [server]
 data_dir = ""
 [admin]
@@ -49,8 +44,21 @@ listen = ["127.0.0.1:0"]
 listen = ["127.0.0.1:0"]
 heartbeat_secs = 10
 vhosts = ["/", "dev", "a*b/c"]
-""")
-    proc, ports = start_hayate(HAYATE, cfg, tmp_path / "broker.log")
+"""
+
+
+def start_broker(tmp_path, extra: str = ""):
+    """The tests' broker (BROKER_CONFIG, then `extra`): its process and its ports."""
+    from test_dashboard import HAYATE
+
+    cfg = tmp_path / "hayate.toml"
+    cfg.write_text(BROKER_CONFIG + extra)
+    return start_hayate(HAYATE, cfg, tmp_path / "broker.log")
+
+
+@pytest.fixture
+def broker(tmp_path):
+    proc, ports = start_broker(tmp_path)
     yield ports
     stop_process(proc)
 
@@ -1370,28 +1378,7 @@ memory_budget = 16777216
 @pytest.fixture
 def patient_broker(tmp_path):
     """A broker that lets a blocking subscriber hold its publishers for 30 s."""
-    from test_dashboard import HAYATE
-
-    cfg = tmp_path / "hayate.toml"
-    cfg.write_text("""
-[server]
-data_dir = ""
-[admin]
-listen = []
-[native]
-listen = ["127.0.0.1:0"]
-shm = false
-[mqtt]
-listen = ["127.0.0.1:0"]
-ws = []
-[stomp]
-listen = []
-[amqp]
-listen = ["127.0.0.1:0"]
-[limits]
-max_block_ms = 30000
-""")
-    proc, ports = start_hayate(HAYATE, cfg, tmp_path / "broker.log")
+    proc, ports = start_broker(tmp_path, "[limits]\nmax_block_ms = 30000\n")
     yield ports
     stop_process(proc)
 
