@@ -84,6 +84,8 @@ fn build(s: &TlsSection) -> Result<Arc<rustls::ServerConfig>, String> {
     // No ALPN: every listener speaks one protocol.
     cfg.alpn_protocols.clear();
     cfg.ignore_client_order = true;
+    // hayate-io's TLS transport runs the record layer itself once the handshake is done.
+    cfg.enable_secret_extraction = true;
     Ok(Arc::new(cfg))
 }
 

@@ -1,0 +1,459 @@
+//! The TLS record layer once the handshake is over, sans I/O: [`Cipher`] seals and opens the
+//! records of one direction with the traffic key rustls extracted (TLS 1.3, and TLS 1.2's
+//! AEAD suites), so the two halves of a connection each own theirs and share no lock on the
+//! data path, and a record is sealed straight from the caller's buffer into the outgoing one
+//! and opened in place in the incoming one (rustls' buffered API copies each byte three
+//! times on the way in, once on the way out).
+//!
+//! Formats (RFC 8446 §5.2, RFC 5288, RFC 7905), header `type, 3, 3, length (u16 BE)`:
+//! - TLS 1.3: outer type 23; body = AEAD(data ‖ inner type ‖ zero padding) ‖ tag; the AAD
+//!   is the header; nonce = iv XOR sequence number.
+//! - TLS 1.2 AES-GCM: body = explicit nonce (8) ‖ AEAD(data) ‖ tag; nonce = iv[..4] ‖
+//!   explicit (we send iv XOR sequence, as rustls does); AAD = seq ‖ type ‖ 3, 3 ‖ data length.
+//! - TLS 1.2 ChaCha20-Poly1305: body = AEAD(data) ‖ tag; nonce = iv XOR sequence; the same AAD.
+
+use std::ops::Range;
+
+use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
+use rustls::{ConnectionTrafficSecrets, ProtocolVersion};
+
+/// A record header's length.
+pub(crate) const HEADER: usize = 5;
+/// The AEAD tag's length (every suite rustls offers).
+const TAG: usize = 16;
+/// TLS 1.2 AES-GCM's explicit nonce.
+const EXPLICIT: usize = 8;
+/// Most data one record carries (2^14).
+pub(crate) const MAX_DATA: usize = 1 << 14;
+/// Most a sealed record can add to its data (TLS 1.2 GCM's nonce and tag, or TLS 1.3's type
+/// byte and tag): with [`HEADER`], the room to reserve per record.
+pub(crate) const OVERHEAD: usize = HEADER + EXPLICIT + TAG;
+
+/// Record content types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Type {
+    ChangeCipherSpec = 20,
+    Alert = 21,
+    Handshake = 22,
+    Data = 23,
+}
+
+impl Type {
+    fn from_u8(b: u8) -> Option<Type> {
+        Some(match b {
+            20 => Type::ChangeCipherSpec,
+            21 => Type::Alert,
+            22 => Type::Handshake,
+            23 => Type::Data,
+            _ => return None,
+        })
+    }
+}
+
+/// A record the layer refuses, with the alert it sends the peer before closing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Length past the protocol's largest record (`record_overflow`).
+    Overflow,
+    /// The tag does not verify (`bad_record_mac`).
+    BadMac,
+    /// A body too short to hold a tag, or a type byte nobody defined (`decode_error`).
+    Decode,
+    /// A record type or message not allowed after the handshake (`unexpected_message`).
+    Unexpected,
+    /// The key's sequence numbers are used up (TLS 1.2 cannot rekey): `internal_error`.
+    Exhausted,
+}
+
+impl Refusal {
+    /// The alert description sent for it.
+    pub(crate) fn alert(self) -> u8 {
+        match self {
+            Refusal::Overflow => 22,
+            Refusal::BadMac => 20,
+            Refusal::Decode => 50,
+            Refusal::Unexpected => 10,
+            Refusal::Exhausted => 80,
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Refusal::Overflow => "TLS record longer than the protocol allows",
+            Refusal::BadMac => "TLS record failed authentication",
+            Refusal::Decode => "malformed TLS record",
+            Refusal::Unexpected => "unexpected TLS record or message after the handshake",
+            Refusal::Exhausted => "TLS sequence numbers used up",
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    Tls13,
+    Tls12Gcm,
+    Tls12Chacha,
+}
+
+/// One direction's key, IV and sequence number.
+pub(crate) struct Cipher {
+    key: LessSafeKey,
+    iv: [u8; 12],
+    seq: u64,
+    layout: Layout,
+}
+
+impl std::fmt::Debug for Cipher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cipher")
+            .field("layout", &self.layout)
+            .field("seq", &self.seq)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cipher {
+    /// The cipher of a direction whose next record has sequence number `seq`; `None` for a
+    /// suite this layer does not know (the connection is refused).
+    pub(crate) fn new(
+        version: ProtocolVersion,
+        seq: u64,
+        secrets: ConnectionTrafficSecrets,
+    ) -> Option<Cipher> {
+        let (alg, key, iv, chacha) = match &secrets {
+            ConnectionTrafficSecrets::Aes128Gcm { key, iv } => (&aead::AES_128_GCM, key, iv, false),
+            ConnectionTrafficSecrets::Aes256Gcm { key, iv } => (&aead::AES_256_GCM, key, iv, false),
+            ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => {
+                (&aead::CHACHA20_POLY1305, key, iv, true)
+            }
+            _ => return None,
+        };
+        let layout = match version {
+            ProtocolVersion::TLSv1_3 => Layout::Tls13,
+            ProtocolVersion::TLSv1_2 if chacha => Layout::Tls12Chacha,
+            ProtocolVersion::TLSv1_2 => Layout::Tls12Gcm,
+            _ => return None,
+        };
+        Some(Cipher {
+            key: LessSafeKey::new(UnboundKey::new(alg, key.as_ref()).ok()?),
+            iv: iv.as_ref().try_into().ok()?,
+            seq,
+            layout,
+        })
+    }
+
+    /// TLS 1.3 (which may update its keys).
+    pub(crate) fn is_tls13(&self) -> bool {
+        self.layout == Layout::Tls13
+    }
+
+    /// Records sealed or opened with this key so far (plus the handshake's, for the first).
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    fn nonce(&self) -> [u8; 12] {
+        let mut n = self.iv;
+        for (d, s) in n[4..].iter_mut().zip(self.seq.to_be_bytes()) {
+            *d ^= s;
+        }
+        n
+    }
+
+    fn aad12(&self, typ: u8, len: usize) -> [u8; 13] {
+        let mut a = [0u8; 13];
+        a[..8].copy_from_slice(&self.seq.to_be_bytes());
+        a[8] = typ;
+        a[9] = 3;
+        a[10] = 3;
+        a[11..].copy_from_slice(&(len as u16).to_be_bytes());
+        a
+    }
+
+    /// The longest body a received record may announce.
+    pub(crate) fn max_body(&self) -> usize {
+        match self.layout {
+            Layout::Tls13 => MAX_DATA + 256,
+            _ => MAX_DATA + 2048,
+        }
+    }
+
+    /// The sealed size (header included) of a record carrying `data` bytes.
+    pub(crate) fn sealed_len(&self, data: usize) -> usize {
+        HEADER
+            + data
+            + TAG
+            + match self.layout {
+                Layout::Tls13 => 1,
+                Layout::Tls12Gcm => EXPLICIT,
+                Layout::Tls12Chacha => 0,
+            }
+    }
+
+    /// Seals one record of type `typ` carrying `parts` (at most [`MAX_DATA`] bytes in all)
+    /// into the start of `out` (at least [`Cipher::sealed_len`] long); returns its length.
+    /// One part is encrypted straight from the caller's buffer; several are gathered first.
+    pub(crate) fn seal(
+        &mut self,
+        typ: Type,
+        parts: &[&[u8]],
+        out: &mut [u8],
+    ) -> Result<usize, Refusal> {
+        let data: usize = parts.iter().map(|p| p.len()).sum();
+        debug_assert!(data <= MAX_DATA);
+        let total = self.sealed_len(data);
+        let out = &mut out[..total];
+        if self.seq == u64::MAX {
+            return Err(Refusal::Exhausted);
+        }
+        let nonce = self.nonce();
+        let body_len = (total - HEADER) as u16;
+        let outer = if self.layout == Layout::Tls13 {
+            Type::Data
+        } else {
+            typ
+        };
+        out[..HEADER].copy_from_slice(&[outer as u8, 3, 3, (body_len >> 8) as u8, body_len as u8]);
+        // The AAD: the header (TLS 1.3) or seq, type, version, length (TLS 1.2).
+        let mut aad = [0u8; 13];
+        let (aad_len, start, extra): (usize, usize, &[u8]) = match self.layout {
+            Layout::Tls13 => {
+                aad[..HEADER].copy_from_slice(&out[..HEADER]);
+                (
+                    HEADER,
+                    HEADER,
+                    std::slice::from_ref(&TYPE_BYTES[typ as usize - 20]),
+                )
+            }
+            Layout::Tls12Gcm => {
+                out[HEADER..HEADER + EXPLICIT].copy_from_slice(&nonce[4..]);
+                aad = self.aad12(typ as u8, data);
+                (13, HEADER + EXPLICIT, &[])
+            }
+            Layout::Tls12Chacha => {
+                aad = self.aad12(typ as u8, data);
+                (13, HEADER, &[])
+            }
+        };
+        let aad = Aad::from(&aad[..aad_len]);
+        let (ct, rest) = out[start..].split_at_mut(data);
+        let n = Nonce::assume_unique_for_key(nonce);
+        let sealed = if let [one] = parts {
+            self.key
+                .seal_out_of_place_scatter(n, aad, one, ct, extra, rest)
+        } else {
+            let mut at = 0;
+            for p in parts {
+                ct[at..at + p.len()].copy_from_slice(p);
+                at += p.len();
+            }
+            self.key.seal_in_place_scatter(n, aad, ct, extra, rest)
+        };
+        sealed.map_err(|_| Refusal::Exhausted)?;
+        self.seq += 1;
+        Ok(total)
+    }
+
+    /// Opens, in place, the whole record `rec` (header and body, as [`record_len`] framed
+    /// it): its inner type and where its data now lies in `rec`.
+    pub(crate) fn open(&mut self, rec: &mut [u8]) -> Result<(Type, Range<usize>), Refusal> {
+        if self.seq == u64::MAX {
+            return Err(Refusal::Exhausted);
+        }
+        let outer = Type::from_u8(rec[0]).ok_or(Refusal::Decode)?;
+        let body = rec.len() - HEADER;
+        if u16::from_be_bytes([rec[3], rec[4]]) as usize != body {
+            return Err(Refusal::Decode);
+        }
+        let nonce = self.nonce();
+        let r = match self.layout {
+            Layout::Tls13 => {
+                if outer != Type::Data {
+                    return Err(Refusal::Unexpected);
+                }
+                if body < TAG + 1 {
+                    return Err(Refusal::Decode);
+                }
+                let header: [u8; HEADER] = rec[..HEADER].try_into().expect("five bytes");
+                let plain = self
+                    .key
+                    .open_in_place(
+                        Nonce::assume_unique_for_key(nonce),
+                        Aad::from(header),
+                        &mut rec[HEADER..],
+                    )
+                    .map_err(|_| Refusal::BadMac)?;
+                // The inner type is the last byte that is not padding.
+                let end = plain
+                    .iter()
+                    .rposition(|&b| b != 0)
+                    .ok_or(Refusal::Unexpected)?;
+                let typ = Type::from_u8(plain[end]).ok_or(Refusal::Unexpected)?;
+                if end > MAX_DATA {
+                    return Err(Refusal::Overflow);
+                }
+                (typ, HEADER..HEADER + end)
+            }
+            Layout::Tls12Gcm | Layout::Tls12Chacha => {
+                let explicit = if self.layout == Layout::Tls12Gcm {
+                    EXPLICIT
+                } else {
+                    0
+                };
+                if body < explicit + TAG {
+                    return Err(Refusal::Decode);
+                }
+                let data = body - explicit - TAG;
+                if data > MAX_DATA {
+                    return Err(Refusal::Overflow);
+                }
+                let mut n = nonce;
+                if explicit > 0 {
+                    n[4..].copy_from_slice(&rec[HEADER..HEADER + EXPLICIT]);
+                }
+                let aad = self.aad12(outer as u8, data);
+                self.key
+                    .open_in_place(
+                        Nonce::assume_unique_for_key(n),
+                        Aad::from(aad),
+                        &mut rec[HEADER + explicit..],
+                    )
+                    .map_err(|_| Refusal::BadMac)?;
+                let start = HEADER + explicit;
+                (outer, start..start + data)
+            }
+        };
+        self.seq += 1;
+        Ok(r)
+    }
+}
+
+/// TLS 1.3's inner type bytes, indexed by type - 20 (a `'static` slice for `extra_in`).
+const TYPE_BYTES: [u8; 4] = [20, 21, 22, 23];
+
+/// The length of the record starting `buf` (header included) once its header is there;
+/// refuses a length past `max_body` or a type byte nobody defined before its body arrives.
+pub(crate) fn record_len(buf: &[u8], max_body: usize) -> Result<Option<usize>, Refusal> {
+    if buf.len() < HEADER {
+        return Ok(None);
+    }
+    if Type::from_u8(buf[0]).is_none() {
+        return Err(Refusal::Decode);
+    }
+    let body = u16::from_be_bytes([buf[3], buf[4]]) as usize;
+    if body > max_body {
+        return Err(Refusal::Overflow);
+    }
+    Ok(Some(HEADER + body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::crypto::cipher::{AeadKey, Iv};
+
+    /// AES-256-GCM (`chacha` false) or ChaCha20-Poly1305 keys, the same every call.
+    fn cipher(version: ProtocolVersion, chacha: bool) -> Cipher {
+        let (key, iv) = (AeadKey::from([7u8; 32]), Iv::from([9u8; 12]));
+        let s = if chacha {
+            ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv }
+        } else {
+            ConnectionTrafficSecrets::Aes256Gcm { key, iv }
+        };
+        Cipher::new(version, 3, s).unwrap()
+    }
+
+    fn kinds() -> Vec<(ProtocolVersion, bool)> {
+        let v = [ProtocolVersion::TLSv1_3, ProtocolVersion::TLSv1_2];
+        v.iter().flat_map(|&v| [(v, false), (v, true)]).collect()
+    }
+
+    fn sealed(tx: &mut Cipher, typ: Type, parts: &[&[u8]]) -> Vec<u8> {
+        let mut out = vec![0u8; tx.sealed_len(parts.iter().map(|p| p.len()).sum())];
+        let n = tx.seal(typ, parts, &mut out).unwrap();
+        assert_eq!(n, out.len());
+        out
+    }
+
+    #[test]
+    fn records_round_trip_from_one_part_or_many() {
+        for (v, chacha) in kinds() {
+            let (mut tx, mut rx) = (cipher(v, chacha), cipher(v, chacha));
+            let data: Vec<u8> = (0..MAX_DATA as u32).map(|i| (i % 251) as u8).collect();
+            for (typ, parts) in [
+                (Type::Data, vec![&data[..]]),
+                (
+                    Type::Data,
+                    vec![&data[..10], &data[10..5000], &data[5000..]],
+                ),
+                (Type::Data, vec![&data[..0]]),
+                (Type::Alert, vec![&[1u8, 0][..]]),
+                (Type::Handshake, vec![&[24u8, 0, 0, 1][..], &[1u8][..]]),
+            ] {
+                let mut out = sealed(&mut tx, typ, &parts);
+                assert_eq!(record_len(&out, rx.max_body()), Ok(Some(out.len())));
+                let (t, r) = rx.open(&mut out).unwrap();
+                assert_eq!(t, typ, "{tx:?}");
+                assert!(out[r] == parts.concat()[..], "{tx:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_changed_byte_or_a_replayed_record_is_refused() {
+        for (v, chacha) in kinds() {
+            let mut tx = cipher(v, chacha);
+            let out = sealed(&mut tx, Type::Data, &[&[5u8; 100]]);
+            for i in [0, 3, 4, 5, 60, out.len() - 1] {
+                let mut bad = out.clone();
+                bad[i] ^= 1;
+                assert!(cipher(v, chacha).open(&mut bad).is_err(), "{tx:?} byte {i}");
+            }
+            let mut rx = cipher(v, chacha);
+            rx.open(&mut out.clone()).unwrap();
+            // The same record again: the receiver's sequence number moved on.
+            assert_eq!(rx.open(&mut out.clone()), Err(Refusal::BadMac), "{tx:?}");
+        }
+    }
+
+    /// Seals `inner` (TLS 1.3 inner plaintext, type byte and padding included) by hand.
+    fn seal13(tx: &mut Cipher, inner: &[u8]) -> Vec<u8> {
+        let body = (inner.len() + TAG) as u16;
+        let header = [23, 3, 3, (body >> 8) as u8, body as u8];
+        let mut ct = inner.to_vec();
+        let n = Nonce::assume_unique_for_key(tx.nonce());
+        let tag = tx
+            .key
+            .seal_in_place_separate_tag(n, Aad::from(header), &mut ct)
+            .unwrap();
+        tx.seq += 1;
+        [&header[..], &ct, tag.as_ref()].concat()
+    }
+
+    #[test]
+    fn tls13_padding_is_stripped_and_a_record_with_no_type_refused() {
+        let v = ProtocolVersion::TLSv1_3;
+        let (mut tx, mut rx) = (cipher(v, false), cipher(v, false));
+        let mut rec = seal13(&mut tx, &[&b"hi"[..], &[23u8], &[0u8; 40]].concat());
+        let (typ, r) = rx.open(&mut rec).unwrap();
+        assert_eq!((typ, &rec[r]), (Type::Data, &b"hi"[..]));
+        let mut rec = seal13(&mut tx, &[0u8; 4]);
+        assert_eq!(rx.open(&mut rec), Err(Refusal::Unexpected));
+    }
+
+    #[test]
+    fn headers_are_checked_before_the_body_arrives() {
+        assert_eq!(record_len(&[23, 3, 3], 100), Ok(None));
+        assert_eq!(record_len(&[23, 3, 3, 0, 100], 100), Ok(Some(105)));
+        assert_eq!(record_len(&[23, 3, 3, 0, 101], 100), Err(Refusal::Overflow));
+        assert_eq!(record_len(b"GET /", 100), Err(Refusal::Decode));
+        let mut rx = cipher(ProtocolVersion::TLSv1_3, false);
+        // A TLS 1.3 record whose outer type is not application data; one too short.
+        let mut hs = [&[22u8, 3, 3, 0, 20][..], &[0; 20]].concat();
+        assert_eq!(rx.open(&mut hs), Err(Refusal::Unexpected));
+        let mut short = [&[23u8, 3, 3, 0, 16][..], &[0; 16]].concat();
+        assert_eq!(rx.open(&mut short), Err(Refusal::Decode));
+    }
+}
