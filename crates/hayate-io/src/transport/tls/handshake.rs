@@ -128,14 +128,27 @@ fn send_alert<C: Handshaking>(conn: &mut C, buf: &mut [u8], tcp: &TcpStream) {
     let _ = tcp.try_write(&out);
 }
 
+/// The end of the first whole record in `buf` after `from`, if it is all there.
+fn next_record_end(buf: &[u8], from: usize) -> Option<usize> {
+    let h = buf.get(from..from + 5)?;
+    let end = from + 5 + u16::from_be_bytes([h[3], h[4]]) as usize;
+    (end <= buf.len()).then_some(end)
+}
+
 /// Runs the handshake of `conn` on `tcp` to its end (the caller bounds it in time).
+///
+/// rustls is shown one more whole record at a time (`buf[..given]`), and no more once the
+/// handshake is over: it would process every record it is given, and what it does with
+/// records after the handshake (a key update it answers, a close_notify) would be lost when
+/// its keys are taken out. Those records stay in `buf` for the record layer.
 pub(super) async fn drive<C: Handshaking>(tcp: &TcpStream, mut conn: C) -> io::Result<Done> {
     let mut buf: Vec<u8> = Vec::new();
+    let mut given = 0;
     let mut out: Vec<u8> = Vec::new();
     let mut early: Vec<u8> = Vec::new();
     loop {
         let (discard, step) = {
-            let UnbufferedStatus { discard, state } = conn.process(&mut buf);
+            let UnbufferedStatus { discard, state } = conn.process(&mut buf[..given]);
             let step = match state {
                 Err(e) => Err(e),
                 Ok(ConnectionState::ReadTraffic(mut r)) => {
@@ -166,10 +179,11 @@ pub(super) async fn drive<C: Handshaking>(tcp: &TcpStream, mut conn: C) -> io::R
             (discard, step)
         };
         buf.drain(..discard);
+        given -= discard;
         let step = match step {
             Ok(s) => s,
             Err(e) => {
-                send_alert(&mut conn, &mut buf, tcp);
+                send_alert(&mut conn, &mut buf[..given], tcp);
                 return Err(invalid(e));
             }
         };
@@ -178,6 +192,17 @@ pub(super) async fn drive<C: Handshaking>(tcp: &TcpStream, mut conn: C) -> io::R
             Step::Send => send(tcp, &mut out).await?,
             Step::Traffic if !conn.common().is_handshaking() => break,
             Step::Read | Step::Traffic => {
+                if let Some(end) = next_record_end(&buf, given) {
+                    given = end;
+                    continue;
+                }
+                if super::record::record_len(&buf[given..], super::record::MAX_DATA + 2048).is_err()
+                {
+                    // Not a TLS record (an HTTP request, say): rustls sees it at once and
+                    // refuses it with its alert, not after the record's announced length.
+                    given = buf.len();
+                    continue;
+                }
                 if buf.len() >= MAX_HANDSHAKE_BUFFER {
                     return Err(invalid("TLS handshake message too large"));
                 }

@@ -55,9 +55,11 @@ pub const TLS_BUFFER: usize = 256 * 1024;
 /// smallest confidentiality limit of its suites (AES-256-GCM's, in rustls' table).
 pub const REKEY_AFTER: u64 = 1 << 22;
 
-/// Records a TLS 1.2 connection sends or takes in one direction before it must end (its
-/// keys cannot be updated; AES-GCM's limit, as rustls applies it).
-const TLS12_LIMIT: u64 = 1 << 24;
+/// Records after the last one with data that a peer may send with no data (empty records,
+/// key updates, tickets, warning alerts) before the connection is refused: such records
+/// cost the reader work and give the read nothing (rustls allows 32 key updates or empty
+/// records in a row, 4 warnings).
+const MAX_IDLE_RECORDS: u32 = 32;
 
 /// The outgoing buffer kept once empty when no larger (one full record): a connection that
 /// sent a large message does not keep its buffer while idle.
@@ -84,19 +86,13 @@ struct Tx {
     sent: usize,
     /// close_notify or a fatal alert went out: nothing more is sealed.
     closed: bool,
+    /// The socket's write direction is to be shut once the buffer has drained.
+    shutdown: bool,
     /// [`REKEY_AFTER`] (smaller in tests).
     rekey_after: u64,
 }
 
 impl Tx {
-    /// Room for `n` more bytes at `filled`.
-    fn room(&mut self, n: usize) -> &mut [u8] {
-        if self.buf.len() < self.filled + n {
-            self.buf.resize(self.filled + n, 0);
-        }
-        &mut self.buf[self.filled..self.filled + n]
-    }
-
     /// Seals one record into the buffer, updating a TLS 1.3 key first when it is due.
     fn seal(&mut self, kernel: &Mutex<Kernel>, typ: Type, parts: &[&[u8]]) -> io::Result<()> {
         if self.closed {
@@ -109,16 +105,33 @@ impl Tx {
             if self.cipher.seq() >= self.rekey_after {
                 self.update_key(kernel)?;
             }
-        } else if self.cipher.seq() >= TLS12_LIMIT {
+        } else if self.cipher.exhausted() {
             self.closed = true;
             return Err(refused(Refusal::Exhausted));
         }
+        self.push(typ, parts)
+    }
+
+    /// Room for `len` more bytes at `filled`: the records not yet sent move to the front
+    /// first when the buffer lacks it (so a reader that drains slowly while writers keep
+    /// adding does not make the buffer grow past [`TLS_BUFFER`] and a call's records).
+    fn reserve(&mut self, len: usize) {
+        if self.buf.len() < self.filled + len && self.sent > 0 {
+            self.buf.copy_within(self.sent..self.filled, 0);
+            self.filled -= self.sent;
+            self.sent = 0;
+        }
+        if self.buf.len() < self.filled + len {
+            self.buf.resize(self.filled + len, 0);
+        }
+    }
+
+    /// Seals one record at `filled`.
+    fn push(&mut self, typ: Type, parts: &[&[u8]]) -> io::Result<()> {
         let data: usize = parts.iter().map(|p| p.len()).sum();
         let len = self.cipher.sealed_len(data);
+        self.reserve(len);
         let at = self.filled;
-        if self.buf.len() < at + len {
-            self.buf.resize(at + len, 0);
-        }
         let n = self
             .cipher
             .seal(typ, parts, &mut self.buf[at..at + len])
@@ -130,18 +143,7 @@ impl Tx {
     /// Sends a KeyUpdate (not asking the peer for one) under the current key and moves to
     /// the next (RFC 8446 §4.6.3).
     fn update_key(&mut self, kernel: &Mutex<Kernel>) -> io::Result<()> {
-        let len = self.cipher.sealed_len(5);
-        let at = self.filled;
-        self.room(len);
-        let n = self
-            .cipher
-            .seal(
-                Type::Handshake,
-                &[&[24, 0, 0, 1, 0]],
-                &mut self.buf[at..at + len],
-            )
-            .map_err(refused)?;
-        self.filled += n;
+        self.push(Type::Handshake, &[&[24, 0, 0, 1, 0]])?;
         let (seq, secrets) = match &mut *lock(kernel) {
             Kernel::Client(k) => k.update_tx_secret(),
             Kernel::Server(k) => k.update_tx_secret(),
@@ -174,6 +176,11 @@ impl Tx {
         if self.buf.len() > RETAIN {
             self.buf = Vec::new();
         }
+        if std::mem::take(&mut self.shutdown)
+            && let Err(e) = socket2::SockRef::from(tcp.as_ref()).shutdown(std::net::Shutdown::Write)
+        {
+            tracing::debug!("shutdown: {e}");
+        }
         Ok(true)
     }
 
@@ -199,12 +206,15 @@ impl std::fmt::Debug for Shared {
 /// neighbours.
 const LONG: usize = 4096;
 
+/// Most slices gathered into one record.
+const PARTS: usize = 64;
+
 /// The parts of the next record from `bufs` (at slice `i`, offset `off`), moving past them.
 fn next_record<'a>(
     bufs: &'a [IoSlice<'_>],
     i: &mut usize,
     off: &mut usize,
-    parts: &mut [&'a [u8]; 16],
+    parts: &mut [&'a [u8]; PARTS],
 ) -> usize {
     let mut k = 0;
     let mut total = 0;
@@ -241,16 +251,28 @@ impl Sink for TlsWrite {
         let mut tx = lock(&sh.tx);
         tx.flush(&sh.tcp)?;
         let (mut i, mut off, mut n) = (0, 0, 0);
-        let mut parts: [&[u8]; 16] = [&[]; 16];
+        // Room for every record this call may seal, made once (one allocation, no copies
+        // as it grows record by record).
+        let plain = bufs.iter().map(|b| b.len()).sum::<usize>();
+        let plain = plain.min(TLS_BUFFER.saturating_sub(tx.pending()) + MAX_DATA);
+        tx.reserve(plain + (plain / MAX_DATA + 2 * bufs.len().min(PARTS) + 1) * OVERHEAD);
+        let mut parts: [&[u8]; PARTS] = [&[]; PARTS];
         while tx.pending() < TLS_BUFFER {
             let k = next_record(bufs, &mut i, &mut off, &mut parts);
             if k == 0 {
                 break;
             }
-            tx.seal(&sh.kernel, Type::Data, &parts[..k])?;
+            if let Err(e) = tx.seal(&sh.kernel, Type::Data, &parts[..k]) {
+                // What was sealed before counts; the error comes again with the next call.
+                return if n > 0 { Ok(n) } else { Err(e) };
+            }
             n += parts[..k].iter().map(|p| p.len()).sum::<usize>();
         }
-        tx.flush(&sh.tcp)?;
+        match tx.flush(&sh.tcp) {
+            // The records stay sealed; a failed socket fails the next call too.
+            Err(e) if n == 0 => return Err(e),
+            _ => {}
+        }
         if n == 0 && bufs.iter().any(|b| !b.is_empty()) {
             return Err(io::ErrorKind::WouldBlock.into());
         }
@@ -275,19 +297,15 @@ impl WriteHalf for TlsWrite {
             }
         }
     }
+    /// Sends close_notify after the records before it, then ends the socket's write
+    /// direction: at once when they all go now, else when a later flush drains them.
     fn shutdown(&self) {
-        {
-            let mut tx = lock(&self.0.tx);
-            if !tx.closed {
-                tx.alert(&self.0.kernel, 0);
-            }
-            let _ = tx.flush(&self.0.tcp);
+        let mut tx = lock(&self.0.tx);
+        if !tx.closed {
+            tx.alert(&self.0.kernel, 0);
         }
-        if let Err(e) =
-            socket2::SockRef::from(self.0.tcp.as_ref()).shutdown(std::net::Shutdown::Write)
-        {
-            tracing::debug!("shutdown: {e}");
-        }
+        tx.shutdown = true;
+        let _ = tx.flush(&self.0.tcp);
     }
     fn name(&self) -> &'static str {
         "tls"
@@ -315,6 +333,11 @@ pub struct TlsRead {
     /// An error met after this read had plaintext to give: that is given first, the error
     /// by the next read.
     failed: Option<io::Error>,
+    /// The error given ended the stream: every later read gives it again (a refused record
+    /// is not looked at a second time).
+    dead: Option<io::ErrorKind>,
+    /// Records that gave no data since the last that did ([`MAX_IDLE_RECORDS`]).
+    idle: u32,
 }
 
 impl AsyncRead for TlsRead {
@@ -365,11 +388,20 @@ impl TlsRead {
                 return Poll::Ready(Ok(()));
             }
             if let Some(e) = self.failed.take() {
+                self.dead = Some(e.kind());
+                self.buf = Vec::new();
+                self.start = 0;
                 if got {
                     self.failed = Some(e);
                     return Poll::Ready(Ok(()));
                 }
                 return Poll::Ready(Err(e));
+            }
+            if let Some(kind) = self.dead {
+                if got {
+                    return Poll::Ready(Ok(()));
+                }
+                return Poll::Ready(Err(io::Error::new(kind, "TLS connection failed")));
             }
             match record::record_len(&self.buf[self.start..], self.rx.max_body()) {
                 Err(r) => {
@@ -379,7 +411,7 @@ impl TlsRead {
                 Ok(Some(len)) if self.buf.len() - self.start >= len => {
                     let at = self.start;
                     self.start += len;
-                    if let Err(r) = self.open(at, len) {
+                    if let Err(r) = self.open(at, len, out) {
                         self.refuse(r);
                     }
                     continue;
@@ -448,36 +480,38 @@ impl TlsRead {
         }
     }
 
-    /// Opens the record at `buf[at..at + len]` and acts on it.
-    fn open(&mut self, at: usize, len: usize) -> Result<(), Refusal> {
-        if !self.rx.is_tls13() && self.rx.seq() >= TLS12_LIMIT {
-            return Err(Refusal::Exhausted);
-        }
-        let (typ, r) = self.rx.open(&mut self.buf[at..at + len])?;
-        let r = at + r.start..at + r.end;
+    /// Opens the record at `buf[at..at + len]` and acts on it. Its data is decrypted
+    /// straight into `out` when `out` has room for the whole record, else in place (and
+    /// copied out from there).
+    fn open(&mut self, at: usize, len: usize, out: &mut ReadBuf<'_>) -> Result<(), Refusal> {
+        let room = self.rx.room_for(len);
+        let (typ, control) = if out.remaining() >= room {
+            let dst = out.initialize_unfilled_to(room);
+            let (typ, n) = self.rx.open_into(&self.buf[at..at + len], dst)?;
+            self.count(typ, n)?;
+            if typ == Type::Data {
+                out.advance(n);
+                return Ok(());
+            }
+            (typ, dst[..n].to_vec())
+        } else {
+            let (typ, r) = self.rx.open(&mut self.buf[at..at + len])?;
+            let r = at + r.start..at + r.end;
+            self.count(typ, r.len())?;
+            if typ == Type::Data {
+                self.plain = r;
+                return Ok(());
+            }
+            (typ, self.buf[r].to_vec())
+        };
         match typ {
-            Type::Data => self.plain = r,
-            Type::Alert => match self.buf[r] {
-                // close_notify: the clean end; what follows it is not read.
-                [_, 0] => {
-                    self.closed = true;
-                    self.buf = Vec::new();
-                    self.start = 0;
-                }
-                // user_canceled is a warning, followed by a close_notify.
-                [1, 90] => {}
-                [_, d] => {
-                    self.failed = Some(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("TLS alert {d} from the peer"),
-                    ));
-                    self.start = self.buf.len();
-                }
-                _ => return Err(Refusal::Decode),
-            },
+            Type::Data => Ok(()),
+            Type::Alert => self.alert(&control),
             Type::Handshake => {
-                let msg = self.buf[r].to_vec();
-                if self.handshake_message(&msg)? {
+                if control.is_empty() {
+                    return Err(Refusal::Unexpected);
+                }
+                if self.handshake_message(&control)? {
                     // The peer asked for our key update: sent before our next record.
                     let sh = &*self.shared;
                     let mut tx = lock(&sh.tx);
@@ -486,10 +520,50 @@ impl TlsRead {
                         let _ = tx.flush(&sh.tcp);
                     }
                 }
+                Ok(())
             }
-            Type::ChangeCipherSpec => return Err(Refusal::Unexpected),
+            Type::ChangeCipherSpec => Err(Refusal::Unexpected),
+        }
+    }
+
+    /// Counts a record that gave no data ([`MAX_IDLE_RECORDS`]); one that did resets it.
+    fn count(&mut self, typ: Type, len: usize) -> Result<(), Refusal> {
+        if typ == Type::Data && len > 0 {
+            self.idle = 0;
+        } else {
+            self.idle += 1;
+            if self.idle > MAX_IDLE_RECORDS {
+                return Err(Refusal::Unexpected);
+            }
         }
         Ok(())
+    }
+
+    /// An alert from the peer.
+    fn alert(&mut self, a: &[u8]) -> Result<(), Refusal> {
+        match *a {
+            [level, _] if level != 1 && level != 2 => Err(Refusal::Illegal),
+            // close_notify: the clean end; what follows it is not read.
+            [_, 0] => {
+                self.closed = true;
+                self.buf = Vec::new();
+                self.start = 0;
+                Ok(())
+            }
+            // Warnings: user_canceled (followed by a close_notify), and TLS 1.2's
+            // (no_renegotiation, say), which do not end the connection.
+            [1, 90] => Ok(()),
+            [1, _] if !self.rx.is_tls13() => Ok(()),
+            [_, d] => {
+                self.failed = Some(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("TLS alert {d} from the peer"),
+                ));
+                self.start = self.buf.len();
+                Ok(())
+            }
+            _ => Err(Refusal::Decode),
+        }
     }
 
     /// A handshake record after the handshake: key updates (TLS 1.3) and a server's
@@ -526,6 +600,7 @@ impl TlsRead {
                     let asked = match body {
                         [0] => false,
                         [1] => true,
+                        [_] => return Err(Refusal::Illegal),
                         _ => return Err(Refusal::Decode),
                     };
                     let (seq, secrets) = match kernel {
@@ -643,6 +718,7 @@ fn split(tcp: TcpStream, done: handshake::Done) -> io::Result<(Reader, Writer)> 
             filled: 0,
             sent: 0,
             closed: false,
+            shutdown: false,
             rekey_after: rekey_after(),
         }),
         tcp: w,
@@ -660,6 +736,8 @@ fn split(tcp: TcpStream, done: handshake::Done) -> io::Result<(Reader, Writer)> 
             eof: false,
             closed: false,
             failed: None,
+            dead: None,
+            idle: 0,
         }),
         Arc::new(TlsWrite(shared)),
     ))
@@ -676,11 +754,13 @@ pub async fn accept(
     Writer,
     Option<Vec<rustls::pki_types::CertificateDer<'static>>>,
 )> {
-    let config = if config.enable_secret_extraction {
+    // The keys are taken out after the handshake; no early data (0-RTT) is taken.
+    let config = if config.enable_secret_extraction && config.max_early_data_size == 0 {
         config
     } else {
         let mut c = (*config).clone();
         c.enable_secret_extraction = true;
+        c.max_early_data_size = 0;
         Arc::new(c)
     };
     let conn = rustls::server::UnbufferedServerConnection::new(config)

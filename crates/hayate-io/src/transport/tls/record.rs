@@ -61,6 +61,8 @@ pub(crate) enum Refusal {
     Decode,
     /// A record type or message not allowed after the handshake (`unexpected_message`).
     Unexpected,
+    /// A field with a value the protocol does not define (`illegal_parameter`).
+    Illegal,
     /// The key's sequence numbers are used up (TLS 1.2 cannot rekey): `internal_error`.
     Exhausted,
 }
@@ -73,6 +75,7 @@ impl Refusal {
             Refusal::BadMac => 20,
             Refusal::Decode => 50,
             Refusal::Unexpected => 10,
+            Refusal::Illegal => 47,
             Refusal::Exhausted => 80,
         }
     }
@@ -85,6 +88,7 @@ impl std::fmt::Display for Refusal {
             Refusal::BadMac => "TLS record failed authentication",
             Refusal::Decode => "malformed TLS record",
             Refusal::Unexpected => "unexpected TLS record or message after the handshake",
+            Refusal::Illegal => "TLS message with an illegal value",
             Refusal::Exhausted => "TLS sequence numbers used up",
         })
     }
@@ -103,6 +107,9 @@ pub(crate) struct Cipher {
     iv: [u8; 12],
     seq: u64,
     layout: Layout,
+    /// Records one TLS 1.2 key may seal (it cannot be updated): AES-GCM's confidentiality
+    /// limit as rustls applies it, 2^24; none for ChaCha20-Poly1305.
+    limit: u64,
 }
 
 impl std::fmt::Debug for Cipher {
@@ -141,7 +148,17 @@ impl Cipher {
             iv: iv.as_ref().try_into().ok()?,
             seq,
             layout,
+            limit: if layout == Layout::Tls12Gcm {
+                1 << 24
+            } else {
+                u64::MAX
+            },
         })
+    }
+
+    /// A TLS 1.2 key that has sealed all the records it may.
+    pub(crate) fn exhausted(&self) -> bool {
+        self.seq >= self.limit
     }
 
     /// TLS 1.3 (which may update its keys).
@@ -162,12 +179,11 @@ impl Cipher {
         n
     }
 
-    fn aad12(&self, typ: u8, len: usize) -> [u8; 13] {
+    fn aad12(&self, typ: u8, version: [u8; 2], len: usize) -> [u8; 13] {
         let mut a = [0u8; 13];
         a[..8].copy_from_slice(&self.seq.to_be_bytes());
         a[8] = typ;
-        a[9] = 3;
-        a[10] = 3;
+        a[9..11].copy_from_slice(&version);
         a[11..].copy_from_slice(&(len as u16).to_be_bytes());
         a
     }
@@ -229,11 +245,11 @@ impl Cipher {
             }
             Layout::Tls12Gcm => {
                 out[HEADER..HEADER + EXPLICIT].copy_from_slice(&nonce[4..]);
-                aad = self.aad12(typ as u8, data);
+                aad = self.aad12(typ as u8, [3, 3], data);
                 (13, HEADER + EXPLICIT, &[])
             }
             Layout::Tls12Chacha => {
-                aad = self.aad12(typ as u8, data);
+                aad = self.aad12(typ as u8, [3, 3], data);
                 (13, HEADER, &[])
             }
         };
@@ -256,9 +272,9 @@ impl Cipher {
         Ok(total)
     }
 
-    /// Opens, in place, the whole record `rec` (header and body, as [`record_len`] framed
-    /// it): its inner type and where its data now lies in `rec`.
-    pub(crate) fn open(&mut self, rec: &mut [u8]) -> Result<(Type, Range<usize>), Refusal> {
+    /// Checks the record `rec` (header and body, as [`record_len`] framed it) before it is
+    /// opened: its nonce, AAD and where its ciphertext lies (the tag follows it).
+    fn parse(&self, rec: &[u8]) -> Result<Parsed, Refusal> {
         if self.seq == u64::MAX {
             return Err(Refusal::Exhausted);
         }
@@ -267,8 +283,9 @@ impl Cipher {
         if u16::from_be_bytes([rec[3], rec[4]]) as usize != body {
             return Err(Refusal::Decode);
         }
-        let nonce = self.nonce();
-        let r = match self.layout {
+        let mut nonce = self.nonce();
+        let mut aad = [0u8; 13];
+        match self.layout {
             Layout::Tls13 => {
                 if outer != Type::Data {
                     return Err(Refusal::Unexpected);
@@ -276,25 +293,17 @@ impl Cipher {
                 if body < TAG + 1 {
                     return Err(Refusal::Decode);
                 }
-                let header: [u8; HEADER] = rec[..HEADER].try_into().expect("five bytes");
-                let plain = self
-                    .key
-                    .open_in_place(
-                        Nonce::assume_unique_for_key(nonce),
-                        Aad::from(header),
-                        &mut rec[HEADER..],
-                    )
-                    .map_err(|_| Refusal::BadMac)?;
-                // The inner type is the last byte that is not padding.
-                let end = plain
-                    .iter()
-                    .rposition(|&b| b != 0)
-                    .ok_or(Refusal::Unexpected)?;
-                let typ = Type::from_u8(plain[end]).ok_or(Refusal::Unexpected)?;
-                if end > MAX_DATA {
+                if body - TAG > MAX_DATA + 1 {
                     return Err(Refusal::Overflow);
                 }
-                (typ, HEADER..HEADER + end)
+                aad[..HEADER].copy_from_slice(&rec[..HEADER]);
+                Ok(Parsed {
+                    outer,
+                    nonce,
+                    aad,
+                    aad_len: HEADER,
+                    ct: HEADER..rec.len() - TAG,
+                })
             }
             Layout::Tls12Gcm | Layout::Tls12Chacha => {
                 let explicit = if self.layout == Layout::Tls12Gcm {
@@ -309,25 +318,92 @@ impl Cipher {
                 if data > MAX_DATA {
                     return Err(Refusal::Overflow);
                 }
-                let mut n = nonce;
                 if explicit > 0 {
-                    n[4..].copy_from_slice(&rec[HEADER..HEADER + EXPLICIT]);
+                    nonce[4..].copy_from_slice(&rec[HEADER..HEADER + EXPLICIT]);
                 }
-                let aad = self.aad12(outer as u8, data);
-                self.key
-                    .open_in_place(
-                        Nonce::assume_unique_for_key(n),
-                        Aad::from(aad),
-                        &mut rec[HEADER + explicit..],
-                    )
-                    .map_err(|_| Refusal::BadMac)?;
-                let start = HEADER + explicit;
-                (outer, start..start + data)
+                aad = self.aad12(outer as u8, [rec[1], rec[2]], data);
+                Ok(Parsed {
+                    outer,
+                    nonce,
+                    aad,
+                    aad_len: 13,
+                    ct: HEADER + explicit..rec.len() - TAG,
+                })
             }
+        }
+    }
+
+    /// After a record's plaintext `plain` verified: its type and data length (TLS 1.3:
+    /// the inner type is the last byte that is not padding).
+    fn finish(&mut self, outer: Type, plain: &[u8]) -> Result<(Type, usize), Refusal> {
+        let r = match self.layout {
+            Layout::Tls13 => {
+                let end = plain
+                    .iter()
+                    .rposition(|&b| b != 0)
+                    .ok_or(Refusal::Unexpected)?;
+                let typ = Type::from_u8(plain[end]).ok_or(Refusal::Unexpected)?;
+                if end > MAX_DATA {
+                    return Err(Refusal::Overflow);
+                }
+                (typ, end)
+            }
+            _ => (outer, plain.len()),
         };
         self.seq += 1;
         Ok(r)
     }
+
+    /// Opens, in place, the whole record `rec` (header and body, as [`record_len`] framed
+    /// it): its inner type and where its data now lies in `rec`.
+    pub(crate) fn open(&mut self, rec: &mut [u8]) -> Result<(Type, Range<usize>), Refusal> {
+        let p = self.parse(rec)?;
+        self.key
+            .open_in_place(
+                Nonce::assume_unique_for_key(p.nonce),
+                Aad::from(&p.aad[..p.aad_len]),
+                &mut rec[p.ct.start..],
+            )
+            .map_err(|_| Refusal::BadMac)?;
+        let (typ, n) = self.finish(p.outer, &rec[p.ct.clone()])?;
+        Ok((typ, p.ct.start..p.ct.start + n))
+    }
+
+    /// The most room [`Cipher::open_into`] needs for the record `rec` (its ciphertext).
+    pub(crate) fn room_for(&self, rec_len: usize) -> usize {
+        rec_len - HEADER - TAG
+    }
+
+    /// Opens the whole record `rec` into `out` (at least [`Cipher::room_for`] long),
+    /// leaving `rec` as it is: its inner type and how much data now starts `out`.
+    pub(crate) fn open_into(
+        &mut self,
+        rec: &[u8],
+        out: &mut [u8],
+    ) -> Result<(Type, usize), Refusal> {
+        let p = self.parse(rec)?;
+        let out = &mut out[..p.ct.len()];
+        self.key
+            .open_separate_gather(
+                Nonce::assume_unique_for_key(p.nonce),
+                Aad::from(&p.aad[..p.aad_len]),
+                &rec[p.ct.clone()],
+                &rec[p.ct.end..],
+                out,
+            )
+            .map_err(|_| Refusal::BadMac)?;
+        self.finish(p.outer, out)
+    }
+}
+
+/// A record checked by [`Cipher::parse`].
+struct Parsed {
+    outer: Type,
+    nonce: [u8; 12],
+    aad: [u8; 13],
+    aad_len: usize,
+    /// The ciphertext within the record; the tag follows it.
+    ct: Range<usize>,
 }
 
 /// TLS 1.3's inner type bytes, indexed by type - 20 (a `'static` slice for `extra_in`).
@@ -339,7 +415,8 @@ pub(crate) fn record_len(buf: &[u8], max_body: usize) -> Result<Option<usize>, R
     if buf.len() < HEADER {
         return Ok(None);
     }
-    if Type::from_u8(buf[0]).is_none() {
+    // Any TLS record version (0x03xx) as rustls' deframer takes; TLS 1.2 authenticates it.
+    if Type::from_u8(buf[0]).is_none() || buf[1] != 3 {
         return Err(Refusal::Decode);
     }
     let body = u16::from_be_bytes([buf[3], buf[4]]) as usize;
@@ -381,6 +458,7 @@ mod tests {
     fn records_round_trip_from_one_part_or_many() {
         for (v, chacha) in kinds() {
             let (mut tx, mut rx) = (cipher(v, chacha), cipher(v, chacha));
+            let mut rx2 = cipher(v, chacha);
             let data: Vec<u8> = (0..MAX_DATA as u32).map(|i| (i % 251) as u8).collect();
             for (typ, parts) in [
                 (Type::Data, vec![&data[..]]),
@@ -394,6 +472,11 @@ mod tests {
             ] {
                 let mut out = sealed(&mut tx, typ, &parts);
                 assert_eq!(record_len(&out, rx.max_body()), Ok(Some(out.len())));
+                // Opened into another buffer by a second receiver at the same point.
+                let mut into = vec![0u8; rx2.room_for(out.len())];
+                let (t2, n) = rx2.open_into(&out, &mut into).unwrap();
+                assert_eq!(t2, typ, "{tx:?}");
+                assert!(into[..n] == parts.concat()[..], "{tx:?}");
                 let (t, r) = rx.open(&mut out).unwrap();
                 assert_eq!(t, typ, "{tx:?}");
                 assert!(out[r] == parts.concat()[..], "{tx:?}");
@@ -406,7 +489,7 @@ mod tests {
         for (v, chacha) in kinds() {
             let mut tx = cipher(v, chacha);
             let out = sealed(&mut tx, Type::Data, &[&[5u8; 100]]);
-            for i in [0, 3, 4, 5, 60, out.len() - 1] {
+            for i in [0, 2, 3, 4, 5, 60, out.len() - 1] {
                 let mut bad = out.clone();
                 bad[i] ^= 1;
                 assert!(cipher(v, chacha).open(&mut bad).is_err(), "{tx:?} byte {i}");
@@ -441,6 +524,11 @@ mod tests {
         assert_eq!((typ, &rec[r]), (Type::Data, &b"hi"[..]));
         let mut rec = seal13(&mut tx, &[0u8; 4]);
         assert_eq!(rx.open(&mut rec), Err(Refusal::Unexpected));
+        // More than 2^14 + 1 bytes of inner plaintext, padding included: record_overflow.
+        let (mut tx, mut rx) = (cipher(v, false), cipher(v, false));
+        let inner = [&[7u8; MAX_DATA][..], &[23u8], &[0u8; 200]].concat();
+        let mut rec = seal13(&mut tx, &inner);
+        assert_eq!(rx.open(&mut rec), Err(Refusal::Overflow));
     }
 
     #[test]
@@ -449,6 +537,7 @@ mod tests {
         assert_eq!(record_len(&[23, 3, 3, 0, 100], 100), Ok(Some(105)));
         assert_eq!(record_len(&[23, 3, 3, 0, 101], 100), Err(Refusal::Overflow));
         assert_eq!(record_len(b"GET /", 100), Err(Refusal::Decode));
+        assert_eq!(record_len(&[23, 0x47, 3, 0, 1], 100), Err(Refusal::Decode));
         let mut rx = cipher(ProtocolVersion::TLSv1_3, false);
         // A TLS 1.3 record whose outer type is not application data; one too short.
         let mut hs = [&[22u8, 3, 3, 0, 20][..], &[0; 20]].concat();

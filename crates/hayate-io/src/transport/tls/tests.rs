@@ -275,3 +275,143 @@ async fn every_suite_interoperates_with_rustls_through_key_updates_and_tickets()
         }
     }
 }
+
+/// A client that finishes a TLS 1.3 handshake with rustls and then writes records of its
+/// own making under the live key: `(socket, sending cipher, receiving cipher)`.
+fn raw_client(
+    addr: std::net::SocketAddr,
+    c: &Certs,
+) -> (std::net::TcpStream, super::Cipher, super::Cipher) {
+    let mut cfg =
+        (*client_config(c, cs::TLS13_AES_128_GCM_SHA256, &rustls::version::TLS13)).clone();
+    cfg.enable_secret_extraction = true;
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
+    let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+    while conn.is_handshaking() {
+        conn.complete_io(&mut tcp).unwrap();
+    }
+    while conn.wants_write() {
+        conn.write_tls(&mut tcp).unwrap();
+    }
+    let s = conn.dangerous_extract_secrets().unwrap();
+    let v = rustls::ProtocolVersion::TLSv1_3;
+    (
+        tcp,
+        super::Cipher::new(v, s.tx.0, s.tx.1).unwrap(),
+        super::Cipher::new(v, s.rx.0, s.rx.1).unwrap(),
+    )
+}
+
+fn record(tx: &mut super::Cipher, typ: super::Type, data: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; tx.sealed_len(data.len())];
+    let n = tx.seal(typ, &[data], &mut out).unwrap();
+    out.truncate(n);
+    out
+}
+
+/// The alert the server sent, if any, among the records it wrote before closing.
+fn alert_from(tcp: &mut std::net::TcpStream, rx: &mut super::Cipher) -> Option<u8> {
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut all = Vec::new();
+    let _ = tcp.read_to_end(&mut all);
+    let mut at = 0;
+    while let Ok(Some(len)) = super::record::record_len(&all[at..], rx.max_body()) {
+        if at + len > all.len() {
+            break;
+        }
+        let (typ, r) = rx.open(&mut all[at..at + len]).ok()?;
+        if typ == super::Type::Alert {
+            return Some(all[at..][r][1]);
+        }
+        at += len;
+    }
+    None
+}
+
+/// Hostile records after a good handshake, each on its own connection: the read half gives
+/// the data before them, then an error (again at every later read), and sends the peer the
+/// alert rustls would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_records_after_the_handshake_are_refused() {
+    use super::Type::{Alert, ChangeCipherSpec, Data, Handshake};
+    let c = certs();
+    let mut sc =
+        (*server_config(&c, cs::TLS13_AES_128_GCM_SHA256, &rustls::version::TLS13)).clone();
+    sc.send_tls13_tickets = 0;
+    let sc = Arc::new(sc);
+    // (what the client sends after "hello", the alert expected back)
+    type Make = fn(&mut super::Cipher) -> Vec<u8>;
+    let cases: [(&str, Make, Option<u8>); 7] = [
+        // Records that give no data (key updates, empty records, warnings) share one count.
+        (
+            "a flood of user_canceled warnings",
+            |tx| (0..40).flat_map(|_| record(tx, Alert, &[1, 90])).collect(),
+            Some(10),
+        ),
+        (
+            "a flood of empty records",
+            |tx| (0..40).flat_map(|_| record(tx, Data, &[])).collect(),
+            Some(10),
+        ),
+        ("a fatal alert", |tx| record(tx, Alert, &[2, 40]), None),
+        (
+            "a change_cipher_spec inside",
+            |tx| record(tx, ChangeCipherSpec, &[1]),
+            Some(10),
+        ),
+        (
+            "a key update not ending its record",
+            |tx| record(tx, Handshake, &[24, 0, 0, 1, 0, 24, 0, 0, 1, 0]),
+            Some(10),
+        ),
+        (
+            "an empty handshake record",
+            |tx| record(tx, Handshake, &[]),
+            Some(10),
+        ),
+        (
+            "a key update with an undefined value",
+            |tx| record(tx, Handshake, &[24, 0, 0, 1, 7]),
+            Some(47),
+        ),
+    ];
+    for (what, make, alert) in cases {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let c2 = Certs {
+            cert: c.cert.clone(),
+            key: c.key.clone_key(),
+        };
+        let client = std::thread::spawn(move || {
+            let (mut tcp, mut tx, mut rx) = raw_client(addr, &c2);
+            let mut bytes = record(&mut tx, Data, b"hello");
+            bytes.extend(make(&mut tx));
+            tcp.write_all(&bytes).unwrap();
+            alert_from(&mut tcp, &mut rx)
+        });
+        let (s, _) = l.accept().await.unwrap();
+        let (mut r, w, _) = super::accept(s, sc.clone(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 64];
+        let err = loop {
+            let read = tokio::time::timeout(Duration::from_secs(10), r.read(&mut buf));
+            match read.await.unwrap_or_else(|_| panic!("{what}: not refused")) {
+                Ok(0) => panic!("{what}: a clean end"),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(got, b"hello", "{what}");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{what}: {err}");
+        // Refused for good: the next read fails too.
+        assert!(r.read(&mut buf).await.is_err(), "{what}: read again");
+        drop((r, w));
+        let sent = tokio::task::spawn_blocking(move || client.join().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(sent, alert, "{what}: the alert sent");
+    }
+}
