@@ -62,8 +62,33 @@ pub const REKEY_AFTER: u64 = 1 << 22;
 const MAX_IDLE_RECORDS: u32 = 32;
 
 /// The outgoing buffer kept once empty when no larger (one full record): a connection that
-/// sent a large message does not keep its buffer while idle.
+/// sent a large message does not keep its buffer while idle. A larger one goes back to
+/// [`SPARE`].
 const RETAIN: usize = MAX_DATA + 2 * OVERHEAD;
+
+/// Emptied send buffers larger than [`RETAIN`], for the next connection that needs one:
+/// at most [`SPARE_BUFFERS`] of them, of at most [`TLS_BUFFER`] and a call's records each
+/// (at most 8 MiB for the process). A buffer is initialised memory, so one taken from here is
+/// sealed into without being zeroed again (zeroing a fresh 64 KiB buffer for each large
+/// message cost as much as the copy the record layer saves).
+static SPARE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+const SPARE_BUFFERS: usize = 16;
+
+/// A spare buffer of at least `len` bytes, if one is there.
+fn take_spare(len: usize) -> Option<Vec<u8>> {
+    let mut spare = lock(&SPARE);
+    let i = spare.iter().position(|b| b.len() >= len)?;
+    Some(spare.swap_remove(i))
+}
+
+fn give_spare(buf: Vec<u8>) {
+    if buf.len() <= 2 * TLS_BUFFER {
+        let mut spare = lock(&SPARE);
+        if spare.len() < SPARE_BUFFERS {
+            spare.push(buf);
+        }
+    }
+}
 
 /// The most ciphertext one `recv` takes from the socket.
 const READ_AHEAD: usize = 64 * 1024;
@@ -122,6 +147,12 @@ impl Tx {
             self.sent = 0;
         }
         if self.buf.len() < self.filled + len {
+            if self.filled == 0
+                && let Some(b) = take_spare(len)
+            {
+                self.buf = b;
+                return;
+            }
             self.buf.resize(self.filled + len, 0);
         }
     }
@@ -174,7 +205,7 @@ impl Tx {
         self.sent = 0;
         self.filled = 0;
         if self.buf.len() > RETAIN {
-            self.buf = Vec::new();
+            give_spare(std::mem::take(&mut self.buf));
         }
         if std::mem::take(&mut self.shutdown)
             && let Err(e) = socket2::SockRef::from(tcp.as_ref()).shutdown(std::net::Shutdown::Write)

@@ -545,4 +545,54 @@ mod tests {
         let mut short = [&[23u8, 3, 3, 0, 16][..], &[0; 16]].concat();
         assert_eq!(rx.open(&mut short), Err(Refusal::Decode));
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Any data, cut into any parts, sealed by any suite of either version, opens to
+        /// the same type and bytes, in place or into another buffer; any one byte changed
+        /// in the record, or any cut, is refused and never panics.
+        #[test]
+        fn sealed_records_open_whole_and_refuse_any_change(
+            data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..MAX_DATA),
+            cuts in proptest::collection::vec(0usize..MAX_DATA, 0..5),
+            kind in 0usize..4,
+            typ in 0usize..3,
+            flip in proptest::prelude::any::<(usize, u8)>(),
+            cut in proptest::prelude::any::<usize>(),
+        ) {
+            let (v, chacha) = kinds()[kind];
+            let typ = [Type::Data, Type::Alert, Type::Handshake][typ];
+            let mut at: Vec<usize> = cuts.iter().map(|c| c % (data.len() + 1)).collect();
+            at.sort();
+            let mut parts = Vec::new();
+            let mut prev = 0;
+            for c in at.into_iter().chain([data.len()]) {
+                parts.push(&data[prev..c]);
+                prev = c;
+            }
+            let mut tx = cipher(v, chacha);
+            let rec = sealed(&mut tx, typ, &parts);
+            let (t, r) = cipher(v, chacha).open(&mut rec.clone()).unwrap();
+            let mut opened = rec.clone();
+            cipher(v, chacha).open(&mut opened).unwrap();
+            proptest::prop_assert_eq!(t, typ);
+            proptest::prop_assert!(opened[r] == data[..]);
+            let mut into = vec![0u8; rec.len()];
+            let (t, n) = cipher(v, chacha).open_into(&rec, &mut into).unwrap();
+            proptest::prop_assert_eq!(t, typ);
+            proptest::prop_assert!(into[..n] == data[..]);
+            let (i, x) = (flip.0 % rec.len(), flip.1 | 1);
+            let mut bad = rec.clone();
+            bad[i] ^= x;
+            let refused = match record_len(&bad, MAX_DATA + 2048) {
+                Ok(Some(len)) if len == bad.len() => cipher(v, chacha).open(&mut bad).is_err(),
+                _ => true,
+            };
+            proptest::prop_assert!(refused, "byte {} changed by {:#x} was accepted", i, x);
+            // A record cut short never frames as whole.
+            let short = &rec[..cut % rec.len()];
+            proptest::prop_assert!(!matches!(record_len(short, MAX_DATA + 2048), Ok(Some(l)) if l <= short.len()));
+        }
+    }
 }
