@@ -144,6 +144,8 @@ fn next_record_end(buf: &[u8], from: usize) -> Option<usize> {
 pub(super) async fn drive<C: Handshaking>(tcp: &TcpStream, mut conn: C) -> io::Result<Done> {
     let mut buf: Vec<u8> = Vec::new();
     let mut given = 0;
+    // Set once the input is not TLS records: from then on rustls is given all of it.
+    let mut raw = false;
     let mut out: Vec<u8> = Vec::new();
     let mut early: Vec<u8> = Vec::new();
     loop {
@@ -192,7 +194,12 @@ pub(super) async fn drive<C: Handshaking>(tcp: &TcpStream, mut conn: C) -> io::R
             Step::Send => send(tcp, &mut out).await?,
             Step::Traffic if !conn.common().is_handshaking() => break,
             Step::Read | Step::Traffic => {
-                if let Some(end) = next_record_end(&buf, given) {
+                if raw {
+                    if given < buf.len() {
+                        given = buf.len();
+                        continue;
+                    }
+                } else if let Some(end) = next_record_end(&buf, given) {
                     given = end;
                     continue;
                 }
@@ -200,6 +207,7 @@ pub(super) async fn drive<C: Handshaking>(tcp: &TcpStream, mut conn: C) -> io::R
                 {
                     // Not a TLS record (an HTTP request, say): rustls sees it at once and
                     // refuses it with its alert, not after the record's announced length.
+                    raw = true;
                     given = buf.len();
                     continue;
                 }

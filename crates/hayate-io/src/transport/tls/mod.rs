@@ -67,12 +67,14 @@ const MAX_IDLE_RECORDS: u32 = 32;
 const RETAIN: usize = MAX_DATA + 2 * OVERHEAD;
 
 /// Emptied send buffers larger than [`RETAIN`], for the next connection that needs one:
-/// at most [`SPARE_BUFFERS`] of them, of at most [`TLS_BUFFER`] and a call's records each
-/// (at most 8 MiB for the process). A buffer is initialised memory, so one taken from here is
+/// at most [`SPARE_BUFFERS`] of them, of at most [`SPARE_MAX`] bytes of capacity each (8 MiB
+/// for the process). A buffer is initialised memory, so one taken from here is
 /// sealed into without being zeroed again (zeroing a fresh 64 KiB buffer for each large
 /// message cost as much as the copy the record layer saves).
 static SPARE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 const SPARE_BUFFERS: usize = 16;
+/// The largest buffer kept in [`SPARE`] (its capacity).
+const SPARE_MAX: usize = 2 * TLS_BUFFER;
 
 /// A spare buffer of at least `len` bytes, if one is there.
 fn take_spare(len: usize) -> Option<Vec<u8>> {
@@ -82,7 +84,7 @@ fn take_spare(len: usize) -> Option<Vec<u8>> {
 }
 
 fn give_spare(buf: Vec<u8>) {
-    if buf.len() <= 2 * TLS_BUFFER {
+    if buf.capacity() <= SPARE_MAX {
         let mut spare = lock(&SPARE);
         if spare.len() < SPARE_BUFFERS {
             spare.push(buf);
@@ -113,6 +115,10 @@ struct Tx {
     closed: bool,
     /// The socket's write direction is to be shut once the buffer has drained.
     shutdown: bool,
+    /// The peer asked for our key update: sent before our next record. Any number of
+    /// requests before it make one update (as rustls does), so a peer that asks and never
+    /// reads does not fill the buffer with answers.
+    answer_due: bool,
     /// [`REKEY_AFTER`] (smaller in tests).
     rekey_after: u64,
 }
@@ -127,7 +133,8 @@ impl Tx {
             ));
         }
         if self.cipher.is_tls13() {
-            if self.cipher.seq() >= self.rekey_after {
+            if self.answer_due || self.cipher.seq() >= self.rekey_after {
+                self.answer_due = false;
                 self.update_key(kernel)?;
             }
         } else if self.cipher.exhausted() {
@@ -281,6 +288,15 @@ impl Sink for TlsWrite {
         let sh = &*self.0;
         let mut tx = lock(&sh.tx);
         tx.flush(&sh.tcp)?;
+        if tx.closed {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "TLS connection closed",
+            ));
+        }
+        if tx.pending() >= TLS_BUFFER {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
         let (mut i, mut off, mut n) = (0, 0, 0);
         // Room for every record this call may seal, made once (one allocation, no copies
         // as it grows record by record).
@@ -544,12 +560,7 @@ impl TlsRead {
                 }
                 if self.handshake_message(&control)? {
                     // The peer asked for our key update: sent before our next record.
-                    let sh = &*self.shared;
-                    let mut tx = lock(&sh.tx);
-                    if !tx.closed {
-                        tx.update_key(&sh.kernel).map_err(|_| Refusal::Unexpected)?;
-                        let _ = tx.flush(&sh.tcp);
-                    }
+                    lock(&self.shared.tx).answer_due = true;
                 }
                 Ok(())
             }
@@ -617,6 +628,11 @@ impl TlsRead {
             }
             let (body, after) = rest.split_at(len);
             msg = after;
+            // Each message after a record's first counts as a record with no data (a
+            // record can carry hundreds of tickets).
+            if !msg.is_empty() {
+                self.count(Type::Handshake, 0)?;
+            }
             let sh = &*self.shared;
             match (*typ, &mut *lock(&sh.kernel)) {
                 (4, Kernel::Client(k)) => {
@@ -750,6 +766,7 @@ fn split(tcp: TcpStream, done: handshake::Done) -> io::Result<(Reader, Writer)> 
             sent: 0,
             closed: false,
             shutdown: false,
+            answer_due: false,
             rekey_after: rekey_after(),
         }),
         tcp: w,

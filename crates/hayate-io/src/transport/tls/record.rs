@@ -371,7 +371,8 @@ impl Cipher {
 
     /// The most room [`Cipher::open_into`] needs for the record `rec` (its ciphertext).
     pub(crate) fn room_for(&self, rec_len: usize) -> usize {
-        rec_len - HEADER - TAG
+        // A body shorter than a tag is refused by `open_into` before it writes.
+        rec_len.saturating_sub(HEADER + TAG)
     }
 
     /// Opens the whole record `rec` into `out` (at least [`Cipher::room_for`] long),

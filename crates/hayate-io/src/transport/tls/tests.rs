@@ -342,7 +342,7 @@ async fn hostile_records_after_the_handshake_are_refused() {
     let sc = Arc::new(sc);
     // (what the client sends after "hello", the alert expected back)
     type Make = fn(&mut super::Cipher) -> Vec<u8>;
-    let cases: [(&str, Make, Option<u8>); 7] = [
+    let cases: [(&str, Make, Option<u8>); 9] = [
         // Records that give no data (key updates, empty records, warnings) share one count.
         (
             "a flood of user_canceled warnings",
@@ -369,6 +369,17 @@ async fn hostile_records_after_the_handshake_are_refused() {
             "an empty handshake record",
             |tx| record(tx, Handshake, &[]),
             Some(10),
+        ),
+        // Bodies too short to hold a tag: framed, then refused before any decryption.
+        (
+            "a record with an empty body",
+            |_| vec![23, 3, 3, 0, 0],
+            Some(50),
+        ),
+        (
+            "a record shorter than a tag",
+            |_| [&[23u8, 3, 3, 0, 15][..], &[0; 15]].concat(),
+            Some(50),
         ),
         (
             "a key update with an undefined value",
