@@ -44,7 +44,7 @@ mod record;
 mod tests;
 
 use handshake::Kernel;
-use record::{Cipher, MAX_DATA, OVERHEAD, Refusal, Type};
+use record::{AlertMeaning, Cipher, MAX_DATA, OVERHEAD, PostHandshake, Refusal, Type};
 
 pub use rustls;
 
@@ -583,73 +583,45 @@ impl TlsRead {
 
     /// An alert from the peer.
     fn alert(&mut self, a: &[u8]) -> Result<(), Refusal> {
-        match *a {
-            [level, _] if level != 1 && level != 2 => Err(Refusal::Illegal),
-            // close_notify: the clean end; what follows it is not read.
-            [_, 0] => {
+        match record::read_alert(a, self.rx.is_tls13())? {
+            // The clean end; what follows it is not read.
+            AlertMeaning::Close => {
                 self.closed = true;
                 self.buf = Vec::new();
                 self.start = 0;
-                Ok(())
             }
-            // Warnings: user_canceled (followed by a close_notify), and TLS 1.2's
-            // (no_renegotiation, say), which do not end the connection.
-            [1, 90] => Ok(()),
-            [1, _] if !self.rx.is_tls13() => Ok(()),
-            [_, d] => {
+            AlertMeaning::Warning => {}
+            AlertMeaning::Fatal(d) => {
                 self.failed = Some(io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!("TLS alert {d} from the peer"),
                 ));
                 self.start = self.buf.len();
-                Ok(())
             }
-            _ => Err(Refusal::Decode),
         }
+        Ok(())
     }
 
     /// A handshake record after the handshake: key updates (TLS 1.3) and a server's
     /// session tickets, each whole within the record. True when the peer asked for our key
     /// update (sent by the caller: the kernel lock is taken after the write half's, never
     /// before it).
-    fn handshake_message(&mut self, mut msg: &[u8]) -> Result<bool, Refusal> {
-        let mut answer = false;
-        if !self.rx.is_tls13() {
-            // TLS 1.2 renegotiation: not offered.
-            return Err(Refusal::Unexpected);
+    fn handshake_message(&mut self, msg: &[u8]) -> Result<bool, Refusal> {
+        let msgs = record::post_handshake(msg, self.rx.is_tls13())?;
+        // Each message after a record's first counts as a record with no data (a record
+        // can carry hundreds of tickets).
+        for _ in 1..msgs.len() {
+            self.count(Type::Handshake, 0)?;
         }
-        while !msg.is_empty() {
-            let [typ, a, b, c, rest @ ..] = msg else {
-                return Err(Refusal::Unexpected);
-            };
-            let len = u32::from_be_bytes([0, *a, *b, *c]) as usize;
-            if rest.len() < len {
-                return Err(Refusal::Unexpected);
-            }
-            let (body, after) = rest.split_at(len);
-            msg = after;
-            // Each message after a record's first counts as a record with no data (a
-            // record can carry hundreds of tickets).
-            if !msg.is_empty() {
-                self.count(Type::Handshake, 0)?;
-            }
+        let mut answer = false;
+        for m in msgs {
             let sh = &*self.shared;
-            match (*typ, &mut *lock(&sh.kernel)) {
-                (4, Kernel::Client(k)) => {
+            match (m, &mut *lock(&sh.kernel)) {
+                (PostHandshake::Ticket(body), Kernel::Client(k)) => {
                     k.handle_new_session_ticket(body)
                         .map_err(|_| Refusal::Decode)?;
                 }
-                (24, kernel) => {
-                    // A key change must end its record.
-                    if !msg.is_empty() {
-                        return Err(Refusal::Unexpected);
-                    }
-                    let asked = match body {
-                        [0] => false,
-                        [1] => true,
-                        [_] => return Err(Refusal::Illegal),
-                        _ => return Err(Refusal::Decode),
-                    };
+                (PostHandshake::KeyUpdate { asked }, kernel) => {
                     let (seq, secrets) = match kernel {
                         Kernel::Client(k) => k.update_rx_secret(),
                         Kernel::Server(k) => k.update_rx_secret(),
@@ -736,6 +708,13 @@ pub fn client_config(
     // The record layer after the handshake is this module's (see the module's docs).
     config.enable_secret_extraction = true;
     Ok(Arc::new(config))
+}
+
+/// The fuzz target `tls_records`' entry: the record layer's reading of any input
+/// (`record::fuzz` says how the input is read).
+#[doc(hidden)]
+pub fn fuzz_records(data: &[u8]) {
+    record::fuzz(data);
 }
 
 fn rekey_after() -> u64 {

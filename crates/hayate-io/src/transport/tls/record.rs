@@ -397,6 +397,164 @@ impl Cipher {
     }
 }
 
+/// What an alert from the peer means (RFC 8446 §6, RFC 5246 §7.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AlertMeaning {
+    /// close_notify: the clean end of the stream.
+    Close,
+    /// A warning that does not end the connection: user_canceled, and in TLS 1.2 any.
+    Warning,
+    /// Any other alert, with its description: the connection ends.
+    Fatal(u8),
+}
+
+/// Reads an alert record's data.
+pub(crate) fn read_alert(a: &[u8], tls13: bool) -> Result<AlertMeaning, Refusal> {
+    match *a {
+        [level, _] if level != 1 && level != 2 => Err(Refusal::Illegal),
+        [_, 0] => Ok(AlertMeaning::Close),
+        [1, 90] => Ok(AlertMeaning::Warning),
+        [1, _] if !tls13 => Ok(AlertMeaning::Warning),
+        [_, d] => Ok(AlertMeaning::Fatal(d)),
+        _ => Err(Refusal::Decode),
+    }
+}
+
+/// A handshake message after the handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PostHandshake<'a> {
+    /// A NewSessionTicket's body (for a client to hand to rustls).
+    Ticket(&'a [u8]),
+    /// A KeyUpdate; `asked`: the peer wants ours too.
+    KeyUpdate { asked: bool },
+}
+
+/// Splits a handshake record's data (`msg`, opened) into its messages, each whole within
+/// the record (one split across records is refused), a KeyUpdate last (a key change ends
+/// its record). TLS 1.2 has none (renegotiation is not offered), nor an empty record.
+pub(crate) fn post_handshake(
+    mut msg: &[u8],
+    tls13: bool,
+) -> Result<Vec<PostHandshake<'_>>, Refusal> {
+    if !tls13 || msg.is_empty() {
+        return Err(Refusal::Unexpected);
+    }
+    let mut out = Vec::new();
+    while !msg.is_empty() {
+        let [typ, a, b, c, rest @ ..] = msg else {
+            return Err(Refusal::Unexpected);
+        };
+        let len = u32::from_be_bytes([0, *a, *b, *c]) as usize;
+        if rest.len() < len {
+            return Err(Refusal::Unexpected);
+        }
+        let (body, after) = rest.split_at(len);
+        msg = after;
+        match *typ {
+            4 => out.push(PostHandshake::Ticket(body)),
+            24 => {
+                if !msg.is_empty() {
+                    return Err(Refusal::Unexpected);
+                }
+                let asked = match body {
+                    [0] => false,
+                    [1] => true,
+                    [_] => return Err(Refusal::Illegal),
+                    _ => return Err(Refusal::Decode),
+                };
+                out.push(PostHandshake::KeyUpdate { asked });
+            }
+            _ => return Err(Refusal::Unexpected),
+        }
+    }
+    Ok(out)
+}
+
+/// The fuzz target `tls_records` (hayate-io's `transport::tls::fuzz_records`): `data`
+/// chooses a suite (its first byte), then items `kind, length (u16 LE), bytes`: raw bytes
+/// put on the stream as they are (even `kind`), or a record of type `kind / 2 % 4` sealed
+/// from them (odd `kind`; in one part or two). The stream is then read as the read half
+/// reads it (framed, opened in place or into another buffer by turns, alerts and handshake
+/// messages read) until the first refusal: nothing may panic, and no record may give more
+/// than 2^14 bytes.
+pub(crate) fn fuzz(data: &[u8]) {
+    use rustls::crypto::cipher::{AeadKey, Iv};
+    let Some((&first, mut input)) = data.split_first() else {
+        return;
+    };
+    let version = if first & 1 == 0 {
+        ProtocolVersion::TLSv1_3
+    } else {
+        ProtocolVersion::TLSv1_2
+    };
+    let cipher = || {
+        let (key, iv) = (AeadKey::from([7u8; 32]), Iv::from([9u8; 12]));
+        let s = if first & 2 == 0 {
+            ConnectionTrafficSecrets::Aes256Gcm { key, iv }
+        } else {
+            ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv }
+        };
+        Cipher::new(version, 0, s).expect("a known suite")
+    };
+    let (mut tx, mut rx) = (cipher(), cipher());
+    let mut stream = Vec::new();
+    while let [kind, lo, hi, rest @ ..] = input {
+        let n = (u16::from_le_bytes([*lo, *hi]) as usize).min(rest.len());
+        let (bytes, after) = rest.split_at(n);
+        input = after;
+        if kind & 1 == 0 {
+            stream.extend_from_slice(bytes);
+            continue;
+        }
+        let typ = [
+            Type::Data,
+            Type::Alert,
+            Type::Handshake,
+            Type::ChangeCipherSpec,
+        ][(kind >> 1) as usize % 4];
+        let bytes = &bytes[..bytes.len().min(MAX_DATA)];
+        let at = stream.len();
+        stream.resize(at + tx.sealed_len(bytes.len()), 0);
+        let cut = (kind >> 3) as usize % (bytes.len() + 1);
+        let (a, b) = bytes.split_at(cut);
+        let parts: &[&[u8]] = if a.is_empty() || b.is_empty() {
+            &[bytes]
+        } else {
+            &[a, b]
+        };
+        tx.seal(typ, parts, &mut stream[at..]).expect("sealed");
+    }
+    let mut at = 0;
+    let mut into = false;
+    loop {
+        let len = match record_len(&stream[at..], rx.max_body()) {
+            Ok(Some(len)) if at + len <= stream.len() => len,
+            _ => break,
+        };
+        let rec = &mut stream[at..at + len];
+        let opened = if into {
+            let mut out = vec![0u8; rx.room_for(len)];
+            rx.open_into(rec, &mut out)
+                .map(|(t, n)| (t, out[..n].to_vec()))
+        } else {
+            rx.open(rec).map(|(t, r)| (t, rec[r].to_vec()))
+        };
+        into = !into;
+        let Ok((typ, data)) = opened else { break };
+        assert!(data.len() <= MAX_DATA, "a record gave {} bytes", data.len());
+        let ok = match typ {
+            Type::Alert => read_alert(&data, rx.is_tls13()).is_ok(),
+            Type::Handshake => post_handshake(&data, rx.is_tls13()).is_ok(),
+            Type::Data => true,
+            Type::ChangeCipherSpec => false,
+        };
+        if !ok {
+            break;
+        }
+        at += len;
+    }
+}
+
 /// A record checked by [`Cipher::parse`].
 struct Parsed {
     outer: Type,
@@ -545,6 +703,70 @@ mod tests {
         assert_eq!(rx.open(&mut hs), Err(Refusal::Unexpected));
         let mut short = [&[23u8, 3, 3, 0, 16][..], &[0; 16]].concat();
         assert_eq!(rx.open(&mut short), Err(Refusal::Decode));
+    }
+
+    #[test]
+    fn alerts_and_post_handshake_messages_are_read_as_the_rfcs_say() {
+        use AlertMeaning::*;
+        for (a, tls13, want) in [
+            (&[1u8, 0][..], true, Ok(Close)),
+            (&[2, 0], true, Ok(Close)),
+            (&[1, 90], true, Ok(Warning)),
+            (&[1, 100], true, Ok(Fatal(100))),
+            (&[1, 100], false, Ok(Warning)),
+            (&[2, 40], false, Ok(Fatal(40))),
+            (&[3, 0], true, Err(Refusal::Illegal)),
+            (&[1], true, Err(Refusal::Decode)),
+            (&[1, 0, 0], true, Err(Refusal::Decode)),
+        ] {
+            assert_eq!(read_alert(a, tls13), want, "{a:?} tls13 {tls13}");
+        }
+        use PostHandshake::*;
+        let ticket = [4u8, 0, 0, 3, 7, 8, 9];
+        let update = [24u8, 0, 0, 1, 1];
+        assert_eq!(
+            post_handshake(&[&ticket[..], &ticket, &update].concat(), true),
+            Ok(vec![
+                Ticket(&[7, 8, 9]),
+                Ticket(&[7, 8, 9]),
+                KeyUpdate { asked: true }
+            ])
+        );
+        for (m, tls13, want) in [
+            (&update[..], false, Refusal::Unexpected),
+            (&[][..], true, Refusal::Unexpected),
+            (
+                &[&update[..], &ticket].concat()[..],
+                true,
+                Refusal::Unexpected,
+            ),
+            (&ticket[..6], true, Refusal::Unexpected),
+            (&[24, 0, 0, 1, 2][..], true, Refusal::Illegal),
+            (&[24, 0, 0, 2, 0, 0][..], true, Refusal::Decode),
+            (&[13, 0, 0, 0][..], true, Refusal::Unexpected),
+        ] {
+            assert_eq!(post_handshake(m, tls13), Err(want), "{m:?}");
+        }
+    }
+
+    #[test]
+    fn the_fuzz_entry_reads_sealed_and_raw_input() {
+        // A Data record, an alert, a key update, raw garbage: no panic.
+        let mut input = vec![0u8];
+        for (kind, bytes) in [
+            (1u8, &b"hello"[..]),
+            (3, &[1, 90]),
+            (5, &[24, 0, 0, 1, 0]),
+            (0, &[23, 3, 3, 0, 40]),
+        ] {
+            input.push(kind);
+            input.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
+            input.extend_from_slice(bytes);
+        }
+        for first in 0..4 {
+            input[0] = first;
+            fuzz(&input);
+        }
     }
 
     proptest::proptest! {

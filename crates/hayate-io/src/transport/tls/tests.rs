@@ -71,6 +71,27 @@ fn pattern(n: usize, k: u32) -> Vec<u8> {
         .collect()
 }
 
+/// One read of the socket into `conn` (nothing after a short timeout is fine): false at the
+/// end of the stream.
+fn read_some(conn: &mut rustls::Connection, tcp: &mut std::net::TcpStream) -> bool {
+    match conn.read_tls(tcp) {
+        Ok(0) => false,
+        Ok(_) => {
+            conn.process_new_packets().unwrap();
+            true
+        }
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            true
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
 /// The rustls end, blocking, on its own thread: sends `send` in pieces of many sizes
 /// (asking for a key update three times along the way, in TLS 1.3) while taking what the
 /// other side sends, until it has `expect` bytes; then closes with close_notify.
@@ -110,17 +131,8 @@ fn rustls_peer(
         while conn.wants_write() {
             conn.write_tls(&mut tcp).unwrap();
         }
-        match conn.read_tls(&mut tcp) {
-            Ok(0) => break,
-            Ok(_) => {
-                conn.process_new_packets().unwrap();
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) => {}
-            Err(e) => panic!("{e}"),
+        if !read_some(&mut conn, &mut tcp) {
+            break;
         }
         loop {
             match conn.reader().read(&mut buf) {
@@ -144,17 +156,8 @@ fn rustls_peer(
             std::time::Instant::now() < deadline,
             "no end after close_notify"
         );
-        match conn.read_tls(&mut tcp) {
-            Ok(0) => break,
-            Ok(_) => {
-                conn.process_new_packets().unwrap();
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) => {}
-            Err(e) => panic!("{e}"),
+        if !read_some(&mut conn, &mut tcp) {
+            break;
         }
     }
     got
