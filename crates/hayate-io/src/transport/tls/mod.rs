@@ -124,14 +124,20 @@ struct Tx {
 }
 
 impl Tx {
-    /// Seals one record into the buffer, updating a TLS 1.3 key first when it is due.
-    fn seal(&mut self, kernel: &Mutex<Kernel>, typ: Type, parts: &[&[u8]]) -> io::Result<()> {
+    /// `BrokenPipe` once close_notify or a fatal alert has gone out.
+    fn check_open(&self) -> io::Result<()> {
         if self.closed {
             return Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "TLS connection closed",
             ));
         }
+        Ok(())
+    }
+
+    /// Seals one record into the buffer, updating a TLS 1.3 key first when it is due.
+    fn seal(&mut self, kernel: &Mutex<Kernel>, typ: Type, parts: &[&[u8]]) -> io::Result<()> {
+        self.check_open()?;
         if self.cipher.is_tls13() {
             if self.answer_due || self.cipher.seq() >= self.rekey_after {
                 self.answer_due = false;
@@ -288,12 +294,7 @@ impl Sink for TlsWrite {
         let sh = &*self.0;
         let mut tx = lock(&sh.tx);
         tx.flush(&sh.tcp)?;
-        if tx.closed {
-            return Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "TLS connection closed",
-            ));
-        }
+        tx.check_open()?;
         if tx.pending() >= TLS_BUFFER {
             return Err(io::ErrorKind::WouldBlock.into());
         }
