@@ -67,6 +67,30 @@ fn check_common(b: &[u8]) -> Result<&str, KeyError> {
     Ok(s)
 }
 
+/// True for a valid key of the common kind, checked in two branch-free passes that the
+/// compiler vectorises: ASCII, no control character, no `*`, no empty segment. Anything
+/// else (a `*`, UTF-8 beyond ASCII, or an error to name) takes the full checks. One key is
+/// validated per message received, and the full checks cost several times more.
+fn plain_key(b: &[u8]) -> bool {
+    let (Some(&first), Some(&last)) = (b.first(), b.last()) else {
+        return false;
+    };
+    if b.len() > MAX_KEY_LEN {
+        return false;
+    }
+    let mut high = 0u8;
+    let mut special = 0u8;
+    for &c in b {
+        high |= c;
+        special |= u8::from(c < 0x20) | u8::from(c == 0x7f) | u8::from(c == b'*');
+    }
+    let mut double = 0u8;
+    for (&x, &y) in b.iter().zip(&b[1..]) {
+        double |= u8::from(x == b'/') & u8::from(y == b'/');
+    }
+    high < 0x80 && special == 0 && double == 0 && first != b'/' && last != b'/'
+}
+
 /// The wildcard segment (`*` or `**`) of a key with no empty segment, if it has one.
 fn wildcard_segment(b: &[u8]) -> Option<&'static str> {
     if !b.contains(&b'*') {
@@ -86,6 +110,9 @@ pub struct Key(Bytes);
 impl Key {
     /// Validates `bytes` as a key without copying them.
     pub fn from_bytes(bytes: Bytes) -> Result<Key, KeyError> {
+        if plain_key(&bytes) {
+            return Ok(Key(bytes));
+        }
         check_common(&bytes)?;
         if let Some(w) = wildcard_segment(&bytes) {
             return Err(KeyError::Wildcard(w));
@@ -519,6 +546,29 @@ mod tests {
         fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..40)) {
             let _ = KeyExpr::from_bytes(&b);
             let _ = Key::from_bytes(Bytes::from(b));
+        }
+
+        /// The fast path accepts only what the full checks accept (bytes drawn mostly from
+        /// the characters that matter: `/`, `*`, controls, DEL, non-ASCII).
+        #[test]
+        fn the_fast_path_agrees_with_the_full_checks(
+            b in proptest::collection::vec(
+                prop_oneof![
+                    Just(b'/'), Just(b'*'), Just(b'a'), Just(0u8), Just(0x1f), Just(0x7f),
+                    Just(0x80), Just(0xc3), Just(0xa9), any::<u8>()
+                ],
+                0..24,
+            )
+        ) {
+            let full = check_common(&b).is_ok() && wildcard_segment(&b).is_none();
+            if plain_key(&b) {
+                prop_assert!(full, "fast path accepted {b:?}");
+            }
+            prop_assert_eq!(Key::from_bytes(Bytes::from(b.clone())).is_ok(), full);
+            let ascii = b.iter().all(|c| (0x20..0x7f).contains(c) && *c != b'*');
+            if full && ascii {
+                prop_assert!(plain_key(&b), "fast path missed {b:?}");
+            }
         }
     }
 }

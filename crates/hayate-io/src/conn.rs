@@ -313,6 +313,10 @@ async fn drive<H: Handler>(h: &mut H, c: &mut Conn) -> H::End {
     let timer = tokio::time::sleep(Duration::from_secs(86_400));
     tokio::pin!(timer);
     let mut armed: Option<Instant> = None;
+    // One wait for shutdown for the connection's life: made afresh per read, it would join
+    // and leave the waiters of the watch every connection shares (two locks per read).
+    let shut = shutdown.changed();
+    tokio::pin!(shut);
     loop {
         // Decode and handle every complete frame before reading again.
         if let Err(end) = handle_buffered(h, buf).await {
@@ -371,7 +375,7 @@ async fn drive<H: Handler>(h: &mut H, c: &mut Conn) -> H::End {
             () = async { tokio::time::sleep(RETRY).await }, if starved => Woke::Retry,
             e = h.event() => Woke::Event(e),
             _ = &mut *writer_task => Woke::WriterGone,
-            _ = shutdown.changed() => Woke::Shutdown,
+            _ = &mut shut => Woke::Shutdown,
         };
         match woke {
             Woke::Read(Ok(0)) => return h.stopped(Stop::Eof),

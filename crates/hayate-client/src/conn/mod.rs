@@ -478,8 +478,14 @@ impl Inner {
         if r.is_err() {
             q.clear();
         }
-        while let Some(b) = q.pop_back() {
-            out.chunks.push_front(b);
+        if out.chunks.is_empty() {
+            // What is left (usually nothing) goes back with the queue's allocation, which
+            // the next inline publish then reuses.
+            std::mem::swap(&mut out.chunks, q);
+        } else {
+            while let Some(b) = q.pop_back() {
+                out.chunks.push_front(b);
+            }
         }
         if r.is_err() || !out.tail.is_empty() || !out.chunks.is_empty() || out.closing {
             out.wake_pending = false;

@@ -233,15 +233,20 @@ fn options_checked(b: &mut Body, flags: u8, key: Key) -> Result<Message, DecodeE
 }
 
 fn batch_payloads(b: &mut Body) -> Result<Vec<Bytes>, DecodeError> {
-    let mut v = Vec::new();
+    if b.b.is_empty() {
+        return Err(b.err("empty batch"));
+    }
+    let first = b.bytes32("batch payload")?;
+    if b.b.is_empty() {
+        // One payload, the common case of a lone publish: one exact allocation.
+        return Ok(vec![first]);
+    }
+    let mut v = vec![first];
     while !b.b.is_empty() {
         if v.len() == MAX_BATCH_ITEMS {
             return Err(b.err("more than 65536 batch items"));
         }
         v.push(b.bytes32("batch payload")?);
-    }
-    if v.is_empty() {
-        return Err(b.err("empty batch"));
     }
     Ok(v)
 }

@@ -273,7 +273,7 @@ struct State {
     links: HashMap<u64, Link>,
     /// Addresses being dialled.
     dialing: HashSet<String>,
-    cache: HashMap<Key, Arc<Route>>,
+    cache: HashMap<Key, Arc<Route>, foldhash::fast::RandomState>,
     stopped: bool,
     /// Bumped by every change of routes (read without the lock by route caches outside
     /// it: a ring reader's).

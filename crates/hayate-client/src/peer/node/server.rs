@@ -240,6 +240,8 @@ pub(super) fn dispatch(
     named: Option<Vec<(u32, Bytes)>>,
     push: &mut dyn FnMut(&LocalTarget, Message),
 ) {
+    // Each target but the last gets a clone; the last gets `m` itself.
+    let mut last: Option<&LocalTarget> = None;
     for g in &route.groups {
         let locals = &g.locals;
         let chosen = if let Some(named) = &named {
@@ -264,12 +266,19 @@ pub(super) fn dispatch(
             let i = node.rr.fetch_add(1, Ordering::Relaxed) % locals.len();
             Some(&locals[i])
         };
-        if let Some(t) = chosen {
-            push(t, m.clone());
+        if let Some(t) = chosen
+            && let Some(p) = last.replace(t)
+        {
+            push(p, m.clone());
         }
     }
     for t in &route.locals {
-        push(t, m.clone());
+        if let Some(p) = last.replace(t) {
+            push(p, m.clone());
+        }
+    }
+    if let Some(t) = last {
+        push(t, m);
     }
 }
 
@@ -310,7 +319,7 @@ impl PeerConn {
         if let Some(end) = self.too_large(m.payload.len()) {
             return Err(end);
         }
-        if self.from.is_some() && m.key.as_str() == INTEREST_KEY {
+        if self.from.is_some() && m.key.as_bytes() == INTEREST_KEY.as_bytes() {
             return self.on_interest(&m.payload);
         }
         let route = self.node.route(&m.key);
@@ -400,7 +409,7 @@ impl PeerConn {
                 if let Some(end) = payloads.iter().find_map(|p| self.too_large(p.len())) {
                     return Err(end);
                 }
-                if self.from.is_some() && key.as_str() == INTEREST_KEY {
+                if self.from.is_some() && key.as_bytes() == INTEREST_KEY.as_bytes() {
                     for p in &payloads {
                         self.on_interest(p)?;
                     }
@@ -472,7 +481,9 @@ impl PeerConn {
     /// Hands the batches decoded so far to their subscriptions without waiting; those a
     /// full `block` subscription cannot take wait in `stuck`.
     fn hand_over(&mut self) {
-        for (t, batch) in std::mem::take(&mut self.pending) {
+        // Drained, not taken: the list keeps its allocation for the next read.
+        let mut pending = std::mem::take(&mut self.pending);
+        for (t, batch) in pending.drain(..) {
             match &t.sink {
                 Sink::Inbox => {
                     for m in batch {
@@ -497,6 +508,7 @@ impl PeerConn {
                 }
             }
         }
+        self.pending = pending;
     }
 
     /// Waits for room for the oldest stuck batch (until `max_block` from when it got
