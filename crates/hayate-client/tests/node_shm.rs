@@ -241,8 +241,8 @@ async fn a_corrupt_ring_is_an_error_for_that_ring_only() {
     within(b.wait_peers(1, WAIT)).await.unwrap();
     let mut sub = b.subscribe("c/*").await.unwrap();
     // A hostile process offers b a ring in x's name (x is linked to b), then writes into it
-    // what no writer produces: a ring message whose flag byte (its last, here 'e') has
-    // bits no writer sets.
+    // what no writer produces: a ring message for every reader (mask all ones) whose flag
+    // byte (its last) has bits no writer sets.
     let (b_id, x_id) = (b.id(), x.id());
     let sock = tokio::task::spawn_blocking(move || {
         let name = format!("hayate-peer/{b_id:016x}");
@@ -253,14 +253,15 @@ async fn a_corrupt_ring_is_an_error_for_that_ring_only() {
         announce::send_fds(
             &sock,
             &[ring.segment().fd(), bell.ringer()],
-            format!("HAYATE-SHM/1 OFFER {x_id:016x} {b_id:016x}").as_bytes(),
+            format!("HAYATE-SHM/2 OFFER {x_id:016x} {b_id:016x}").as_bytes(),
         )
         .unwrap();
         let (mut fds, answer) = announce::receive_fds(&sock, 1).unwrap();
-        assert!(answer.starts_with(b"HAYATE-SHM/1 OK "));
+        assert!(answer.starts_with(b"HAYATE-SHM/2 OK "));
         let b_bell = Doorbell::from_fd(fds.pop().unwrap()).unwrap();
         let mut w = SharedWriter::new(ring.clone());
-        w.publish(b"\x00garbage that is no frame").unwrap();
+        w.publish(b"\x00garbage that is no frame\xff\xff\xff\xff\xff\xff\xff\xff\x80")
+            .unwrap();
         b_bell.ring();
         (sock, ring)
     });
@@ -274,6 +275,37 @@ async fn a_corrupt_ring_is_an_error_for_that_ring_only() {
     // b carries on: x's own ring still delivers.
     x.publish(&key("c/1"), "after").await.unwrap();
     assert_eq!(take(&mut sub, 1).await, vec![b"after".to_vec()]);
+}
+
+/// The ring is one for all local nodes, but a node passes over, unread, what is for the
+/// others (replies to other callers, say): only the node a message is for reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_passes_over_what_is_for_other_nodes() {
+    let a = Node::start(opts(&[])).await.unwrap();
+    let b = Node::start(opts(&[&a])).await.unwrap();
+    let c = Node::start(opts(&[&a])).await.unwrap();
+    within(a.wait_peers(2, WAIT)).await.unwrap();
+    let mut on_b = b.subscribe("r/b").await.unwrap();
+    let mut on_c = c.subscribe("r/c").await.unwrap();
+    // Small and larger than a slot (64 KiB: several chunks, each passed over).
+    for i in 0..100u32 {
+        a.publish(&key("r/b"), i.to_be_bytes().to_vec())
+            .await
+            .unwrap();
+    }
+    a.publish(&key("r/b"), vec![5u8; 200 * 1024]).await.unwrap();
+    a.publish(&key("r/c"), "for c").await.unwrap();
+    a.flush().await.unwrap();
+    assert_eq!(take(&mut on_b, 101).await.len(), 101);
+    assert_eq!(take(&mut on_c, 1).await, vec![b"for c".to_vec()]);
+    assert_eq!(b.stats().shm_received.load(Ordering::Relaxed), 101);
+    assert_eq!(
+        c.stats().shm_received.load(Ordering::Relaxed),
+        1,
+        "c read only its own message"
+    );
+    assert_eq!(c.stats().shm_corrupt.load(Ordering::Relaxed), 0);
+    assert_eq!(c.stats().shm_lost.load(Ordering::Relaxed), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -440,6 +440,10 @@ impl<'a> Writer<'a> {
     }
 }
 
+/// How many of a message's last bytes [`Reader::read_append_if`] shows before deciding (a
+/// trailer: the reader then drops it from what it copied by shortening its buffer).
+pub const PEEK: usize = 16;
+
 /// A growable byte buffer a reader appends messages to ([`Reader::read_append`]): `Vec<u8>`,
 /// or a caller's own (a `BytesMut` behind a newtype).
 pub trait ReadBuf {
@@ -685,6 +689,22 @@ impl<'a> Reader<'a> {
         &mut self,
         out: &mut B,
     ) -> Result<Option<u64>, ReadError> {
+        self.read_append_if(out, |_| true)
+            .map(|r| r.map(|(n, _)| n))
+    }
+
+    /// [`Reader::read_append`], asking `take` first whether to copy the message: `take`
+    /// is shown the message's last [`PEEK`] bytes (all of it if shorter) read in place, and
+    /// a message it declines is passed over without being copied. `Some((n, copied))`.
+    ///
+    /// The bytes `take` is shown may be torn (the writer lapping this reader while they
+    /// were read): its answer counts only when the read returns `Ok`, which it does only
+    /// when the message was intact throughout.
+    pub fn read_append_if<B: ReadBuf + ?Sized>(
+        &mut self,
+        out: &mut B,
+        take: impl FnOnce(&[u8]) -> bool,
+    ) -> Result<Option<(u64, bool)>, ReadError> {
         let base = out.len();
         let head = self.ring.head();
         if head == self.next {
@@ -715,7 +735,21 @@ impl<'a> Reader<'a> {
         }
         let len = slot[1].load(Ordering::Relaxed);
         let fits = usize::try_from(len).is_ok_and(|l| l <= self.ring.max_payload());
-        if fits {
+        let copy = !fits || {
+            // The words holding the last `PEEK` bytes (three at most), read in place.
+            let len = len as usize;
+            let from = len.saturating_sub(PEEK);
+            let first = from / 8;
+            let mut peek = [0u8; PEEK + 8];
+            for (b, w) in peek
+                .chunks_exact_mut(8)
+                .zip(&slot[SLOT_HEADER_WORDS + first..SLOT_HEADER_WORDS + len.div_ceil(8)])
+            {
+                b.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+            }
+            take(&peek[from - first * 8..len - first * 8])
+        };
+        if fits && copy {
             let len = len as usize;
             let words = &slot[SLOT_HEADER_WORDS..SLOT_HEADER_WORDS + len.div_ceil(8)];
             out.reserve(words.len() * 8);
@@ -741,11 +775,11 @@ impl<'a> Reader<'a> {
             return Err(ReadError::Corrupt);
         }
         self.advance(n + 1);
-        Ok(Some(n))
+        Ok(Some((n, copy)))
     }
 
     /// Message `n` was overwritten: skip to the oldest message the ring may still hold.
-    fn lapped(&mut self, n: u64) -> Result<Option<u64>, ReadError> {
+    fn lapped<T>(&mut self, n: u64) -> Result<Option<T>, ReadError> {
         let head = self.ring.head();
         let oldest = head.saturating_sub(self.ring.slots as u64).max(n + 1);
         self.advance(oldest);
@@ -1029,6 +1063,15 @@ mod owned {
             out: &mut B,
         ) -> Result<Option<u64>, ReadError> {
             self.with(|r| r.read_append(out))
+        }
+
+        /// [`Reader::read_append_if`].
+        pub fn read_append_if<B: super::ReadBuf + ?Sized>(
+            &mut self,
+            out: &mut B,
+            want: impl FnOnce(&[u8]) -> bool,
+        ) -> Result<Option<(u64, bool)>, ReadError> {
+            self.with(|r| r.read_append_if(out, want))
         }
 
         /// [`Reader::waited_for`].

@@ -14,6 +14,45 @@ fn region(words: usize) -> Vec<AtomicU64> {
     (0..words).map(|_| AtomicU64::new(0)).collect()
 }
 
+/// `read_append_if` shows each message's last bytes (all of a short one), copies exactly
+/// the messages taken, and passes the others over without touching the buffer.
+#[test]
+fn a_reader_decides_on_each_message_trailer() {
+    let mem = region(region_words(64, 100));
+    let ring = Ring::init(&mem, 64, 100).unwrap();
+    let mut w = Writer::new(ring);
+    let mut r = Reader::new(Ring::attach(&mem).unwrap());
+    let msgs: Vec<Vec<u8>> = (0..=100u8)
+        .map(|len| (0..len).map(|i| i.wrapping_mul(7) ^ len).collect())
+        .collect();
+    let mut out = vec![0xEE; 3];
+    for (i, m) in msgs.iter().enumerate() {
+        w.publish(m).unwrap();
+        let mut shown = Vec::new();
+        let (n, copied) = r
+            .read_append_if(&mut out, |t| {
+                shown = t.to_vec();
+                i % 3 != 0
+            })
+            .unwrap()
+            .unwrap();
+        assert_eq!(n, i as u64);
+        assert_eq!(
+            shown,
+            m[m.len().saturating_sub(hayate_shm::PEEK)..],
+            "message {i}"
+        );
+        assert_eq!(copied, i % 3 != 0);
+        let mut expect = vec![0xEE; 3];
+        if copied {
+            expect.extend_from_slice(m);
+        }
+        assert_eq!(out, expect, "message {i}");
+        out.truncate(3);
+    }
+    assert_eq!(r.read(&mut out), Ok(None));
+}
+
 #[test]
 fn readers_get_every_message_in_order_one_copy_for_all() {
     let mem = region(region_words(8, 100));

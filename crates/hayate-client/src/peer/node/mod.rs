@@ -156,7 +156,7 @@ pub struct NodeStats {
     /// of local nodes reading it).
     pub shm_sent: AtomicU64,
     /// Messages this node read from other nodes' rings (whether or not a subscription here
-    /// wanted them).
+    /// matched them); not those it passed over unread, which were for other nodes.
     pub shm_received: AtomicU64,
     /// Slots lost in other nodes' rings (overwritten before this node read them: it had
     /// only `drop` subscriptions, so the writer did not wait for it). A message takes one

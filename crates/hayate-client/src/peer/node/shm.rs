@@ -40,12 +40,19 @@ use crate::{Client, Error, Result};
 pub const SHM_TO_HEADER: &str = "hayate-peer-shm-to";
 
 /// First word of both handshake messages.
-const HANDSHAKE: &str = "HAYATE-SHM/1";
+/// (Version 2: chunks end with the mask of the readers they are for; version 1 had the flag
+/// byte only.)
+const HANDSHAKE: &str = "HAYATE-SHM/2";
 
 /// A chunk's flag (its last byte): more chunks of the same frame follow.
 const MORE: u8 = 1;
 /// A chunk's flag: the frame's first chunk.
 const FIRST: u8 = 2;
+
+/// Every chunk ends with a trailer: the mask of the cursor entries (reading nodes) its frame
+/// is for (u64, little-endian), then the flag byte. A reader passes over the chunks of frames
+/// not for it without copying them (`read_append_if` shows it the trailer in place).
+const TRAILER: usize = 9;
 
 /// How a node uses shared memory with local nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -136,7 +143,7 @@ pub(super) struct Outgoing {
     readers: Mutex<Vec<Option<ReaderEntry>>>,
     /// The ring (to hand out and to evict readers without the writer's lock).
     ring: SharedRing,
-    /// Payload bytes of a chunk (a slot less the chunk's flag byte).
+    /// Frame bytes of a chunk (a slot less the chunk's trailer).
     chunk: usize,
 }
 
@@ -150,7 +157,7 @@ impl Outgoing {
         let ring = SharedRing::init(segment, options.slots.max(2), slot)
             .map_err(|e| Error::Protocol(e.to_string()))?;
         let writer = SharedWriter::new(ring.clone());
-        let chunk = writer.max_payload() - 1;
+        let chunk = writer.max_payload() - TRAILER;
         Ok(Outgoing {
             ring,
             writer: tokio::sync::Mutex::new((writer, BytesMut::new())),
@@ -221,17 +228,19 @@ impl NodeInner {
         }
         // The frame is the head then the payload, copied once, straight into the slots: a
         // chunk is the frame's bytes from `at` to `end` (from the head, the payload or both)
-        // and the flag byte.
+        // and the trailer: `to`, the readers it is for, and the flag byte.
         let payload = &msg.payload[..];
         let total = head.len() + payload.len();
         let mut at = 0;
         let mut since: Option<Instant> = None;
         while at < total {
             let end = (at + out.chunk).min(total);
-            let flag = [if end < total { MORE } else { 0 } | if at == 0 { FIRST } else { 0 }];
+            let mut trailer = [0u8; TRAILER];
+            trailer[..8].copy_from_slice(&to.to_le_bytes());
+            trailer[8] = if end < total { MORE } else { 0 } | if at == 0 { FIRST } else { 0 };
             let h = &head[at.min(head.len())..end.min(head.len())];
             let p = &payload[at.max(head.len()) - head.len()..end.max(head.len()) - head.len()];
-            let parts: [&[u8]; 3] = [h, p, &flag];
+            let parts: [&[u8]; 3] = [h, p, &trailer];
             loop {
                 match writer.try_publish_parts(&parts) {
                     Ok(Some(_)) => break,
@@ -591,13 +600,27 @@ impl RingReader {
             let mut got = 0;
             while got < READ_BURST {
                 let before = self.assembling.len();
-                match self.reader.read_append(&mut self.assembling) {
-                    Ok(Some(_)) => {
+                // This node's bit in the chunks' masks (every chunk is taken while it has
+                // no cursor entry).
+                let me = self.reader.cursor().map(|i| 1u64 << i);
+                let take = |t: &[u8]| match (me, t.len().checked_sub(TRAILER)) {
+                    (Some(me), Some(at)) => {
+                        let mut mask = [0u8; 8];
+                        mask.copy_from_slice(&t[at..at + 8]);
+                        u64::from_le_bytes(mask) & me != 0
+                    }
+                    // Shorter than a trailer: taken, and found corrupt.
+                    _ => true,
+                };
+                match self.reader.read_append_if(&mut self.assembling, take) {
+                    Ok(Some((_, true))) => {
                         got += 1;
                         if self.on_chunk(before, max_frame, &mut pending).is_err() {
                             return self.corrupt();
                         }
                     }
+                    // Part of a frame for other nodes: passed over, not copied.
+                    Ok(Some((_, false))) => got += 1,
                     Ok(None) => break,
                     Err(ReadError::Lost(k)) => {
                         // A frame cut by the loss is lost with it.
@@ -679,19 +702,24 @@ impl RingReader {
         }
     }
 
-    /// One chunk read (appended to `assembling` from `before` on, its flag last): a complete
-    /// frame is decoded and dispatched.
+    /// One chunk read (appended to `assembling` from `before` on, its trailer last): a
+    /// complete frame is decoded and dispatched.
     fn on_chunk(
         &mut self,
         before: usize,
         max_frame: usize,
         pending: &mut Vec<(LocalTarget, Vec<Message>)>,
     ) -> std::result::Result<(), ()> {
-        if self.assembling.len() == before {
-            return Err(()); // not even the flag
-        }
+        let Some(data) = self
+            .assembling
+            .len()
+            .checked_sub(TRAILER)
+            .filter(|d| *d >= before)
+        else {
+            return Err(()); // not even the trailer
+        };
         let flag = self.assembling.0[self.assembling.0.len() - 1];
-        self.assembling.0.truncate(self.assembling.0.len() - 1);
+        self.assembling.0.truncate(data);
         if flag & !(MORE | FIRST) != 0 {
             return Err(());
         }
