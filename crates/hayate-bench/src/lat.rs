@@ -414,7 +414,10 @@ impl PingPong<'_> {
             biased;
             p = self.pongs.next() => p.context("the pong subscription ended")?,
             () = &mut self.watchdog => {
-                bail!("no pong within {:?}", RTT_TIMEOUT * 3 / 4)
+                bail!(
+                    "no pong: waited {:?} to {RTT_TIMEOUT:?} since the ping",
+                    RTT_TIMEOUT * 3 / 4
+                )
             }
         };
         let rtt = t0.elapsed();

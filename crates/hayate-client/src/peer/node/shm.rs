@@ -620,7 +620,16 @@ impl RingReader {
                         }
                     }
                     // Part of a frame for other nodes: passed over, not copied.
-                    Ok(Some((_, false))) => got += 1,
+                    Ok(Some((_, false))) => {
+                        got += 1;
+                        if self.assembling.len() != 0 {
+                            // The chunks of one frame are consecutive: the frame being put
+                            // together was given up half written (its publish cancelled).
+                            // It is lost, as when the next frame's first chunk comes.
+                            self.assembling.clear();
+                            self.node.stats.shm_lost.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
                     Ok(None) => break,
                     Err(ReadError::Lost(k)) => {
                         // A frame cut by the loss is lost with it.
