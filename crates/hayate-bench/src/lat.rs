@@ -362,7 +362,6 @@ async fn ping_side(
             size: opts.payload,
             seq: 0,
             watchdog: Box::pin(tokio::time::sleep(RTT_TIMEOUT)),
-            armed_until: tokio::time::Instant::now() + RTT_TIMEOUT,
         };
         let start = Instant::now();
         let mut n = 0u64;
@@ -396,7 +395,6 @@ struct PingPong<'a> {
     /// in the runtime's wheel, cost a tenth of a peer node's round trip: harness overhead
     /// that raw TCP on blocking threads does not pay).
     watchdog: std::pin::Pin<Box<tokio::time::Sleep>>,
-    armed_until: tokio::time::Instant,
 }
 
 impl PingPong<'_> {
@@ -405,9 +403,8 @@ impl PingPong<'_> {
         let ping = ping_payload(&mut self.buf, self.size, self.seq);
         let t0 = Instant::now();
         let now = tokio::time::Instant::from_std(t0);
-        if self.armed_until.saturating_duration_since(now) < RTT_TIMEOUT * 3 / 4 {
-            self.armed_until = now + RTT_TIMEOUT;
-            self.watchdog.as_mut().reset(self.armed_until);
+        if self.watchdog.deadline().saturating_duration_since(now) < RTT_TIMEOUT * 3 / 4 {
+            self.watchdog.as_mut().reset(now + RTT_TIMEOUT);
         }
         self.conn.publish(self.topic, ping).await?;
         let pong = tokio::select! {

@@ -1069,9 +1069,9 @@ mod owned {
         pub fn read_append_if<B: super::ReadBuf + ?Sized>(
             &mut self,
             out: &mut B,
-            want: impl FnOnce(&[u8]) -> bool,
+            take: impl FnOnce(&[u8]) -> bool,
         ) -> Result<Option<(u64, bool)>, ReadError> {
-            self.with(|r| r.read_append_if(out, want))
+            self.with(|r| r.read_append_if(out, take))
         }
 
         /// [`Reader::waited_for`].

@@ -20,49 +20,56 @@ fn payload(n: u64) -> Vec<u8> {
     p
 }
 
+/// A ring of two slots of 16 bytes, a writer thread publishing messages 0, 1 and 2
+/// (`payload`), so it laps a reader that lags, and `read` run on a reader of it.
+fn lapping_writer(read: impl FnOnce(&mut Reader<'_>)) {
+    let words = region_words(2, 16);
+    let mem: Arc<Vec<AtomicU64>> = Arc::new((0..words).map(|_| AtomicU64::new(0)).collect());
+    Ring::init(&mem, 2, 16).unwrap();
+    let mut r = Reader::new(Ring::attach(&mem).unwrap());
+    let m2 = mem.clone();
+    let writer = loom::thread::spawn(move || {
+        let mut w = Writer::new(Ring::attach(&m2).unwrap());
+        for n in 0..3 {
+            w.publish(&payload(n)).unwrap();
+        }
+    });
+    read(&mut r);
+    writer.join().unwrap();
+}
+
 #[test]
 fn a_reader_never_accepts_a_torn_message() {
     static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     loom::model(|| {
         RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let words = region_words(2, 16);
-        let mem: Arc<Vec<AtomicU64>> = Arc::new((0..words).map(|_| AtomicU64::new(0)).collect());
-        Ring::init(&mem, 2, 16).unwrap();
-        let mut r = Reader::new(Ring::attach(&mem).unwrap());
-        let m2 = mem.clone();
-        let writer = loom::thread::spawn(move || {
-            let mut w = Writer::new(Ring::attach(&m2).unwrap());
-            for n in 0..3 {
-                w.publish(&payload(n)).unwrap();
+        lapping_writer(|r| {
+            let mut out = Vec::new();
+            let mut seen = 0u64;
+            let mut accounted = 0u64;
+            // Until every message is read or reported lost; the yield lets the writer run (a
+            // reader that finds nothing waits, in the transport, for the writer's wake-up).
+            while accounted < 3 {
+                match r.read(&mut out) {
+                    Ok(Some(n)) => {
+                        assert_eq!(out, payload(n), "torn or misnumbered message {n}");
+                        assert!(n >= seen);
+                        seen = n + 1;
+                        accounted += 1;
+                    }
+                    Ok(None) => loom::thread::yield_now(),
+                    Err(ReadError::Lost(k)) => accounted += k,
+                    Err(ReadError::Corrupt) => {
+                        panic!("a well-behaved writer made the ring look corrupt")
+                    }
+                }
+                assert_eq!(
+                    accounted,
+                    r.position(),
+                    "every message is read or reported lost"
+                );
             }
         });
-
-        let mut out = Vec::new();
-        let mut seen = 0u64;
-        let mut accounted = 0u64;
-        // Until every message is read or reported lost; the yield lets the writer run (a
-        // reader that finds nothing waits, in the transport, for the writer's wake-up).
-        while accounted < 3 {
-            match r.read(&mut out) {
-                Ok(Some(n)) => {
-                    assert_eq!(out, payload(n), "torn or misnumbered message {n}");
-                    assert!(n >= seen);
-                    seen = n + 1;
-                    accounted += 1;
-                }
-                Ok(None) => loom::thread::yield_now(),
-                Err(ReadError::Lost(k)) => accounted += k,
-                Err(ReadError::Corrupt) => {
-                    panic!("a well-behaved writer made the ring look corrupt")
-                }
-            }
-            assert_eq!(
-                accounted,
-                r.position(),
-                "every message is read or reported lost"
-            );
-        }
-        writer.join().unwrap();
     });
     let runs = RUNS.load(std::sync::atomic::Ordering::Relaxed);
     eprintln!("loom: {runs} interleavings");
@@ -84,48 +91,38 @@ fn a_reader_that_skips_decides_on_intact_bytes() {
     model.preemption_bound = Some(2);
     model.check(|| {
         RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let words = region_words(2, 16);
-        let mem: Arc<Vec<AtomicU64>> = Arc::new((0..words).map(|_| AtomicU64::new(0)).collect());
-        Ring::init(&mem, 2, 16).unwrap();
-        let mut r = Reader::new(Ring::attach(&mem).unwrap());
-        let m2 = mem.clone();
-        let writer = loom::thread::spawn(move || {
-            let mut w = Writer::new(Ring::attach(&m2).unwrap());
-            for n in 0..3 {
-                w.publish(&payload(n)).unwrap();
+        lapping_writer(|r| {
+            let mut out = Vec::new();
+            let mut accounted = 0u64;
+            while accounted < 3 {
+                out.clear();
+                let mut shown = Vec::new();
+                // Takes the odd-numbered messages, as the bytes shown say: message 0, which
+                // message 2 overwrites when the writer laps the reader, is declined.
+                let res = r.read_append_if(&mut out, |p| {
+                    shown = p.to_vec();
+                    p.len() >= 8 && u64::from_le_bytes(p[..8].try_into().unwrap()) % 2 == 1
+                });
+                match res {
+                    Ok(Some((n, copied))) => {
+                        assert_eq!(shown, payload(n), "decided on torn bytes for {n}");
+                        assert_eq!(copied, n % 2 == 1);
+                        if copied {
+                            assert_eq!(out, payload(n), "torn message {n}");
+                        } else {
+                            assert!(out.is_empty(), "a declined message was copied");
+                        }
+                        accounted += 1;
+                    }
+                    Ok(None) => loom::thread::yield_now(),
+                    Err(ReadError::Lost(k)) => accounted += k,
+                    Err(ReadError::Corrupt) => {
+                        panic!("a well-behaved writer made the ring look corrupt")
+                    }
+                }
+                assert_eq!(accounted, r.position());
             }
         });
-        let mut out = Vec::new();
-        let mut accounted = 0u64;
-        while accounted < 3 {
-            out.clear();
-            let mut shown = Vec::new();
-            // Takes the odd-numbered messages, as the bytes shown say: message 0, which
-            // message 2 overwrites when the writer laps the reader, is declined.
-            let res = r.read_append_if(&mut out, |p| {
-                shown = p.to_vec();
-                p.len() >= 8 && u64::from_le_bytes(p[..8].try_into().unwrap()) % 2 == 1
-            });
-            match res {
-                Ok(Some((n, copied))) => {
-                    assert_eq!(shown, payload(n), "decided on torn bytes for {n}");
-                    assert_eq!(copied, n % 2 == 1);
-                    if copied {
-                        assert_eq!(out, payload(n), "torn message {n}");
-                    } else {
-                        assert!(out.is_empty(), "a declined message was copied");
-                    }
-                    accounted += 1;
-                }
-                Ok(None) => loom::thread::yield_now(),
-                Err(ReadError::Lost(k)) => accounted += k,
-                Err(ReadError::Corrupt) => {
-                    panic!("a well-behaved writer made the ring look corrupt")
-                }
-            }
-            assert_eq!(accounted, r.position());
-        }
-        writer.join().unwrap();
     });
     let runs = RUNS.load(std::sync::atomic::Ordering::Relaxed);
     eprintln!("loom: {runs} interleavings");

@@ -236,12 +236,8 @@ fn batch_payloads(b: &mut Body) -> Result<Vec<Bytes>, DecodeError> {
     if b.b.is_empty() {
         return Err(b.err("empty batch"));
     }
-    let first = b.bytes32("batch payload")?;
-    if b.b.is_empty() {
-        // One payload, the common case of a lone publish: one exact allocation.
-        return Ok(vec![first]);
-    }
-    let mut v = vec![first];
+    // One exact allocation for one payload (a lone publish, the common case).
+    let mut v = vec![b.bytes32("batch payload")?];
     while !b.b.is_empty() {
         if v.len() == MAX_BATCH_ITEMS {
             return Err(b.err("more than 65536 batch items"));
