@@ -1243,6 +1243,7 @@ listen = []
 listen = ["127.0.0.1:0"]
 channel_max = 8
 queue_max_bytes = 2097152
+max_message_size = 1048576
 [limits]
 handshake_timeout_ms = 1000
 """)
@@ -1319,6 +1320,33 @@ def test_hostile_amqp_clients(small_broker):
     for c in conns:
         c.close()
     conn.close()
+
+
+def test_message_sizes_at_and_past_the_limit(small_broker):
+    """An empty body and a body of exactly max_message_size (1 MiB here) are delivered; one
+    byte more closes only that channel with 406, and what follows on other channels (and a
+    new channel) is served. The refused message's body frames are ignored, not an error."""
+    proc, ports = small_broker
+    conn = connect(ports)
+    ch = conn.channel()
+    q = ch.queue_declare(queue="", exclusive=True).method.queue
+    ch.basic_publish("", q, b"")
+    ch.basic_publish("", q, b"m" * 1048576)
+    assert ch.basic_get(q, auto_ack=True)[2] == b""
+    assert ch.basic_get(q, auto_ack=True)[2] == b"m" * 1048576
+    bad = conn.channel()
+    bad.basic_publish("", q, b"x" * (1048576 + 1))
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+        bad.queue_declare(queue=q, passive=True)
+    assert e.value.reply_code == 406 and "max size" in e.value.reply_text
+    ch.basic_publish("", q, b"after")
+    assert ch.basic_get(q, auto_ack=True)[2] == b"after"
+    again = conn.channel()
+    again.basic_publish("", q, b"again")
+    assert again.basic_get(q, auto_ack=True)[2] == b"again"
+    assert ch.queue_declare(queue=q, passive=True).method.message_count == 0
+    conn.close()
+    assert proc.poll() is None
 
 
 def test_content_held_is_bounded_by_the_memory_budget(tmp_path):

@@ -21,7 +21,7 @@ use hayate_broker::{Batch, Session};
 use hayate_core::{Key, KeyExpr, Qos};
 use tokio::time::Instant;
 
-use super::delivery::{AmqpEncoder, OwnConsumer, encode_content, message_of};
+use super::delivery::{AmqpEncoder, FastMap, OwnConsumer, encode_content, message_of};
 use super::names::{self, Kind, REPLY_TO_QUEUE};
 use super::queue::{Chan, ChanState, Consumer, Queue, QueueArgs, Unacked, lock};
 use super::{Amqp, Exchange, VHost};
@@ -107,13 +107,25 @@ enum Stage {
     Ready,
 }
 
+/// What a content frame left to do.
+enum Content {
+    /// Nothing yet: more content to come (or the channel is closing).
+    More,
+    /// The message is whole.
+    Complete,
+    /// The message is refused: a soft error for the channel.
+    Refused(AmqpError),
+}
+
 /// A publish waiting for its content.
 #[derive(Debug)]
 struct Pending {
     exchange: ShortStr,
     routing_key: ShortStr,
     mandatory: bool,
-    header: Option<ContentHeader>,
+    /// Boxed as the frame brought it: moved from frame to publish without copying its
+    /// properties.
+    header: Option<Box<ContentHeader>>,
     body: Body,
 }
 
@@ -359,11 +371,16 @@ struct Conn<'a> {
     channel_max: u16,
     frame_max: Arc<AtomicUsize>,
     heartbeat: Option<Duration>,
-    channels: HashMap<u16, Channel>,
+    /// By channel number, looked up several times per message: hashed with foldhash, not
+    /// SipHash (a channel number is no attacker's choice that could flood one bucket: at
+    /// most `channel_max` of them).
+    channels: FastMap<u16, Channel>,
     /// Queues this connection declared exclusive (deleted when it closes).
     exclusive: Vec<Arc<Queue>>,
     /// The connection session's consumers (direct reply-to), shared with its encoder.
-    own: Arc<Mutex<HashMap<u32, OwnConsumer>>>,
+    own: Arc<Mutex<FastMap<u32, OwnConsumer>>>,
+    /// The key direct reply-to replies go to (under the session's inbox), made once.
+    reply_key: Option<Key>,
     next_sid: u32,
     /// connection.blocked sent (the memory budget is nearly spent).
     blocked: bool,
@@ -505,11 +522,12 @@ pub async fn serve(io: Accepted, amqp: Arc<Amqp>) {
     let peer = io.peer.map(|a| a.ip());
     let verified_name = io.verified_name.clone();
     let frame_max = Arc::new(AtomicUsize::new(hayate_amqp::FRAME_MIN_SIZE as usize));
-    let own = Arc::new(Mutex::new(HashMap::new()));
+    let own = Arc::new(Mutex::new(FastMap::default()));
     let session = amqp.broker.open_session_in(
         Box::new(AmqpEncoder {
             consumers: own.clone(),
             frame_max: frame_max.clone(),
+            routing_key: Vec::new(),
         }),
         io.class.as_ref(),
     );
@@ -531,9 +549,10 @@ pub async fn serve(io: Accepted, amqp: Arc<Amqp>) {
             channel_max: amqp.cfg.channel_max,
             frame_max,
             heartbeat: None,
-            channels: HashMap::new(),
+            channels: FastMap::default(),
             exclusive: Vec::new(),
             own,
+            reply_key: None,
             next_sid: 1,
             blocked: false,
             wants_blocked: false,
@@ -648,7 +667,8 @@ impl Conn<'_> {
         let ch = f.channel();
         match f {
             Frame::Heartbeat => Ok(()),
-            Frame::Method(0, m) => self.connection_method(m, session).await,
+            // Rare, and its future is large: on the heap.
+            Frame::Method(0, m) => Box::pin(self.connection_method(m, session)).await,
             _ if self.stage != Stage::Ready => Err(End::Hard(err(
                 ReplyCode::CommandInvalid,
                 "the connection is not open yet",
@@ -661,8 +681,16 @@ impl Conn<'_> {
                 ),
             ))),
             Frame::Method(ch, m) => self.channel_method(ch, m, session).await,
-            Frame::Header(ch, h) => self.content_header(ch, *h, session).await,
-            Frame::Body(ch, b) => self.content_body(ch, b, session).await,
+            // Content frames: most end nothing, and those never make the (larger) future
+            // of publishing.
+            Frame::Header(ch, h) => match self.content_header(ch, h)? {
+                Content::More => Ok(()),
+                c => self.content_done(ch, c, session).await,
+            },
+            Frame::Body(ch, b) => match self.content_body(ch, b)? {
+                Content::More => Ok(()),
+                c => self.content_done(ch, c, session).await,
+            },
         }
     }
 
@@ -900,7 +928,13 @@ impl Conn<'_> {
                 .on(&m),
             ));
         }
-        match self.method(ch, &m, session).await {
+        let r = match self.basic_now(ch, &m) {
+            Some(r) => r,
+            // The other methods are rarer and some wait: their larger future goes on the
+            // heap, so that every frame's future (this one's) stays small to move.
+            None => Box::pin(self.method(ch, &m, session)).await,
+        };
+        match r {
             Ok(()) => Ok(()),
             Err(e) if e.code.is_hard() => Err(End::Hard(e.on(&m))),
             Err(e) => {
@@ -908,6 +942,54 @@ impl Conn<'_> {
                 Ok(())
             }
         }
+    }
+
+    /// The methods of every message (basic.publish, and basic.ack, nack and reject), which
+    /// never wait: handled here, or `None` for [`Conn::method`].
+    fn basic_now(&mut self, ch: u16, m: &Method) -> Option<Result<(), AmqpError>> {
+        let (tag, multiple, requeue) = match m {
+            Method::BasicPublish {
+                exchange,
+                routing_key,
+                mandatory,
+                ..
+            } => {
+                return Some(self.chan(ch).map(|c| {
+                    c.pending = Some(Pending {
+                        exchange: exchange.clone(),
+                        routing_key: routing_key.clone(),
+                        mandatory: *mandatory,
+                        header: None,
+                        body: Body::default(),
+                    });
+                }));
+            }
+            Method::BasicAck {
+                delivery_tag,
+                multiple,
+            } => (*delivery_tag, *multiple, None),
+            Method::BasicNack {
+                delivery_tag,
+                multiple,
+                requeue,
+            } => (*delivery_tag, *multiple, Some(*requeue)),
+            Method::BasicReject {
+                delivery_tag,
+                requeue,
+            } => (*delivery_tag, false, Some(*requeue)),
+            _ => return None,
+        };
+        Some(self.chan(ch).and_then(|c| match &mut c.tx {
+            Some(tx) => {
+                tx_room(tx)?;
+                tx.push(match requeue {
+                    None => TxOp::Ack(tag, multiple),
+                    Some(r) => TxOp::Nack(tag, multiple, r),
+                });
+                Ok(())
+            }
+            None => settle(c, tag, multiple, requeue),
+        }))
     }
 
     fn chan(&mut self, ch: u16) -> Result<&mut Channel, AmqpError> {
@@ -1121,21 +1203,6 @@ impl Conn<'_> {
                     },
                 );
             }
-            Method::BasicPublish {
-                exchange,
-                routing_key,
-                mandatory,
-                ..
-            } => {
-                let c = self.chan(ch)?;
-                c.pending = Some(Pending {
-                    exchange: exchange.clone(),
-                    routing_key: routing_key.clone(),
-                    mandatory: *mandatory,
-                    header: None,
-                    body: Body::default(),
-                });
-            }
             Method::BasicGet { queue, no_ack, .. } => {
                 let q = self.queue(queue)?;
                 self.may_serve(&q)?;
@@ -1150,43 +1217,6 @@ impl Conn<'_> {
                     );
                 } else {
                     session.mark_own_output();
-                }
-            }
-            Method::BasicAck {
-                delivery_tag,
-                multiple,
-            } => {
-                let c = self.chan(ch)?;
-                if let Some(tx) = &mut c.tx {
-                    tx_room(tx)?;
-                    tx.push(TxOp::Ack(*delivery_tag, *multiple));
-                } else {
-                    settle(c, *delivery_tag, *multiple, None)?;
-                }
-            }
-            Method::BasicNack {
-                delivery_tag,
-                multiple,
-                requeue,
-            } => {
-                let c = self.chan(ch)?;
-                if let Some(tx) = &mut c.tx {
-                    tx_room(tx)?;
-                    tx.push(TxOp::Nack(*delivery_tag, *multiple, *requeue));
-                } else {
-                    settle(c, *delivery_tag, *multiple, Some(*requeue))?;
-                }
-            }
-            Method::BasicReject {
-                delivery_tag,
-                requeue,
-            } => {
-                let c = self.chan(ch)?;
-                if let Some(tx) = &mut c.tx {
-                    tx_room(tx)?;
-                    tx.push(TxOp::Nack(*delivery_tag, false, *requeue));
-                } else {
-                    settle(c, *delivery_tag, false, Some(*requeue))?;
                 }
             }
             Method::BasicRecover { requeue } | Method::BasicRecoverAsync { requeue } => {
@@ -1288,12 +1318,8 @@ impl Conn<'_> {
         Ok(())
     }
 
-    async fn content_header(
-        &mut self,
-        ch: u16,
-        h: ContentHeader,
-        session: &mut Session,
-    ) -> Result<(), End> {
+    /// A content header: `Content::Complete` when it ends the message (an empty body).
+    fn content_header(&mut self, ch: u16, h: Box<ContentHeader>) -> Result<Content, End> {
         let max = self.amqp.cfg.max_message_size;
         let Some(c) = self.channels.get_mut(&ch) else {
             return Err(End::Hard(err(
@@ -1302,7 +1328,7 @@ impl Conn<'_> {
             )));
         };
         if c.closing {
-            return Ok(());
+            return Ok(Content::More);
         }
         let Some(p) = c.pending.as_mut().filter(|p| p.header.is_none()) else {
             return Err(End::Hard(err(
@@ -1319,18 +1345,19 @@ impl Conn<'_> {
                     h.body_size
                 ),
             );
-            self.soft_close(ch, e.at_publish(), session).await;
-            return Ok(());
+            return Ok(Content::Refused(e.at_publish()));
         }
         let done = h.body_size == 0;
         p.header = Some(h);
-        if done {
-            self.complete(ch, session).await?;
-        }
-        Ok(())
+        Ok(if done {
+            Content::Complete
+        } else {
+            Content::More
+        })
     }
 
-    async fn content_body(&mut self, ch: u16, b: Bytes, session: &mut Session) -> Result<(), End> {
+    /// A content body frame: `Content::Complete` when it ends the message.
+    fn content_body(&mut self, ch: u16, b: Bytes) -> Result<Content, End> {
         let Some(c) = self.channels.get_mut(&ch) else {
             return Err(End::Hard(err(
                 ReplyCode::ChannelError,
@@ -1338,7 +1365,7 @@ impl Conn<'_> {
             )));
         };
         if c.closing {
-            return Ok(());
+            return Ok(Content::More);
         }
         let Some((p, size)) = c
             .pending
@@ -1368,10 +1395,29 @@ impl Conn<'_> {
                 "the broker's memory budget has no room for this message",
             )));
         }
-        if full {
-            self.complete(ch, session).await?;
+        Ok(if full {
+            Content::Complete
+        } else {
+            Content::More
+        })
+    }
+
+    /// What follows a content frame that did not simply wait for more: the message
+    /// published, or the channel closed.
+    async fn content_done(
+        &mut self,
+        ch: u16,
+        c: Content,
+        session: &mut Session,
+    ) -> Result<(), End> {
+        match c {
+            Content::More => Ok(()),
+            Content::Complete => self.complete(ch, session).await,
+            Content::Refused(e) => {
+                self.soft_close(ch, e, session).await;
+                Ok(())
+            }
         }
-        Ok(())
     }
 
     /// Content no longer held (published, discarded).
@@ -1439,7 +1485,8 @@ impl Conn<'_> {
             c.pending.take().map_or(0, |p| p.body.len())
         });
         self.release_held(dropped);
-        self.release_channel_consumers(ch, session).await;
+        // Rare: its future on the heap, so that every caller's stays small.
+        Box::pin(self.release_channel_consumers(ch, session)).await;
     }
 
     /// Publishes one message: to the key of its exchange and routing key, where every
@@ -1484,7 +1531,10 @@ impl Conn<'_> {
                         "fast reply consumer does not exist",
                     ));
                 }
-                Key::new(&format!("{}/{REPLY_SUFFIX}", session.inbox())).ok()
+                if self.reply_key.is_none() {
+                    self.reply_key = Key::new(&format!("{}/{REPLY_SUFFIX}", session.inbox())).ok();
+                }
+                self.reply_key.clone()
             }
             // A queue name of this vhost, or an inbox (of no vhost).
             Some(r) => self.vhost.publish_key("", Kind::Direct, r),

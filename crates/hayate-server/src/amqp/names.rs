@@ -102,6 +102,29 @@ pub(crate) fn queue_key(name: &str) -> Option<Key> {
         // A direct reply-to address: the requester's inbox key, as it is.
         return Key::new(inbox).ok();
     }
+    if is_plain_path(name) {
+        // Nothing to escape (most names): the name is its key.
+        return Key::new(name).ok();
+    }
+    escaped_queue_key(name)
+}
+
+/// Whether escaping leaves queue name `name` as it is: no empty part (no `/` first, last
+/// or twice), no `*` and no `%` anywhere. One pass over the bytes.
+fn is_plain_path(name: &str) -> bool {
+    let b = name.as_bytes();
+    let mut prev = b'/';
+    for &c in b {
+        if c == b'*' || c == b'%' || (c == b'/' && prev == b'/') {
+            return false;
+        }
+        prev = c;
+    }
+    prev != b'/'
+}
+
+/// [`queue_key`] of a name with parts to escape.
+fn escaped_queue_key(name: &str) -> Option<Key> {
     let mut k = String::with_capacity(name.len() + 4);
     for (i, part) in name.split('/').enumerate() {
         if i > 0 {
@@ -394,6 +417,19 @@ mod tests {
                     {
                         prop_assert_ne!(ka.as_str(), kb.as_str());
                     }
+                }
+            }
+
+            /// A queue name without parts to escape is its own key: the fast path agrees
+            /// with escaping each part.
+            #[test]
+            fn plain_queue_names_skip_escaping(ws in prop::collection::vec(word(), 0..4)) {
+                let name = ws.join("/");
+                prop_assume!(!name.is_empty() && !name.starts_with(REPLY_TO_PREFIX));
+                let escaped = escaped_queue_key(&name).map(|k| k.as_str().to_string());
+                prop_assert_eq!(queue_key(&name).map(|k| k.as_str().to_string()), escaped.clone());
+                if is_plain_path(&name) {
+                    prop_assert_eq!(escaped.as_deref().unwrap_or(name.as_str()), name.as_str());
                 }
             }
 

@@ -1102,7 +1102,7 @@ impl Queue {
                 delivery_tag: tag,
                 redelivered: m.redelivered,
                 exchange: &m.exchange,
-                routing_key: &m.routing_key,
+                routing_key: m.routing_key.as_bytes(),
                 message_count: left,
                 msg: &m.msg,
                 vhost_prefix: &self.vhost.prefix,
