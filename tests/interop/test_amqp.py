@@ -1223,7 +1223,8 @@ def test_kombu_simple_queue(broker):
 
 @pytest.fixture
 def small_broker(tmp_path):
-    """A broker with small AMQP bounds: 2 MiB per queue, 8 channels, a 1 s handshake."""
+    """A broker with small AMQP bounds: 2 MiB per queue, 8 channels, 1 MiB messages, a 1 s
+    handshake."""
     from test_dashboard import HAYATE
 
     cfg = tmp_path / "hayate.toml"

@@ -938,7 +938,7 @@ impl Conn<'_> {
             Ok(()) => Ok(()),
             Err(e) if e.code.is_hard() => Err(End::Hard(e.on(&m))),
             Err(e) => {
-                self.soft_close(ch, e.on(&m), session).await;
+                self.soft_close(ch, e.on(&m), session);
                 Ok(())
             }
         }
@@ -1414,7 +1414,7 @@ impl Conn<'_> {
             Content::More => Ok(()),
             Content::Complete => self.complete(ch, session).await,
             Content::Refused(e) => {
-                self.soft_close(ch, e, session).await;
+                self.soft_close(ch, e, session);
                 Ok(())
             }
         }
@@ -1438,7 +1438,7 @@ impl Conn<'_> {
             if let Err(e) = tx_room(tx) {
                 let n = p.body.len();
                 self.release_held(n);
-                self.soft_close(ch, e.at_publish(), session).await;
+                self.soft_close(ch, e.at_publish(), session);
                 return Ok(());
             }
             tx.push(TxOp::Publish(Box::new(p)));
@@ -1451,7 +1451,7 @@ impl Conn<'_> {
             if e.code.is_hard() {
                 return Err(End::Hard(e));
             }
-            self.soft_close(ch, e.at_publish(), session).await;
+            self.soft_close(ch, e.at_publish(), session);
         }
         Ok(())
     }
@@ -1459,7 +1459,7 @@ impl Conn<'_> {
     /// A soft error: channel.close with it; the channel's frames are ignored until the
     /// client's channel.close-ok, its deliveries stop now and its messages go back once it
     /// is closed.
-    async fn soft_close(&mut self, ch: u16, e: AmqpError, session: &mut Session) {
+    fn soft_close(&mut self, ch: u16, e: AmqpError, session: &mut Session) {
         tracing::debug!(
             conn = self.id,
             ch,
@@ -1485,8 +1485,7 @@ impl Conn<'_> {
             c.pending.take().map_or(0, |p| p.body.len())
         });
         self.release_held(dropped);
-        // Rare: its future on the heap, so that every caller's stays small.
-        Box::pin(self.release_channel_consumers(ch, session)).await;
+        self.release_channel_consumers(ch, session);
     }
 
     /// Publishes one message: to the key of its exchange and routing key, where every
@@ -2559,7 +2558,7 @@ impl Conn<'_> {
     }
 
     /// Stops a channel's deliveries: its consumers leave their queues.
-    async fn release_channel_consumers(&mut self, ch: u16, session: &mut Session) {
+    fn release_channel_consumers(&mut self, ch: u16, session: &mut Session) {
         let Some(c) = self.channels.get_mut(&ch) else {
             return;
         };
@@ -2582,7 +2581,7 @@ impl Conn<'_> {
     /// Closes a channel: consumers leave, unacknowledged deliveries go back to their
     /// queues (redelivered).
     async fn release_channel(&mut self, ch: u16, session: &mut Session) {
-        self.release_channel_consumers(ch, session).await;
+        self.release_channel_consumers(ch, session);
         let Some(c) = self.channels.remove(&ch) else {
             return;
         };
