@@ -1164,6 +1164,47 @@ def handshake(s: socket.socket) -> None:
     s.recv(65536)  # connection.open-ok
 
 
+def test_after_close_ok_the_client_closes_the_socket(broker):
+    """As RabbitMQ: after connection.close-ok the broker leaves the socket to the client (a
+    client that reads close-ok and EOF together may count its own close as an error), and
+    discards what it still sends; a client that never closes is cut off after about 1 s.
+    Deliveries stop at close-ok."""
+    ports = broker
+    conn = connect(ports)
+    ch = conn.channel()
+    ch.queue_declare(queue="after-close")
+    s = raw(ports)
+    handshake(s)
+    # channel.open, basic.consume on the queue (no-ack), then connection.close.
+    s.sendall(struct.pack(">BHI", 1, 1, 5) + b"\x00\x14\x00\x0a\x00" + b"\xce")
+    consume = (b"\x00\x3c\x00\x14" + b"\x00\x00" + bytes([11]) + b"after-close" + bytes([0])
+               + bytes([0b10]) + struct.pack(">I", 0))
+    s.sendall(struct.pack(">BHI", 1, 1, len(consume)) + consume + b"\xce")
+    time.sleep(0.2)
+    s.recv(65536)  # open-ok, consume-ok
+    close = b"\x00\x0a\x00\x32" + struct.pack(">H", 200) + bytes([3]) + b"bye" + struct.pack(">HH", 0, 0)
+    s.sendall(struct.pack(">BHI", 1, 0, len(close)) + close + b"\xce")
+    s.settimeout(0.5)
+    got = s.recv(65536)
+    assert got == struct.pack(">BHI", 1, 0, 4) + b"\x00\x0a\x00\x33" + b"\xce", got
+    # Not closed by the broker yet; garbage sent now is discarded, not answered.
+    s.sendall(b"garbage after close" * 100)
+    ch.basic_publish("", "after-close", b"not for the closed consumer")
+    t0 = time.monotonic()
+    try:
+        rest = s.recv(65536)
+    except socket.timeout:
+        rest = None
+    assert rest is None, f"the broker sent {rest!r} after close-ok"
+    s.settimeout(5)
+    assert s.recv(65536) == b"", "the broker did not close the socket"
+    assert time.monotonic() - t0 < 3
+    s.close()
+    # The message went to the queue (the closed connection's consumer was gone at close-ok).
+    assert ch.basic_get("after-close", auto_ack=True)[2] == b"not for the closed consumer"
+    conn.close()
+
+
 @pytest.mark.parametrize("bad,code", [
     # A frame larger than the negotiated 4096 bytes: FRAME_ERROR.
     (struct.pack(">BHI", 1, 1, 100_000) + b"x" * 100, 501),

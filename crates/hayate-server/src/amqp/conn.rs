@@ -105,7 +105,17 @@ enum Stage {
     TuneOk,
     Open,
     Ready,
+    /// connection.close-ok sent: what the client still sends is discarded until it closes
+    /// the socket (or `CLOSE_LINGER` passes).
+    Closed,
 }
+
+/// How long, after connection.close-ok, the broker waits for the client to close the
+/// socket before it closes it. The client that asked to close is the one to close the
+/// socket (RabbitMQ waits up to 30 s): a client that reads close-ok and the broker's end of
+/// the stream together may take its own close for a broken connection (lapin logs it as an
+/// error). Kept short, so that a client that never closes holds its connection only briefly.
+const CLOSE_LINGER: Duration = Duration::from_secs(1);
 
 /// What a content frame left to do.
 enum Content {
@@ -413,6 +423,10 @@ impl Handler for Driven<'_> {
     type End = End;
 
     fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Item>, End> {
+        if self.c.stage == Stage::Closed {
+            buf.clear();
+            return Ok(None);
+        }
         if self.c.stage == Stage::Header {
             return match decode_protocol_header(buf) {
                 None => Ok(None),
@@ -436,6 +450,12 @@ impl Handler for Driven<'_> {
             Item::Frame(f) => c.frame(f, session).await,
         };
         r?;
+        if c.stage == Stage::Closed {
+            // Until the client closes the socket, at most CLOSE_LINGER; no heartbeats.
+            self.quiet = self.quiet.min(Instant::now() + CLOSE_LINGER);
+            self.beat = None;
+            return Ok(());
+        }
         if c.stage == Stage::Ready && self.beat.is_none() {
             let now = Instant::now();
             if let Some(hb) = c.heartbeat {
@@ -783,8 +803,12 @@ impl Conn<'_> {
                 Ok(())
             }
             (_, Method::ConnectionClose { .. }) => {
+                // Channels close now (nothing is delivered after close-ok); the connection
+                // ends when the client closes the socket.
+                self.release_all(session).await;
                 self.send(session, 0, Method::ConnectionCloseOk {});
-                Err(End::Done)
+                self.stage = Stage::Closed;
+                Ok(())
             }
             (_, Method::ConnectionCloseOk {}) => Err(End::Done),
             (Stage::Ready, Method::ConnectionUpdateSecret { .. }) => {
