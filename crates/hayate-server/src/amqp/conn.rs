@@ -21,10 +21,10 @@ use hayate_broker::{Batch, Session};
 use hayate_core::{Key, KeyExpr, Qos};
 use tokio::time::Instant;
 
-use super::delivery::{AmqpEncoder, FastMap, OwnConsumer, encode_content, message_of};
+use super::delivery::{AmqpEncoder, OwnConsumer, encode_content, message_of};
 use super::names::{self, Kind, REPLY_TO_QUEUE};
 use super::queue::{Chan, ChanState, Consumer, Queue, QueueArgs, Unacked, lock};
-use super::{Amqp, Exchange, VHost};
+use super::{Amqp, Exchange, FastMap, VHost};
 use crate::auth::{Credentials, Identity};
 use crate::frontend::{self, Accepted, Handler, Stop};
 
@@ -382,8 +382,8 @@ struct Conn<'a> {
     frame_max: Arc<AtomicUsize>,
     heartbeat: Option<Duration>,
     /// By channel number, looked up several times per message: hashed with foldhash, not
-    /// SipHash (a channel number is no attacker's choice that could flood one bucket: at
-    /// most `channel_max` of them).
+    /// SipHash. The client picks the numbers, but at most `channel_max` of them, in its own
+    /// connection's map, hashed with a random seed: it can slow only its own lookups.
     channels: FastMap<u16, Channel>,
     /// Queues this connection declared exclusive (deleted when it closes).
     exclusive: Vec<Arc<Queue>>,

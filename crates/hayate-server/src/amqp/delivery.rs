@@ -10,7 +10,6 @@
 //! their own (values other than strings as their text), and the table itself travels whole
 //! in [`TABLE_HEADER`] so that AMQP consumers get it back exactly.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -21,6 +20,7 @@ use hayate_amqp::{BasicProperties, ContentHeader, FieldTable, FieldValue, Method
 use hayate_broker::{Batch, Encoder, OutBuf};
 use hayate_core::{Key, Message};
 
+use super::FastMap;
 use super::names;
 
 /// The header that carries an AMQP publish's headers table exactly, types and nesting kept,
@@ -43,10 +43,6 @@ const PROP_HEADERS: [&str; 10] = [
     "user-id",
     "app-id",
 ];
-
-/// A map keyed by small numbers the connection chose (channel numbers, subscription ids):
-/// hashed with foldhash, which costs a tenth of SipHash on the per-message lookups.
-pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// One delivery to write.
 #[derive(Debug)]
