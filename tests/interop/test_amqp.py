@@ -1202,6 +1202,24 @@ def test_after_close_ok_the_client_closes_the_socket(broker):
     s.close()
     # The message went to the queue (the closed connection's consumer was gone at close-ok).
     assert ch.basic_get("after-close", auto_ack=True)[2] == b"not for the closed consumer"
+
+    # Many clients that close (before logging in) and then keep the socket open, writing:
+    # each is cut off about 1 s after its close-ok, and the others carry on meanwhile.
+    close_frame = struct.pack(">BHI", 1, 0, len(close)) + close + b"\xce"
+    lingerers = []
+    for _ in range(50):
+        r = raw(ports)
+        r.sendall(b"AMQP\x00\x00\x09\x01" + close_frame + b"junk" * 256)
+        lingerers.append(r)
+    t0 = time.monotonic()
+    ch.basic_publish("", "after-close", b"meanwhile")
+    assert ch.basic_get("after-close", auto_ack=True)[2] == b"meanwhile"
+    for r in lingerers:
+        r.settimeout(5)
+        data = frames_until_close(r)
+        assert data.endswith(struct.pack(">BHI", 1, 0, 4) + b"\x00\x0a\x00\x33" + b"\xce"), data[-40:]
+        r.close()
+    assert time.monotonic() - t0 < 4, "lingering connections were not cut off"
     conn.close()
 
 

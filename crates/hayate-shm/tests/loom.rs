@@ -13,6 +13,14 @@ use hayate_shm::{ReadError, Reader, Ring, Writer, region_words};
 use loom::sync::Arc;
 use loom::sync::atomic::AtomicU64;
 
+/// Reports how many interleavings a model ran and checks there were more than `at_least`:
+/// a change that made a model run once would otherwise pass without checking anything.
+fn explored(runs: &std::sync::atomic::AtomicUsize, at_least: usize) {
+    let runs = runs.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("loom: {runs} interleavings");
+    assert!(runs > at_least, "loom explored only {runs} interleavings");
+}
+
 fn payload(n: u64) -> Vec<u8> {
     // Two words, so a torn copy can mix two messages.
     let mut p = n.to_le_bytes().to_vec();
@@ -71,11 +79,8 @@ fn a_reader_never_accepts_a_torn_message() {
             }
         });
     });
-    let runs = RUNS.load(std::sync::atomic::Ordering::Relaxed);
-    eprintln!("loom: {runs} interleavings");
-    // The model must branch (it did 1,358,884 times when written): a change that made it
-    // run once would pass without checking anything.
-    assert!(runs > 1000, "loom explored only {runs} interleavings");
+    // It ran 1,358,884 interleavings when written.
+    explored(&RUNS, 1000);
 }
 
 /// A reader that passes over some messages unread (`read_append_if`): whenever a read
@@ -124,9 +129,7 @@ fn a_reader_that_skips_decides_on_intact_bytes() {
             }
         });
     });
-    let runs = RUNS.load(std::sync::atomic::Ordering::Relaxed);
-    eprintln!("loom: {runs} interleavings");
-    assert!(runs > 1000, "loom explored only {runs} interleavings");
+    explored(&RUNS, 1000);
 }
 
 #[test]
@@ -251,9 +254,7 @@ fn no_wake_up_is_lost() {
             );
         }
     });
-    let runs = RUNS.load(std::sync::atomic::Ordering::Relaxed);
-    eprintln!("loom: {runs} interleavings");
-    assert!(runs > 10, "loom explored only {runs} interleavings");
+    explored(&RUNS, 10);
 }
 
 /// The end of a byte stream (hayate-io's shared-memory transport): a reader that sees the
@@ -293,7 +294,5 @@ fn nothing_is_missed_at_the_close() {
         writer.join().unwrap();
         assert_eq!(got, 2, "the reader ended before the last message");
     });
-    let runs = RUNS.load(std::sync::atomic::Ordering::Relaxed);
-    eprintln!("loom: {runs} interleavings");
-    assert!(runs > 5, "loom explored only {runs} interleavings");
+    explored(&RUNS, 5);
 }
