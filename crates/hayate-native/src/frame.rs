@@ -29,6 +29,7 @@ pub(crate) mod ty {
     pub(crate) const PUB_CONFIRM: u8 = 0x11;
     pub(crate) const CONFIRM: u8 = 0x12;
     pub(crate) const CONSUME: u8 = 0x13;
+    pub(crate) const MSG_REF: u8 = 0x14;
 }
 
 /// Option flag bits of PUB and MSG.
@@ -277,6 +278,21 @@ pub enum Frame {
         id: u64,
         /// What became of the message.
         outcome: ConfirmOutcome,
+    },
+    /// Deliver one message to a subscription by reference to the broker's fan-out arena
+    /// (shared memory; sent only to a client that took the arena at its shared-memory
+    /// set-up): the entry at byte `at`, of `len` bytes, tagged `tag`, holds a whole MSG
+    /// frame whose `sid` is 0. The client reads it, delivers it to `sid`, and counts it
+    /// released (docs/protocol.md, *Fan-out*).
+    MsgRef {
+        /// Subscription id.
+        sid: u32,
+        /// Byte offset of the entry in the arena (a multiple of 8).
+        at: u64,
+        /// Bytes of the entry (the MSG frame).
+        len: u32,
+        /// The entry's tag (never 0).
+        tag: u64,
     },
 }
 

@@ -132,6 +132,8 @@ fn frame() -> impl Strategy<Value = Frame> {
         any::<u64>().prop_map(Frame::Ping),
         any::<u64>().prop_map(Frame::Pong),
         (any::<u32>(), any::<u64>()).prop_map(|(sid, count)| Frame::Lost { sid, count }),
+        (any::<u32>(), any::<u64>(), any::<u32>(), any::<u64>())
+            .prop_map(|(sid, at, len, tag)| Frame::MsgRef { sid, at, len, tag }),
         (any::<u16>(), text(40)).prop_map(|(code, message)| Frame::Err {
             code: ErrorCode::from_code(code),
             message,
@@ -482,6 +484,12 @@ fn every_frame_type_round_trips() {
         Frame::Ping(u64::MAX),
         Frame::Pong(0),
         Frame::Lost { sid: 4, count: 5 },
+        Frame::MsgRef {
+            sid: 4,
+            at: 64,
+            len: 100,
+            tag: 9,
+        },
         Frame::Err {
             code: ErrorCode::BadKey,
             message: "bad".into(),

@@ -25,6 +25,7 @@ const MSG_BATCH: u8 = 0x08;
 const PING: u8 = 0x09;
 const PONG: u8 = 0x0A;
 const LOST: u8 = 0x0B;
+const MSG_REF: u8 = 0x14;
 const ERR: u8 = 0x0C;
 const CLOSE: u8 = 0x0D;
 
@@ -137,7 +138,7 @@ fn sanity_the_valid_bodies_decode() {
 
 #[test]
 fn unknown_frame_type() {
-    for t in [0x00, 0x14, 0x7F, 0xFF] {
+    for t in [0x00, 0x15, 0x7F, 0xFF] {
         // Refused from the header alone, body or not.
         assert_err(
             raw(100, t, &[]),
@@ -269,6 +270,10 @@ fn truncated_unsub_ping_pong_lost_err() {
     assert_malformed(frame(ERR, &[0]), "ERR", "code");
     assert_malformed(frame(ERR, &[0, 2]), "ERR", "message");
     assert_malformed(frame(ERR, &[0, 2, 0, 5, b'a']), "ERR", "message");
+    assert_malformed(frame(MSG_REF, &[0; 3]), "MSG_REF", "sid");
+    assert_malformed(frame(MSG_REF, &[0; 11]), "MSG_REF", "at");
+    assert_malformed(frame(MSG_REF, &[0; 15]), "MSG_REF", "len");
+    assert_malformed(frame(MSG_REF, &[0; 23]), "MSG_REF", "tag");
 }
 
 #[test]
@@ -327,7 +332,7 @@ fn truncated_batches() {
 
 #[test]
 fn trailing_bytes() {
-    let cases: [(u8, &'static str, Vec<u8>); 9] = [
+    let cases: [(u8, &'static str, Vec<u8>); 10] = [
         (HELLO, "HELLO", hello_body(MAGIC)),
         // WELCOME's optional `shm` last: after it, nothing more.
         (WELCOME, "WELCOME", cat(&[&welcome_body(), &str16(b"")])),
@@ -338,6 +343,7 @@ fn trailing_bytes() {
         (LOST, "LOST", [0u8; 12].to_vec()),
         (ERR, "ERR", cat(&[&2u16.to_be_bytes(), &str16(b"oops")])),
         (CLOSE, "CLOSE", Vec::new()),
+        (MSG_REF, "MSG_REF", [0u8; 24].to_vec()),
     ];
     for (t, name, mut body) in cases {
         body.push(0);

@@ -22,6 +22,7 @@ pub mod admin;
 pub mod amqp;
 pub mod auth;
 pub mod config;
+pub mod fanout;
 pub mod frontend;
 pub mod mqtt;
 pub mod native;

@@ -3,19 +3,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 
 use hayate_broker::{Batch, Broker, Delivery, Encoder, OutBuf, Outbox, Session, Settle, Stored};
-use hayate_core::Message;
+use hayate_core::{Key, Message};
 use hayate_native::{HELLO_SHM, HelloAuth};
 
 use crate::auth::{Authenticator, Credentials, Identity};
 use hayate_native::{
     ConfirmOutcome, ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, encode,
-    encode_msg_acked_head, encode_msg_batch_head, encode_msg_head,
+    encode_msg_acked_head, encode_msg_batch_head, encode_msg_head, encode_msg_ref,
 };
 use tokio::time::Instant;
 
@@ -23,11 +23,28 @@ use crate::config::Limits;
 use crate::frontend::{self, Accepted, Handler, Stop};
 use hayate_broker::stream::api::{self, API_PREFIX};
 
+use crate::fanout::{self, FanoutClient};
 use crate::shm::ShmOffer;
+
+/// Shared memory as a native connection sees it.
+#[derive(Debug, Default)]
+pub struct Shm {
+    /// What this server offers a client on this host that asks (`None` on a connection
+    /// that is shared memory already).
+    pub offer: Option<Arc<ShmOffer>>,
+    /// A shared-memory connection's share of the fan-out arena.
+    pub fanout: Option<FanoutClient>,
+}
 
 /// Encodes deliveries as native MSG / MSG_BATCH frames.
 #[derive(Debug, Default)]
 pub struct NativeEncoder {
+    /// This client's share of the fan-out arena (a shared-memory client that took it):
+    /// large enough single messages go there once for all such clients, and this one gets
+    /// a MSG_REF.
+    fanout: Option<FanoutClient>,
+    /// The MSG head (sid 0) of a message placed in the arena.
+    scratch: BytesMut,
     /// The largest payload sent in a MSG: the broker's `max_payload` (in WELCOME), by which
     /// clients size the frames they accept. A larger message (published over MQTT, STOMP or
     /// AMQP, which have limits of their own) is not sent, as a frame the client would refuse
@@ -41,7 +58,49 @@ impl NativeEncoder {
     pub fn new(max_payload: u64) -> NativeEncoder {
         NativeEncoder {
             max_payload: usize::try_from(max_payload).unwrap_or(usize::MAX),
-            skipped: (0, 0),
+            ..NativeEncoder::default()
+        }
+    }
+
+    /// Delivers through the fan-out arena (see [`crate::fanout`]).
+    pub fn with_fanout(mut self, fanout: Option<FanoutClient>) -> NativeEncoder {
+        self.fanout = fanout;
+        self
+    }
+
+    /// A MSG_BATCH of `payloads` (none: nothing). Native publishers' batches, whose items
+    /// are within `max_payload` already (checked all the same).
+    fn encode_batch(&mut self, sid: u32, key: &Key, payloads: &[Bytes], out: &mut OutBuf) {
+        let mut items = 0;
+        for p in payloads {
+            if !self.refuse(sid, p, out) {
+                items += 4 + p.len();
+            }
+        }
+        if items == 0 {
+            return;
+        }
+        encode_msg_batch_head(sid, key, items, out.tail());
+        for p in payloads.iter().filter(|p| p.len() <= self.max_payload) {
+            out.tail().put_u32(p.len() as u32);
+            out.put_payload(p);
+        }
+    }
+
+    /// Sends `m` to `sid` as a MSG_REF to the fan-out arena, if it goes there.
+    fn by_reference(&mut self, sid: u32, m: &Message, out: &mut OutBuf) -> bool {
+        let Some(f) = &self.fanout else { return false };
+        if m.payload.len() < fanout::MIN_PAYLOAD {
+            return false;
+        }
+        self.scratch.clear();
+        encode_msg_head(0, m, &mut self.scratch);
+        match f.place(&self.scratch, &m.payload) {
+            Some((at, len, tag)) => {
+                encode_msg_ref(sid, at, len, tag, out.tail());
+                true
+            }
+            None => false,
         }
     }
 
@@ -61,29 +120,33 @@ impl Encoder for NativeEncoder {
     fn encode(&mut self, sid: u32, batch: Batch<'_>, _origin: u64, out: &mut OutBuf) {
         match batch {
             Batch::One(m) => {
-                if self.refuse(sid, &m.payload, out) {
+                if self.refuse(sid, &m.payload, out) || self.by_reference(sid, m, out) {
                     return;
                 }
                 encode_msg_head(sid, m, out.tail());
                 out.put_payload(&m.payload);
             }
             Batch::Plain { key, payloads } => {
-                // Native publishers' batches, whose items are within `max_payload` already
-                // (checked all the same).
-                let mut items = 0;
-                for p in payloads {
-                    if !self.refuse(sid, p, out) {
-                        items += 4 + p.len();
-                    }
-                }
-                if items == 0 {
+                if self.fanout.is_none() || payloads.iter().all(|p| p.len() < fanout::MIN_PAYLOAD) {
+                    self.encode_batch(sid, key, payloads, out);
                     return;
                 }
-                encode_msg_batch_head(sid, key, items, out.tail());
-                for p in payloads.iter().filter(|p| p.len() <= self.max_payload) {
-                    out.tail().put_u32(p.len() as u32);
-                    out.put_payload(p);
+                // In order: runs of small payloads as MSG_BATCHes, each large one as a
+                // MSG_REF (or a MSG when the arena does not take it).
+                let mut run = 0;
+                for (i, p) in payloads.iter().enumerate() {
+                    if p.len() >= fanout::MIN_PAYLOAD {
+                        self.encode_batch(sid, key, &payloads[run..i], out);
+                        run = i + 1;
+                        self.encode(
+                            sid,
+                            Batch::One(&Message::new(key.clone(), p.clone())),
+                            0,
+                            out,
+                        );
+                    }
                 }
+                self.encode_batch(sid, key, &payloads[run..], out);
             }
         }
     }
@@ -473,7 +536,7 @@ pub async fn serve(
     server_name: Arc<str>,
     keepalive: Keepalive,
     auth: Arc<dyn Authenticator>,
-    shm: Option<Arc<ShmOffer>>,
+    shm: Shm,
 ) {
     let mut io = io;
     let peer_addr = io.peer;
@@ -481,7 +544,7 @@ pub async fn serve(
     let verified_name = io.verified_name.clone();
     let (_registered, entry) = io.take_registered();
     let session = broker.open_session_in(
-        Box::new(NativeEncoder::new(limits.max_payload)),
+        Box::new(NativeEncoder::new(limits.max_payload).with_fanout(shm.fanout)),
         io.class.as_ref(),
     );
     let outbox = session.outbox().clone();
@@ -508,7 +571,7 @@ pub async fn serve(
         identity: Identity::anonymous(),
         peer,
         verified_name,
-        shm,
+        shm: shm.offer,
         peer_addr,
         shm_answer: None,
         entry,
@@ -637,6 +700,7 @@ async fn handle(
         Frame::Welcome(_)
         | Frame::Msg { .. }
         | Frame::MsgBatch { .. }
+        | Frame::MsgRef { .. }
         | Frame::MsgAcked { .. }
         | Frame::Confirm { .. }
         | Frame::Lost { .. } => {

@@ -261,8 +261,10 @@ impl Server {
             Listener::Unix(..) => true,
             Listener::Shm(..) => false,
         });
+        let memory = Memory::new(config.limits.memory_budget_bytes());
         let shm = if native && config.native.shm && config.native.shm_max_connections > 0 {
-            match ShmOffer::bind(config.native.shm_max_connections) {
+            let fanout = usize::try_from(config.native.shm_fanout_bytes).unwrap_or(usize::MAX);
+            match ShmOffer::bind(config.native.shm_max_connections, fanout, &memory) {
                 Ok((offer, l)) => {
                     listeners.push(Listener::Shm(l));
                     Some(offer)
@@ -286,7 +288,7 @@ impl Server {
             max_consumers: config.limits.max_consumers as usize,
             max_subscriptions: config.limits.max_subscriptions,
             queue_max_bytes: usize::try_from(config.stomp.queue_max_bytes).unwrap_or(usize::MAX),
-            memory: Memory::new(config.limits.memory_budget_bytes()),
+            memory,
         });
         let auth: Arc<dyn Authenticator> = match ConfigAuth::from_section(&config.auth) {
             Ok(a) => Arc::new(a),
@@ -832,6 +834,7 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
             let mut verified_name = None;
             let (mut peer, mut shm_slot, mut offer) = (peer, None, c.shm.clone());
             let mut address_guard = None;
+            let mut fanout = None;
             let (r, w) = match stream {
                 Stream::Tcp(s) if proto.is_tls() => {
                     let Some(tls) = c.tls.clone() else {
@@ -870,6 +873,7 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
                             peer = a.peer;
                             verified_name = a.verified_name;
                             shm_slot = Some(a.slot);
+                            fanout = a.fanout;
                             (a.reader, a.writer)
                         }
                         Err(e) => {
@@ -909,7 +913,8 @@ async fn accept_loop(l: Listener, ctx: Ctx) {
             };
             match proto {
                 Protocol::Native => {
-                    native::serve(io, c.broker, c.limits, c.name, c.keepalive, c.auth, offer).await;
+                    let shm = native::Shm { offer, fanout };
+                    native::serve(io, c.broker, c.limits, c.name, c.keepalive, c.auth, shm).await;
                 }
                 Protocol::Mqtt | Protocol::MqttWs => {
                     mqtt::conn::serve(io, c.mqtt).await;

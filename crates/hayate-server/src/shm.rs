@@ -30,6 +30,8 @@ use hayate_io::memory::{Charge, Memory};
 use hayate_io::transport::shm::{self, PREFIX};
 use hayate_io::transport::{Reader, Writer};
 use hayate_shm::announce;
+
+use crate::fanout::{Fanout, FanoutClient};
 use tokio::net::UnixListener;
 
 /// How long a ticket is good for.
@@ -62,6 +64,10 @@ pub struct ShmOffer {
     max: usize,
     /// Connections not yet past their CONNECT.
     setting_up: AtomicUsize,
+    /// The fan-out arena, for clients that ask for it (`native.shm_fanout_bytes`).
+    fanout: Option<Arc<Fanout>>,
+    /// The arena's charge to the memory budget, for the broker's lifetime.
+    _fanout_charge: Option<Charge>,
 }
 
 /// A connection counted in [`ShmOffer::setting_up`] until dropped.
@@ -85,8 +91,15 @@ fn random_u128() -> u128 {
 }
 
 impl ShmOffer {
-    /// Binds the broker's abstract socket (`hayate-broker/<32 hex digits>`).
-    pub fn bind(max: usize) -> io::Result<(Arc<ShmOffer>, UnixListener)> {
+    /// Binds the broker's abstract socket (`hayate-broker/<32 hex digits>`), and makes a
+    /// fan-out arena of `fanout_bytes` (0: none) charged to `memory`. An arena that cannot
+    /// be made (a kernel without `F_SEAL_FUTURE_WRITE`, the budget spent) is a warning:
+    /// shared memory is offered without it.
+    pub fn bind(
+        max: usize,
+        fanout_bytes: usize,
+        memory: &Arc<Memory>,
+    ) -> io::Result<(Arc<ShmOffer>, UnixListener)> {
         let id = random_u128();
         if id == 0 {
             return Err(io::Error::other("no randomness for the socket's name"));
@@ -95,12 +108,21 @@ impl ShmOffer {
         let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
         let l = std::os::unix::net::UnixListener::bind_addr(&addr)?;
         l.set_nonblocking(true)?;
+        let (fanout, fanout_charge) = match fanout_arena(fanout_bytes, memory) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!("no shared-memory fan-out: {e}");
+                (None, None)
+            }
+        };
         let offer = ShmOffer {
             name,
             tickets: Mutex::new(HashMap::new()),
             active: Arc::new(AtomicUsize::new(0)),
             max,
             setting_up: AtomicUsize::new(0),
+            fanout,
+            _fanout_charge: fanout_charge,
         };
         Ok((Arc::new(offer), UnixListener::from_std(l)?))
     }
@@ -108,6 +130,11 @@ impl ShmOffer {
     /// The socket's abstract name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The fan-out arena, if there is one.
+    pub fn fanout(&self) -> Option<&Arc<Fanout>> {
+        self.fanout.as_ref()
     }
 
     /// Shared-memory connections now (set up and not yet ended).
@@ -173,6 +200,24 @@ impl ShmOffer {
     }
 }
 
+/// The fan-out arena of `bytes` (none for 0), and its charge to `memory`.
+fn fanout_arena(
+    bytes: usize,
+    memory: &Arc<Memory>,
+) -> io::Result<(Option<Arc<Fanout>>, Option<Charge>)> {
+    if bytes == 0 {
+        return Ok((None, None));
+    }
+    let mut charge = Charge::exact(memory);
+    if !charge.cover(bytes) {
+        return Err(io::Error::other(format!(
+            "an arena of {bytes} bytes does not fit the memory budget"
+        )));
+    }
+    let f = Fanout::new(bytes).map_err(io::Error::other)?;
+    Ok((Some(Arc::new(f)), Some(charge)))
+}
+
 /// One shared-memory connection counted against [`ShmOffer::max`] while it lives, and its
 /// ring charged to the broker's memory budget.
 #[derive(Debug)]
@@ -203,6 +248,8 @@ pub struct Attached<G> {
     pub slot: ShmSlot,
     /// What `admit` gave (the caller's own accounting for the connection).
     pub admitted: G,
+    /// Its share of the fan-out arena, when it asked for it and the broker has one.
+    pub fanout: Option<FanoutClient>,
 }
 
 /// Sets up a connection accepted on the offer's socket: the client's CONNECT, within
@@ -250,17 +297,21 @@ pub async fn accept<G>(
         io::Error::new(io::ErrorKind::PermissionDenied, why.to_owned())
     };
     let text = std::str::from_utf8(&message).unwrap_or("");
-    let Some(ticket) = text
+    let Some(rest) = text
         .strip_prefix(PREFIX)
         .and_then(|r| r.strip_prefix(" CONNECT "))
     else {
         return Err(refuse("expected CONNECT <ticket>"));
     };
+    // `<ticket>` or `<ticket> fanout`; other capability words are ignored.
+    let mut words = rest.split(' ');
+    let ticket = words.next().unwrap_or("");
+    let wants_fanout = words.any(|w| w == shm::FANOUT);
     let Some(Ticket {
         peer,
         verified_name,
         ..
-    }) = offer.redeem(ticket.trim())
+    }) = offer.redeem(ticket)
     else {
         return Err(refuse("unknown or expired ticket"));
     };
@@ -292,12 +343,24 @@ pub async fn accept<G>(
         .iter()
         .map(|f| f.try_clone_to_owned())
         .collect::<io::Result<Vec<_>>>()?;
-    let (reader, writer) = match shm::join(local, fds, sock.try_clone()?) {
+    let (reader, writer, theirs) = match shm::join_ring(local, fds, sock.try_clone()?) {
         Ok(rw) => rw,
         Err(e) => return Err(refuse(&e.to_string())),
     };
-    let ours: Vec<_> = ours.iter().map(|f| f.as_fd()).collect();
-    announce::send_fds(&sock, &ours, format!("{PREFIX} OK").as_bytes())?;
+    let fanout = offer
+        .fanout
+        .as_ref()
+        .filter(|_| wants_fanout)
+        .map(|f| f.register(theirs));
+    let mut ours: Vec<_> = ours.iter().map(|f| f.as_fd()).collect();
+    let answer = match &offer.fanout {
+        Some(f) if fanout.is_some() => {
+            ours.push(f.fd());
+            format!("{PREFIX} OK {}", shm::FANOUT)
+        }
+        _ => format!("{PREFIX} OK"),
+    };
+    announce::send_fds(&sock, &ours, answer.as_bytes())?;
     Ok(Attached {
         reader,
         writer,
@@ -305,5 +368,6 @@ pub async fn accept<G>(
         verified_name,
         slot,
         admitted,
+        fanout,
     })
 }

@@ -186,7 +186,7 @@ impl NativeHog {
             .as_ref()
             .expect("shared memory offered")
             .issue(None, None);
-        let (r, w) =
+        let (r, w, _) =
             hayate_io::transport::shm::connect(&offer, Default::default(), Duration::from_secs(5))
                 .await
                 .unwrap();

@@ -265,25 +265,33 @@ struct Raw {
 }
 
 async fn raw(b: &TestBroker) -> Raw {
+    raw_with(b, false).await.0
+}
+
+/// [`raw`], asking for the fan-out arena when `fanout`: the arena's descriptor, if given.
+async fn raw_with(b: &TestBroker, fanout: bool) -> (Raw, Option<OwnedFd>) {
     let o = offer(b).clone();
     let t = ticket(&o);
-    let (local, fds, sock, ring) = tokio::task::spawn_blocking(move || {
+    let (local, mut fds, sock, ring) = tokio::task::spawn_blocking(move || {
         let local = Local::new("raw", ShmGeometry::default()).unwrap();
         let ring = Segment::open(local.fds()[0].try_clone_to_owned().unwrap()).unwrap();
         let addr = std::os::unix::net::SocketAddr::from_abstract_name(o.name().as_bytes()).unwrap();
         let sock = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+        let ask = if fanout { " fanout" } else { "" };
         announce::send_fds(
             &sock,
             &local.fds(),
-            format!("{PREFIX} CONNECT {t}").as_bytes(),
+            format!("{PREFIX} CONNECT {t}{ask}").as_bytes(),
         )
         .unwrap();
         let (fds, answer) = announce::receive_any(&sock).unwrap();
-        assert_eq!(answer, format!("{PREFIX} OK").as_bytes());
+        let want = if fanout { "OK fanout" } else { "OK" };
+        assert_eq!(answer, format!("{PREFIX} {want}").as_bytes());
         (local, fds, sock, ring)
     })
     .await
     .unwrap();
+    let arena = (fds.len() == 4).then(|| fds.remove(3));
     let (r, w) = shm::join(local, fds, sock).unwrap();
     let mut raw = Raw { r, w, ring };
     let mut out = BytesMut::new();
@@ -308,7 +316,7 @@ async fn raw(b: &TestBroker) -> Raw {
         }
     })
     .await;
-    raw
+    (raw, arena)
 }
 
 #[tokio::test]
@@ -459,4 +467,272 @@ async fn a_hello_of_another_version_gets_no_ticket() {
         "{f:?}"
     );
     assert_eq!(offer(&b).tickets(), 0);
+}
+
+fn fanout(b: &TestBroker) -> &Arc<hayate_server::fanout::Fanout> {
+    offer(b)
+        .fanout()
+        .expect("native.shm_fanout_bytes is on by default")
+}
+
+/// Waits until no fan-out entry is live nor referenced (every client released what it
+/// read, or is gone).
+async fn wait_released(b: &TestBroker) {
+    let f = fanout(b).clone();
+    let r = tokio::time::timeout(Duration::from_secs(10), async {
+        while f.held() != (0, 0) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        r.is_ok(),
+        "still held (entries, references): {:?}",
+        f.held()
+    );
+}
+
+/// Messages for several local subscribers are written to the arena once each, every
+/// subscriber gets every one intact and in order, small ones and large ones mixed, and the
+/// entries are free once read.
+#[tokio::test]
+async fn fan_out_writes_each_message_once_for_every_local_subscriber() {
+    let b = start_default().await;
+    let publ = Client::connect(&b.addr).await.unwrap();
+    let mut subs = Vec::new();
+    for _ in 0..5 {
+        let c = Client::connect(&b.addr).await.unwrap();
+        assert_eq!(c.transport(), "shm");
+        let s = c.subscribe("fan/**").await.unwrap();
+        c.flush().await.unwrap();
+        subs.push((c, s));
+    }
+    // A subscriber on TCP gets copies, as before.
+    let tcp = Client::connect_with(
+        &b.addr,
+        ConnectOptions {
+            shm: ShmMode::Off,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut tcp_sub = tcp.subscribe("fan/**").await.unwrap();
+    tcp.flush().await.unwrap();
+    // Below the fan-out's 512 bytes, at it, and well past it.
+    let sizes = [100usize, 512, 2000, 70_000, 10];
+    let n = 300u32;
+    let key = Key::new("fan/a").unwrap();
+    for i in 0..n {
+        publ.publish(&key, payload(i, sizes[i as usize % sizes.len()]))
+            .await
+            .unwrap();
+    }
+    publ.flush().await.unwrap();
+    let large = (0..n)
+        .filter(|i| sizes[*i as usize % sizes.len()] >= 512)
+        .count() as u64;
+    for s in subs.iter_mut().map(|(_, s)| s).chain([&mut tcp_sub]) {
+        within(30, async {
+            for i in 0..n {
+                let m = s.next().await.unwrap();
+                assert_eq!(
+                    m.payload,
+                    payload(i, sizes[i as usize % sizes.len()]),
+                    "{i}"
+                );
+                assert_eq!(m.key.as_str(), "fan/a");
+            }
+        })
+        .await;
+    }
+    let st = fanout(&b).stats();
+    let entries = st.entries.load(std::sync::atomic::Ordering::Relaxed);
+    let refs = st.refs.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(entries, large, "one entry per large message");
+    assert_eq!(
+        refs,
+        5 * large,
+        "one reference per shared-memory subscriber"
+    );
+    assert_eq!(st.copies.load(std::sync::atomic::Ordering::Relaxed), 0);
+    wait_released(&b).await;
+    // Request/reply by reference: the reply inbox takes MSG_REFs too.
+    let responder = subs[0].0.clone();
+    let mut requests = responder.subscribe("svc").await.unwrap();
+    responder.flush().await.unwrap();
+    let serve = tokio::spawn(async move {
+        let m = requests.next().await.unwrap();
+        let reply_to = m.reply_to.clone().unwrap();
+        responder
+            .publish(&reply_to, m.payload.clone())
+            .await
+            .unwrap();
+        responder.flush().await.unwrap();
+    });
+    let big = payload(7, 5000);
+    let reply = within(
+        10,
+        subs[1].0.request(
+            &Key::new("svc").unwrap(),
+            big.clone(),
+            Duration::from_secs(5),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply.payload, big);
+    serve.await.unwrap();
+    drop(subs);
+    wait_released(&b).await;
+}
+
+/// A subscriber that stops reading holds at most its quota of the arena (a quarter); the
+/// others get everything, by reference or by copy, and its entries are free once it is
+/// gone.
+#[tokio::test]
+async fn a_stuck_subscriber_holds_at_most_its_quota() {
+    let mut config = Config::default();
+    config.native.shm_fanout_bytes = 1 << 20;
+    let b = start(config).await;
+    let publ = Client::connect(&b.addr).await.unwrap();
+    let stuck = Client::connect(&b.addr).await.unwrap();
+    let never_read = stuck
+        .subscribe_with(
+            "st/**",
+            hayate_client::SubscribeOptions {
+                group: None,
+                qos: hayate_client::Qos::BEST_EFFORT_DROP,
+            },
+        )
+        .await
+        .unwrap();
+    stuck.flush().await.unwrap();
+    let mut good = Vec::new();
+    for _ in 0..2 {
+        let c = Client::connect(&b.addr).await.unwrap();
+        let s = c.subscribe("st/**").await.unwrap();
+        c.flush().await.unwrap();
+        good.push((c, s));
+    }
+    let n = 3000u32;
+    let key = Key::new("st/a").unwrap();
+    let p = publ.clone();
+    let sender = tokio::spawn(async move {
+        for i in 0..n {
+            p.publish(&key, payload(i, 4000)).await.unwrap();
+        }
+        p.flush().await.unwrap();
+    });
+    for (_, s) in &mut good {
+        within(60, async {
+            for i in 0..n {
+                let m = s.next().await.unwrap();
+                assert_eq!(m.payload, payload(i, 4000), "{i}");
+            }
+        })
+        .await;
+    }
+    sender.await.unwrap();
+    // 12 MB went by an arena of 1 MiB: the stuck client holds at most a quarter of it.
+    let (entries, refs) = fanout(&b).held();
+    let per_entry = 4000 + 64;
+    assert!(
+        refs * per_entry <= (1 << 20) / 4 + per_entry,
+        "{refs} references held"
+    );
+    assert!(
+        entries * per_entry <= (1 << 20) / 4 + per_entry,
+        "{entries} entries"
+    );
+    let copies = fanout(&b)
+        .stats()
+        .copies
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(copies > 0, "the stuck client's quota never ran out");
+    drop(never_read);
+    drop(stuck);
+    wait_released(&b).await;
+}
+
+/// A client that lies about what it released frees only its own references: what others
+/// read stays intact, and the liar reads a stale reference as an error, never as another
+/// message's bytes. The arena cannot be mapped writable nor written by a client.
+#[tokio::test]
+async fn a_client_lying_about_releases_harms_only_itself() {
+    let mut config = Config::default();
+    config.native.shm_fanout_bytes = 256 << 10;
+    let b = start(config).await;
+    let (mut liar, arena) = raw_with(&b, true).await;
+    let arena = arena.expect("the arena is offered");
+    assert!(
+        Segment::open(arena.try_clone().unwrap()).is_err(),
+        "a client mapped the arena writable"
+    );
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::from(arena.try_clone().unwrap());
+        assert!(
+            f.write_all(b"scribble").is_err(),
+            "a client wrote the arena"
+        );
+    }
+    let view = hayate_shm::arena::ArenaView::open(arena).unwrap();
+    let mut out = BytesMut::new();
+    encode(
+        &Frame::Sub(hayate_native::Sub {
+            sid: 1,
+            qos: hayate_client::Qos::BEST_EFFORT_DROP,
+            group: None,
+            expr: hayate_core::KeyExpr::new("lie/**").unwrap(),
+        }),
+        &mut out,
+    );
+    write_all(&*liar.w, out.freeze()).await.unwrap();
+    let honest = Client::connect(&b.addr).await.unwrap();
+    let mut hs = honest.subscribe("lie/**").await.unwrap();
+    honest.flush().await.unwrap();
+    wait_active(&b, 2).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let publ = Client::connect(&b.addr).await.unwrap();
+    let key = Key::new("lie/a").unwrap();
+    // The first message; the liar takes its reference and claims everything released.
+    publ.publish(&key, payload(0, 3000)).await.unwrap();
+    publ.flush().await.unwrap();
+    let mut buf = BytesMut::new();
+    let first = within(10, async {
+        loop {
+            if let Some(f) = hayate_native::decode(&mut buf, 1 << 20).unwrap() {
+                return f;
+            }
+            assert!(liar.r.read_buf(&mut buf).await.unwrap() > 0);
+        }
+    })
+    .await;
+    let Frame::MsgRef { sid, at, len, tag } = first else {
+        panic!("expected MSG_REF, got {first:?}")
+    };
+    assert_eq!(sid, 1);
+    liar.ring.words()[4].store(u64::MAX, std::sync::atomic::Ordering::Release);
+    // Enough traffic to write the arena over several times.
+    for i in 1..400u32 {
+        publ.publish(&key, payload(i, 3000)).await.unwrap();
+    }
+    publ.flush().await.unwrap();
+    within(30, async {
+        for i in 0..400u32 {
+            let m = hs.next().await.unwrap();
+            assert_eq!(m.payload, payload(i, 3000), "{i}");
+        }
+    })
+    .await;
+    // The liar's first reference now names a place written again: an error, nothing read.
+    let mut got = Vec::new();
+    assert!(view.get(at, u64::from(len), tag, &mut got).is_err());
+    assert!(got.is_empty());
+    // A counter that goes back is ignored; the broker carries on.
+    liar.ring.words()[4].store(1, std::sync::atomic::Ordering::Release);
+    publ.publish(&key, payload(400, 3000)).await.unwrap();
+    let m = within(10, hs.next()).await.unwrap();
+    assert_eq!(m.payload, payload(400, 3000));
 }

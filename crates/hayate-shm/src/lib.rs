@@ -19,7 +19,8 @@
 //! | 1 | `slots` (low 32 bits), `slot_words` (high 32 bits) |
 //! | 2 | registrations so far (the tag of the next cursor) |
 //! | 3 | closed: non-zero once the writer publishes nothing more (a byte stream's end) |
-//! | 4..8 | zero (the header's cache line) |
+//! | 4 | the owner's word: the ring's writer may use it for anything; the ring does not (the broker transport: fan-out entries released, docs/shm.md) |
+//! | 5..8 | zero (the header's cache line) |
 //! | 8 | `head`: the number of messages published |
 //! | 9 | sleepers: bit `i` set while the reader of cursor `i` waits for a wake-up |
 //! | 10 | the writer waits for a registered reader (non-zero) |
@@ -44,6 +45,8 @@
 
 #[cfg(not(loom))]
 pub mod announce;
+#[cfg(not(loom))]
+pub mod arena;
 #[cfg(not(loom))]
 pub mod doorbell;
 #[cfg(not(loom))]
@@ -73,6 +76,9 @@ const SLEEPERS: usize = 9;
 const WRITER_WAITS: usize = 10;
 /// Non-zero once the writer has closed the ring ([`Writer::close`]).
 const CLOSED: usize = 3;
+/// The owner's word ([`SharedRing::owner_word`]): the ring neither reads nor writes it.
+#[cfg_attr(loom, allow(dead_code))]
+const OWNER: usize = 4;
 
 /// A cursor word: `tag` (1..=65535) and position `next` modulo 2^48.
 fn cursor_word(tag: u64, next: u64) -> u64 {
@@ -400,44 +406,68 @@ impl<'a> Writer<'a> {
         slot[0].store(2 * n + 1, Ordering::Relaxed);
         fence(Ordering::Release);
         slot[1].store(len as u64, Ordering::Relaxed);
-        let words = &slot[SLOT_HEADER_WORDS..];
-        // Whole words straight from each part; the bytes where two parts meet gather in
-        // `acc` (`fill` of its 8 bytes taken).
-        let (mut wi, mut acc, mut fill) = (0, [0u8; 8], 0);
-        for part in parts {
-            let mut p = *part;
-            if fill > 0 {
-                let take = (8 - fill).min(p.len());
-                acc[fill..fill + take].copy_from_slice(&p[..take]);
-                fill += take;
-                p = &p[take..];
-                if fill < 8 {
-                    continue; // this part is used up
-                }
-                words[wi].store(u64::from_le_bytes(acc), Ordering::Relaxed);
-                wi += 1;
-            }
-            let whole = p.chunks_exact(8);
-            let rest = whole.remainder();
-            for c in whole {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(c);
-                words[wi].store(u64::from_le_bytes(b), Ordering::Relaxed);
-                wi += 1;
-            }
-            acc[..rest.len()].copy_from_slice(rest);
-            fill = rest.len();
-        }
-        if fill > 0 {
-            acc[fill..].fill(0);
-            words[wi].store(u64::from_le_bytes(acc), Ordering::Relaxed);
-        }
+        store_bytes(&slot[SLOT_HEADER_WORDS..], parts);
         slot[0].store(2 * n + 2, Ordering::Release);
         self.next = n + 1;
         self.room = self.room.saturating_sub(1);
         self.ring.words[HEAD].store(self.next, Ordering::Release);
         Ok(n)
     }
+}
+
+/// Stores the concatenation of `parts` into `words` (which must hold it), 8 bytes per
+/// relaxed atomic store, little-endian, the last word padded with zeros.
+pub(crate) fn store_bytes(words: &[AtomicU64], parts: &[&[u8]]) {
+    // Whole words straight from each part; the bytes where two parts meet gather in `acc`
+    // (`fill` of its 8 bytes taken).
+    let (mut wi, mut acc, mut fill) = (0, [0u8; 8], 0);
+    for part in parts {
+        let mut p = *part;
+        if fill > 0 {
+            let take = (8 - fill).min(p.len());
+            acc[fill..fill + take].copy_from_slice(&p[..take]);
+            fill += take;
+            p = &p[take..];
+            if fill < 8 {
+                continue; // this part is used up
+            }
+            words[wi].store(u64::from_le_bytes(acc), Ordering::Relaxed);
+            wi += 1;
+        }
+        let whole = p.chunks_exact(8);
+        let rest = whole.remainder();
+        for c in whole {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(c);
+            words[wi].store(u64::from_le_bytes(b), Ordering::Relaxed);
+            wi += 1;
+        }
+        acc[..rest.len()].copy_from_slice(rest);
+        fill = rest.len();
+    }
+    if fill > 0 {
+        acc[fill..].fill(0);
+        words[wi].store(u64::from_le_bytes(acc), Ordering::Relaxed);
+    }
+}
+
+/// Appends the first `len` bytes held by `words` (which must hold them) to `out`, by
+/// relaxed atomic loads: what a writer stores meanwhile can tear the copy, which the caller
+/// finds out by its own protocol (a sequence word read again after an acquire fence).
+pub(crate) fn load_bytes<B: ReadBuf + ?Sized>(words: &[AtomicU64], len: usize, out: &mut B) {
+    let base = out.len();
+    let words = &words[..len.div_ceil(8)];
+    out.reserve(words.len() * 8);
+    // Through a small buffer on the stack: word loads into it, then one copy out (the
+    // output is neither zeroed first nor written 8 bytes per call).
+    let mut stage = [0u8; 512];
+    for group in words.chunks(stage.len() / 8) {
+        for (b, w) in stage.chunks_exact_mut(8).zip(group) {
+            b.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+        }
+        out.extend_from_slice(&stage[..group.len() * 8]);
+    }
+    out.truncate(base + len);
 }
 
 /// How many of a message's last bytes [`Reader::read_append_if`] shows before deciding (a
@@ -750,19 +780,7 @@ impl<'a> Reader<'a> {
             take(&peek[from - first * 8..len - first * 8])
         };
         if fits && copy {
-            let len = len as usize;
-            let words = &slot[SLOT_HEADER_WORDS..SLOT_HEADER_WORDS + len.div_ceil(8)];
-            out.reserve(words.len() * 8);
-            // Through a small buffer on the stack: word loads into it, then one copy out
-            // (the output is neither zeroed first nor written 8 bytes per call).
-            let mut stage = [0u8; 512];
-            for group in words.chunks(stage.len() / 8) {
-                for (b, w) in stage.chunks_exact_mut(8).zip(group) {
-                    b.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
-                }
-                out.extend_from_slice(&stage[..group.len() * 8]);
-            }
-            out.truncate(base + len);
+            load_bytes(&slot[SLOT_HEADER_WORDS..], len as usize, out);
         }
         fence(Ordering::Acquire);
         let s2 = slot[0].load(Ordering::Relaxed);
@@ -891,6 +909,13 @@ mod owned {
         /// [`Ring::evict`].
         pub fn evict(&self, index: usize) {
             self.ring().evict(index);
+        }
+
+        /// Header word 4, which the ring leaves alone: the writer's side may publish
+        /// something of its own in it for the readers' side (the broker transport: how many
+        /// fan-out entries the client has released). Nothing in it is trusted by the ring.
+        pub fn owner_word(&self) -> &std::sync::atomic::AtomicU64 {
+            &self.ring().words[super::OWNER]
         }
 
         /// The segment (to hand its descriptor to readers).

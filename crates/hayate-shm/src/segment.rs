@@ -46,11 +46,32 @@ pub enum SegmentError {
 /// `statfs` type of tmpfs (shmem), where ordinary memfds live.
 const TMPFS_MAGIC: u64 = 0x0102_1994;
 
+/// Seals of a segment only its maker writes ([`Segment::create_for_readers`]): no mapping
+/// made after the seal may write it (the maker's own, made before, still does).
+const READ_ONLY_SEALS: SealFlags = SEALS.union(SealFlags::FUTURE_WRITE);
+
+/// A mapping: writable (the segments of rings) or read-only (another process's segment
+/// sealed against writing, [`Segment::open_read_only`]).
+#[derive(Debug)]
+enum Map {
+    Rw(memmap2::MmapMut),
+    Ro(memmap2::Mmap),
+}
+
+impl Map {
+    fn as_ptr(&self) -> *const u8 {
+        match self {
+            Map::Rw(m) => m.as_ptr(),
+            Map::Ro(m) => m.as_ptr(),
+        }
+    }
+}
+
 /// A mapped segment.
 #[derive(Debug)]
 pub struct Segment {
     fd: OwnedFd,
-    map: memmap2::MmapMut,
+    map: Map,
     words: usize,
     /// Made by [`Segment::create`] (all zeros, never handed out before).
     fresh: bool,
@@ -59,6 +80,18 @@ pub struct Segment {
 impl Segment {
     /// A new segment of `bytes` bytes (rounded up to whole words), zeroed and sealed.
     pub fn create(name: &str, bytes: usize) -> Result<Segment, SegmentError> {
+        Segment::create_sealed(name, bytes, SEALS)
+    }
+
+    /// [`Segment::create`], sealed also against writing by any mapping but this one
+    /// (`F_SEAL_FUTURE_WRITE`, Linux 5.1): the processes it is handed to can only map it
+    /// read-only ([`Segment::open_read_only`]), so none of them can change what the
+    /// others read. An error on a kernel without that seal.
+    pub fn create_for_readers(name: &str, bytes: usize) -> Result<Segment, SegmentError> {
+        Segment::create_sealed(name, bytes, READ_ONLY_SEALS)
+    }
+
+    fn create_sealed(name: &str, bytes: usize, seals: SealFlags) -> Result<Segment, SegmentError> {
         let bytes = bytes.div_ceil(8) as u64 * 8;
         if bytes == 0 || bytes > MAX_SEGMENT_BYTES {
             return Err(SegmentError::Size(bytes));
@@ -66,8 +99,9 @@ impl Segment {
         let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
             .map_err(io::Error::from)?;
         rustix::fs::ftruncate(&fd, bytes).map_err(io::Error::from)?;
-        rustix::fs::fcntl_add_seals(&fd, SEALS).map_err(io::Error::from)?;
-        let mut s = Segment::map(fd)?;
+        // Mapped before the seals: `FUTURE_WRITE` leaves this (earlier) mapping writable.
+        let mut s = Segment::map(fd, true)?;
+        rustix::fs::fcntl_add_seals(&s.fd, seals).map_err(io::Error::from)?;
         s.fresh = true;
         Ok(s)
     }
@@ -75,21 +109,34 @@ impl Segment {
     /// Maps a segment another process made (its descriptor, received over a Unix socket),
     /// after checking its seals and size.
     pub fn open(fd: OwnedFd) -> Result<Segment, SegmentError> {
-        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|_| SegmentError::NotSealed)?;
+        Segment::check(&fd)?;
+        Segment::map(fd, true)
+    }
+
+    /// [`Segment::open`], mapped read-only: for a segment its maker alone writes
+    /// ([`Segment::create_for_readers`]).
+    pub(crate) fn open_read_only(fd: OwnedFd) -> Result<Segment, SegmentError> {
+        Segment::check(&fd)?;
+        Segment::map(fd, false)
+    }
+
+    /// The checks [`Segment::open`] makes: sealed against resizing, ordinary shared memory.
+    fn check(fd: &OwnedFd) -> Result<(), SegmentError> {
+        let seals = rustix::fs::fcntl_get_seals(fd).map_err(|_| SegmentError::NotSealed)?;
         if !seals.contains(SEALS) {
             return Err(SegmentError::NotSealed);
         }
         // Only ordinary shared memory (tmpfs, where memfds live): a huge-page memfd can be
         // sealed too, but its owner can take its pages back (a hole punched, the pool
         // emptied) and the next read of the mapping here would fault (SIGBUS).
-        let fs = rustix::fs::fstatfs(&fd).map_err(io::Error::from)?;
+        let fs = rustix::fs::fstatfs(fd).map_err(io::Error::from)?;
         if fs.f_type as u64 & 0xFFFF_FFFF != TMPFS_MAGIC {
             return Err(SegmentError::NotShmem);
         }
-        Segment::map(fd)
+        Ok(())
     }
 
-    fn map(fd: OwnedFd) -> Result<Segment, SegmentError> {
+    fn map(fd: OwnedFd, writable: bool) -> Result<Segment, SegmentError> {
         let size = rustix::fs::fstat(&fd).map_err(io::Error::from)?.st_size as u64;
         if size == 0 || !size.is_multiple_of(8) || size > MAX_SEGMENT_BYTES {
             return Err(SegmentError::Size(size));
@@ -101,9 +148,13 @@ impl Segment {
         // no access within `size` bytes faults (a hole punched in it reads as zeros). Its contents may change under
         // us (that is the point), which is why it is only ever read as atomics.
         let map = unsafe {
-            memmap2::MmapOptions::new()
-                .len(size as usize)
-                .map_mut(&file)?
+            let mut o = memmap2::MmapOptions::new();
+            o.len(size as usize);
+            if writable {
+                Map::Rw(o.map_mut(&file)?)
+            } else {
+                Map::Ro(o.map(&file)?)
+            }
         };
         Ok(Segment {
             fd,
@@ -120,7 +171,10 @@ impl Segment {
         // and alignment of `u64`), at least `words * 8` bytes long, and lives as long as
         // `self`. Every access goes through `AtomicU64`, so other threads and processes
         // writing the same memory at the same time is no data race in this process; what
-        // they write may be nonsense, which the ring's reader checks.
+        // they write may be nonsense, which the ring's reader checks. A read-only mapping
+        // (`Map::Ro`) is only ever loaded from: atomic loads of read-only memory are sound
+        // for lock-free widths (std's `atomic` docs), and a store would fault, not corrupt;
+        // its users (`crate::arena::ArenaView`) never store.
         unsafe {
             std::slice::from_raw_parts(self.map.as_ptr().cast::<AtomicU64>(), self.words)
         }

@@ -235,6 +235,7 @@ pub(crate) async fn connect(addr: &str, options: ConnectOptions) -> Result<Arc<I
     let mode = options.shm;
     let flags = if mode == ShmMode::Off { 0 } else { HELLO_SHM };
     let (mut r, mut w, mut buf, mut welcome) = handshake(r, w, &options, &auth, flags).await?;
+    let mut fanout = None;
     // Shared memory: the broker offers it to clients on its host that ask; the session on
     // the first transport only served to learn where, and closes.
     match welcome.shm.clone().filter(|o| !o.is_empty()) {
@@ -252,14 +253,19 @@ pub(crate) async fn connect(addr: &str, options: ConnectOptions) -> Result<Arc<I
             .await;
             drop(r);
             let moved = async {
-                let (r2, w2) =
+                let (r2, w2, f) =
                     transport::shm::connect(&offer, options.shm_geometry, options.connect_timeout)
                         .await
                         .map_err(|e| Error::Protocol(format!("shared memory: {e}")))?;
-                handshake(r2, w2, &options, &auth, 0).await
+                handshake(r2, w2, &options, &auth, 0)
+                    .await
+                    .map(|hs| (hs, f))
             };
             (r, w, buf, welcome) = match moved.await {
-                Ok(hs) => hs,
+                Ok((hs, f)) => {
+                    fanout = f;
+                    hs
+                }
                 // Refused (`NO`) or the rings broke before WELCOME (not a refusal by the
                 // broker's session): back to the first transport, on a new connection.
                 Err(e) if mode == ShmMode::Auto && !matches!(e, Error::Server { .. }) => {
@@ -314,7 +320,7 @@ pub(crate) async fn connect(addr: &str, options: ConnectOptions) -> Result<Arc<I
         )
     })?;
     tokio::spawn(write_loop(inner.clone(), w));
-    tokio::spawn(read_loop(inner.clone(), r, buf));
+    tokio::spawn(read_loop(inner.clone(), r, buf, fanout));
     Ok(inner)
 }
 

@@ -10,6 +10,8 @@ use hayate_core::Message;
 use hayate_native::{Frame, ReadPlanner, encode};
 use tokio::io::AsyncReadExt;
 
+use hayate_io::transport::shm::Fanout;
+
 use super::{FRAME_SLACK, INBOX_SID, Inner, Reader, lock};
 use crate::Error;
 
@@ -28,11 +30,18 @@ impl Pending {
     }
 }
 
-pub(super) async fn read_loop(inner: Arc<Inner>, mut r: Reader, mut buf: BytesMut) {
+pub(super) async fn read_loop(
+    inner: Arc<Inner>,
+    mut r: Reader,
+    mut buf: BytesMut,
+    mut fanout: Option<Fanout>,
+) {
     let max_frame = usize::try_from(inner.welcome.max_payload)
         .unwrap_or(usize::MAX)
         .saturating_add(FRAME_SLACK);
     let mut pending = Pending::default();
+    // MSG_REF entries are copied here, then decoded (their payloads slices of it).
+    let mut entry = BytesMut::new();
     let mut planner = ReadPlanner::new();
     // Keepalive: one timer; reads are counted, and a tick that saw none sends a PING.
     let every = inner.options.ping_interval;
@@ -48,6 +57,13 @@ pub(super) async fn read_loop(inner: Arc<Inner>, mut r: Reader, mut buf: BytesMu
                             deliver_reply(&inner, msg);
                         } else {
                             pending.push(sid, [msg]);
+                        }
+                    }
+                    Frame::MsgRef { sid, at, len, tag } => {
+                        match by_reference(fanout.as_mut(), &mut entry, (at, len, tag), max_frame) {
+                            Ok(msg) if sid == INBOX_SID => deliver_reply(&inner, msg),
+                            Ok(msg) => pending.push(sid, [msg]),
+                            Err(e) => break 'conn Some(e),
                         }
                     }
                     Frame::MsgAcked {
@@ -94,6 +110,10 @@ pub(super) async fn read_loop(inner: Arc<Inner>, mut r: Reader, mut buf: BytesMu
                 Ok(None) => break,
                 Err(e) => break 'conn Some(Error::Protocol(e.to_string())),
             }
+        }
+        // The entries of this read's MSG_REFs are copied out: their places are free.
+        if let Some(f) = &fanout {
+            f.publish_releases();
         }
         // Hand this read's messages to their subscriptions (one channel send each).
         for (sid, msgs) in pending.batches.drain(..) {
@@ -149,6 +169,55 @@ async fn read_some(
     match limit {
         Some(n) => r.read_buf(&mut buf.limit(n)).await,
         None => r.read_buf(buf).await,
+    }
+}
+
+/// The message a MSG_REF names: its entry copied out of the fan-out arena (then counted
+/// released: the broker may write the place again), decoded as the MSG it holds.
+fn by_reference(
+    fanout: Option<&mut Fanout>,
+    entry: &mut BytesMut,
+    (at, len, tag): (u64, u32, u64),
+    max_frame: usize,
+) -> Result<Message, Error> {
+    let Some(f) = fanout else {
+        return Err(Error::Protocol(
+            "MSG_REF without a fan-out arena (not taken at the shared-memory set-up)".into(),
+        ));
+    };
+    if len as usize > max_frame.saturating_add(hayate_native::HEADER_LEN) {
+        return Err(Error::Protocol(format!(
+            "MSG_REF of {len} bytes, past the largest frame"
+        )));
+    }
+    entry.clear();
+    f.get(at, u64::from(len), tag, &mut BytesBuf(entry))
+        .map_err(|e| Error::Protocol(e.to_string()))?;
+    let whole = entry.len();
+    match hayate_native::decode(entry, max_frame) {
+        Ok(Some(Frame::Msg { sid: 0, msg })) if entry.is_empty() => Ok(msg),
+        Ok(_) => Err(Error::Protocol(format!(
+            "the fan-out entry of a MSG_REF ({whole} bytes) is not one MSG frame for sid 0"
+        ))),
+        Err(e) => Err(Error::Protocol(format!("fan-out entry: {e}"))),
+    }
+}
+
+/// A `BytesMut` as the arena's output buffer.
+struct BytesBuf<'a>(&'a mut BytesMut);
+
+impl hayate_shm::ReadBuf for BytesBuf<'_> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn reserve(&mut self, additional: usize) {
+        self.0.reserve(additional);
+    }
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+    fn truncate(&mut self, len: usize) {
+        self.0.truncate(len);
     }
 }
 

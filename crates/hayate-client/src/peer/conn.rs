@@ -282,6 +282,7 @@ impl Peer {
             Frame::Welcome(_)
             | Frame::Msg { .. }
             | Frame::MsgBatch { .. }
+            | Frame::MsgRef { .. }
             | Frame::MsgAcked { .. }
             | Frame::Confirm { .. }
             | Frame::Consume { .. }

@@ -32,6 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+use hayate_shm::arena::ArenaView;
 use hayate_shm::doorbell::Doorbell;
 use hayate_shm::segment::Segment;
 use hayate_shm::{ReadBuf, SharedReader, SharedRing, SharedWriter};
@@ -43,6 +44,9 @@ use crate::sink::Sink;
 
 /// The set-up messages' prefix (docs/protocol.md, *Shared memory with the broker*).
 pub const PREFIX: &str = "HAYATE-SHM/1";
+
+/// The capability word of CONNECT and OK for the broker's fan-out arena.
+pub const FANOUT: &str = "fanout";
 
 /// The largest slot accepted from the other side: a read appends at most this much.
 pub const MAX_SLOT_BYTES: usize = 1 << 20;
@@ -153,6 +157,16 @@ pub fn join(
     remote: Vec<OwnedFd>,
     sock: std::os::unix::net::UnixStream,
 ) -> io::Result<(Reader, Writer)> {
+    join_ring(local, remote, sock).map(|(r, w, _)| (r, w))
+}
+
+/// [`join`], also giving the other side's ring (to read its owner word: the broker reads
+/// there how many fan-out entries the client released, [`Fanout`]).
+pub fn join_ring(
+    local: Local,
+    remote: Vec<OwnedFd>,
+    sock: std::os::unix::net::UnixStream,
+) -> io::Result<(Reader, Writer, SharedRing)> {
     let [segment, data, room]: [OwnedFd; 3] = remote
         .try_into()
         .map_err(|v: Vec<OwnedFd>| invalid(format!("{} descriptors, not 3", v.len())))?;
@@ -168,7 +182,7 @@ pub fn join(
             ring.ring().max_payload()
         )));
     }
-    let reader = SharedReader::register(ring, true)
+    let reader = SharedReader::register(ring.clone(), true)
         .map_err(|_| invalid("no free cursor in the other side's ring"))?;
     let peer_data = Doorbell::from_fd(data)?;
     let peer_room = Doorbell::from_fd(room)?;
@@ -194,17 +208,55 @@ pub fn join(
         hangup: tokio::net::UnixStream::from_std(sock2)?,
         gone,
     };
-    Ok((Box::new(r), Arc::new(w)))
+    Ok((Box::new(r), Arc::new(w), ring))
+}
+
+/// What a client that took the broker's fan-out arena reads MSG_REFs with: the arena,
+/// mapped read-only, and its own ring, whose owner word it counts the MSG_REFs it is done
+/// with in (docs/protocol.md, *Fan-out*).
+#[derive(Debug)]
+pub struct Fanout {
+    arena: ArenaView,
+    release: SharedRing,
+    released: u64,
+}
+
+impl Fanout {
+    /// Appends the entry a MSG_REF names to `out` (nothing on an error: the broker wrote
+    /// the place again, which it does only when told it was released), and counts it done
+    /// with: [`Fanout::publish_releases`] tells the broker.
+    pub fn get<B: ReadBuf + ?Sized>(
+        &mut self,
+        at: u64,
+        len: u64,
+        tag: u64,
+        out: &mut B,
+    ) -> io::Result<()> {
+        self.arena.get(at, len, tag, out).map_err(invalid)?;
+        self.released += 1;
+        Ok(())
+    }
+
+    /// Tells the broker how many MSG_REFs were done with so far (one store, for all the
+    /// entries read since the last call): it may write their places again.
+    pub fn publish_releases(&self) {
+        let w = self.release.owner_word();
+        if w.load(Ordering::Relaxed) != self.released {
+            w.store(self.released, Ordering::Release);
+        }
+    }
 }
 
 /// Sets up shared memory with the broker whose WELCOME offered `offer` (`<socket>
-/// <ticket>`): connects to its abstract socket, sends `CONNECT <ticket>` with this side's
-/// descriptors, and builds the transport from the answer, all within `timeout`.
+/// <ticket>`): connects to its abstract socket, sends `CONNECT <ticket> fanout` with this
+/// side's descriptors, and builds the transport from the answer, all within `timeout`.
+/// The broker's fan-out arena comes too when it has one (`OK fanout`, a fourth
+/// descriptor).
 pub async fn connect(
     offer: &str,
     geometry: ShmGeometry,
     timeout: std::time::Duration,
-) -> io::Result<(Reader, Writer)> {
+) -> io::Result<(Reader, Writer, Option<Fanout>)> {
     use std::os::linux::net::SocketAddrExt;
     let (name, ticket) = offer
         .split_once(' ')
@@ -222,23 +274,35 @@ pub async fn connect(
         hayate_shm::announce::send_fds(
             &sock,
             &local.fds(),
-            format!("{PREFIX} CONNECT {ticket}").as_bytes(),
+            format!("{PREFIX} CONNECT {ticket} {FANOUT}").as_bytes(),
         )?;
-        let (fds, answer) = hayate_shm::announce::receive_any(&sock).map_err(io::Error::other)?;
+        let (mut fds, answer) =
+            hayate_shm::announce::receive_any(&sock).map_err(io::Error::other)?;
         let answer = String::from_utf8_lossy(&answer).into_owned();
-        if answer != format!("{PREFIX} OK") {
+        let arena = if answer == format!("{PREFIX} OK {FANOUT}") && fds.len() == 4 {
+            Some(ArenaView::open(fds.remove(3)).map_err(invalid)?)
+        } else if answer == format!("{PREFIX} OK") {
+            None
+        } else {
             return Err(io::Error::new(
                 io::ErrorKind::ConnectionRefused,
                 format!("the broker refused shared memory: {answer}"),
             ));
-        }
-        Ok((local, fds, sock))
+        };
+        Ok((local, fds, sock, arena))
     });
-    let (local, fds, sock) = tokio::time::timeout(timeout, setup)
+    let (local, fds, sock, arena) = tokio::time::timeout(timeout, setup)
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "shared-memory set-up timed out"))?
         .map_err(io::Error::other)??;
-    join(local, fds, sock)
+    let release = local.ring.clone();
+    let (r, w) = join(local, fds, sock)?;
+    let fanout = arena.map(|arena| Fanout {
+        arena,
+        release,
+        released: 0,
+    });
+    Ok((r, w, fanout))
 }
 
 /// The read half: the other side's ring.

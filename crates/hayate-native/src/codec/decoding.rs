@@ -139,6 +139,7 @@ fn frame_name(t: u8) -> Option<&'static str> {
         ty::PUB_CONFIRM => "PUB_CONFIRM",
         ty::CONFIRM => "CONFIRM",
         ty::CONSUME => "CONSUME",
+        ty::MSG_REF => "MSG_REF",
         _ => return None,
     })
 }
@@ -314,6 +315,12 @@ fn parse(t: u8, mut b: Body) -> Result<Frame, DecodeError> {
         ty::LOST => Frame::Lost {
             sid: b.u32("sid")?,
             count: b.u64("count")?,
+        },
+        ty::MSG_REF => Frame::MsgRef {
+            sid: b.u32("sid")?,
+            at: b.u64("at")?,
+            len: b.u32("len")?,
+            tag: b.u64("tag")?,
         },
         ty::ERR => Frame::Err {
             code: ErrorCode::from_code(b.u16("code")?),

@@ -139,6 +139,16 @@ pub fn encode_msg_acked_head(sid: u32, delivery: u64, msg: &Message, out: &mut B
     finish(out, start, msg.payload.len());
 }
 
+/// Encodes a MSG_REF frame (see [`Frame::MsgRef`]).
+pub fn encode_msg_ref(sid: u32, at: u64, len: u32, tag: u64, out: &mut BytesMut) {
+    let start = begin(out, ty::MSG_REF);
+    out.put_u32(sid);
+    out.put_u64(at);
+    out.put_u32(len);
+    out.put_u64(tag);
+    finish(out, start, 0);
+}
+
 /// Encodes a whole MSG frame.
 pub fn encode_msg(sid: u32, msg: &Message, out: &mut BytesMut) {
     encode_msg_head(sid, msg, out);
@@ -251,6 +261,7 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
             out.put_u64(*count);
             finish(out, start, 0);
         }
+        Frame::MsgRef { sid, at, len, tag } => encode_msg_ref(*sid, *at, *len, *tag, out),
         Frame::Err { code, message } => {
             let start = begin(out, ty::ERR);
             out.put_u16(code.code());

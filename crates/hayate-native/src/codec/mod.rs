@@ -12,8 +12,8 @@ mod encoding;
 pub use decoding::{DecodeError, decode};
 pub use encoding::{
     check_options, encode, encode_batch_item, encode_confirm, encode_msg, encode_msg_acked_head,
-    encode_msg_batch_head, encode_msg_batch_item_head, encode_msg_head, encode_ping, encode_pub,
-    encode_pub_batch_head, encode_pub_head, encode_sub,
+    encode_msg_batch_head, encode_msg_batch_item_head, encode_msg_head, encode_msg_ref,
+    encode_ping, encode_pub, encode_pub_batch_head, encode_pub_head, encode_sub,
 };
 
 /// Bytes before the body: `length: u32` and `type: u8`.

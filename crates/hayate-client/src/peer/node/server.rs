@@ -468,6 +468,7 @@ impl PeerConn {
             Frame::Welcome(_)
             | Frame::Msg { .. }
             | Frame::MsgBatch { .. }
+            | Frame::MsgRef { .. }
             | Frame::MsgAcked { .. }
             | Frame::Confirm { .. }
             | Frame::Consume { .. }

@@ -1,0 +1,471 @@
+//! One copy of a message for all of the broker's shared-memory clients (docs/shm.md,
+//! *Fan-out to the broker's local clients*).
+//!
+//! The broker writes a message for its shared-memory clients once, into an arena (a memfd
+//! only the broker can write: `hayate_shm::arena`), and sends each subscriber a small
+//! MSG_REF frame naming the entry instead of the message. Each client copies the entry
+//! out, then counts it released in a word of its own ring's header (the *owner word*, a
+//! plain counter of MSG_REFs done). An entry is written again only when every reference
+//! to it has been counted released, or its client's connection has ended.
+//!
+//! Nothing a client says is trusted beyond its own references: a counter that goes back is
+//! ignored, one that claims more than was sent releases only what was sent (a client that
+//! releases early reads a place written again: the tag check makes that its own protocol
+//! error), and one that never releases holds at most its quota (a quarter of the arena):
+//! past it, and whenever the arena has no room, deliveries go the ordinary way (the whole
+//! message copied into the client's ring), so nobody ever waits for the arena.
+//!
+//! Lock order: a session's outbox, then this module's state (deliveries are encoded
+//! under the outbox's lock, [`crate::native::NativeEncoder`]); this module takes no other
+//! lock.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+use hayate_shm::SharedRing;
+use hayate_shm::arena::{ArenaWriter, entry_words};
+use hayate_shm::segment::SegmentError;
+
+/// Payloads from this size on go through the arena; smaller ones are copied to each
+/// client as before (a reference and the client's extra copy cost more than they save).
+pub const MIN_PAYLOAD: usize = 512;
+/// Entries remembered as recently written: a message fanned out to many subscribers is
+/// found among them while publishers on other threads write theirs.
+const RECENT: usize = 4;
+
+/// What the fan-out did, for the stats and tests.
+#[derive(Debug, Default)]
+pub struct FanoutStats {
+    /// Entries written to the arena.
+    pub entries: AtomicU64,
+    /// MSG_REFs handed out (deliveries by reference).
+    pub refs: AtomicU64,
+    /// Deliveries of eligible size sent as copies: the arena had no room, or the client
+    /// held its quota.
+    pub copies: AtomicU64,
+}
+
+/// The broker's fan-out arena and who holds what in it.
+#[derive(Debug)]
+pub struct Fanout {
+    state: Mutex<State>,
+    /// The arena's descriptor, for the clients (a copy of the writer's).
+    fd: std::os::fd::OwnedFd,
+    stats: FanoutStats,
+}
+
+#[derive(Debug)]
+struct Entry {
+    tag: u64,
+    words: usize,
+    refs: u32,
+}
+
+#[derive(Debug)]
+struct Recent {
+    at: usize,
+    tag: u64,
+    /// The MSG head (sid 0) the entry starts with, and the payload after it: held, so
+    /// its address is not reused for other bytes while remembered.
+    head: Vec<u8>,
+    payload: Bytes,
+}
+
+/// A reference handed out: the entry's place, tag and size.
+type Ref = (usize, u64, usize);
+
+#[derive(Debug)]
+struct Holder {
+    /// The client's ring: its owner word counts the MSG_REFs it is done with.
+    release: SharedRing,
+    /// Of that count, what was applied here.
+    seen: u64,
+    /// The references handed out and not yet released, in the order sent.
+    refs: VecDeque<Ref>,
+    held_words: usize,
+}
+
+#[derive(Debug)]
+struct State {
+    arena: ArenaWriter,
+    words: usize,
+    quota_words: usize,
+    /// Entries written and still referenced, by place. An entry is freed as soon as its
+    /// last reference goes (whatever its age: a client holding old entries leaves holes,
+    /// not a wall).
+    live: BTreeMap<usize, Entry>,
+    /// Where the last entry ended: the search for room starts there.
+    head: usize,
+    /// No room was found and nothing was freed since: no search until something is.
+    full: bool,
+    next_tag: u64,
+    recent: [Option<Recent>; RECENT],
+    recent_next: usize,
+    holders: HashMap<u64, Holder>,
+    next_holder: u64,
+}
+
+impl State {
+    /// Drops one reference to the entry `r` names.
+    fn unref(live: &mut BTreeMap<usize, Entry>, full: &mut bool, r: Ref) {
+        let (at, tag, _) = r;
+        if let Some(e) = live.get_mut(&at).filter(|e| e.tag == tag) {
+            e.refs -= 1;
+            if e.refs == 0 {
+                live.remove(&at);
+                *full = false;
+            }
+        }
+    }
+
+    /// Applies what `h`'s client says it released.
+    fn apply_releases(h: &mut Holder, live: &mut BTreeMap<usize, Entry>, full: &mut bool) {
+        let said = h.release.owner_word().load(Ordering::Acquire);
+        if said <= h.seen {
+            return;
+        }
+        let n = (said - h.seen).min(h.refs.len() as u64);
+        for r in h.refs.drain(..n as usize) {
+            h.held_words -= r.2;
+            State::unref(live, full, r);
+        }
+        h.seen += n;
+    }
+
+    fn apply_all_releases(&mut self) {
+        let State {
+            holders,
+            live,
+            full,
+            ..
+        } = self;
+        for h in holders.values_mut() {
+            State::apply_releases(h, live, full);
+        }
+    }
+
+    /// A place for an entry of `words` words, if there is room: the first gap from
+    /// `head` on, then from the start.
+    fn room(&self, words: usize) -> Option<usize> {
+        if self.full {
+            return None;
+        }
+        let gap_from = |mut pos: usize| {
+            if let Some((&at, e)) = self.live.range(..pos).next_back() {
+                pos = pos.max(at + e.words);
+            }
+            for (&at, e) in self.live.range(pos..) {
+                if at - pos >= words {
+                    return Some(pos);
+                }
+                pos = at + e.words;
+            }
+            (self.words.saturating_sub(pos) >= words).then_some(pos)
+        };
+        gap_from(self.head).or_else(|| gap_from(0))
+    }
+
+    fn recent_ref(&self, head: &[u8], payload: &Bytes) -> Option<(usize, u64)> {
+        self.recent.iter().flatten().find_map(|r| {
+            (r.payload.as_ptr() == payload.as_ptr()
+                && r.payload.len() == payload.len()
+                && r.head == head
+                && self.live.get(&r.at).is_some_and(|e| e.tag == r.tag))
+            .then_some((r.at, r.tag))
+        })
+    }
+}
+
+impl Fanout {
+    /// An arena of `bytes` bytes. Fails where the kernel cannot seal it against the
+    /// clients' writes (before Linux 5.1).
+    pub fn new(bytes: usize) -> Result<Fanout, SegmentError> {
+        let arena = ArenaWriter::create("hayate-fanout", bytes)?;
+        let fd = arena.fd().try_clone_to_owned()?;
+        let words = arena.words();
+        Ok(Fanout {
+            state: Mutex::new(State {
+                arena,
+                words,
+                quota_words: words / 4,
+                live: BTreeMap::new(),
+                head: 0,
+                full: false,
+                next_tag: 1,
+                recent: Default::default(),
+                recent_next: 0,
+                holders: HashMap::new(),
+                next_holder: 0,
+            }),
+            fd,
+            stats: FanoutStats::default(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The arena's descriptor, to send a client.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.fd.as_fd()
+    }
+
+    /// What it did so far.
+    pub fn stats(&self) -> &FanoutStats {
+        &self.stats
+    }
+
+    /// Entries live and references held, now (for tests: both 0 once every client is gone
+    /// or has released everything).
+    pub fn held(&self) -> (usize, usize) {
+        let mut st = self.lock();
+        st.apply_all_releases();
+        let refs = st.holders.values().map(|h| h.refs.len()).sum();
+        (st.live.len(), refs)
+    }
+
+    /// A new client whose releases its ring's owner word counts (from 0).
+    pub fn register(self: &Arc<Fanout>, release: SharedRing) -> FanoutClient {
+        let mut st = self.lock();
+        let id = st.next_holder;
+        st.next_holder += 1;
+        st.holders.insert(
+            id,
+            Holder {
+                release,
+                seen: 0,
+                refs: VecDeque::new(),
+                held_words: 0,
+            },
+        );
+        FanoutClient {
+            fanout: self.clone(),
+            id,
+        }
+    }
+
+    /// Places the MSG frame `head` + `payload` (its `sid` 0) in the arena for client
+    /// `id`, or finds it placed already: the MSG_REF's `(at, len, tag)`. `None`: send a
+    /// copy instead.
+    fn place(&self, id: u64, head: &[u8], payload: &Bytes) -> Option<(u64, u32, u64)> {
+        let len = head.len() + payload.len();
+        let words = entry_words(len);
+        let mut st = self.lock();
+        let st = &mut *st;
+        let placed = 'placed: {
+            let State {
+                holders,
+                live,
+                full,
+                quota_words,
+                ..
+            } = &mut *st;
+            let h = holders.get_mut(&id)?;
+            State::apply_releases(h, live, full);
+            if h.held_words + words > *quota_words {
+                break 'placed None;
+            }
+            if let Some(r) = st.recent_ref(head, payload) {
+                break 'placed Some(r);
+            }
+            let at = match st.room(words) {
+                Some(at) => at,
+                None => {
+                    st.apply_all_releases();
+                    match st.room(words) {
+                        Some(at) => at,
+                        None => {
+                            st.full = true;
+                            break 'placed None;
+                        }
+                    }
+                }
+            };
+            let tag = st.next_tag;
+            st.next_tag += 1;
+            st.arena.put(at, tag, &[head, payload]);
+            st.live.insert(
+                at,
+                Entry {
+                    tag,
+                    words,
+                    refs: 0,
+                },
+            );
+            st.head = at + words;
+            st.recent[st.recent_next] = Some(Recent {
+                at,
+                tag,
+                head: head.to_vec(),
+                payload: payload.clone(),
+            });
+            st.recent_next = (st.recent_next + 1) % RECENT;
+            self.stats.entries.fetch_add(1, Ordering::Relaxed);
+            Some((at, tag))
+        };
+        let Some((at, tag)) = placed else {
+            self.stats.copies.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        st.live.get_mut(&at)?.refs += 1;
+        let h = st.holders.get_mut(&id)?;
+        h.refs.push_back((at, tag, words));
+        h.held_words += words;
+        self.stats.refs.fetch_add(1, Ordering::Relaxed);
+        Some((at as u64 * 8, len as u32, tag))
+    }
+
+    fn unregister(&self, id: u64) {
+        let mut st = self.lock();
+        let st = &mut *st;
+        if let Some(h) = st.holders.remove(&id) {
+            for r in h.refs {
+                State::unref(&mut st.live, &mut st.full, r);
+            }
+        }
+    }
+}
+
+/// One client of the fan-out (its references are released when dropped, with its
+/// connection).
+#[derive(Debug)]
+pub struct FanoutClient {
+    fanout: Arc<Fanout>,
+    id: u64,
+}
+
+impl FanoutClient {
+    /// See [`Fanout::place`].
+    pub fn place(&self, head: &[u8], payload: &Bytes) -> Option<(u64, u32, u64)> {
+        self.fanout.place(self.id, head, payload)
+    }
+}
+
+impl Drop for FanoutClient {
+    fn drop(&mut self) {
+        self.fanout.unregister(self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client ring whose owner word the test sets (as the client would).
+    fn ring() -> SharedRing {
+        let seg =
+            hayate_shm::segment::Segment::create("t", hayate_shm::region_words(2, 64) * 8).unwrap();
+        SharedRing::init(seg, 2, 64).unwrap()
+    }
+
+    fn release(r: &SharedRing, n: u64) {
+        r.owner_word().store(n, Ordering::Release);
+    }
+
+    fn view(f: &Fanout) -> hayate_shm::arena::ArenaView {
+        hayate_shm::arena::ArenaView::open(f.fd().try_clone_to_owned().unwrap()).unwrap()
+    }
+
+    fn read(v: &hayate_shm::arena::ArenaView, r: (u64, u32, u64)) -> Vec<u8> {
+        let mut out = Vec::new();
+        v.get(r.0, u64::from(r.1), r.2, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn one_entry_serves_every_client_until_all_release() {
+        let f = Arc::new(Fanout::new(64 * 1024).unwrap());
+        let v = view(&f);
+        let rings: Vec<_> = (0..3).map(|_| ring()).collect();
+        let clients: Vec<_> = rings.iter().map(|r| f.register(r.clone())).collect();
+        let payload = Bytes::from(vec![7u8; 1000]);
+        let refs: Vec<_> = clients
+            .iter()
+            .map(|c| c.place(b"head", &payload).unwrap())
+            .collect();
+        assert!(refs.windows(2).all(|w| w[0] == w[1]), "one entry for all");
+        assert_eq!(f.stats().entries.load(Ordering::Relaxed), 1);
+        let mut want = b"head".to_vec();
+        want.extend_from_slice(&payload);
+        assert_eq!(read(&v, refs[0]), want);
+        release(&rings[0], 1);
+        release(&rings[1], 1);
+        assert_eq!(f.held(), (1, 1));
+        release(&rings[2], 1);
+        assert_eq!(f.held(), (0, 0));
+    }
+
+    #[test]
+    fn a_client_that_never_releases_holds_its_quota_then_gets_copies() {
+        // 64 KiB: a quota of 16 KiB.
+        let f = Arc::new(Fanout::new(64 * 1024).unwrap());
+        let (hog, good) = (ring(), ring());
+        let (hc, gc) = (f.register(hog.clone()), f.register(good.clone()));
+        let mut hog_refs = 0;
+        let mut good_released = 0;
+        for i in 0..200u32 {
+            let payload = Bytes::from(vec![i as u8; 1000]);
+            if hc.place(b"h", &payload).is_some() {
+                hog_refs += 1;
+            }
+            // The good client gets every one by reference, releasing as it goes.
+            assert!(gc.place(b"h", &payload).is_some(), "message {i}");
+            good_released += 1;
+            release(&good, good_released);
+        }
+        // 16 KiB of ~1 KiB entries.
+        assert!((10..=16).contains(&hog_refs), "{hog_refs}");
+        assert!(f.stats().copies.load(Ordering::Relaxed) >= 180);
+        // The hog's connection ends: everything is free.
+        drop(hc);
+        assert_eq!(f.held(), (0, 0));
+    }
+
+    #[test]
+    fn lies_about_releases_free_only_the_liar_s_references() {
+        let f = Arc::new(Fanout::new(64 * 1024).unwrap());
+        let v = view(&f);
+        let (liar, honest) = (ring(), ring());
+        let (lc, hc) = (f.register(liar.clone()), f.register(honest.clone()));
+        let p = Bytes::from(vec![1u8; 600]);
+        let r = lc.place(b"x", &p).unwrap();
+        assert_eq!(hc.place(b"x", &p), Some(r));
+        // Claims a billion released: only its one reference goes.
+        release(&liar, 1_000_000_000);
+        assert_eq!(f.held(), (1, 1));
+        // The honest client's entry is intact after much more traffic.
+        for i in 0..500u32 {
+            let p = Bytes::from(vec![i as u8; 600]);
+            let _ = lc.place(b"y", &p);
+        }
+        let mut want = b"x".to_vec();
+        want.extend_from_slice(&p);
+        assert_eq!(read(&v, r), want);
+        // A counter that goes back is ignored.
+        release(&liar, 3);
+        assert!(lc.place(b"z", &Bytes::from(vec![0u8; 600])).is_some());
+        drop(hc);
+        drop(lc);
+        assert_eq!(f.held(), (0, 0));
+    }
+
+    #[test]
+    fn entries_wrap_around_the_arena() {
+        let f = Arc::new(Fanout::new(16 * 1024).unwrap());
+        let v = view(&f);
+        let r = ring();
+        let c = f.register(r.clone());
+        for i in 0..1000u64 {
+            let p = Bytes::from(vec![(i % 251) as u8; 500 + (i as usize * 37) % 700]);
+            let got = c.place(b"", &p).expect("room after each release");
+            assert_eq!(read(&v, got), p.to_vec());
+            release(&r, i + 1);
+        }
+        assert_eq!(f.stats().copies.load(Ordering::Relaxed), 0);
+        assert_eq!(f.held(), (0, 0));
+    }
+}

@@ -1,0 +1,217 @@
+//! An arena: a segment one process writes and others read, holding entries at places the
+//! writer chooses and tells the readers about by other means (the broker's fan-out: one copy
+//! of a message for all of its local subscribers, docs/shm.md, *Fan-out*).
+//!
+//! The writer ([`ArenaWriter`]) makes the segment sealed against writing by anyone else
+//! ([`Segment::create_for_readers`]); readers ([`ArenaView`]) map it read-only, so no
+//! reader can change what the others read. Where entries go, when a place may be written
+//! again and how readers learn of entries is the writer's business: the arena only
+//! writes and reads an entry, checked.
+//!
+//! An entry at word `w` is `tag` (never 0), `len` (bytes), then the bytes, padded to whole
+//! words. A reader is told `(w * 8, len, tag)` and checks all of it: within the segment, the
+//! same tag and length in the entry before and after the copy (an acquire fence between),
+//! so a place written again while it copied is an error, never torn data taken as good.
+
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::atomic::{Ordering, fence};
+
+use crate::segment::{Segment, SegmentError};
+use crate::{ReadBuf, load_bytes, store_bytes};
+
+/// Words of an entry before its bytes (`tag`, `len`).
+pub const ENTRY_HEADER_WORDS: usize = 2;
+
+/// Words an entry of `len` bytes takes.
+pub fn entry_words(len: usize) -> usize {
+    ENTRY_HEADER_WORDS + len.div_ceil(8)
+}
+
+/// Why an entry could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum EntryError {
+    /// The place is not a whole word, or the entry would end past the segment.
+    #[error("arena entry at byte {at} of {len} bytes is outside the arena")]
+    OutOfBounds {
+        /// Byte offset given.
+        at: u64,
+        /// Length given.
+        len: u64,
+    },
+    /// The place holds another entry (not written yet, or written again since).
+    #[error("arena entry at byte {0} is not the one named (overwritten or never written)")]
+    Stale(u64),
+}
+
+/// The writing side of an arena.
+#[derive(Debug)]
+pub struct ArenaWriter {
+    segment: Segment,
+}
+
+impl ArenaWriter {
+    /// A new arena of `bytes` bytes (rounded up to whole words) in a fresh segment named
+    /// `name`. Fails on a kernel without `F_SEAL_FUTURE_WRITE` (before 5.1).
+    pub fn create(name: &str, bytes: usize) -> Result<ArenaWriter, SegmentError> {
+        Ok(ArenaWriter {
+            segment: Segment::create_for_readers(name, bytes)?,
+        })
+    }
+
+    /// Words in the arena.
+    pub fn words(&self) -> usize {
+        self.segment.words().len()
+    }
+
+    /// The descriptor to hand to readers.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.segment.fd()
+    }
+
+    /// Writes an entry tagged `tag` (not 0) holding the concatenation of `parts` at word
+    /// `at`. The caller places it: it must fit (`at + entry_words(len) <= words()`), and no
+    /// reader may still be reading what was there.
+    ///
+    /// The tag is stored last (release): a reader that loads it (acquire) sees the bytes.
+    /// Readers must learn of the entry through something ordered after this call (a
+    /// release store, a write to a socket).
+    pub fn put(&self, at: usize, tag: u64, parts: &[&[u8]]) {
+        debug_assert_ne!(tag, 0);
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let words = &self.segment.words()[at..at + entry_words(len)];
+        // A reader still looking at the old entry sees its tag change before any of its
+        // bytes do.
+        words[0].store(0, Ordering::Relaxed);
+        fence(Ordering::Release);
+        words[1].store(len as u64, Ordering::Relaxed);
+        store_bytes(&words[ENTRY_HEADER_WORDS..], parts);
+        words[0].store(tag, Ordering::Release);
+    }
+}
+
+/// The reading side of an arena: its segment mapped read-only.
+#[derive(Debug)]
+pub struct ArenaView {
+    segment: Segment,
+}
+
+impl ArenaView {
+    /// Maps the arena another process made (its descriptor, received over a Unix socket),
+    /// read-only, after the checks of [`Segment::open`].
+    pub fn open(fd: OwnedFd) -> Result<ArenaView, SegmentError> {
+        Ok(ArenaView {
+            segment: Segment::open_read_only(fd)?,
+        })
+    }
+
+    /// Bytes in the arena.
+    pub fn bytes(&self) -> u64 {
+        self.segment.words().len() as u64 * 8
+    }
+
+    /// Appends the bytes of the entry at byte `at`, of `len` bytes, tagged `tag`, to `out`.
+    /// On an error nothing is appended.
+    pub fn get<B: ReadBuf + ?Sized>(
+        &self,
+        at: u64,
+        len: u64,
+        tag: u64,
+        out: &mut B,
+    ) -> Result<(), EntryError> {
+        let words = self.segment.words();
+        let oob = EntryError::OutOfBounds { at, len };
+        if !at.is_multiple_of(8) || tag == 0 {
+            return Err(if tag == 0 { EntryError::Stale(at) } else { oob });
+        }
+        let w = usize::try_from(at / 8).map_err(|_| oob)?;
+        let n = usize::try_from(len).map_err(|_| oob)?;
+        let end = entry_words(n).checked_add(w).ok_or(oob)?;
+        if end > words.len() {
+            return Err(oob);
+        }
+        let entry = &words[w..end];
+        if entry[0].load(Ordering::Acquire) != tag || entry[1].load(Ordering::Relaxed) != len {
+            return Err(EntryError::Stale(at));
+        }
+        let base = out.len();
+        load_bytes(&entry[ENTRY_HEADER_WORDS..], n, out);
+        fence(Ordering::Acquire);
+        if entry[0].load(Ordering::Relaxed) != tag {
+            out.truncate(base);
+            return Err(EntryError::Stale(at));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    fn pair(bytes: usize) -> (ArenaWriter, ArenaView) {
+        let w = ArenaWriter::create("test-arena", bytes).unwrap();
+        let v = ArenaView::open(w.fd().try_clone_to_owned().unwrap()).unwrap();
+        (w, v)
+    }
+
+    #[test]
+    fn an_entry_reads_back_from_its_place() {
+        let (w, v) = pair(4096);
+        w.put(3, 7, &[b"hello, ", b"arena"]);
+        let mut out = b"x".to_vec();
+        v.get(24, 12, 7, &mut out).unwrap();
+        assert_eq!(out, b"xhello, arena");
+        // An empty entry.
+        w.put(100, 8, &[]);
+        let mut out = Vec::new();
+        v.get(800, 0, 8, &mut out).unwrap();
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn a_wrong_tag_length_or_place_is_an_error_and_appends_nothing() {
+        let (w, v) = pair(4096);
+        w.put(0, 5, &[&[1u8; 40]]);
+        let mut out = Vec::new();
+        assert_eq!(v.get(0, 40, 6, &mut out), Err(EntryError::Stale(0)));
+        assert_eq!(v.get(0, 41, 5, &mut out), Err(EntryError::Stale(0)));
+        assert_eq!(v.get(0, 40, 0, &mut out), Err(EntryError::Stale(0)));
+        assert!(matches!(
+            v.get(4, 40, 5, &mut out),
+            Err(EntryError::OutOfBounds { .. })
+        ));
+        // Past the end, and lengths that overflow.
+        assert!(matches!(
+            v.get(4096 - 16, 8, 5, &mut out),
+            Err(EntryError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            v.get(0, u64::MAX, 5, &mut out),
+            Err(EntryError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            v.get(u64::MAX - 7, 0, 5, &mut out),
+            Err(EntryError::OutOfBounds { .. })
+        ));
+        // Written again under another tag: the old name is stale.
+        w.put(0, 9, &[b"new"]);
+        assert_eq!(v.get(0, 40, 5, &mut out), Err(EntryError::Stale(0)));
+        assert!(out.is_empty());
+        v.get(0, 3, 9, &mut out).unwrap();
+        assert_eq!(out, b"new");
+    }
+
+    /// A reader cannot map the arena writable, nor write it: what every reader reads is
+    /// the writer's alone.
+    #[test]
+    fn readers_cannot_write_the_arena() {
+        let (w, _v) = pair(4096);
+        let fd = w.fd().try_clone_to_owned().unwrap();
+        assert!(Segment::open(fd).is_err(), "a writable mapping was allowed");
+        let fd = w.fd().try_clone_to_owned().unwrap();
+        assert!(rustix::io::write(fd.as_fd(), b"scribble").is_err());
+        // Nor can the seals be taken off or the arena resized.
+        assert!(rustix::fs::ftruncate(&fd, 0).is_err());
+    }
+}
