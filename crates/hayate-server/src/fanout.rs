@@ -67,10 +67,11 @@ struct Entry {
 struct Recent {
     at: usize,
     tag: u64,
-    /// The MSG head (sid 0) the entry starts with, and the payload after it: held, so
-    /// its address is not reused for other bytes while remembered.
+    /// The frame head (sid 0) the entry starts with, and the payloads after it: held, so
+    /// their addresses are not reused for other bytes while remembered.
     head: Vec<u8>,
-    payload: Bytes,
+    body: Vec<Bytes>,
+    items: bool,
 }
 
 /// A reference handed out: the entry's place, tag and size.
@@ -167,11 +168,13 @@ impl State {
         gap_from(self.head).or_else(|| gap_from(0))
     }
 
-    fn recent_ref(&self, head: &[u8], payload: &Bytes) -> Option<(usize, u64)> {
+    fn recent_ref(&self, head: &[u8], body: &Body<'_>) -> Option<(usize, u64)> {
+        let same = |a: &Bytes, b: &Bytes| a.as_ptr() == b.as_ptr() && a.len() == b.len();
         self.recent.iter().flatten().find_map(|r| {
-            (r.payload.as_ptr() == payload.as_ptr()
-                && r.payload.len() == payload.len()
+            (r.items == body.items
                 && r.head == head
+                && r.body.len() == body.payloads.len()
+                && r.body.iter().zip(body.payloads).all(|(a, b)| same(a, b))
                 && self.live.get(&r.at).is_some_and(|e| e.tag == r.tag))
             .then_some((r.at, r.tag))
         })
@@ -248,11 +251,11 @@ impl Fanout {
         }
     }
 
-    /// Places the MSG frame `head` + `payload` (its `sid` 0) in the arena for client
-    /// `id`, or finds it placed already: the MSG_REF's `(at, len, tag)`. `None`: send a
-    /// copy instead.
-    fn place(&self, id: u64, head: &[u8], payload: &Bytes) -> Option<(u64, u32, u64)> {
-        let len = head.len() + payload.len();
+    /// Places the frame `head` + `body` (its `sid` 0) in the arena for client `id`, or
+    /// finds it placed already: the MSG_REF's `(at, len, tag)`. `None`: send a copy
+    /// instead.
+    fn place(&self, id: u64, head: &[u8], body: &Body<'_>) -> Option<(u64, u32, u64)> {
+        let len = head.len() + body.len();
         let words = entry_words(len);
         let mut st = self.lock();
         let st = &mut *st;
@@ -269,7 +272,7 @@ impl Fanout {
             if h.held_words + words > *quota_words {
                 break 'placed None;
             }
-            if let Some(r) = st.recent_ref(head, payload) {
+            if let Some(r) = st.recent_ref(head, body) {
                 break 'placed Some(r);
             }
             let at = match st.room(words) {
@@ -287,7 +290,23 @@ impl Fanout {
             };
             let tag = st.next_tag;
             st.next_tag += 1;
-            st.arena.put(at, tag, &[head, payload]);
+            let prefixes: Vec<[u8; 4]> = if body.items {
+                body.payloads
+                    .iter()
+                    .map(|p| (p.len() as u32).to_be_bytes())
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let mut parts: Vec<&[u8]> = Vec::with_capacity(1 + 2 * body.payloads.len());
+            parts.push(head);
+            for (i, p) in body.payloads.iter().enumerate() {
+                if let Some(l) = prefixes.get(i) {
+                    parts.push(l);
+                }
+                parts.push(p);
+            }
+            st.arena.put(at, tag, &parts);
             st.live.insert(
                 at,
                 Entry {
@@ -301,7 +320,8 @@ impl Fanout {
                 at,
                 tag,
                 head: head.to_vec(),
-                payload: payload.clone(),
+                body: body.payloads.to_vec(),
+                items: body.items,
             });
             st.recent_next = (st.recent_next + 1) % RECENT;
             self.stats.entries.fetch_add(1, Ordering::Relaxed);
@@ -330,6 +350,28 @@ impl Fanout {
     }
 }
 
+/// What follows an entry's frame head: a MSG's payload, or a MSG_BATCH's items (each
+/// payload after its 32-bit length).
+#[derive(Debug, Clone, Copy)]
+pub struct Body<'a> {
+    /// The payloads.
+    pub payloads: &'a [Bytes],
+    /// Each payload is an item, after its length.
+    pub items: bool,
+}
+
+impl Body<'_> {
+    /// Bytes of the body.
+    pub fn len(&self) -> usize {
+        let n = self.payloads.iter().map(|p| p.len()).sum::<usize>();
+        if self.items {
+            n + 4 * self.payloads.len()
+        } else {
+            n
+        }
+    }
+}
+
 /// One client of the fan-out (its references are released when dropped, with its
 /// connection).
 #[derive(Debug)]
@@ -340,8 +382,8 @@ pub struct FanoutClient {
 
 impl FanoutClient {
     /// See [`Fanout::place`].
-    pub fn place(&self, head: &[u8], payload: &Bytes) -> Option<(u64, u32, u64)> {
-        self.fanout.place(self.id, head, payload)
+    pub fn place(&self, head: &[u8], body: &Body<'_>) -> Option<(u64, u32, u64)> {
+        self.fanout.place(self.id, head, body)
     }
 }
 
@@ -360,6 +402,13 @@ mod tests {
         let seg =
             hayate_shm::segment::Segment::create("t", hayate_shm::region_words(2, 64) * 8).unwrap();
         SharedRing::init(seg, 2, 64).unwrap()
+    }
+
+    fn one(p: &Bytes) -> Body<'_> {
+        Body {
+            payloads: std::slice::from_ref(p),
+            items: false,
+        }
     }
 
     fn release(r: &SharedRing, n: u64) {
@@ -385,7 +434,7 @@ mod tests {
         let payload = Bytes::from(vec![7u8; 1000]);
         let refs: Vec<_> = clients
             .iter()
-            .map(|c| c.place(b"head", &payload).unwrap())
+            .map(|c| c.place(b"head", &one(&payload)).unwrap())
             .collect();
         assert!(refs.windows(2).all(|w| w[0] == w[1]), "one entry for all");
         assert_eq!(f.stats().entries.load(Ordering::Relaxed), 1);
@@ -409,11 +458,11 @@ mod tests {
         let mut good_released = 0;
         for i in 0..200u32 {
             let payload = Bytes::from(vec![i as u8; 1000]);
-            if hc.place(b"h", &payload).is_some() {
+            if hc.place(b"h", &one(&payload)).is_some() {
                 hog_refs += 1;
             }
             // The good client gets every one by reference, releasing as it goes.
-            assert!(gc.place(b"h", &payload).is_some(), "message {i}");
+            assert!(gc.place(b"h", &one(&payload)).is_some(), "message {i}");
             good_released += 1;
             release(&good, good_released);
         }
@@ -432,25 +481,61 @@ mod tests {
         let (liar, honest) = (ring(), ring());
         let (lc, hc) = (f.register(liar.clone()), f.register(honest.clone()));
         let p = Bytes::from(vec![1u8; 600]);
-        let r = lc.place(b"x", &p).unwrap();
-        assert_eq!(hc.place(b"x", &p), Some(r));
+        let r = lc.place(b"x", &one(&p)).unwrap();
+        assert_eq!(hc.place(b"x", &one(&p)), Some(r));
         // Claims a billion released: only its one reference goes.
         release(&liar, 1_000_000_000);
         assert_eq!(f.held(), (1, 1));
         // The honest client's entry is intact after much more traffic.
         for i in 0..500u32 {
             let p = Bytes::from(vec![i as u8; 600]);
-            let _ = lc.place(b"y", &p);
+            let _ = lc.place(b"y", &one(&p));
         }
         let mut want = b"x".to_vec();
         want.extend_from_slice(&p);
         assert_eq!(read(&v, r), want);
         // A counter that goes back is ignored.
         release(&liar, 3);
-        assert!(lc.place(b"z", &Bytes::from(vec![0u8; 600])).is_some());
+        assert!(lc.place(b"z", &one(&Bytes::from(vec![0u8; 600]))).is_some());
         drop(hc);
         drop(lc);
         assert_eq!(f.held(), (0, 0));
+    }
+
+    #[test]
+    fn a_batch_is_one_entry_of_items_found_again_by_its_payloads() {
+        let f = Arc::new(Fanout::new(64 * 1024).unwrap());
+        let v = view(&f);
+        let (r1, r2) = (ring(), ring());
+        let (c1, c2) = (f.register(r1), f.register(r2));
+        let batch = [Bytes::from_static(b"ab"), Bytes::from(vec![9u8; 700])];
+        let body = Body {
+            payloads: &batch,
+            items: true,
+        };
+        let got = c1.place(b"H", &body).unwrap();
+        assert_eq!(c2.place(b"H", &body), Some(got));
+        let mut want = b"H".to_vec();
+        for p in &batch {
+            want.extend_from_slice(&(p.len() as u32).to_be_bytes());
+            want.extend_from_slice(p);
+        }
+        assert_eq!(read(&v, got), want);
+        // The same bytes elsewhere are another message: another entry.
+        let copy = [batch[0].clone(), Bytes::from(vec![9u8; 700])];
+        let other = Body {
+            payloads: &copy,
+            items: true,
+        };
+        assert_ne!(c1.place(b"H", &other).unwrap().2, got.2);
+        // The same payloads without items framing, or under another head, too.
+        let plain = Body {
+            payloads: &batch,
+            items: false,
+        };
+        assert_ne!(c1.place(b"H", &plain).unwrap().2, got.2);
+        assert_ne!(c1.place(b"G", &body).unwrap().2, got.2);
+        assert_eq!(f.stats().entries.load(Ordering::Relaxed), 4);
     }
 
     #[test]
@@ -461,7 +546,7 @@ mod tests {
         let c = f.register(r.clone());
         for i in 0..1000u64 {
             let p = Bytes::from(vec![(i % 251) as u8; 500 + (i as usize * 37) % 700]);
-            let got = c.place(b"", &p).expect("room after each release");
+            let got = c.place(b"", &one(&p)).expect("room after each release");
             assert_eq!(read(&v, got), p.to_vec());
             release(&r, i + 1);
         }

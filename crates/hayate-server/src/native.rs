@@ -40,10 +40,10 @@ pub struct Shm {
 #[derive(Debug, Default)]
 pub struct NativeEncoder {
     /// This client's share of the fan-out arena (a shared-memory client that took it):
-    /// large enough single messages go there once for all such clients, and this one gets
-    /// a MSG_REF.
+    /// messages and publishers' batches of at least [`fanout::MIN_PAYLOAD`] bytes go there
+    /// once for all such clients, and this one gets a MSG_REF.
     fanout: Option<FanoutClient>,
-    /// The MSG head (sid 0) of a message placed in the arena.
+    /// The frame head (MSG or MSG_BATCH, sid 0) of what is placed in the arena.
     scratch: BytesMut,
     /// The largest payload sent in a MSG: the broker's `max_payload` (in WELCOME), by which
     /// clients size the frames they accept. A larger message (published over MQTT, STOMP or
@@ -89,13 +89,46 @@ impl NativeEncoder {
 
     /// Sends `m` to `sid` as a MSG_REF to the fan-out arena, if it goes there.
     fn by_reference(&mut self, sid: u32, m: &Message, out: &mut OutBuf) -> bool {
-        let Some(f) = &self.fanout else { return false };
-        if m.payload.len() < fanout::MIN_PAYLOAD {
+        if self.fanout.is_none() || m.payload.len() < fanout::MIN_PAYLOAD {
             return false;
         }
         self.scratch.clear();
         encode_msg_head(0, m, &mut self.scratch);
-        match f.place(&self.scratch, &m.payload) {
+        let body = fanout::Body {
+            payloads: std::slice::from_ref(&m.payload),
+            items: false,
+        };
+        self.place(sid, body, out)
+    }
+
+    /// Sends a publisher's batch to `sid` as one MSG_REF to a MSG_BATCH in the fan-out
+    /// arena, if it goes there (every item within `max_payload`: the others are refused
+    /// one by one by [`NativeEncoder::encode_batch`]).
+    fn batch_by_reference(
+        &mut self,
+        sid: u32,
+        key: &Key,
+        payloads: &[Bytes],
+        out: &mut OutBuf,
+    ) -> bool {
+        let body = fanout::Body {
+            payloads,
+            items: true,
+        };
+        if self.fanout.is_none()
+            || body.len() < fanout::MIN_PAYLOAD
+            || payloads.iter().any(|p| p.len() > self.max_payload)
+        {
+            return false;
+        }
+        self.scratch.clear();
+        encode_msg_batch_head(0, key, body.len(), &mut self.scratch);
+        self.place(sid, body, out)
+    }
+
+    fn place(&mut self, sid: u32, body: fanout::Body<'_>, out: &mut OutBuf) -> bool {
+        let Some(f) = &self.fanout else { return false };
+        match f.place(&self.scratch, &body) {
             Some((at, len, tag)) => {
                 encode_msg_ref(sid, at, len, tag, out.tail());
                 true
@@ -127,26 +160,9 @@ impl Encoder for NativeEncoder {
                 out.put_payload(&m.payload);
             }
             Batch::Plain { key, payloads } => {
-                if self.fanout.is_none() || payloads.iter().all(|p| p.len() < fanout::MIN_PAYLOAD) {
+                if !self.batch_by_reference(sid, key, payloads, out) {
                     self.encode_batch(sid, key, payloads, out);
-                    return;
                 }
-                // In order: runs of small payloads as MSG_BATCHes, each large one as a
-                // MSG_REF (or a MSG when the arena does not take it).
-                let mut run = 0;
-                for (i, p) in payloads.iter().enumerate() {
-                    if p.len() >= fanout::MIN_PAYLOAD {
-                        self.encode_batch(sid, key, &payloads[run..i], out);
-                        run = i + 1;
-                        self.encode(
-                            sid,
-                            Batch::One(&Message::new(key.clone(), p.clone())),
-                            0,
-                            out,
-                        );
-                    }
-                }
-                self.encode_batch(sid, key, &payloads[run..], out);
             }
         }
     }

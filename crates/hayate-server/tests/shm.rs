@@ -549,11 +549,12 @@ async fn fan_out_writes_each_message_once_for_every_local_subscriber() {
     let st = fanout(&b).stats();
     let entries = st.entries.load(std::sync::atomic::Ordering::Relaxed);
     let refs = st.refs.load(std::sync::atomic::Ordering::Relaxed);
-    assert_eq!(entries, large, "one entry per large message");
+    // A publisher's batch that goes to the arena is one entry: at most one per message.
+    assert!((1..=large).contains(&entries), "{entries} entries");
     assert_eq!(
         refs,
-        5 * large,
-        "one reference per shared-memory subscriber"
+        5 * entries,
+        "each entry written once for the 5 subscribers"
     );
     assert_eq!(st.copies.load(std::sync::atomic::Ordering::Relaxed), 0);
     wait_released(&b).await;
@@ -714,11 +715,17 @@ async fn a_client_lying_about_releases_harms_only_itself() {
     };
     assert_eq!(sid, 1);
     liar.ring.words()[4].store(u64::MAX, std::sync::atomic::Ordering::Release);
-    // Enough traffic to write the arena over several times.
+    // Enough traffic to write the arena over several times (one message at a time: one
+    // entry each).
     for i in 1..400u32 {
         publ.publish(&key, payload(i, 3000)).await.unwrap();
+        publ.flush().await.unwrap();
     }
-    publ.flush().await.unwrap();
+    let written = fanout(&b)
+        .stats()
+        .entries
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(written * 3000 > 3 * (256 << 10), "{written} entries");
     within(30, async {
         for i in 0..400u32 {
             let m = hs.next().await.unwrap();

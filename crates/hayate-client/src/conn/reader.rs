@@ -28,6 +28,22 @@ impl Pending {
             None => self.batches.push((sid, msgs.into_iter().collect())),
         }
     }
+
+    /// A MSG_BATCH's messages (plain ones: replies published without options come so too).
+    fn push_batch(
+        &mut self,
+        inner: &Inner,
+        sid: u32,
+        key: &hayate_core::Key,
+        payloads: Vec<bytes::Bytes>,
+    ) {
+        let msgs = payloads.into_iter().map(|p| Message::new(key.clone(), p));
+        if sid == INBOX_SID {
+            msgs.for_each(|m| deliver_reply(inner, m));
+        } else {
+            self.push(sid, msgs);
+        }
+    }
 }
 
 pub(super) async fn read_loop(
@@ -61,8 +77,21 @@ pub(super) async fn read_loop(
                     }
                     Frame::MsgRef { sid, at, len, tag } => {
                         match by_reference(fanout.as_mut(), &mut entry, (at, len, tag), max_frame) {
-                            Ok(msg) if sid == INBOX_SID => deliver_reply(&inner, msg),
-                            Ok(msg) => pending.push(sid, [msg]),
+                            Ok(Frame::Msg { sid: 0, msg }) if sid == INBOX_SID => {
+                                deliver_reply(&inner, msg);
+                            }
+                            Ok(Frame::Msg { sid: 0, msg }) => pending.push(sid, [msg]),
+                            Ok(Frame::MsgBatch {
+                                sid: 0,
+                                key,
+                                payloads,
+                            }) => pending.push_batch(&inner, sid, &key, payloads),
+                            Ok(other) => {
+                                break 'conn Some(Error::Protocol(format!(
+                                    "a fan-out entry is not a MSG or MSG_BATCH for sid 0: \
+                                     {other:?}"
+                                )));
+                            }
                             Err(e) => break 'conn Some(e),
                         }
                     }
@@ -75,10 +104,7 @@ pub(super) async fn read_loop(
                         pending.push(sid, [msg]);
                     }
                     Frame::MsgBatch { sid, key, payloads } => {
-                        pending.push(
-                            sid,
-                            payloads.into_iter().map(|p| Message::new(key.clone(), p)),
-                        );
+                        pending.push_batch(&inner, sid, &key, payloads);
                     }
                     Frame::Pong(t) => {
                         if let Some(tx) = lock(&inner.pings).remove(&t) {
@@ -172,14 +198,14 @@ async fn read_some(
     }
 }
 
-/// The message a MSG_REF names: its entry copied out of the fan-out arena (then counted
-/// released: the broker may write the place again), decoded as the MSG it holds.
+/// The frame a MSG_REF names (a MSG or MSG_BATCH for sid 0): its entry copied out of the
+/// fan-out arena (and counted released: the broker may write the place again), decoded.
 fn by_reference(
     fanout: Option<&mut Fanout>,
     entry: &mut BytesMut,
     (at, len, tag): (u64, u32, u64),
     max_frame: usize,
-) -> Result<Message, Error> {
+) -> Result<Frame, Error> {
     let Some(f) = fanout else {
         return Err(Error::Protocol(
             "MSG_REF without a fan-out arena (not taken at the shared-memory set-up)".into(),
@@ -191,17 +217,25 @@ fn by_reference(
         )));
     }
     entry.clear();
+    // Entries are copied into one buffer, split off as decoded (their payloads are slices
+    // of it): one allocation for many, as for the read buffer.
+    if entry.capacity() < len as usize {
+        entry.reserve((len as usize).max(ENTRY_BUF));
+    }
     f.get(at, u64::from(len), tag, &mut BytesBuf(entry))
         .map_err(|e| Error::Protocol(e.to_string()))?;
     let whole = entry.len();
     match hayate_native::decode(entry, max_frame) {
-        Ok(Some(Frame::Msg { sid: 0, msg })) if entry.is_empty() => Ok(msg),
+        Ok(Some(f)) if entry.is_empty() => Ok(f),
         Ok(_) => Err(Error::Protocol(format!(
-            "the fan-out entry of a MSG_REF ({whole} bytes) is not one MSG frame for sid 0"
+            "the fan-out entry of a MSG_REF ({whole} bytes) is not one whole frame"
         ))),
         Err(e) => Err(Error::Protocol(format!("fan-out entry: {e}"))),
     }
 }
+
+/// What the buffer of fan-out entries grows by, at least.
+const ENTRY_BUF: usize = 64 * 1024;
 
 /// A `BytesMut` as the arena's output buffer.
 struct BytesBuf<'a>(&'a mut BytesMut);
