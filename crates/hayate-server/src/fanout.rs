@@ -255,7 +255,7 @@ impl Fanout {
     /// finds it placed already: the MSG_REF's `(at, len, tag)`. `None`: send a copy
     /// instead.
     fn place(&self, id: u64, head: &[u8], body: &Body<'_>) -> Option<(u64, u32, u64)> {
-        let len = head.len() + body.len();
+        let len = head.len() + body.bytes();
         let words = entry_words(len);
         let mut st = self.lock();
         let st = &mut *st;
@@ -362,7 +362,7 @@ pub struct Body<'a> {
 
 impl Body<'_> {
     /// Bytes of the body.
-    pub fn len(&self) -> usize {
+    pub fn bytes(&self) -> usize {
         let n = self.payloads.iter().map(|p| p.len()).sum::<usize>();
         if self.items {
             n + 4 * self.payloads.len()

@@ -116,13 +116,13 @@ impl NativeEncoder {
             items: true,
         };
         if self.fanout.is_none()
-            || body.len() < fanout::MIN_PAYLOAD
+            || body.bytes() < fanout::MIN_PAYLOAD
             || payloads.iter().any(|p| p.len() > self.max_payload)
         {
             return false;
         }
         self.scratch.clear();
-        encode_msg_batch_head(0, key, body.len(), &mut self.scratch);
+        encode_msg_batch_head(0, key, body.bytes(), &mut self.scratch);
         self.place(sid, body, out)
     }
 
