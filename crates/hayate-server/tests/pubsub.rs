@@ -148,6 +148,45 @@ async fn request_gets_its_reply_and_times_out_without_a_server() {
     assert!(matches!(none, Err(Error::Timeout)), "{none:?}");
 }
 
+/// A responder that publishes its answer to the request's `reply_to` as a plain message (no
+/// correlation id: the client sends it in a PUB_BATCH, delivered as a MSG_BATCH to the
+/// requester's inbox) answers the request.
+#[tokio::test]
+async fn a_plain_publish_to_reply_to_answers_the_request() {
+    let b = start_default().await;
+    let tcp = || hayate_client::ConnectOptions {
+        shm: hayate_client::peer::ShmMode::Off,
+        ..Default::default()
+    };
+    let server = Client::connect_with(&b.addr, tcp()).await.unwrap();
+    let mut reqs = server.subscribe("svc/plain").await.unwrap();
+    server.flush().await.unwrap();
+    let s2 = server.clone();
+    tokio::spawn(async move {
+        while let Some(m) = reqs.next().await {
+            let to = m.reply_to.clone().unwrap();
+            s2.publish(&to, m.payload.clone()).await.unwrap();
+        }
+    });
+    let c = Client::connect_with(&b.addr, tcp()).await.unwrap();
+    // Many at once: the responder's publishes go out in batches.
+    let mut tasks = Vec::new();
+    for n in 0..200u32 {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            let key = Key::new("svc/plain").unwrap();
+            let r = c
+                .request(&key, n.to_string(), Duration::from_secs(5))
+                .await
+                .unwrap();
+            assert_eq!(r.payload, n.to_string().as_bytes());
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn messages_with_metadata_keep_it() {
     let b = start_default().await;
