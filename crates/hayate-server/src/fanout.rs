@@ -109,20 +109,28 @@ struct State {
 }
 
 impl State {
-    /// Drops one reference to the entry `r` names.
-    fn unref(live: &mut BTreeMap<usize, Entry>, full: &mut bool, r: Ref) {
+    /// Drops one reference to the entry `r` names; the last one frees it, and clears its
+    /// tag in the arena (a client that lied about releasing it then reads it as stale,
+    /// whatever is written over it later).
+    fn unref(arena: &ArenaWriter, live: &mut BTreeMap<usize, Entry>, full: &mut bool, r: Ref) {
         let (at, tag, _) = r;
         if let Some(e) = live.get_mut(&at).filter(|e| e.tag == tag) {
             e.refs -= 1;
             if e.refs == 0 {
                 live.remove(&at);
+                arena.clear(at);
                 *full = false;
             }
         }
     }
 
     /// Applies what `h`'s client says it released.
-    fn apply_releases(h: &mut Holder, live: &mut BTreeMap<usize, Entry>, full: &mut bool) {
+    fn apply_releases(
+        h: &mut Holder,
+        arena: &ArenaWriter,
+        live: &mut BTreeMap<usize, Entry>,
+        full: &mut bool,
+    ) {
         let said = h.release.owner_word().load(Ordering::Acquire);
         if said <= h.seen {
             return;
@@ -130,20 +138,21 @@ impl State {
         let n = (said - h.seen).min(h.refs.len() as u64);
         for r in h.refs.drain(..n as usize) {
             h.held_words -= r.2;
-            State::unref(live, full, r);
+            State::unref(arena, live, full, r);
         }
         h.seen += n;
     }
 
     fn apply_all_releases(&mut self) {
         let State {
+            arena,
             holders,
             live,
             full,
             ..
         } = self;
         for h in holders.values_mut() {
-            State::apply_releases(h, live, full);
+            State::apply_releases(h, arena, live, full);
         }
     }
 
@@ -261,6 +270,7 @@ impl Fanout {
         let st = &mut *st;
         let placed = 'placed: {
             let State {
+                arena,
                 holders,
                 live,
                 full,
@@ -268,7 +278,7 @@ impl Fanout {
                 ..
             } = &mut *st;
             let h = holders.get_mut(&id)?;
-            State::apply_releases(h, live, full);
+            State::apply_releases(h, arena, live, full);
             if h.held_words + words > *quota_words {
                 break 'placed None;
             }
@@ -344,7 +354,7 @@ impl Fanout {
         let st = &mut *st;
         if let Some(h) = st.holders.remove(&id) {
             for r in h.refs {
-                State::unref(&mut st.live, &mut st.full, r);
+                State::unref(&st.arena, &mut st.live, &mut st.full, r);
             }
         }
     }
