@@ -61,6 +61,8 @@ pub struct AdminState {
     pub log: Option<LogControl>,
     /// Reloads the configuration, when the program lets the API do it.
     pub reload: Option<ReloadControl>,
+    /// Shared memory offered to native clients (`native.shm`), for its metrics.
+    pub shm: Option<Arc<crate::shm::ShmOffer>>,
 }
 
 /// Reads the configuration again and applies what can change while running; `Ok` says
@@ -429,6 +431,7 @@ fn router(state: AdminState) -> (Router, Arc<Shared>) {
         broker: state.broker.clone(),
         ops: state.ops.clone(),
         mqtt: state.mqtt.clone(),
+        shm: state.shm.clone(),
         top_keys: top_keys.clone(),
     };
     registry.register_collector(Box::new(metrics));
@@ -1095,6 +1098,7 @@ struct Metrics {
     broker: Broker,
     ops: Arc<Ops>,
     mqtt: Arc<Mqtt>,
+    shm: Option<Arc<crate::shm::ShmOffer>>,
     top_keys: TopKeys,
 }
 
@@ -1336,6 +1340,37 @@ impl Collector for Metrics {
             "Requests the memory budget refused.",
             &[(none(), mem.refused())],
         )?;
+        if let Some(shm) = &self.shm {
+            gauge(
+                &mut e,
+                "hayate_shm_connections",
+                "Native connections on shared memory now (native.shm_max_connections at most).",
+                &[(none(), shm.active() as f64)],
+            )?;
+            if let Some(f) = shm.fanout() {
+                let st = f.stats();
+                counter(
+                    &mut e,
+                    "hayate_shm_fanout_entries",
+                    "Entries written to the fan-out arena: one per message (or publisher's \
+                     batch) for all shared-memory subscribers.",
+                    &[(none(), st.entries.load(Relaxed))],
+                )?;
+                counter(
+                    &mut e,
+                    "hayate_shm_fanout_refs",
+                    "Deliveries by reference to the fan-out arena (MSG_REF frames).",
+                    &[(none(), st.refs.load(Relaxed))],
+                )?;
+                counter(
+                    &mut e,
+                    "hayate_shm_fanout_copies",
+                    "Deliveries large enough for the arena sent as copies: no room in it, or \
+                     the client held its quota (a quarter).",
+                    &[(none(), st.copies.load(Relaxed))],
+                )?;
+            }
+        }
         gauge(
             &mut e,
             "hayate_mqtt_clients_connected",

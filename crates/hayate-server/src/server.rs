@@ -468,6 +468,7 @@ impl Server {
                 users: self.admin_users.clone(),
                 log: self.log_control.clone(),
                 reload: self.reload_control.clone(),
+                shm: self.shm.clone(),
             };
             tokio::spawn(crate::admin::serve(l, state, stop_rx.clone()))
         });

@@ -557,6 +557,21 @@ async fn fan_out_writes_each_message_once_for_every_local_subscriber() {
         "each entry written once for the 5 subscribers"
     );
     assert_eq!(st.copies.load(std::sync::atomic::Ordering::Relaxed), 0);
+    // The same figures in /metrics.
+    let (status, body) = common::http(&b.admin, "GET", "/metrics", &[]).await;
+    assert_eq!(status, 200);
+    for (name, v) in [
+        ("hayate_shm_fanout_entries_total", entries),
+        ("hayate_shm_fanout_refs_total", refs),
+        ("hayate_shm_fanout_copies_total", 0),
+        ("hayate_shm_connections", 6),
+    ] {
+        let line = format!("{name} {v}");
+        assert!(
+            body.lines().any(|l| l == line || l == format!("{line}.0")),
+            "no {line:?} in /metrics"
+        );
+    }
     wait_released(&b).await;
     // Request/reply by reference: the reply inbox takes MSG_REFs too.
     let responder = subs[0].0.clone();
