@@ -1347,8 +1347,7 @@ impl Collector for Metrics {
                 "Native connections on shared memory now (native.shm_max_connections at most).",
                 &[(none(), shm.active() as f64)],
             )?;
-            if let Some(f) = shm.fanout() {
-                let st = f.stats();
+            if let Some(st) = shm.fanout_stats() {
                 counter(
                     &mut e,
                     "hayate_shm_fanout_entries",

@@ -53,7 +53,10 @@ pub struct Fanout {
     state: Mutex<State>,
     /// The arena's descriptor, for the clients (a copy of the writer's).
     fd: std::os::fd::OwnedFd,
-    stats: FanoutStats,
+    /// Counted with every other arena of the broker.
+    stats: Arc<FanoutStats>,
+    /// The arena's charge to the memory budget, given back with the arena.
+    _charge: Option<hayate_io::memory::Charge>,
 }
 
 #[derive(Debug)]
@@ -191,9 +194,14 @@ impl State {
 }
 
 impl Fanout {
-    /// An arena of `bytes` bytes. Fails where the kernel cannot seal it against the
+    /// An arena of `bytes` bytes, counting into `stats`, holding `charge` (its share of the
+    /// memory budget) while it lives. Fails where the kernel cannot seal it against the
     /// clients' writes (before Linux 5.1).
-    pub fn new(bytes: usize) -> Result<Fanout, SegmentError> {
+    pub fn new(
+        bytes: usize,
+        stats: Arc<FanoutStats>,
+        charge: Option<hayate_io::memory::Charge>,
+    ) -> Result<Fanout, SegmentError> {
         let arena = ArenaWriter::create("hayate-fanout", bytes)?;
         let fd = arena.fd().try_clone_to_owned()?;
         let words = arena.words();
@@ -212,7 +220,8 @@ impl Fanout {
                 next_holder: 0,
             }),
             fd,
-            stats: FanoutStats::default(),
+            stats,
+            _charge: charge,
         })
     }
 
@@ -395,6 +404,12 @@ impl FanoutClient {
     pub fn place(&self, head: &[u8], body: &Body<'_>) -> Option<(u64, u32, u64)> {
         self.fanout.place(self.id, head, body)
     }
+
+    /// Ends this client's use of the arena now: its references are released, and nothing
+    /// more is placed for it (its deliveries are copies). Dropping it does the same.
+    pub fn revoke(&self) {
+        self.fanout.unregister(self.id);
+    }
 }
 
 impl Drop for FanoutClient {
@@ -437,7 +452,7 @@ mod tests {
 
     #[test]
     fn one_entry_serves_every_client_until_all_release() {
-        let f = Arc::new(Fanout::new(64 * 1024).unwrap());
+        let f = Arc::new(Fanout::new(64 * 1024, Default::default(), None).unwrap());
         let v = view(&f);
         let rings: Vec<_> = (0..3).map(|_| ring()).collect();
         let clients: Vec<_> = rings.iter().map(|r| f.register(r.clone())).collect();
@@ -461,7 +476,7 @@ mod tests {
     #[test]
     fn a_client_that_never_releases_holds_its_quota_then_gets_copies() {
         // 64 KiB: a quota of 16 KiB.
-        let f = Arc::new(Fanout::new(64 * 1024).unwrap());
+        let f = Arc::new(Fanout::new(64 * 1024, Default::default(), None).unwrap());
         let (hog, good) = (ring(), ring());
         let (hc, gc) = (f.register(hog.clone()), f.register(good.clone()));
         let mut hog_refs = 0;
@@ -486,7 +501,7 @@ mod tests {
 
     #[test]
     fn lies_about_releases_free_only_the_liar_s_references() {
-        let f = Arc::new(Fanout::new(64 * 1024).unwrap());
+        let f = Arc::new(Fanout::new(64 * 1024, Default::default(), None).unwrap());
         let v = view(&f);
         let (liar, honest) = (ring(), ring());
         let (lc, hc) = (f.register(liar.clone()), f.register(honest.clone()));
@@ -514,7 +529,7 @@ mod tests {
 
     #[test]
     fn a_batch_is_one_entry_of_items_found_again_by_its_payloads() {
-        let f = Arc::new(Fanout::new(64 * 1024).unwrap());
+        let f = Arc::new(Fanout::new(64 * 1024, Default::default(), None).unwrap());
         let v = view(&f);
         let (r1, r2) = (ring(), ring());
         let (c1, c2) = (f.register(r1), f.register(r2));
@@ -550,7 +565,7 @@ mod tests {
 
     #[test]
     fn entries_wrap_around_the_arena() {
-        let f = Arc::new(Fanout::new(16 * 1024).unwrap());
+        let f = Arc::new(Fanout::new(16 * 1024, Default::default(), None).unwrap());
         let v = view(&f);
         let r = ring();
         let c = f.register(r.clone());

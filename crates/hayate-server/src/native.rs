@@ -32,17 +32,17 @@ pub struct Shm {
     /// What this server offers a client on this host that asks (`None` on a connection
     /// that is shared memory already).
     pub offer: Option<Arc<ShmOffer>>,
-    /// A shared-memory connection's share of the fan-out arena.
-    pub fanout: Option<FanoutClient>,
+    /// A shared-memory connection's share of its user's fan-out arena.
+    pub fanout: Option<crate::shm::FanoutGrant>,
 }
 
 /// Encodes deliveries as native MSG / MSG_BATCH frames.
 #[derive(Debug, Default)]
 pub struct NativeEncoder {
-    /// This client's share of the fan-out arena (a shared-memory client that took it):
+    /// This client's share of its user's fan-out arena (a shared-memory client that took it):
     /// messages and publishers' batches of at least [`fanout::MIN_PAYLOAD`] bytes go there
     /// once for all such clients, and this one gets a MSG_REF.
-    fanout: Option<FanoutClient>,
+    fanout: Option<Arc<FanoutClient>>,
     /// The frame head (MSG or MSG_BATCH, sid 0) of what is placed in the arena.
     scratch: BytesMut,
     /// The largest payload sent in a MSG: the broker's `max_payload` (in WELCOME), by which
@@ -63,7 +63,7 @@ impl NativeEncoder {
     }
 
     /// Delivers through the fan-out arena (see [`crate::fanout`]).
-    pub fn with_fanout(mut self, fanout: Option<FanoutClient>) -> NativeEncoder {
+    pub fn with_fanout(mut self, fanout: Option<Arc<FanoutClient>>) -> NativeEncoder {
         self.fanout = fanout;
         self
     }
@@ -89,7 +89,7 @@ impl NativeEncoder {
 
     /// Sends `m` to `sid` as a MSG_REF to the fan-out arena, if it goes there.
     fn by_reference(&mut self, sid: u32, m: &Message, out: &mut OutBuf) -> bool {
-        if self.fanout.is_none() || m.payload.len() < fanout::MIN_PAYLOAD {
+        if self.fanout.is_none() || m.payload.len() < fanout::MIN_PAYLOAD || is_inbox(&m.key) {
             return false;
         }
         self.scratch.clear();
@@ -117,6 +117,7 @@ impl NativeEncoder {
         };
         if self.fanout.is_none()
             || body.bytes() < fanout::MIN_PAYLOAD
+            || is_inbox(key)
             || payloads.iter().any(|p| p.len() > self.max_payload)
         {
             return false;
@@ -179,6 +180,13 @@ impl Encoder for NativeEncoder {
         encode_msg_acked_head(sid, delivery, msg, out.tail());
         out.put_payload(&msg.payload);
     }
+}
+
+/// Whether `key` is under a session's reply inbox: replies have one reader, whom other
+/// clients of the same arena must not be able to read, so they never go to the arena.
+fn is_inbox(key: &Key) -> bool {
+    key.as_bytes()
+        .starts_with(hayate_core::INBOX_PREFIX.as_bytes())
 }
 
 /// The server side of the native protocol's keepalive.
@@ -275,6 +283,9 @@ struct Native {
     peer_addr: Option<std::net::SocketAddr>,
     /// WELCOME's `shm` field, once HELLO asked for it.
     shm_answer: Option<String>,
+    /// The fan-out arena this shared-memory connection took: revoked unless HELLO logs in
+    /// as the arena's user.
+    fanout: Option<crate::shm::FanoutGrant>,
 }
 
 impl Native {
@@ -287,7 +298,10 @@ impl Native {
                 self.shm_answer = Some(
                     self.shm
                         .as_ref()
-                        .map(|o| o.issue(self.peer_addr, self.verified_name.clone()))
+                        .map(|o| {
+                            let user = self.identity.user.clone();
+                            o.issue(self.peer_addr, self.verified_name.clone(), user)
+                        })
                         .unwrap_or_default(),
                 );
             }
@@ -358,6 +372,13 @@ impl Native {
             .authenticate("native", creds)
             .await
             .map_err(|e| refused(e.to_string()))?;
+        // The arena is readable by every client that took it: only its user's connections
+        // may have their deliveries placed there.
+        if let Some(g) = self.fanout.take()
+            && g.user != self.identity.user
+        {
+            g.client.revoke();
+        }
         if let Some(e) = &self.entry {
             e.set_user(self.identity.user.as_deref());
             e.set_client_id(Some(&h.name).filter(|n| !n.is_empty()).map(|n| n.as_str()));
@@ -560,7 +581,10 @@ pub async fn serve(
     let verified_name = io.verified_name.clone();
     let (_registered, entry) = io.take_registered();
     let session = broker.open_session_in(
-        Box::new(NativeEncoder::new(limits.max_payload).with_fanout(shm.fanout)),
+        Box::new(
+            NativeEncoder::new(limits.max_payload)
+                .with_fanout(shm.fanout.as_ref().map(|g| g.client.clone())),
+        ),
         io.class.as_ref(),
     );
     let outbox = session.outbox().clone();
@@ -590,6 +614,7 @@ pub async fn serve(
         shm: shm.offer,
         peer_addr,
         shm_answer: None,
+        fanout: shm.fanout,
         entry,
     };
     let end = conn.drive(&mut h).await;

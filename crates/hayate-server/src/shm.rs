@@ -31,7 +31,7 @@ use hayate_io::transport::shm::{self, PREFIX};
 use hayate_io::transport::{Reader, Writer};
 use hayate_shm::announce;
 
-use crate::fanout::{Fanout, FanoutClient};
+use crate::fanout::{Fanout, FanoutClient, FanoutStats};
 use tokio::net::UnixListener;
 
 /// How long a ticket is good for.
@@ -53,6 +53,9 @@ struct Ticket {
     at: Instant,
     peer: Option<SocketAddr>,
     verified_name: Option<String>,
+    /// The user the session was logged in as (`None`: anonymous): the fan-out arena is
+    /// that user's.
+    user: Option<Arc<str>>,
 }
 
 /// The broker's offer of shared memory: its socket's name and the tickets given out.
@@ -64,10 +67,18 @@ pub struct ShmOffer {
     max: usize,
     /// Connections not yet past their CONNECT.
     setting_up: AtomicUsize,
-    /// The fan-out arena, for clients that ask for it (`native.shm_fanout_bytes`).
-    fanout: Option<Arc<Fanout>>,
-    /// The arena's charge to the memory budget, for the broker's lifetime.
-    _fanout_charge: Option<Charge>,
+    /// The fan-out arenas, one per user with shared-memory clients that took one (an
+    /// arena is readable by all of its clients: users do not share one), made when first
+    /// needed and gone with their last client.
+    arenas: Mutex<HashMap<Option<Arc<str>>, std::sync::Weak<Fanout>>>,
+    /// Bytes of each arena (`native.shm_fanout_bytes`; 0: none).
+    fanout_bytes: usize,
+    /// The memory budget the arenas are charged to.
+    memory: Arc<Memory>,
+    /// What all arenas did.
+    fanout_stats: Arc<FanoutStats>,
+    /// An arena could not be made (warned once).
+    fanout_failed: std::sync::atomic::AtomicBool,
 }
 
 /// A connection counted in [`ShmOffer::setting_up`] until dropped.
@@ -91,10 +102,10 @@ fn random_u128() -> u128 {
 }
 
 impl ShmOffer {
-    /// Binds the broker's abstract socket (`hayate-broker/<32 hex digits>`), and makes a
-    /// fan-out arena of `fanout_bytes` (0: none) charged to `memory`. An arena that cannot
-    /// be made (a kernel without `F_SEAL_FUTURE_WRITE`, the budget spent) is a warning:
-    /// shared memory is offered without it.
+    /// Binds the broker's abstract socket (`hayate-broker/<32 hex digits>`). Fan-out
+    /// arenas of `fanout_bytes` (0: none) are charged to `memory`; one that cannot be made
+    /// (a kernel without `F_SEAL_FUTURE_WRITE`, the budget spent) is not offered: the
+    /// client's deliveries are copies.
     pub fn bind(
         max: usize,
         fanout_bytes: usize,
@@ -108,21 +119,17 @@ impl ShmOffer {
         let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
         let l = std::os::unix::net::UnixListener::bind_addr(&addr)?;
         l.set_nonblocking(true)?;
-        let (fanout, fanout_charge) = match fanout_arena(fanout_bytes, memory) {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::warn!("no shared-memory fan-out: {e}");
-                (None, None)
-            }
-        };
         let offer = ShmOffer {
             name,
             tickets: Mutex::new(HashMap::new()),
             active: Arc::new(AtomicUsize::new(0)),
             max,
             setting_up: AtomicUsize::new(0),
-            fanout,
-            _fanout_charge: fanout_charge,
+            arenas: Mutex::new(HashMap::new()),
+            fanout_bytes,
+            memory: memory.clone(),
+            fanout_stats: Arc::default(),
+            fanout_failed: std::sync::atomic::AtomicBool::new(false),
         };
         Ok((Arc::new(offer), UnixListener::from_std(l)?))
     }
@@ -132,9 +139,39 @@ impl ShmOffer {
         &self.name
     }
 
-    /// The fan-out arena, if there is one.
-    pub fn fanout(&self) -> Option<&Arc<Fanout>> {
-        self.fanout.as_ref()
+    /// What the fan-out arenas did (`None`: there are none, `native.shm_fanout_bytes` 0).
+    pub fn fanout_stats(&self) -> Option<&FanoutStats> {
+        (self.fanout_bytes > 0).then_some(&*self.fanout_stats)
+    }
+
+    /// The fan-out arenas now.
+    pub fn arenas(&self) -> Vec<Arc<Fanout>> {
+        let a = self.arenas.lock().unwrap_or_else(|p| p.into_inner());
+        a.values().filter_map(std::sync::Weak::upgrade).collect()
+    }
+
+    /// `user`'s arena: the one its clients have, or a new one.
+    fn arena_for(&self, user: &Option<Arc<str>>) -> Option<Arc<Fanout>> {
+        if self.fanout_bytes == 0 {
+            return None;
+        }
+        let mut arenas = self.arenas.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = arenas.get(user).and_then(std::sync::Weak::upgrade) {
+            return Some(f);
+        }
+        arenas.retain(|_, w| w.strong_count() > 0);
+        match fanout_arena(self.fanout_bytes, &self.memory, &self.fanout_stats) {
+            Ok(f) => {
+                arenas.insert(user.clone(), Arc::downgrade(&f));
+                Some(f)
+            }
+            Err(e) => {
+                if !self.fanout_failed.swap(true, Ordering::Relaxed) {
+                    tracing::warn!("no shared-memory fan-out arena: {e}");
+                }
+                None
+            }
+        }
     }
 
     /// Shared-memory connections now (set up and not yet ended).
@@ -158,8 +195,14 @@ impl ShmOffer {
     /// What WELCOME's `shm` field says to a session from `peer` that asked: `<socket>
     /// <ticket>`, or empty (not offered: the client is not on this host, or the broker is
     /// at its limits). `verified_name`: the user its TLS client certificate names, which
-    /// the shared-memory connection inherits (it has no certificate of its own).
-    pub fn issue(&self, peer: Option<SocketAddr>, verified_name: Option<String>) -> String {
+    /// the shared-memory connection inherits (it has no certificate of its own); `user`:
+    /// the user the session logged in as, whose fan-out arena the connection may take.
+    pub fn issue(
+        &self,
+        peer: Option<SocketAddr>,
+        verified_name: Option<String>,
+        user: Option<Arc<str>>,
+    ) -> String {
         if peer.is_some_and(|a| !a.ip().is_loopback())
             || self.active.load(Ordering::Relaxed) >= self.max
         {
@@ -183,6 +226,7 @@ impl ShmOffer {
                 at: now,
                 peer,
                 verified_name,
+                user,
             },
         );
         format!("{} {ticket:032x}", self.name)
@@ -200,22 +244,20 @@ impl ShmOffer {
     }
 }
 
-/// The fan-out arena of `bytes` (none for 0), and its charge to `memory`.
+/// A fan-out arena of `bytes`, charged to `memory` while it lives.
 fn fanout_arena(
     bytes: usize,
     memory: &Arc<Memory>,
-) -> io::Result<(Option<Arc<Fanout>>, Option<Charge>)> {
-    if bytes == 0 {
-        return Ok((None, None));
-    }
+    stats: &Arc<FanoutStats>,
+) -> io::Result<Arc<Fanout>> {
     let mut charge = Charge::exact(memory);
     if !charge.cover(bytes) {
         return Err(io::Error::other(format!(
             "an arena of {bytes} bytes does not fit the memory budget"
         )));
     }
-    let f = Fanout::new(bytes).map_err(io::Error::other)?;
-    Ok((Some(Arc::new(f)), Some(charge)))
+    let f = Fanout::new(bytes, stats.clone(), Some(charge)).map_err(io::Error::other)?;
+    Ok(Arc::new(f))
 }
 
 /// One shared-memory connection counted against [`ShmOffer::max`] while it lives, and its
@@ -248,8 +290,18 @@ pub struct Attached<G> {
     pub slot: ShmSlot,
     /// What `admit` gave (the caller's own accounting for the connection).
     pub admitted: G,
-    /// Its share of the fan-out arena, when it asked for it and the broker has one.
-    pub fanout: Option<FanoutClient>,
+    /// Its share of its user's fan-out arena, when it asked for it and the broker has one.
+    pub fanout: Option<FanoutGrant>,
+}
+
+/// A shared-memory connection's share of a fan-out arena, and the user whose arena it is:
+/// the connection must log in as that user to use it ([`FanoutClient::revoke`] otherwise).
+#[derive(Debug)]
+pub struct FanoutGrant {
+    /// The share.
+    pub client: Arc<FanoutClient>,
+    /// The arena's user (`None`: anonymous).
+    pub user: Option<Arc<str>>,
 }
 
 /// Sets up a connection accepted on the offer's socket: the client's CONNECT, within
@@ -310,6 +362,7 @@ pub async fn accept<G>(
     let Some(Ticket {
         peer,
         verified_name,
+        user,
         ..
     }) = offer.redeem(ticket)
     else {
@@ -347,20 +400,20 @@ pub async fn accept<G>(
         Ok(rw) => rw,
         Err(e) => return Err(refuse(&e.to_string())),
     };
-    let fanout = offer
-        .fanout
-        .as_ref()
-        .filter(|_| wants_fanout)
-        .map(|f| f.register(theirs));
+    let arena = wants_fanout.then(|| offer.arena_for(&user)).flatten();
     let mut ours: Vec<_> = ours.iter().map(|f| f.as_fd()).collect();
-    let answer = match &offer.fanout {
-        Some(f) if fanout.is_some() => {
+    let answer = match &arena {
+        Some(f) => {
             ours.push(f.fd());
             format!("{PREFIX} OK {}", shm::FANOUT)
         }
-        _ => format!("{PREFIX} OK"),
+        None => format!("{PREFIX} OK"),
     };
     announce::send_fds(&sock, &ours, answer.as_bytes())?;
+    let fanout = arena.map(|f| FanoutGrant {
+        client: Arc::new(f.register(theirs)),
+        user,
+    });
     Ok(Attached {
         reader,
         writer,

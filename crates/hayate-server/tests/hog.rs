@@ -185,7 +185,7 @@ impl NativeHog {
             .shm
             .as_ref()
             .expect("shared memory offered")
-            .issue(None, None);
+            .issue(None, None, None);
         let (r, w, _) =
             hayate_io::transport::shm::connect(&offer, Default::default(), Duration::from_secs(5))
                 .await

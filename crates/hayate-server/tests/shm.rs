@@ -187,7 +187,7 @@ fn set_up(
 
 fn ticket(offer: &ShmOffer) -> String {
     offer
-        .issue(None, None)
+        .issue(None, None, None)
         .split_once(' ')
         .unwrap()
         .1
@@ -270,8 +270,18 @@ async fn raw(b: &TestBroker) -> Raw {
 
 /// [`raw`], asking for the fan-out arena when `fanout`: the arena's descriptor, if given.
 async fn raw_with(b: &TestBroker, fanout: bool) -> (Raw, Option<OwnedFd>) {
+    let t = ticket(offer(b));
+    raw_ticket(b, fanout, t, Bytes::new()).await
+}
+
+/// [`raw_with`] on ticket `t`, logging in with `auth` (HELLO's auth field).
+async fn raw_ticket(
+    b: &TestBroker,
+    fanout: bool,
+    t: String,
+    auth: Bytes,
+) -> (Raw, Option<OwnedFd>) {
     let o = offer(b).clone();
-    let t = ticket(&o);
     let (local, mut fds, sock, ring) = tokio::task::spawn_blocking(move || {
         let local = Local::new("raw", ShmGeometry::default()).unwrap();
         let ring = Segment::open(local.fds()[0].try_clone_to_owned().unwrap()).unwrap();
@@ -300,7 +310,7 @@ async fn raw_with(b: &TestBroker, fanout: bool) -> (Raw, Option<OwnedFd>) {
             version: PROTOCOL_VERSION,
             flags: 0,
             name: "raw".into(),
-            auth: Bytes::new(),
+            auth,
         }),
         &mut out,
     );
@@ -469,27 +479,32 @@ async fn a_hello_of_another_version_gets_no_ticket() {
     assert_eq!(offer(&b).tickets(), 0);
 }
 
-fn fanout(b: &TestBroker) -> &Arc<hayate_server::fanout::Fanout> {
+/// What the broker's fan-out arenas did.
+fn fanout(b: &TestBroker) -> &hayate_server::fanout::FanoutStats {
     offer(b)
-        .fanout()
+        .fanout_stats()
         .expect("native.shm_fanout_bytes is on by default")
+}
+
+/// Entries live and references held in all arenas now.
+fn held(b: &TestBroker) -> (usize, usize) {
+    offer(b)
+        .arenas()
+        .iter()
+        .map(|a| a.held())
+        .fold((0, 0), |(e, r), (e2, r2)| (e + e2, r + r2))
 }
 
 /// Waits until no fan-out entry is live nor referenced (every client released what it
 /// read, or is gone).
 async fn wait_released(b: &TestBroker) {
-    let f = fanout(b).clone();
     let r = tokio::time::timeout(Duration::from_secs(10), async {
-        while f.held() != (0, 0) {
+        while held(b) != (0, 0) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
     .await;
-    assert!(
-        r.is_ok(),
-        "still held (entries, references): {:?}",
-        f.held()
-    );
+    assert!(r.is_ok(), "still held (entries, references): {:?}", held(b));
 }
 
 /// Messages for several local subscribers are written to the arena once each, every
@@ -546,7 +561,7 @@ async fn fan_out_writes_each_message_once_for_every_local_subscriber() {
         })
         .await;
     }
-    let st = fanout(&b).stats();
+    let st = fanout(&b);
     let entries = st.entries.load(std::sync::atomic::Ordering::Relaxed);
     let refs = st.refs.load(std::sync::atomic::Ordering::Relaxed);
     // A publisher's batch that goes to the arena is one entry: at most one per message.
@@ -651,7 +666,7 @@ async fn a_stuck_subscriber_holds_at_most_its_quota() {
     }
     sender.await.unwrap();
     // 12 MB went by an arena of 1 MiB: the stuck client holds at most a quarter of it.
-    let (entries, refs) = fanout(&b).held();
+    let (entries, refs) = held(&b);
     let per_entry = 4000 + 64;
     assert!(
         refs * per_entry <= (1 << 20) / 4 + per_entry,
@@ -661,10 +676,7 @@ async fn a_stuck_subscriber_holds_at_most_its_quota() {
         entries * per_entry <= (1 << 20) / 4 + per_entry,
         "{entries} entries"
     );
-    let copies = fanout(&b)
-        .stats()
-        .copies
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let copies = fanout(&b).copies.load(std::sync::atomic::Ordering::Relaxed);
     assert!(copies > 0, "the stuck client's quota never ran out");
     drop(never_read);
     drop(stuck);
@@ -737,7 +749,6 @@ async fn a_client_lying_about_releases_harms_only_itself() {
         publ.flush().await.unwrap();
     }
     let written = fanout(&b)
-        .stats()
         .entries
         .load(std::sync::atomic::Ordering::Relaxed);
     assert!(written * 3000 > 3 * (256 << 10), "{written} entries");
@@ -757,4 +768,125 @@ async fn a_client_lying_about_releases_harms_only_itself() {
     publ.publish(&key, payload(400, 3000)).await.unwrap();
     let m = within(10, hs.next()).await.unwrap();
     assert_eq!(m.payload, payload(400, 3000));
+}
+
+/// Reads frames from a raw connection until one is a delivery: it.
+async fn next_delivery(raw: &mut Raw, buf: &mut BytesMut) -> Frame {
+    within(10, async {
+        loop {
+            while let Some(f) = hayate_native::decode(buf, 1 << 20).unwrap() {
+                if matches!(
+                    f,
+                    Frame::Msg { .. } | Frame::MsgBatch { .. } | Frame::MsgRef { .. }
+                ) {
+                    return f;
+                }
+            }
+            assert!(raw.r.read_buf(buf).await.unwrap() > 0);
+        }
+    })
+    .await
+}
+
+/// An arena is readable by every client that took it, so each user has its own, replies
+/// never go there, and a connection that logs in as another user than its ticket's gets
+/// copies (the arena it took is its ticket's user's).
+#[tokio::test]
+async fn an_arena_is_one_user_s_and_replies_never_go_there() {
+    let mut config = Config::default();
+    for u in ["alice", "bob"] {
+        config.auth.users.insert(
+            u.into(),
+            hayate_server::config::UserConfig::with_password("alice-and-bob").unwrap(),
+        );
+    }
+    let b = start(config).await;
+    let as_user = |u: &str| ConnectOptions::default().password(u, "alice-and-bob");
+    let alice = Client::connect_with(&b.addr, as_user("alice"))
+        .await
+        .unwrap();
+    let bob = Client::connect_with(&b.addr, as_user("bob")).await.unwrap();
+    let (mut sa, mut sb) = (
+        alice.subscribe("u/**").await.unwrap(),
+        bob.subscribe("u/**").await.unwrap(),
+    );
+    alice.flush().await.unwrap();
+    bob.flush().await.unwrap();
+    // Logs in as bob on a ticket issued for alice.
+    let t = offer(&b)
+        .issue(None, None, Some("alice".into()))
+        .split_once(' ')
+        .unwrap()
+        .1
+        .to_owned();
+    let bob_auth = hayate_native::HelloAuth::Password {
+        user: "bob".into(),
+        password: Bytes::from_static(b"alice-and-bob"),
+    }
+    .encode();
+    let (mut impostor, arena) = raw_ticket(&b, true, t, bob_auth).await;
+    assert!(
+        arena.is_some(),
+        "alice's arena was handed out on her ticket"
+    );
+    let mut out = BytesMut::new();
+    encode(
+        &Frame::Sub(hayate_native::Sub {
+            sid: 1,
+            qos: hayate_client::Qos::RELIABLE,
+            group: None,
+            expr: hayate_core::KeyExpr::new("u/**").unwrap(),
+        }),
+        &mut out,
+    );
+    write_all(&*impostor.w, out.freeze()).await.unwrap();
+    wait_active(&b, 3).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let publ = Client::connect_with(&b.addr, as_user("bob")).await.unwrap();
+    publ.publish(&Key::new("u/x").unwrap(), payload(1, 2000))
+        .await
+        .unwrap();
+    publ.flush().await.unwrap();
+    for s in [&mut sa, &mut sb] {
+        let m = within(10, s.next()).await.unwrap();
+        assert_eq!(m.payload, payload(1, 2000));
+    }
+    // One entry in each user's arena; the impostor got a copy.
+    assert_eq!(offer(&b).arenas().len(), 2, "one arena per user");
+    assert_eq!(
+        fanout(&b)
+            .entries
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+    assert_eq!(
+        fanout(&b).refs.load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+    let mut buf = BytesMut::new();
+    let f = next_delivery(&mut impostor, &mut buf).await;
+    assert!(
+        matches!(&f, Frame::Msg { .. } | Frame::MsgBatch { .. }),
+        "the impostor got {f:?}"
+    );
+    // A large reply to alice goes as a copy: other alice connections must not read it.
+    let mut svc = bob.subscribe("svc").await.unwrap();
+    bob.flush().await.unwrap();
+    let responder = bob.clone();
+    tokio::spawn(async move {
+        let m = svc.next().await.unwrap();
+        responder.reply(&m, payload(2, 4000)).await.unwrap();
+        responder.flush().await.unwrap();
+    });
+    let r = within(
+        10,
+        alice.request(&Key::new("svc").unwrap(), "q", Duration::from_secs(5)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.payload, payload(2, 4000));
+    assert_eq!(
+        fanout(&b).refs.load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
 }
