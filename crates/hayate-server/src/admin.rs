@@ -1351,8 +1351,8 @@ impl Collector for Metrics {
                 counter(
                     &mut e,
                     "hayate_shm_fanout_entries",
-                    "Entries written to the fan-out arena: one per message (or publisher's \
-                     batch) for all shared-memory subscribers.",
+                    "Entries written to the fan-out arenas: one per message (or publisher's \
+                     batch) for all of a user's shared-memory subscribers.",
                     &[(none(), st.entries.load(Relaxed))],
                 )?;
                 counter(

@@ -468,11 +468,12 @@ pub struct NativeSection {
     /// Shared-memory connections at once (each holds a 2 MiB ring of the broker's); past it,
     /// clients stay on the transport they came in on.
     pub shm_max_connections: usize,
-    /// Bytes of the fan-out arena (0: none): a message of at least 512 bytes for the
-    /// broker's shared-memory clients is written there once, whatever the number of
-    /// subscribers, and each is sent a reference to it (docs/shm.md, *Fan-out to the
-    /// broker's local clients*). Charged to `limits.memory_budget` for the broker's
-    /// lifetime; a client holds at most a quarter of it.
+    /// Bytes of each fan-out arena (0: none). Each user with shared-memory clients has one
+    /// (made with its first such client, freed with its last): a message of at least 512
+    /// bytes for that user's shared-memory clients is written there once, whatever the
+    /// number of subscribers, and each is sent a reference to it (docs/shm.md, *Fan-out to
+    /// the broker's local clients*). Charged to `limits.memory_budget` while it lives; a
+    /// client holds at most a quarter of it.
     pub shm_fanout_bytes: u64,
 }
 

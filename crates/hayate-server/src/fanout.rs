@@ -1,8 +1,9 @@
-//! One copy of a message for all of the broker's shared-memory clients (docs/shm.md,
-//! *Fan-out to the broker's local clients*).
+//! One copy of a message for all of a user's shared-memory clients (docs/shm.md, *Fan-out
+//! to the broker's local clients*).
 //!
-//! The broker writes a message for its shared-memory clients once, into an arena (a memfd
-//! only the broker can write: `hayate_shm::arena`), and sends each subscriber a small
+//! The broker writes a message for a user's shared-memory clients once, into that user's
+//! arena (a memfd only the broker can write, and every client of the arena can read:
+//! `hayate_shm::arena`; `crate::shm::ShmOffer` keeps one per user), and sends each subscriber a small
 //! MSG_REF frame naming the entry instead of the message. Each client copies the entry
 //! out, then counts it released in a word of its own ring's header (the *owner word*, a
 //! plain counter of MSG_REFs done). An entry is written again only when every reference

@@ -588,7 +588,8 @@ async fn fan_out_writes_each_message_once_for_every_local_subscriber() {
         );
     }
     wait_released(&b).await;
-    // Request/reply by reference: the reply inbox takes MSG_REFs too.
+    // Request/reply: a large reply to a shared-memory client arrives whole (a copy: replies
+    // never go to the arena).
     let responder = subs[0].0.clone();
     let mut requests = responder.subscribe("svc").await.unwrap();
     responder.flush().await.unwrap();
