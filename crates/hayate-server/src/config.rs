@@ -477,6 +477,12 @@ pub struct NativeSection {
     pub shm_fanout_bytes: u64,
 }
 
+/// The smallest fan-out arena accepted (`native.shm_fanout_bytes`): a client's quota, a
+/// quarter, then holds a 64 KiB message.
+pub const MIN_FANOUT_BYTES: u64 = 256 << 10;
+/// The largest (a memfd segment's limit, `hayate_shm::segment::MAX_SEGMENT_BYTES`).
+pub const MAX_FANOUT_BYTES: u64 = 1 << 34;
+
 impl Default for NativeSection {
     fn default() -> Self {
         NativeSection {
@@ -704,6 +710,13 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "limits.max_connections must be at least 1".into(),
             ));
+        }
+        let fanout = self.native.shm_fanout_bytes;
+        if fanout != 0 && !(MIN_FANOUT_BYTES..=MAX_FANOUT_BYTES).contains(&fanout) {
+            return Err(ConfigError::Invalid(format!(
+                "native.shm_fanout_bytes must be 0 (no fan-out arena) or from {MIN_FANOUT_BYTES} \
+                 to {MAX_FANOUT_BYTES}, not {fanout}"
+            )));
         }
         if self.native.listen.is_empty()
             && self.native.unix.is_empty()

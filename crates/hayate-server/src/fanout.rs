@@ -21,8 +21,9 @@
 //! lock.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hayate_shm::SharedRing;
@@ -81,6 +82,12 @@ struct Recent {
 /// A reference handed out: the entry's place, tag and size.
 type Ref = (usize, u64, usize);
 
+/// How long the references of a connection the broker ended stay valid: its client is
+/// still reading what was sent before the end (the MSG_REFs in its ring, then ERR or the
+/// end of the stream), and counts them released as it goes; what it has not released by
+/// then is freed.
+const DEPARTED_GRACE: Duration = Duration::from_secs(2);
+
 #[derive(Debug)]
 struct Holder {
     /// The client's ring: its owner word counts the MSG_REFs it is done with.
@@ -92,78 +99,68 @@ struct Holder {
     held_words: usize,
 }
 
+impl Holder {
+    /// Applies what the client says it released.
+    fn apply_releases(&mut self, entries: &mut Entries) {
+        let said = self.release.owner_word().load(Ordering::Acquire);
+        if said <= self.seen {
+            return;
+        }
+        let n = (said - self.seen).min(self.refs.len() as u64);
+        for r in self.refs.drain(..n as usize) {
+            self.held_words -= r.2;
+            entries.unref(r);
+        }
+        self.seen += n;
+    }
+}
+
+/// The arena's entries.
 #[derive(Debug)]
-struct State {
+struct Entries {
     arena: ArenaWriter,
     words: usize,
-    quota_words: usize,
     /// Entries written and still referenced, by place. An entry is freed as soon as its
     /// last reference goes (whatever its age: a client holding old entries leaves holes,
     /// not a wall).
     live: BTreeMap<usize, Entry>,
     /// Where the last entry ended: the search for room starts there.
     head: usize,
-    /// No room was found and nothing was freed since: no search until something is.
-    full: bool,
-    next_tag: u64,
+    /// The smallest entry (in words) no room was found for since the last entry was freed:
+    /// one at least as large is not searched for until something is freed.
+    full_for: usize,
     recent: [Option<Recent>; RECENT],
     recent_next: usize,
-    holders: HashMap<u64, Holder>,
-    next_holder: u64,
+    /// Makes tags unpredictable (a client must not be able to write, in a payload of its
+    /// own, the tag of another entry at its place).
+    tags: std::collections::hash_map::RandomState,
+    next_tag: u64,
 }
 
-impl State {
+impl Entries {
     /// Drops one reference to the entry `r` names; the last one frees it, and clears its
-    /// tag in the arena (a client that lied about releasing it then reads it as stale,
-    /// whatever is written over it later).
-    fn unref(arena: &ArenaWriter, live: &mut BTreeMap<usize, Entry>, full: &mut bool, r: Ref) {
+    /// tag in the arena (a client holding its name then reads it as stale).
+    fn unref(&mut self, r: Ref) {
         let (at, tag, _) = r;
-        if let Some(e) = live.get_mut(&at).filter(|e| e.tag == tag) {
+        if let Some(e) = self.live.get_mut(&at).filter(|e| e.tag == tag) {
             e.refs -= 1;
             if e.refs == 0 {
-                live.remove(&at);
-                arena.clear(at);
-                *full = false;
+                self.live.remove(&at);
+                self.arena.clear(at);
+                self.full_for = usize::MAX;
+                for slot in &mut self.recent {
+                    if slot.as_ref().is_some_and(|r| r.at == at) {
+                        *slot = None;
+                    }
+                }
             }
-        }
-    }
-
-    /// Applies what `h`'s client says it released.
-    fn apply_releases(
-        h: &mut Holder,
-        arena: &ArenaWriter,
-        live: &mut BTreeMap<usize, Entry>,
-        full: &mut bool,
-    ) {
-        let said = h.release.owner_word().load(Ordering::Acquire);
-        if said <= h.seen {
-            return;
-        }
-        let n = (said - h.seen).min(h.refs.len() as u64);
-        for r in h.refs.drain(..n as usize) {
-            h.held_words -= r.2;
-            State::unref(arena, live, full, r);
-        }
-        h.seen += n;
-    }
-
-    fn apply_all_releases(&mut self) {
-        let State {
-            arena,
-            holders,
-            live,
-            full,
-            ..
-        } = self;
-        for h in holders.values_mut() {
-            State::apply_releases(h, arena, live, full);
         }
     }
 
     /// A place for an entry of `words` words, if there is room: the first gap from
     /// `head` on, then from the start.
     fn room(&self, words: usize) -> Option<usize> {
-        if self.full {
+        if words >= self.full_for {
             return None;
         }
         let gap_from = |mut pos: usize| {
@@ -192,6 +189,91 @@ impl State {
             .then_some((r.at, r.tag))
         })
     }
+
+    /// Writes `head` + `body` at `at` as a new entry (no reference yet): its tag.
+    fn write(&mut self, at: usize, head: &[u8], body: &Body<'_>, words: usize) -> u64 {
+        use std::hash::BuildHasher;
+        self.next_tag += 1;
+        let tag = self.tags.hash_one(self.next_tag).max(1);
+        let prefixes: Vec<[u8; 4]> = if body.items {
+            body.payloads
+                .iter()
+                .map(|p| (p.len() as u32).to_be_bytes())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(1 + 2 * body.payloads.len());
+        parts.push(head);
+        for (i, p) in body.payloads.iter().enumerate() {
+            if let Some(l) = prefixes.get(i) {
+                parts.push(l);
+            }
+            parts.push(p);
+        }
+        self.arena.put(at, tag, &parts);
+        self.live.insert(
+            at,
+            Entry {
+                tag,
+                words,
+                refs: 0,
+            },
+        );
+        self.head = at + words;
+        self.recent[self.recent_next] = Some(Recent {
+            at,
+            tag,
+            head: head.to_vec(),
+            body: body.payloads.to_vec(),
+            items: body.items,
+        });
+        self.recent_next = (self.recent_next + 1) % RECENT;
+        tag
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    entries: Entries,
+    quota_words: usize,
+    holders: HashMap<u64, Holder>,
+    /// Holders whose connection ended, with the moment their references are freed
+    /// whatever they released ([`DEPARTED_GRACE`]).
+    departed: Vec<(Holder, Instant)>,
+    next_holder: u64,
+}
+
+impl State {
+    /// Applies every client's releases (and ends departed holders past their grace).
+    fn apply_all_releases(&mut self) {
+        let State {
+            entries,
+            holders,
+            departed,
+            ..
+        } = self;
+        for h in holders.values_mut() {
+            h.apply_releases(entries);
+        }
+        if departed.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        departed.retain_mut(|(h, until)| {
+            h.apply_releases(entries);
+            if h.refs.is_empty() {
+                return false;
+            }
+            if now < *until {
+                return true;
+            }
+            for r in h.refs.drain(..) {
+                entries.unref(r);
+            }
+            false
+        });
+    }
 }
 
 impl Fanout {
@@ -208,16 +290,20 @@ impl Fanout {
         let words = arena.words();
         Ok(Fanout {
             state: Mutex::new(State {
-                arena,
-                words,
+                entries: Entries {
+                    arena,
+                    words,
+                    live: BTreeMap::new(),
+                    head: 0,
+                    full_for: usize::MAX,
+                    recent: Default::default(),
+                    recent_next: 0,
+                    tags: Default::default(),
+                    next_tag: 0,
+                },
                 quota_words: words / 4,
-                live: BTreeMap::new(),
-                head: 0,
-                full: false,
-                next_tag: 1,
-                recent: Default::default(),
-                recent_next: 0,
                 holders: HashMap::new(),
+                departed: Vec::new(),
                 next_holder: 0,
             }),
             fd,
@@ -241,13 +327,14 @@ impl Fanout {
         &self.stats
     }
 
-    /// Entries live and references held, now (for tests: both 0 once every client is gone
-    /// or has released everything).
+    /// Entries live and references held, now (releases applied first; for tests: both 0
+    /// once every client has released everything, or is gone past its grace).
     pub fn held(&self) -> (usize, usize) {
         let mut st = self.lock();
         st.apply_all_releases();
-        let refs = st.holders.values().map(|h| h.refs.len()).sum();
-        (st.live.len(), refs)
+        let refs = st.holders.values().map(|h| h.refs.len()).sum::<usize>()
+            + st.departed.iter().map(|(h, _)| h.refs.len()).sum::<usize>();
+        (st.entries.live.len(), refs)
     }
 
     /// A new client whose releases its ring's owner word counts (from 0).
@@ -267,6 +354,7 @@ impl Fanout {
         FanoutClient {
             fanout: self.clone(),
             id,
+            revoked: AtomicBool::new(false),
         }
     }
 
@@ -276,82 +364,33 @@ impl Fanout {
     fn place(&self, id: u64, head: &[u8], body: &Body<'_>) -> Option<(u64, u32, u64)> {
         let len = head.len() + body.bytes();
         let words = entry_words(len);
-        let mut st = self.lock();
-        let st = &mut *st;
-        let placed = 'placed: {
-            let State {
-                arena,
-                holders,
-                live,
-                full,
-                quota_words,
-                ..
-            } = &mut *st;
-            let h = holders.get_mut(&id)?;
-            State::apply_releases(h, arena, live, full);
-            if h.held_words + words > *quota_words {
-                break 'placed None;
-            }
-            if let Some(r) = st.recent_ref(head, body) {
-                break 'placed Some(r);
-            }
-            let at = match st.room(words) {
-                Some(at) => at,
-                None => {
-                    st.apply_all_releases();
-                    match st.room(words) {
-                        Some(at) => at,
-                        None => {
-                            st.full = true;
-                            break 'placed None;
-                        }
-                    }
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let h = st.holders.get_mut(&id)?;
+        h.apply_releases(&mut st.entries);
+        let placed = if h.held_words + words > st.quota_words {
+            None
+        } else if let Some(r) = st.entries.recent_ref(head, body) {
+            Some(r)
+        } else {
+            let at = st.entries.room(words).or_else(|| {
+                st.apply_all_releases();
+                let at = st.entries.room(words);
+                if at.is_none() {
+                    st.entries.full_for = st.entries.full_for.min(words);
                 }
-            };
-            let tag = st.next_tag;
-            st.next_tag += 1;
-            let prefixes: Vec<[u8; 4]> = if body.items {
-                body.payloads
-                    .iter()
-                    .map(|p| (p.len() as u32).to_be_bytes())
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            let mut parts: Vec<&[u8]> = Vec::with_capacity(1 + 2 * body.payloads.len());
-            parts.push(head);
-            for (i, p) in body.payloads.iter().enumerate() {
-                if let Some(l) = prefixes.get(i) {
-                    parts.push(l);
-                }
-                parts.push(p);
-            }
-            st.arena.put(at, tag, &parts);
-            st.live.insert(
-                at,
-                Entry {
-                    tag,
-                    words,
-                    refs: 0,
-                },
-            );
-            st.head = at + words;
-            st.recent[st.recent_next] = Some(Recent {
-                at,
-                tag,
-                head: head.to_vec(),
-                body: body.payloads.to_vec(),
-                items: body.items,
+                at
             });
-            st.recent_next = (st.recent_next + 1) % RECENT;
-            self.stats.entries.fetch_add(1, Ordering::Relaxed);
-            Some((at, tag))
+            at.map(|at| {
+                self.stats.entries.fetch_add(1, Ordering::Relaxed);
+                (at, st.entries.write(at, head, body, words))
+            })
         };
         let Some((at, tag)) = placed else {
             self.stats.copies.fetch_add(1, Ordering::Relaxed);
             return None;
         };
-        st.live.get_mut(&at)?.refs += 1;
+        st.entries.live.get_mut(&at)?.refs += 1;
         let h = st.holders.get_mut(&id)?;
         h.refs.push_back((at, tag, words));
         h.held_words += words;
@@ -359,12 +398,15 @@ impl Fanout {
         Some((at as u64 * 8, len as u32, tag))
     }
 
+    /// Client `id`'s connection ended (or its share was revoked): nothing more is placed
+    /// for it, and its references stay valid for [`DEPARTED_GRACE`] while it reads what was
+    /// sent before the end.
     fn unregister(&self, id: u64) {
         let mut st = self.lock();
-        let st = &mut *st;
-        if let Some(h) = st.holders.remove(&id) {
-            for r in h.refs {
-                State::unref(&st.arena, &mut st.live, &mut st.full, r);
+        if let Some(mut h) = st.holders.remove(&id) {
+            h.apply_releases(&mut st.entries);
+            if !h.refs.is_empty() {
+                st.departed.push((h, Instant::now() + DEPARTED_GRACE));
             }
         }
     }
@@ -398,18 +440,36 @@ impl Body<'_> {
 pub struct FanoutClient {
     fanout: Arc<Fanout>,
     id: u64,
+    /// Its share was revoked: nothing more is placed for it (checked before any lock).
+    revoked: AtomicBool,
 }
 
 impl FanoutClient {
     /// See [`Fanout::place`].
     pub fn place(&self, head: &[u8], body: &Body<'_>) -> Option<(u64, u32, u64)> {
+        if self.revoked.load(Ordering::Relaxed) {
+            return None;
+        }
         self.fanout.place(self.id, head, body)
     }
 
     /// Ends this client's use of the arena now: its references are released, and nothing
     /// more is placed for it (its deliveries are copies). Dropping it does the same.
     pub fn revoke(&self) {
+        self.revoked.store(true, Ordering::Relaxed);
         self.fanout.unregister(self.id);
+    }
+}
+
+#[cfg(test)]
+impl Fanout {
+    /// Ends the grace of every departed holder now.
+    fn end_graces(&self) {
+        let mut st = self.lock();
+        let now = Instant::now();
+        for (_, until) in &mut st.departed {
+            *until = now;
+        }
     }
 }
 
@@ -463,6 +523,8 @@ mod tests {
             .map(|c| c.place(b"head", &one(&payload)).unwrap())
             .collect();
         assert!(refs.windows(2).all(|w| w[0] == w[1]), "one entry for all");
+        // Tags are not a count a client could predict (and write into a payload of its own).
+        assert!(refs[0].2 > 1 << 20, "tag {}", refs[0].2);
         assert_eq!(f.stats().entries.load(Ordering::Relaxed), 1);
         let mut want = b"head".to_vec();
         want.extend_from_slice(&payload);
@@ -495,8 +557,11 @@ mod tests {
         // 16 KiB of ~1 KiB entries.
         assert!((10..=16).contains(&hog_refs), "{hog_refs}");
         assert!(f.stats().copies.load(Ordering::Relaxed) >= 180);
-        // The hog's connection ends: everything is free.
+        // The hog's connection ends: its references stay valid for the grace (it may
+        // still be reading what was sent), then everything is free.
         drop(hc);
+        assert!(f.held().1 >= 10);
+        f.end_graces();
         assert_eq!(f.held(), (0, 0));
     }
 
@@ -525,6 +590,7 @@ mod tests {
         assert!(lc.place(b"z", &one(&Bytes::from(vec![0u8; 600]))).is_some());
         drop(hc);
         drop(lc);
+        f.end_graces();
         assert_eq!(f.held(), (0, 0));
     }
 
@@ -562,6 +628,36 @@ mod tests {
         assert_ne!(c1.place(b"H", &plain).unwrap().2, got.2);
         assert_ne!(c1.place(b"G", &body).unwrap().2, got.2);
         assert_eq!(f.stats().entries.load(Ordering::Relaxed), 4);
+    }
+
+    /// A connection the broker ended keeps its references valid for the grace: its client
+    /// still reads what was sent before the end, and what it releases meanwhile is freed.
+    #[test]
+    fn a_departed_client_s_entries_outlive_its_connection_for_the_grace() {
+        let f = Arc::new(Fanout::new(64 * 1024, Default::default(), None).unwrap());
+        let v = view(&f);
+        let r = ring();
+        let c = f.register(r.clone());
+        let sent: Vec<_> = (0..5u8)
+            .map(|i| {
+                let p = Bytes::from(vec![i; 600]);
+                (c.place(b"", &one(&p)).unwrap(), p)
+            })
+            .collect();
+        drop(c);
+        // Another client's traffic does not take their places meanwhile.
+        let other = ring();
+        let oc = f.register(other.clone());
+        for i in 0..200u64 {
+            let _ = oc.place(b"", &one(&Bytes::from(vec![9u8; 600])));
+            release(&other, i + 1);
+        }
+        for (i, (got, p)) in sent.iter().enumerate() {
+            assert_eq!(read(&v, *got), p.to_vec(), "entry {i}");
+            release(&r, i as u64 + 1);
+        }
+        // All released: nothing held for the departed client, before its grace ends.
+        assert_eq!(f.held().1, 0);
     }
 
     #[test]

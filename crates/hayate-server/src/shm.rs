@@ -356,7 +356,7 @@ pub async fn accept<G>(
         return Err(refuse("expected CONNECT <ticket>"));
     };
     // `<ticket>` or `<ticket> fanout`; other capability words are ignored.
-    let mut words = rest.split(' ');
+    let mut words = rest.split_whitespace();
     let ticket = words.next().unwrap_or("");
     let wants_fanout = words.any(|w| w == shm::FANOUT);
     let Some(Ticket {

@@ -891,3 +891,111 @@ async fn an_arena_is_one_user_s_and_replies_never_go_there() {
         2
     );
 }
+
+/// The arena's size is 0 (none) or within bounds: a tiny one would copy everything (its
+/// quota too small for a message), a huge one could not be made.
+#[test]
+fn the_arena_size_is_checked() {
+    let mut config = Config::default();
+    for ok in [0, 256 << 10, 16 << 20, 1 << 34] {
+        config.native.shm_fanout_bytes = ok;
+        config.validate().unwrap();
+    }
+    for bad in [1, (256 << 10) - 1, (1 << 34) + 1] {
+        config.native.shm_fanout_bytes = bad;
+        let e = config.validate().unwrap_err().to_string();
+        assert!(e.contains("shm_fanout_bytes"), "{e}");
+    }
+}
+
+/// A connection the broker ends (here for a bad frame) still reads everything sent before
+/// the end: the MSG_REFs in its ring name entries that stay valid while it reads them (the
+/// departed holder's grace), then the ERR.
+#[tokio::test]
+async fn a_connection_the_broker_ends_reads_its_references_then_the_error() {
+    let b = start_default().await;
+    let (mut raw, arena) = raw_with(&b, true).await;
+    let view = hayate_shm::arena::ArenaView::open(arena.unwrap()).unwrap();
+    let mut out = BytesMut::new();
+    encode(
+        &Frame::Sub(hayate_native::Sub {
+            sid: 1,
+            qos: hayate_client::Qos::RELIABLE,
+            group: None,
+            expr: hayate_core::KeyExpr::new("gone/**").unwrap(),
+        }),
+        &mut out,
+    );
+    write_all(&*raw.w, out.freeze()).await.unwrap();
+    wait_active(&b, 1).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let publ = Client::connect(&b.addr).await.unwrap();
+    let key = Key::new("gone/a").unwrap();
+    for i in 0..50u32 {
+        publ.publish(&key, payload(i, 2000)).await.unwrap();
+        publ.flush().await.unwrap();
+    }
+    // A frame type that does not exist: ERR, and the broker ends the connection.
+    write_all(&*raw.w, Bytes::from_static(&[0, 0, 0, 1, 0x7F]))
+        .await
+        .unwrap();
+    // Everything the broker sent is read off the ring first (the MSG_REFs kept, not yet
+    // resolved), to the ERR and the end; the broker is then done with the connection (its
+    // encoder, the holder of its references, gone) before any entry is read here.
+    let mut buf = BytesMut::new();
+    let mut refs = Vec::new();
+    let err = within(10, async {
+        loop {
+            while let Some(f) = hayate_native::decode(&mut buf, 1 << 20).unwrap() {
+                match f {
+                    Frame::MsgRef { at, len, tag, .. } => refs.push((at, len, tag)),
+                    Frame::Err { code, .. } => return code,
+                    _ => {}
+                }
+            }
+            assert!(raw.r.read_buf(&mut buf).await.unwrap() > 0, "no ERR");
+        }
+    })
+    .await;
+    assert_eq!(err, hayate_native::ErrorCode::UnknownFrame);
+    raw.w.shutdown();
+    wait_active(&b, 1).await;
+    // The publisher's cached route held the ended session's outbox (and so its encoder):
+    // the next publish on the key lets it go.
+    publ.publish(&key, payload(99, 2000)).await.unwrap();
+    publ.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut got = 0u32;
+    for (at, len, tag) in refs {
+        let mut entry = BytesMut::new();
+        view.get(at, u64::from(len), tag, &mut BytesBufTest(&mut entry))
+            .unwrap_or_else(|e| panic!("reference {got}: {e}"));
+        let payloads = match hayate_native::decode(&mut entry, 1 << 20).unwrap() {
+            Some(Frame::Msg { msg, .. }) => vec![msg.payload],
+            Some(Frame::MsgBatch { payloads, .. }) => payloads,
+            other => panic!("not a MSG: {other:?}"),
+        };
+        for p in payloads {
+            assert_eq!(p, payload(got, 2000));
+            got += 1;
+        }
+    }
+    assert_eq!(got, 50);
+}
+
+struct BytesBufTest<'a>(&'a mut BytesMut);
+
+impl hayate_shm::ReadBuf for BytesBufTest<'_> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn reserve(&mut self, additional: usize) {
+        self.0.reserve(additional);
+    }
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+    fn truncate(&mut self, len: usize) {
+        self.0.truncate(len);
+    }
+}
