@@ -185,8 +185,7 @@ impl Encoder for NativeEncoder {
 /// Whether `key` is under a session's reply inbox: replies have one reader, whom other
 /// clients of the same arena must not be able to read, so they never go to the arena.
 fn is_inbox(key: &Key) -> bool {
-    key.as_bytes()
-        .starts_with(hayate_core::INBOX_PREFIX.as_bytes())
+    hayate_core::is_inbox_key(key.as_str())
 }
 
 /// The server side of the native protocol's keepalive.

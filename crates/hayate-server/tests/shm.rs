@@ -968,7 +968,7 @@ async fn a_connection_the_broker_ends_reads_its_references_then_the_error() {
     let mut got = 0u32;
     for (at, len, tag) in refs {
         let mut entry = BytesMut::new();
-        view.get(at, u64::from(len), tag, &mut BytesBufTest(&mut entry))
+        view.get(at, u64::from(len), tag, &mut shm::BytesReadBuf(&mut entry))
             .unwrap_or_else(|e| panic!("reference {got}: {e}"));
         let payloads = match hayate_native::decode(&mut entry, 1 << 20).unwrap() {
             Some(Frame::Msg { msg, .. }) => vec![msg.payload],
@@ -981,21 +981,4 @@ async fn a_connection_the_broker_ends_reads_its_references_then_the_error() {
         }
     }
     assert_eq!(got, 50);
-}
-
-struct BytesBufTest<'a>(&'a mut BytesMut);
-
-impl hayate_shm::ReadBuf for BytesBufTest<'_> {
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-    fn reserve(&mut self, additional: usize) {
-        self.0.reserve(additional);
-    }
-    fn extend_from_slice(&mut self, bytes: &[u8]) {
-        self.0.extend_from_slice(bytes);
-    }
-    fn truncate(&mut self, len: usize) {
-        self.0.truncate(len);
-    }
 }

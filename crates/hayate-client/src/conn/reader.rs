@@ -10,7 +10,7 @@ use hayate_core::Message;
 use hayate_native::{Frame, ReadPlanner, encode};
 use tokio::io::AsyncReadExt;
 
-use hayate_io::transport::shm::Fanout;
+use hayate_io::transport::shm::{BytesReadBuf, Fanout};
 
 use super::{FRAME_SLACK, INBOX_SID, Inner, Reader, lock};
 use crate::Error;
@@ -222,7 +222,7 @@ fn by_reference(
     if entry.capacity() < len as usize {
         entry.reserve((len as usize).max(ENTRY_BUF));
     }
-    f.get(at, u64::from(len), tag, &mut BytesBuf(entry))
+    f.get(at, u64::from(len), tag, &mut BytesReadBuf(entry))
         .map_err(|e| Error::Protocol(e.to_string()))?;
     let whole = entry.len();
     match hayate_native::decode(entry, max_frame) {
@@ -236,24 +236,6 @@ fn by_reference(
 
 /// What the buffer of fan-out entries grows by, at least.
 const ENTRY_BUF: usize = 64 * 1024;
-
-/// A `BytesMut` as the arena's output buffer.
-struct BytesBuf<'a>(&'a mut BytesMut);
-
-impl hayate_shm::ReadBuf for BytesBuf<'_> {
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-    fn reserve(&mut self, additional: usize) {
-        self.0.reserve(additional);
-    }
-    fn extend_from_slice(&mut self, bytes: &[u8]) {
-        self.0.extend_from_slice(bytes);
-    }
-    fn truncate(&mut self, len: usize) {
-        self.0.truncate(len);
-    }
-}
 
 fn deliver_reply(inner: &Inner, msg: Message) {
     let token = msg
