@@ -483,6 +483,11 @@ impl Drop for FanoutClient {
 mod tests {
     use super::*;
 
+    /// An arena of `bytes`, its stats its own.
+    fn arena(bytes: usize) -> Arc<Fanout> {
+        Arc::new(Fanout::new(bytes, Default::default(), None).unwrap())
+    }
+
     /// A client ring whose owner word the test sets (as the client would).
     fn ring() -> SharedRing {
         let seg =
@@ -513,7 +518,7 @@ mod tests {
 
     #[test]
     fn one_entry_serves_every_client_until_all_release() {
-        let f = Arc::new(Fanout::new(64 * 1024, Default::default(), None).unwrap());
+        let f = arena(64 * 1024);
         let v = view(&f);
         let rings: Vec<_> = (0..3).map(|_| ring()).collect();
         let clients: Vec<_> = rings.iter().map(|r| f.register(r.clone())).collect();
@@ -539,7 +544,7 @@ mod tests {
     #[test]
     fn a_client_that_never_releases_holds_its_quota_then_gets_copies() {
         // 64 KiB: a quota of 16 KiB.
-        let f = Arc::new(Fanout::new(64 * 1024, Default::default(), None).unwrap());
+        let f = arena(64 * 1024);
         let (hog, good) = (ring(), ring());
         let (hc, gc) = (f.register(hog.clone()), f.register(good.clone()));
         let mut hog_refs = 0;
@@ -567,7 +572,7 @@ mod tests {
 
     #[test]
     fn lies_about_releases_free_only_the_liar_s_references() {
-        let f = Arc::new(Fanout::new(64 * 1024, Default::default(), None).unwrap());
+        let f = arena(64 * 1024);
         let v = view(&f);
         let (liar, honest) = (ring(), ring());
         let (lc, hc) = (f.register(liar.clone()), f.register(honest.clone()));
@@ -596,7 +601,7 @@ mod tests {
 
     #[test]
     fn a_batch_is_one_entry_of_items_found_again_by_its_payloads() {
-        let f = Arc::new(Fanout::new(64 * 1024, Default::default(), None).unwrap());
+        let f = arena(64 * 1024);
         let v = view(&f);
         let (r1, r2) = (ring(), ring());
         let (c1, c2) = (f.register(r1), f.register(r2));
@@ -634,7 +639,7 @@ mod tests {
     /// still reads what was sent before the end, and what it releases meanwhile is freed.
     #[test]
     fn a_departed_client_s_entries_outlive_its_connection_for_the_grace() {
-        let f = Arc::new(Fanout::new(64 * 1024, Default::default(), None).unwrap());
+        let f = arena(64 * 1024);
         let v = view(&f);
         let r = ring();
         let c = f.register(r.clone());
@@ -662,7 +667,7 @@ mod tests {
 
     #[test]
     fn entries_wrap_around_the_arena() {
-        let f = Arc::new(Fanout::new(16 * 1024, Default::default(), None).unwrap());
+        let f = arena(16 * 1024);
         let v = view(&f);
         let r = ring();
         let c = f.register(r.clone());

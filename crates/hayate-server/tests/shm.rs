@@ -707,17 +707,7 @@ async fn a_client_lying_about_releases_harms_only_itself() {
         );
     }
     let view = hayate_shm::arena::ArenaView::open(arena).unwrap();
-    let mut out = BytesMut::new();
-    encode(
-        &Frame::Sub(hayate_native::Sub {
-            sid: 1,
-            qos: hayate_client::Qos::BEST_EFFORT_DROP,
-            group: None,
-            expr: hayate_core::KeyExpr::new("lie/**").unwrap(),
-        }),
-        &mut out,
-    );
-    write_all(&*liar.w, out.freeze()).await.unwrap();
+    raw_subscribe(&liar, "lie/**", hayate_client::Qos::BEST_EFFORT_DROP).await;
     let honest = Client::connect(&b.addr).await.unwrap();
     let mut hs = honest.subscribe("lie/**").await.unwrap();
     honest.flush().await.unwrap();
@@ -769,6 +759,21 @@ async fn a_client_lying_about_releases_harms_only_itself() {
     publ.publish(&key, payload(400, 3000)).await.unwrap();
     let m = within(10, hs.next()).await.unwrap();
     assert_eq!(m.payload, payload(400, 3000));
+}
+
+/// Subscribes a raw connection to `expr` as subscription 1.
+async fn raw_subscribe(raw: &Raw, expr: &str, qos: hayate_client::Qos) {
+    let mut out = BytesMut::new();
+    encode(
+        &Frame::Sub(hayate_native::Sub {
+            sid: 1,
+            qos,
+            group: None,
+            expr: hayate_core::KeyExpr::new(expr).unwrap(),
+        }),
+        &mut out,
+    );
+    write_all(&*raw.w, out.freeze()).await.unwrap();
 }
 
 /// Reads frames from a raw connection until one is a delivery: it.
@@ -830,17 +835,7 @@ async fn an_arena_is_one_user_s_and_replies_never_go_there() {
         arena.is_some(),
         "alice's arena was handed out on her ticket"
     );
-    let mut out = BytesMut::new();
-    encode(
-        &Frame::Sub(hayate_native::Sub {
-            sid: 1,
-            qos: hayate_client::Qos::RELIABLE,
-            group: None,
-            expr: hayate_core::KeyExpr::new("u/**").unwrap(),
-        }),
-        &mut out,
-    );
-    write_all(&*impostor.w, out.freeze()).await.unwrap();
+    raw_subscribe(&impostor, "u/**", hayate_client::Qos::RELIABLE).await;
     wait_active(&b, 3).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let publ = Client::connect_with(&b.addr, as_user("bob")).await.unwrap();
@@ -916,17 +911,7 @@ async fn a_connection_the_broker_ends_reads_its_references_then_the_error() {
     let b = start_default().await;
     let (mut raw, arena) = raw_with(&b, true).await;
     let view = hayate_shm::arena::ArenaView::open(arena.unwrap()).unwrap();
-    let mut out = BytesMut::new();
-    encode(
-        &Frame::Sub(hayate_native::Sub {
-            sid: 1,
-            qos: hayate_client::Qos::RELIABLE,
-            group: None,
-            expr: hayate_core::KeyExpr::new("gone/**").unwrap(),
-        }),
-        &mut out,
-    );
-    write_all(&*raw.w, out.freeze()).await.unwrap();
+    raw_subscribe(&raw, "gone/**", hayate_client::Qos::RELIABLE).await;
     wait_active(&b, 1).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let publ = Client::connect(&b.addr).await.unwrap();
