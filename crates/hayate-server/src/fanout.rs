@@ -131,6 +131,8 @@ struct Entries {
     full_for: usize,
     recent: [Option<Recent>; RECENT],
     recent_next: usize,
+    /// The length prefixes of a batch entry's items, kept between entries.
+    lens: Vec<[u8; 4]>,
     /// Makes tags unpredictable (a client must not be able to write, in a payload of its
     /// own, the tag of another entry at its place).
     tags: std::collections::hash_map::RandomState,
@@ -148,10 +150,11 @@ impl Entries {
                 self.live.remove(&at);
                 self.arena.clear(at);
                 self.full_for = usize::MAX;
-                for slot in &mut self.recent {
-                    if slot.as_ref().is_some_and(|r| r.at == at) {
-                        *slot = None;
-                    }
+                // Its payloads go; the slot's buffers stay for the next entry (tag 0 is
+                // never an entry's, so the slot matches nothing until then).
+                for r in self.recent.iter_mut().flatten().filter(|r| r.at == at) {
+                    r.tag = 0;
+                    r.body.clear();
                 }
             }
         }
@@ -195,23 +198,19 @@ impl Entries {
         use std::hash::BuildHasher;
         self.next_tag += 1;
         let tag = self.tags.hash_one(self.next_tag).max(1);
-        let prefixes: Vec<[u8; 4]> = if body.items {
-            body.payloads
-                .iter()
-                .map(|p| (p.len() as u32).to_be_bytes())
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(1 + 2 * body.payloads.len());
-        parts.push(head);
-        for (i, p) in body.payloads.iter().enumerate() {
-            if let Some(l) = prefixes.get(i) {
-                parts.push(l);
-            }
-            parts.push(p);
+        // The items' length prefixes, in a buffer kept between entries: no allocation per
+        // entry once it has grown.
+        self.lens.clear();
+        if body.items {
+            let lens = body.payloads.iter().map(|p| (p.len() as u32).to_be_bytes());
+            self.lens.extend(lens);
         }
-        self.arena.put(at, tag, &parts);
+        let lens = &self.lens;
+        let items = body.payloads.iter().enumerate().flat_map(move |(i, p)| {
+            let len = lens.get(i).map(|l| &l[..]);
+            len.into_iter().chain(std::iter::once(&p[..]))
+        });
+        self.arena.put(at, tag, std::iter::once(head).chain(items));
         self.live.insert(
             at,
             Entry {
@@ -221,13 +220,19 @@ impl Entries {
             },
         );
         self.head = at + words;
-        self.recent[self.recent_next] = Some(Recent {
+        // The slot's buffers are reused.
+        let r = self.recent[self.recent_next].get_or_insert_with(|| Recent {
             at,
             tag,
-            head: head.to_vec(),
-            body: body.payloads.to_vec(),
+            head: Vec::new(),
+            body: Vec::new(),
             items: body.items,
         });
+        (r.at, r.tag, r.items) = (at, tag, body.items);
+        r.head.clear();
+        r.head.extend_from_slice(head);
+        r.body.clear();
+        r.body.extend_from_slice(body.payloads);
         self.recent_next = (self.recent_next + 1) % RECENT;
         tag
     }
@@ -298,6 +303,7 @@ impl Fanout {
                     full_for: usize::MAX,
                     recent: Default::default(),
                     recent_next: 0,
+                    lens: Vec::new(),
                     tags: Default::default(),
                     next_tag: 0,
                 },
@@ -416,21 +422,26 @@ impl Fanout {
 /// payload after its 32-bit length).
 #[derive(Debug, Clone, Copy)]
 pub struct Body<'a> {
-    /// The payloads.
-    pub payloads: &'a [Bytes],
-    /// Each payload is an item, after its length.
-    pub items: bool,
+    payloads: &'a [Bytes],
+    items: bool,
+    bytes: usize,
 }
 
-impl Body<'_> {
+impl<'a> Body<'a> {
+    /// `payloads`, each after its length when `items`.
+    pub fn new(payloads: &'a [Bytes], items: bool) -> Body<'a> {
+        let n = payloads.iter().map(Bytes::len).sum::<usize>();
+        let bytes = if items { n + 4 * payloads.len() } else { n };
+        Body {
+            payloads,
+            items,
+            bytes,
+        }
+    }
+
     /// Bytes of the body.
     pub fn bytes(&self) -> usize {
-        let n = self.payloads.iter().map(|p| p.len()).sum::<usize>();
-        if self.items {
-            n + 4 * self.payloads.len()
-        } else {
-            n
-        }
+        self.bytes
     }
 }
 
@@ -496,10 +507,7 @@ mod tests {
     }
 
     fn one(p: &Bytes) -> Body<'_> {
-        Body {
-            payloads: std::slice::from_ref(p),
-            items: false,
-        }
+        Body::new(std::slice::from_ref(p), false)
     }
 
     fn release(r: &SharedRing, n: u64) {
@@ -606,10 +614,7 @@ mod tests {
         let (r1, r2) = (ring(), ring());
         let (c1, c2) = (f.register(r1), f.register(r2));
         let batch = [Bytes::from_static(b"ab"), Bytes::from(vec![9u8; 700])];
-        let body = Body {
-            payloads: &batch,
-            items: true,
-        };
+        let body = Body::new(&batch, true);
         let got = c1.place(b"H", &body).unwrap();
         assert_eq!(c2.place(b"H", &body), Some(got));
         let mut want = b"H".to_vec();
@@ -620,16 +625,10 @@ mod tests {
         assert_eq!(read(&v, got), want);
         // The same bytes elsewhere are another message: another entry.
         let copy = [batch[0].clone(), Bytes::from(vec![9u8; 700])];
-        let other = Body {
-            payloads: &copy,
-            items: true,
-        };
+        let other = Body::new(&copy, true);
         assert_ne!(c1.place(b"H", &other).unwrap().2, got.2);
         // The same payloads without items framing, or under another head, too.
-        let plain = Body {
-            payloads: &batch,
-            items: false,
-        };
+        let plain = Body::new(&batch, false);
         assert_ne!(c1.place(b"H", &plain).unwrap().2, got.2);
         assert_ne!(c1.place(b"G", &body).unwrap().2, got.2);
         assert_eq!(f.stats().entries.load(Ordering::Relaxed), 4);

@@ -94,10 +94,7 @@ impl NativeEncoder {
         }
         self.scratch.clear();
         encode_msg_head(0, m, &mut self.scratch);
-        let body = fanout::Body {
-            payloads: std::slice::from_ref(&m.payload),
-            items: false,
-        };
+        let body = fanout::Body::new(std::slice::from_ref(&m.payload), false);
         self.place(sid, body, out)
     }
 
@@ -111,12 +108,11 @@ impl NativeEncoder {
         payloads: &[Bytes],
         out: &mut OutBuf,
     ) -> bool {
-        let body = fanout::Body {
-            payloads,
-            items: true,
-        };
-        if self.fanout.is_none()
-            || body.bytes() < fanout::MIN_PAYLOAD
+        if self.fanout.is_none() {
+            return false;
+        }
+        let body = fanout::Body::new(payloads, true);
+        if body.bytes() < fanout::MIN_PAYLOAD
             || is_inbox(key)
             || payloads.iter().any(|p| p.len() > self.max_payload)
         {

@@ -84,9 +84,12 @@ impl ArenaWriter {
     /// The tag is stored last (release): a reader that loads it (acquire) sees the bytes.
     /// Readers must learn of the entry through something ordered after this call (a
     /// release store, a write to a socket).
-    pub fn put(&self, at: usize, tag: u64, parts: &[&[u8]]) {
+    pub fn put<'a, P>(&self, at: usize, tag: u64, parts: P)
+    where
+        P: IntoIterator<Item = &'a [u8]> + Clone,
+    {
         debug_assert_ne!(tag, 0);
-        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let len: usize = parts.clone().into_iter().map(<[u8]>::len).sum();
         let words = &self.segment.words()[at..at + entry_words(len)];
         // A reader still looking at the old entry sees its tag change before any of its
         // bytes do.
@@ -167,12 +170,12 @@ mod tests {
     #[test]
     fn an_entry_reads_back_from_its_place() {
         let (w, v) = pair(4096);
-        w.put(3, 7, &[b"hello, ", b"arena"]);
+        w.put(3, 7, [&b"hello, "[..], b"arena"]);
         let mut out = b"x".to_vec();
         v.get(24, 12, 7, &mut out).unwrap();
         assert_eq!(out, b"xhello, arena");
         // An empty entry.
-        w.put(100, 8, &[]);
+        w.put(100, 8, []);
         let mut out = Vec::new();
         v.get(800, 0, 8, &mut out).unwrap();
         assert!(out.is_empty());
@@ -181,7 +184,7 @@ mod tests {
     #[test]
     fn a_wrong_tag_length_or_place_is_an_error_and_appends_nothing() {
         let (w, v) = pair(4096);
-        w.put(0, 5, &[&[1u8; 40]]);
+        w.put(0, 5, [&[1u8; 40][..]]);
         let mut out = Vec::new();
         assert_eq!(v.get(0, 40, 6, &mut out), Err(EntryError::Stale(0)));
         assert_eq!(v.get(0, 41, 5, &mut out), Err(EntryError::Stale(0)));
@@ -204,7 +207,7 @@ mod tests {
             Err(EntryError::OutOfBounds { .. })
         ));
         // Written again under another tag: the old name is stale.
-        w.put(0, 9, &[b"new"]);
+        w.put(0, 9, [&b"new"[..]]);
         assert_eq!(v.get(0, 40, 5, &mut out), Err(EntryError::Stale(0)));
         assert!(out.is_empty());
         v.get(0, 3, 9, &mut out).unwrap();
@@ -248,7 +251,7 @@ mod tests {
                     }
                     apart
                 });
-                w.put(at, tag, &[&bytes]);
+                w.put(at, tag, [&bytes[..]]);
                 model.insert(at, (tag, bytes));
             }
             // Every name ever given (most stale by now), and made-up ones.

@@ -406,7 +406,7 @@ impl<'a> Writer<'a> {
         slot[0].store(2 * n + 1, Ordering::Relaxed);
         fence(Ordering::Release);
         slot[1].store(len as u64, Ordering::Relaxed);
-        store_bytes(&slot[SLOT_HEADER_WORDS..], parts);
+        store_bytes(&slot[SLOT_HEADER_WORDS..], parts.iter().copied());
         slot[0].store(2 * n + 2, Ordering::Release);
         self.next = n + 1;
         self.room = self.room.saturating_sub(1);
@@ -417,12 +417,12 @@ impl<'a> Writer<'a> {
 
 /// Stores the concatenation of `parts` into `words` (which must hold it), 8 bytes per
 /// relaxed atomic store, little-endian, the last word padded with zeros.
-pub(crate) fn store_bytes(words: &[AtomicU64], parts: &[&[u8]]) {
+pub(crate) fn store_bytes<'a>(words: &[AtomicU64], parts: impl IntoIterator<Item = &'a [u8]>) {
     // Whole words straight from each part; the bytes where two parts meet gather in `acc`
     // (`fill` of its 8 bytes taken).
     let (mut wi, mut acc, mut fill) = (0, [0u8; 8], 0);
     for part in parts {
-        let mut p = *part;
+        let mut p = part;
         if fill > 0 {
             let take = (8 - fill).min(p.len());
             acc[fill..fill + take].copy_from_slice(&p[..take]);
