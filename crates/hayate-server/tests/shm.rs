@@ -967,3 +967,72 @@ async fn a_connection_the_broker_ends_reads_its_references_then_the_error() {
     }
     assert_eq!(got, 50);
 }
+
+/// CONNECT's words after the ticket: `fanout` anywhere among them, in any spacing, with
+/// words this broker does not know (ignored), gets the arena; none gets the plain set-up.
+#[tokio::test]
+async fn connect_words_past_the_ticket() {
+    let b = start_default().await;
+    let o = offer(&b).clone();
+    let (t1, t2) = (ticket(&o), ticket(&o));
+    let answers = tokio::task::spawn_blocking(move || {
+        let local = Local::new("words", ShmGeometry::default()).unwrap();
+        let fds = local.fds();
+        let with = set_up(
+            &o,
+            &format!("{PREFIX} CONNECT {t1}  later-word\tfanout \n"),
+            &fds,
+        );
+        let local = Local::new("words", ShmGeometry::default()).unwrap();
+        let without = set_up(
+            &o,
+            &format!("{PREFIX} CONNECT {t2} later-word"),
+            &local.fds(),
+        );
+        [with, without].map(|a| a.map(|(text, fds)| (text, fds.len())))
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        answers[0],
+        Some((format!("{PREFIX} OK fanout"), 4)),
+        "with fanout"
+    );
+    assert_eq!(answers[1], Some((format!("{PREFIX} OK"), 3)), "without");
+}
+
+/// An arena that does not fit the memory budget is not made: shared-memory clients get
+/// the plain set-up and copies, and everything is delivered.
+#[tokio::test]
+async fn no_arena_past_the_memory_budget() {
+    let mut config = Config::default();
+    config.limits.memory_budget = 12 << 20;
+    let b = start(config).await;
+    let publ = Client::connect(&b.addr).await.unwrap();
+    let mut subs = Vec::new();
+    for _ in 0..2 {
+        let c = Client::connect(&b.addr).await.unwrap();
+        assert_eq!(c.transport(), "shm");
+        let s = c.subscribe("budget/**").await.unwrap();
+        c.flush().await.unwrap();
+        subs.push((c, s));
+    }
+    let key = Key::new("budget/a").unwrap();
+    for i in 0..100u32 {
+        publ.publish(&key, payload(i, 3000)).await.unwrap();
+    }
+    publ.flush().await.unwrap();
+    for (_, s) in &mut subs {
+        within(30, async {
+            for i in 0..100u32 {
+                assert_eq!(s.next().await.unwrap().payload, payload(i, 3000));
+            }
+        })
+        .await;
+    }
+    assert!(offer(&b).arenas().is_empty(), "an arena past the budget");
+    assert_eq!(
+        fanout(&b).refs.load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+}
