@@ -371,6 +371,9 @@ def test_exchange_to_exchange_bindings_route_as_rabbitmq(broker):
                      pika.BasicProperties(headers={"k": "v"}))   # qh (and not qt: x.*.y)
     ch.basic_publish("amq.topic", f"x.{tag}.y", b"6",
                      pika.BasicProperties(headers={"k": "w"}))   # hdr refuses
+    # A round trip on the channel: the broker has routed the publishes above before the
+    # MQTT one below (two connections have no order of their own).
+    ch.queue_declare(queue=qh, passive=True)
     m = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"e2e-{tag}",
                     protocol=paho.MQTTv5)
     m.connect("127.0.0.1", broker["mqtt"])
