@@ -402,6 +402,111 @@ async fn flush_puts_back_what_the_sink_did_not_take() {
     assert_eq!(outbox.backlog(), (0, false));
 }
 
+/// Many publishers, one subscriber (an RPC server under concurrent callers): a flush less
+/// than `GATHER_GAP` after another session's is left to the writer, which takes what they
+/// all queued in one write; a session's own successive flushes stay inline. (The clock is
+/// paused: "close together" does not depend on how fast the test runs.)
+#[tokio::test(start_paused = true)]
+async fn flushes_of_several_publishers_close_together_leave_in_one_write() {
+    let b = Broker::default();
+    let (mut sub, _) = open(&b);
+    sub.subscribe(1, expr("f"), None, Qos::default()).unwrap();
+    let outbox = sub.outbox().clone();
+    let sink = FakeSink::new(usize::MAX, usize::MAX);
+    outbox.set_sink(sink.clone());
+    let (mut a, _) = open(&b);
+    let (mut b2, _) = open(&b);
+    let (mut c, _) = open(&b);
+
+    // One publisher: every flush writes inline, however close together.
+    for p in ["a1", "a2"] {
+        assert_eq!(publish(&mut a, "f", p).await, 1);
+        a.flush();
+    }
+    assert_eq!((sink.calls(), sink.written()), (2, b"a1a2".to_vec()));
+
+    // Two others right after: left to the writer, which takes both at once.
+    assert_eq!(publish(&mut b2, "f", "b").await, 1);
+    b2.flush();
+    assert_eq!(publish(&mut c, "f", "c").await, 1);
+    c.flush();
+    assert_eq!(
+        sink.calls(),
+        2,
+        "no inline write for a flush close to another's"
+    );
+    assert_eq!(outbox.backlog(), (2, false));
+    // The writer first lets what is ready run (here: one more publisher), then takes all.
+    let epoch = outbox.epoch();
+    let mut q = VecDeque::new();
+    let (taken, ()) = tokio::join!(within(outbox.take(&mut q, epoch)), async {
+        assert_eq!(publish(&mut a, "f", "d").await, 1);
+        a.flush();
+    });
+    assert_eq!(taken, Taken::Data);
+    assert_eq!(concat(&q), b"bcd");
+    outbox.release(epoch);
+
+    // Apart by more than the gap: inline again.
+    tokio::time::advance(hayate_broker::outbox::GATHER_GAP * 2).await;
+    assert_eq!(publish(&mut a, "f", "a3").await, 1);
+    a.flush();
+    assert_eq!(sink.calls(), 3);
+    assert_eq!(sink.written(), b"a1a2a3");
+    assert_eq!(outbox.backlog(), (0, false));
+}
+
+/// An encoder that hands what it is given to another outbox as control output, as an AMQP
+/// queue hands a publish to its consumer's connection.
+struct Forward(Arc<hayate_broker::Outbox>);
+
+impl hayate_broker::Encoder for Forward {
+    fn encode(
+        &mut self,
+        _sid: u32,
+        batch: Batch<'_>,
+        _origin: u64,
+        _out: &mut hayate_broker::OutBuf,
+    ) {
+        batch.each(|_, payload, _| self.0.push_control_buf(|b| b.put_payload(payload)));
+    }
+
+    fn encode_lost(&mut self, _sid: u32, _count: u64, _out: &mut hayate_broker::OutBuf) {}
+}
+
+/// The same for output pushed within the offers of several publishers (an AMQP queue's
+/// consumer): the writer, woken for each, gathers what they queued close together.
+#[tokio::test(start_paused = true)]
+async fn control_output_of_several_publishers_close_together_leaves_in_one_write() {
+    let b = Broker::default();
+    let recorder = common::Recorder {
+        log: common::Log::default(),
+    };
+    let consumer = Arc::new(hayate_broker::Outbox::new(1 << 20, Box::new(recorder)));
+    let mut queue = b.open_session(Box::new(Forward(consumer.clone())));
+    queue.subscribe(1, expr("q"), None, Qos::default()).unwrap();
+    let epoch = consumer.epoch();
+    let (mut a, _) = open(&b);
+    let (mut b2, _) = open(&b);
+    let mut q = VecDeque::new();
+
+    // One publisher: the writer takes at once.
+    assert_eq!(publish(&mut a, "q", "a").await, 1);
+    assert_eq!(within(consumer.take(&mut q, epoch)).await, Taken::Data);
+    assert_eq!(concat(&q), b"a");
+    consumer.release(epoch);
+    q.clear();
+
+    // Another right after: the writer first lets a third delivery in.
+    assert_eq!(publish(&mut b2, "q", "b").await, 1);
+    let (taken, ()) = tokio::join!(within(consumer.take(&mut q, epoch)), async {
+        assert_eq!(publish(&mut a, "q", "c").await, 1);
+    });
+    assert_eq!(taken, Taken::Data);
+    assert_eq!(concat(&q), b"bc");
+    consumer.release(epoch);
+}
+
 /// What the sink did not take goes back in front, chunk order kept, ahead of output
 /// queued while the write was under way.
 #[tokio::test]

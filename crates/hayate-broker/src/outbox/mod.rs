@@ -45,6 +45,7 @@ mod writer;
 pub use buf::{OutBuf, ZERO_COPY_THRESHOLD};
 /// What the writer took from the outbox.
 pub use hayate_io::conn::Taken;
+pub use writer::GATHER_GAP;
 
 use crate::Batch;
 use crate::ack::AckTracker;
@@ -131,6 +132,12 @@ struct State {
     probe: Option<Probe>,
     /// The probe in the data a writer took: recorded when the writer releases it.
     probe_writing: Option<Probe>,
+    /// The last session known to have delivered here ([`Outbox::flush_from`],
+    /// [`Outbox::push_control_buf`] within an offer), and when.
+    last_delivery: Option<(u64, tokio::time::Instant)>,
+    /// Deliveries of several sessions came close together: the writer lets the tasks ready
+    /// now run before it takes the queue, so what they deliver leaves in one write.
+    gather: bool,
 }
 
 /// A timed delivery (see [`Outbox::probe`]).
@@ -242,6 +249,8 @@ impl Outbox {
                 charge: Charge::new(memory),
                 probe: None,
                 probe_writing: None,
+                last_delivery: None,
+                gather: false,
             }),
             budget,
             data: Notify::new(),

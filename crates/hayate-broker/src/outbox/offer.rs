@@ -175,13 +175,20 @@ impl Outbox {
     }
 
     /// Appends output like [`Outbox::push_control_unbudgeted`], given the whole output
-    /// buffer (large payloads queued by reference, [`OutBuf::put_payload`]).
+    /// buffer (large payloads queued by reference, [`OutBuf::put_payload`]). Within the
+    /// offer of a publish (an AMQP queue delivering what a publisher routed to it), the
+    /// writer gathers the deliveries of publishers read close together into one write, as
+    /// for [`Outbox::flush_from`].
     pub fn push_control_buf(&self, f: impl FnOnce(&mut OutBuf)) {
         let mut st = self.lock();
         if st.closed {
             return;
         }
         f(&mut st.buf);
+        let (publisher, _) = crate::session::current_publish();
+        if publisher != 0 && Self::fan_in(&mut st, publisher) {
+            st.gather = true;
+        }
         self.wake(&mut st);
     }
 

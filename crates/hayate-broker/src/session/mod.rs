@@ -430,10 +430,12 @@ impl Session {
     /// Writes what this session queued since the last call straight to the target sockets
     /// where they can take it now (see [`Outbox::try_flush`]); call it after handling every
     /// frame of a read, before reading again. Saves a task wake-up per target in the common
-    /// case, as nats-server's flush of pending clients at the end of a read does.
+    /// case, as nats-server's flush of pending clients at the end of a read does. A target
+    /// that other sessions flushed to a moment ago is left to its writer, which gathers
+    /// their deliveries into one write (see [`Outbox::flush_from`]).
     pub fn flush(&mut self) {
         for o in self.to_flush.drain(..) {
-            o.try_flush(&mut self.scratch);
+            o.flush_from(&mut self.scratch, self.id);
         }
     }
 
