@@ -474,37 +474,52 @@ impl hayate_broker::Encoder for Forward {
     fn encode_lost(&mut self, _sid: u32, _count: u64, _out: &mut hayate_broker::OutBuf) {}
 }
 
-/// The same for output pushed within the offers of several publishers (an AMQP queue's
-/// consumer): the writer, woken for each, gathers what they queued close together.
+/// Output an encoder pushes to another outbox within a publisher's offer (an AMQP queue's
+/// delivery to its consumer) is written by the publishing session at the end of its read,
+/// like its own deliveries, and gathered with other publishers' when they come close
+/// together.
 #[tokio::test(start_paused = true)]
-async fn control_output_of_several_publishers_close_together_leaves_in_one_write() {
+async fn control_output_pushed_within_an_offer_is_flushed_by_the_publisher() {
     let b = Broker::default();
     let recorder = common::Recorder {
         log: common::Log::default(),
     };
     let consumer = Arc::new(hayate_broker::Outbox::new(1 << 20, Box::new(recorder)));
+    let sink = FakeSink::new(usize::MAX, usize::MAX);
+    consumer.set_sink(sink.clone());
     let mut queue = b.open_session(Box::new(Forward(consumer.clone())));
     queue.subscribe(1, expr("q"), None, Qos::default()).unwrap();
-    let epoch = consumer.epoch();
     let (mut a, _) = open(&b);
     let (mut b2, _) = open(&b);
-    let mut q = VecDeque::new();
 
-    // One publisher: the writer takes at once.
+    // Queued for the publisher's flush, not for the writer.
     assert_eq!(publish(&mut a, "q", "a").await, 1);
-    assert_eq!(within(consumer.take(&mut q, epoch)).await, Taken::Data);
-    assert_eq!(concat(&q), b"a");
-    consumer.release(epoch);
-    q.clear();
+    assert_eq!(consumer.backlog(), (1, false));
+    assert_eq!(sink.calls(), 0);
+    a.flush();
+    assert_eq!(sink.written(), b"a");
 
-    // Another right after: the writer first lets a third delivery in.
+    // Another publisher right after: gathered by the writer with a third delivery.
     assert_eq!(publish(&mut b2, "q", "b").await, 1);
+    b2.flush();
+    assert_eq!(sink.calls(), 1);
+    let epoch = consumer.epoch();
+    let mut q = VecDeque::new();
     let (taken, ()) = tokio::join!(within(consumer.take(&mut q, epoch)), async {
         assert_eq!(publish(&mut a, "q", "c").await, 1);
+        a.flush();
     });
     assert_eq!(taken, Taken::Data);
     assert_eq!(concat(&q), b"bc");
     consumer.release(epoch);
+
+    // Outside an offer (a consumer given credit, a requeue): the writer is woken.
+    q.clear();
+    let (taken, ()) = tokio::join!(within(consumer.take(&mut q, epoch)), async {
+        consumer.push_control_buf(|o| o.tail().extend_from_slice(b"d"));
+    });
+    assert_eq!(taken, Taken::Data);
+    assert_eq!(concat(&q), b"d");
 }
 
 /// What the sink did not take goes back in front, chunk order kept, ahead of output

@@ -132,8 +132,8 @@ struct State {
     probe: Option<Probe>,
     /// The probe in the data a writer took: recorded when the writer releases it.
     probe_writing: Option<Probe>,
-    /// The last session known to have delivered here ([`Outbox::flush_from`],
-    /// [`Outbox::push_control_buf`] within an offer), and when.
+    /// The last session that flushed its deliveries here ([`Outbox::flush_from`]), and
+    /// when.
     last_delivery: Option<(u64, tokio::time::Instant)>,
     /// Deliveries of several sessions came close together: the writer lets the tasks ready
     /// now run before it takes the queue, so what they deliver leaves in one write.

@@ -2,6 +2,7 @@
 //! fit: drops counted, publishers waiting for room, the stalled state), deliveries outside
 //! the budget, and the session's own control output and replies.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::BytesMut;
@@ -171,23 +172,28 @@ impl Outbox {
 
     /// Queues control output (handshake answers, PONG, errors) outside the budget.
     pub fn push_control_unbudgeted(&self, f: impl FnOnce(&mut BytesMut)) {
-        self.push_control_buf(|b| f(b.tail()));
+        let mut st = self.lock();
+        if st.closed {
+            return;
+        }
+        f(st.buf.tail());
+        self.wake(&mut st);
     }
 
     /// Appends output like [`Outbox::push_control_unbudgeted`], given the whole output
     /// buffer (large payloads queued by reference, [`OutBuf::put_payload`]). Within the
-    /// offer of a publish (an AMQP queue delivering what a publisher routed to it), the
-    /// writer gathers the deliveries of publishers read close together into one write, as
-    /// for [`Outbox::flush_from`].
-    pub fn push_control_buf(&self, f: impl FnOnce(&mut OutBuf)) {
+    /// offer of a publish (an AMQP queue delivering what a publisher routed to it) to an
+    /// outbox with a sink, the publishing session writes it at the end of its read, as it
+    /// writes its other deliveries ([`Session::flush`](crate::Session::flush), gathered
+    /// with other publishers' by [`Outbox::flush_from`]); otherwise the writer is woken.
+    pub fn push_control_buf(self: &Arc<Self>, f: impl FnOnce(&mut OutBuf)) {
         let mut st = self.lock();
         if st.closed {
             return;
         }
         f(&mut st.buf);
-        let (publisher, _) = crate::session::current_publish();
-        if publisher != 0 && Self::fan_in(&mut st, publisher) {
-            st.gather = true;
+        if st.sink.is_some() && crate::session::flush_after_offer(self) {
+            return;
         }
         self.wake(&mut st);
     }

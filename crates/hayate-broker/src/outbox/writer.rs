@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::{Outbox, State, Taken};
 
 /// Deliveries of different sessions to one outbox closer together than this are gathered
-/// by its writer into one write (see [`Outbox::flush_from`], [`Outbox::push_control_buf`]).
+/// by its writer into one write (see [`Outbox::flush_from`]).
 /// A burst of requests to one RPC server arrives within a few microseconds; the calls of a
 /// single caller are a round trip apart, and its own deliveries are never gathered.
 pub const GATHER_GAP: Duration = Duration::from_micros(50);
@@ -33,9 +33,9 @@ impl Outbox {
 
     /// For the writer: waits until there is something to write and nobody else is writing,
     /// then moves everything queued into `into`. The caller must call [`Outbox::release`]
-    /// once it has written it. After deliveries of several sessions close together (see
-    /// [`Outbox::flush_from`], [`Outbox::push_control_buf`]) it first lets the tasks ready
-    /// now run, once, so what they deliver leaves in the same write.
+    /// once it has written it. After flushes of several sessions close together (see
+    /// [`Outbox::flush_from`]) it first lets the tasks ready now run, once, so what they
+    /// deliver leaves in the same write.
     pub async fn take(&self, into: &mut VecDeque<Bytes>, epoch: u64) -> Taken {
         let mut gathered = false;
         loop {
@@ -120,7 +120,7 @@ impl Outbox {
 
     /// Notes that session `session` delivered here now; true when another session did less
     /// than [`GATHER_GAP`] ago (many publishers, one subscriber).
-    pub(super) fn fan_in(st: &mut State, session: u64) -> bool {
+    fn fan_in(st: &mut State, session: u64) -> bool {
         let now = Instant::now();
         let near = st.last_delivery.is_some_and(|(other, at)| {
             other != session && now.saturating_duration_since(at) < GATHER_GAP

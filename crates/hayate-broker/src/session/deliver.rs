@@ -88,6 +88,7 @@ impl Session {
         super::PUBLISH.set((self.id, self.publishes));
         let offer = t.outbox.offer(t.sid, self.id, batch, own);
         super::PUBLISH.set((0, 0));
+        self.take_flushes_of_offer();
         match offer {
             Offer::Closed => Ok((0, true)),
             Offer::Took(n) => {
