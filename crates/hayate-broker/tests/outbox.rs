@@ -6,6 +6,7 @@
 mod common;
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -437,15 +438,11 @@ async fn flushes_of_several_publishers_close_together_leave_in_one_write() {
     );
     assert_eq!(outbox.backlog(), (2, false));
     // The writer first lets what is ready run (here: one more publisher), then takes all.
-    let epoch = outbox.epoch();
-    let mut q = VecDeque::new();
-    let (taken, ()) = tokio::join!(within(outbox.take(&mut q, epoch)), async {
+    let taken = take_beside(&outbox, async {
         assert_eq!(publish(&mut a, "f", "d").await, 1);
         a.flush();
     });
-    assert_eq!(taken, Taken::Data);
-    assert_eq!(concat(&q), b"bcd");
-    outbox.release(epoch);
+    assert_eq!(taken.await, b"bcd");
 
     // Apart by more than the gap: inline again.
     tokio::time::advance(hayate_broker::outbox::GATHER_GAP * 2).await;
@@ -454,6 +451,65 @@ async fn flushes_of_several_publishers_close_together_leave_in_one_write() {
     assert_eq!(sink.calls(), 3);
     assert_eq!(sink.written(), b"a1a2a3");
     assert_eq!(outbox.backlog(), (0, false));
+}
+
+/// Hostile: 16 publishers at once to a subscriber whose socket takes nothing (the gathered
+/// flushes write nothing either). Its outbox stays within its budget, what does not fit is
+/// dropped and counted for it alone, and a subscriber that reads gets every message.
+#[tokio::test(start_paused = true)]
+async fn many_publishers_at_once_to_a_subscriber_that_never_reads() {
+    let b = broker(4096);
+    let (mut stuck, _) = open(&b);
+    stuck
+        .subscribe(1, expr("fan/in"), None, Qos::BEST_EFFORT_DROP)
+        .unwrap();
+    let stuck_sink = FakeSink::new(0, 0);
+    stuck.outbox().set_sink(stuck_sink.clone());
+    let (mut good, log) = open(&b);
+    good.subscribe(1, expr("fan/in"), None, Qos::default())
+        .unwrap();
+    let good_sink = FakeSink::new(usize::MAX, usize::MAX);
+    good.outbox().set_sink(good_sink.clone());
+    let mut pubs: Vec<_> = (0..16).map(|_| open(&b).0).collect();
+    let mut taken = Vec::new();
+    for round in 0..20 {
+        for (i, p) in pubs.iter_mut().enumerate() {
+            publish(p, "fan/in", format!("{round:02}-{i:02}-{}", fill('x', 100))).await;
+            p.flush();
+        }
+        // The good subscriber's writer runs as its connection's would.
+        if good.outbox().backlog().0 > 0 {
+            taken.extend(take_beside(good.outbox(), async {}).await);
+        }
+        let (queued, _) = stuck.outbox().backlog();
+        assert!(
+            queued <= 4096,
+            "round {round}: {queued} bytes queued past the budget"
+        );
+    }
+    // Written inline (the first of each burst) or gathered by the writer: all of it.
+    assert_eq!(good_sink.written().len() + taken.len(), 20 * 16 * 106);
+    assert_eq!(log.payloads().len(), 20 * 16);
+    assert!(stuck_sink.written().is_empty());
+    assert!(
+        dropped(&b) >= 20 * 16 - 40,
+        "the rest was dropped for the stuck one"
+    );
+}
+
+/// What the writer's next take of `outbox` gets while `meanwhile` runs beside it. The take
+/// is polled first: a writer that yields, or waits to be woken, lets `meanwhile` run
+/// before it takes.
+async fn take_beside(
+    outbox: &hayate_broker::Outbox,
+    meanwhile: impl Future<Output = ()>,
+) -> Vec<u8> {
+    let epoch = outbox.epoch();
+    let mut q = VecDeque::new();
+    let (taken, ()) = tokio::join!(within(outbox.take(&mut q, epoch)), meanwhile);
+    assert_eq!(taken, Taken::Data);
+    outbox.release(epoch);
+    concat(&q)
 }
 
 /// An encoder that hands what it is given to another outbox as control output, as an AMQP
@@ -503,23 +559,17 @@ async fn control_output_pushed_within_an_offer_is_flushed_by_the_publisher() {
     assert_eq!(publish(&mut b2, "q", "b").await, 1);
     b2.flush();
     assert_eq!(sink.calls(), 1);
-    let epoch = consumer.epoch();
-    let mut q = VecDeque::new();
-    let (taken, ()) = tokio::join!(within(consumer.take(&mut q, epoch)), async {
+    let taken = take_beside(&consumer, async {
         assert_eq!(publish(&mut a, "q", "c").await, 1);
         a.flush();
     });
-    assert_eq!(taken, Taken::Data);
-    assert_eq!(concat(&q), b"bc");
-    consumer.release(epoch);
+    assert_eq!(taken.await, b"bc");
 
     // Outside an offer (a consumer given credit, a requeue): the writer is woken.
-    q.clear();
-    let (taken, ()) = tokio::join!(within(consumer.take(&mut q, epoch)), async {
+    let taken = take_beside(&consumer, async {
         consumer.push_control_buf(|o| o.tail().extend_from_slice(b"d"));
     });
-    assert_eq!(taken, Taken::Data);
-    assert_eq!(concat(&q), b"d");
+    assert_eq!(taken.await, b"d");
 }
 
 /// What the sink did not take goes back in front, chunk order kept, ahead of output

@@ -2,8 +2,8 @@
 //! fit: drops counted, publishers waiting for room, the stalled state), deliveries outside
 //! the budget, and the session's own control output and replies.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
 
 use bytes::BytesMut;
 
@@ -172,12 +172,20 @@ impl Outbox {
 
     /// Queues control output (handshake answers, PONG, errors) outside the budget.
     pub fn push_control_unbudgeted(&self, f: impl FnOnce(&mut BytesMut)) {
+        if let Some(mut st) = self.append(|b| f(b.tail())) {
+            self.wake(&mut st);
+        }
+    }
+
+    /// Runs `f` on the output buffer unless the outbox is closed; the lock, still held, for
+    /// what follows.
+    fn append(&self, f: impl FnOnce(&mut OutBuf)) -> Option<MutexGuard<'_, State>> {
         let mut st = self.lock();
         if st.closed {
-            return;
+            return None;
         }
-        f(st.buf.tail());
-        self.wake(&mut st);
+        f(&mut st.buf);
+        Some(st)
     }
 
     /// Appends output like [`Outbox::push_control_unbudgeted`], given the whole output
@@ -187,11 +195,9 @@ impl Outbox {
     /// writes its other deliveries ([`Session::flush`](crate::Session::flush), gathered
     /// with other publishers' by [`Outbox::flush_from`]); otherwise the writer is woken.
     pub fn push_control_buf(self: &Arc<Self>, f: impl FnOnce(&mut OutBuf)) {
-        let mut st = self.lock();
-        if st.closed {
+        let Some(mut st) = self.append(f) else {
             return;
-        }
-        f(&mut st.buf);
+        };
         if st.sink.is_some() && crate::session::flush_after_offer(self) {
             return;
         }
@@ -206,11 +212,9 @@ impl Outbox {
     /// [`Session::mark_own_output`](crate::Session::mark_own_output) and
     /// [`Session::flush`](crate::Session::flush) at the end of its read.
     pub fn push_reply_unbudgeted(&self, f: impl FnOnce(&mut OutBuf)) {
-        let mut st = self.lock();
-        if st.closed {
+        let Some(mut st) = self.append(f) else {
             return;
-        }
-        f(&mut st.buf);
+        };
         if st.sink.is_none() && !st.buf.is_empty() {
             self.wake(&mut st);
         }
