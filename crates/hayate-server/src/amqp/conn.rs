@@ -403,9 +403,16 @@ struct Conn<'a> {
     /// The exchange last published to, with the registry's `exchanges_changed` it was read
     /// at.
     last_exchange: Option<(u64, ShortStr, Exchange)>,
+    /// The keys of this connection's recent publishes and reply-tos (see
+    /// [`Conn::publish_key`]).
+    publish_keys: Vec<(ShortStr, Kind, ShortStr, Option<Key>)>,
     /// The virtual host connection.open named.
     vhost: Arc<VHost>,
 }
+
+/// Publish keys a connection remembers ([`Conn::publish_key`]): one RPC server answering
+/// this many callers still finds every reply-to's key.
+const PUBLISH_KEYS: usize = 32;
 
 /// The front-end as the connection driver sees it.
 struct Driven<'a> {
@@ -579,6 +586,7 @@ pub async fn serve(io: Accepted, amqp: Arc<Amqp>) {
             held: 0,
             input: hayate_io::memory::Charge::exact(&amqp.broker.config().memory),
             last_exchange: None,
+            publish_keys: Vec::new(),
             // Until connection.open names one (no method that uses it comes before).
             vhost: amqp.first_vhost(),
         },
@@ -792,6 +800,7 @@ impl Conn<'_> {
                     );
                 };
                 self.vhost = vh;
+                self.publish_keys.clear();
                 self.send(
                     session,
                     0,
@@ -1522,12 +1531,13 @@ impl Conn<'_> {
         p: Pending,
         session: &mut Session,
     ) -> Result<Vec<Durable>, AmqpError> {
-        let exchange = p.exchange.as_str().unwrap_or("");
+        let exchange = || p.exchange.as_str().unwrap_or("");
         let Some(x) = self.exchange(&p.exchange) else {
             return Err(err(
                 ReplyCode::NotFound,
                 format!(
-                    "no exchange '{exchange}' in vhost '{vh}'",
+                    "no exchange '{x}' in vhost '{vh}'",
+                    x = exchange(),
                     vh = self.vhost.name
                 ),
             ));
@@ -1536,18 +1546,22 @@ impl Conn<'_> {
             return Err(err(
                 ReplyCode::AccessRefused,
                 format!(
-                    "cannot publish to internal exchange '{exchange}' in vhost '{vh}'",
+                    "cannot publish to internal exchange '{x}' in vhost '{vh}'",
+                    x = exchange(),
                     vh = self.vhost.name
                 ),
             ));
         }
         let header = p.header.unwrap_or_default();
         let props = &header.properties;
-        let rk = p.routing_key.as_str().unwrap_or("");
-        let key = self.vhost.publish_key(exchange, x.kind, rk);
-        let reply_to = match props.reply_to.as_ref().and_then(|r| r.as_str()) {
-            None | Some("") => None,
-            Some(r) if r == REPLY_TO_QUEUE => {
+        let key = self.publish_key(&p.exchange, x.kind, &p.routing_key);
+        let reply_to = match props
+            .reply_to
+            .as_ref()
+            .filter(|r| r.as_str().is_some_and(|s| !s.is_empty()))
+        {
+            None => None,
+            Some(r) if r.as_bytes() == REPLY_TO_QUEUE.as_bytes() => {
                 if !self.own_reply_consumer() {
                     return Err(err(
                         ReplyCode::PreconditionFailed,
@@ -1560,7 +1574,7 @@ impl Conn<'_> {
                 self.reply_key.clone()
             }
             // A queue name of this vhost, or an inbox (of no vhost).
-            Some(r) => self.vhost.publish_key("", Kind::Direct, r),
+            Some(r) => self.publish_key(&ShortStr::default(), Kind::Direct, r),
         };
         let body = p.body.freeze();
         let mut routed = 0;
@@ -1727,6 +1741,31 @@ impl Conn<'_> {
             .cloned()?;
         self.last_exchange = Some((now, name.clone(), x.clone()));
         Some(x)
+    }
+
+    /// [`VHost::publish_key`] of exchange `x` (of type `kind`) and routing key `rk`,
+    /// remembered for the connection's last [`PUBLISH_KEYS`] distinct ones: a publisher sends
+    /// to few keys (an RPC server answers each caller's reply-to), and computing one
+    /// (escaping, checks, an allocation) costs more than comparing a few short names. The
+    /// names are copied in, so the cache keeps no read buffer alive.
+    fn publish_key(&mut self, x: &ShortStr, kind: Kind, rk: &ShortStr) -> Option<Key> {
+        let hit = self.publish_keys.iter().find(|(cx, ck, crk, _)| {
+            *ck == kind && crk.as_bytes() == rk.as_bytes() && cx.as_bytes() == x.as_bytes()
+        });
+        if let Some((.., key)) = hit {
+            return key.clone();
+        }
+        let key = self
+            .vhost
+            .publish_key(x.as_str().unwrap_or(""), kind, rk.as_str().unwrap_or(""));
+        if self.publish_keys.len() >= PUBLISH_KEYS {
+            self.publish_keys.clear();
+        }
+        let copy =
+            |s: &ShortStr| ShortStr::new(Bytes::copy_from_slice(s.as_bytes())).unwrap_or_default();
+        self.publish_keys
+            .push((copy(x), kind, copy(rk), key.clone()));
+        key
     }
 
     fn own_reply_consumer(&self) -> bool {

@@ -20,7 +20,7 @@
 use hayate_core::{Key, KeyExpr};
 
 /// Exchange types.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Kind {
     Direct,
     Fanout,
