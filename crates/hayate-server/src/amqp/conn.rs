@@ -405,7 +405,7 @@ struct Conn<'a> {
     last_exchange: Option<(u64, ShortStr, Exchange)>,
     /// The keys of this connection's recent publishes and reply-tos (see
     /// [`Conn::publish_key`]).
-    publish_keys: Vec<(ShortStr, Kind, ShortStr, Option<Key>)>,
+    publish_keys: PublishKeys,
     /// The virtual host connection.open named.
     vhost: Arc<VHost>,
 }
@@ -413,6 +413,66 @@ struct Conn<'a> {
 /// Publish keys a connection remembers ([`Conn::publish_key`]): one RPC server answering
 /// this many callers still finds every reply-to's key.
 const PUBLISH_KEYS: usize = 32;
+
+/// The keys of a connection's last [`PUBLISH_KEYS`] distinct (exchange, routing key)
+/// pairs. Each entry keeps its own copy of the two names (`names`, the exchange's first
+/// `split` bytes), so no read buffer is kept alive; once full, a miss overwrites the oldest
+/// entry in its buffer, so a connection that cycles through more targets than this pays a
+/// copy of two short names per publish and no allocation beyond the key's own.
+#[derive(Default)]
+struct PublishKeys {
+    entries: Vec<KeyEntry>,
+    /// The entry the next miss overwrites once full.
+    next: usize,
+}
+
+struct KeyEntry {
+    names: Vec<u8>,
+    split: usize,
+    kind: Kind,
+    key: Option<Key>,
+}
+
+impl PublishKeys {
+    fn get(&self, x: &[u8], kind: Kind, rk: &[u8]) -> Option<&Option<Key>> {
+        self.entries
+            .iter()
+            .find(|e| {
+                e.kind == kind
+                    && e.names.len() == x.len() + rk.len()
+                    && e.names[..e.split] == *x
+                    && e.names[e.split..] == *rk
+            })
+            .map(|e| &e.key)
+    }
+
+    fn put(&mut self, x: &[u8], kind: Kind, rk: &[u8], key: Option<Key>) {
+        let e = if self.entries.len() < PUBLISH_KEYS {
+            self.entries.push(KeyEntry {
+                names: Vec::new(),
+                split: 0,
+                kind,
+                key: None,
+            });
+            self.entries.last_mut().expect("just pushed")
+        } else {
+            let e = &mut self.entries[self.next];
+            self.next = (self.next + 1) % PUBLISH_KEYS;
+            e
+        };
+        e.names.clear();
+        e.names.extend_from_slice(x);
+        e.names.extend_from_slice(rk);
+        e.split = x.len();
+        e.kind = kind;
+        e.key = key;
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.next = 0;
+    }
+}
 
 /// The front-end as the connection driver sees it.
 struct Driven<'a> {
@@ -586,7 +646,7 @@ pub async fn serve(io: Accepted, amqp: Arc<Amqp>) {
             held: 0,
             input: hayate_io::memory::Charge::exact(&amqp.broker.config().memory),
             last_exchange: None,
-            publish_keys: Vec::new(),
+            publish_keys: PublishKeys::default(),
             // Until connection.open names one (no method that uses it comes before).
             vhost: amqp.first_vhost(),
         },
@@ -1744,27 +1804,19 @@ impl Conn<'_> {
     }
 
     /// [`VHost::publish_key`] of exchange `x` (of type `kind`) and routing key `rk`,
-    /// remembered for the connection's last [`PUBLISH_KEYS`] distinct ones: a publisher sends
-    /// to few keys (an RPC server answers each caller's reply-to), and computing one
-    /// (escaping, checks, an allocation) costs more than comparing a few short names. The
-    /// names are copied in, so the cache keeps no read buffer alive.
+    /// remembered for the connection's last [`PUBLISH_KEYS`] distinct ones ([`PublishKeys`]):
+    /// a publisher sends to few keys (an RPC server answers each caller's reply-to), and
+    /// computing one (escaping, checks, an allocation) costs more than comparing a few short
+    /// names.
     fn publish_key(&mut self, x: &ShortStr, kind: Kind, rk: &ShortStr) -> Option<Key> {
-        let hit = self.publish_keys.iter().find(|(cx, ck, crk, _)| {
-            *ck == kind && crk.as_bytes() == rk.as_bytes() && cx.as_bytes() == x.as_bytes()
-        });
-        if let Some((.., key)) = hit {
+        let (xb, rb) = (x.as_bytes(), rk.as_bytes());
+        if let Some(key) = self.publish_keys.get(xb, kind, rb) {
             return key.clone();
         }
         let key = self
             .vhost
             .publish_key(x.as_str().unwrap_or(""), kind, rk.as_str().unwrap_or(""));
-        if self.publish_keys.len() >= PUBLISH_KEYS {
-            self.publish_keys.clear();
-        }
-        let copy =
-            |s: &ShortStr| ShortStr::new(Bytes::copy_from_slice(s.as_bytes())).unwrap_or_default();
-        self.publish_keys
-            .push((copy(x), kind, copy(rk), key.clone()));
+        self.publish_keys.put(xb, kind, rb, key.clone());
         key
     }
 
@@ -2789,4 +2841,41 @@ fn rand_u64() -> u64 {
     let mut b = [0u8; 8];
     let _ = getrandom::fill(&mut b);
     u64::from_le_bytes(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(s: &str) -> Option<Key> {
+        Key::new(s).ok()
+    }
+
+    /// Hits by both names and the type; the split between the names counts; once full, a
+    /// miss replaces the oldest entry and the rest stay.
+    #[test]
+    fn publish_keys_remember_the_last_distinct_targets() {
+        let mut k = PublishKeys::default();
+        k.put(b"ab", Kind::Direct, b"c", key("one"));
+        assert_eq!(k.get(b"ab", Kind::Direct, b"c"), Some(&key("one")));
+        assert_eq!(k.get(b"a", Kind::Direct, b"bc"), None);
+        assert_eq!(k.get(b"ab", Kind::Topic, b"c"), None);
+        for i in 1..PUBLISH_KEYS {
+            k.put(
+                b"",
+                Kind::Direct,
+                format!("q{i}").as_bytes(),
+                key(&format!("q{i}")),
+            );
+        }
+        assert_eq!(k.entries.len(), PUBLISH_KEYS);
+        // Full: the next miss takes the oldest slot ("ab"/"c"), the others stay.
+        k.put(b"", Kind::Direct, b"new", None);
+        assert_eq!(k.entries.len(), PUBLISH_KEYS);
+        assert_eq!(k.get(b"ab", Kind::Direct, b"c"), None);
+        assert_eq!(k.get(b"", Kind::Direct, b"new"), Some(&None));
+        assert_eq!(k.get(b"", Kind::Direct, b"q1"), Some(&key("q1")));
+        k.clear();
+        assert_eq!(k.get(b"", Kind::Direct, b"q1"), None);
+    }
 }
