@@ -52,7 +52,7 @@ pub use lat::lat;
 pub use machine::MachineInfo;
 pub use report::{format_csv, format_table, print_table, write_csv, write_json};
 pub use rpc::{
-    RpcOptions, RpcPoint, ServerPlacement, default_points as default_rpc_points, rpc,
+    RpcOptions, RpcPoint, ServerPlacement, default_points as default_rpc_points, rpc, serve_relay,
     serve_rpc_point,
 };
 pub use sampler::MIN_MSGS_PER_SAMPLE;

@@ -26,6 +26,10 @@ pub(crate) enum Test {
     /// --target under --prefix, prints one JSON line, serves until stdin closes.
     #[value(hide = true)]
     RpcServer,
+    /// The relay (with --to ADDR) or the server of the rpc baseline (run by `bench rpc
+    /// --baseline` as a child process): prints its address, serves until stdin closes.
+    #[value(hide = true)]
+    RpcRelay,
     /// Fan-out: one publisher, N subscribers in N processes of their own on this host, the
     /// aggregate throughput (see --subscribers; default payload 1 KiB). For Hayate's peer
     /// mode the subscribers are nodes linking to the publisher's (over shared memory with
@@ -59,7 +63,9 @@ pub(crate) struct BenchArgs {
     /// the same run, interleaved per point.
     #[arg(long, value_name = "URL")]
     pub(crate) target: Vec<String>,
-    /// Also measure the raw TCP baseline in the same run (thr and lat).
+    /// Also measure the raw TCP baseline in the same run: thr and lat over one connection;
+    /// rpc through a relay process that only copies bytes, to a server process (the floor
+    /// of a brokered call on this host: system `tcp`, mode `relay`).
     #[arg(long)]
     pub(crate) baseline: bool,
     /// Payload sizes: `64,1KiB,64KiB` or a doubling range `8..64MiB`. Default: 8 B to 64 MiB
@@ -105,6 +111,9 @@ pub(crate) struct BenchArgs {
     /// rpc-server: the key prefix of the point (given by `bench rpc`); fanout-sub: the key.
     #[arg(long, hide = true)]
     pub(crate) prefix: Option<String>,
+    /// rpc-relay: the address to relay to (given by `bench rpc --baseline`).
+    #[arg(long, hide = true)]
+    pub(crate) to: Option<String>,
     /// fanout: the numbers of subscriber processes, comma-separated (default 1,2,5,10,20).
     #[arg(long, value_name = "LIST", default_value = "1,2,5,10,20")]
     pub(crate) subscribers: String,
@@ -280,6 +289,9 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
     if a.test == Test::RpcServer {
         return rpc_server(&a);
     }
+    if a.test == Test::RpcRelay {
+        return tokio::task::block_in_place(|| hayate_bench::serve_relay(a.to.as_deref()));
+    }
     if a.test == Test::FanoutSub {
         let [target] = a.target.as_slice() else {
             bail!("fanout-sub: exactly one --target");
@@ -420,6 +432,7 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
                 } else {
                     hayate_bench::ServerPlacement::Child(std::env::current_exe()?)
                 },
+                include_baseline: a.baseline,
             })?,
             Test::Fanout => hayate_bench::fanout(&hayate_bench::FanoutOptions {
                 targets,
@@ -435,7 +448,12 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
                 exe: std::env::current_exe()?,
                 ddsperf: a.ddsperf,
             })?,
-            Test::Baseline | Test::Compare | Test::RpcServer | Test::FanoutSub | Test::Durable => {
+            Test::Baseline
+            | Test::Compare
+            | Test::RpcServer
+            | Test::RpcRelay
+            | Test::FanoutSub
+            | Test::Durable => {
                 let mut r = hayate_bench::baseline_thr(&thr_opts(Vec::new(), true))?;
                 r.extend(hayate_bench::baseline_lat(&lat_opts(Vec::new(), true))?);
                 r

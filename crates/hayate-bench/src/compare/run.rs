@@ -129,6 +129,8 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
         call_timeout: Duration::from_secs(10),
         // As rpc-bench: each point's server is a child process (`hayate bench rpc-server`).
         server: crate::ServerPlacement::Child(opts.hayate_exe.clone()),
+        // The floor of a brokered call here: a relay process that only copies bytes.
+        include_baseline: true,
     };
     println!(
         "compare: rpc ({calls} calls at concurrency 1, 3 rotated runs, at most {} s each)",

@@ -49,7 +49,10 @@
 //! - `caller`: the caller of each system, and the callers of a point making their calls;
 //! - `pubsub`: pub/sub request-reply (MQTT, Kafka): its server and its callers;
 //! - `child`: the server in a child process: starting and stopping it from the benchmark,
-//!   and [`serve_rpc_point`], what the child runs.
+//!   and [`serve_rpc_point`], what the child runs;
+//! - `relay`: the baseline (`--baseline`): callers, a relay process that only copies bytes
+//!   and a server process, over loopback TCP: the floor of a brokered call on this host;
+//!   [`serve_relay`] is what its child processes run.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -63,10 +66,12 @@ use crate::target::Target;
 mod caller;
 mod child;
 mod pubsub;
+mod relay;
 mod run;
 mod server;
 
 pub use child::serve_rpc_point;
+pub use relay::serve_relay;
 pub use run::rpc;
 
 /// One RPC point: `calls` requests in all, by `concurrency` callers.
@@ -93,6 +98,9 @@ pub struct RpcOptions {
     pub call_timeout: Duration,
     /// Where the serving side of each point runs.
     pub server: ServerPlacement,
+    /// Also measure the floor of a brokered call on this host: callers, a relay process
+    /// that only copies bytes, and a server process (system `tcp`, mode `relay`).
+    pub include_baseline: bool,
 }
 
 impl Default for RpcOptions {
@@ -104,6 +112,7 @@ impl Default for RpcOptions {
             max_time: Duration::from_secs(120),
             call_timeout: Duration::from_secs(10),
             server: ServerPlacement::InProcess,
+            include_baseline: false,
         }
     }
 }

@@ -7,6 +7,7 @@ use anyhow::{Context, bail};
 
 use super::caller::run_callers;
 use super::child::ChildServer;
+use super::relay::relay_point;
 use super::server::start_server;
 use super::{Outcome, RpcOptions, RpcPoint, ServerPlacement};
 use crate::driver::point_prefix;
@@ -16,22 +17,28 @@ use crate::{Record, with_runtime};
 /// Runs every point for every target (`runs` times, rotating the order of the targets) and
 /// returns one record per (point, target): the median of each figure over the runs.
 pub fn rpc(opts: &RpcOptions) -> anyhow::Result<Vec<Record>> {
-    let pb = crate::progress::bar(opts.points.len() * opts.targets.len() * opts.runs.max(1));
+    let systems = opts.targets.len() + usize::from(opts.include_baseline);
+    let pb = crate::progress::bar(opts.points.len() * systems * opts.runs.max(1));
     let mut out = Vec::new();
     for point in &opts.points {
-        let n = opts.targets.len();
+        // The relay baseline, when asked for, takes its turn in the rotation after the
+        // targets.
+        let n = opts.targets.len() + usize::from(opts.include_baseline);
         let mut per: Vec<Vec<Record>> = vec![Vec::new(); n];
         for r in 0..opts.runs.max(1) {
             for k in 0..n {
                 let i = (k + r) % n;
-                let t = &opts.targets[i];
+                let t = opts.targets.get(i);
                 pb.set_message(format!(
                     "{} {} calls x{}",
-                    t.system(),
+                    t.map_or("tcp relay", Target::system),
                     point.calls,
                     point.concurrency
                 ));
-                per[i].push(rpc_point(t, *point, opts));
+                per[i].push(match t {
+                    Some(t) => rpc_point(t, *point, opts),
+                    None => relay_point(*point, opts),
+                });
                 pb.inc(1);
             }
         }
@@ -55,6 +62,18 @@ pub(crate) fn rpc_point(target: &Target, point: RpcPoint, opts: &RpcOptions) -> 
         })
     });
     r.client = client_label(target, &opts.server);
+    fill(&mut r, res, point, target.system(), opts);
+    r
+}
+
+/// The figures of a point's outcome into its record (or its error).
+pub(super) fn fill(
+    r: &mut Record,
+    res: anyhow::Result<Outcome>,
+    point: RpcPoint,
+    system: &str,
+    opts: &RpcOptions,
+) {
     match res {
         Ok(o) => {
             r.server_version = o.version;
@@ -67,8 +86,7 @@ pub(crate) fn rpc_point(target: &Target, point: RpcPoint, opts: &RpcOptions) -> 
             r.samples = o.calls as usize;
             if o.calls < point.calls {
                 tracing::info!(
-                    "rpc {}: stopped after {} of {} calls ({:?})",
-                    target.system(),
+                    "rpc {system}: stopped after {} of {} calls ({:?})",
                     o.calls,
                     point.calls,
                     opts.max_time
@@ -77,7 +95,6 @@ pub(crate) fn rpc_point(target: &Target, point: RpcPoint, opts: &RpcOptions) -> 
         }
         Err(e) => r.error = Some(format!("{e:#}")),
     }
-    r
 }
 
 /// "brokered", or "peer-to-peer" for ZeroMQ and Zenoh in peer mode.
