@@ -1118,6 +1118,37 @@ def test_cross_protocol_mqtt_stomp_amqp(broker):
     conn.close()
 
 
+def test_amqp_publishes_reach_an_mqtt_shared_subscription_once_each(broker):
+    """A key with a queue group (an MQTT shared subscription) takes the publish path that
+    may wait (the broker's publish_rest): every message reaches one member, none twice."""
+    tag = uuid.uuid4().hex[:8]
+    got: dict[int, list[bytes]] = {0: [], 1: []}
+    members = []
+    for i in range(2):
+        c = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"share-{tag}-{i}",
+                        protocol=paho.MQTTv5)
+        c.on_message = lambda _c, _u, msg, i=i: got[i].append(msg.payload)
+        c.connect("127.0.0.1", broker["mqtt"])
+        c.loop_start()
+        c.subscribe(f"$share/g{tag}/s/{tag}/#", qos=1)
+        members.append(c)
+    time.sleep(0.3)
+    conn = connect(broker)
+    ch = conn.channel()
+    for n in range(20):
+        ch.basic_publish("amq.topic", f"s.{tag}.k", str(n).encode())
+    deadline = time.time() + 10
+    while len(got[0]) + len(got[1]) < 20 and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    for c in members:
+        c.loop_stop()
+        c.disconnect()
+    conn.close()
+    assert sorted(got[0] + got[1]) == sorted(str(n).encode() for n in range(20))
+    assert got[0] and got[1], got
+
+
 def raw(ports) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", ports["amqp"]), timeout=5)
     return s

@@ -40,6 +40,6 @@ pub use broker::{
 pub use index::SubscriptionIndex;
 pub use outbox::{Delivery, Encoder, FREE_BYTES, OutBuf, Outbox, Settle, Taken};
 pub use queue::Backlog;
-pub use session::Session;
+pub use session::{PublishRest, Session};
 pub use stream::consumer::{Consumer, ConsumerConfig, ConsumerInfo, Start};
 pub use stream::{Stored, Stream, StreamConfig, StreamError, StreamInfo};

@@ -670,3 +670,46 @@ async fn standalone_outbox_with_sink_and_lost_report() {
         Taken::Closed
     );
 }
+
+/// `publish_now` delivers without a future when every subscriber takes the message at
+/// once; a full `block` outbox, or a queue group on the key, leaves the rest to
+/// `publish_rest`, which waits as `publish` does and delivers each message once, in order.
+#[tokio::test]
+async fn publish_now_leaves_a_full_outbox_and_queue_groups_to_publish_rest() {
+    let b = broker(100);
+    let (mut sub, log) = open(&b);
+    sub.subscribe(1, expr("t/now"), None, Qos::default())
+        .unwrap();
+    let outbox = sub.outbox().clone();
+    let (mut publ, _) = open(&b);
+
+    let first = msg("t/now", fill('a', 60));
+    assert_eq!(publ.publish_now(Batch::One(&first)).unwrap(), 1);
+    // 60 + 76 > 100: the subscriber's outbox cannot take the second.
+    let second = msg("t/now", fill('b', 60));
+    let rest = publ.publish_now(Batch::One(&second)).unwrap_err();
+    assert_eq!(log.payloads(), vec![fill('a', 60)]);
+    {
+        let fut = publ.publish_rest(rest, Batch::One(&second));
+        tokio::pin!(fut);
+        assert_pending(&mut fut).await;
+        let epoch = outbox.epoch();
+        let mut q = VecDeque::new();
+        assert_eq!(within(outbox.take(&mut q, epoch)).await, Taken::Data);
+        outbox.release(epoch);
+        assert_eq!(within(fut).await, 1);
+    }
+    assert_eq!(log.payloads(), vec![fill('a', 60), fill('b', 60)]);
+
+    // A queue group: one member takes each message, through publish_rest.
+    let (mut member, member_log) = open(&b);
+    member
+        .subscribe(2, expr("q/now"), Some("g"), Qos::default())
+        .unwrap();
+    let m = msg("q/now", "x");
+    let rest = publ.publish_now(Batch::One(&m)).unwrap_err();
+    assert!(member_log.payloads().is_empty(), "left to publish_rest");
+    assert_eq!(within(publ.publish_rest(rest, Batch::One(&m))).await, 1);
+    assert_eq!(member_log.payloads(), vec!["x".to_string()]);
+    assert_eq!(dropped(&b), 0);
+}

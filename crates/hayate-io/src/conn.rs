@@ -134,6 +134,15 @@ pub trait Handler {
     /// Handles one frame; `Err` ends the connection.
     fn handle(&mut self, frame: Self::Frame) -> impl Future<Output = Result<(), Self::End>> + Send;
 
+    /// Handles `frame` without a future when it needs no wait: `Ok(None)` when done, or a
+    /// frame (this one, or what is left of its work) for [`Handler::handle`]. A frame's
+    /// future is as large as the deepest path it may take (kilobytes), and each one made is
+    /// moved into its caller's; the common frames skip that here. By default every frame
+    /// goes to [`Handler::handle`].
+    fn handle_now(&mut self, frame: Self::Frame) -> Result<Option<Self::Frame>, Self::End> {
+        Ok(Some(frame))
+    }
+
     /// Called after the frames of a read are handled: send what they produced now, from
     /// this task (the broker's inline flush).
     fn flush(&mut self);
@@ -417,7 +426,9 @@ const RETRY: Duration = Duration::from_millis(5);
 /// Decodes and handles every complete frame in `buf`.
 async fn handle_buffered<H: Handler>(h: &mut H, buf: &mut BytesMut) -> Result<(), H::End> {
     while let Some(frame) = h.decode(buf)? {
-        h.handle(frame).await?;
+        if let Some(frame) = h.handle_now(frame)? {
+            h.handle(frame).await?;
+        }
     }
     Ok(())
 }

@@ -17,6 +17,21 @@ use crate::queue::group_id;
 use crate::route::{Route, Target};
 use crate::stream::Stored;
 
+/// What [`Session::publish_now`] could not do without waiting: a subscriber's outbox was
+/// full, or the key's route has queue groups or declared queues. Give it to
+/// [`Session::publish_rest`] with the same batch.
+#[must_use = "the publish is not finished: give it to Session::publish_rest"]
+#[derive(Debug)]
+pub struct PublishRest {
+    route: Arc<Route>,
+    /// The fanout target to go on with (`route.fanout.len()`: the queues), and how many
+    /// of the batch's items it took already.
+    at: usize,
+    took: usize,
+    /// Deliveries made so far.
+    delivered: usize,
+}
+
 /// One client's presence in the broker: its subscriptions, its outbox and its route cache.
 ///
 /// Owned by the connection's reader task. Dropping it removes its subscriptions and closes
@@ -327,15 +342,68 @@ impl Session {
     /// Awaits only when a `block` subscriber's outbox is full; drops (and counts) for `drop`
     /// subscribers. Returns the number of deliveries made (messages × subscribers).
     pub async fn publish(&mut self, batch: Batch<'_>) -> usize {
+        match self.publish_now(batch) {
+            Ok(n) => n,
+            Err(rest) => self.publish_rest(rest, batch).await,
+        }
+    }
+
+    /// [`Session::publish`] without a future, for a caller that wants none on its common
+    /// path: `Ok` (the deliveries made) when every subscriber took `batch` at once and no
+    /// queue group or declared queue matches its key; otherwise what is left to do, which
+    /// the caller must finish with [`Session::publish_rest`] on the same batch (what was
+    /// delivered stays delivered, in order).
+    pub fn publish_now(&mut self, batch: Batch<'_>) -> Result<usize, PublishRest> {
         self.publishes += 1;
         self.note_in(batch);
         let route = self.lookup(batch.key());
         if !route.streams.is_empty() {
             drop(self.store(&route, batch));
         }
-        let n = self.deliver_route(&route, batch).await;
+        let mut delivered = 0;
+        for (i, t) in route.fanout.iter().enumerate() {
+            match self.deliver_now(t, batch) {
+                Ok((n, _)) => delivered += n,
+                Err(took) => {
+                    return Err(PublishRest {
+                        route,
+                        at: i,
+                        took,
+                        delivered: delivered + took,
+                    });
+                }
+            }
+        }
+        if route.groups.is_empty() && route.backlogs.is_empty() {
+            self.probe = None;
+            return Ok(delivered);
+        }
+        let at = route.fanout.len();
+        Err(PublishRest {
+            route,
+            at,
+            took: 0,
+            delivered,
+        })
+    }
+
+    /// Finishes what [`Session::publish_now`] left (may wait, as [`Session::publish`]
+    /// does); the deliveries made in all.
+    pub async fn publish_rest(&mut self, rest: PublishRest, batch: Batch<'_>) -> usize {
+        let PublishRest {
+            route,
+            at,
+            took,
+            mut delivered,
+        } = rest;
+        if let Some(t) = route.fanout.get(at) {
+            // The target whose outbox was full: the rest of the batch may wait.
+            delivered += self.deliver(t, batch.slice(took, batch.len())).await.0;
+            delivered += self.deliver_fanout(&route.fanout[at + 1..], batch).await;
+        }
+        delivered += self.deliver_queues(&route, batch).await;
         self.probe = None;
-        n
+        delivered
     }
 
     /// As [`Session::publish`], and says what the streams capturing the key appended (they
@@ -380,14 +448,25 @@ impl Session {
 
     /// Delivers `batch` along `route` (the publish path after the streams).
     async fn deliver_route(&mut self, route: &Route, batch: Batch<'_>) -> usize {
+        self.deliver_fanout(&route.fanout, batch).await + self.deliver_queues(route, batch).await
+    }
+
+    /// Delivers `batch` to each of `targets` (subscriptions outside queue groups).
+    async fn deliver_fanout(&mut self, targets: &[Target], batch: Batch<'_>) -> usize {
         let mut delivered = 0;
-        for t in &route.fanout {
+        for t in targets {
             delivered += match self.deliver_now(t, batch) {
                 Ok((n, _)) => n,
                 // The outbox is full: the rest may wait (a future only on this path).
                 Err(took) => took + self.deliver(t, batch.slice(took, batch.len())).await.0,
             };
         }
+        delivered
+    }
+
+    /// Delivers `batch` to `route`'s queue groups (one member each) and declared queues.
+    async fn deliver_queues(&mut self, route: &Route, batch: Batch<'_>) -> usize {
+        let mut delivered = 0;
         for g in &route.groups {
             delivered += self
                 .deliver_group(&g.id, &g.rr, &g.members, batch, true)

@@ -91,11 +91,37 @@ pub(crate) enum End {
     Hard(AmqpError),
 }
 
-/// What the decoder produces.
+/// What the decoder produces, and what handling a frame may leave for its future.
 #[derive(Debug)]
 pub(crate) enum Item {
     Header,
     Frame(Frame),
+    Later(Later),
+}
+
+/// What a frame leaves to wait for ([`Conn::frame_now`] does the rest without a future):
+/// the larger, rarer paths.
+#[derive(Debug)]
+pub(crate) enum Later {
+    /// A method of channel 0.
+    ConnectionMethod(Method),
+    /// A channel's method other than basic.publish, ack, nack and reject.
+    ChannelMethod(u16, Method),
+    /// channel.close (`true`: with its close-ok sent) or close-ok on a closing channel:
+    /// its consumers and unacknowledged messages released.
+    Release(u16, bool),
+    /// A message whole on a channel in confirm mode or a transaction, or mandatory.
+    Complete(u16),
+    /// A publish whose deliveries found a full outbox or a queue group: the rest of them.
+    Rest(Box<Rest>),
+}
+
+/// [`Later::Rest`]: the deliveries left, the message, and the content bytes it holds.
+#[derive(Debug)]
+pub(crate) struct Rest {
+    rest: hayate_broker::PublishRest,
+    msg: hayate_core::Message,
+    held: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,6 +163,16 @@ struct Pending {
     /// properties.
     header: Option<Box<ContentHeader>>,
     body: Body,
+}
+
+/// A publish checked and made a message ([`Conn::prepare`]).
+struct Prepared {
+    /// The exchange's type.
+    kind: Kind,
+    msg: hayate_core::Message,
+    /// Whether its key is valid: if not, it is routed nowhere and `msg`'s key only carries
+    /// the content (for a basic.return).
+    routable: bool,
 }
 
 /// A message's body as its frames bring it: the one frame's bytes as they are (no copy:
@@ -485,6 +521,34 @@ struct Driven<'a> {
     last_read: Instant,
 }
 
+impl Driven<'_> {
+    /// After each frame handled: the stage's timers and frame size.
+    fn handled(&mut self) {
+        let c = &mut self.c;
+        if c.stage == Stage::Closed {
+            // Until the client closes the socket, at most CLOSE_LINGER; no heartbeats.
+            self.quiet = self.quiet.min(Instant::now() + CLOSE_LINGER);
+            self.beat = None;
+            return;
+        }
+        if c.stage == Stage::Ready && self.beat.is_none() {
+            let now = Instant::now();
+            if let Some(hb) = c.heartbeat {
+                self.beat = Some(now + hb / 2);
+                self.quiet = now + hb * 2;
+            } else {
+                self.quiet = now + Duration::from_secs(86_400 * 365);
+            }
+            // A sentinel: the heartbeat timers are set.
+            self.beat
+                .get_or_insert(now + Duration::from_secs(86_400 * 365));
+        }
+        if let Some(fm) = c.stage_frame_max() {
+            self.decoder.set_max_frame(fm);
+        }
+    }
+}
+
 impl Handler for Driven<'_> {
     type Frame = Item;
     type End = End;
@@ -509,36 +573,30 @@ impl Handler for Driven<'_> {
 
     async fn handle(&mut self, item: Item) -> Result<(), End> {
         let (c, session) = (&mut self.c, &mut self.session);
-        let r = match item {
-            Item::Header => {
-                c.start(session);
-                Ok(())
+        match item {
+            Item::Header => c.start(session),
+            Item::Frame(f) => {
+                if let Some(l) = c.frame_now(f, session)? {
+                    c.later(l, session).await?;
+                }
             }
-            Item::Frame(f) => c.frame(f, session).await,
-        };
-        r?;
-        if c.stage == Stage::Closed {
-            // Until the client closes the socket, at most CLOSE_LINGER; no heartbeats.
-            self.quiet = self.quiet.min(Instant::now() + CLOSE_LINGER);
-            self.beat = None;
-            return Ok(());
+            Item::Later(l) => c.later(l, session).await?,
         }
-        if c.stage == Stage::Ready && self.beat.is_none() {
-            let now = Instant::now();
-            if let Some(hb) = c.heartbeat {
-                self.beat = Some(now + hb / 2);
-                self.quiet = now + hb * 2;
-            } else {
-                self.quiet = now + Duration::from_secs(86_400 * 365);
-            }
-            // A sentinel: the heartbeat timers are set.
-            self.beat
-                .get_or_insert(now + Duration::from_secs(86_400 * 365));
-        }
-        if let Some(fm) = c.stage_frame_max() {
-            self.decoder.set_max_frame(fm);
-        }
+        self.handled();
         Ok(())
+    }
+
+    fn handle_now(&mut self, item: Item) -> Result<Option<Item>, End> {
+        let Item::Frame(f) = item else {
+            return Ok(Some(item));
+        };
+        match self.c.frame_now(f, &mut self.session)? {
+            Some(l) => Ok(Some(Item::Later(l))),
+            None => {
+                self.handled();
+                Ok(None)
+            }
+        }
     }
 
     fn flush(&mut self) {
@@ -751,12 +809,14 @@ impl Conn<'_> {
         self.stage = Stage::StartOk;
     }
 
-    async fn frame(&mut self, f: Frame, session: &mut Session) -> Result<(), End> {
+    /// Handles `f` as far as it goes without waiting (see `Handler::handle_now`): every
+    /// content frame, basic.publish, ack, nack and reject, channel.open, and a publish that
+    /// every subscriber takes at once. What is left is for [`Conn::later`].
+    fn frame_now(&mut self, f: Frame, session: &mut Session) -> Result<Option<Later>, End> {
         let ch = f.channel();
         match f {
-            Frame::Heartbeat => Ok(()),
-            // Rare, and its future is large: on the heap.
-            Frame::Method(0, m) => Box::pin(self.connection_method(m, session)).await,
+            Frame::Heartbeat => Ok(None),
+            Frame::Method(0, m) => Ok(Some(Later::ConnectionMethod(m))),
             _ if self.stage != Stage::Ready => Err(End::Hard(err(
                 ReplyCode::CommandInvalid,
                 "the connection is not open yet",
@@ -768,17 +828,43 @@ impl Conn<'_> {
                     self.channel_max
                 ),
             ))),
-            Frame::Method(ch, m) => self.channel_method(ch, m, session).await,
-            // Content frames: most end nothing, and those never make the (larger) future
-            // of publishing.
-            Frame::Header(ch, h) => match self.content_header(ch, h)? {
-                Content::More => Ok(()),
-                c => self.content_done(ch, c, session).await,
-            },
-            Frame::Body(ch, b) => match self.content_body(ch, b)? {
-                Content::More => Ok(()),
-                c => self.content_done(ch, c, session).await,
-            },
+            Frame::Method(ch, m) => self.channel_method(ch, m, session),
+            Frame::Header(ch, h) => {
+                let c = self.content_header(ch, h)?;
+                self.content_done(ch, c, session)
+            }
+            Frame::Body(ch, b) => {
+                let c = self.content_body(ch, b)?;
+                self.content_done(ch, c, session)
+            }
+        }
+    }
+
+    /// What [`Conn::frame_now`] left: the paths that may wait.
+    async fn later(&mut self, l: Later, session: &mut Session) -> Result<(), End> {
+        match l {
+            // Rare, and its future is large: on the heap.
+            Later::ConnectionMethod(m) => Box::pin(self.connection_method(m, session)).await,
+            Later::ChannelMethod(ch, m) => {
+                // The other methods are rarer and some wait: their larger future goes on
+                // the heap too.
+                let r = Box::pin(self.method(ch, &m, session)).await;
+                self.method_done(ch, &m, r, session)
+            }
+            Later::Release(ch, close_ok) => {
+                self.release_channel(ch, session).await;
+                if close_ok {
+                    self.send(session, ch, Method::ChannelCloseOk {});
+                }
+                Ok(())
+            }
+            Later::Complete(ch) => self.complete(ch, session).await,
+            Later::Rest(r) => {
+                let Rest { rest, msg, held } = *r;
+                session.publish_rest(rest, Batch::One(&msg)).await;
+                self.release_held(held);
+                Ok(())
+            }
         }
     }
 
@@ -957,12 +1043,14 @@ impl Conn<'_> {
         }
     }
 
-    async fn channel_method(
+    /// A method on channel `ch`: channel.open, and basic.publish, ack, nack and reject here;
+    /// the others for [`Conn::later`].
+    fn channel_method(
         &mut self,
         ch: u16,
         m: Method,
         session: &mut Session,
-    ) -> Result<(), End> {
+    ) -> Result<Option<Later>, End> {
         if let Method::ChannelOpen { .. } = m {
             if self.channels.contains_key(&ch) {
                 return Err(End::Hard(
@@ -996,7 +1084,7 @@ impl Conn<'_> {
                     channel_id: Bytes::new(),
                 },
             );
-            return Ok(());
+            return Ok(None);
         }
         let Some(chan) = self.channels.get(&ch) else {
             return Err(End::Hard(
@@ -1004,13 +1092,11 @@ impl Conn<'_> {
             ));
         };
         if chan.closing {
-            if let Method::ChannelCloseOk {} = m {
-                self.release_channel(ch, session).await;
-            } else if let Method::ChannelClose { .. } = m {
-                self.release_channel(ch, session).await;
-                self.send(session, ch, Method::ChannelCloseOk {});
-            }
-            return Ok(());
+            return Ok(match m {
+                Method::ChannelCloseOk {} => Some(Later::Release(ch, false)),
+                Method::ChannelClose { .. } => Some(Later::Release(ch, true)),
+                _ => None,
+            });
         }
         if chan.pending.is_some() {
             return Err(End::Hard(
@@ -1021,17 +1107,26 @@ impl Conn<'_> {
                 .on(&m),
             ));
         }
-        let r = match self.basic_now(ch, &m) {
-            Some(r) => r,
-            // The other methods are rarer and some wait: their larger future goes on the
-            // heap, so that every frame's future (this one's) stays small to move.
-            None => Box::pin(self.method(ch, &m, session)).await,
-        };
+        match self.basic_now(ch, &m) {
+            Some(r) => self.method_done(ch, &m, r, session).map(|()| None),
+            None => Ok(Some(Later::ChannelMethod(ch, m))),
+        }
+    }
+
+    /// The outcome of channel method `m`: a hard error closes the connection, a soft one
+    /// the channel.
+    fn method_done(
+        &mut self,
+        ch: u16,
+        m: &Method,
+        r: Result<(), AmqpError>,
+        session: &mut Session,
+    ) -> Result<(), End> {
         match r {
             Ok(()) => Ok(()),
-            Err(e) if e.code.is_hard() => Err(End::Hard(e.on(&m))),
+            Err(e) if e.code.is_hard() => Err(End::Hard(e.on(m))),
             Err(e) => {
-                self.soft_close(ch, e.on(&m), session);
+                self.soft_close(ch, e.on(m), session);
                 Ok(())
             }
         }
@@ -1495,22 +1590,78 @@ impl Conn<'_> {
         })
     }
 
-    /// What follows a content frame that did not simply wait for more: the message
-    /// published, or the channel closed.
-    async fn content_done(
+    /// What follows a content frame: nothing yet, the message published (or left to
+    /// [`Conn::later`]: [`Conn::complete_now`]), or the channel closed.
+    fn content_done(
         &mut self,
         ch: u16,
         c: Content,
         session: &mut Session,
-    ) -> Result<(), End> {
+    ) -> Result<Option<Later>, End> {
         match c {
-            Content::More => Ok(()),
-            Content::Complete => self.complete(ch, session).await,
+            Content::More => Ok(None),
+            Content::Complete => self.complete_now(ch, session),
             Content::Refused(e) => {
                 self.soft_close(ch, e, session);
-                Ok(())
+                Ok(None)
             }
         }
+    }
+
+    /// A message whole on channel `ch`: published now when nothing waits for its route
+    /// (no confirm mode, no transaction, not mandatory) and every subscriber takes it at
+    /// once; otherwise left to [`Conn::later`] ([`Later::Complete`], or [`Later::Rest`] for
+    /// the deliveries that found a full outbox or a queue group).
+    fn complete_now(&mut self, ch: u16, session: &mut Session) -> Result<Option<Later>, End> {
+        let Some(c) = self.channels.get_mut(&ch) else {
+            return Ok(None);
+        };
+        match &c.pending {
+            None => return Ok(None),
+            Some(p) if p.mandatory || c.tx.is_some() || c.confirms.is_some() => {
+                return Ok(Some(Later::Complete(ch)));
+            }
+            Some(_) => {}
+        }
+        let Some(p) = c.pending.take() else {
+            return Ok(None);
+        };
+        let held = p.body.len();
+        let Pending {
+            exchange,
+            routing_key,
+            header,
+            body,
+            ..
+        } = p;
+        let r = self.prepare(&exchange, &routing_key, header, body, session);
+        let msg = match r {
+            Ok(Prepared { msg, routable, .. }) => routable.then_some(msg),
+            Err(e) => {
+                self.release_held(held);
+                return self.publish_failed(ch, e, session).map(|()| None);
+            }
+        };
+        let rest = msg.and_then(|msg| match session.publish_now(Batch::One(&msg)) {
+            Ok(_) => None,
+            Err(rest) => Some(Rest { rest, msg, held }),
+        });
+        match rest {
+            Some(r) => Ok(Some(Later::Rest(Box::new(r)))),
+            None => {
+                self.release_held(held);
+                Ok(None)
+            }
+        }
+    }
+
+    /// A publish refused: a hard error closes the connection, a soft one the channel.
+    fn publish_failed(&mut self, ch: u16, e: AmqpError, session: &mut Session) -> Result<(), End> {
+        if e.code.is_hard() {
+            return Err(End::Hard(e));
+        }
+        self.soft_close(ch, e.at_publish(), session);
+        Ok(())
     }
 
     /// Content no longer held (published, discarded).
@@ -1540,13 +1691,10 @@ impl Conn<'_> {
         let n = p.body.len();
         let r = self.publish(ch, p, session).await.map(drop);
         self.release_held(n);
-        if let Err(e) = r {
-            if e.code.is_hard() {
-                return Err(End::Hard(e));
-            }
-            self.soft_close(ch, e.at_publish(), session);
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) => self.publish_failed(ch, e, session),
         }
-        Ok(())
     }
 
     /// A soft error: channel.close with it; the channel's frames are ignored until the
@@ -1585,19 +1733,24 @@ impl Conn<'_> {
     /// binding and subscriber that covers it takes it. In confirm mode its confirm is
     /// counted (and sent once what stored it made it durable); in a transaction, what to
     /// wait for before commit-ok is returned.
-    async fn publish(
+    /// The checks of a publish to `exchange` with `routing_key` (the exchange exists and is
+    /// not internal, direct reply-to is consumed, the user may publish to the key) and its
+    /// message.
+    fn prepare(
         &mut self,
-        ch: u16,
-        p: Pending,
-        session: &mut Session,
-    ) -> Result<Vec<Durable>, AmqpError> {
-        let exchange = || p.exchange.as_str().unwrap_or("");
-        let Some(x) = self.exchange(&p.exchange) else {
+        exchange: &ShortStr,
+        routing_key: &ShortStr,
+        header: Option<Box<ContentHeader>>,
+        body: Body,
+        session: &Session,
+    ) -> Result<Prepared, AmqpError> {
+        let name = || exchange.as_str().unwrap_or("");
+        let Some(x) = self.exchange(exchange) else {
             return Err(err(
                 ReplyCode::NotFound,
                 format!(
                     "no exchange '{x}' in vhost '{vh}'",
-                    x = exchange(),
+                    x = name(),
                     vh = self.vhost.name
                 ),
             ));
@@ -1607,14 +1760,14 @@ impl Conn<'_> {
                 ReplyCode::AccessRefused,
                 format!(
                     "cannot publish to internal exchange '{x}' in vhost '{vh}'",
-                    x = exchange(),
+                    x = name(),
                     vh = self.vhost.name
                 ),
             ));
         }
-        let header = p.header.unwrap_or_default();
+        let header = header.unwrap_or_default();
         let props = &header.properties;
-        let key = self.publish_key(&p.exchange, x.kind, &p.routing_key);
+        let key = self.publish_key(exchange, x.kind, routing_key);
         let reply_to = match props
             .reply_to
             .as_ref()
@@ -1636,7 +1789,41 @@ impl Conn<'_> {
             // A queue name of this vhost, or an inbox (of no vhost).
             Some(r) => self.publish_key(&ShortStr::default(), Kind::Direct, r),
         };
-        let body = p.body.freeze();
+        let body = body.freeze();
+        let (key, routable) = match key {
+            Some(key) => {
+                frontend::check_publish(&self.identity, &key, reply_to.is_some())
+                    .map_err(|d| err(ReplyCode::AccessRefused, d.to_string()))?;
+                (key, true)
+            }
+            // Not a valid key: routed nowhere. The key below only carries the content.
+            None => (return_key(), false),
+        };
+        Ok(Prepared {
+            kind: x.kind,
+            msg: message_of(key, props, reply_to, body),
+            routable,
+        })
+    }
+
+    async fn publish(
+        &mut self,
+        ch: u16,
+        p: Pending,
+        session: &mut Session,
+    ) -> Result<Vec<Durable>, AmqpError> {
+        let Pending {
+            exchange,
+            routing_key,
+            mandatory,
+            header,
+            body,
+        } = p;
+        let Prepared {
+            kind,
+            msg,
+            routable,
+        } = self.prepare(&exchange, &routing_key, header, body, session)?;
         let mut routed = 0;
         let mut refused = false;
         let mut waits: Vec<Durable> = Vec::new();
@@ -1644,68 +1831,61 @@ impl Conn<'_> {
             .channels
             .get(&ch)
             .map_or((None, false), |c| (c.confirms.clone(), c.tx.is_some()));
-        let returned = match key {
-            Some(key) => {
-                frontend::check_publish(&self.identity, &key, reply_to.is_some())
-                    .map_err(|d| err(ReplyCode::AccessRefused, d.to_string()))?;
-                let msg = message_of(key, props, reply_to, body);
-                // Queues decide what they take after the broker offered it (a headers
-                // binding's arguments, a route's hops, a key of another vhost under a `/`
-                // wildcard): a mandatory publish is routed only if a queue took it or
-                // something other than a queue was offered it.
-                if confirms.is_some() || in_tx || p.mandatory {
-                    let (n, queued, offers, r, stored, streams) = super::queue::ROUTED
-                        .scope(super::queue::Routed::default(), async {
-                            let (n, streams) = session.publish_stored(Batch::One(&msg)).await;
-                            let (q, o, r, stored) = super::queue::ROUTED.with(|r| {
-                                (
-                                    r.queued.get(),
-                                    r.queue_offers.get(),
-                                    r.refused.get(),
-                                    r.stored.take(),
-                                )
-                            });
-                            (n, q, o, r, stored, streams)
-                        })
-                        .await;
-                    routed = if queued {
-                        n
-                    } else if x.kind == Kind::Headers {
-                        // As RabbitMQ: through a headers exchange only a queue counts.
-                        0
-                    } else {
-                        n.saturating_sub(offers)
-                    };
-                    refused = r;
-                    // Durable queues' records and streams' appends, until durable.
-                    for (store, o) in stored {
-                        if !store.is_durable(o) {
-                            waits.push(Durable::Record(store, o));
-                        }
-                    }
-                    match streams.ready() {
-                        Some(Ok(_)) => {}
-                        Some(Err(e)) => {
-                            tracing::warn!(conn = self.id, "amqp: publish not stored: {e}");
-                            refused = true;
-                        }
-                        None => waits.push(Durable::Streams(streams)),
-                    }
+        if routable {
+            // Queues decide what they take after the broker offered it (a headers
+            // binding's arguments, a route's hops, a key of another vhost under a `/`
+            // wildcard): a mandatory publish is routed only if a queue took it or
+            // something other than a queue was offered it.
+            if confirms.is_some() || in_tx || mandatory {
+                let (n, queued, offers, r, stored, streams) = super::queue::ROUTED
+                    .scope(super::queue::Routed::default(), async {
+                        let (n, streams) = session.publish_stored(Batch::One(&msg)).await;
+                        let (q, o, r, stored) = super::queue::ROUTED.with(|r| {
+                            (
+                                r.queued.get(),
+                                r.queue_offers.get(),
+                                r.refused.get(),
+                                r.stored.take(),
+                            )
+                        });
+                        (n, q, o, r, stored, streams)
+                    })
+                    .await;
+                routed = if queued {
+                    n
+                } else if kind == Kind::Headers {
+                    // As RabbitMQ: through a headers exchange only a queue counts.
+                    0
                 } else {
-                    routed = session.publish(Batch::One(&msg)).await;
+                    n.saturating_sub(offers)
+                };
+                refused = r;
+                // Durable queues' records and streams' appends, until durable.
+                for (store, o) in stored {
+                    if !store.is_durable(o) {
+                        waits.push(Durable::Record(store, o));
+                    }
                 }
-                msg
+                match streams.ready() {
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        tracing::warn!(conn = self.id, "amqp: publish not stored: {e}");
+                        refused = true;
+                    }
+                    None => waits.push(Durable::Streams(streams)),
+                }
+            } else {
+                routed = session.publish(Batch::One(&msg)).await;
             }
-            // Not a valid key: routed nowhere. The key below only carries the content.
-            None => message_of(return_key(), props, reply_to, body),
-        };
-        if p.mandatory && routed == 0 {
+        }
+        let returned = msg;
+        if mandatory && routed == 0 {
             let frame_max = self.frame_max.load(Ordering::Relaxed);
             let m = Method::BasicReturn {
                 reply_code: ReplyCode::NoRoute.code(),
                 reply_text: ShortStr::lit("NO_ROUTE"),
-                exchange: p.exchange.clone(),
-                routing_key: p.routing_key.clone(),
+                exchange,
+                routing_key,
             };
             session.outbox().push_reply_unbudgeted(|o| {
                 Frame::Method(ch, m).encode(o.tail());
