@@ -581,6 +581,12 @@ impl Handler for PeerConn {
         self.on_frame(frame)
     }
 
+    /// Every frame: a peer connection's handling never waits (what does not fit waits in
+    /// `stuck`, for `event`).
+    fn handle_now(&mut self, frame: Frame) -> Result<Option<Frame>, End> {
+        self.on_frame(frame).map(|()| None)
+    }
+
     fn flush(&mut self) {
         self.hand_over();
         self.outbox.try_flush(&mut self.scratch);
