@@ -1616,15 +1616,12 @@ impl Conn<'_> {
         let Some(c) = self.channels.get_mut(&ch) else {
             return Ok(None);
         };
-        match &c.pending {
-            None => return Ok(None),
-            Some(p) if p.mandatory || c.tx.is_some() || c.confirms.is_some() => {
-                return Ok(Some(Later::Complete(ch)));
-            }
-            Some(_) => {}
-        }
-        let Some(p) = c.pending.take() else {
+        if c.pending.is_none() {
             return Ok(None);
+        }
+        let waits = c.tx.is_some() || c.confirms.is_some();
+        let Some(p) = c.pending.take_if(|p| !p.mandatory && !waits) else {
+            return Ok(Some(Later::Complete(ch)));
         };
         let held = p.body.len();
         let Pending {
