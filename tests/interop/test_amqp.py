@@ -1149,6 +1149,61 @@ def test_amqp_publishes_reach_an_mqtt_shared_subscription_once_each(broker):
     assert got[0] and got[1], got
 
 
+def stomp_subscriber_that_never_reads(port: int, destination: str) -> socket.socket:
+    """A STOMP 1.2 client that subscribes to `destination` (a `block` subscription), then
+    never reads again; its receive buffer is small, so it fills at once."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    s.sendall(b"CONNECT\naccept-version:1.2\nhost:/\n\n\x00")
+    s.sendall(f"SUBSCRIBE\nid:0\ndestination:{destination}\nack:auto\n\n\x00".encode())
+    return s
+
+
+def test_amqp_publisher_carries_on_past_a_subscriber_that_never_reads(tmp_path):
+    """AMQP publishes whose key has a STOMP subscriber that never reads: its outbox (256 KiB
+    here) fills, so a publish takes the path that waits (the broker's publish_rest) until
+    max_block, then the subscriber's stall policy. The publisher finishes, an AMQP queue on
+    the same key gets every message, the broker's memory stays bounded, and it serves new
+    clients afterwards."""
+    proc, ports = start_broker(
+        tmp_path, "[limits]\nmax_block_ms = 300\noutbox_bytes = 262144\n")
+    try:
+        tag = uuid.uuid4().hex[:8]
+        hog = stomp_subscriber_that_never_reads(ports["stomp"], f"/topic/h/{tag}/k")
+        time.sleep(0.3)
+        rss_before = rss_kib(proc.pid)
+        conn = connect(ports)
+        ch = conn.channel()
+        q = ch.queue_declare(queue="", exclusive=True).method.queue
+        ch.queue_bind(q, "amq.topic", f"h.{tag}.#")
+        pub = connect(ports)
+        pch = pub.channel()
+        body = b"p" * 4096
+        started = time.time()
+        for _ in range(2000):
+            pch.basic_publish("amq.topic", f"h.{tag}.k", body)
+        pub.process_data_events(0)
+        took = time.time() - started
+        assert took < 30, took
+        got = drain(ch, q, 2000, timeout=30)
+        assert len(got) == 2000 and all(b == body for _, _, b in got)
+        # 2000 x 4 KiB went through: what the broker holds for the hog is its outbox.
+        assert rss_kib(proc.pid) - rss_before < 64 * 1024
+        fresh = connect(ports)
+        fch = fresh.channel()
+        fq = fch.queue_declare(queue="", exclusive=True).method.queue
+        fch.basic_publish("", fq, b"after")
+        assert drain(fch, fq, 1)[0][2] == b"after"
+        for c in (fresh, pub, conn):
+            c.close()
+        hog.close()
+    finally:
+        stop_process(proc)
+    # The publisher did wait for the hog, up to max_block, before its stall policy.
+    assert "slow consumer" in (tmp_path / "broker.log").read_text()
+
+
 def raw(ports) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", ports["amqp"]), timeout=5)
     return s
