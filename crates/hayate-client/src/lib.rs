@@ -90,6 +90,12 @@ pub struct ConnectOptions {
     pub shm: peer::ShmMode,
     /// The ring this client writes into (its publications), when on shared memory.
     pub shm_geometry: hayate_io::transport::shm::ShmGeometry,
+    /// On shared memory with a broker that has a fan-out arena: read the messages it fans
+    /// out in place (`true`, the default: a message's payload is the arena's bytes, no
+    /// copy, and holds its entry until dropped), or copy each out (`false`). A client
+    /// that holds many messages undropped reaches its quota of the arena, and then gets
+    /// copies (docs/shm.md, *Reading in place*).
+    pub shm_in_place: bool,
 }
 
 impl Default for ConnectOptions {
@@ -106,6 +112,7 @@ impl Default for ConnectOptions {
             tls_client_cert: None,
             shm: peer::ShmMode::Auto,
             shm_geometry: Default::default(),
+            shm_in_place: true,
         }
     }
 }

@@ -14,8 +14,8 @@ pub mod frame;
 pub mod read;
 
 pub use codec::{
-    DecodeError, HEADER_LEN, MAX_BATCH_ITEMS, check_options, decode, encode, encode_batch_item,
-    encode_confirm, encode_msg, encode_msg_acked_head, encode_msg_batch_head,
+    DecodeError, HEADER_LEN, MAX_BATCH_ITEMS, check_options, decode, decode_frame, encode,
+    encode_batch_item, encode_confirm, encode_msg, encode_msg_acked_head, encode_msg_batch_head,
     encode_msg_batch_item_head, encode_msg_head, encode_msg_ref, encode_ping, encode_pub,
     encode_pub_batch_head, encode_pub_head, encode_sub,
 };

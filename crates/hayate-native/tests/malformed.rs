@@ -6,7 +6,7 @@
 use bytes::BytesMut;
 use hayate_core::KeyError;
 use hayate_native::{
-    DecodeError, ErrorCode, Frame, HEADER_LEN, MAGIC, MAX_BATCH_ITEMS, decode, encode,
+    DecodeError, ErrorCode, Frame, HEADER_LEN, MAGIC, MAX_BATCH_ITEMS, decode, decode_frame, encode,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -583,5 +583,19 @@ proptest! {
     #[test]
     fn framed_junk_never_panics(input in framed_junk()) {
         check_decode(&input, MAX_FRAME)?;
+    }
+
+    /// `decode_frame` (a fan-out entry read in place) takes exactly what `decode` takes as
+    /// one whole frame filling the buffer, and refuses the rest (never panics).
+    #[test]
+    fn decode_frame_agrees_with_decode(input in framed_junk(), small in any::<bool>()) {
+        let max = if small { 64 } else { MAX_FRAME };
+        let mut buf = BytesMut::from(&input[..]);
+        let streamed = decode(&mut buf, max);
+        let whole = decode_frame(bytes::Bytes::copy_from_slice(&input), max);
+        match streamed {
+            Ok(Some(f)) if buf.is_empty() => prop_assert_eq!(whole, Ok(f)),
+            _ => prop_assert!(whole.is_err(), "{whole:?}"),
+        }
     }
 }

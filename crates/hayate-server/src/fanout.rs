@@ -5,9 +5,11 @@
 //! arena (a memfd only the broker can write, and every client of the arena can read:
 //! `hayate_shm::arena`; `crate::shm::ShmOffer` keeps one per user), and sends each subscriber a small
 //! MSG_REF frame naming the entry instead of the message. Each client copies the entry
-//! out, then counts it released in a word of its own ring's header (the *owner word*, a
-//! plain counter of MSG_REFs done). An entry is written again only when every reference
-//! to it has been counted released, or its client's connection has ended.
+//! out, or reads it in place (`hold`, granted at the set-up) until the application drops
+//! it, then counts it released in a word of its own ring's header (the *owner word*, a
+//! plain counter of MSG_REFs done, in the order received). An entry is written again only
+//! when every reference to it has been counted released, or its client is gone: a copying
+//! client's connection ended [`DEPARTED_GRACE`] ago, a holding client's process exited.
 //!
 //! Nothing a client says is trusted beyond its own references: a counter that goes back is
 //! ignored, one that claims more than was sent releases only what was sent (a client that
@@ -27,7 +29,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hayate_shm::SharedRing;
-use hayate_shm::arena::{ArenaWriter, entry_words};
+use hayate_shm::announce::PeerProcess;
+use hayate_shm::arena::{ArenaWriter, RELEASE_SLOTS, ReleaseTable, entry_words};
 use hayate_shm::segment::SegmentError;
 
 /// Payloads from this size on go through the arena; smaller ones are copied to each
@@ -88,30 +91,82 @@ type Ref = (usize, u64, usize);
 /// then is freed.
 const DEPARTED_GRACE: Duration = Duration::from_secs(2);
 
+/// The most clients of one arena whose connection ended while they held entries in place,
+/// kept waiting for their processes ([`Fanout::may_hold`]).
+const MAX_DEPARTED_HOLDING: usize = 64;
+
 #[derive(Debug)]
 struct Holder {
-    /// The client's ring: its owner word counts the MSG_REFs it is done with.
+    /// The client's ring: its owner word counts the MSG_REFs a copying client is done with.
     release: SharedRing,
-    /// Of that count, what was applied here.
+    /// A client that reads entries in place (`hold`).
+    holding: Option<Holding>,
+    /// Of the owner word's count, what was applied here.
     seen: u64,
-    /// The references handed out and not yet released, in the order sent.
-    refs: VecDeque<Ref>,
+    /// MSG_REFs sent to it so far (the next one's number).
+    sent: u64,
+    /// The references handed out and not yet released, with their numbers, in the order
+    /// sent.
+    refs: VecDeque<(u64, Ref)>,
     held_words: usize,
 }
 
+/// What a client reading in place says and is: the release table it says what it is
+/// done with in (in any order), and its process, whose exit alone ends its references
+/// once its connection ended (it may hold entries past the end).
+#[derive(Debug)]
+pub struct Holding {
+    /// Its release table.
+    pub table: ReleaseTable,
+    /// Its process.
+    pub process: PeerProcess,
+}
+
 impl Holder {
-    /// Applies what the client says it released.
-    fn apply_releases(&mut self, entries: &mut Entries) {
-        let said = self.release.owner_word().load(Ordering::Acquire);
-        if said <= self.seen {
-            return;
-        }
-        let n = (said - self.seen).min(self.refs.len() as u64);
-        for r in self.refs.drain(..n as usize) {
-            self.held_words -= r.2;
+    /// Applies what the client says it released: a copying client's count; a holding
+    /// client's releases from the oldest reference on, and with `all` every one of them
+    /// (each looked up: done when there is need of room).
+    fn apply_releases(&mut self, entries: &mut Entries, all: bool) {
+        let Holder {
+            release,
+            holding,
+            seen,
+            refs,
+            held_words,
+            ..
+        } = self;
+        let mut free = |r: Ref| {
+            *held_words -= r.2;
             entries.unref(r);
+        };
+        let Some(h) = holding else {
+            let said = release.owner_word().load(Ordering::Acquire);
+            if said <= *seen {
+                return;
+            }
+            let n = (said - *seen).min(refs.len() as u64);
+            for (_, r) in refs.drain(..n as usize) {
+                free(r);
+            }
+            *seen += n;
+            return;
+        };
+        while let Some(&(n, r)) = refs.front() {
+            if !h.table.released(n) {
+                break;
+            }
+            refs.pop_front();
+            free(r);
         }
-        self.seen += n;
+        if all {
+            refs.retain(|&(n, r)| {
+                let done = h.table.released(n);
+                if done {
+                    free(r);
+                }
+                !done
+            });
+        }
     }
 }
 
@@ -259,21 +314,26 @@ impl State {
             ..
         } = self;
         for h in holders.values_mut() {
-            h.apply_releases(entries);
+            h.apply_releases(entries, true);
         }
         if departed.is_empty() {
             return;
         }
         let now = Instant::now();
         departed.retain_mut(|(h, until)| {
-            h.apply_releases(entries);
+            h.apply_releases(entries, true);
             if h.refs.is_empty() {
                 return false;
             }
-            if now < *until {
+            let alive = match &h.holding {
+                // Holding in place: until its process exits, whatever the time.
+                Some(hold) => !hold.process.exited(),
+                None => now < *until,
+            };
+            if alive {
                 return true;
             }
-            for r in h.refs.drain(..) {
+            for (_, r) in h.refs.drain(..) {
                 entries.unref(r);
             }
             false
@@ -343,8 +403,15 @@ impl Fanout {
         (st.entries.live.len(), refs)
     }
 
-    /// A new client whose releases its ring's owner word counts (from 0).
-    pub fn register(self: &Arc<Fanout>, release: SharedRing) -> FanoutClient {
+    /// A new client whose releases its ring's owner word counts (from 0). With `process`
+    /// it reads entries in place (`hold`): once its connection ends, its references are
+    /// kept until it releases them or that process exits, not only for
+    /// [`DEPARTED_GRACE`].
+    pub fn register(
+        self: &Arc<Fanout>,
+        release: SharedRing,
+        holding: Option<Holding>,
+    ) -> FanoutClient {
         let mut st = self.lock();
         let id = st.next_holder;
         st.next_holder += 1;
@@ -352,6 +419,8 @@ impl Fanout {
             id,
             Holder {
                 release,
+                holding,
+                sent: 0,
                 seen: 0,
                 refs: VecDeque::new(),
                 held_words: 0,
@@ -364,6 +433,19 @@ impl Fanout {
         }
     }
 
+    /// Whether a new client may hold entries in place: fewer than [`MAX_DEPARTED_HOLDING`]
+    /// clients whose connection ended still hold entries, waiting for their processes
+    /// (each keeps its ring mapped here). Past it, new clients copy.
+    pub fn may_hold(&self) -> bool {
+        let mut st = self.lock();
+        st.apply_all_releases();
+        st.departed
+            .iter()
+            .filter(|(h, _)| h.holding.is_some())
+            .count()
+            < MAX_DEPARTED_HOLDING
+    }
+
     /// Places the frame `head` + `body` (its `sid` 0) in the arena for client `id`, or
     /// finds it placed already: the MSG_REF's `(at, len, tag)`. `None`: send a copy
     /// instead.
@@ -373,8 +455,13 @@ impl Fanout {
         let mut guard = self.lock();
         let st = &mut *guard;
         let h = st.holders.get_mut(&id)?;
-        h.apply_releases(&mut st.entries);
-        let placed = if h.held_words + words > st.quota_words {
+        h.apply_releases(&mut st.entries, false);
+        if h.holding.is_some() && h.held_words + words > st.quota_words {
+            // Held out of order: looked up one by one only now.
+            h.apply_releases(&mut st.entries, true);
+        }
+        // A holding client's table tells apart fewer than RELEASE_SLOTS references.
+        let placed = if h.held_words + words > st.quota_words || h.refs.len() >= RELEASE_SLOTS {
             None
         } else if let Some(r) = st.entries.recent_ref(head, body) {
             Some(r)
@@ -398,7 +485,8 @@ impl Fanout {
         };
         st.entries.live.get_mut(&at)?.refs += 1;
         let h = st.holders.get_mut(&id)?;
-        h.refs.push_back((at, tag, words));
+        h.refs.push_back((h.sent, (at, tag, words)));
+        h.sent += 1;
         h.held_words += words;
         self.stats.refs.fetch_add(1, Ordering::Relaxed);
         Some((at as u64 * 8, len as u32, tag))
@@ -410,7 +498,7 @@ impl Fanout {
     fn unregister(&self, id: u64) {
         let mut st = self.lock();
         if let Some(mut h) = st.holders.remove(&id) {
-            h.apply_releases(&mut st.entries);
+            h.apply_releases(&mut st.entries, true);
             if !h.refs.is_empty() {
                 st.departed.push((h, Instant::now() + DEPARTED_GRACE));
             }
@@ -529,7 +617,7 @@ mod tests {
         let f = arena(64 * 1024);
         let v = view(&f);
         let rings: Vec<_> = (0..3).map(|_| ring()).collect();
-        let clients: Vec<_> = rings.iter().map(|r| f.register(r.clone())).collect();
+        let clients: Vec<_> = rings.iter().map(|r| f.register(r.clone(), None)).collect();
         let payload = Bytes::from(vec![7u8; 1000]);
         let refs: Vec<_> = clients
             .iter()
@@ -554,7 +642,10 @@ mod tests {
         // 64 KiB: a quota of 16 KiB.
         let f = arena(64 * 1024);
         let (hog, good) = (ring(), ring());
-        let (hc, gc) = (f.register(hog.clone()), f.register(good.clone()));
+        let (hc, gc) = (
+            f.register(hog.clone(), None),
+            f.register(good.clone(), None),
+        );
         let mut hog_refs = 0;
         let mut good_released = 0;
         for i in 0..200u32 {
@@ -583,7 +674,10 @@ mod tests {
         let f = arena(64 * 1024);
         let v = view(&f);
         let (liar, honest) = (ring(), ring());
-        let (lc, hc) = (f.register(liar.clone()), f.register(honest.clone()));
+        let (lc, hc) = (
+            f.register(liar.clone(), None),
+            f.register(honest.clone(), None),
+        );
         let p = Bytes::from(vec![1u8; 600]);
         let r = lc.place(b"x", &one(&p)).unwrap();
         assert_eq!(hc.place(b"x", &one(&p)), Some(r));
@@ -612,7 +706,7 @@ mod tests {
         let f = arena(64 * 1024);
         let v = view(&f);
         let (r1, r2) = (ring(), ring());
-        let (c1, c2) = (f.register(r1), f.register(r2));
+        let (c1, c2) = (f.register(r1, None), f.register(r2, None));
         let batch = [Bytes::from_static(b"ab"), Bytes::from(vec![9u8; 700])];
         let body = Body::new(&batch, true);
         let got = c1.place(b"H", &body).unwrap();
@@ -641,7 +735,7 @@ mod tests {
         let f = arena(64 * 1024);
         let v = view(&f);
         let r = ring();
-        let c = f.register(r.clone());
+        let c = f.register(r.clone(), None);
         let sent: Vec<_> = (0..5u8)
             .map(|i| {
                 let p = Bytes::from(vec![i; 600]);
@@ -651,7 +745,7 @@ mod tests {
         drop(c);
         // Another client's traffic does not take their places meanwhile.
         let other = ring();
-        let oc = f.register(other.clone());
+        let oc = f.register(other.clone(), None);
         for i in 0..200u64 {
             let _ = oc.place(b"", &one(&Bytes::from(vec![9u8; 600])));
             release(&other, i + 1);
@@ -664,12 +758,73 @@ mod tests {
         assert_eq!(f.held().1, 0);
     }
 
+    /// A client reading in place (`hold`): its table and the broker's view of it, watching
+    /// `process`.
+    fn holding(process: PeerProcess) -> (ReleaseTable, Holding) {
+        let mine = ReleaseTable::create("releases").unwrap();
+        let table = ReleaseTable::open(mine.fd().try_clone_to_owned().unwrap()).unwrap();
+        (mine, Holding { table, process })
+    }
+
+    /// A client reading in place (`hold`) releases in any order, and one entry it keeps
+    /// does not hold up the others; it may hold entries past its connection's end: they
+    /// stay unwritten past the grace, until it releases them or its process exits.
+    #[test]
+    fn a_holding_client_s_entries_stay_until_released_or_its_process_exits() {
+        let f = arena(64 * 1024);
+        let v = view(&f);
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let (t, h) = holding(PeerProcess::pid(child.id()).unwrap());
+        let (t2, h2) = holding(PeerProcess::this().unwrap());
+        let c = f.register(ring(), Some(h));
+        let c2 = f.register(ring(), Some(h2));
+        // The first entry kept, every later one released as it comes: far more than the
+        // quota's worth goes by reference.
+        let p = Bytes::from(vec![1u8; 600]);
+        let kept = c.place(b"", &one(&p)).unwrap();
+        for n in 1..200u64 {
+            assert!(
+                c.place(b"", &one(&Bytes::from(vec![3u8; 600]))).is_some(),
+                "{n}"
+            );
+            t.release(n);
+        }
+        assert_eq!(f.stats().copies.load(Ordering::Relaxed), 0);
+        assert_eq!(f.held().1, 1);
+        let b = c2.place(b"", &one(&p)).unwrap();
+        let q = Bytes::from(vec![2u8; 600]);
+        let only_c = c.place(b"", &one(&q)).unwrap();
+        drop((c, c2));
+        f.end_graces();
+        // Other traffic fills the arena many times over: the held places are kept.
+        let other = ring();
+        let oc = f.register(other.clone(), None);
+        for i in 0..500u64 {
+            let _ = oc.place(b"", &one(&Bytes::from(vec![9u8; 600])));
+            release(&other, i + 1);
+        }
+        assert_eq!(read(&v, kept), p.to_vec());
+        assert_eq!(read(&v, b), vec![1u8; 600]);
+        assert_eq!(read(&v, only_c), q.to_vec());
+        assert_eq!(f.held().1, 3);
+        assert!(f.may_hold());
+        // The second releases its one; the first's process exits: all are gone.
+        t2.release(0);
+        assert_eq!(f.held().1, 2);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(f.held(), (0, 0), "a dead holder's entries were kept");
+    }
+
     #[test]
     fn entries_wrap_around_the_arena() {
         let f = arena(16 * 1024);
         let v = view(&f);
         let r = ring();
-        let c = f.register(r.clone());
+        let c = f.register(r.clone(), None);
         for i in 0..1000u64 {
             let p = Bytes::from(vec![(i % 251) as u8; 500 + (i as usize * 37) % 700]);
             let got = c.place(b"", &one(&p)).expect("room after each release");

@@ -369,8 +369,11 @@ impl Native {
             .map_err(|e| refused(e.to_string()))?;
         // The arena is readable by every client that took it: only its user's connections
         // may have their deliveries placed there.
-        if let Some(g) = self.fanout.take()
-            && g.user != self.identity.user
+        if self
+            .fanout
+            .as_ref()
+            .is_some_and(|g| g.user != self.identity.user)
+            && let Some(g) = self.fanout.take()
         {
             g.client.revoke();
         }
@@ -627,6 +630,12 @@ pub async fn serve(
     // flushes what is queued (an ERR included) and shuts the socket down.
     drop(session);
     conn.close(&*outbox).await;
+    // Its share of the fan-out arena ends with the connection, not with the encoder (which
+    // a publisher's route cache may keep a while): what it holds is then freed by its
+    // rules (released, the grace, or its process's exit).
+    if let Some(g) = &h.fanout {
+        g.client.revoke();
+    }
 }
 
 fn send_err(outbox: &Outbox, code: ErrorCode, message: &str) {

@@ -30,8 +30,9 @@ use hayate_io::memory::{Charge, Memory};
 use hayate_io::transport::shm::{self, PREFIX};
 use hayate_io::transport::{Reader, Writer};
 use hayate_shm::announce;
+use hayate_shm::arena::ReleaseTable;
 
-use crate::fanout::{Fanout, FanoutClient, FanoutStats};
+use crate::fanout::{Fanout, FanoutClient, FanoutStats, Holding};
 use tokio::net::UnixListener;
 
 /// How long a ticket is good for.
@@ -343,7 +344,7 @@ pub async fn accept<G>(
     .await
     .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no CONNECT in time"))?;
     let sock = sock.into_std()?;
-    let (fds, message) = got?;
+    let (mut fds, message) = got?;
     let refuse = |why: &str| {
         let _ = announce::send_fds(&sock, &[], format!("{PREFIX} NO {why}").as_bytes());
         io::Error::new(io::ErrorKind::PermissionDenied, why.to_owned())
@@ -355,10 +356,20 @@ pub async fn accept<G>(
     else {
         return Err(refuse("expected CONNECT <ticket>"));
     };
-    // `<ticket>` or `<ticket> fanout`; other capability words are ignored.
+    // `<ticket>`, `<ticket> fanout` or `<ticket> fanout hold`; other capability words are
+    // ignored.
     let mut words = rest.split_whitespace();
     let ticket = words.next().unwrap_or("");
-    let wants_fanout = words.any(|w| w == shm::FANOUT);
+    let words: Vec<&str> = words.collect();
+    let wants_fanout = words.contains(&shm::FANOUT);
+    // Holding in place: the client's release table comes after its three descriptors.
+    let table = match wants_fanout && words.contains(&shm::HOLD) && fds.len() == 4 {
+        true => match ReleaseTable::open(fds.remove(3)) {
+            Ok(t) => Some(t),
+            Err(e) => return Err(refuse(&format!("release table: {e}"))),
+        },
+        false => None,
+    };
     let Some(Ticket {
         peer,
         verified_name,
@@ -401,17 +412,29 @@ pub async fn accept<G>(
         Err(e) => return Err(refuse(&e.to_string())),
     };
     let arena = wants_fanout.then(|| offer.arena_for(&user)).flatten();
+    // Holding in place needs the client's process watched (its exit frees what it held
+    // past its connection), and room among the arena's departed holders.
+    let holding = match (&arena, table) {
+        (Some(f), Some(table)) if f.may_hold() => announce::PeerProcess::of(&sock)
+            .inspect_err(|e| tracing::debug!("no pidfd for a shared-memory client: {e}"))
+            .ok()
+            .map(|process| Holding { table, process }),
+        _ => None,
+    };
     let mut ours: Vec<_> = ours.iter().map(|f| f.as_fd()).collect();
     let answer = match &arena {
         Some(f) => {
             ours.push(f.fd());
-            format!("{PREFIX} OK {}", shm::FANOUT)
+            match holding {
+                Some(_) => format!("{PREFIX} OK {} {}", shm::FANOUT, shm::HOLD),
+                None => format!("{PREFIX} OK {}", shm::FANOUT),
+            }
         }
         None => format!("{PREFIX} OK"),
     };
     announce::send_fds(&sock, &ours, answer.as_bytes())?;
     let fanout = arena.map(|f| FanoutGrant {
-        client: Arc::new(f.register(theirs)),
+        client: Arc::new(f.register(theirs, holding)),
         user,
     });
     Ok(Attached {

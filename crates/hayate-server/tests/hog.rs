@@ -186,10 +186,14 @@ impl NativeHog {
             .as_ref()
             .expect("shared memory offered")
             .issue(None, None, None);
-        let (r, w, _) =
-            hayate_io::transport::shm::connect(&offer, Default::default(), Duration::from_secs(5))
-                .await
-                .unwrap();
+        let (r, w, _) = hayate_io::transport::shm::connect(
+            &offer,
+            Default::default(),
+            Duration::from_secs(5),
+            false,
+        )
+        .await
+        .unwrap();
         NativeHog::over(r, w, expr, qos).await
     }
 

@@ -44,6 +44,15 @@ async fn wait_active(b: &TestBroker, n: usize) {
     );
 }
 
+/// A client on shared memory that copies what the arena fans out (`shm_in_place` off).
+async fn copying(b: &TestBroker) -> Client {
+    let opts = ConnectOptions {
+        shm_in_place: false,
+        ..Default::default()
+    };
+    Client::connect_with(&b.addr, opts).await.unwrap()
+}
+
 fn payload(i: u32, len: usize) -> Bytes {
     let mut v = vec![0u8; len.max(4)];
     v[..4].copy_from_slice(&i.to_be_bytes());
@@ -516,7 +525,9 @@ async fn fan_out_writes_each_message_once_for_every_local_subscriber() {
     let publ = Client::connect(&b.addr).await.unwrap();
     let mut subs = Vec::new();
     for _ in 0..5 {
-        let c = Client::connect(&b.addr).await.unwrap();
+        // Copying: all is published before anything is read, which in place would hold
+        // more than a client's quota (`reading_in_place_...` below).
+        let c = copying(&b).await;
         assert_eq!(c.transport(), "shm");
         let s = c.subscribe("fan/**").await.unwrap();
         c.flush().await.unwrap();
@@ -708,7 +719,8 @@ async fn a_client_lying_about_releases_harms_only_itself() {
     }
     let view = hayate_shm::arena::ArenaView::open(arena).unwrap();
     raw_subscribe(&liar, "lie/**", hayate_client::Qos::BEST_EFFORT_DROP).await;
-    let honest = Client::connect(&b.addr).await.unwrap();
+    // Copying: in place it would hold the liar's first entry until read, below.
+    let honest = copying(&b).await;
     let mut hs = honest.subscribe("lie/**").await.unwrap();
     honest.flush().await.unwrap();
     wait_active(&b, 2).await;
@@ -1034,5 +1046,156 @@ async fn no_arena_past_the_memory_budget() {
     assert_eq!(
         fanout(&b).refs.load(std::sync::atomic::Ordering::Relaxed),
         0
+    );
+}
+
+/// Read in place (the client's default): a message's payload is the arena's bytes, held,
+/// unwritten by the broker, for as long as the application keeps it, past its connection's
+/// end and its grace too; dropped, the entry is free. Meanwhile the arena is written over
+/// many times for what is read and dropped, by reference, with no copies.
+#[tokio::test]
+async fn reading_in_place_holds_an_entry_until_dropped_even_past_the_connection() {
+    let mut config = Config::default();
+    config.native.shm_fanout_bytes = 256 << 10;
+    let b = start(config).await;
+    let publ = Client::connect(&b.addr).await.unwrap();
+    let sub = Client::connect(&b.addr).await.unwrap();
+    let other = Client::connect(&b.addr).await.unwrap();
+    let (mut s, mut o) = (
+        sub.subscribe("held/**").await.unwrap(),
+        other.subscribe("held/**").await.unwrap(),
+    );
+    sub.flush().await.unwrap();
+    other.flush().await.unwrap();
+    let key = Key::new("held/a").unwrap();
+    publ.publish(&key, payload(0, 3000)).await.unwrap();
+    publ.flush().await.unwrap();
+    let kept = within(10, s.next()).await.unwrap();
+    assert_eq!(
+        within(10, o.next()).await.unwrap().payload,
+        payload(0, 3000)
+    );
+    // Traffic that writes the 256 KiB arena over several times, read and dropped as it
+    // comes: by reference, and the kept entry's place is never taken.
+    traffic(&publ, &key, 1, &mut [&mut s, &mut o]).await;
+    let st = fanout(&b);
+    let entries = st.entries.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(entries * 3000 > 3 * (256 << 10), "{entries} entries");
+    assert_eq!(st.copies.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert_eq!(
+        kept.payload,
+        payload(0, 3000),
+        "a held entry was written over"
+    );
+    // Its connection ends; past the grace a copying client's references get, the entry is
+    // still held while more traffic goes to the other subscriber.
+    drop(s);
+    sub.close().await.unwrap();
+    wait_active(&b, 2).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    traffic(&publ, &key, 301, &mut [&mut o]).await;
+    assert_eq!(
+        kept.payload,
+        payload(0, 3000),
+        "written over after the connection"
+    );
+    assert!(
+        held(&b).1 >= 1,
+        "the kept entry is not held: {:?}",
+        held(&b)
+    );
+    // Dropped: free (the other subscriber dropped all it read).
+    drop(kept);
+    wait_released(&b).await;
+}
+
+/// Publishes 300 messages of 3000 bytes from number `from` on, one at a time, each read
+/// (and dropped) by every one of `subs` before the next.
+async fn traffic(
+    publ: &Client,
+    key: &Key,
+    from: u32,
+    subs: &mut [&mut hayate_client::Subscription],
+) {
+    for i in from..from + 300 {
+        publ.publish(key, payload(i, 3000)).await.unwrap();
+        publ.flush().await.unwrap();
+        for s in subs.iter_mut() {
+            assert_eq!(
+                within(10, s.next()).await.unwrap().payload,
+                payload(i, 3000)
+            );
+        }
+    }
+}
+
+/// The child of `a_holder_killed_with_entries_held_frees_them`: connects in place,
+/// subscribes, says so, keeps every message it gets, and waits to be killed.
+#[tokio::test]
+#[ignore = "run by a_holder_killed_with_entries_held_frees_them, in a process of its own"]
+async fn holder_child() {
+    let Ok(addr) = std::env::var("HAYATE_TEST_HOLDER_ADDR") else {
+        return;
+    };
+    let c = Client::connect(&addr).await.unwrap();
+    assert_eq!(c.transport(), "shm");
+    let mut s = c.subscribe("kill/**").await.unwrap();
+    c.flush().await.unwrap();
+    println!("SUBSCRIBED");
+    let mut kept = Vec::new();
+    while let Some(m) = s.next().await {
+        kept.push(m);
+        println!("KEPT {}", kept.len());
+    }
+}
+
+/// A process reading in place, killed (SIGKILL) while it holds entries past its quota's
+/// worth of traffic: the broker sees the process gone and frees what it held; the others
+/// carry on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_killed_with_entries_held_frees_them() {
+    use std::io::BufRead;
+    let mut config = Config::default();
+    config.native.shm_fanout_bytes = 256 << 10;
+    let b = start(config).await;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["holder_child", "--exact", "--ignored", "--nocapture"])
+        .env("HAYATE_TEST_HOLDER_ADDR", &b.addr)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut wait_for = move |what: &str| {
+        for l in lines.by_ref() {
+            if l.unwrap().starts_with(what) {
+                return;
+            }
+        }
+        panic!("the holder ended before {what}");
+    };
+    tokio::task::block_in_place(|| wait_for("SUBSCRIBED"));
+    let publ = Client::connect(&b.addr).await.unwrap();
+    let key = Key::new("kill/a").unwrap();
+    for i in 0..10 {
+        publ.publish(&key, payload(i, 3000)).await.unwrap();
+        publ.flush().await.unwrap();
+    }
+    tokio::task::block_in_place(|| wait_for("KEPT 10"));
+    // Each message one entry or several in one (a publisher's batch): all held.
+    let (entries, refs) = held(&b);
+    assert!(entries >= 1 && refs == entries, "{:?}", held(&b));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_active(&b, 1).await;
+    // Gone: its entries are freed (when the arena's state is next looked at).
+    wait_released(&b).await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    let mut s = c.subscribe("kill/**").await.unwrap();
+    c.flush().await.unwrap();
+    publ.publish(&key, payload(11, 3000)).await.unwrap();
+    publ.flush().await.unwrap();
+    assert_eq!(
+        within(10, s.next()).await.unwrap().payload,
+        payload(11, 3000)
     );
 }

@@ -145,3 +145,72 @@ pub fn same_user(sock: &UnixStream) -> io::Result<bool> {
     let cred = rustix::net::sockopt::socket_peercred(sock.as_fd())?;
     Ok(cred.uid == rustix::process::getuid())
 }
+
+/// The process at the other end of a Unix socket, watched through a pidfd (Linux 5.3):
+/// whether it has exited, whatever its pid becomes later (a pid is reused, a pidfd names one
+/// process). The pid is the one `SO_PEERCRED` gives, of the process that connected: had it
+/// exited and its pid been taken again in the moment before this looks, the watch would
+/// follow the other process (holding longer what waits for the exit, never shorter).
+#[derive(Debug)]
+pub struct PeerProcess(OwnedFd);
+
+impl PeerProcess {
+    /// Watches the process at the other end of `sock`.
+    pub fn of(sock: &UnixStream) -> io::Result<PeerProcess> {
+        let cred = rustix::net::sockopt::socket_peercred(sock.as_fd())?;
+        let fd = rustix::process::pidfd_open(cred.pid, rustix::process::PidfdFlags::empty())?;
+        Ok(PeerProcess(fd))
+    }
+
+    /// Watches this process (for tests).
+    pub fn this() -> io::Result<PeerProcess> {
+        let fd = rustix::process::pidfd_open(
+            rustix::process::getpid(),
+            rustix::process::PidfdFlags::empty(),
+        )?;
+        Ok(PeerProcess(fd))
+    }
+
+    /// Watches the process `pid` (a child the caller started, for tests).
+    pub fn pid(pid: u32) -> io::Result<PeerProcess> {
+        let pid = rustix::process::Pid::from_raw(pid as i32)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "pid 0"))?;
+        let fd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
+        Ok(PeerProcess(fd))
+    }
+
+    /// Whether the process has exited (its pidfd is readable); without waiting.
+    pub fn exited(&self) -> bool {
+        let mut fds = [rustix::event::PollFd::new(
+            &self.0,
+            rustix::event::PollFlags::IN,
+        )];
+        let zero = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
+    }
+}
+
+#[cfg(test)]
+mod process_tests {
+    use super::*;
+
+    #[test]
+    fn a_watched_process_is_seen_exit() {
+        assert!(!PeerProcess::this().unwrap().exited());
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let watch = PeerProcess::pid(child.id()).unwrap();
+        assert!(!watch.exited());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(watch.exited());
+        // The other end of a socket pair is this process.
+        let (a, _b) = UnixStream::pair().unwrap();
+        assert!(!PeerProcess::of(&a).unwrap().exited());
+    }
+}

@@ -14,7 +14,8 @@
 //! so a place written again while it copied is an error, never torn data taken as good.
 
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::atomic::{Ordering, fence};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering, fence};
 
 use crate::segment::{Segment, SegmentError};
 use crate::{ReadBuf, load_bytes, store_bytes};
@@ -121,15 +122,10 @@ impl ArenaView {
         self.segment.words().len() as u64 * 8
     }
 
-    /// Appends the bytes of the entry at byte `at`, of `len` bytes, tagged `tag`, to `out`.
-    /// On an error nothing is appended.
-    pub fn get<B: ReadBuf + ?Sized>(
-        &self,
-        at: u64,
-        len: u64,
-        tag: u64,
-        out: &mut B,
-    ) -> Result<(), EntryError> {
+    /// The words of the entry at byte `at`, of `len` bytes, tagged `tag` (header first),
+    /// checked: within the arena, and holding that tag (acquire: its bytes are visible)
+    /// and length now.
+    fn entry(&self, at: u64, len: u64, tag: u64) -> Result<(&[AtomicU64], usize), EntryError> {
         let words = self.segment.words();
         let oob = EntryError::OutOfBounds { at, len };
         if !at.is_multiple_of(8) || tag == 0 {
@@ -145,6 +141,45 @@ impl ArenaView {
         if entry[0].load(Ordering::Acquire) != tag || entry[1].load(Ordering::Relaxed) != len {
             return Err(EntryError::Stale(at));
         }
+        Ok((entry, n))
+    }
+
+    /// The entry at byte `at`, of `len` bytes, tagged `tag`, checked as [`ArenaView::get`]
+    /// checks it, as bytes read in place (no copy) for as long as the [`InPlace`] lives,
+    /// which keeps the mapping and `hold`: whatever tells the writer, once dropped, that
+    /// this reader is done with the entry. Until then the writer must not write the place
+    /// again (the arena's protocol: the broker writes a place again only once every
+    /// reader counted it released). `None` on a big-endian host, where entries are not
+    /// their bytes in order: copy with [`ArenaView::get`] there.
+    pub fn get_in_place<H>(
+        self: &Arc<Self>,
+        at: u64,
+        len: u64,
+        tag: u64,
+        hold: H,
+    ) -> Result<Option<InPlace<H>>, EntryError> {
+        if cfg!(target_endian = "big") {
+            return Ok(None);
+        }
+        let (_, n) = self.entry(at, len, tag)?;
+        Ok(Some(InPlace {
+            view: self.clone(),
+            start: at as usize + ENTRY_HEADER_WORDS * 8,
+            len: n,
+            _hold: hold,
+        }))
+    }
+
+    /// Appends the bytes of the entry at byte `at`, of `len` bytes, tagged `tag`, to `out`.
+    /// On an error nothing is appended.
+    pub fn get<B: ReadBuf + ?Sized>(
+        &self,
+        at: u64,
+        len: u64,
+        tag: u64,
+        out: &mut B,
+    ) -> Result<(), EntryError> {
+        let (entry, n) = self.entry(at, len, tag)?;
         let base = out.len();
         load_bytes(&entry[ENTRY_HEADER_WORDS..], n, out);
         fence(Ordering::Acquire);
@@ -156,15 +191,141 @@ impl ArenaView {
     }
 }
 
+/// How many references a [`ReleaseTable`] tells apart: a reader holds fewer than this
+/// many at once (the writer sends no more before some are released).
+pub const RELEASE_SLOTS: usize = 4096;
+
+/// What a reader that holds entries in place ([`ArenaView::get_in_place`]) says it is done
+/// with, in any order: a segment the reader makes and writes and the arena's writer reads.
+/// The reader numbers the references it receives from 0; done with reference `n`, it
+/// stores `n + 1` in slot `n % RELEASE_SLOTS`. A slot holding anything else says nothing
+/// of `n` (an older reference's number, or garbage from a hostile reader: its own loss,
+/// as it can only release its own references early, or never).
+#[derive(Debug)]
+pub struct ReleaseTable {
+    segment: Segment,
+}
+
+impl ReleaseTable {
+    /// The reader's new table (all zeros: nothing released).
+    pub fn create(name: &str) -> Result<ReleaseTable, SegmentError> {
+        Ok(ReleaseTable {
+            segment: Segment::create(name, RELEASE_SLOTS * 8)?,
+        })
+    }
+
+    /// The writer's view of a reader's table (its descriptor, received over a Unix
+    /// socket): checked as [`Segment::open`] checks, and of exactly the table's size.
+    pub fn open(fd: OwnedFd) -> Result<ReleaseTable, SegmentError> {
+        let segment = Segment::open(fd)?;
+        let bytes = segment.words().len() as u64 * 8;
+        if segment.words().len() != RELEASE_SLOTS {
+            return Err(SegmentError::Size(bytes));
+        }
+        Ok(ReleaseTable { segment })
+    }
+
+    /// The descriptor to hand to the writer.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.segment.fd()
+    }
+
+    /// Reference `n` is done with (release: whatever was read of its entry happened
+    /// before the writer sees this).
+    pub fn release(&self, n: u64) {
+        self.segment.words()[n as usize % RELEASE_SLOTS].store(n + 1, Ordering::Release);
+    }
+
+    /// Whether reference `n` was said done with (acquire: the writer may write its entry's
+    /// place again).
+    pub fn released(&self, n: u64) -> bool {
+        self.segment.words()[n as usize % RELEASE_SLOTS].load(Ordering::Acquire) == n + 1
+    }
+}
+
+/// An entry's bytes in place in the arena ([`ArenaView::get_in_place`]): the mapping is
+/// kept while it lives, and so is its `hold` (dropped after the bytes are no longer seen).
+#[derive(Debug)]
+pub struct InPlace<H> {
+    view: Arc<ArenaView>,
+    start: usize,
+    len: usize,
+    _hold: H,
+}
+
+impl<H> AsRef<[u8]> for InPlace<H> {
+    fn as_ref(&self) -> &[u8] {
+        self.view.segment.bytes_in_place(self.start, self.len)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
 
-    fn pair(bytes: usize) -> (ArenaWriter, ArenaView) {
+    fn pair(bytes: usize) -> (ArenaWriter, Arc<ArenaView>) {
         let w = ArenaWriter::create("test-arena", bytes).unwrap();
         let v = ArenaView::open(w.fd().try_clone_to_owned().unwrap()).unwrap();
-        (w, v)
+        (w, Arc::new(v))
+    }
+
+    /// An entry read in place is its bytes, checked as a copy is; the mapping and the hold
+    /// live as long as the bytes, and the hold goes when they go.
+    #[test]
+    fn an_entry_reads_in_place_and_holds_until_dropped() {
+        let (w, v) = pair(4096);
+        w.put(5, 11, [&b"in "[..], b"place, no copy"]);
+        let hold = Arc::new(());
+        let e = v.get_in_place(40, 17, 11, hold.clone()).unwrap().unwrap();
+        assert_eq!(e.as_ref(), b"in place, no copy");
+        drop(v);
+        assert_eq!(
+            e.as_ref(),
+            b"in place, no copy",
+            "the mapping went with the view"
+        );
+        assert_eq!(Arc::strong_count(&hold), 2);
+        drop(e);
+        assert_eq!(Arc::strong_count(&hold), 1, "the hold outlived its bytes");
+        // Checked as `get` is: stale, out of bounds.
+        let (w, v) = pair(4096);
+        w.put(0, 3, [&[7u8; 100][..]]);
+        assert_eq!(
+            v.get_in_place(0, 100, 4, ()).unwrap_err(),
+            EntryError::Stale(0)
+        );
+        assert_eq!(
+            v.get_in_place(0, 99, 3, ()).unwrap_err(),
+            EntryError::Stale(0)
+        );
+        assert!(matches!(
+            v.get_in_place(4096 - 8, 100, 3, ()),
+            Err(EntryError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            v.get_in_place(8, u64::MAX, 3, ()),
+            Err(EntryError::OutOfBounds { .. })
+        ));
+    }
+
+    /// Releases in any order are seen, each for its own number only; a table of another
+    /// size is refused.
+    #[test]
+    fn a_release_table_tells_each_reference_apart() {
+        let mine = ReleaseTable::create("releases").unwrap();
+        let theirs = ReleaseTable::open(mine.fd().try_clone_to_owned().unwrap()).unwrap();
+        mine.release(7);
+        mine.release(2);
+        assert!(theirs.released(7) && theirs.released(2));
+        assert!(!theirs.released(0) && !theirs.released(3));
+        // A slot is shared by numbers RELEASE_SLOTS apart: only the last one stored counts.
+        let far = 7 + RELEASE_SLOTS as u64;
+        assert!(!theirs.released(far));
+        mine.release(far);
+        assert!(theirs.released(far) && !theirs.released(7));
+        let small = Segment::create("small", 4096).unwrap();
+        assert!(ReleaseTable::open(small.fd().try_clone_to_owned().unwrap()).is_err());
     }
 
     #[test]
@@ -263,8 +424,13 @@ mod tests {
                         let (t, b) = model.get(&((at / 8) as usize)).expect("read where nothing was put");
                         proptest::prop_assert_eq!(*t, tag);
                         proptest::prop_assert_eq!(&out[1..], &b[..]);
+                        let e = v.get_in_place(at, len, tag, ()).unwrap().unwrap();
+                        proptest::prop_assert_eq!(e.as_ref(), &b[..]);
                     }
-                    Err(_) => proptest::prop_assert_eq!(out, vec![0xAA]),
+                    Err(_) => {
+                        proptest::prop_assert_eq!(out, vec![0xAA]);
+                        proptest::prop_assert!(v.get_in_place(at, len, tag, ()).is_err());
+                    }
                 }
             }
         }

@@ -180,6 +180,42 @@ impl Segment {
         }
     }
 
+    /// The bytes of the read-only mapping from byte `start`, `len` of them, in place: for
+    /// [`crate::arena::ArenaView::get_in_place`] only, which checks the range, and whose
+    /// writer does not write the range while the slice lives (the arena's protocol).
+    ///
+    /// Panics on a range outside the segment, on a writable mapping (this process's own
+    /// segments are written through [`Segment::words`] while read), and on a big-endian
+    /// host (the bytes are stored as little-endian words: in place they read in order only
+    /// on a little-endian one).
+    pub(crate) fn bytes_in_place(&self, start: usize, len: usize) -> &[u8] {
+        if cfg!(target_endian = "big") {
+            panic!("in-place bytes need little-endian words");
+        }
+        assert!(
+            matches!(self.map, Map::Ro(_)),
+            "in place only from a read-only mapping"
+        );
+        let end = start.checked_add(len).expect("range overflows");
+        assert!(end <= self.words * 8, "range past the segment");
+        #[allow(unsafe_code)]
+        // SAFETY: the range is within the mapping (asserted), which lives as long as `self`
+        // and cannot shrink (sealed), so every byte is mapped and readable for the slice's
+        // lifetime. No mapping in this process writes it (read-only, `Map::Ro`; the maker's
+        // writable mapping is in another process, `F_SEAL_FUTURE_WRITE` having refused any
+        // other writable one), so nothing here breaks the slice's immutability. The one
+        // writer is the segment's maker, through its own mapping (in another process; in
+        // tests, another mapping of this one): the arena's protocol has it
+        // leave an entry unwritten until every reader counted it released, and a reader
+        // counts it released only once it dropped its slices. A maker that broke that
+        // protocol could change bytes under the reader (what a reader trusts its maker, the
+        // broker, not to do, as it trusts it with every message); it could never make a
+        // read leave the mapping, whose bounds are fixed.
+        unsafe {
+            std::slice::from_raw_parts(self.map.as_ptr().add(start), len)
+        }
+    }
+
     /// Whether this process made it ([`Segment::create`]): all zeros until written. It does
     /// not know whether it was written through [`Segment::words`] since; its one use is
     /// [`crate::SharedRing::init`], which takes a segment just made.

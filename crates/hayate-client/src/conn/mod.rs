@@ -253,10 +253,14 @@ pub(crate) async fn connect(addr: &str, options: ConnectOptions) -> Result<Arc<I
             .await;
             drop(r);
             let moved = async {
-                let (r2, w2, f) =
-                    transport::shm::connect(&offer, options.shm_geometry, options.connect_timeout)
-                        .await
-                        .map_err(|e| Error::Protocol(format!("shared memory: {e}")))?;
+                let (r2, w2, f) = transport::shm::connect(
+                    &offer,
+                    options.shm_geometry,
+                    options.connect_timeout,
+                    options.shm_in_place,
+                )
+                .await
+                .map_err(|e| Error::Protocol(format!("shared memory: {e}")))?;
                 handshake(r2, w2, &options, &auth, 0)
                     .await
                     .map(|hs| (hs, f))

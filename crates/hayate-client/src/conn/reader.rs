@@ -10,7 +10,7 @@ use hayate_core::Message;
 use hayate_native::{Frame, ReadPlanner, encode};
 use tokio::io::AsyncReadExt;
 
-use hayate_io::transport::shm::{BytesReadBuf, Fanout};
+use hayate_io::transport::shm::Fanout;
 
 use super::{FRAME_SLACK, INBOX_SID, Inner, Reader, lock};
 use crate::Error;
@@ -198,8 +198,10 @@ async fn read_some(
     }
 }
 
-/// The frame a MSG_REF names (a MSG or MSG_BATCH for sid 0): its entry copied out of the
-/// fan-out arena (and counted released: the broker may write the place again), decoded.
+/// The frame a MSG_REF names (a MSG or MSG_BATCH for sid 0): its entry read in place in the
+/// fan-out arena (held, unwritten by the broker, until the last payload of it is dropped)
+/// or copied out of it (and counted released at once), decoded; its payloads are slices of
+/// the entry.
 fn by_reference(
     fanout: Option<&mut Fanout>,
     entry: &mut BytesMut,
@@ -216,22 +218,19 @@ fn by_reference(
             "MSG_REF of {len} bytes, past the largest frame"
         )));
     }
-    entry.clear();
-    // Entries are copied into one buffer, split off as decoded (their payloads are slices
-    // of it): one allocation for many, as for the read buffer.
-    if entry.capacity() < len as usize {
+    // Copied entries go into one buffer, split off (their payloads are slices of it): one
+    // allocation for many, as for the read buffer. Entries read in place are not copied.
+    if !f.in_place() && entry.capacity() < len as usize {
         entry.reserve((len as usize).max(ENTRY_BUF));
     }
-    f.get(at, u64::from(len), tag, &mut BytesReadBuf(entry))
+    let bytes = f
+        .get_bytes(at, u64::from(len), tag, entry)
         .map_err(|e| Error::Protocol(e.to_string()))?;
-    let whole = entry.len();
-    match hayate_native::decode(entry, max_frame) {
-        Ok(Some(f)) if entry.is_empty() => Ok(f),
-        Ok(_) => Err(Error::Protocol(format!(
-            "the fan-out entry of a MSG_REF ({whole} bytes) is not one whole frame"
-        ))),
-        Err(e) => Err(Error::Protocol(format!("fan-out entry: {e}"))),
-    }
+    hayate_native::decode_frame(bytes, max_frame).map_err(|e| {
+        Error::Protocol(format!(
+            "the fan-out entry of a MSG_REF ({len} bytes) is not one whole frame: {e}"
+        ))
+    })
 }
 
 /// What the buffer of fan-out entries grows by, at least.

@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use hayate_shm::arena::ArenaView;
+use hayate_shm::arena::{ArenaView, ReleaseTable};
 use hayate_shm::doorbell::Doorbell;
 use hayate_shm::segment::Segment;
 use hayate_shm::{ReadBuf, SharedReader, SharedRing, SharedWriter};
@@ -47,6 +47,12 @@ pub const PREFIX: &str = "HAYATE-SHM/1";
 
 /// The capability word of CONNECT and OK for the broker's fan-out arena.
 pub const FANOUT: &str = "fanout";
+
+/// The capability word of CONNECT and OK, after [`FANOUT`], for reading entries in place:
+/// the client sends its release table as a fourth descriptor, may hold an entry past its
+/// connection's end, and the broker keeps it until the client releases it or its process
+/// exits.
+pub const HOLD: &str = "hold";
 
 /// The largest slot accepted from the other side: a read appends at most this much.
 pub const MAX_SLOT_BYTES: usize = 1 << 20;
@@ -231,19 +237,43 @@ impl ReadBuf for BytesReadBuf<'_> {
 }
 
 /// What a client that took the broker's fan-out arena reads MSG_REFs with: the arena,
-/// mapped read-only, and its own ring, whose owner word it counts the MSG_REFs it is done
-/// with in (docs/protocol.md, *Fan-out*).
+/// mapped read-only, and how it says it is done with them (docs/protocol.md, *Fan-out*).
+///
+/// A copying client copies each entry out ([`Fanout::get`]) and counts the MSG_REFs done
+/// with in its own ring's owner word, in order. A holding client (`hold`, granted at the
+/// set-up) reads entries in place ([`Fanout::get_bytes`]) and is done with one when the last
+/// `Bytes` of it is dropped, whenever and on whatever thread: it says so in its release
+/// table, in any order.
 #[derive(Debug)]
 pub struct Fanout {
-    arena: ArenaView,
-    release: SharedRing,
-    released: u64,
+    arena: Arc<ArenaView>,
+    /// This client's ring: its owner word counts a copying client's MSG_REFs done with.
+    ring: SharedRing,
+    /// MSG_REFs received (the next one's number).
+    received: u64,
+    /// A holding client's release table.
+    table: Option<Arc<ReleaseTable>>,
+}
+
+/// Held by an entry read in place: dropped with its last `Bytes`, it says its MSG_REF is
+/// done with.
+#[derive(Debug)]
+struct Hold {
+    table: Arc<ReleaseTable>,
+    n: u64,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.table.release(self.n);
+    }
 }
 
 impl Fanout {
     /// Appends the entry a MSG_REF names to `out` (nothing on an error: the broker wrote
     /// the place again, which it does only when told it was released), and counts it done
-    /// with: [`Fanout::publish_releases`] tells the broker.
+    /// with: [`Fanout::publish_releases`] tells the broker (a holding client's table, at
+    /// once).
     pub fn get<B: ReadBuf + ?Sized>(
         &mut self,
         at: u64,
@@ -251,30 +281,74 @@ impl Fanout {
         tag: u64,
         out: &mut B,
     ) -> io::Result<()> {
-        self.arena.get(at, len, tag, out).map_err(invalid)?;
-        self.released += 1;
-        Ok(())
+        let n = self.received;
+        self.received += 1;
+        let got = self.arena.get(at, len, tag, out).map_err(invalid);
+        if let Some(t) = &self.table {
+            t.release(n);
+        }
+        got
     }
 
-    /// Tells the broker how many MSG_REFs were done with so far (one store, for all the
-    /// entries read since the last call): it may write their places again.
+    /// The entry a MSG_REF names: read in place by a holding client (its bytes stay valid,
+    /// and unwritten by the broker, until the last clone or slice of them is dropped,
+    /// which releases it), else copied into `copy` and split off it ([`Fanout::get`]).
+    pub fn get_bytes(
+        &mut self,
+        at: u64,
+        len: u64,
+        tag: u64,
+        copy: &mut bytes::BytesMut,
+    ) -> io::Result<bytes::Bytes> {
+        if let Some(table) = &self.table
+            && cfg!(target_endian = "little")
+        {
+            let hold = Hold {
+                table: table.clone(),
+                n: self.received,
+            };
+            self.received += 1;
+            // On an error `hold` is dropped here: released (nothing holds the entry).
+            if let Some(e) = self
+                .arena
+                .get_in_place(at, len, tag, hold)
+                .map_err(invalid)?
+            {
+                return Ok(bytes::Bytes::from_owner(e));
+            }
+        }
+        copy.clear();
+        self.get(at, len, tag, &mut BytesReadBuf(copy))?;
+        Ok(copy.split().freeze())
+    }
+
+    /// Whether entries are read in place (the broker granted `hold`).
+    pub fn in_place(&self) -> bool {
+        self.table.is_some()
+    }
+
+    /// Tells the broker how many MSG_REFs a copying client was done with so far (one
+    /// store, for all the entries read since the last call): it may write their places
+    /// again.
     pub fn publish_releases(&self) {
-        let w = self.release.owner_word();
-        if w.load(Ordering::Relaxed) != self.released {
-            w.store(self.released, Ordering::Release);
+        let w = self.ring.owner_word();
+        if self.table.is_none() && w.load(Ordering::Relaxed) != self.received {
+            w.store(self.received, Ordering::Release);
         }
     }
 }
 
 /// Sets up shared memory with the broker whose WELCOME offered `offer` (`<socket>
-/// <ticket>`): connects to its abstract socket, sends `CONNECT <ticket> fanout` with this
-/// side's descriptors, and builds the transport from the answer, all within `timeout`.
-/// The broker's fan-out arena comes too when it has one (`OK fanout`, a fourth
+/// <ticket>`): connects to its abstract socket, sends `CONNECT <ticket> fanout` (`fanout
+/// hold` with `hold`: entries read in place) with this side's descriptors, and builds the
+/// transport from the answer, all within `timeout`. The broker's fan-out arena comes too
+/// when it has one (`OK fanout`, or `OK fanout hold` when it grants holding, and a fourth
 /// descriptor).
 pub async fn connect(
     offer: &str,
     geometry: ShmGeometry,
     timeout: std::time::Duration,
+    hold: bool,
 ) -> io::Result<(Reader, Writer, Option<Fanout>)> {
     use std::os::linux::net::SocketAddrExt;
     let (name, ticket) = offer
@@ -290,16 +364,30 @@ pub async fn connect(
         sock.set_read_timeout(Some(timeout))?;
         sock.set_write_timeout(Some(timeout))?;
         let local = Local::new("hayate-client", geometry)?;
+        // A holding client's release table goes with its ring, as a fourth descriptor.
+        let table = match hold {
+            true => Some(ReleaseTable::create("hayate-releases").map_err(invalid)?),
+            false => None,
+        };
+        let mut fds = local.fds().to_vec();
+        fds.extend(table.as_ref().map(ReleaseTable::fd));
         hayate_shm::announce::send_fds(
             &sock,
-            &local.fds(),
-            format!("{PREFIX} CONNECT {ticket} {FANOUT}").as_bytes(),
+            &fds,
+            if table.is_some() {
+                format!("{PREFIX} CONNECT {ticket} {FANOUT} {HOLD}")
+            } else {
+                format!("{PREFIX} CONNECT {ticket} {FANOUT}")
+            }
+            .as_bytes(),
         )?;
         let (mut fds, answer) =
             hayate_shm::announce::receive_any(&sock).map_err(io::Error::other)?;
         let answer = String::from_utf8_lossy(&answer).into_owned();
-        let arena = if answer == format!("{PREFIX} OK {FANOUT}") && fds.len() == 4 {
-            Some(ArenaView::open(fds.remove(3)).map_err(invalid)?)
+        let granted = table.is_some() && answer == format!("{PREFIX} OK {FANOUT} {HOLD}");
+        let arena = if (granted || answer == format!("{PREFIX} OK {FANOUT}")) && fds.len() == 4 {
+            let table = table.filter(|_| granted).map(Arc::new);
+            Some((ArenaView::open(fds.remove(3)).map_err(invalid)?, table))
         } else if answer == format!("{PREFIX} OK") {
             None
         } else {
@@ -314,12 +402,13 @@ pub async fn connect(
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "shared-memory set-up timed out"))?
         .map_err(io::Error::other)??;
-    let release = local.ring.clone();
+    let ring = local.ring.clone();
     let (r, w) = join(local, fds, sock)?;
-    let fanout = arena.map(|arena| Fanout {
-        arena,
-        release,
-        released: 0,
+    let fanout = arena.map(|(arena, table)| Fanout {
+        arena: Arc::new(arena),
+        ring,
+        received: 0,
+        table,
     });
     Ok((r, w, fanout))
 }

@@ -151,6 +151,50 @@ fn frame_name(t: u8) -> Option<&'static str> {
 /// (type byte and body) is refused from its header alone. On success the frame's bytes are
 /// removed from `buf`; payloads are zero-copy slices of it.
 pub fn decode(buf: &mut BytesMut, max_frame: usize) -> Result<Option<Frame>, DecodeError> {
+    let Some((t, name, len)) = header(buf, max_frame)? else {
+        return Ok(None);
+    };
+    let total = 4 + len;
+    if buf.len() < total {
+        buf.reserve(total - buf.len());
+        return Ok(None);
+    }
+    buf.advance(HEADER_LEN);
+    let body = buf.split_to(len - 1).freeze();
+    parse(
+        t,
+        Body {
+            frame: name,
+            b: body,
+        },
+    )
+    .map(Some)
+}
+
+/// Decodes `frame`, which must be exactly one whole frame (a fan-out entry read in place:
+/// its payloads stay slices of it, no copy). Checked as [`decode`] checks a frame; a
+/// buffer shorter or longer than the frame its header announces is malformed.
+pub fn decode_frame(frame: Bytes, max_frame: usize) -> Result<Frame, DecodeError> {
+    let whole = |what| DecodeError::Malformed {
+        frame: "frame",
+        what,
+    };
+    let (t, name, len) = header(&frame, max_frame)?.ok_or(whole("shorter than its header"))?;
+    if frame.len() != 4 + len {
+        return Err(whole("not one whole frame"));
+    }
+    parse(
+        t,
+        Body {
+            frame: name,
+            b: frame.slice(HEADER_LEN..),
+        },
+    )
+}
+
+/// The header at the front of `buf`, checked: type, its name, length (type byte and
+/// body). `None` while `buf` holds less than a header.
+fn header(buf: &[u8], max_frame: usize) -> Result<Option<(u8, &'static str, usize)>, DecodeError> {
     if buf.len() < 4 {
         return Ok(None);
     }
@@ -176,21 +220,7 @@ pub fn decode(buf: &mut BytesMut, max_frame: usize) -> Result<Option<Frame>, Dec
     let Some(name) = frame_name(t) else {
         return Err(DecodeError::UnknownFrame(t));
     };
-    let total = 4 + len;
-    if buf.len() < total {
-        buf.reserve(total - buf.len());
-        return Ok(None);
-    }
-    buf.advance(HEADER_LEN);
-    let body = buf.split_to(len - 1).freeze();
-    parse(
-        t,
-        Body {
-            frame: name,
-            b: body,
-        },
-    )
-    .map(Some)
+    Ok(Some((t, name, len)))
 }
 
 fn options(b: &mut Body, flags: u8, key: Key) -> Result<Message, DecodeError> {

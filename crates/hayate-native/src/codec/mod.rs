@@ -9,7 +9,7 @@
 mod decoding;
 mod encoding;
 
-pub use decoding::{DecodeError, decode};
+pub use decoding::{DecodeError, decode, decode_frame};
 pub use encoding::{
     check_options, encode, encode_batch_item, encode_confirm, encode_msg, encode_msg_acked_head,
     encode_msg_batch_head, encode_msg_batch_item_head, encode_msg_head, encode_msg_ref,
