@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The broker's fan-out arena against copies, in one run: two brokers from the same binary,
 # one with the arena (native.shm_fanout_bytes, default 16 MiB) and one without (0), their
-# subscribers on shared memory; plus the first broker's subscribers on TCP. One publisher
-# to 1..20 subscriber processes (`hayate bench fanout`), at each payload size.
+# subscribers on shared memory: reading the arena's entries in place (the client's default),
+# copying them out (in_place=0), and with no arena; plus the first broker's subscribers on
+# TCP. One publisher to 1..20 subscriber processes (`hayate bench fanout`), at each payload
+# size.
 #
 #   bench/fanout-arena.sh                      # 1 KiB and 64 KiB, 1/5/20 subscribers, 3 s
 #   PAYLOADS="4KiB" SUBS=1,20 DURATION=5s OUT=... bench/fanout-arena.sh
+#   TOUCH=1 ... bench/fanout-arena.sh          # subscribers read every byte (--touch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/hayate}
@@ -30,10 +33,11 @@ copies=$(start copies 0)
 [ -n "$arena" ] && [ -n "$copies" ] || { cat "$tmp"/*.err >&2; exit 1; }
 for p in $PAYLOADS; do
     "$BIN" bench fanout \
-        --target "hayate://$arena?shm=require&name=broker-shm-arena" \
+        --target "hayate://$arena?shm=require&name=broker-shm-in-place" \
+        --target "hayate://$arena?shm=require&in_place=0&name=broker-shm-arena" \
         --target "hayate://$copies?shm=require&name=broker-shm-copies" \
         --target "hayate://$arena?shm=off&name=broker-tcp" \
-        --subscribers "$SUBS" --payload "$p" --duration "$DURATION" --warmup 1s \
+        --subscribers "$SUBS" --payload "$p" --duration "$DURATION" --warmup 1s ${TOUCH:+--touch} \
         --json "$OUT/fanout-$p.json" | tee "$OUT/fanout-$p.txt"
 done
 grep -m1 "model name" /proc/cpuinfo >"$OUT/machine.txt"; nproc >>"$OUT/machine.txt"

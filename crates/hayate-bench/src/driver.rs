@@ -366,8 +366,18 @@ impl NatsConn {
 
 /// A broker client for a `hayate://` target, with the target's settings: `?shm=off|auto|require`
 /// (shared memory with a broker on this host; auto, the client's default, takes it when
-/// offered), `?slots=`, `?slot=` (the client's ring) and `?ca=FILE` (over TLS, trusting that
-/// CA).
+/// offered), `?in_place=1|0` (read what the broker's fan-out arena holds in place, the
+/// default, or copy it out), `?slots=`, `?slot=` (the client's ring) and `?ca=FILE` (over
+/// TLS, trusting that CA).
+/// A flag parameter: `1`/`true`/`on` or `0`/`false`/`off`.
+fn parse_flag(v: &str) -> anyhow::Result<bool> {
+    match v {
+        "1" | "true" | "on" => Ok(true),
+        "0" | "false" | "off" => Ok(false),
+        _ => anyhow::bail!("{v:?} is not 1 or 0"),
+    }
+}
+
 pub(crate) async fn hayate_client(
     target: &Target,
     name: &str,
@@ -375,6 +385,9 @@ pub(crate) async fn hayate_client(
     let mut opts = hayate_client::ConnectOptions::default().name(name);
     if let Some(m) = target.param("shm") {
         opts.shm = m.parse().map_err(anyhow::Error::msg)?;
+    }
+    if let Some(v) = target.param("in_place") {
+        opts.shm_in_place = parse_flag(v).context("in_place=")?;
     }
     if let Some(n) = target.param("slots") {
         opts.shm_geometry.slots = n.parse().context("slots=")?;

@@ -43,6 +43,10 @@ pub struct FanoutOptions {
     /// Also measure Cyclone DDS: `ddsperf sub` processes and one `ddsperf pub` (system
     /// `cyclonedds`), where ddsperf is installed.
     pub ddsperf: bool,
+    /// Each subscriber reads every byte of every payload (sums it as 64-bit words), as an
+    /// application that uses its data does; by default it only counts messages (what a
+    /// reader of shared memory in place then never touches is not read at all).
+    pub touch: bool,
 }
 
 /// What a subscriber process says, one JSON line each.
@@ -208,6 +212,7 @@ async fn run(
             .arg(sub_target.to_string())
             .args(["--prefix", key, "--payload"])
             .arg(payload.to_string())
+            .args(opts.touch.then_some("--touch"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -401,7 +406,20 @@ fn ddsperf_run(n: usize, size: usize, opts: &FanoutOptions) -> anyhow::Result<(f
 /// The subscriber process of a fan-out point (`bench fanout-sub`): subscribes to `key` on
 /// `target`, prints `{"ready":true}`, counts what arrives between `START` and `STOP` on
 /// stdin, prints `{"count":N,"secs":S}`, and ends when stdin closes.
-pub fn fanout_sub(target: &Target, key: &str, payload: usize) -> anyhow::Result<()> {
+/// Reads every byte of `p` (the payload summed as little-endian 64-bit words, its tail
+/// bytes added one by one): [`FanoutOptions::touch`].
+pub(crate) fn touch(p: &[u8]) -> u64 {
+    let words = p.chunks_exact(8);
+    let tail = words.remainder().iter().map(|&b| u64::from(b));
+    words
+        .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+        .chain(tail)
+        .fold(0u64, u64::wrapping_add)
+}
+
+/// A subscriber process of [`fanout`]: counts what it gets on `key` (reading every byte of
+/// it with `touch`), and says how many between START and STOP on its stdin.
+pub fn fanout_sub(target: &Target, key: &str, payload: usize, touch: bool) -> anyhow::Result<()> {
     with_runtime(|rt| {
         rt.block_on(async {
             let say = |l: &SubLine| -> anyhow::Result<()> {
@@ -423,9 +441,14 @@ pub fn fanout_sub(target: &Target, key: &str, payload: usize) -> anyhow::Result<
             let counting = {
                 let count = count.clone();
                 tokio::spawn(async move {
-                    while sub.next().await.is_some() {
+                    let mut sum = 0u64;
+                    while let Some(p) = sub.next().await {
+                        if touch {
+                            sum = sum.wrapping_add(self::touch(&p));
+                        }
                         count.fetch_add(1, Ordering::Relaxed);
                     }
+                    std::hint::black_box(sum);
                 })
             };
             say(&SubLine {
@@ -453,4 +476,18 @@ pub fn fanout_sub(target: &Target, key: &str, payload: usize) -> anyhow::Result<
             Ok(())
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn touch_reads_every_byte() {
+        assert_eq!(super::touch(&[]), 0);
+        assert_eq!(super::touch(&[1, 0, 0, 0, 0, 0, 0, 0, 5]), 6);
+        let mut p = vec![0u8; 1001];
+        p[1000] = 7;
+        p[8] = 1;
+        p[999] = 1;
+        assert_eq!(super::touch(&p), 8 + (1 << 56));
+    }
 }

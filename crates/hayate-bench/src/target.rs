@@ -64,7 +64,9 @@ impl System {
     /// The query parameters a target URL of this system accepts, besides `name`.
     fn params(self) -> &'static [&'static str] {
         match self {
-            System::Hayate => &["mode", "ca", "shm", "spin", "slots", "slot", "peers", "rpc"],
+            System::Hayate => &[
+                "mode", "ca", "shm", "in_place", "spin", "slots", "slot", "peers", "rpc",
+            ],
             System::Mqtt => &[
                 "qos",
                 "version",

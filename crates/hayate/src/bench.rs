@@ -117,6 +117,10 @@ pub(crate) struct BenchArgs {
     /// fanout: the numbers of subscriber processes, comma-separated (default 1,2,5,10,20).
     #[arg(long, value_name = "LIST", default_value = "1,2,5,10,20")]
     pub(crate) subscribers: String,
+    /// fanout: each subscriber reads every byte of every payload (sums it), as an
+    /// application that uses its data does; by default it only counts messages.
+    #[arg(long)]
+    pub(crate) touch: bool,
     /// lat: each side (pinger, echo) on a thread of its own with a single-threaded runtime,
     /// as two single-threaded processes (and the raw TCP baseline's two blocking threads)
     /// are. By default both share one multi-threaded runtime and the pinger runs on the
@@ -305,7 +309,9 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
             Some(p) => *hayate_bench::parse_sizes(p)?.first().context("--payload")?,
             None => 1024,
         };
-        return tokio::task::block_in_place(|| hayate_bench::fanout_sub(&target, key, payload));
+        return tokio::task::block_in_place(|| {
+            hayate_bench::fanout_sub(&target, key, payload, a.touch)
+        });
     }
     let mut a = a;
     if a.durable && matches!(a.test, Test::Thr | Test::Lat) {
@@ -447,6 +453,7 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
                 warmup,
                 exe: std::env::current_exe()?,
                 ddsperf: a.ddsperf,
+                touch: a.touch,
             })?,
             Test::Baseline
             | Test::Compare

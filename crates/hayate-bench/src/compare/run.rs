@@ -150,6 +150,7 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
         warmup: Duration::from_millis(if quick { 500 } else { 1000 }),
         exe: opts.hayate_exe.clone(),
         ddsperf: active(&peers, "ddsperf"),
+        touch: false,
     };
     let fanout = if fanout_opts.targets.is_empty() {
         Vec::new()
