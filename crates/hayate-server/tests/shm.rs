@@ -243,6 +243,19 @@ async fn hostile_set_ups_are_refused_and_the_broker_carries_on() {
             let big = [ring.segment().fd(), bell.ringer(), bell.ringer()];
             answers.push(set_up(&o, &format!("{PREFIX} CONNECT {t}"), &big).map(|a| a.0));
         }
+        // Holding in place with a release table that is not one: a segment of another size,
+        // a doorbell, a segment not sealed against shrinking.
+        let small = Segment::create("small-table", 4096).unwrap();
+        let path = std::env::temp_dir().join(format!("hayate-table-{}", std::process::id()));
+        let unsealed = std::fs::File::create(&path).unwrap();
+        unsealed.set_len(4096 * 8).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        for table in [small.fd(), bell.ringer(), unsealed.as_fd()] {
+            let t = ticket(&o);
+            let four = [fds[0], fds[1], fds[2], table];
+            answers
+                .push(set_up(&o, &format!("{PREFIX} CONNECT {t} fanout hold"), &four).map(|a| a.0));
+        }
         answers
     });
     let answers = within(30, blocking).await.unwrap();
@@ -280,15 +293,17 @@ async fn raw(b: &TestBroker) -> Raw {
 /// [`raw`], asking for the fan-out arena when `fanout`: the arena's descriptor, if given.
 async fn raw_with(b: &TestBroker, fanout: bool) -> (Raw, Option<OwnedFd>) {
     let t = ticket(offer(b));
-    raw_ticket(b, fanout, t, Bytes::new()).await
+    raw_ticket(b, fanout, t, Bytes::new(), None).await
 }
 
-/// [`raw_with`] on ticket `t`, logging in with `auth` (HELLO's auth field).
+/// [`raw_with`] on ticket `t`, logging in with `auth` (HELLO's auth field); with `table`
+/// (and `fanout`), asking to hold entries in place with that release table.
 async fn raw_ticket(
     b: &TestBroker,
     fanout: bool,
     t: String,
     auth: Bytes,
+    table: Option<OwnedFd>,
 ) -> (Raw, Option<OwnedFd>) {
     let o = offer(b).clone();
     let (local, mut fds, sock, ring) = tokio::task::spawn_blocking(move || {
@@ -296,16 +311,25 @@ async fn raw_ticket(
         let ring = Segment::open(local.fds()[0].try_clone_to_owned().unwrap()).unwrap();
         let addr = std::os::unix::net::SocketAddr::from_abstract_name(o.name().as_bytes()).unwrap();
         let sock = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
-        let ask = if fanout { " fanout" } else { "" };
+        let ask = match (fanout, table.is_some()) {
+            (true, true) => " fanout hold",
+            (true, false) => " fanout",
+            _ => "",
+        };
+        let mut mine = local.fds().to_vec();
+        mine.extend(table.as_ref().map(|t| t.as_fd()));
         announce::send_fds(
             &sock,
-            &local.fds(),
+            &mine,
             format!("{PREFIX} CONNECT {t}{ask}").as_bytes(),
         )
         .unwrap();
         let (fds, answer) = announce::receive_any(&sock).unwrap();
-        let want = if fanout { "OK fanout" } else { "OK" };
-        assert_eq!(answer, format!("{PREFIX} {want}").as_bytes());
+        let want = match ask {
+            "" => "OK",
+            a => &format!("OK{a}"),
+        };
+        assert_eq!(String::from_utf8_lossy(&answer), format!("{PREFIX} {want}"));
         (local, fds, sock, ring)
     })
     .await
@@ -773,6 +797,77 @@ async fn a_client_lying_about_releases_harms_only_itself() {
     assert_eq!(m.payload, payload(400, 3000));
 }
 
+/// A client holding in place that lies in its release table: it says its first 4096
+/// references released before it even gets them, later fills the table with garbage. Only
+/// its own entries suffer (its first one, read after the arena was written over, is
+/// `Stale`); an honest client gets every message, and the broker carries on.
+#[tokio::test]
+async fn a_holding_client_lying_in_its_release_table_harms_only_itself() {
+    let mut config = Config::default();
+    config.native.shm_fanout_bytes = 256 << 10;
+    let b = start(config).await;
+    let table = hayate_shm::arena::ReleaseTable::create("liar").unwrap();
+    let t = ticket(offer(&b));
+    let mine = Some(table.fd().try_clone_to_owned().unwrap());
+    let (mut liar, arena) = raw_ticket(&b, true, t, Bytes::new(), mine).await;
+    let view = hayate_shm::arena::ArenaView::open(arena.expect("the arena")).unwrap();
+    raw_subscribe(&liar, "tlie/**", hayate_client::Qos::BEST_EFFORT_DROP).await;
+    let honest = Client::connect(&b.addr).await.unwrap();
+    let mut hs = honest.subscribe("tlie/**").await.unwrap();
+    honest.flush().await.unwrap();
+    wait_active(&b, 2).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let publ = Client::connect(&b.addr).await.unwrap();
+    let key = Key::new("tlie/a").unwrap();
+    publ.publish(&key, payload(0, 3000)).await.unwrap();
+    publ.flush().await.unwrap();
+    assert_eq!(
+        within(10, hs.next()).await.unwrap().payload,
+        payload(0, 3000)
+    );
+    let mut buf = BytesMut::new();
+    let Frame::MsgRef { at, len, tag, .. } = next_delivery(&mut liar, &mut buf).await else {
+        panic!("expected a MSG_REF")
+    };
+    for n in 0..4096 {
+        table.release(n);
+    }
+    for i in 1..400u32 {
+        publ.publish(&key, payload(i, 3000)).await.unwrap();
+        publ.flush().await.unwrap();
+        assert_eq!(
+            within(10, hs.next()).await.unwrap().payload,
+            payload(i, 3000),
+            "{i}"
+        );
+    }
+    let written = fanout(&b)
+        .entries
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(written * 3000 > 3 * (256 << 10), "{written} entries");
+    let mut got = Vec::new();
+    assert!(view.get(at, u64::from(len), tag, &mut got).is_err());
+    // Garbage: nothing more of its is released; it holds its quota, then gets copies.
+    let words = Segment::open(table.fd().try_clone_to_owned().unwrap()).unwrap();
+    for w in words.words() {
+        w.store(u64::MAX, std::sync::atomic::Ordering::Release);
+    }
+    for i in 400..600u32 {
+        publ.publish(&key, payload(i, 3000)).await.unwrap();
+        publ.flush().await.unwrap();
+        assert_eq!(
+            within(10, hs.next()).await.unwrap().payload,
+            payload(i, 3000),
+            "{i}"
+        );
+    }
+    let (_, refs) = held(&b);
+    assert!(
+        refs * 3000 <= (256 << 10) / 4 + 8192,
+        "{refs} references held"
+    );
+}
+
 /// Subscribes a raw connection to `expr` as subscription 1.
 async fn raw_subscribe(raw: &Raw, expr: &str, qos: hayate_client::Qos) {
     let mut out = BytesMut::new();
@@ -842,7 +937,7 @@ async fn an_arena_is_one_user_s_and_replies_never_go_there() {
         password: Bytes::from_static(b"alice-and-bob"),
     }
     .encode();
-    let (mut impostor, arena) = raw_ticket(&b, true, t, bob_auth).await;
+    let (mut impostor, arena) = raw_ticket(&b, true, t, bob_auth, None).await;
     assert!(
         arena.is_some(),
         "alice's arena was handed out on her ticket"
