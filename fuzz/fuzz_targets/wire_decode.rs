@@ -1,15 +1,23 @@
 //! Decodes arbitrary bytes as a stream of native frames. Every frame that decodes must
-//! re-encode to exactly the bytes it came from and decode again to an equal frame.
+//! re-encode to exactly the bytes it came from and decode again to an equal frame. The
+//! same bytes as one fan-out entry read in place (`decode_frame`) decode to the frame the
+//! stream decoder takes when it is exactly one whole frame, and are refused otherwise.
 
 #![no_main]
 
-use bytes::BytesMut;
-use hayate_native::{Frame, HEADER_LEN, decode, encode};
+use bytes::{Bytes, BytesMut};
+use hayate_native::{Frame, HEADER_LEN, decode, decode_frame, encode};
 use libfuzzer_sys::fuzz_target;
 
 const MAX_FRAME: usize = 1 << 20;
 
 fuzz_target!(|data: &[u8]| {
+    let whole = decode_frame(Bytes::copy_from_slice(data), MAX_FRAME);
+    let mut one = BytesMut::from(data);
+    match decode(&mut one, MAX_FRAME) {
+        Ok(Some(f)) if one.is_empty() => assert_eq!(whole, Ok(f)),
+        _ => assert!(whole.is_err(), "decode_frame took what decode did not: {whole:?}"),
+    }
     let mut buf = BytesMut::from(data);
     loop {
         let before = buf.len();
