@@ -745,11 +745,7 @@ async fn a_client_lying_about_releases_harms_only_itself() {
     raw_subscribe(&liar, "lie/**", hayate_client::Qos::BEST_EFFORT_DROP).await;
     // Copying: in place it would hold the liar's first entry until read, below.
     let honest = copying(&b).await;
-    let mut hs = honest.subscribe("lie/**").await.unwrap();
-    honest.flush().await.unwrap();
-    wait_active(&b, 2).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let publ = Client::connect(&b.addr).await.unwrap();
+    let (mut hs, publ) = honest_beside_raw(&b, &honest, "lie/**").await;
     let key = Key::new("lie/a").unwrap();
     // The first message; the liar takes its reference and claims everything released.
     publ.publish(&key, payload(0, 3000)).await.unwrap();
@@ -813,11 +809,7 @@ async fn a_holding_client_lying_in_its_release_table_harms_only_itself() {
     let view = hayate_shm::arena::ArenaView::open(arena.expect("the arena")).unwrap();
     raw_subscribe(&liar, "tlie/**", hayate_client::Qos::BEST_EFFORT_DROP).await;
     let honest = Client::connect(&b.addr).await.unwrap();
-    let mut hs = honest.subscribe("tlie/**").await.unwrap();
-    honest.flush().await.unwrap();
-    wait_active(&b, 2).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let publ = Client::connect(&b.addr).await.unwrap();
+    let (mut hs, publ) = honest_beside_raw(&b, &honest, "tlie/**").await;
     let key = Key::new("tlie/a").unwrap();
     publ.publish(&key, payload(0, 3000)).await.unwrap();
     publ.flush().await.unwrap();
@@ -832,15 +824,7 @@ async fn a_holding_client_lying_in_its_release_table_harms_only_itself() {
     for n in 0..4096 {
         table.release(n);
     }
-    for i in 1..400u32 {
-        publ.publish(&key, payload(i, 3000)).await.unwrap();
-        publ.flush().await.unwrap();
-        assert_eq!(
-            within(10, hs.next()).await.unwrap().payload,
-            payload(i, 3000),
-            "{i}"
-        );
-    }
+    traffic(&publ, &key, 1..400, &mut [&mut hs]).await;
     let written = fanout(&b)
         .entries
         .load(std::sync::atomic::Ordering::Relaxed);
@@ -852,20 +836,26 @@ async fn a_holding_client_lying_in_its_release_table_harms_only_itself() {
     for w in words.words() {
         w.store(u64::MAX, std::sync::atomic::Ordering::Release);
     }
-    for i in 400..600u32 {
-        publ.publish(&key, payload(i, 3000)).await.unwrap();
-        publ.flush().await.unwrap();
-        assert_eq!(
-            within(10, hs.next()).await.unwrap().payload,
-            payload(i, 3000),
-            "{i}"
-        );
-    }
+    traffic(&publ, &key, 400..600, &mut [&mut hs]).await;
     let (_, refs) = held(&b);
     assert!(
         refs * 3000 <= (256 << 10) / 4 + 8192,
         "{refs} references held"
     );
+}
+
+/// Subscribes `honest` to `expr` beside a raw client on shared memory, waits until the
+/// broker holds both connections, and connects a publisher.
+async fn honest_beside_raw(
+    b: &TestBroker,
+    honest: &Client,
+    expr: &str,
+) -> (hayate_client::Subscription, Client) {
+    let hs = honest.subscribe(expr).await.unwrap();
+    honest.flush().await.unwrap();
+    wait_active(b, 2).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    (hs, Client::connect(&b.addr).await.unwrap())
 }
 
 /// Subscribes a raw connection to `expr` as subscription 1.
@@ -1172,7 +1162,7 @@ async fn reading_in_place_holds_an_entry_until_dropped_even_past_the_connection(
     );
     // Traffic that writes the 256 KiB arena over several times, read and dropped as it
     // comes: by reference, and the kept entry's place is never taken.
-    traffic(&publ, &key, 1, &mut [&mut s, &mut o]).await;
+    traffic(&publ, &key, 1..301, &mut [&mut s, &mut o]).await;
     let st = fanout(&b);
     let entries = st.entries.load(std::sync::atomic::Ordering::Relaxed);
     assert!(entries * 3000 > 3 * (256 << 10), "{entries} entries");
@@ -1188,7 +1178,7 @@ async fn reading_in_place_holds_an_entry_until_dropped_even_past_the_connection(
     sub.close().await.unwrap();
     wait_active(&b, 2).await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    traffic(&publ, &key, 301, &mut [&mut o]).await;
+    traffic(&publ, &key, 301..601, &mut [&mut o]).await;
     assert_eq!(
         kept.payload,
         payload(0, 3000),
@@ -1204,15 +1194,15 @@ async fn reading_in_place_holds_an_entry_until_dropped_even_past_the_connection(
     wait_released(&b).await;
 }
 
-/// Publishes 300 messages of 3000 bytes from number `from` on, one at a time, each read
-/// (and dropped) by every one of `subs` before the next.
+/// Publishes messages of 3000 bytes numbered `range`, one at a time, each read (and
+/// dropped) by every one of `subs` before the next.
 async fn traffic(
     publ: &Client,
     key: &Key,
-    from: u32,
+    range: std::ops::Range<u32>,
     subs: &mut [&mut hayate_client::Subscription],
 ) {
-    for i in from..from + 300 {
+    for i in range {
         publ.publish(key, payload(i, 3000)).await.unwrap();
         publ.flush().await.unwrap();
         for s in subs.iter_mut() {
