@@ -4,12 +4,13 @@
 //! The broker writes a message for a user's shared-memory clients once, into that user's
 //! arena (a memfd only the broker can write, and every client of the arena can read:
 //! `hayate_shm::arena`; `crate::shm::ShmOffer` keeps one per user), and sends each subscriber a small
-//! MSG_REF frame naming the entry instead of the message. Each client copies the entry
-//! out, or reads it in place (`hold`, granted at the set-up) until the application drops
-//! it, then counts it released in a word of its own ring's header (the *owner word*, a
-//! plain counter of MSG_REFs done, in the order received). An entry is written again only
-//! when every reference to it has been counted released, or its client is gone: a copying
-//! client's connection ended [`DEPARTED_GRACE`] ago, a holding client's process exited.
+//! MSG_REF frame naming the entry instead of the message. A client copies the entry out,
+//! then counts it released in a word of its own ring's header (the *owner word*, a plain
+//! counter of MSG_REFs done, in the order received); or, holding in place (`hold`, granted
+//! at the set-up), reads it where it is until the application drops it, then says so in its
+//! release table (in any order, [`Holding`]). An entry is written again only when every
+//! reference to it has been released, or its client is gone: a copying client's connection
+//! ended [`DEPARTED_GRACE`] ago, a holding client's process exited.
 //!
 //! Nothing a client says is trusted beyond its own references: a counter that goes back is
 //! ignored, one that claims more than was sent releases only what was sent (a client that
