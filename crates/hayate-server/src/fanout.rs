@@ -820,6 +820,32 @@ mod tests {
         assert_eq!(f.held(), (0, 0), "a dead holder's entries were kept");
     }
 
+    /// Clients that leave holding entries while their processes live are kept, up to 64
+    /// per arena: past that a new client may not hold (it copies); released, room again.
+    #[test]
+    fn at_most_64_departed_holders_are_kept_waiting() {
+        let f = arena(1 << 20);
+        let tables: Vec<ReleaseTable> = (0..MAX_DEPARTED_HOLDING)
+            .map(|_| {
+                let (t, h) = holding(PeerProcess::this().unwrap());
+                let c = f.register(ring(), Some(h));
+                c.place(b"", &one(&Bytes::from(vec![5u8; 600]))).unwrap();
+                assert!(f.may_hold());
+                drop(c);
+                t
+            })
+            .collect();
+        f.end_graces();
+        assert!(!f.may_hold(), "a 65th client may hold");
+        assert_eq!(f.held().1, MAX_DEPARTED_HOLDING);
+        tables[0].release(0);
+        assert!(f.may_hold());
+        for t in &tables {
+            t.release(0);
+        }
+        assert_eq!(f.held(), (0, 0));
+    }
+
     #[test]
     fn entries_wrap_around_the_arena() {
         let f = arena(16 * 1024);
