@@ -38,6 +38,10 @@ const INBOX_SID: u32 = u32::MAX;
 const MAX_BATCH: usize = 256 * 1024;
 /// Payloads at least this large are queued by reference, not copied.
 const ZERO_COPY: usize = 64 * 1024;
+/// Payloads queued by reference on one key while the writer is busy go out as one
+/// PUB_BATCH of at most this many bytes of items (and at most the server's largest
+/// payload): one frame, one delivery to each subscriber, for several large messages.
+const MAX_LARGE_BATCH: usize = 1024 * 1024;
 /// A publish that finds nothing queued, nobody writing, and no such publish in the last
 /// `INLINE_GAP`, is written by the publishing task itself (one non-blocking write, the rest
 /// left to the writer task): an isolated message (request/reply, ping-pong) saves the
@@ -54,12 +58,25 @@ struct OpenBatch {
     items: usize,
 }
 
+/// A PUB_BATCH of payloads queued by reference, still open: its head is the chunk at
+/// `head` (re-encoded as items are added), each item a 4-byte length chunk and the payload.
+/// Open only while nothing follows its last payload in the queue: any other frame, a
+/// seal, or the queue taken closes it.
+struct OpenLargeBatch {
+    head: usize,
+    key: Key,
+    items: usize,
+    /// Bytes of the items: each payload and its 4-byte length.
+    bytes: usize,
+}
+
 #[derive(Default)]
 struct Out {
     /// Large payloads queued by reference, each after the tail bytes that precede it.
     chunks: VecDeque<Bytes>,
     tail: BytesMut,
     batch: Option<OpenBatch>,
+    large: Option<OpenLargeBatch>,
     wake_pending: bool,
     closing: bool,
     /// Someone (the writer task, or a publisher writing inline) is writing taken data.
@@ -79,6 +96,42 @@ impl Out {
             self.chunks.push_back(t);
         }
         self.batch = None;
+        self.large = None;
+    }
+
+    /// Queues `payload` (at least [`ZERO_COPY`] bytes) for `key` by reference: added to the
+    /// open large batch when it is on that key, nothing follows it and it has room for
+    /// `payload` within `max` bytes of items, else as a new one.
+    fn push_large(&mut self, key: &Key, payload: Bytes, max: usize) {
+        let item = 4 + payload.len();
+        let len = Bytes::copy_from_slice(&(payload.len() as u32).to_be_bytes());
+        let open = self.tail.is_empty()
+            && self.large.as_ref().is_some_and(|b| {
+                b.key == *key && b.items < MAX_BATCH_ITEMS && b.bytes + item <= max
+            });
+        match self.large.as_mut().filter(|_| open) {
+            Some(b) => {
+                b.items += 1;
+                b.bytes += item;
+                let mut head = BytesMut::new();
+                encode_pub_batch_head(key, b.bytes, &mut head);
+                self.chunks[b.head] = head.freeze();
+            }
+            None => {
+                self.seal_tail();
+                encode_pub_batch_head(key, item, &mut self.tail);
+                let head = self.tail.split().freeze();
+                self.large = Some(OpenLargeBatch {
+                    head: self.chunks.len(),
+                    key: key.clone(),
+                    items: 1,
+                    bytes: item,
+                });
+                self.chunks.push_back(head);
+            }
+        }
+        self.chunks.push_back(len);
+        self.chunks.push_back(payload);
     }
 }
 
@@ -427,11 +480,8 @@ impl Inner {
                     gap
                 };
             if payload.len() >= ZERO_COPY {
-                out.batch = None;
-                encode_pub_batch_head(key, 4 + payload.len(), &mut out.tail);
-                out.tail.put_u32(payload.len() as u32);
-                out.seal_tail();
-                out.chunks.push_back(payload);
+                let max = MAX_LARGE_BATCH.min(self.welcome.max_payload as usize);
+                out.push_large(key, payload, max);
             } else {
                 let extend = match &out.batch {
                     Some(b) => {
@@ -493,6 +543,9 @@ impl Inner {
             // the next inline publish then reuses.
             std::mem::swap(&mut out.chunks, q);
         } else {
+            // In front of what was queued meanwhile: a large batch opened there would find
+            // its head moved, so it is closed.
+            out.large = None;
             while let Some(b) = q.pop_back() {
                 out.chunks.push_front(b);
             }
@@ -746,4 +799,68 @@ fn truncate(s: &str, max: usize) -> &str {
         end -= 1;
     }
     &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The frames `out` queued, decoded from its chunks and tail in order.
+    fn frames(out: &Out) -> Vec<Frame> {
+        let mut b = BytesMut::new();
+        for c in &out.chunks {
+            b.extend_from_slice(c);
+        }
+        b.extend_from_slice(&out.tail);
+        let mut v = Vec::new();
+        while let Some(f) = decode(&mut b, 16 << 20).unwrap() {
+            v.push(f);
+        }
+        assert!(b.is_empty(), "a partial frame queued");
+        v
+    }
+
+    fn batch(key: &str, payloads: &[&Bytes]) -> Frame {
+        Frame::PubBatch {
+            key: Key::new(key).unwrap(),
+            payloads: payloads.iter().map(|&p| p.clone()).collect(),
+        }
+    }
+
+    /// Large payloads on one key queued back to back are one PUB_BATCH, by reference, up to
+    /// the bound; another key, another frame queued after, or the queue taken start a new
+    /// one; the payloads are never copied.
+    #[test]
+    fn large_payloads_on_one_key_go_as_one_batch() {
+        let (a, b) = (Key::new("a").unwrap(), Key::new("b").unwrap());
+        let p: Vec<Bytes> = (0..6u8).map(|i| Bytes::from(vec![i; ZERO_COPY])).collect();
+        let max = 3 * (ZERO_COPY + 4);
+        let mut out = Out::default();
+        for i in 0..4 {
+            out.push_large(&a, p[i].clone(), max);
+        }
+        // Another key.
+        out.push_large(&b, p[4].clone(), max);
+        // Another frame after it: the next is a batch of its own.
+        encode_ping(7, &mut out.tail);
+        out.push_large(&b, p[5].clone(), max);
+        assert_eq!(
+            frames(&out),
+            vec![
+                batch("a", &[&p[0], &p[1], &p[2]]),
+                batch("a", &[&p[3]]),
+                batch("b", &[&p[4]]),
+                Frame::Ping(7),
+                batch("b", &[&p[5]]),
+            ]
+        );
+        // By reference: the queued payload chunks are the payloads themselves.
+        assert!(out.chunks.iter().any(|c| c.as_ptr() == p[1].as_ptr()));
+        // Taken (sealed) by the writer: the next payload starts a new batch.
+        out.seal_tail();
+        let taken = std::mem::take(&mut out.chunks);
+        out.push_large(&b, p[0].clone(), max);
+        assert_eq!(frames(&out), vec![batch("b", &[&p[0]])]);
+        drop(taken);
+    }
 }
