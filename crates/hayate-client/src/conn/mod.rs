@@ -836,8 +836,8 @@ mod tests {
         let p: Vec<Bytes> = (0..6u8).map(|i| Bytes::from(vec![i; ZERO_COPY])).collect();
         let max = 3 * (ZERO_COPY + 4);
         let mut out = Out::default();
-        for i in 0..4 {
-            out.push_large(&a, p[i].clone(), max);
+        for x in &p[..4] {
+            out.push_large(&a, x.clone(), max);
         }
         // Another key.
         out.push_large(&b, p[4].clone(), max);
