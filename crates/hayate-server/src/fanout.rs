@@ -779,7 +779,7 @@ mod tests {
             .spawn()
             .unwrap();
         let (t, h) = holding(PeerProcess::pid(child.id()).unwrap());
-        let (t2, h2) = holding(PeerProcess::this().unwrap());
+        let (t2, h2) = holding(PeerProcess::pid(std::process::id()).unwrap());
         let c = f.register(ring(), Some(h));
         let c2 = f.register(ring(), Some(h2));
         // The first entry kept, every later one released as it comes: far more than the
@@ -827,7 +827,7 @@ mod tests {
         let f = arena(1 << 20);
         let tables: Vec<ReleaseTable> = (0..MAX_DEPARTED_HOLDING)
             .map(|_| {
-                let (t, h) = holding(PeerProcess::this().unwrap());
+                let (t, h) = holding(PeerProcess::pid(std::process::id()).unwrap());
                 let c = f.register(ring(), Some(h));
                 c.place(b"", &one(&Bytes::from(vec![5u8; 600]))).unwrap();
                 assert!(f.may_hold());

@@ -363,12 +363,11 @@ pub async fn accept<G>(
     let words: Vec<&str> = words.collect();
     let wants_fanout = words.contains(&shm::FANOUT);
     // Holding in place: the client's release table comes after its three descriptors.
-    let table = match wants_fanout && words.contains(&shm::HOLD) && fds.len() == 4 {
-        true => match ReleaseTable::open(fds.remove(3)) {
-            Ok(t) => Some(t),
-            Err(e) => return Err(refuse(&format!("release table: {e}"))),
-        },
-        false => None,
+    let table = if wants_fanout && words.contains(&shm::HOLD) && fds.len() == 4 {
+        let t = ReleaseTable::open(fds.remove(3));
+        Some(t.map_err(|e| refuse(&format!("release table: {e}")))?)
+    } else {
+        None
     };
     let Some(Ticket {
         peer,

@@ -46,10 +46,29 @@ async fn wait_active(b: &TestBroker, n: usize) {
 
 /// A client on shared memory that copies what the arena fans out (`shm_in_place` off).
 async fn copying(b: &TestBroker) -> Client {
-    let opts = ConnectOptions {
-        shm_in_place: false,
-        ..Default::default()
-    };
+    with(
+        b,
+        ConnectOptions {
+            shm_in_place: false,
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+/// A client that stays on TCP (`shm` off).
+async fn on_tcp(b: &TestBroker) -> Client {
+    with(
+        b,
+        ConnectOptions {
+            shm: ShmMode::Off,
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+async fn with(b: &TestBroker, opts: ConnectOptions) -> Client {
     Client::connect_with(&b.addr, opts).await.unwrap()
 }
 
@@ -558,15 +577,7 @@ async fn fan_out_writes_each_message_once_for_every_local_subscriber() {
         subs.push((c, s));
     }
     // A subscriber on TCP gets copies, as before.
-    let tcp = Client::connect_with(
-        &b.addr,
-        ConnectOptions {
-            shm: ShmMode::Off,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let tcp = on_tcp(&b).await;
     let mut tcp_sub = tcp.subscribe("fan/**").await.unwrap();
     tcp.flush().await.unwrap();
     // Below the fan-out's 512 bytes, at it, and well past it.
@@ -1293,15 +1304,7 @@ async fn large_payloads_back_to_back_arrive_whole_and_in_order() {
     let b = start_default().await;
     let publ = Client::connect(&b.addr).await.unwrap();
     let shm_sub = Client::connect(&b.addr).await.unwrap();
-    let tcp_sub = Client::connect_with(
-        &b.addr,
-        ConnectOptions {
-            shm: ShmMode::Off,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let tcp_sub = on_tcp(&b).await;
     let mut subs = Vec::new();
     for c in [&shm_sub, &tcp_sub] {
         subs.push(c.subscribe("big/**").await.unwrap());

@@ -162,16 +162,7 @@ impl PeerProcess {
         Ok(PeerProcess(fd))
     }
 
-    /// Watches this process (for tests).
-    pub fn this() -> io::Result<PeerProcess> {
-        let fd = rustix::process::pidfd_open(
-            rustix::process::getpid(),
-            rustix::process::PidfdFlags::empty(),
-        )?;
-        Ok(PeerProcess(fd))
-    }
-
-    /// Watches the process `pid` (a child the caller started, for tests).
+    /// Watches the process `pid` (one the caller started, or itself: for tests).
     pub fn pid(pid: u32) -> io::Result<PeerProcess> {
         let pid = rustix::process::Pid::from_raw(pid as i32)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "pid 0"))?;
@@ -199,7 +190,7 @@ mod process_tests {
 
     #[test]
     fn a_watched_process_is_seen_exit() {
-        assert!(!PeerProcess::this().unwrap().exited());
+        assert!(!PeerProcess::pid(std::process::id()).unwrap().exited());
         let mut child = std::process::Command::new("sleep")
             .arg("30")
             .spawn()
