@@ -54,7 +54,7 @@ pub fn lat(opts: &LatOptions) -> anyhow::Result<Vec<Record>> {
                         if opts.own_threads {
                             own_threads_point(target, opts)
                         } else {
-                            rt.block_on(point(target, opts))
+                            spawned_point(rt, target, opts)
                         }
                     }
                     None if i == opts.targets.len() => {
@@ -270,6 +270,24 @@ fn echo_side(
     });
     rt.block_on(task)
         .map_err(|e| anyhow::anyhow!("the echo task failed: {e}"))?
+}
+
+/// [`point`] as a task on `rt`'s workers, not as the `block_on` future: the main thread
+/// `block_on` runs on is not a worker, so a ping loop there would be woken from a worker
+/// thread (a futex wake and a thread switch) at every pong, a hand-over that neither the
+/// raw TCP ping-pong nor an application's own task pays.
+fn spawned_point(rt: &tokio::runtime::Runtime, target: &Target, opts: &LatOptions) -> Record {
+    let (t, o) = (target.clone(), opts.clone());
+    match rt.block_on(rt.spawn(async move { point(&t, &o).await })) {
+        Ok(rec) => rec,
+        Err(e) => {
+            let mut rec = Record::new(target.system(), target.mode(), "lat", opts.payload);
+            rec.target = target.to_string();
+            rec.client = client_name(target).to_string();
+            rec.error = Some(format!("the ping task failed: {e}"));
+            rec
+        }
+    }
 }
 
 async fn point(target: &Target, opts: &LatOptions) -> Record {
