@@ -674,6 +674,21 @@ impl Conn {
 impl Sub {
     /// The next message's payload; `None` when the subscription or connection ended.
     #[inline]
+    /// The next messages that arrived together, each payload shown to `f`; how many, or
+    /// `None` at the end. A Hayate subscription takes a whole delivery at once
+    /// ([`hayate_client::Subscription::next_batch`]: a plain batch's payloads are lent, no
+    /// message is made for each); every other client gives one message.
+    pub(crate) async fn next_many(&mut self, mut f: impl FnMut(&[u8])) -> Option<usize> {
+        if let Sub::Hayate(s) = self {
+            let b = s.next_batch().await?;
+            b.payloads().for_each(&mut f);
+            return Some(b.len());
+        }
+        let p = self.next().await?;
+        f(&p);
+        Some(1)
+    }
+
     pub(crate) async fn next(&mut self) -> Option<Bytes> {
         match self {
             Sub::Hayate(s) => s.next().await.map(|m| m.payload),

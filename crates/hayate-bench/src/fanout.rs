@@ -442,11 +442,15 @@ pub fn fanout_sub(target: &Target, key: &str, payload: usize, touch: bool) -> an
                 let count = count.clone();
                 tokio::spawn(async move {
                     let mut sum = 0u64;
-                    while let Some(p) = sub.next().await {
-                        if touch {
-                            sum = sum.wrapping_add(self::touch(&p));
-                        }
-                        count.fetch_add(1, Ordering::Relaxed);
+                    while let Some(n) = sub
+                        .next_many(|p| {
+                            if touch {
+                                sum = sum.wrapping_add(self::touch(p));
+                            }
+                        })
+                        .await
+                    {
+                        count.fetch_add(n as u64, Ordering::Relaxed);
                     }
                     std::hint::black_box(sum);
                 })

@@ -53,7 +53,7 @@ pub use hayate_io::transport::tls::client_config as tls_client_config;
 pub use hayate_native::ConfirmOutcome;
 /// Credentials sent in HELLO: none, a user and password, or a bearer token.
 pub use hayate_native::HelloAuth as Auth;
-pub use sub::Subscription;
+pub use sub::{Batch, Payloads, Subscription};
 
 use conn::Inner;
 
@@ -66,7 +66,8 @@ pub struct ConnectOptions {
     pub write_buffer: usize,
     /// How long connecting and the handshake may take.
     pub connect_timeout: Duration,
-    /// Read batches a subscription buffers before the reader stops reading (back-pressure).
+    /// Deliveries a subscription buffers before the reader stops reading (back-pressure):
+    /// each the messages of one read for it, or one batch frame ([`Batch`]).
     pub subscription_capacity: usize,
     /// Keepalive: after this long without input from the server the client sends a PING;
     /// `None`: never. The broker pings idle clients too, so an idle connection keeps input

@@ -1,6 +1,8 @@
 //! Frames of the native protocol.
 
 use bytes::Bytes;
+
+use crate::items::Items;
 use hayate_core::{Key, KeyExpr, Message, Qos};
 
 /// `"HYT1"`: the first four bytes of every HELLO body.
@@ -206,8 +208,8 @@ pub enum Frame {
         sid: u32,
         /// Key of every message.
         key: Key,
-        /// Payloads, at least one.
-        payloads: Vec<Bytes>,
+        /// Payloads, at least one, as they came ([`Items`]: sliced out when taken).
+        payloads: Items,
     },
     /// Ping with a token.
     Ping(u64),

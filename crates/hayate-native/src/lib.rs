@@ -11,6 +11,7 @@
 
 pub mod codec;
 pub mod frame;
+pub mod items;
 pub mod read;
 
 pub use codec::{
@@ -23,4 +24,5 @@ pub use frame::{
     ConfirmOutcome, ErrorCode, Frame, HELLO_SHM, Hello, HelloAuth, MAGIC, PROTOCOL_VERSION, Sub,
     Welcome, check_hello,
 };
+pub use items::Items;
 pub use read::{LARGE_FRAME, ReadPlanner};

@@ -115,7 +115,8 @@ fn any_payload(frame: &Frame) -> Option<&Bytes> {
         Frame::Pub(m) | Frame::Msg { msg: m, .. } | Frame::MsgAcked { msg: m, .. } => {
             Some(&m.payload)
         }
-        Frame::PubBatch { payloads, .. } | Frame::MsgBatch { payloads, .. } => payloads.first(),
+        Frame::PubBatch { payloads, .. } => payloads.first(),
+        Frame::MsgBatch { payloads, .. } => Some(payloads.wire()),
         _ => None,
     }
 }

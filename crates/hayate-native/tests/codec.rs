@@ -7,7 +7,7 @@
 use bytes::{Bytes, BytesMut};
 use hayate_core::{Key, KeyExpr, Message, Qos};
 use hayate_native::{
-    ErrorCode, Frame, HEADER_LEN, Hello, Sub, Welcome, decode, encode, encode_batch_item,
+    ErrorCode, Frame, HEADER_LEN, Hello, Items, Sub, Welcome, decode, encode, encode_batch_item,
     encode_msg, encode_msg_batch_head, encode_msg_batch_item_head, encode_msg_head, encode_ping,
     encode_pub, encode_pub_batch_head, encode_sub,
 };
@@ -127,7 +127,7 @@ fn frame() -> impl Strategy<Value = Frame> {
         (any::<u32>(), key(), payloads()).prop_map(|(sid, key, payloads)| Frame::MsgBatch {
             sid,
             key,
-            payloads
+            payloads: Items::new(&payloads),
         }),
         any::<u64>().prop_map(Frame::Ping),
         any::<u64>().prop_map(Frame::Pong),
@@ -325,7 +325,7 @@ proptest! {
         key in key(),
         payloads in payloads(),
     ) {
-        let want = encoded(&Frame::MsgBatch { sid, key: key.clone(), payloads: payloads.clone() });
+        let want = encoded(&Frame::MsgBatch { sid, key: key.clone(), payloads: Items::new(&payloads) });
         let items_len: usize = payloads.iter().map(|p| 4 + p.len()).sum();
         let mut got = BytesMut::new();
         encode_msg_batch_head(sid, &key, items_len, &mut got);
@@ -479,7 +479,7 @@ fn every_frame_type_round_trips() {
         Frame::MsgBatch {
             sid: 3,
             key,
-            payloads: vec![Bytes::from_static(b"y")],
+            payloads: Items::new(&[Bytes::from_static(b"y")]),
         },
         Frame::Ping(u64::MAX),
         Frame::Pong(0),

@@ -281,3 +281,68 @@ async fn large_payload_passes_beside_small_traffic() {
     let r = p3.publish(&Key::new("big").unwrap(), too_big).await;
     assert!(matches!(r, Err(Error::PayloadTooLarge { .. })), "{r:?}");
 }
+
+/// A subscriber taking a publisher's batches whole (`next_batch`) or one message at a time
+/// (`next`), in turns, gets every message once, in order, with its key; a batch taken after
+/// `next` began it is the rest of it.
+#[tokio::test]
+async fn batches_are_taken_whole_or_one_by_one_in_order() {
+    const N: u32 = 20_000;
+    let b = start_default().await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    let mut sub = c.subscribe("nb/*").await.unwrap();
+    c.flush().await.unwrap();
+    let p = Client::connect(&b.addr).await.unwrap();
+    let (plain, with_options) = (Key::new("nb/a").unwrap(), Key::new("nb/b").unwrap());
+    let publisher = tokio::spawn(async move {
+        for i in 0..N {
+            let payload = Bytes::from(i.to_be_bytes().repeat(25));
+            if i % 1000 == 999 {
+                // A message with options goes as a MSG, between the batches.
+                let mut m = hayate_client::Message::new(with_options.clone(), payload);
+                m.correlation_id = Some(Bytes::from_static(b"c"));
+                p.publish_message(&m).await.unwrap();
+            } else {
+                p.publish(&plain, payload).await.unwrap();
+            }
+        }
+        p.flush().await.unwrap();
+        p
+    });
+    let (mut next, mut whole, mut plain_batches) = (0u32, false, 0usize);
+    let seq = |p: &[u8]| u32::from_be_bytes(p[..4].try_into().unwrap());
+    within(30, async {
+        while next < N {
+            if whole {
+                let batch = sub.next_batch().await.unwrap();
+                assert!(!batch.is_empty());
+                let payloads: Vec<Vec<u8>> = batch.payloads().map(<[u8]>::to_vec).collect();
+                assert_eq!(payloads.len(), batch.len());
+                if let hayate_client::Batch::Plain { key, .. } = &batch {
+                    assert_eq!(key.as_str(), "nb/a");
+                    plain_batches += usize::from(batch.len() > 1);
+                }
+                for (m, p) in batch.into_messages().zip(&payloads) {
+                    assert_eq!(&m.payload[..], &p[..]);
+                    assert_eq!(seq(&m.payload), next, "out of order");
+                    let want = if next % 1000 == 999 { "nb/b" } else { "nb/a" };
+                    assert_eq!(m.key.as_str(), want);
+                    next += 1;
+                }
+            } else {
+                let m = sub.next().await.unwrap();
+                assert_eq!(seq(&m.payload), next, "out of order");
+                assert_eq!(m.payload.len(), 100);
+                next += 1;
+            }
+            whole = !whole;
+        }
+    })
+    .await;
+    assert_eq!(next, N);
+    assert!(
+        plain_batches > 0,
+        "no batch of several plain messages was taken whole"
+    );
+    publisher.await.unwrap();
+}

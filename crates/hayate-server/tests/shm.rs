@@ -1065,7 +1065,7 @@ async fn a_connection_the_broker_ends_reads_its_references_then_the_error() {
             .unwrap_or_else(|e| panic!("reference {got}: {e}"));
         let payloads = match hayate_native::decode(&mut entry, 1 << 20).unwrap() {
             Some(Frame::Msg { msg, .. }) => vec![msg.payload],
-            Some(Frame::MsgBatch { payloads, .. }) => payloads,
+            Some(Frame::MsgBatch { payloads, .. }) => payloads.to_vec(),
             other => panic!("not a MSG: {other:?}"),
         };
         for p in payloads {

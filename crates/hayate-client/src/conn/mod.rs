@@ -136,7 +136,7 @@ impl Out {
 }
 
 struct SubSlot {
-    tx: mpsc::Sender<Vec<Message>>,
+    tx: mpsc::Sender<crate::sub::Batch>,
     lost: Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -607,7 +607,7 @@ impl Inner {
             Subscription {
                 sid,
                 rx,
-                ready: Vec::new().into_iter(),
+                ready: Default::default(),
                 lost,
                 owner: self.clone(),
             },

@@ -7,41 +7,39 @@ use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use hayate_core::Message;
-use hayate_native::{Frame, ReadPlanner, encode};
+use hayate_native::{Frame, Items, ReadPlanner, encode};
 use tokio::io::AsyncReadExt;
 
 use hayate_io::transport::shm::Fanout;
 
 use super::{FRAME_SLACK, INBOX_SID, Inner, Reader, lock};
 use crate::Error;
+use crate::sub::Batch;
 
-/// Messages decoded from one read, grouped by subscription.
+/// What one read delivers, per subscription in the order it came: single messages of a
+/// subscription gathered into one [`Batch::Messages`] until a plain batch comes between.
 #[derive(Default)]
 struct Pending {
-    batches: Vec<(u32, Vec<Message>)>,
+    batches: Vec<(u32, Batch)>,
 }
 
 impl Pending {
-    fn push(&mut self, sid: u32, msgs: impl IntoIterator<Item = Message>) {
-        match self.batches.iter_mut().find(|(s, _)| *s == sid) {
-            Some((_, v)) => v.extend(msgs),
-            None => self.batches.push((sid, msgs.into_iter().collect())),
+    fn push(&mut self, sid: u32, msg: Message) {
+        match self.batches.iter_mut().rev().find(|(s, _)| *s == sid) {
+            Some((_, Batch::Messages(v))) => v.push(msg),
+            _ => self.batches.push((sid, Batch::Messages(vec![msg]))),
         }
     }
 
-    /// A MSG_BATCH's messages (plain ones: replies published without options come so too).
-    fn push_batch(
-        &mut self,
-        inner: &Inner,
-        sid: u32,
-        key: &hayate_core::Key,
-        payloads: Vec<bytes::Bytes>,
-    ) {
-        let msgs = payloads.into_iter().map(|p| Message::new(key.clone(), p));
+    /// A MSG_BATCH's messages (plain ones: replies published without options come so too),
+    /// handed over as they came: the subscriber slices them out.
+    fn push_batch(&mut self, inner: &Inner, sid: u32, key: hayate_core::Key, payloads: Items) {
         if sid == INBOX_SID {
-            msgs.for_each(|m| deliver_reply(inner, m));
+            for p in payloads {
+                deliver_reply(inner, Message::new(key.clone(), p));
+            }
         } else {
-            self.push(sid, msgs);
+            self.batches.push((sid, Batch::Plain { key, payloads }));
         }
     }
 }
@@ -72,7 +70,7 @@ pub(super) async fn read_loop(
                         if sid == INBOX_SID {
                             deliver_reply(&inner, msg);
                         } else {
-                            pending.push(sid, [msg]);
+                            pending.push(sid, msg);
                         }
                     }
                     Frame::MsgRef { sid, at, len, tag } => {
@@ -80,12 +78,12 @@ pub(super) async fn read_loop(
                             Ok(Frame::Msg { sid: 0, msg }) if sid == INBOX_SID => {
                                 deliver_reply(&inner, msg);
                             }
-                            Ok(Frame::Msg { sid: 0, msg }) => pending.push(sid, [msg]),
+                            Ok(Frame::Msg { sid: 0, msg }) => pending.push(sid, msg),
                             Ok(Frame::MsgBatch {
                                 sid: 0,
                                 key,
                                 payloads,
-                            }) => pending.push_batch(&inner, sid, &key, payloads),
+                            }) => pending.push_batch(&inner, sid, key, payloads),
                             Ok(other) => {
                                 break 'conn Some(Error::Protocol(format!(
                                     "a fan-out entry is not a MSG or MSG_BATCH for sid 0: \
@@ -101,10 +99,10 @@ pub(super) async fn read_loop(
                         mut msg,
                     } => {
                         msg.attrs.delivery = delivery;
-                        pending.push(sid, [msg]);
+                        pending.push(sid, msg);
                     }
                     Frame::MsgBatch { sid, key, payloads } => {
-                        pending.push_batch(&inner, sid, &key, payloads);
+                        pending.push_batch(&inner, sid, key, payloads);
                     }
                     Frame::Pong(t) => {
                         if let Some(tx) = lock(&inner.pings).remove(&t) {
@@ -141,7 +139,7 @@ pub(super) async fn read_loop(
         if let Some(f) = &fanout {
             f.publish_releases();
         }
-        // Hand this read's messages to their subscriptions (one channel send each).
+        // Hand this read's messages to their subscriptions (one channel send per batch).
         for (sid, msgs) in pending.batches.drain(..) {
             let tx = lock(&inner.subs).get(&sid).map(|s| s.tx.clone());
             if let Some(tx) = tx {

@@ -337,7 +337,7 @@ fn parse(t: u8, mut b: Body) -> Result<Frame, DecodeError> {
         ty::MSG_BATCH => {
             let sid = b.u32("sid")?;
             let key = b.key("key")?;
-            let payloads = batch_payloads(&mut b)?;
+            let payloads = crate::items::Items::parse(b.rest()).map_err(|what| b.err(what))?;
             return Ok(Frame::MsgBatch { sid, key, payloads });
         }
         ty::PING => Frame::Ping(b.u64("token")?),

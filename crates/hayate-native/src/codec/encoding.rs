@@ -200,11 +200,8 @@ pub fn encode_ping(token: u64, out: &mut BytesMut) {
     finish(out, start, 0);
 }
 
-fn encode_batch(t: u8, sid: Option<u32>, key: &Key, payloads: &[Bytes], out: &mut BytesMut) {
-    let start = begin(out, t);
-    if let Some(sid) = sid {
-        out.put_u32(sid);
-    }
+fn encode_pub_batch(key: &Key, payloads: &[Bytes], out: &mut BytesMut) {
+    let start = begin(out, ty::PUB_BATCH);
     put_str16(out, key.as_bytes());
     for p in payloads {
         encode_batch_item(p, out);
@@ -245,9 +242,13 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
             finish(out, start, 0);
         }
         Frame::Msg { sid, msg } => encode_msg(*sid, msg, out),
-        Frame::PubBatch { key, payloads } => encode_batch(ty::PUB_BATCH, None, key, payloads, out),
+        Frame::PubBatch { key, payloads } => encode_pub_batch(key, payloads, out),
         Frame::MsgBatch { sid, key, payloads } => {
-            encode_batch(ty::MSG_BATCH, Some(*sid), key, payloads, out)
+            let start = begin(out, ty::MSG_BATCH);
+            out.put_u32(*sid);
+            put_str16(out, key.as_bytes());
+            out.put_slice(payloads.wire());
+            finish(out, start, 0);
         }
         Frame::Ping(t) => encode_ping(*t, out),
         Frame::Pong(t) => {

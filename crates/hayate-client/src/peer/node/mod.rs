@@ -173,7 +173,7 @@ pub struct NodeStats {
 #[derive(Debug, Clone)]
 enum Sink {
     Sub {
-        tx: mpsc::Sender<Vec<Message>>,
+        tx: mpsc::Sender<crate::sub::Batch>,
         lost: Arc<AtomicU64>,
         drop: bool,
     },
@@ -1042,7 +1042,7 @@ impl NodeInner {
                     self.complete_request(m);
                 }
             }
-            Sink::Sub { tx, lost, drop } => match tx.try_send(batch) {
+            Sink::Sub { tx, lost, drop } => match tx.try_send(crate::sub::Batch::Messages(batch)) {
                 Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
                 Err(mpsc::error::TrySendError::Full(b)) if *drop => {
                     lost.fetch_add(b.len() as u64, Ordering::Relaxed);
@@ -1149,7 +1149,7 @@ impl NodeInner {
         Ok(Subscription {
             sid,
             rx,
-            ready: Vec::new().into_iter(),
+            ready: Default::default(),
             lost,
             owner: self.clone(),
         })

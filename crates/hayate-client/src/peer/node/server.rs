@@ -32,6 +32,7 @@ use super::{
     resolve_advertised,
 };
 use crate::peer::{NoDeliveries, close_and_linger, send_frame, too_large};
+use crate::sub::Batch;
 
 /// Read buffer: start size and the free space kept before each read.
 const READ_BUF: usize = 64 * 1024;
@@ -102,7 +103,7 @@ struct PeerConn {
     /// Deliveries decoded from this read, one batch per target.
     pending: Vec<(LocalTarget, Vec<Message>)>,
     /// Batches for `block` targets that had no room, oldest first.
-    stuck: VecDeque<(LocalTarget, Vec<Message>)>,
+    stuck: VecDeque<(LocalTarget, Batch)>,
     stuck_since: Option<Instant>,
     /// PINGs to answer once `stuck` is empty.
     pongs: Vec<u64>,
@@ -492,6 +493,7 @@ impl PeerConn {
                     }
                 }
                 Sink::Sub { tx, lost, drop } => {
+                    let batch = Batch::Messages(batch);
                     if !*drop && self.stuck.iter().any(|(s, _)| s.sid == t.sid) {
                         self.stuck.push_back((t, batch)); // keeps its order
                         continue;
