@@ -62,8 +62,10 @@ pub(super) async fn read_loop(
     let tick = tokio::time::sleep(every.unwrap_or(Duration::from_secs(86_400)));
     tokio::pin!(tick);
     let (mut reads, mut reads_at_tick, mut pings_out) = (0u64, 0u64, 0u32);
-    let err = 'conn: loop {
-        loop {
+    let err = loop {
+        // `Some(end)`: the connection ends after this read's messages are handed over
+        // (what came intact before an error or the server's ERR is delivered).
+        let ended: Option<Option<Error>> = 'frames: loop {
             match planner.decode(&mut buf, max_frame) {
                 Ok(Some(frame)) => match frame {
                     Frame::Msg { sid, msg } => {
@@ -85,12 +87,12 @@ pub(super) async fn read_loop(
                                 payloads,
                             }) => pending.push_batch(&inner, sid, key, payloads),
                             Ok(other) => {
-                                break 'conn Some(Error::Protocol(format!(
+                                break 'frames Some(Some(Error::Protocol(format!(
                                     "a fan-out entry is not a MSG or MSG_BATCH for sid 0: \
                                      {other:?}"
-                                )));
+                                ))));
                             }
-                            Err(e) => break 'conn Some(e),
+                            Err(e) => break 'frames Some(Some(e)),
                         }
                     }
                     Frame::MsgAcked {
@@ -120,21 +122,21 @@ pub(super) async fn read_loop(
                     Frame::Err { code, message } => {
                         tracing::warn!(code = code.code(), %message, "server error");
                         if code.is_fatal() {
-                            break 'conn Some(Error::Server { code, message });
+                            break 'frames Some(Some(Error::Server { code, message }));
                         }
                     }
                     Frame::Confirm { id, outcome } => inner.confirmed(id, outcome),
-                    Frame::Close => break 'conn None,
+                    Frame::Close => break 'frames Some(None),
                     other => {
-                        break 'conn Some(Error::Protocol(format!(
+                        break 'frames Some(Some(Error::Protocol(format!(
                             "unexpected frame from server: {other:?}"
-                        )));
+                        ))));
                     }
                 },
-                Ok(None) => break,
-                Err(e) => break 'conn Some(Error::Protocol(e.to_string())),
+                Ok(None) => break None,
+                Err(e) => break 'frames Some(Some(Error::Protocol(e.to_string()))),
             }
-        }
+        };
         // The entries of this read's MSG_REFs are copied out: their places are free.
         if let Some(f) = &fanout {
             f.publish_releases();
@@ -148,6 +150,9 @@ pub(super) async fn read_loop(
                     lock(&inner.subs).remove(&sid);
                 }
             }
+        }
+        if let Some(end) = ended {
+            break end;
         }
         let limit = planner.plan(&mut buf, 64 * 1024);
         let read = tokio::select! {

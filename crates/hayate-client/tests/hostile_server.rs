@@ -1,0 +1,146 @@
+//! A server that sends malformed MSG_BATCH frames: the client ends the connection with a
+//! protocol error, having delivered what came before intact, and never panics. And one
+//! that ends the connection with an ERR right after messages: they are delivered.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use hayate_client::{Client, Error, Key};
+use hayate_native::{Frame, Items, PROTOCOL_VERSION, Welcome, decode, encode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// A MSG_BATCH for `sid` of `payloads` on `hb/x`, encoded.
+fn batch(sid: u32, payloads: &[&'static [u8]]) -> BytesMut {
+    let ps: Vec<Bytes> = payloads.iter().map(|p| Bytes::from_static(p)).collect();
+    let mut out = BytesMut::new();
+    encode(
+        &Frame::MsgBatch {
+            sid,
+            key: Key::new("hb/x").unwrap(),
+            payloads: Items::new(&ps),
+        },
+        &mut out,
+    );
+    out
+}
+
+/// Sets a frame's length field (the bytes after it).
+fn set_len(f: &mut BytesMut) {
+    let len = (f.len() - 4) as u32;
+    f[..4].copy_from_slice(&len.to_be_bytes());
+}
+
+/// The malformed MSG_BATCH frames, each for `sid`.
+fn malformed(sid: u32) -> Vec<(&'static str, BytesMut)> {
+    // Bytes after the last payload.
+    let mut junk = batch(sid, &[b"c"]);
+    junk.extend_from_slice(&[0, 0, 1]);
+    set_len(&mut junk);
+    // The last payload's length past the frame's end.
+    let mut long = batch(sid, &[b"c", b"dd"]);
+    let at = long.len() - 2 - 4;
+    long[at..at + 4].copy_from_slice(&3u32.to_be_bytes());
+    // No payload at all.
+    let mut empty = batch(sid, &[b"c"]);
+    empty.truncate(empty.len() - 5);
+    set_len(&mut empty);
+    // One payload more than a batch may hold (each empty).
+    let mut many = batch(sid, &[b""]);
+    many.extend_from_slice(&vec![0u8; 4 * hayate_native::MAX_BATCH_ITEMS]);
+    set_len(&mut many);
+    vec![
+        ("junk", junk),
+        ("long", long),
+        ("empty", empty),
+        ("many", many),
+    ]
+}
+
+/// A server that welcomes the client, and on its first SUB sends a good batch of "a" and
+/// "b" for it, then `bad(sid)`; it then reads until the client goes.
+async fn server(bad: BytesMut) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut buf = BytesMut::new();
+        let mut bad = Some(bad);
+        loop {
+            while let Ok(Some(f)) = decode(&mut buf, 1 << 20) {
+                let mut out = BytesMut::new();
+                match f {
+                    Frame::Hello(_) => encode(
+                        &Frame::Welcome(Welcome {
+                            version: PROTOCOL_VERSION,
+                            session: 1,
+                            max_payload: 1 << 20,
+                            server: "hostile".into(),
+                            inbox: "_inbox/1".into(),
+                            shm: None,
+                        }),
+                        &mut out,
+                    ),
+                    Frame::Sub(sub) if sub.sid != u32::MAX => {
+                        if let Some(mut bad) = bad.take() {
+                            out.extend_from_slice(&batch(sub.sid, &[b"a", b"b"]));
+                            // A bad batch names the subscription too.
+                            if bad[4] == 0x08 {
+                                bad[5..9].copy_from_slice(&sub.sid.to_be_bytes());
+                            }
+                            out.extend_from_slice(&bad);
+                        }
+                    }
+                    Frame::Ping(t) => encode(&Frame::Pong(t), &mut out),
+                    _ => {}
+                }
+                if !out.is_empty() && s.write_all(&out).await.is_err() {
+                    return;
+                }
+            }
+            if s.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                return;
+            }
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_malformed_batch_ends_the_connection_after_what_came_before() {
+    for (what, bad) in malformed(0) {
+        let addr = server(bad).await;
+        let c = Client::connect(&addr).await.unwrap();
+        let mut sub = c.subscribe("hb/x").await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            // The good batch before it arrives whole: once one by one, once taken whole.
+            if what == "junk" {
+                let b = sub.next_batch().await.unwrap();
+                assert_eq!(
+                    b.payloads().collect::<Vec<_>>(),
+                    [&b"a"[..], b"b"],
+                    "{what}"
+                );
+            } else {
+                assert_eq!(&sub.next().await.unwrap().payload[..], b"a", "{what}");
+                assert_eq!(&sub.next().await.unwrap().payload[..], b"b", "{what}");
+            }
+            // Then nothing more: the subscription ends with the connection.
+            assert!(
+                sub.next().await.is_none(),
+                "{what}: a message from the bad frame"
+            );
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the subscription did not end"));
+        assert!(c.is_closed(), "{what}");
+        let e = c.last_error();
+        if what == "err" {
+            assert!(matches!(e, Some(Error::Server { .. })), "{what}: {e:?}");
+        } else {
+            assert!(matches!(e, Some(Error::Protocol(_))), "{what}: {e:?}");
+        }
+    }
+}
