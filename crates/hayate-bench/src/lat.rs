@@ -173,9 +173,11 @@ fn single_thread_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// (not the `block_on` future, which Tokio only polls again after a non-blocking look at the
 /// I/O driver: one more system call per message).
 fn own_threads_point(target: &Target, opts: &LatOptions) -> Record {
-    let mut rec = Record::new(target.system(), target.mode(), "lat", opts.payload);
-    rec.target = target.to_string();
-    rec.client = format!("{} (own threads)", client_name(target));
+    let mut rec = lat_record(
+        target,
+        opts,
+        format!("{} (own threads)", client_name(target)),
+    );
     let prefix = point_prefix();
     let (ping_key, pong_key) = (format!("{prefix}/ping"), format!("{prefix}/pong"));
     let result = (|| {
@@ -281,19 +283,23 @@ fn spawned_point(rt: &tokio::runtime::Runtime, target: &Target, opts: &LatOption
     match rt.block_on(rt.spawn(async move { point(&t, &o).await })) {
         Ok(rec) => rec,
         Err(e) => {
-            let mut rec = Record::new(target.system(), target.mode(), "lat", opts.payload);
-            rec.target = target.to_string();
-            rec.client = client_name(target).to_string();
+            let mut rec = lat_record(target, opts, client_name(target).to_string());
             rec.error = Some(format!("the ping task failed: {e}"));
             rec
         }
     }
 }
 
-async fn point(target: &Target, opts: &LatOptions) -> Record {
+/// The record of one `lat` point of `target`, measured with `client`.
+fn lat_record(target: &Target, opts: &LatOptions, client: String) -> Record {
     let mut rec = Record::new(target.system(), target.mode(), "lat", opts.payload);
     rec.target = target.to_string();
-    rec.client = client_name(target).to_string();
+    rec.client = client;
+    rec
+}
+
+async fn point(target: &Target, opts: &LatOptions) -> Record {
+    let mut rec = lat_record(target, opts, client_name(target).to_string());
     let result = run(target, opts, &mut rec).await;
     finish(&mut rec, result);
     rec
