@@ -4,11 +4,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[allow(dead_code)] // each test file uses some of the helpers
+mod common;
+
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use hayate_client::{Client, Error, Key};
-use hayate_native::{Frame, Items, PROTOCOL_VERSION, Welcome, decode, encode};
+use hayate_native::{Frame, Items, decode, encode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -72,17 +75,7 @@ async fn server(bad: BytesMut) -> String {
             while let Ok(Some(f)) = decode(&mut buf, 1 << 20) {
                 let mut out = BytesMut::new();
                 match f {
-                    Frame::Hello(_) => encode(
-                        &Frame::Welcome(Welcome {
-                            version: PROTOCOL_VERSION,
-                            session: 1,
-                            max_payload: 1 << 20,
-                            server: "hostile".into(),
-                            inbox: "_inbox/1".into(),
-                            shm: None,
-                        }),
-                        &mut out,
-                    ),
+                    Frame::Hello(_) => out = common::welcome("hostile"),
                     Frame::Sub(sub) if sub.sid != u32::MAX => {
                         if let Some(mut bad) = bad.take() {
                             out.extend_from_slice(&batch(sub.sid, &[b"a", b"b"]));

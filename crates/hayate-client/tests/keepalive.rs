@@ -2,11 +2,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[allow(dead_code)] // each test file uses some of the helpers
+mod common;
+
 use std::time::Duration;
 
 use bytes::BytesMut;
 use hayate_client::{Client, ConnectOptions};
-use hayate_native::{Frame, PROTOCOL_VERSION, Welcome, decode, encode};
+use hayate_native::{Frame, decode, encode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -23,17 +26,7 @@ async fn server(answer: bool) -> (String, tokio::sync::mpsc::UnboundedReceiver<u
             while let Ok(Some(f)) = decode(&mut buf, 1 << 20) {
                 let mut out = BytesMut::new();
                 match f {
-                    Frame::Hello(_) => encode(
-                        &Frame::Welcome(Welcome {
-                            version: PROTOCOL_VERSION,
-                            session: 1,
-                            max_payload: 1 << 20,
-                            server: "fake".into(),
-                            inbox: "_inbox/1".into(),
-                            shm: None,
-                        }),
-                        &mut out,
-                    ),
+                    Frame::Hello(_) => out = common::welcome("fake"),
                     Frame::Ping(t) => {
                         let _ = tx.send(t);
                         if answer {

@@ -1,4 +1,5 @@
-//! Helpers of the peer-node tests (node.rs, node_shm.rs).
+//! Helpers of the peer-node tests (node.rs, node_shm.rs) and of the fake servers
+//! (keepalive.rs, hostile_server.rs).
 
 use std::time::Duration;
 
@@ -26,4 +27,22 @@ pub(crate) async fn take(sub: &mut Subscription, n: usize) -> Vec<Vec<u8>> {
 #[allow(clippy::unwrap_used)]
 pub(crate) fn key(k: &str) -> Key {
     Key::new(k).unwrap()
+}
+
+/// The WELCOME a fake server answers a HELLO with (`max_payload` 1 MiB), encoded.
+#[allow(dead_code)] // the peer-node tests run no fake server
+pub(crate) fn welcome(server: &str) -> bytes::BytesMut {
+    let mut out = bytes::BytesMut::new();
+    hayate_native::encode(
+        &hayate_native::Frame::Welcome(hayate_native::Welcome {
+            version: hayate_native::PROTOCOL_VERSION,
+            session: 1,
+            max_payload: 1 << 20,
+            server: server.into(),
+            inbox: "_inbox/1".into(),
+            shm: None,
+        }),
+        &mut out,
+    );
+    out
 }
