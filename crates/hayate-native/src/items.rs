@@ -1,6 +1,6 @@
 //! [`Items`]: the payloads of a MSG_BATCH, kept as they came on the wire.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 use crate::codec::MAX_BATCH_ITEMS;
 
@@ -25,8 +25,7 @@ impl Items {
     pub fn new(payloads: &[Bytes]) -> Items {
         let mut w = BytesMut::with_capacity(payloads.iter().map(|p| 4 + p.len()).sum());
         for p in payloads {
-            w.put_u32(p.len() as u32);
-            w.put_slice(p);
+            crate::encode_batch_item(p, &mut w);
         }
         Items {
             wire: w.freeze(),
@@ -36,24 +35,7 @@ impl Items {
 
     /// Checks `wire` (a MSG_BATCH body after the key) as above.
     pub(crate) fn parse(wire: Bytes) -> Result<Items, &'static str> {
-        if wire.is_empty() {
-            return Err("empty batch");
-        }
-        let (mut rest, mut count) = (&wire[..], 0usize);
-        while !rest.is_empty() {
-            if count == MAX_BATCH_ITEMS {
-                return Err("more than 65536 batch items");
-            }
-            if rest.len() < 4 {
-                return Err("batch payload");
-            }
-            let n = rest.get_u32() as usize;
-            if rest.len() < n {
-                return Err("batch payload");
-            }
-            rest = &rest[n..];
-            count += 1;
-        }
+        let count = walk(&wire, |_| {})?;
         Ok(Items { wire, count })
     }
 
@@ -90,6 +72,37 @@ impl std::fmt::Debug for Items {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.iter()).finish()
     }
+}
+
+/// Walks `wire`, batch items (each a 4-byte big-endian length and that many bytes), to its
+/// end, showing `f` where each payload lies; how many. The rules of every batch on the
+/// wire (PUB_BATCH and MSG_BATCH): at least one item, at most [`MAX_BATCH_ITEMS`], every
+/// length within `wire`, nothing left over. The errors are the `what` of a malformed frame.
+pub(crate) fn walk(
+    wire: &[u8],
+    mut f: impl FnMut(std::ops::Range<usize>),
+) -> Result<usize, &'static str> {
+    if wire.is_empty() {
+        return Err("empty batch");
+    }
+    let (mut at, mut count) = (0usize, 0usize);
+    while at < wire.len() {
+        if count == MAX_BATCH_ITEMS {
+            return Err("more than 65536 batch items");
+        }
+        let Some(len) = wire.get(at..at + 4) else {
+            return Err("batch payload");
+        };
+        let n = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        let start = at + 4;
+        if wire.len() - start < n {
+            return Err("batch payload");
+        }
+        f(start..start + n);
+        at = start + n;
+        count += 1;
+    }
+    Ok(count)
 }
 
 /// The borrowed payloads of [`Items`].

@@ -4,7 +4,7 @@
 use bytes::{Buf, Bytes, BytesMut};
 use hayate_core::{Key, KeyError, KeyExpr, Message, Qos};
 
-use super::{HEADER_LEN, MAX_BATCH_ITEMS};
+use super::HEADER_LEN;
 use crate::frame::{ErrorCode, Frame, Hello, Sub, Welcome, flag, ty};
 
 /// Why bytes could not be decoded. Every variant maps to an [`ErrorCode`].
@@ -263,18 +263,12 @@ fn options_checked(b: &mut Body, flags: u8, key: Key) -> Result<Message, DecodeE
     })
 }
 
+/// A PUB_BATCH's payloads, slices of the frame (the checks of [`crate::items::walk`]).
 fn batch_payloads(b: &mut Body) -> Result<Vec<Bytes>, DecodeError> {
-    if b.b.is_empty() {
-        return Err(b.err("empty batch"));
-    }
+    let wire = b.rest();
     // One exact allocation for one payload (a lone publish, the common case).
-    let mut v = vec![b.bytes32("batch payload")?];
-    while !b.b.is_empty() {
-        if v.len() == MAX_BATCH_ITEMS {
-            return Err(b.err("more than 65536 batch items"));
-        }
-        v.push(b.bytes32("batch payload")?);
-    }
+    let mut v = Vec::with_capacity(1);
+    crate::items::walk(&wire, |r| v.push(wire.slice(r))).map_err(|what| b.err(what))?;
     Ok(v)
 }
 
