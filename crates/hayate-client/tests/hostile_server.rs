@@ -137,3 +137,96 @@ async fn a_malformed_batch_ends_the_connection_after_what_came_before() {
         }
     }
 }
+
+/// A server floods a subscriber that never takes anything: the client stops reading once
+/// its subscription holds `subscription_capacity` (64) deliveries, one per MSG_BATCH, so
+/// the flood stalls after a bounded amount (those, the read buffer and the kernel's socket
+/// buffers), not after all of it; taken afterwards, every message arrives, in order.
+#[tokio::test]
+async fn a_flood_to_a_subscriber_that_never_takes_is_held_back() {
+    const FRAMES: usize = 3000;
+    const ITEMS: usize = 64;
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let w = written.clone();
+    tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut buf = BytesMut::new();
+        loop {
+            let Ok(Some(f)) = decode(&mut buf, 1 << 20) else {
+                if s.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                    return;
+                }
+                continue;
+            };
+            match f {
+                Frame::Hello(_) => s.write_all(&common::welcome("flood")).await.unwrap(),
+                Frame::Sub(sub) if sub.sid != u32::MAX => {
+                    let mut n = 0u32;
+                    for _ in 0..FRAMES {
+                        let ps: Vec<Bytes> = (0..ITEMS)
+                            .map(|_| {
+                                n += 1;
+                                Bytes::from(n.to_be_bytes().repeat(256))
+                            })
+                            .collect();
+                        let mut out = BytesMut::new();
+                        encode(
+                            &Frame::MsgBatch {
+                                sid: sub.sid,
+                                key: Key::new("hb/x").unwrap(),
+                                payloads: Items::new(&ps),
+                            },
+                            &mut out,
+                        );
+                        if s.write_all(&out).await.is_err() {
+                            return;
+                        }
+                        w.fetch_add(out.len(), std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+                _ => {}
+            }
+        }
+    });
+    let c = Client::connect(&addr).await.unwrap();
+    let mut sub = c.subscribe("hb/x").await.unwrap();
+    let total = FRAMES * ITEMS * (4 + 1024);
+    // Not taking anything: wait until the flood stops moving.
+    let mut last = 0;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = written.load(std::sync::atomic::Ordering::Relaxed);
+        if now == last && now > 0 {
+            break;
+        }
+        last = now;
+    }
+    let held = written.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "the flood stalled after {} KiB of {} KiB",
+        held >> 10,
+        total >> 10
+    );
+    assert!(held > 0, "nothing was sent");
+    assert!(
+        held < total / 2,
+        "the client took {held} bytes of {total} untaken"
+    );
+    // Taken now: all of it, in order, by batches.
+    let mut next = 1u32;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while (next as usize) <= FRAMES * ITEMS {
+            let b = sub.next_batch().await.expect("the subscription ended");
+            for p in b.payloads() {
+                assert_eq!(p.len(), 1024);
+                assert_eq!(u32::from_be_bytes(p[..4].try_into().unwrap()), next);
+                next += 1;
+            }
+        }
+    })
+    .await
+    .expect("not all of the flood arrived");
+    assert!(!c.is_closed());
+}
