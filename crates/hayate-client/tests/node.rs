@@ -500,3 +500,37 @@ async fn slow_handshakes_and_clients_that_never_read_do_not_hold_the_node() {
     assert_eq!(take(&mut sub, 1).await, vec![b"unaffected".to_vec()]);
     drop(deaf);
 }
+
+/// A task publishing in a loop, here to a key nobody subscribes to (a publish that waits on
+/// nothing), still gives the runtime's other tasks their turn: on a runtime of one thread
+/// the timer below fires and the loop can be aborted. (Watched from another thread: a
+/// publisher that never yielded would hold this runtime for ever.)
+#[test]
+fn a_publisher_in_a_loop_lets_other_tasks_run() {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let n = Node::start(opts()).await.unwrap();
+            let publisher = {
+                let n = n.clone();
+                tokio::spawn(async move {
+                    let k = key("nobody/listens");
+                    loop {
+                        n.publish(&k, &b"x"[..]).await.unwrap();
+                    }
+                })
+            };
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            publisher.abort();
+            assert!(publisher.await.unwrap_err().is_cancelled());
+        });
+        done.send(()).unwrap();
+    });
+    finished
+        .recv_timeout(WAIT)
+        .expect("the publishing task held the runtime");
+}

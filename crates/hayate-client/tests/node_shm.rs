@@ -388,3 +388,42 @@ async fn a_publish_cancelled_half_written_loses_that_message_only() {
     assert_eq!(b.stats().shm_corrupt.load(Ordering::Relaxed), 0);
     assert_eq!(b.stats().shm_lost.load(Ordering::Relaxed), 1);
 }
+
+/// A publisher that keeps the ring full (1 MiB messages back to back, 17 slots each) and a
+/// subscriber task on another node in the same process, on a runtime of two workers: the
+/// subscriber keeps receiving. (The ring's reader never waited while the ring had more,
+/// and the subscriber it woke sat in its worker's LIFO slot, which no other worker takes:
+/// it got one ring's worth, 60 messages, then nothing while the reader went on reading.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ring_kept_full_still_lets_its_subscribers_run() {
+    let a = Node::start(opts(&[])).await.unwrap();
+    let b = Node::start(opts(&[&a])).await.unwrap();
+    within(b.wait_peers(1, WAIT)).await.unwrap();
+    within(a.wait_peers(1, WAIT)).await.unwrap();
+    let mut sub = b.subscribe("full/x").await.unwrap();
+    within(b.flush()).await.unwrap();
+    within(a.flush()).await.unwrap();
+    let k = key("full/x");
+    let data = bytes::Bytes::from(vec![0x5a_u8; 1 << 20]);
+    let publisher = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            loop {
+                if a.publish(&k, data.clone()).await.is_err() {
+                    return;
+                }
+            }
+        })
+    };
+    // Several rings' worth (a ring holds 60 of them), taken on a task of the runtime's
+    // workers, as an application's would be (the test's own future is not on one).
+    let subscriber = tokio::spawn(async move {
+        for _ in 0..300 {
+            let m = sub.next().await.expect("the subscription ends");
+            assert_eq!(m.payload.len(), 1 << 20);
+        }
+    });
+    within(subscriber).await.unwrap();
+    publisher.abort();
+    assert_eq!(b.stats().shm_corrupt.load(Ordering::Relaxed), 0);
+}

@@ -922,6 +922,9 @@ impl NodeInner {
     }
 
     async fn publish(&self, msg: Message) -> Result<()> {
+        // A publisher in a loop gives its worker up now and then, whatever path its
+        // messages take: one with no subscriber, or into a ring with room, waits on nothing.
+        tokio::task::coop::consume_budget().await;
         if self.is_stopped() {
             return Err(Error::Closed);
         }

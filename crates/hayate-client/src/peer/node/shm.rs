@@ -651,6 +651,15 @@ impl RingReader {
                 if self.reader.writer_waits() {
                     self.writer_bell.ring();
                 }
+                // Let the subscribers just woken run before reading on. A task woken from
+                // here goes to this worker's LIFO slot, which no other worker may take,
+                // and while the writer keeps the ring from running dry nothing above
+                // waits: the subscribers would never run (a hang, found at 1 MiB messages
+                // back to back; test `a_ring_kept_full_still_lets_its_subscribers_run`).
+                // An empty ring is waited on below, which lets them run as well.
+                if self.has_more() {
+                    tokio::task::yield_now().await;
+                }
                 continue;
             }
             if closing || self.node.is_stopped() {
