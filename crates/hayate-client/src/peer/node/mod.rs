@@ -922,9 +922,6 @@ impl NodeInner {
     }
 
     async fn publish(&self, msg: Message) -> Result<()> {
-        // A publisher in a loop gives its worker up now and then, whatever path its
-        // messages take: one with no subscriber, or into a ring with room, waits on nothing.
-        tokio::task::coop::consume_budget().await;
         if self.is_stopped() {
             return Err(Error::Closed);
         }
@@ -936,6 +933,11 @@ impl NodeInner {
         }
         let route = self.route(&msg.key);
         if route.locals.is_empty() && route.remotes.is_empty() && route.groups.is_empty() {
+            // Nothing here waits, ever: a task publishing to no one in a loop gives its
+            // worker up now and then (as a Tokio channel's sender does). Not on the other
+            // paths: yielding every 128 publishes cut 64 B throughput over TCP to a third
+            // (smaller writes); they wait when their link or ring is full.
+            tokio::task::coop::consume_budget().await;
             return Ok(());
         }
         // Queue groups: one member each, anywhere.
