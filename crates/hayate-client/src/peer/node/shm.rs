@@ -584,6 +584,9 @@ struct RingReader {
 
 /// Messages read in one go before they are handed over.
 const READ_BURST: usize = 256;
+/// Bytes taken in one go before they are handed over (a burst ends after the chunk that
+/// reaches it): what one burst gives a subscription is at most this, or one message.
+const BURST_BYTES: usize = 1024 * 1024;
 
 impl RingReader {
     async fn run(mut self, mut stop: watch::Receiver<bool>) {
@@ -597,8 +600,8 @@ impl RingReader {
         // `block` waits for the subscriptions, and `Node::flush` for the handing over.
         self.reader.set_deferred(true);
         loop {
-            let mut got = 0;
-            while got < READ_BURST {
+            let (mut got, mut taken) = (0, 0);
+            while got < READ_BURST && taken < BURST_BYTES {
                 let before = self.assembling.len();
                 // This node's bit in the chunks' masks (every chunk is taken while it has
                 // no cursor entry).
@@ -615,6 +618,7 @@ impl RingReader {
                 match self.reader.read_append_if(&mut self.assembling, take) {
                     Ok(Some((_, true))) => {
                         got += 1;
+                        taken += self.assembling.len() - before;
                         if self.on_chunk(before, max_frame, &mut pending).is_err() {
                             return self.corrupt();
                         }
