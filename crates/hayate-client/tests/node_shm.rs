@@ -14,6 +14,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hayate_client::peer::{Node, NodeOptions, ShmMode, ShmOptions};
+use hayate_client::{Qos, SubscribeOptions};
 
 use hayate_shm::doorbell::Doorbell;
 use hayate_shm::segment::Segment;
@@ -391,9 +392,12 @@ async fn a_publish_cancelled_half_written_loses_that_message_only() {
 
 /// A publisher that keeps the ring full (1 MiB messages back to back, 17 slots each) and a
 /// subscriber task on another node in the same process, on a runtime of two workers: the
-/// subscriber keeps receiving. (The ring's reader never waited while the ring had more,
-/// and the subscriber it woke sat in its worker's LIFO slot, which no other worker takes:
-/// it got one ring's worth, 60 messages, then nothing while the reader went on reading.)
+/// subscriber keeps receiving. (Before: the ring's reader never waited while the ring had
+/// more, reading bursts of up to 16 MiB, and the subscriber it woke sat in its worker's
+/// LIFO slot, which no other worker takes: it got one ring's worth, 60 messages, then
+/// nothing while the reader went on reading. Bursts end at 1 MiB now, and the ring then
+/// runs dry often enough here that this passes even without the reader's yield: the next
+/// test is the one that needs it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ring_kept_full_still_lets_its_subscribers_run() {
     let a = Node::start(opts(&[])).await.unwrap();
@@ -426,4 +430,44 @@ async fn a_ring_kept_full_still_lets_its_subscribers_run() {
     within(subscriber).await.unwrap();
     publisher.abort();
     assert_eq!(b.stats().shm_corrupt.load(Ordering::Relaxed), 0);
+}
+
+/// A ring reader slower than its writer: 200 other subscriptions on the reading node (every
+/// message is handed to each) and small messages, all `drop`, so the writer never waits and
+/// the ring never runs dry. The subscription a task takes from still gets its messages:
+/// the reader lets it run after each burst. (Without that it ran only once its queue was
+/// full, and a `drop` queue that is full never makes the reader wait: it got nothing.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_slower_than_its_writer_still_lets_its_subscribers_run() {
+    let a = Node::start(opts(&[])).await.unwrap();
+    let b = Node::start(opts(&[&a])).await.unwrap();
+    within(b.wait_peers(1, WAIT)).await.unwrap();
+    within(a.wait_peers(1, WAIT)).await.unwrap();
+    let dropping = || SubscribeOptions {
+        group: None,
+        qos: Qos::BEST_EFFORT_DROP,
+    };
+    let mut others = Vec::new();
+    for _ in 0..200 {
+        others.push(b.subscribe_with("slow/*", dropping()).await.unwrap());
+    }
+    let mut sub = b.subscribe_with("slow/x", dropping()).await.unwrap();
+    within(b.flush()).await.unwrap();
+    within(a.flush()).await.unwrap();
+    let publisher = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            let k = key("slow/x");
+            while a.publish(&k, vec![7u8; 100]).await.is_ok() {}
+        })
+    };
+    let subscriber = tokio::spawn(async move {
+        for _ in 0..2000 {
+            sub.next().await.expect("the subscription ends");
+        }
+    });
+    within(subscriber).await.unwrap();
+    publisher.abort();
+    assert_eq!(b.stats().shm_corrupt.load(Ordering::Relaxed), 0);
+    drop(others);
 }
