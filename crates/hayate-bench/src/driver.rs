@@ -672,8 +672,6 @@ impl Conn {
 }
 
 impl Sub {
-    /// The next message's payload; `None` when the subscription or connection ended.
-    #[inline]
     /// The next messages that arrived together, each payload shown to `f`; how many, or
     /// `None` at the end. A Hayate subscription takes a whole delivery at once
     /// ([`hayate_client::Subscription::next_batch`]: a plain batch's payloads are lent, no
@@ -689,6 +687,8 @@ impl Sub {
         Some(1)
     }
 
+    /// The next message's payload; `None` when the subscription or connection ended.
+    #[inline]
     pub(crate) async fn next(&mut self) -> Option<Bytes> {
         match self {
             Sub::Hayate(s) => s.next().await.map(|m| m.payload),

@@ -89,7 +89,7 @@ impl ExactSizeIterator for Payloads<'_> {}
 
 /// What is left of the batch a subscription took last.
 #[derive(Debug)]
-pub(crate) enum Ready {
+enum Ready {
     Messages(std::vec::IntoIter<Message>),
     Plain {
         key: Key,
@@ -153,14 +153,30 @@ impl Iterator for Ready {
 /// A stream of the messages delivered to one subscription. Dropping it unsubscribes.
 #[derive(Debug)]
 pub struct Subscription {
-    pub(crate) sid: u32,
-    pub(crate) rx: mpsc::Receiver<Batch>,
-    pub(crate) ready: Ready,
-    pub(crate) lost: Arc<AtomicU64>,
-    pub(crate) owner: Arc<dyn Unsubscribe>,
+    sid: u32,
+    rx: mpsc::Receiver<Batch>,
+    ready: Ready,
+    lost: Arc<AtomicU64>,
+    owner: Arc<dyn Unsubscribe>,
 }
 
 impl Subscription {
+    /// A subscription taking what `rx` brings; dropping it tells `owner`.
+    pub(crate) fn new(
+        sid: u32,
+        rx: mpsc::Receiver<Batch>,
+        lost: Arc<AtomicU64>,
+        owner: Arc<dyn Unsubscribe>,
+    ) -> Subscription {
+        Subscription {
+            sid,
+            rx,
+            ready: Ready::default(),
+            lost,
+            owner,
+        }
+    }
+
     /// The next message, or `None` once the subscription or connection has ended.
     pub async fn next(&mut self) -> Option<Message> {
         if let Some(m) = self.ready.next() {

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hayate_client::peer::{Node, NodeOptions, ShmMode, ShmOptions};
-use hayate_client::{Qos, SubscribeOptions};
+use hayate_client::{Qos, SubscribeOptions, Subscription};
 
 use hayate_shm::doorbell::Doorbell;
 use hayate_shm::segment::Segment;
@@ -390,6 +390,43 @@ async fn a_publish_cancelled_half_written_loses_that_message_only() {
     assert_eq!(b.stats().shm_lost.load(Ordering::Relaxed), 1);
 }
 
+/// Two nodes on shared memory, `b` linked to `a`, each seeing the other.
+async fn linked_pair() -> (Node, Node) {
+    let a = Node::start(opts(&[])).await.unwrap();
+    let b = Node::start(opts(&[&a])).await.unwrap();
+    within(b.wait_peers(1, WAIT)).await.unwrap();
+    within(a.wait_peers(1, WAIT)).await.unwrap();
+    (a, b)
+}
+
+/// `a` publishes `payload` on `k` back to back while a task of the runtime's workers (as an
+/// application's would be: the test's own future is not on one) takes `count` messages of
+/// that length from `sub` on `b`; then the publisher stops. `b`'s ring stays good.
+async fn taken_while_published_back_to_back(
+    (a, b): (&Node, &Node),
+    mut sub: Subscription,
+    k: &str,
+    payload: Vec<u8>,
+    count: usize,
+) {
+    within(b.flush()).await.unwrap();
+    within(a.flush()).await.unwrap();
+    let len = payload.len();
+    let publisher = {
+        let (a, k, data) = (a.clone(), key(k), bytes::Bytes::from(payload));
+        tokio::spawn(async move { while a.publish(&k, data.clone()).await.is_ok() {} })
+    };
+    let subscriber = tokio::spawn(async move {
+        for _ in 0..count {
+            let m = sub.next().await.expect("the subscription ends");
+            assert_eq!(m.payload.len(), len);
+        }
+    });
+    within(subscriber).await.unwrap();
+    publisher.abort();
+    assert_eq!(b.stats().shm_corrupt.load(Ordering::Relaxed), 0);
+}
+
 /// A publisher that keeps the ring full (1 MiB messages back to back, 17 slots each) and a
 /// subscriber task on another node in the same process, on a runtime of two workers: the
 /// subscriber keeps receiving. (Before: the ring's reader never waited while the ring had
@@ -400,36 +437,10 @@ async fn a_publish_cancelled_half_written_loses_that_message_only() {
 /// test is the one that needs it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ring_kept_full_still_lets_its_subscribers_run() {
-    let a = Node::start(opts(&[])).await.unwrap();
-    let b = Node::start(opts(&[&a])).await.unwrap();
-    within(b.wait_peers(1, WAIT)).await.unwrap();
-    within(a.wait_peers(1, WAIT)).await.unwrap();
-    let mut sub = b.subscribe("full/x").await.unwrap();
-    within(b.flush()).await.unwrap();
-    within(a.flush()).await.unwrap();
-    let k = key("full/x");
-    let data = bytes::Bytes::from(vec![0x5a_u8; 1 << 20]);
-    let publisher = {
-        let a = a.clone();
-        tokio::spawn(async move {
-            loop {
-                if a.publish(&k, data.clone()).await.is_err() {
-                    return;
-                }
-            }
-        })
-    };
-    // Several rings' worth (a ring holds 60 of them), taken on a task of the runtime's
-    // workers, as an application's would be (the test's own future is not on one).
-    let subscriber = tokio::spawn(async move {
-        for _ in 0..300 {
-            let m = sub.next().await.expect("the subscription ends");
-            assert_eq!(m.payload.len(), 1 << 20);
-        }
-    });
-    within(subscriber).await.unwrap();
-    publisher.abort();
-    assert_eq!(b.stats().shm_corrupt.load(Ordering::Relaxed), 0);
+    let (a, b) = linked_pair().await;
+    let sub = b.subscribe("full/x").await.unwrap();
+    // Several rings' worth (a ring holds 60 of them).
+    taken_while_published_back_to_back((&a, &b), sub, "full/x", vec![0x5a; 1 << 20], 300).await;
 }
 
 /// A ring reader slower than its writer: 200 other subscriptions on the reading node (every
@@ -439,10 +450,7 @@ async fn a_ring_kept_full_still_lets_its_subscribers_run() {
 /// full, and a `drop` queue that is full never makes the reader wait: it got nothing.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_slower_than_its_writer_still_lets_its_subscribers_run() {
-    let a = Node::start(opts(&[])).await.unwrap();
-    let b = Node::start(opts(&[&a])).await.unwrap();
-    within(b.wait_peers(1, WAIT)).await.unwrap();
-    within(a.wait_peers(1, WAIT)).await.unwrap();
+    let (a, b) = linked_pair().await;
     let dropping = || SubscribeOptions {
         group: None,
         qos: Qos::BEST_EFFORT_DROP,
@@ -451,23 +459,7 @@ async fn a_reader_slower_than_its_writer_still_lets_its_subscribers_run() {
     for _ in 0..200 {
         others.push(b.subscribe_with("slow/*", dropping()).await.unwrap());
     }
-    let mut sub = b.subscribe_with("slow/x", dropping()).await.unwrap();
-    within(b.flush()).await.unwrap();
-    within(a.flush()).await.unwrap();
-    let publisher = {
-        let a = a.clone();
-        tokio::spawn(async move {
-            let k = key("slow/x");
-            while a.publish(&k, vec![7u8; 100]).await.is_ok() {}
-        })
-    };
-    let subscriber = tokio::spawn(async move {
-        for _ in 0..2000 {
-            sub.next().await.expect("the subscription ends");
-        }
-    });
-    within(subscriber).await.unwrap();
-    publisher.abort();
-    assert_eq!(b.stats().shm_corrupt.load(Ordering::Relaxed), 0);
+    let sub = b.subscribe_with("slow/x", dropping()).await.unwrap();
+    taken_while_published_back_to_back((&a, &b), sub, "slow/x", vec![7; 100], 2000).await;
     drop(others);
 }

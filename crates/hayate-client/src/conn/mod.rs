@@ -602,16 +602,7 @@ impl Inner {
                 lost: lost.clone(),
             },
         );
-        Ok((
-            sid,
-            Subscription {
-                sid,
-                rx,
-                ready: Default::default(),
-                lost,
-                owner: self.clone(),
-            },
-        ))
+        Ok((sid, Subscription::new(sid, rx, lost, self.clone())))
     }
 
     pub(crate) fn subscribe(

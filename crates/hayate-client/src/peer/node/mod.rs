@@ -1151,13 +1151,7 @@ impl NodeInner {
         for l in links {
             let _ = tokio::time::timeout(self.options.confirm_timeout, l.flush()).await;
         }
-        Ok(Subscription {
-            sid,
-            rx,
-            ready: Default::default(),
-            lost,
-            owner: self.clone(),
-        })
+        Ok(Subscription::new(sid, rx, lost, self.clone()))
     }
 
     /// Whether every subscription of this node is `drop` (and there is at least one): the
