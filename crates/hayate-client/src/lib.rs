@@ -69,6 +69,10 @@ pub struct ConnectOptions {
     /// Deliveries a subscription buffers before the reader stops reading (back-pressure):
     /// each the messages of one read for it, or one batch frame ([`Batch`]).
     pub subscription_capacity: usize,
+    /// Payload bytes a subscription buffers before the reader stops reading (default
+    /// 64 MiB): with `subscription_capacity`, the bound of what a subscriber that does not
+    /// keep up holds in this process. An empty queue takes one delivery of any size.
+    pub subscription_bytes: usize,
     /// Keepalive: after this long without input from the server the client sends a PING;
     /// `None`: never. The broker pings idle clients too, so an idle connection keeps input
     /// flowing both ways.
@@ -106,6 +110,7 @@ impl Default for ConnectOptions {
             write_buffer: 4 * 1024 * 1024,
             connect_timeout: Duration::from_secs(10),
             subscription_capacity: 64,
+            subscription_bytes: 64 * 1024 * 1024,
             ping_interval: Some(Duration::from_secs(30)),
             max_pings_out: 2,
             auth: Auth::Anonymous,

@@ -2,12 +2,12 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use hayate_core::{Key, Message};
 use hayate_native::Items;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 
 /// Whoever delivers into a subscription and must hear when it is dropped: a broker
 /// connection, or a peer [`Node`](crate::peer::Node).
@@ -42,6 +42,15 @@ impl Batch {
     /// Whether there are none (never, for a batch from [`Subscription::next_batch`]).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The bytes it holds, as a subscription's queue counts them: every message's
+    /// payload, or a plain batch's items as they came (lengths included).
+    pub fn bytes(&self) -> usize {
+        match self {
+            Batch::Messages(v) => v.iter().map(|m| m.payload.len()).sum(),
+            Batch::Plain { payloads, .. } => payloads.wire().len(),
+        }
     }
 
     /// Every message's payload, borrowed (no reference count touched for a plain batch).
@@ -154,27 +163,37 @@ impl Iterator for Ready {
 #[derive(Debug)]
 pub struct Subscription {
     sid: u32,
-    rx: mpsc::Receiver<Batch>,
+    rx: mpsc::Receiver<Queued>,
+    room: Arc<Room>,
     ready: Ready,
     lost: Arc<AtomicU64>,
     owner: Arc<dyn Unsubscribe>,
 }
 
 impl Subscription {
-    /// A subscription taking what `rx` brings; dropping it tells `owner`.
+    /// A subscription taking what is sent into `queue`'s sender; dropping it tells
+    /// `owner`.
     pub(crate) fn new(
         sid: u32,
-        rx: mpsc::Receiver<Batch>,
+        queue: QueueEnd,
         lost: Arc<AtomicU64>,
         owner: Arc<dyn Unsubscribe>,
     ) -> Subscription {
         Subscription {
             sid,
-            rx,
+            rx: queue.rx,
+            room: queue.room,
             ready: Ready::default(),
             lost,
             owner,
         }
+    }
+
+    /// The next batch off the queue, its bytes given back.
+    async fn recv(&mut self) -> Option<Batch> {
+        let q = self.rx.recv().await?;
+        self.room.give(q.bytes);
+        Some(q.batch)
     }
 
     /// The next message, or `None` once the subscription or connection has ended.
@@ -182,7 +201,7 @@ impl Subscription {
         if let Some(m) = self.ready.next() {
             return Some(m);
         }
-        let batch = self.rx.recv().await?;
+        let batch = self.recv().await?;
         self.ready = batch.into();
         self.ready.next()
     }
@@ -197,7 +216,15 @@ impl Subscription {
         if let Some(b) = self.ready.take_rest() {
             return Some(b);
         }
-        self.rx.recv().await
+        self.recv().await
+    }
+
+    /// Payload bytes queued for this subscription and not yet taken (the batch
+    /// [`Subscription::next`] is taking messages from no longer counts): at most the
+    /// connection's or node's `subscription_bytes`, or one batch when a batch alone is
+    /// larger.
+    pub fn pending_bytes(&self) -> usize {
+        self.room.used.load(Ordering::Relaxed)
     }
 
     /// Messages dropped for this subscription (a `drop` subscription whose outbox was full
@@ -220,8 +247,9 @@ impl futures::Stream for Subscription {
             return Poll::Ready(Some(m));
         }
         match self.rx.poll_recv(cx) {
-            Poll::Ready(Some(batch)) => {
-                self.ready = batch.into();
+            Poll::Ready(Some(q)) => {
+                self.room.give(q.bytes);
+                self.ready = q.batch.into();
                 Poll::Ready(self.ready.next())
             }
             Poll::Ready(None) => Poll::Ready(None),
@@ -233,5 +261,268 @@ impl futures::Stream for Subscription {
 impl Drop for Subscription {
     fn drop(&mut self) {
         self.owner.unsubscribe(self.sid);
+    }
+}
+
+/// A batch in a subscription's queue, with the bytes it counts for.
+#[derive(Debug)]
+struct Queued {
+    batch: Batch,
+    bytes: usize,
+}
+
+/// The byte bound of one subscription's queue, shared by its sender and receiver.
+#[derive(Debug)]
+struct Room {
+    /// Bytes of the batches queued (taken when sent, given back when received).
+    used: AtomicUsize,
+    limit: usize,
+    /// Senders waiting in [`Room::take`]; the receiver wakes them only when there are some.
+    waiting: AtomicUsize,
+    freed: Notify,
+}
+
+impl Room {
+    /// Takes `n` bytes if they fit (or the queue is empty: a batch alone may be larger
+    /// than the limit).
+    fn try_take(&self, n: usize) -> bool {
+        // SeqCst: against `give`'s store and load of `waiting` (a sender that sees no room
+        // is seen waiting by the receiver that makes room).
+        self.used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
+                (u == 0 || u.saturating_add(n) <= self.limit).then(|| u.saturating_add(n))
+            })
+            .is_ok()
+    }
+
+    /// Waits until `n` bytes fit, and takes them.
+    async fn take(&self, n: usize) {
+        if self.try_take(n) {
+            return;
+        }
+        let _waiting = Waiting::new(&self.waiting);
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if self.try_take(n) {
+                return;
+            }
+            freed.await;
+        }
+    }
+
+    fn give(&self, n: usize) {
+        self.used.fetch_sub(n, Ordering::SeqCst);
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            self.freed.notify_waiters();
+        }
+    }
+}
+
+/// Counts a sender in [`Room::waiting`] while it lives (a wait given up by a timeout
+/// included).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(w: &'a AtomicUsize) -> Waiting<'a> {
+        w.fetch_add(1, Ordering::SeqCst);
+        Waiting(w)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A subscription's queue: at most `capacity` batches and `bytes` payload bytes (past
+/// which only an empty queue takes a batch). Its receiving end goes to
+/// [`Subscription::new`].
+pub(crate) fn queue(capacity: usize, bytes: usize) -> (SubSender, QueueEnd) {
+    let (tx, rx) = mpsc::channel(capacity.max(1));
+    let room = Arc::new(Room {
+        used: AtomicUsize::new(0),
+        limit: bytes.max(1),
+        waiting: AtomicUsize::new(0),
+        freed: Notify::new(),
+    });
+    (
+        SubSender {
+            tx,
+            room: room.clone(),
+        },
+        QueueEnd { rx, room },
+    )
+}
+
+/// The receiving end of [`queue`], for [`Subscription::new`].
+#[derive(Debug)]
+pub(crate) struct QueueEnd {
+    rx: mpsc::Receiver<Queued>,
+    room: Arc<Room>,
+}
+
+/// Why [`SubSender::try_send`] did not queue a batch (it is given back).
+#[derive(Debug)]
+pub(crate) enum TrySendError {
+    /// No room: too many batches or bytes queued.
+    Full(Batch),
+    /// The subscription is gone.
+    Closed,
+}
+
+/// The subscription is gone.
+#[derive(Debug)]
+pub(crate) struct Closed;
+
+/// Whoever delivers into one subscription: queues batches within its bounds.
+#[derive(Debug, Clone)]
+pub(crate) struct SubSender {
+    tx: mpsc::Sender<Queued>,
+    room: Arc<Room>,
+}
+
+impl SubSender {
+    /// Queues `batch` if there is room now.
+    pub(crate) fn try_send(&self, batch: Batch) -> Result<(), TrySendError> {
+        let bytes = batch.bytes();
+        if !self.room.try_take(bytes) {
+            return Err(if self.tx.is_closed() {
+                TrySendError::Closed
+            } else {
+                TrySendError::Full(batch)
+            });
+        }
+        self.tx.try_send(Queued { batch, bytes }).map_err(|e| {
+            self.room.give(bytes);
+            match e {
+                mpsc::error::TrySendError::Full(q) => TrySendError::Full(q.batch),
+                mpsc::error::TrySendError::Closed(_) => TrySendError::Closed,
+            }
+        })
+    }
+
+    /// Waits for room for `bytes` bytes and one batch, and holds it for
+    /// [`Permit::send`]. Cancelling the wait (a timeout) takes nothing.
+    pub(crate) async fn reserve(&self, bytes: usize) -> Result<Permit, Closed> {
+        let permit = self.tx.clone().reserve_owned().await.map_err(|_| Closed)?;
+        tokio::select! {
+            () = self.room.take(bytes) => {}
+            () = self.tx.closed() => return Err(Closed),
+        }
+        Ok(Permit {
+            permit: Some(permit),
+            room: self.room.clone(),
+            bytes,
+        })
+    }
+
+    /// Waits for room and queues `batch` (the broker connection's reader: waiting is
+    /// the back-pressure of a slow subscriber).
+    pub(crate) async fn send(&self, batch: Batch) -> Result<(), Closed> {
+        let permit = self.reserve(batch.bytes()).await?;
+        permit.send(batch);
+        Ok(())
+    }
+}
+
+/// Room held in a subscription's queue for one batch: [`SubSender::reserve`].
+#[derive(Debug)]
+pub(crate) struct Permit {
+    permit: Option<mpsc::OwnedPermit<Queued>>,
+    room: Arc<Room>,
+    bytes: usize,
+}
+
+impl Permit {
+    /// Queues `batch`, counted as the bytes reserved (its [`Batch::bytes`]).
+    pub(crate) fn send(mut self, batch: Batch) {
+        let bytes = std::mem::take(&mut self.bytes);
+        if let Some(p) = self.permit.take() {
+            p.send(Queued { batch, bytes });
+        }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.room.give(self.bytes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(len: usize) -> Batch {
+        let key = Key::new("q").unwrap();
+        Batch::Messages(vec![Message::new(key, vec![0u8; len])])
+    }
+
+    /// Senders that wait for room are woken as the receiver takes: all of them get
+    /// through, and the queue never holds more than its bound plus one batch.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiting_senders_all_get_through_within_the_bound() {
+        const LIMIT: usize = 1000;
+        const EACH: usize = 2000;
+        let (tx, end) = queue(4, LIMIT);
+        let room = end.room.clone();
+        let mut rx = end.rx;
+        let senders: Vec<_> = (0..4)
+            .map(|s| {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    for i in 0..EACH {
+                        let len = (s * 131 + i * 37) % 700 + 1;
+                        if i % 2 == 0 {
+                            tx.send(batch(len)).await.unwrap();
+                        } else {
+                            let p = tx.reserve(len).await.unwrap();
+                            p.send(batch(len));
+                        }
+                    }
+                })
+            })
+            .collect();
+        drop(tx);
+        let mut got = 0;
+        while let Some(q) = rx.recv().await {
+            assert!(room.used.load(Ordering::SeqCst) <= LIMIT + 700);
+            assert_eq!(q.bytes, q.batch.bytes());
+            room.give(q.bytes);
+            got += 1;
+        }
+        for s in senders {
+            s.await.unwrap();
+        }
+        assert_eq!(got, 4 * EACH);
+        assert_eq!(room.used.load(Ordering::SeqCst), 0);
+    }
+
+    /// `try_send` refuses past the bound (but an empty queue takes anything), and a
+    /// reservation dropped unused gives its bytes back.
+    #[tokio::test]
+    async fn try_send_keeps_to_the_bound_and_a_dropped_permit_gives_back() {
+        let (tx, end) = queue(16, 100);
+        assert!(
+            tx.try_send(batch(500)).is_ok(),
+            "an empty queue takes anything"
+        );
+        assert!(matches!(tx.try_send(batch(1)), Err(TrySendError::Full(_))));
+        let mut sub_rx = end.rx;
+        let q = sub_rx.recv().await.unwrap();
+        end.room.give(q.bytes);
+        assert!(tx.try_send(batch(60)).is_ok());
+        assert!(matches!(tx.try_send(batch(60)), Err(TrySendError::Full(_))));
+        let p = tx.reserve(40).await.unwrap();
+        assert_eq!(end.room.used.load(Ordering::SeqCst), 100);
+        drop(p);
+        assert_eq!(end.room.used.load(Ordering::SeqCst), 60);
+        drop(sub_rx);
+        assert!(matches!(tx.try_send(batch(60)), Err(TrySendError::Closed)));
     }
 }

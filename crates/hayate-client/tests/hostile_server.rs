@@ -138,14 +138,14 @@ async fn a_malformed_batch_ends_the_connection_after_what_came_before() {
     }
 }
 
-/// A server floods a subscriber that never takes anything: the client stops reading once
-/// its subscription holds `subscription_capacity` (64) deliveries, one per MSG_BATCH, so
-/// the flood stalls after a bounded amount (those, the read buffer and the kernel's socket
-/// buffers), not after all of it; taken afterwards, every message arrives, in order.
-#[tokio::test]
-async fn a_flood_to_a_subscriber_that_never_takes_is_held_back() {
-    const FRAMES: usize = 3000;
-    const ITEMS: usize = 64;
+/// A server that floods the first subscription with `frames` MSG_BATCH frames of `items`
+/// payloads of `len` bytes each, numbered from 1 (the number repeated over the payload).
+/// Gives its address and the bytes it has written so far.
+async fn flood_server(
+    frames: usize,
+    items: usize,
+    len: usize,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let written = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -164,11 +164,11 @@ async fn a_flood_to_a_subscriber_that_never_takes_is_held_back() {
                 Frame::Hello(_) => s.write_all(&common::welcome("flood")).await.unwrap(),
                 Frame::Sub(sub) if sub.sid != u32::MAX => {
                     let mut n = 0u32;
-                    for _ in 0..FRAMES {
-                        let ps: Vec<Bytes> = (0..ITEMS)
+                    for _ in 0..frames {
+                        let ps: Vec<Bytes> = (0..items)
                             .map(|_| {
                                 n += 1;
-                                Bytes::from(n.to_be_bytes().repeat(256))
+                                Bytes::from(n.to_be_bytes().repeat(len / 4))
                             })
                             .collect();
                         let mut out = BytesMut::new();
@@ -190,10 +190,11 @@ async fn a_flood_to_a_subscriber_that_never_takes_is_held_back() {
             }
         }
     });
-    let c = Client::connect(&addr).await.unwrap();
-    let mut sub = c.subscribe("hb/x").await.unwrap();
-    let total = FRAMES * ITEMS * (4 + 1024);
-    // Not taking anything: wait until the flood stops moving.
+    (addr, written)
+}
+
+/// Waits until a flood stops moving (nothing taken meanwhile); gives the bytes written.
+async fn stalled(written: &std::sync::atomic::AtomicUsize) -> usize {
     let mut last = 0;
     for _ in 0..50 {
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -203,7 +204,40 @@ async fn a_flood_to_a_subscriber_that_never_takes_is_held_back() {
         }
         last = now;
     }
-    let held = written.load(std::sync::atomic::Ordering::Relaxed);
+    written.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Takes every payload of a flood, checking each is `len` bytes and numbered in order.
+async fn take_flood(sub: &mut hayate_client::Subscription, count: usize, len: usize) {
+    let mut next = 1u32;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while (next as usize) <= count {
+            let b = sub.next_batch().await.expect("the subscription ended");
+            for p in b.payloads() {
+                assert_eq!(p.len(), len);
+                assert_eq!(u32::from_be_bytes(p[..4].try_into().unwrap()), next);
+                next += 1;
+            }
+        }
+    })
+    .await
+    .expect("not all of the flood arrived");
+}
+
+/// A server floods a subscriber that never takes anything: the client stops reading once
+/// its subscription holds `subscription_capacity` (64) deliveries, one per MSG_BATCH, so
+/// the flood stalls after a bounded amount (those, the read buffer and the kernel's socket
+/// buffers), not after all of it; taken afterwards, every message arrives, in order.
+#[tokio::test]
+async fn a_flood_to_a_subscriber_that_never_takes_is_held_back() {
+    const FRAMES: usize = 3000;
+    const ITEMS: usize = 64;
+    let (addr, written) = flood_server(FRAMES, ITEMS, 1024).await;
+    let c = Client::connect(&addr).await.unwrap();
+    let mut sub = c.subscribe("hb/x").await.unwrap();
+    let total = FRAMES * ITEMS * (4 + 1024);
+    // Not taking anything: wait until the flood stops moving.
+    let held = stalled(&written).await;
     eprintln!(
         "the flood stalled after {} KiB of {} KiB",
         held >> 10,
@@ -215,18 +249,42 @@ async fn a_flood_to_a_subscriber_that_never_takes_is_held_back() {
         "the client took {held} bytes of {total} untaken"
     );
     // Taken now: all of it, in order, by batches.
-    let mut next = 1u32;
-    tokio::time::timeout(Duration::from_secs(60), async {
-        while (next as usize) <= FRAMES * ITEMS {
-            let b = sub.next_batch().await.expect("the subscription ended");
-            for p in b.payloads() {
-                assert_eq!(p.len(), 1024);
-                assert_eq!(u32::from_be_bytes(p[..4].try_into().unwrap()), next);
-                next += 1;
-            }
-        }
-    })
+    take_flood(&mut sub, FRAMES * ITEMS, 1024).await;
+    assert!(!c.is_closed());
+}
+
+/// Large messages: the client stops reading once its subscription holds
+/// `subscription_bytes` (8 MiB here) of payload, long before `subscription_capacity`
+/// deliveries (64 of nearly 1 MiB); taken afterwards, every message arrives, in order.
+#[tokio::test]
+async fn a_flood_of_large_messages_is_held_to_subscription_bytes() {
+    const FRAMES: usize = 160;
+    const LEN: usize = 960 * 1024;
+    const BOUND: usize = 8 << 20;
+    let (addr, written) = flood_server(FRAMES, 1, LEN).await;
+    let c = Client::connect_with(
+        &addr,
+        hayate_client::ConnectOptions {
+            subscription_bytes: BOUND,
+            ..Default::default()
+        },
+    )
     .await
-    .expect("not all of the flood arrived");
+    .unwrap();
+    let mut sub = c.subscribe("hb/x").await.unwrap();
+    let held = stalled(&written).await;
+    let pending = sub.pending_bytes();
+    eprintln!(
+        "the flood stalled after {} KiB of {} KiB, {} KiB queued",
+        held >> 10,
+        (FRAMES * LEN) >> 10,
+        pending >> 10
+    );
+    assert!(pending > 0, "nothing was queued");
+    // The bound, or one delivery past it.
+    assert!(pending <= BOUND + LEN, "{pending} bytes queued");
+    // Besides the queue: the client's read buffer and both ends' socket buffers.
+    assert!(held < 40 << 20, "the client took {held} bytes untaken");
+    take_flood(&mut sub, FRAMES, LEN).await;
     assert!(!c.is_closed());
 }

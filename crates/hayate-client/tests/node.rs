@@ -276,6 +276,118 @@ async fn a_block_subscriber_that_never_reads_is_cut_after_max_block() {
     drop(stuck);
 }
 
+/// A subscription that never reads holds at most `subscription_bytes` of payload (plus
+/// one batch), whatever the number of messages: large `drop` messages past it are lost and
+/// counted, from a publisher on another node (over a link or shared memory) and on the same
+/// node alike. Taken afterwards, what was kept arrives whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_never_reads_holds_at_most_subscription_bytes() {
+    const MIB: usize = 1024 * 1024;
+    const N: u64 = 48;
+    let a = node(&[]).await;
+    let b = Node::start(NodeOptions {
+        peers: vec![a.local_addr().to_string()],
+        subscription_bytes: 4 * MIB,
+        ..opts()
+    })
+    .await
+    .unwrap();
+    within(b.wait_peers(1, WAIT)).await.unwrap();
+    within(a.wait_peers(1, WAIT)).await.unwrap();
+    let drop_qos = SubscribeOptions {
+        group: None,
+        qos: Qos::BEST_EFFORT_DROP,
+    };
+    for (from, what) in [(&a, "another node"), (&b, "the same node")] {
+        let mut sub = b.subscribe_with("big/*", drop_qos.clone()).await.unwrap();
+        let (shm_lost0, links0) = (
+            b.stats().shm_lost.load(Ordering::Relaxed),
+            from.stats().dropped_on_links.load(Ordering::Relaxed),
+        );
+        within(async {
+            for i in 0..N {
+                from.publish(&key("big/1"), vec![i as u8; MIB])
+                    .await
+                    .unwrap();
+            }
+            from.flush().await.unwrap();
+        })
+        .await;
+        // Settled: nothing more arrives at b.
+        let mut last = (u64::MAX, usize::MAX);
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let now = (sub.lost(), sub.pending_bytes());
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        let pending = sub.pending_bytes();
+        assert!(
+            pending <= 5 * MIB,
+            "{what}: {pending} bytes queued for a subscription bounded to 4 MiB"
+        );
+        let mut got = 0u64;
+        while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(300), sub.next()).await {
+            assert_eq!(m.payload.len(), MIB, "{what}");
+            assert!(m.payload.iter().all(|x| *x == m.payload[0]), "{what}");
+            got += 1;
+        }
+        assert_eq!(sub.pending_bytes(), 0, "{what}");
+        let lost = sub.lost()
+            + (b.stats().shm_lost.load(Ordering::Relaxed) - shm_lost0)
+            + (from.stats().dropped_on_links.load(Ordering::Relaxed) - links0);
+        assert!(got <= 5, "{what}: {got} messages of 1 MiB were held");
+        assert_eq!(got + lost, N, "{what}: got {got}, lost {lost}");
+    }
+}
+
+/// A `block` subscription that never reads holds its publisher once `subscription_bytes`
+/// are queued (not after `subscription_capacity` batches of any size), then is cut after
+/// `max_block`; the publisher carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_subscriber_of_large_messages_holds_its_publisher_within_subscription_bytes() {
+    const MIB: usize = 1024 * 1024;
+    let a = node(&[]).await;
+    let b = Node::start(NodeOptions {
+        peers: vec![a.local_addr().to_string()],
+        subscription_bytes: 4 * MIB,
+        max_block: Duration::from_millis(500),
+        ..opts()
+    })
+    .await
+    .unwrap();
+    within(b.wait_peers(1, WAIT)).await.unwrap();
+    within(a.wait_peers(1, WAIT)).await.unwrap();
+    let stuck = b.subscribe("big/*").await.unwrap();
+    let mut fine = b.subscribe("ok").await.unwrap();
+    let publisher = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            for _ in 0..64 {
+                a.publish(&key("big/1"), vec![7u8; MIB]).await.unwrap();
+            }
+        })
+    };
+    // Until b cuts it (or the publisher, held, finishes), b queues no more than the bound.
+    let mut most = 0;
+    within(async {
+        while !publisher.is_finished() || b.stats().slow_consumers.load(Ordering::Relaxed) == 0 {
+            most = most.max(stuck.pending_bytes());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    within(publisher).await.unwrap();
+    assert!(most > 0, "nothing was queued");
+    assert!(most <= 5 * MIB, "{most} bytes queued for a 4 MiB bound");
+    assert_eq!(b.stats().slow_consumers.load(Ordering::Relaxed), 1);
+    a.publish(&key("ok"), "still here").await.unwrap();
+    assert_eq!(take(&mut fine, 1).await, vec![b"still here".to_vec()]);
+    drop(stuck);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_goes_away_is_forgotten_and_the_others_carry_on() {
     let a = node(&[]).await;

@@ -20,7 +20,7 @@ use hayate_native::{
     check_options, decode, encode, encode_ping, encode_pub, encode_pub_batch_head, encode_sub,
 };
 use tokio::io::AsyncReadExt;
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{Notify, oneshot};
 
 use crate::peer::ShmMode;
 use crate::sub::Subscription;
@@ -136,7 +136,7 @@ impl Out {
 }
 
 struct SubSlot {
-    tx: mpsc::Sender<crate::sub::Batch>,
+    tx: crate::sub::SubSender,
     lost: Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -593,7 +593,10 @@ impl Inner {
         if sid == INBOX_SID {
             return Err(Error::Protocol("subscription ids exhausted".into()));
         }
-        let (tx, rx) = mpsc::channel(self.options.subscription_capacity.max(1));
+        let (tx, rx) = crate::sub::queue(
+            self.options.subscription_capacity,
+            self.options.subscription_bytes,
+        );
         let lost = Arc::new(AtomicU64::new(0));
         lock(&self.subs).insert(
             sid,

@@ -40,9 +40,9 @@ use bytes::Bytes;
 use hayate_core::qos::Congestion;
 use hayate_core::{Key, KeyExpr, Message, Qos};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 
-use crate::sub::{Subscription, Unsubscribe};
+use crate::sub::{Subscription, TrySendError, Unsubscribe};
 use crate::{Client, ConnectOptions, Error, Result, SubscribeOptions};
 
 pub(crate) mod interest;
@@ -94,6 +94,10 @@ pub struct NodeOptions {
     /// its messages are dropped (`drop`). A batch is what one read of a link brought for
     /// the subscription, or one message published on this node (default 256).
     pub subscription_capacity: usize,
+    /// Payload bytes a subscription queues before its publishers wait (`block`) or its
+    /// messages are dropped (`drop`) (default 64 MiB). An empty queue takes one batch of
+    /// any size.
+    pub subscription_bytes: usize,
     /// The largest payload this node accepts from others (and announces).
     pub max_payload: u64,
     /// How long a new incoming connection may take to send HELLO.
@@ -129,6 +133,7 @@ impl Default for NodeOptions {
                 ..ConnectOptions::default()
             },
             subscription_capacity: 256,
+            subscription_bytes: 64 * 1024 * 1024,
             max_payload: 64 * 1024 * 1024,
             handshake_timeout: Duration::from_secs(10),
             max_block: Duration::from_secs(10),
@@ -173,7 +178,7 @@ pub struct NodeStats {
 #[derive(Debug, Clone)]
 enum Sink {
     Sub {
-        tx: mpsc::Sender<crate::sub::Batch>,
+        tx: crate::sub::SubSender,
         lost: Arc<AtomicU64>,
         drop: bool,
     },
@@ -1048,12 +1053,13 @@ impl NodeInner {
                 }
             }
             Sink::Sub { tx, lost, drop } => match tx.try_send(crate::sub::Batch::Messages(batch)) {
-                Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
-                Err(mpsc::error::TrySendError::Full(b)) if *drop => {
+                Ok(()) | Err(TrySendError::Closed) => {}
+                Err(TrySendError::Full(b)) if *drop => {
                     lost.fetch_add(b.len() as u64, Ordering::Relaxed);
                 }
-                Err(mpsc::error::TrySendError::Full(b)) => {
-                    match tokio::time::timeout(self.options.max_block, tx.reserve()).await {
+                Err(TrySendError::Full(b)) => {
+                    match tokio::time::timeout(self.options.max_block, tx.reserve(b.bytes())).await
+                    {
                         Ok(Ok(permit)) => permit.send(b),
                         Ok(Err(_)) => {}
                         Err(_) => self.cut_slow(t.sid),
@@ -1114,7 +1120,10 @@ impl NodeInner {
         if sid == INBOX_SID {
             return Err(Error::Protocol("subscription ids exhausted".into()));
         }
-        let (tx, rx) = mpsc::channel(self.options.subscription_capacity.max(1));
+        let (tx, rx) = crate::sub::queue(
+            self.options.subscription_capacity,
+            self.options.subscription_bytes,
+        );
         let lost = Arc::new(AtomicU64::new(0));
         let drop = options.qos.effective_congestion() == Congestion::Drop;
         let local = Local {

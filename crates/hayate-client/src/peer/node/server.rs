@@ -23,7 +23,7 @@ use hayate_io::conn::{Accepted, Conn, Handler, InputBudget, Stop};
 use hayate_io::transport;
 use hayate_native::{ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::interest::{INTEREST_KEY, Interest};
@@ -32,7 +32,7 @@ use super::{
     resolve_advertised,
 };
 use crate::peer::{NoDeliveries, close_and_linger, send_frame, too_large};
-use crate::sub::Batch;
+use crate::sub::{Batch, TrySendError};
 
 /// Read buffer: start size and the free space kept before each read.
 const READ_BUF: usize = 64 * 1024;
@@ -499,11 +499,11 @@ impl PeerConn {
                         continue;
                     }
                     match tx.try_send(batch) {
-                        Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
-                        Err(mpsc::error::TrySendError::Full(b)) if *drop => {
+                        Ok(()) | Err(TrySendError::Closed) => {}
+                        Err(TrySendError::Full(b)) if *drop => {
                             lost.fetch_add(b.len() as u64, Ordering::Relaxed);
                         }
-                        Err(mpsc::error::TrySendError::Full(b)) => {
+                        Err(TrySendError::Full(b)) => {
                             self.stuck_since.get_or_insert_with(Instant::now);
                             self.stuck.push_back((t, b));
                         }
@@ -517,15 +517,15 @@ impl PeerConn {
     /// Waits for room for the oldest stuck batch (until `max_block` from when it got
     /// stuck), then hands over what fits.
     async fn unstick(&mut self) {
-        let Some((t, _)) = self.stuck.front() else {
+        let Some((t, b)) = self.stuck.front() else {
             return;
         };
         let Sink::Sub { tx, .. } = &t.sink else {
             return;
         };
-        let (tx, sid) = (tx.clone(), t.sid);
+        let (tx, sid, bytes) = (tx.clone(), t.sid, b.bytes());
         let since = *self.stuck_since.get_or_insert_with(Instant::now);
-        match tokio::time::timeout_at(since + self.node.options.max_block, tx.reserve_owned()).await
+        match tokio::time::timeout_at(since + self.node.options.max_block, tx.reserve(bytes)).await
         {
             Ok(Ok(permit)) => {
                 if let Some((_, b)) = self.stuck.pop_front() {
@@ -546,8 +546,8 @@ impl PeerConn {
                 continue;
             };
             match tx.try_send(b) {
-                Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
-                Err(mpsc::error::TrySendError::Full(b)) => {
+                Ok(()) | Err(TrySendError::Closed) => {}
+                Err(TrySendError::Full(b)) => {
                     self.stuck.push_front((t, b));
                     break;
                 }
