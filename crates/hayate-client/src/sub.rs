@@ -165,6 +165,10 @@ pub struct Subscription {
     sid: u32,
     rx: mpsc::Receiver<Queued>,
     room: Arc<Room>,
+    /// Bytes of batches taken off the queue and not yet given back to `room`: given back
+    /// together once they reach a sixteenth of the bound, or before the queue is waited on
+    /// (so the receiver does not touch the count shared with the sender for every batch).
+    owed: usize,
     ready: Ready,
     lost: Arc<AtomicU64>,
     owner: Arc<dyn Unsubscribe>,
@@ -183,17 +187,39 @@ impl Subscription {
             sid,
             rx: queue.rx,
             room: queue.room,
+            owed: 0,
             ready: Ready::default(),
             lost,
             owner,
         }
     }
 
-    /// The next batch off the queue, its bytes given back.
+    /// The next batch off the queue.
     async fn recv(&mut self) -> Option<Batch> {
-        let q = self.rx.recv().await?;
-        self.room.give(q.bytes);
-        Some(q.batch)
+        let q = match self.rx.try_recv() {
+            Ok(q) => q,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                self.give_owed();
+                self.rx.recv().await?
+            }
+            Err(mpsc::error::TryRecvError::Disconnected) => return None,
+        };
+        Some(self.taken(q))
+    }
+
+    /// Counts `q`'s bytes as taken off the queue.
+    fn taken(&mut self, q: Queued) -> Batch {
+        self.owed += q.bytes;
+        if self.owed >= self.room.give_at {
+            self.give_owed();
+        }
+        q.batch
+    }
+
+    fn give_owed(&mut self) {
+        if self.owed > 0 {
+            self.room.give(std::mem::take(&mut self.owed));
+        }
     }
 
     /// The next message, or `None` once the subscription or connection has ended.
@@ -224,7 +250,10 @@ impl Subscription {
     /// connection's or node's `subscription_bytes`, or one batch when a batch alone is
     /// larger.
     pub fn pending_bytes(&self) -> usize {
-        self.room.used.load(Ordering::Relaxed)
+        self.room
+            .used
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.owed)
     }
 
     /// Messages dropped for this subscription (a `drop` subscription whose outbox was full
@@ -248,12 +277,15 @@ impl futures::Stream for Subscription {
         }
         match self.rx.poll_recv(cx) {
             Poll::Ready(Some(q)) => {
-                self.room.give(q.bytes);
-                self.ready = q.batch.into();
+                self.ready = self.taken(q).into();
                 Poll::Ready(self.ready.next())
             }
             Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                // About to wait: senders waiting for room must get it.
+                self.give_owed();
+                Poll::Pending
+            }
         }
     }
 }
@@ -277,6 +309,8 @@ struct Room {
     /// Bytes of the batches queued (taken when sent, given back when received).
     used: AtomicUsize,
     limit: usize,
+    /// What the receiver lets pile up before it gives bytes back (`limit / 16`).
+    give_at: usize,
     /// Senders waiting in [`Room::take`]; the receiver wakes them only when there are some.
     waiting: AtomicUsize,
     freed: Notify,
@@ -345,6 +379,7 @@ pub(crate) fn queue(capacity: usize, bytes: usize) -> (SubSender, QueueEnd) {
     let room = Arc::new(Room {
         used: AtomicUsize::new(0),
         limit: bytes.max(1),
+        give_at: (bytes / 16).max(1),
         waiting: AtomicUsize::new(0),
         freed: Notify::new(),
     });
@@ -471,7 +506,7 @@ mod tests {
         const EACH: usize = 2000;
         let (tx, end) = queue(4, LIMIT);
         let room = end.room.clone();
-        let mut rx = end.rx;
+        let mut sub = Subscription::new(1, end, Arc::new(AtomicU64::new(0)), Arc::new(Nobody));
         let senders: Vec<_> = (0..4)
             .map(|s| {
                 let tx = tx.clone();
@@ -490,17 +525,41 @@ mod tests {
             .collect();
         drop(tx);
         let mut got = 0;
-        while let Some(q) = rx.recv().await {
+        while let Some(b) = sub.next_batch().await {
             assert!(room.used.load(Ordering::SeqCst) <= LIMIT + 700);
-            assert_eq!(q.bytes, q.batch.bytes());
-            room.give(q.bytes);
-            got += 1;
+            assert!(sub.pending_bytes() <= LIMIT + 700);
+            got += b.len();
         }
         for s in senders {
             s.await.unwrap();
         }
         assert_eq!(got, 4 * EACH);
-        assert_eq!(room.used.load(Ordering::SeqCst), 0);
+        assert_eq!(sub.pending_bytes(), 0);
+    }
+
+    /// The receiver gives back what it took lazily, but always before it waits: a sender
+    /// of a batch nearly as large as the bound is not left waiting on bytes the receiver
+    /// owes.
+    #[tokio::test]
+    async fn a_receiver_about_to_wait_gives_back_what_it_took() {
+        let (tx, end) = queue(16, 1600);
+        let mut sub = Subscription::new(1, end, Arc::new(AtomicU64::new(0)), Arc::new(Nobody));
+        tx.send(batch(50)).await.unwrap();
+        assert_eq!(sub.next_batch().await.unwrap().bytes(), 50);
+        let big = tokio::spawn(async move { tx.send(batch(1590)).await.unwrap() });
+        let b = tokio::time::timeout(std::time::Duration::from_secs(5), sub.next_batch())
+            .await
+            .expect("the sender was left waiting")
+            .unwrap();
+        assert_eq!(b.bytes(), 1590);
+        big.await.unwrap();
+    }
+
+    #[derive(Debug)]
+    struct Nobody;
+
+    impl Unsubscribe for Nobody {
+        fn unsubscribe(&self, _: u32) {}
     }
 
     /// `try_send` refuses past the bound (but an empty queue takes anything), and a
