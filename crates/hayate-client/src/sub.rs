@@ -196,15 +196,21 @@ impl Subscription {
 
     /// The next batch off the queue.
     async fn recv(&mut self) -> Option<Batch> {
-        let q = match self.rx.try_recv() {
-            Ok(q) => q,
-            Err(mpsc::error::TryRecvError::Empty) => {
+        std::future::poll_fn(|cx| self.poll_recv(cx)).await
+    }
+
+    /// The next batch off the queue, if there is one; gives back what it owes before it
+    /// waits (not `try_recv` first: it parks the thread while a sender is mid-send).
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Batch>> {
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(q)) => Poll::Ready(Some(self.taken(q))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => {
+                // About to wait: senders waiting for room must get it.
                 self.give_owed();
-                self.rx.recv().await?
+                Poll::Pending
             }
-            Err(mpsc::error::TryRecvError::Disconnected) => return None,
-        };
-        Some(self.taken(q))
+        }
     }
 
     /// Counts `q`'s bytes as taken off the queue.
@@ -275,17 +281,13 @@ impl futures::Stream for Subscription {
         if let Some(m) = self.ready.next() {
             return Poll::Ready(Some(m));
         }
-        match self.rx.poll_recv(cx) {
-            Poll::Ready(Some(q)) => {
-                self.ready = self.taken(q).into();
+        match self.poll_recv(cx) {
+            Poll::Ready(Some(batch)) => {
+                self.ready = batch.into();
                 Poll::Ready(self.ready.next())
             }
             Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => {
-                // About to wait: senders waiting for room must get it.
-                self.give_owed();
-                Poll::Pending
-            }
+            Poll::Pending => Poll::Pending,
         }
     }
 }
