@@ -415,9 +415,49 @@ impl<'a> Writer<'a> {
     }
 }
 
-/// Stores the concatenation of `parts` into `words` (which must hold it), 8 bytes per
-/// relaxed atomic store, little-endian, the last word padded with zeros.
+/// Stores the concatenation of `parts` into `words` (which must hold it), little-endian
+/// (byte `i` of the message is byte `i % 8` of word `i / 8` in little-endian order), the
+/// last word padded with zeros. On a little-endian host each part is one `memcpy`
+/// (`segment::copy_in`): about twice as fast as word stores for large payloads.
 pub(crate) fn store_bytes<'a>(words: &[AtomicU64], parts: impl IntoIterator<Item = &'a [u8]>) {
+    #[cfg(all(not(loom), target_endian = "little"))]
+    {
+        let mut off = 0;
+        for p in parts {
+            segment::copy_in(words, off, p);
+            off += p.len();
+        }
+        segment::copy_in(words, off, &[0u8; 8][..off.next_multiple_of(8) - off]);
+    }
+    #[cfg(any(loom, target_endian = "big"))]
+    store_words(words, parts);
+}
+
+/// Appends the first `len` bytes held by `words` (which must hold them) to `out`: what a
+/// writer stores meanwhile can tear the copy, which the caller finds out by its own
+/// protocol (a sequence word read again after an acquire fence). On a little-endian host
+/// by `memcpy` (`segment::copy_out`) through a buffer on the stack.
+pub(crate) fn load_bytes<B: ReadBuf + ?Sized>(words: &[AtomicU64], len: usize, out: &mut B) {
+    #[cfg(all(not(loom), target_endian = "little"))]
+    {
+        out.reserve(len);
+        let mut stage = [0u8; 4096];
+        let mut off = 0;
+        while off < len {
+            let n = (len - off).min(stage.len());
+            segment::copy_out(words, off, &mut stage[..n]);
+            out.extend_from_slice(&stage[..n]);
+            off += n;
+        }
+    }
+    #[cfg(any(loom, target_endian = "big"))]
+    load_words(words, len, out);
+}
+
+/// [`store_bytes`] 8 bytes per
+/// relaxed atomic store (under loom, and on a big-endian host), little-endian, the last word padded with zeros.
+#[cfg_attr(all(not(loom), target_endian = "little", not(test)), allow(dead_code))]
+fn store_words<'a>(words: &[AtomicU64], parts: impl IntoIterator<Item = &'a [u8]>) {
     // Whole words straight from each part; the bytes where two parts meet gather in `acc`
     // (`fill` of its 8 bytes taken).
     let (mut wi, mut acc, mut fill) = (0, [0u8; 8], 0);
@@ -451,10 +491,11 @@ pub(crate) fn store_bytes<'a>(words: &[AtomicU64], parts: impl IntoIterator<Item
     }
 }
 
-/// Appends the first `len` bytes held by `words` (which must hold them) to `out`, by
-/// relaxed atomic loads: what a writer stores meanwhile can tear the copy, which the caller
+/// [`load_bytes`] by
+/// relaxed atomic loads (under loom, and on a big-endian host): what a writer stores meanwhile can tear the copy, which the caller
 /// finds out by its own protocol (a sequence word read again after an acquire fence).
-pub(crate) fn load_bytes<B: ReadBuf + ?Sized>(words: &[AtomicU64], len: usize, out: &mut B) {
+#[cfg_attr(all(not(loom), target_endian = "little", not(test)), allow(dead_code))]
+fn load_words<B: ReadBuf + ?Sized>(words: &[AtomicU64], len: usize, out: &mut B) {
     let base = out.len();
     let words = &words[..len.div_ceil(8)];
     out.reserve(words.len() * 8);
@@ -1145,6 +1186,37 @@ mod owned {
         fn drop(&mut self) {
             // The borrowed reader's drop frees the entry.
             drop(self.borrowed());
+        }
+    }
+}
+
+#[cfg(all(test, not(loom), target_endian = "little"))]
+mod copy_tests {
+    use super::*;
+
+    proptest::proptest! {
+        /// The `memcpy` copies leave the region exactly as the word stores do (padding
+        /// included) and read back what the word loads read, for any split into parts and
+        /// any length.
+        #[test]
+        fn memcpy_and_word_copies_agree(
+            parts in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40), 0..6),
+            junk in proptest::prelude::any::<u64>(),
+            prefix in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..9),
+        ) {
+            let len: usize = parts.iter().map(Vec::len).sum();
+            let n = len.div_ceil(8) + 2;
+            let a: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(junk)).collect();
+            let b: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(junk)).collect();
+            store_bytes(&a, parts.iter().map(Vec::as_slice));
+            store_words(&b, parts.iter().map(Vec::as_slice));
+            let words = |r: &[AtomicU64]| r.iter().map(|w| w.load(Ordering::Relaxed)).collect::<Vec<_>>();
+            proptest::prop_assert_eq!(words(&a), words(&b));
+            let (mut x, mut y) = (prefix.clone(), prefix.clone());
+            load_bytes(&a, len, &mut x);
+            load_words(&a, len, &mut y);
+            proptest::prop_assert_eq!(&x, &y);
+            proptest::prop_assert_eq!(&x[prefix.len()..], &parts.concat()[..]);
         }
     }
 }

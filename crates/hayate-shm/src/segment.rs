@@ -8,8 +8,10 @@
 //! refuses a descriptor that is not sealed against shrinking, growing and further sealing.
 //!
 //! The one `unsafe` of the crate is here: mapping the file ([`memmap2::MmapOptions::map_mut`]:
-//! the file must not be truncated while mapped, which the seals guarantee) and viewing the
-//! mapping as `&[AtomicU64]` (see [`Segment::words`] for why that is sound).
+//! the file must not be truncated while mapped, which the seals guarantee), viewing the
+//! mapping as `&[AtomicU64]` (see [`Segment::words`] for why that is sound), a read-only
+//! mapping's bytes in place ([`Segment::bytes_in_place`]), and copying payloads in and out
+//! of a region with `memcpy` ([`copy_in`], [`copy_out`]).
 
 use std::fs::File;
 use std::io;
@@ -226,6 +228,59 @@ impl Segment {
     /// The descriptor, to hand to readers.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+}
+
+/// Copies `dst.len()` bytes of `words`, from byte `offset` on, into `dst`: one `memcpy`,
+/// where the ring's own loads go 8 bytes at a time ([`crate::load_bytes`] on a
+/// little-endian host, for whole payloads).
+///
+/// Panics unless the range is within `words`.
+pub(crate) fn copy_out(words: &[AtomicU64], offset: usize, dst: &mut [u8]) {
+    let end = offset.checked_add(dst.len()).expect("range overflows");
+    assert!(end <= words.len() * 8, "range past the region");
+    #[allow(unsafe_code)]
+    // SAFETY: the source range is within `words` (asserted), memory this process may read
+    // for as long as the borrow lives; `dst` is a distinct, exclusively borrowed buffer
+    // (not shared memory), so the ranges do not overlap. The bytes live in `AtomicU64`s,
+    // whose `UnsafeCell` allows them to change behind a shared reference, and any byte is a
+    // valid `u8`. What a writer stores meanwhile (another process through its own mapping,
+    // or, in tests and in a process that runs both ends, another thread through another
+    // mapping) can tear the copy: the byte-wise race the sequence lock exists for. Every
+    // caller reads its slot's or entry's sequence word again after an acquire fence and
+    // throws the copy away if it changed, as it did with the word loads this replaces;
+    // the compiler sees an opaque copy from memory it may not assume unchanged, so it
+    // cannot make more of the race than torn bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            words.as_ptr().cast::<u8>().add(offset),
+            dst.as_mut_ptr(),
+            dst.len(),
+        );
+    }
+}
+
+/// Copies `src` into `words` from byte `offset` on: one `memcpy`, where the ring's own
+/// stores go 8 bytes at a time ([`crate::store_bytes`] on a little-endian host).
+///
+/// Panics unless the range is within `words`.
+pub(crate) fn copy_in(words: &[AtomicU64], offset: usize, src: &[u8]) {
+    let end = offset.checked_add(src.len()).expect("range overflows");
+    assert!(end <= words.len() * 8, "range past the region");
+    #[allow(unsafe_code)]
+    // SAFETY: the destination range is within `words` (asserted); the `AtomicU64`s'
+    // `UnsafeCell` allows writing them through a shared reference; `src` is this
+    // process's own buffer, not shared memory, so the ranges do not overlap. Only a
+    // writer calls this, on its own writable mapping (a read-only one would fault, not
+    // corrupt), on a slot or entry it has marked as being written (an odd sequence word,
+    // then a release fence) and publishes afterwards with a release store: readers racing
+    // it get torn bytes, which their sequence check throws away (`copy_out`).
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            src.as_ptr(),
+            words.as_ptr().cast::<u8>().cast_mut().add(offset),
+            src.len(),
+        );
     }
 }
 

@@ -346,3 +346,50 @@ fn sleepers_among_wakes_only_the_readers_named() {
     assert_eq!(w.sleepers(), bb, "b slept on until everyone was taken");
     assert_eq!(ring.take_sleepers(u64::MAX), 0);
 }
+
+/// A writer lapping its reader on another thread, as fast as it goes: every message the
+/// reader gets is whole (its length and every byte are what message `n` was published
+/// with), and every other one is counted lost. The copies in and out are `memcpy`s that
+/// race (`segment::copy_in`, `copy_out`): the sequence lock must throw every torn one away.
+#[test]
+fn a_reader_racing_its_writer_gets_whole_messages_or_counts_them_lost() {
+    const SLOTS: usize = 4;
+    const MAX: usize = 4096;
+    const N: u64 = 200_000;
+    let len_of = |n: u64| (n as usize * 613) % MAX + 1;
+    let mem = region(region_words(SLOTS, MAX));
+    let ring = Ring::init(&mem, SLOTS, MAX).unwrap();
+    let mut r = Reader::new(ring);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut w = Writer::new(ring);
+            let mut buf = vec![0u8; MAX];
+            for n in 0..N {
+                let len = len_of(n);
+                buf[..len].fill(n as u8);
+                // Two parts, split unevenly, so both ends of a part meet a word's middle.
+                let cut = len / 3;
+                w.publish_parts(&[&buf[..cut], &buf[cut..len]]).unwrap();
+            }
+        });
+        let (mut whole, mut lost, mut torn_caught) = (0u64, 0u64, 0u64);
+        let mut out = Vec::new();
+        while whole + lost < N {
+            match r.read(&mut out) {
+                Ok(Some(n)) => {
+                    assert_eq!(out.len(), len_of(n), "message {n}: length");
+                    assert!(out.iter().all(|b| *b == n as u8), "message {n}: torn bytes");
+                    whole += 1;
+                }
+                Ok(None) => std::hint::spin_loop(),
+                Err(ReadError::Lost(k)) => {
+                    lost += k;
+                    torn_caught += 1;
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        assert_eq!(whole + lost, N);
+        eprintln!("{whole} read whole, {lost} lost ({torn_caught} reports)");
+    });
+}
