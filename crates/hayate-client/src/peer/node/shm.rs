@@ -505,7 +505,7 @@ async fn accept_offer(
         bell,
         writer_bell,
         sock,
-        assembling: Assembly(BytesMut::new(), ASSEMBLY_BLOCK),
+        assembling: Assembly(BytesMut::new()),
         expect: 0,
         last_route: None,
         waits_checked: None,
@@ -535,15 +535,8 @@ async fn closed(sock: &tokio::net::UnixStream) {
 /// Bytes allocated at a time for the frames read from a ring.
 const ASSEMBLY_BLOCK: usize = 64 * 1024;
 
-/// The largest allocation made ahead for frames to come ([`Assembly`]'s second field).
-const MAX_ASSEMBLY_BLOCK: usize = 8 * 1024 * 1024;
-
-/// The frame being put together (a `BytesMut`, so that decoded payloads are slices of it),
-/// and the bytes to allocate when it needs room: `ASSEMBLY_BLOCK`, or the size of the last
-/// frame if larger (at most `MAX_ASSEMBLY_BLOCK`). A frame's length is known only once its
-/// first chunk is read; allocating for the size of the last one up front spares copying
-/// that chunk into a larger allocation for every large message.
-struct Assembly(BytesMut, usize);
+/// The frame being put together (a `BytesMut`, so that decoded payloads are slices of it).
+struct Assembly(BytesMut);
 
 impl hayate_shm::ReadBuf for Assembly {
     fn len(&self) -> usize {
@@ -552,7 +545,7 @@ impl hayate_shm::ReadBuf for Assembly {
     fn reserve(&mut self, additional: usize) {
         // Frames are cut from one allocation until it is used up (not one each).
         if self.0.capacity() - self.0.len() < additional {
-            self.0.reserve(additional.max(self.1));
+            self.0.reserve(additional.max(ASSEMBLY_BLOCK));
         }
     }
     fn extend_from_slice(&mut self, bytes: &[u8]) {
@@ -800,7 +793,6 @@ impl RingReader {
         if flag & MORE != 0 {
             return Ok(());
         }
-        self.assembling.1 = self.expect.clamp(ASSEMBLY_BLOCK, MAX_ASSEMBLY_BLOCK);
         let mut frame = self.assembling.0.split();
         let m = match hayate_native::decode(&mut frame, max_frame) {
             Ok(Some(Frame::Pub(m))) if frame.is_empty() => m,
