@@ -39,6 +39,19 @@ async fn node(peers: &[&Node]) -> Node {
     n
 }
 
+/// A node started with `o` and linked to `a`, both ways.
+async fn linked_to(a: &Node, o: NodeOptions) -> Node {
+    let b = Node::start(NodeOptions {
+        peers: vec![a.local_addr().to_string()],
+        ..o
+    })
+    .await
+    .unwrap();
+    within(b.wait_peers(1, WAIT)).await.unwrap();
+    within(a.wait_peers(1, WAIT)).await.unwrap();
+    b
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_exchange_messages_both_ways_without_a_broker() {
     let a = node(&[]).await;
@@ -203,15 +216,14 @@ async fn interest_made_before_the_link_reaches_the_late_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_subscriptions_lose_and_count_instead_of_holding_the_publisher() {
     let a = node(&[]).await;
-    let b = Node::start(NodeOptions {
-        peers: vec![a.local_addr().to_string()],
-        subscription_capacity: 2,
-        ..opts()
-    })
-    .await
-    .unwrap();
-    within(b.wait_peers(1, WAIT)).await.unwrap();
-    within(a.wait_peers(1, WAIT)).await.unwrap();
+    let b = linked_to(
+        &a,
+        NodeOptions {
+            subscription_capacity: 2,
+            ..opts()
+        },
+    )
+    .await;
     let mut sub = b
         .subscribe_with(
             "d/*",
@@ -251,16 +263,15 @@ async fn drop_subscriptions_lose_and_count_instead_of_holding_the_publisher() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_subscriber_that_never_reads_is_cut_after_max_block() {
     let a = node(&[]).await;
-    let b = Node::start(NodeOptions {
-        peers: vec![a.local_addr().to_string()],
-        subscription_capacity: 2,
-        max_block: Duration::from_millis(300),
-        ..opts()
-    })
-    .await
-    .unwrap();
-    within(b.wait_peers(1, WAIT)).await.unwrap();
-    within(a.wait_peers(1, WAIT)).await.unwrap();
+    let b = linked_to(
+        &a,
+        NodeOptions {
+            subscription_capacity: 2,
+            max_block: Duration::from_millis(300),
+            ..opts()
+        },
+    )
+    .await;
     let stuck = b.subscribe("s/*").await.unwrap();
     let mut fine = b.subscribe("ok").await.unwrap();
     // The publisher is held, then carries on once b has cut its slow subscriber.
@@ -285,15 +296,14 @@ async fn a_subscriber_that_never_reads_holds_at_most_subscription_bytes() {
     const MIB: usize = 1024 * 1024;
     const N: u64 = 48;
     let a = node(&[]).await;
-    let b = Node::start(NodeOptions {
-        peers: vec![a.local_addr().to_string()],
-        subscription_bytes: 4 * MIB,
-        ..opts()
-    })
-    .await
-    .unwrap();
-    within(b.wait_peers(1, WAIT)).await.unwrap();
-    within(a.wait_peers(1, WAIT)).await.unwrap();
+    let b = linked_to(
+        &a,
+        NodeOptions {
+            subscription_bytes: 4 * MIB,
+            ..opts()
+        },
+    )
+    .await;
     let drop_qos = SubscribeOptions {
         group: None,
         qos: Qos::BEST_EFFORT_DROP,
@@ -350,16 +360,15 @@ async fn a_subscriber_that_never_reads_holds_at_most_subscription_bytes() {
 async fn a_block_subscriber_of_large_messages_holds_its_publisher_within_subscription_bytes() {
     const MIB: usize = 1024 * 1024;
     let a = node(&[]).await;
-    let b = Node::start(NodeOptions {
-        peers: vec![a.local_addr().to_string()],
-        subscription_bytes: 4 * MIB,
-        max_block: Duration::from_millis(500),
-        ..opts()
-    })
-    .await
-    .unwrap();
-    within(b.wait_peers(1, WAIT)).await.unwrap();
-    within(a.wait_peers(1, WAIT)).await.unwrap();
+    let b = linked_to(
+        &a,
+        NodeOptions {
+            subscription_bytes: 4 * MIB,
+            max_block: Duration::from_millis(500),
+            ..opts()
+        },
+    )
+    .await;
     let stuck = b.subscribe("big/*").await.unwrap();
     let mut fine = b.subscribe("ok").await.unwrap();
     let publisher = {
