@@ -781,8 +781,10 @@ impl RingReader {
                 return Ok(());
             }
             self.expect = 4 + len;
-            // Frames are cut from one allocation until it is used up (not one each).
-            let need = self.expect.saturating_sub(a.len());
+            // Frames are cut from one allocation until it is used up (not one each). The
+            // last chunk's trailer is read into the buffer too before it is cut off: without
+            // room for it, that chunk would move the whole frame into a larger allocation.
+            let need = self.expect.saturating_sub(a.len()) + TRAILER;
             if self.assembling.0.capacity() - self.assembling.0.len() < need {
                 self.assembling.0.reserve(need.max(ASSEMBLY_BLOCK));
             }
