@@ -87,9 +87,11 @@ pub struct ShmOptions {
     /// Slots of this node's ring: messages a reliable reader may be behind before the
     /// publisher waits (default 1024).
     pub slots: usize,
-    /// Bytes of a slot (default 64 KiB); a larger message takes several consecutive slots.
-    /// The ring's size is about `slots` x `slot_bytes` (64 MiB by default, of which only
-    /// the pages written are backed by memory).
+    /// Bytes of a slot (default 16 KiB); a larger message takes several consecutive slots.
+    /// The ring's size is about `slots` x `slot_bytes` (16 MiB by default, of which only
+    /// the pages written are backed by memory). A ring that fits the processor's last-level
+    /// cache moves large messages about twice as fast as one that does not (docs/shm.md,
+    /// *Defaults and limits*).
     pub slot_bytes: usize,
     /// How long a reader that finds its ring empty keeps looking (yielding to other tasks)
     /// before it sleeps until the writer's wake-up: lower latency for a core kept busy
@@ -102,7 +104,7 @@ impl Default for ShmOptions {
         ShmOptions {
             mode: ShmMode::Auto,
             slots: 1024,
-            slot_bytes: 64 * 1024,
+            slot_bytes: 16 * 1024,
             spin: Duration::ZERO,
         }
     }
