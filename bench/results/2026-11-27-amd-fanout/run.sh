@@ -4,7 +4,7 @@
 # rounds of 1 KiB, 64 KiB --touch and 1 MiB --touch. BIN: the build measured.
 set -euo pipefail
 cd /work/main
-OUT=bench/results/2026-11-27-amd-fanout
+OUT=${OUT:-bench/results/2026-11-27-amd-fanout}
 BIN=${BIN:-target/release/hayate}
 tmp=$(mktemp -d)
 . bench/lib-broker.sh

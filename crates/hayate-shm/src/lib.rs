@@ -427,7 +427,10 @@ pub(crate) fn store_bytes<'a>(words: &[AtomicU64], parts: impl IntoIterator<Item
             segment::copy_in(words, off, p);
             off += p.len();
         }
-        segment::copy_in(words, off, &[0u8; 8][..off.next_multiple_of(8) - off]);
+        let pad = off.next_multiple_of(8) - off;
+        if pad > 0 {
+            segment::copy_in(words, off, &[0u8; 8][..pad]);
+        }
     }
     #[cfg(any(loom, target_endian = "big"))]
     store_words(words, parts);
@@ -454,8 +457,8 @@ pub(crate) fn load_bytes<B: ReadBuf + ?Sized>(words: &[AtomicU64], len: usize, o
     load_words(words, len, out);
 }
 
-/// [`store_bytes`] 8 bytes per
-/// relaxed atomic store (under loom, and on a big-endian host), little-endian, the last word padded with zeros.
+/// [`store_bytes`] by relaxed atomic word stores, 8 bytes each (under loom, and on a
+/// big-endian host).
 #[cfg_attr(all(not(loom), target_endian = "little", not(test)), allow(dead_code))]
 fn store_words<'a>(words: &[AtomicU64], parts: impl IntoIterator<Item = &'a [u8]>) {
     // Whole words straight from each part; the bytes where two parts meet gather in `acc`
@@ -491,9 +494,7 @@ fn store_words<'a>(words: &[AtomicU64], parts: impl IntoIterator<Item = &'a [u8]
     }
 }
 
-/// [`load_bytes`] by
-/// relaxed atomic loads (under loom, and on a big-endian host): what a writer stores meanwhile can tear the copy, which the caller
-/// finds out by its own protocol (a sequence word read again after an acquire fence).
+/// [`load_bytes`] by relaxed atomic word loads (under loom, and on a big-endian host).
 #[cfg_attr(all(not(loom), target_endian = "little", not(test)), allow(dead_code))]
 fn load_words<B: ReadBuf + ?Sized>(words: &[AtomicU64], len: usize, out: &mut B) {
     let base = out.len();

@@ -231,9 +231,8 @@ impl Segment {
     }
 }
 
-/// Copies `dst.len()` bytes of `words`, from byte `offset` on, into `dst`: one `memcpy`,
-/// where the ring's own loads go 8 bytes at a time ([`crate::load_bytes`] on a
-/// little-endian host, for whole payloads).
+/// Copies `dst.len()` bytes of `words`, from byte `offset` on, into `dst`: one `memcpy`
+/// (what [`crate::load_bytes`] uses on a little-endian host, instead of 8-byte word loads).
 ///
 /// Panics unless the range is within `words`.
 pub(crate) fn copy_out(words: &[AtomicU64], offset: usize, dst: &mut [u8]) {
@@ -260,8 +259,8 @@ pub(crate) fn copy_out(words: &[AtomicU64], offset: usize, dst: &mut [u8]) {
     }
 }
 
-/// Copies `src` into `words` from byte `offset` on: one `memcpy`, where the ring's own
-/// stores go 8 bytes at a time ([`crate::store_bytes`] on a little-endian host).
+/// Copies `src` into `words` from byte `offset` on: one `memcpy` (what
+/// [`crate::store_bytes`] uses on a little-endian host, instead of 8-byte word stores).
 ///
 /// Panics unless the range is within `words`.
 pub(crate) fn copy_in(words: &[AtomicU64], offset: usize, src: &[u8]) {
