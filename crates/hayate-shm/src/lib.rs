@@ -439,22 +439,46 @@ pub(crate) fn store_bytes<'a>(words: &[AtomicU64], parts: impl IntoIterator<Item
 /// Appends the first `len` bytes held by `words` (which must hold them) to `out`: what a
 /// writer stores meanwhile can tear the copy, which the caller finds out by its own
 /// protocol (a sequence word read again after an acquire fence). On a little-endian host
-/// by `memcpy` (`segment::copy_out`) through a buffer on the stack.
+/// by `memcpy` (`segment::copy_out`), through [`ReadBuf::append_region`]: straight into
+/// the spare room of a `BytesMut`, through a buffer on the stack for other buffers.
 pub(crate) fn load_bytes<B: ReadBuf + ?Sized>(words: &[AtomicU64], len: usize, out: &mut B) {
     #[cfg(all(not(loom), target_endian = "little"))]
     {
         out.reserve(len);
-        let mut stage = [0u8; 4096];
-        let mut off = 0;
-        while off < len {
-            let n = (len - off).min(stage.len());
-            segment::copy_out(words, off, &mut stage[..n]);
-            out.extend_from_slice(&stage[..n]);
-            off += n;
-        }
+        out.append_region(Region { words, len });
     }
     #[cfg(any(loom, target_endian = "big"))]
     load_words(words, len, out);
+}
+
+/// The first `len` bytes of a region of shared memory, which another process may be writing
+/// meanwhile: what [`ReadBuf::append_region`] copies. A copy can be torn; the reader that
+/// made it finds out by its own protocol and throws it away.
+#[derive(Debug, Clone, Copy)]
+pub struct Region<'a> {
+    words: &'a [AtomicU64],
+    len: usize,
+}
+
+impl Region<'_> {
+    /// Bytes in the region.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies `dst.len()` bytes of the region, from byte `offset` on, into `dst`.
+    ///
+    /// Panics unless the range is within the region.
+    pub fn copy_to(&self, offset: usize, dst: &mut [u8]) {
+        let end = offset.checked_add(dst.len()).expect("range overflows");
+        assert!(end <= self.len, "range past the region");
+        segment::copy_out(self.words, offset, dst);
+    }
 }
 
 /// [`store_bytes`] by relaxed atomic word stores, 8 bytes each (under loom, and on a
@@ -531,6 +555,37 @@ pub trait ReadBuf {
     fn extend_from_slice(&mut self, bytes: &[u8]);
     /// Shrinks to `len` bytes (no-op if shorter).
     fn truncate(&mut self, len: usize);
+    /// Appends the bytes of `region` (room for them was reserved just before). By default
+    /// through a buffer on the stack, 4 KiB at a time; a `BytesMut` (or a newtype that
+    /// hands this on to one) copies straight into its spare room.
+    fn append_region(&mut self, region: Region<'_>) {
+        let mut stage = [0u8; 4096];
+        let mut off = 0;
+        while off < region.len() {
+            let n = (region.len() - off).min(stage.len());
+            region.copy_to(off, &mut stage[..n]);
+            self.extend_from_slice(&stage[..n]);
+            off += n;
+        }
+    }
+}
+
+impl ReadBuf for bytes::BytesMut {
+    fn len(&self) -> usize {
+        bytes::BytesMut::len(self)
+    }
+    fn reserve(&mut self, additional: usize) {
+        bytes::BytesMut::reserve(self, additional);
+    }
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        bytes::BytesMut::extend_from_slice(self, bytes);
+    }
+    fn truncate(&mut self, len: usize) {
+        bytes::BytesMut::truncate(self, len);
+    }
+    fn append_region(&mut self, region: Region<'_>) {
+        segment::append_out(region.words, region.len, self);
+    }
 }
 
 impl ReadBuf for Vec<u8> {
@@ -1197,8 +1252,8 @@ mod copy_tests {
 
     proptest::proptest! {
         /// The `memcpy` copies leave the region exactly as the word stores do (padding
-        /// included) and read back what the word loads read, for any split into parts and
-        /// any length.
+        /// included) and read back what the word loads read, through the stack (`Vec`) or
+        /// straight into a `BytesMut`, for any split into parts and any length.
         #[test]
         fn memcpy_and_word_copies_agree(
             parts in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40), 0..6),
@@ -1217,6 +1272,10 @@ mod copy_tests {
             load_bytes(&a, len, &mut x);
             load_words(&a, len, &mut y);
             proptest::prop_assert_eq!(&x, &y);
+            // Straight into a `BytesMut`'s spare room (`append_out`), after what it held.
+            let mut z = bytes::BytesMut::from(&prefix[..]);
+            load_bytes(&a, len, &mut z);
+            proptest::prop_assert_eq!(&z[..], &x[..]);
             proptest::prop_assert_eq!(&x[prefix.len()..], &parts.concat()[..]);
         }
     }

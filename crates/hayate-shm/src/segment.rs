@@ -11,7 +11,8 @@
 //! the file must not be truncated while mapped, which the seals guarantee), viewing the
 //! mapping as `&[AtomicU64]` (see [`Segment::words`] for why that is sound), a read-only
 //! mapping's bytes in place ([`Segment::bytes_in_place`]), and copying payloads in and out
-//! of a region with `memcpy` ([`copy_in`], [`copy_out`]).
+//! of a region with `memcpy` ([`copy_in`], [`copy_out`], and [`append_out`] straight into a
+//! `BytesMut`'s spare room).
 
 use std::fs::File;
 use std::io;
@@ -256,6 +257,32 @@ pub(crate) fn copy_out(words: &[AtomicU64], offset: usize, dst: &mut [u8]) {
             dst.as_mut_ptr(),
             dst.len(),
         );
+    }
+}
+
+/// Appends the first `len` bytes of `words` to `out`, copied straight into its spare room
+/// (one `memcpy`, no buffer between): what [`crate::ReadBuf::append_region`] does for a
+/// `BytesMut`.
+///
+/// Panics unless `words` holds `len` bytes.
+pub(crate) fn append_out(words: &[AtomicU64], len: usize, out: &mut bytes::BytesMut) {
+    assert!(len <= words.len() * 8, "range past the region");
+    out.reserve(len);
+    let spare = &mut out.spare_capacity_mut()[..len];
+    #[allow(unsafe_code)]
+    // SAFETY: as for `copy_out`: the source range is within `words` (asserted), bytes that
+    // may change behind the shared reference (`AtomicU64`'s `UnsafeCell`) and whose tearing
+    // the caller's sequence check catches; the destination is `len` bytes of `out`'s spare
+    // capacity (`reserve` made it, the slice index checks it), this process's own memory,
+    // so the ranges do not overlap. After the copy those `len` bytes are initialised (any
+    // byte is a valid `u8`), which is what `set_len` requires of the new length.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            words.as_ptr().cast::<u8>(),
+            spare.as_mut_ptr().cast::<u8>(),
+            len,
+        );
+        out.set_len(out.len() + len);
     }
 }
 

@@ -234,6 +234,9 @@ impl ReadBuf for BytesReadBuf<'_> {
     fn truncate(&mut self, len: usize) {
         self.0.truncate(len);
     }
+    fn append_region(&mut self, region: hayate_shm::Region<'_>) {
+        self.0.append_region(region);
+    }
 }
 
 /// What a client that took the broker's fan-out arena reads MSG_REFs with: the arena,
@@ -447,6 +450,12 @@ impl ReadBuf for Direct<'_, '_> {
         if len < self.0.filled().len() {
             self.0.set_filled(len);
         }
+    }
+    fn append_region(&mut self, region: hayate_shm::Region<'_>) {
+        // Straight into the caller's buffer: zeroed only where it never was initialised.
+        let n = region.len();
+        region.copy_to(0, &mut self.0.initialize_unfilled_to(n)[..n]);
+        self.0.advance(n);
     }
 }
 

@@ -556,6 +556,10 @@ impl hayate_shm::ReadBuf for Assembly {
     fn truncate(&mut self, len: usize) {
         self.0.truncate(len);
     }
+    fn append_region(&mut self, region: hayate_shm::Region<'_>) {
+        // Straight into the allocation `reserve` made room in.
+        self.0.append_region(region);
+    }
 }
 
 impl Assembly {
