@@ -254,11 +254,11 @@ async fn a_corrupt_ring_is_an_error_for_that_ring_only() {
         announce::send_fds(
             &sock,
             &[ring.segment().fd(), bell.ringer()],
-            format!("HAYATE-SHM/2 OFFER {x_id:016x} {b_id:016x}").as_bytes(),
+            format!("HAYATE-SHM/3 OFFER {x_id:016x} {b_id:016x}").as_bytes(),
         )
         .unwrap();
         let (mut fds, answer) = announce::receive_fds(&sock, 1).unwrap();
-        assert!(answer.starts_with(b"HAYATE-SHM/2 OK "));
+        assert!(answer.starts_with(b"HAYATE-SHM/3 OK "));
         let b_bell = Doorbell::from_fd(fds.pop().unwrap()).unwrap();
         let mut w = SharedWriter::new(ring.clone());
         w.publish(b"\x00garbage that is no frame\xff\xff\xff\xff\xff\xff\xff\xff\x80")
@@ -352,6 +352,8 @@ async fn a_publish_cancelled_half_written_loses_that_message_only() {
             mode: ShmMode::Require,
             slots: 4,
             slot_bytes: 1024,
+            // No arena: the message cut is one in chunks.
+            arena_bytes: 0,
             ..ShmOptions::default()
         },
         ..NodeOptions::default()
@@ -392,8 +394,21 @@ async fn a_publish_cancelled_half_written_loses_that_message_only() {
 
 /// Two nodes on shared memory, `b` linked to `a`, each seeing the other.
 async fn linked_pair() -> (Node, Node) {
-    let a = Node::start(opts(&[])).await.unwrap();
-    let b = Node::start(opts(&[&a])).await.unwrap();
+    linked_pair_with(ShmOptions::default().arena_bytes).await
+}
+
+/// Two linked nodes whose arenas have `arena_bytes` (0: none, every message through the
+/// ring).
+async fn linked_pair_with(arena_bytes: usize) -> (Node, Node) {
+    let with = |o: NodeOptions| NodeOptions {
+        shm: ShmOptions {
+            arena_bytes,
+            ..o.shm
+        },
+        ..o
+    };
+    let a = Node::start(with(opts(&[]))).await.unwrap();
+    let b = Node::start(with(opts(&[&a]))).await.unwrap();
     within(b.wait_peers(1, WAIT)).await.unwrap();
     within(a.wait_peers(1, WAIT)).await.unwrap();
     (a, b)
@@ -427,7 +442,7 @@ async fn taken_while_published_back_to_back(
     assert_eq!(b.stats().shm_corrupt.load(Ordering::Relaxed), 0);
 }
 
-/// A publisher that keeps the ring full (1 MiB messages back to back, 17 slots each) and a
+/// A publisher that keeps the ring full (1 MiB messages back to back, 65 slots each) and a
 /// subscriber task on another node in the same process, on a runtime of two workers: the
 /// subscriber keeps receiving. (Before: the ring's reader never waited while the ring had
 /// more, reading bursts of up to 16 MiB, and the subscriber it woke sat in its worker's
@@ -437,7 +452,8 @@ async fn taken_while_published_back_to_back(
 /// test is the one that needs it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ring_kept_full_still_lets_its_subscribers_run() {
-    let (a, b) = linked_pair().await;
+    // No arena: every message through the ring, in chunks.
+    let (a, b) = linked_pair_with(0).await;
     let sub = b.subscribe("full/x").await.unwrap();
     // Several rings' worth (a ring holds 60 of them).
     taken_while_published_back_to_back((&a, &b), sub, "full/x", vec![0x5a; 1 << 20], 300).await;
@@ -462,4 +478,201 @@ async fn a_reader_slower_than_its_writer_still_lets_its_subscribers_run() {
     let sub = b.subscribe_with("slow/x", dropping()).await.unwrap();
     taken_while_published_back_to_back((&a, &b), sub, "slow/x", vec![7; 100], 2000).await;
     drop(others);
+}
+
+/// A payload of `len` bytes that says which message it is.
+fn numbered(i: u32, len: usize) -> Vec<u8> {
+    let mut v: Vec<u8> = (0..len).map(|j| (j % 253) as u8 ^ i as u8).collect();
+    v[..4].copy_from_slice(&i.to_be_bytes());
+    v
+}
+
+/// Messages larger than a slot go into the writer's arena once and every local node reads
+/// them in place: each node gets every one whole and in order, the ring carries only
+/// references, and the subscriber's payload is not a copy (its bytes are in the shared
+/// mapping, not on this process's heap).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_messages_are_read_in_place_by_every_local_node() {
+    let a = Node::start(opts(&[])).await.unwrap();
+    let (b, c) = (
+        Node::start(opts(&[&a])).await.unwrap(),
+        Node::start(opts(&[&a])).await.unwrap(),
+    );
+    within(a.wait_peers(2, WAIT)).await.unwrap();
+    let mut subs = vec![
+        b.subscribe("big/*").await.unwrap(),
+        c.subscribe("big/*").await.unwrap(),
+    ];
+    within(b.flush()).await.unwrap();
+    within(c.flush()).await.unwrap();
+    within(a.flush()).await.unwrap();
+    let count = 40u32;
+    for i in 0..count {
+        within(a.publish(&key("big/x"), numbered(i, 100_000)))
+            .await
+            .unwrap();
+        for s in &mut subs {
+            let m = within(s.next()).await.unwrap();
+            assert_eq!(m.payload[..], numbered(i, 100_000)[..], "message {i}");
+        }
+    }
+    assert_eq!(
+        a.stats().shm_refs_sent.load(Ordering::Relaxed),
+        u64::from(count)
+    );
+    for n in [&b, &c] {
+        assert_eq!(
+            n.stats().shm_refs_read.load(Ordering::Relaxed),
+            u64::from(count)
+        );
+        assert_eq!(n.stats().shm_corrupt.load(Ordering::Relaxed), 0);
+    }
+    // Small messages still go through the ring, copied.
+    a.publish(&key("big/small"), "small").await.unwrap();
+    for s in &mut subs {
+        assert_eq!(take(s, 1).await, vec![b"small".to_vec()]);
+    }
+    assert_eq!(
+        a.stats().shm_refs_sent.load(Ordering::Relaxed),
+        u64::from(count)
+    );
+}
+
+/// `a` publishes the numbered messages `range` one at a time, each taken by every `subs`.
+async fn publish_and_take(
+    a: &Node,
+    range: std::ops::Range<u32>,
+    len: usize,
+    subs: &mut [&mut Subscription],
+) {
+    for i in range {
+        within(a.publish(&key("keep/x"), numbered(i, len)))
+            .await
+            .unwrap();
+        for s in subs.iter_mut() {
+            let m = within(s.next()).await.unwrap();
+            assert_eq!(m.payload[..], numbered(i, len)[..], "message {i}");
+        }
+    }
+}
+
+/// A message a subscriber keeps is never written over while it keeps it, however much is
+/// published after it (here twice the arena): later messages go round it (or, past the
+/// node's quota of the arena, through the ring), all arrive whole, and the kept one is
+/// still its bytes, also once its node has closed (its process lives on, holding it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_kept_in_place_is_never_written_over() {
+    let a = Node::start(opts(&[])).await.unwrap();
+    let b = Node::start(opts(&[&a])).await.unwrap();
+    let c = Node::start(opts(&[&a])).await.unwrap();
+    within(a.wait_peers(2, WAIT)).await.unwrap();
+    let mut sb = b.subscribe("keep/*").await.unwrap();
+    let mut sc = c.subscribe("keep/*").await.unwrap();
+    within(b.flush()).await.unwrap();
+    within(c.flush()).await.unwrap();
+    within(a.flush()).await.unwrap();
+    let len = 256 * 1024;
+    a.publish(&key("keep/x"), numbered(0, len)).await.unwrap();
+    let kept = within(sb.next()).await.unwrap();
+    let kept_c = within(sc.next()).await.unwrap();
+    assert_eq!(a.stats().shm_refs_sent.load(Ordering::Relaxed), 1);
+    let arena = ShmOptions::default().arena_bytes;
+    let n = (2 * arena / len) as u32;
+    publish_and_take(&a, 1..1 + n, len, &mut [&mut sb, &mut sc]).await;
+    assert_eq!(kept.payload[..], numbered(0, len)[..]);
+    assert_eq!(kept_c.payload[..], numbered(0, len)[..]);
+    // Holes, not a wall: the arena kept serving around the kept entry.
+    let refs = a.stats().shm_refs_sent.load(Ordering::Relaxed);
+    assert!(refs > u64::from(n) / 2, "{refs} of {n} by reference");
+    // b closes, still holding its message; c drops its own.
+    drop(kept_c);
+    b.close().await;
+    publish_and_take(&a, 1 + n..1 + 2 * n, len, &mut [&mut sc]).await;
+    assert_eq!(
+        kept.payload[..],
+        numbered(0, len)[..],
+        "after its node closed"
+    );
+    assert_eq!(c.stats().shm_corrupt.load(Ordering::Relaxed), 0);
+}
+
+/// A hostile process offers a node an arena in the name of a node linked to it. One that
+/// other processes could still write (not sealed against writing) is refused with the
+/// whole offer. With a sealed one, a good reference (the format of docs/shm.md) delivers
+/// its message, and one outside the arena makes that ring corrupt: an error for that ring
+/// only, the node carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_arena_or_reference_is_refused() {
+    use hayate_shm::arena::ArenaWriter;
+    let b = Node::start(opts(&[])).await.unwrap();
+    let x = Node::start(opts(&[&b])).await.unwrap();
+    within(b.wait_peers(1, WAIT)).await.unwrap();
+    let mut sub = b.subscribe("h/*").await.unwrap();
+    let (b_id, x_id) = (b.id(), x.id());
+    let offer = move |sealed: bool| {
+        let name = format!("hayate-peer/{b_id:016x}");
+        let sock = UnixStream::connect_addr(&UnixAddr::from_abstract_name(name).unwrap()).unwrap();
+        let words = hayate_shm::region_words(8, 256);
+        let ring = SharedRing::init(Segment::create("evil", words * 8).unwrap(), 8, 256).unwrap();
+        let bell = Doorbell::new().unwrap();
+        let writable = Segment::create("evil-arena", 4096).unwrap();
+        let arena = ArenaWriter::create("evil-arena", 4096).unwrap();
+        let arena_fd = if sealed { arena.fd() } else { writable.fd() };
+        announce::send_fds(
+            &sock,
+            &[ring.segment().fd(), bell.ringer(), arena_fd],
+            format!("HAYATE-SHM/3 OFFER {x_id:016x} {b_id:016x} arena").as_bytes(),
+        )
+        .unwrap();
+        let answer = announce::receive_any(&sock);
+        (sock, ring, arena, answer)
+    };
+    // Writable by others: refused, no answer.
+    let (_s, _r, _a, answer) = within(tokio::task::spawn_blocking(move || offer(false)))
+        .await
+        .unwrap();
+    assert!(answer.is_err(), "{answer:?}");
+    // Sealed: accepted, with a release table.
+    let (sock, ring, arena, answer) = within(tokio::task::spawn_blocking(move || offer(true)))
+        .await
+        .unwrap();
+    let (mut fds, answer) = answer.unwrap();
+    assert_eq!(answer, b"HAYATE-SHM/3 OK 0 hold".to_vec());
+    assert_eq!(fds.len(), 2);
+    let _table = fds.pop().unwrap();
+    let b_bell = Doorbell::from_fd(fds.pop().unwrap()).unwrap();
+    let reference = |at: u64, len: u64, tag: u64, n: u64| {
+        let mut m = Vec::new();
+        for v in [at, len, tag, n] {
+            m.extend_from_slice(&v.to_le_bytes());
+        }
+        m.extend_from_slice(&u64::MAX.to_le_bytes()); // for every reader
+        m.push(2 | 4); // FIRST | REF
+        m
+    };
+    // A good one: a PUB frame on h/1 at word 0.
+    let mut frame = bytes::BytesMut::new();
+    hayate_native::encode_pub_head(
+        &hayate_client::Message::new(key("h/1"), bytes::Bytes::from_static(b"in place")),
+        &mut frame,
+    );
+    frame.extend_from_slice(b"in place");
+    arena.put(0, 77, [&frame[..]]);
+    let mut w = SharedWriter::new(ring.clone());
+    w.publish(&reference(0, frame.len() as u64, 77, 0)).unwrap();
+    b_bell.ring();
+    assert_eq!(take(&mut sub, 1).await, vec![b"in place".to_vec()]);
+    assert_eq!(b.stats().shm_refs_read.load(Ordering::Relaxed), 1);
+    // Outside the arena: corrupt, the node carries on.
+    w.publish(&reference(1 << 40, 64, 77, 1)).unwrap();
+    b_bell.ring();
+    within(async {
+        while b.stats().shm_corrupt.load(Ordering::Relaxed) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    x.publish(&key("h/2"), "after").await.unwrap();
+    assert_eq!(take(&mut sub, 1).await, vec![b"after".to_vec()]);
+    drop(sock);
 }

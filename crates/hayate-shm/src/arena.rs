@@ -241,6 +241,38 @@ impl ReleaseTable {
     pub fn released(&self, n: u64) -> bool {
         self.segment.words()[n as usize % RELEASE_SLOTS].load(Ordering::Acquire) == n + 1
     }
+
+    /// Reference `n` is taken, and about to be read in place (a relaxed store: a reader
+    /// publishes it with a later release store of its own, or orders it with a fence;
+    /// [`ReleaseTable::release`] replaces it when done). For a writer that must tell a
+    /// reference its reader took and holds from one it never took (lost, or not to be
+    /// taken any more): [`ReleaseTable::state`].
+    pub fn take(&self, n: u64) {
+        self.segment.words()[n as usize % RELEASE_SLOTS].store((n + 1) | TAKEN, Ordering::Relaxed);
+    }
+
+    /// What the table says of reference `n` (acquire).
+    pub fn state(&self, n: u64) -> RefState {
+        match self.segment.words()[n as usize % RELEASE_SLOTS].load(Ordering::Acquire) {
+            v if v == n + 1 => RefState::Released,
+            v if v == (n + 1) | TAKEN => RefState::Taken,
+            _ => RefState::Unknown,
+        }
+    }
+}
+
+/// The bit [`ReleaseTable::take`] adds to a reference's number plus one.
+const TAKEN: u64 = 1 << 63;
+
+/// What a [`ReleaseTable`] says of one reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefState {
+    /// Done with ([`ReleaseTable::release`]).
+    Released,
+    /// Taken and not yet done with ([`ReleaseTable::take`]).
+    Taken,
+    /// Nothing about it (not taken yet, never to be, or garbage).
+    Unknown,
 }
 
 /// An entry's bytes in place in the arena ([`ArenaView::get_in_place`]): the mapping is

@@ -785,6 +785,24 @@ impl<'a> Reader<'a> {
         true
     }
 
+    /// Whether this reader is still registered (not evicted), looked at after a
+    /// sequentially consistent fence. A store this reader made before the call (a mark in
+    /// a release table, say) and a writer's [`Ring::evict`] followed by a fence and a load
+    /// of that store's place cannot miss each other: either this sees the eviction, or
+    /// the writer sees the store. `false` when evicted (it then reads on unregistered).
+    pub fn registered(&mut self) -> bool {
+        let Some((i, tag)) = self.cursor else {
+            return false;
+        };
+        fence(Ordering::SeqCst);
+        let word = self.ring.words[CURSORS + i].load(Ordering::Relaxed);
+        if word != cursor_word(tag, self.committed) {
+            self.cursor = None;
+            return false;
+        }
+        true
+    }
+
     /// Replaces this reader's cursor word `old` (entry `i`) with `new`, by compare-exchange:
     /// if the writer evicted this reader (and the entry went to another), it fails, and the
     /// reader reads on unregistered.
@@ -1194,6 +1212,11 @@ mod owned {
             take: impl FnOnce(&[u8]) -> bool,
         ) -> Result<Option<(u64, bool)>, ReadError> {
             self.with(|r| r.read_append_if(out, take))
+        }
+
+        /// [`Reader::registered`].
+        pub fn registered(&mut self) -> bool {
+            self.with(|r| r.registered())
         }
 
         /// [`Reader::waited_for`].

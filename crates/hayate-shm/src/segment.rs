@@ -35,8 +35,11 @@ pub enum SegmentError {
     /// A system call failed.
     #[error("shared memory: {0}")]
     Io(#[from] io::Error),
-    /// The memfd can still be resized (or is not a memfd).
-    #[error("shared memory: the segment is not sealed against resizing")]
+    /// The memfd can still be resized, or (a segment to map read-only) written by other
+    /// processes; or it is not a memfd.
+    #[error(
+        "shared memory: the segment is not sealed (against resizing, or against writing by others)"
+    )]
     NotSealed,
     /// Not ordinary shared memory (a huge-page memfd, a file on disk, ...).
     #[error("shared memory: the segment is not an ordinary memfd")]
@@ -117,16 +120,22 @@ impl Segment {
     }
 
     /// [`Segment::open`], mapped read-only: for a segment its maker alone writes
-    /// ([`Segment::create_for_readers`]).
+    /// ([`Segment::create_for_readers`]), which must be sealed against writing by any other
+    /// mapping (`F_SEAL_FUTURE_WRITE`): no other process it was handed to can change it.
     pub(crate) fn open_read_only(fd: OwnedFd) -> Result<Segment, SegmentError> {
-        Segment::check(&fd)?;
+        Segment::check_seals(&fd, READ_ONLY_SEALS)?;
         Segment::map(fd, false)
     }
 
     /// The checks [`Segment::open`] makes: sealed against resizing, ordinary shared memory.
     fn check(fd: &OwnedFd) -> Result<(), SegmentError> {
+        Segment::check_seals(fd, SEALS)
+    }
+
+    /// [`Segment::check`] with the seals `want`.
+    fn check_seals(fd: &OwnedFd, want: SealFlags) -> Result<(), SegmentError> {
         let seals = rustix::fs::fcntl_get_seals(fd).map_err(|_| SegmentError::NotSealed)?;
-        if !seals.contains(SEALS) {
+        if !seals.contains(want) {
             return Err(SegmentError::NotSealed);
         }
         // Only ordinary shared memory (tmpfs, where memfds live): a huge-page memfd can be

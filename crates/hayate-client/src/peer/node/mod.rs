@@ -45,6 +45,7 @@ use tokio::sync::{oneshot, watch};
 use crate::sub::{Subscription, TrySendError, Unsubscribe};
 use crate::{Client, ConnectOptions, Error, Result, SubscribeOptions};
 
+mod inplace;
 pub(crate) mod interest;
 mod rendezvous;
 pub mod scout;
@@ -172,6 +173,12 @@ pub struct NodeStats {
     pub shm_corrupt: AtomicU64,
     /// Messages in other nodes' rings larger than this node's `max_payload` (skipped).
     pub shm_too_large: AtomicU64,
+    /// Messages this node put into its arena and sent through its ring as references (read
+    /// in place by the local nodes they were for): counted in `shm_sent` too.
+    pub shm_refs_sent: AtomicU64,
+    /// Messages this node read in place in other nodes' arenas (counted in `shm_received`
+    /// too).
+    pub shm_refs_read: AtomicU64,
 }
 
 /// Where a local delivery goes.
@@ -456,11 +463,12 @@ impl Node {
         if options.shm.mode != ShmMode::Off
             && (!(2..=1 << 20).contains(&options.shm.slots)
                 || !(64..=64 << 20).contains(&options.shm.slot_bytes)
-                || options.shm.slots.saturating_mul(options.shm.slot_bytes) > 1 << 34)
+                || options.shm.slots.saturating_mul(options.shm.slot_bytes) > 1 << 34
+                || options.shm.arena_bytes > 1 << 34)
         {
             return Err(Error::Protocol(
                 "shm: slots must be 2 to 2^20, slot_bytes 64 B to 64 MiB, the ring at most \
-                 16 GiB"
+                 16 GiB, arena_bytes at most 16 GiB"
                     .into(),
             ));
         }

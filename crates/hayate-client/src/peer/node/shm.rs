@@ -24,7 +24,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use hayate_core::Message;
 use hayate_native::Frame;
-use hayate_shm::announce;
+use hayate_shm::announce::{self, PeerProcess};
+use hayate_shm::arena::{ArenaView, EntryError, ReleaseTable};
 use hayate_shm::doorbell::Doorbell;
 use hayate_shm::segment::Segment;
 use hayate_shm::{MAX_READERS, ReadError, SharedReader, SharedRing, SharedWriter};
@@ -32,6 +33,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::inplace::{Arena, Holder, Ref};
 use super::{LocalTarget, NodeInner, lock, server};
 use crate::{Client, Error, Result};
 
@@ -40,14 +42,17 @@ use crate::{Client, Error, Result};
 pub const SHM_TO_HEADER: &str = "hayate-peer-shm-to";
 
 /// First word of both handshake messages.
-/// (Version 2: chunks end with the mask of the readers they are for; version 1 had the flag
-/// byte only.)
-const HANDSHAKE: &str = "HAYATE-SHM/2";
+/// (Version 3: a ring message may be a reference to an entry of the writer's arena, flag
+/// `REF`; version 2 had no arena, version 1 no mask of the readers a chunk is for.)
+const HANDSHAKE: &str = "HAYATE-SHM/3";
 
 /// A chunk's flag (its last byte): more chunks of the same frame follow.
 const MORE: u8 = 1;
 /// A chunk's flag: the frame's first chunk.
 const FIRST: u8 = 2;
+/// A ring message's flag: not a chunk but a reference to the whole frame, in the writer's
+/// arena (with `FIRST`, and never `MORE`).
+const REF: u8 = 4;
 
 /// Every chunk ends with a trailer: the mask of the cursor entries (reading nodes) its frame
 /// is for (u64, little-endian), then the flag byte. A reader passes over the chunks of frames
@@ -97,6 +102,11 @@ pub struct ShmOptions {
     /// before it sleeps until the writer's wake-up: lower latency for a core kept busy
     /// (default 0: sleeps at once).
     pub spin: Duration,
+    /// Bytes of this node's arena (default 16 MiB; 0: none): a message larger than a slot
+    /// is written there once and the local nodes it is for read it in place, its payload a
+    /// slice of the arena, instead of copying it out of the ring (docs/shm.md, *Messages
+    /// read in place*). Only the pages written are backed by memory.
+    pub arena_bytes: usize,
 }
 
 impl Default for ShmOptions {
@@ -106,6 +116,7 @@ impl Default for ShmOptions {
             slots: 1024,
             slot_bytes: 16 * 1024,
             spin: Duration::ZERO,
+            arena_bytes: 16 << 20,
         }
     }
 }
@@ -131,14 +142,20 @@ pub(super) struct ReaderEntry {
     bell: Arc<Doorbell>,
     /// This node's link to it.
     link: Client,
+    /// What it says of the references it read in place (it reads in place).
+    holder: Option<Arc<Holder>>,
 }
 
 /// This node's ring and the readers attached to it.
 #[derive(Debug)]
 pub(super) struct Outgoing {
-    /// The writer, and the encoding buffer; an async lock: a publication waits for room
-    /// while holding it (the chunks of one message are consecutive).
-    writer: tokio::sync::Mutex<(SharedWriter, BytesMut)>,
+    /// The writer, the encoding buffer and the arena; an async lock: a publication waits
+    /// for room while holding it (the chunks of one message are consecutive).
+    writer: tokio::sync::Mutex<(SharedWriter, BytesMut, Option<Arena>)>,
+    /// The arena's descriptor (a copy), to offer, and whether to offer it (fewer than 64
+    /// departed nodes hold entries: `Arena::may_offer`, as of the last publication).
+    arena_fd: Option<std::os::fd::OwnedFd>,
+    may_offer: std::sync::atomic::AtomicBool,
     /// This writer's doorbell (readers ring it when it waits for them).
     doorbell: AsyncFd<Doorbell>,
     /// Per cursor entry: the node reading with it.
@@ -160,9 +177,23 @@ impl Outgoing {
             .map_err(|e| Error::Protocol(e.to_string()))?;
         let writer = SharedWriter::new(ring.clone());
         let chunk = writer.max_payload() - TRAILER;
+        // No arena is a warning, not a failed start (a kernel before 5.1 cannot seal one
+        // against writing by its readers): large messages then go through the ring.
+        let arena = (options.arena_bytes > 0)
+            .then(|| Arena::new(id, options.arena_bytes))
+            .and_then(|a| {
+                a.inspect_err(|e| tracing::warn!("peer: no shared-memory arena: {e}"))
+                    .ok()
+            });
+        let arena_fd = match &arena {
+            Some(a) => Some(a.fd().try_clone_to_owned()?),
+            None => None,
+        };
         Ok(Outgoing {
             ring,
-            writer: tokio::sync::Mutex::new((writer, BytesMut::new())),
+            writer: tokio::sync::Mutex::new((writer, BytesMut::new(), arena)),
+            arena_fd,
+            may_offer: std::sync::atomic::AtomicBool::new(true),
             doorbell: async_bell(Doorbell::new()?)?,
             readers: Mutex::new(vec![None; MAX_READERS]),
             chunk,
@@ -186,6 +217,18 @@ impl Outgoing {
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+    }
+
+    /// The holders of the nodes of `to`, if every one of them reads in place.
+    fn holders(&self, to: u64) -> Option<Vec<Arc<Holder>>> {
+        let readers = lock(&self.readers);
+        let mut out = Vec::with_capacity(to.count_ones() as usize);
+        for (i, r) in readers.iter().enumerate() {
+            if to & (1 << i) != 0 {
+                out.push(r.as_ref()?.holder.clone()?);
+            }
+        }
+        Some(out)
     }
 
     fn wake(&self, mask: u64) {
@@ -216,7 +259,7 @@ impl NodeInner {
         to: u64,
     ) {
         let mut guard = out.writer.lock().await;
-        let (writer, head) = &mut *guard;
+        let (writer, head, arena) = &mut *guard;
         head.clear();
         if named.is_empty() {
             hayate_native::encode_pub_head(msg, head);
@@ -228,56 +271,89 @@ impl NodeInner {
             );
             hayate_native::encode_pub_head(&m, head);
         }
+        let payload = &msg.payload[..];
+        let total = head.len() + payload.len();
+        let mut since: Option<Instant> = None;
+        let mut trailer = [0u8; TRAILER];
+        trailer[..8].copy_from_slice(&to.to_le_bytes());
+        // A frame larger than a slot, for nodes that all read in place: written once into
+        // the arena, and only its reference into the ring (the arena's room and the nodes'
+        // quotas allowing; else copied through the ring below). The reference will be the
+        // ring message numbered `head` (the writer's lock is held until it is written).
+        if total > out.chunk
+            && let Some(arena) = arena
+            && let Some(holders) = out.holders(to)
+            && let Some(r) = {
+                let r = arena.put(&[head, payload], holders, out.ring.head() + 1, &out.ring);
+                out.may_offer.store(arena.may_offer(), Ordering::Relaxed);
+                r
+            }
+        {
+            trailer[8] = FIRST | REF;
+            let r = r.encode();
+            let parts: [&[u8]; 3] = [&r, &[], &trailer];
+            self.shm_put(out, writer, &parts, &mut since).await;
+            self.stats.shm_refs_sent.fetch_add(1, Ordering::Relaxed);
+            out.wake(writer.sleepers_among(to));
+            return;
+        }
         // The frame is the head then the payload, copied once, straight into the slots: a
         // chunk is the frame's bytes from `at` to `end` (from the head, the payload or both)
         // and the trailer: `to`, the readers it is for, and the flag byte.
-        let payload = &msg.payload[..];
-        let total = head.len() + payload.len();
         let mut at = 0;
-        let mut since: Option<Instant> = None;
         while at < total {
             let end = (at + out.chunk).min(total);
-            let mut trailer = [0u8; TRAILER];
-            trailer[..8].copy_from_slice(&to.to_le_bytes());
             trailer[8] = if end < total { MORE } else { 0 } | if at == 0 { FIRST } else { 0 };
             let h = &head[at.min(head.len())..end.min(head.len())];
             let p = &payload[at.max(head.len()) - head.len()..end.max(head.len()) - head.len()];
             let parts: [&[u8]; 3] = [h, p, &trailer];
-            loop {
-                match writer.try_publish_parts(&parts) {
-                    Ok(Some(_)) => break,
-                    Ok(None) => {}
-                    Err(_) => unreachable!("a chunk fits its slot"),
-                }
-                // A reliable reader is a ring behind: wake whoever sleeps, then wait for it.
-                out.wake(writer.sleepers());
-                writer.prepare_wait();
-                if writer.try_publish_parts(&parts).ok().flatten().is_some() {
-                    break;
-                }
-                let deadline = *since.get_or_insert_with(Instant::now) + self.options.max_block;
-                match tokio::time::timeout_at(deadline, out.doorbell.readable()).await {
-                    Ok(Ok(mut g)) => {
-                        if !g.get_inner().drain() {
-                            g.clear_ready();
-                        }
-                    }
-                    Ok(Err(_)) => tokio::time::sleep(Duration::from_millis(1)).await,
-                    Err(_) => {
-                        if let Some(i) = writer.blocking_reader() {
-                            out.ring.evict(i);
-                            let reader = lock(&out.readers)[i].take();
-                            self.shm_slow_reader(reader);
-                        }
-                        since = None;
-                    }
-                }
-            }
+            self.shm_put(out, writer, &parts, &mut since).await;
             at = end;
         }
         // Only the nodes this message is for are woken: the others sleep on (they read it
         // and the rest when something is for them, or when the writer needs room).
         out.wake(writer.sleepers_among(to));
+    }
+
+    /// Writes one ring message: waits while a reliable reader is a ring behind, at most
+    /// `max_block` from the publication's first wait (`since`); then that reader is evicted.
+    async fn shm_put(
+        &self,
+        out: &Outgoing,
+        writer: &mut SharedWriter,
+        parts: &[&[u8]; 3],
+        since: &mut Option<Instant>,
+    ) {
+        loop {
+            match writer.try_publish_parts(parts) {
+                Ok(Some(_)) => return,
+                Ok(None) => {}
+                Err(_) => unreachable!("a chunk fits its slot"),
+            }
+            // A reliable reader is a ring behind: wake whoever sleeps, then wait for it.
+            out.wake(writer.sleepers());
+            writer.prepare_wait();
+            if writer.try_publish_parts(parts).ok().flatten().is_some() {
+                return;
+            }
+            let deadline = *since.get_or_insert_with(Instant::now) + self.options.max_block;
+            match tokio::time::timeout_at(deadline, out.doorbell.readable()).await {
+                Ok(Ok(mut g)) => {
+                    if !g.get_inner().drain() {
+                        g.clear_ready();
+                    }
+                }
+                Ok(Err(_)) => tokio::time::sleep(Duration::from_millis(1)).await,
+                Err(_) => {
+                    if let Some(i) = writer.blocking_reader() {
+                        out.ring.evict(i);
+                        let reader = lock(&out.readers)[i].take();
+                        self.shm_slow_reader(reader);
+                    }
+                    *since = None;
+                }
+            }
+        }
     }
 
     /// A reader of this node's ring held it past `max_block`: it is evicted, and its link
@@ -289,6 +365,9 @@ impl NodeInner {
         );
         self.stats.slow_consumers.fetch_add(1, Ordering::Relaxed);
         if let Some(r) = reader {
+            if let Some(h) = &r.holder {
+                h.depart();
+            }
             tokio::spawn(async move { r.link.close().await });
         }
     }
@@ -308,6 +387,10 @@ impl NodeInner {
         let timeout = self.options.handshake_timeout;
         let writer_bell = out.doorbell.get_ref().ringer().try_clone_to_owned()?;
         let segment_fd = out.ring.segment().fd().try_clone_to_owned()?;
+        let arena_fd = match &out.arena_fd {
+            Some(fd) if out.may_offer.load(Ordering::Relaxed) => Some(fd.try_clone()?),
+            _ => None,
+        };
         let done = tokio::task::spawn_blocking(move || -> std::io::Result<Option<_>> {
             let Ok(sock) = UnixStream::connect_addr(&unix_addr(rid)?) else {
                 return Ok(None); // not on this host, or shared memory off there
@@ -317,32 +400,61 @@ impl NodeInner {
             if !announce::same_user(&sock)? {
                 return Ok(None);
             }
-            let offer = format!("{HANDSHAKE} OFFER {me:016x} {rid:016x}");
-            announce::send_fds(
-                &sock,
-                &[segment_fd.as_fd(), writer_bell.as_fd()],
-                offer.as_bytes(),
-            )?;
-            let Ok((mut fds, answer)) = announce::receive_fds(&sock, 1) else {
+            let mut fds = vec![segment_fd.as_fd(), writer_bell.as_fd()];
+            let mut offer = format!("{HANDSHAKE} OFFER {me:016x} {rid:016x}");
+            if let Some(fd) = &arena_fd {
+                fds.push(fd.as_fd());
+                offer.push_str(" arena");
+            }
+            announce::send_fds(&sock, &fds, offer.as_bytes())?;
+            let Ok((mut fds, answer)) = announce::receive_any(&sock) else {
                 return Ok(None); // refused: the socket closed
             };
             let answer = String::from_utf8_lossy(&answer).into_owned();
-            let entry = answer
-                .strip_prefix(HANDSHAKE)
-                .and_then(|a| a.strip_prefix(" OK "))
-                .and_then(|e| e.parse::<usize>().ok())
-                .filter(|e| *e < MAX_READERS);
-            let (Some(entry), Some(fd)) = (entry, fds.pop()) else {
+            let mut words = answer.split(' ');
+            let (Some(HANDSHAKE), Some("OK"), Some(entry), hold, None) = (
+                words.next(),
+                words.next(),
+                words.next(),
+                words.next(),
+                words.next(),
+            ) else {
+                return Ok(None);
+            };
+            let Some(entry) = entry.parse::<usize>().ok().filter(|e| *e < MAX_READERS) else {
+                return Ok(None);
+            };
+            // `hold`: it reads in place, and says what it holds in the table it sent; only
+            // when the arena was offered.
+            let holds = match hold {
+                None => false,
+                Some("hold") if arena_fd.is_some() => true,
+                Some(_) => return Ok(None),
+            };
+            if fds.len() != 1 + usize::from(holds) {
+                return Ok(None);
+            }
+            let holder = match holds {
+                true => {
+                    let table = fds.pop().map(ReleaseTable::open).transpose();
+                    let Ok(Some(table)) = table else {
+                        return Ok(None);
+                    };
+                    Some(Arc::new(Holder::new(entry, table, PeerProcess::of(&sock)?)))
+                }
+                false => None,
+            };
+            let Some(fd) = fds.pop() else {
                 return Ok(None);
             };
             let bell = Doorbell::from_fd(fd)?;
             sock.set_read_timeout(None)?;
             sock.set_nonblocking(true)?;
-            Ok(Some((sock, entry, bell)))
+            Ok(Some((sock, entry, bell, holder)))
         })
         .await
         .map_err(|e| Error::Protocol(format!("shm offer: {e}")))??;
-        let Some((sock, entry, bell)) = done else {
+        let Some((sock, entry, bell, holder)) = done else {
             return Ok(None);
         };
         let bell = Arc::new(bell);
@@ -350,6 +462,7 @@ impl NodeInner {
             peer: rid,
             bell: bell.clone(),
             link: link.clone(),
+            holder: holder.clone(),
         });
         // When the attachment or the link ends (or the node stops): stop waiting for that
         // reader, and end both.
@@ -377,6 +490,10 @@ impl NodeInner {
                 // it to look again.
                 out.ring.evict(entry);
                 out.doorbell.get_ref().ring();
+            }
+            // What it holds in place stays held until released or its process exits.
+            if let Some(h) = &holder {
+                h.depart();
             }
             drop(sock);
             let _ = tokio::time::timeout(Duration::from_secs(5), link.close()).await;
@@ -444,7 +561,7 @@ async fn accept_offer(
     let waits = !node.all_drop();
     let node2 = node.clone();
     // The blocking part of the handshake (SCM_RIGHTS on a std socket, with timeouts).
-    let (sock, from, reader, bell, writer_bell) =
+    let (sock, from, reader, bell, writer_bell, in_place) =
         tokio::task::spawn_blocking(move || -> std::result::Result<_, String> {
             sock.set_read_timeout(Some(timeout))
                 .map_err(|e| e.to_string())?;
@@ -453,10 +570,11 @@ async fn accept_offer(
             if !announce::same_user(&sock).map_err(|e| e.to_string())? {
                 return Err("an offer from another user".into());
             }
-            let (mut fds, offer) = announce::receive_fds(&sock, 2).map_err(|e| e.to_string())?;
+            let (mut fds, offer) = announce::receive_any(&sock).map_err(|e| e.to_string())?;
             let offer = String::from_utf8_lossy(&offer).into_owned();
             let mut words = offer.split(' ');
-            let (Some(HANDSHAKE), Some("OFFER"), Some(from), Some(to), None) = (
+            let (Some(HANDSHAKE), Some("OFFER"), Some(from), Some(to), arena, None) = (
+                words.next(),
                 words.next(),
                 words.next(),
                 words.next(),
@@ -465,6 +583,15 @@ async fn accept_offer(
             ) else {
                 return Err(format!("a malformed offer {offer:?}"));
             };
+            // ` arena`: a third descriptor, the writer's arena (messages read in place).
+            let arena = match arena {
+                None => false,
+                Some("arena") => true,
+                Some(_) => return Err(format!("a malformed offer {offer:?}")),
+            };
+            if fds.len() != 2 + usize::from(arena) {
+                return Err(format!("an offer with {} descriptors", fds.len()));
+            }
             let from = u64::from_str_radix(from, 16).map_err(|_| "a malformed offer id")?;
             if u64::from_str_radix(to, 16).ok() != Some(me) {
                 return Err("an offer meant for another node".into());
@@ -476,6 +603,15 @@ async fn accept_offer(
                     "an offer from {from:016x}, which has no link to this node"
                 ));
             }
+            // Mapped read-only, and only if sealed against writing by anyone but its maker:
+            // what this node reads in place no other process can change.
+            let view = match arena {
+                true => {
+                    let fd = fds.pop().ok_or("an offer without its descriptors")?;
+                    Some(ArenaView::open(fd).map_err(|e| format!("the offered arena: {e}"))?)
+                }
+                false => None,
+            };
             let (Some(bell_fd), Some(seg_fd)) = (fds.pop(), fds.pop()) else {
                 return Err("an offer without its descriptors".into());
             };
@@ -485,14 +621,25 @@ async fn accept_offer(
             let reader = SharedReader::register(ring, waits).map_err(|e| e.to_string())?;
             let entry = reader.cursor().ok_or("no cursor")?;
             let bell = Doorbell::new().map_err(|e| e.to_string())?;
-            announce::send_fds(
-                &sock,
-                &[bell.ringer()],
-                format!("{HANDSHAKE} OK {entry}").as_bytes(),
-            )
-            .map_err(|e| e.to_string())?;
+            // Reads in place when offered the arena and a table can be made.
+            let in_place = view.and_then(|v| {
+                let table = ReleaseTable::create(&format!("hayate-peer-holds-{me:016x}"));
+                table
+                    .inspect_err(|e| tracing::warn!("peer: arena entries copied: {e}"))
+                    .ok()
+                    .map(|t| (Arc::new(v), Arc::new(t)))
+            });
+            let answer = match &in_place {
+                Some(_) => format!("{HANDSHAKE} OK {entry} hold"),
+                None => format!("{HANDSHAKE} OK {entry}"),
+            };
+            let mut fds = vec![bell.ringer()];
+            if let Some((_, t)) = &in_place {
+                fds.push(t.fd());
+            }
+            announce::send_fds(&sock, &fds, answer.as_bytes()).map_err(|e| e.to_string())?;
             sock.set_nonblocking(true).map_err(|e| e.to_string())?;
-            Ok((sock, from, reader, bell, writer_bell))
+            Ok((sock, from, reader, bell, writer_bell, in_place))
         })
         .await
         .map_err(|e| Error::Protocol(e.to_string()))?
@@ -508,6 +655,7 @@ async fn accept_offer(
         writer_bell,
         sock,
         assembling: Assembly(BytesMut::new()),
+        in_place,
         expect: 0,
         last_route: None,
         waits_checked: None,
@@ -580,6 +728,8 @@ struct RingReader {
     sock: tokio::net::UnixStream,
     /// The frame being put together from chunks.
     assembling: Assembly,
+    /// The writer's arena and this node's release table, when it reads in place.
+    in_place: Option<(Arc<ArenaView>, Arc<ReleaseTable>)>,
     /// Its length, from its first chunk's header.
     expect: usize,
     /// The route of the last key read, and the routes' generation it was looked up at.
@@ -625,8 +775,10 @@ impl RingReader {
                     Ok(Some((_, true))) => {
                         got += 1;
                         taken += self.assembling.len() - before;
-                        if self.on_chunk(before, max_frame, &mut pending).is_err() {
-                            return self.corrupt();
+                        match self.on_chunk(before, max_frame, &mut pending) {
+                            // A message read in place counts its bytes in the burst.
+                            Ok(in_place) => taken += in_place,
+                            Err(()) => return self.corrupt(),
                         }
                     }
                     // Part of a frame for other nodes: passed over, not copied.
@@ -731,13 +883,14 @@ impl RingReader {
     }
 
     /// One chunk read (appended to `assembling` from `before` on, its trailer last): a
-    /// complete frame is decoded and dispatched.
+    /// complete frame is decoded and dispatched. `Ok` with the bytes of the frame read in
+    /// place, if the message was a reference.
     fn on_chunk(
         &mut self,
         before: usize,
         max_frame: usize,
         pending: &mut Vec<(LocalTarget, Vec<Message>)>,
-    ) -> std::result::Result<(), ()> {
+    ) -> std::result::Result<usize, ()> {
         let Some(data) = self
             .assembling
             .len()
@@ -748,14 +901,14 @@ impl RingReader {
         };
         let flag = self.assembling.0[self.assembling.0.len() - 1];
         self.assembling.0.truncate(data);
-        if flag & !(MORE | FIRST) != 0 {
+        if flag & !(MORE | FIRST | REF) != 0 {
             return Err(());
         }
         if flag & FIRST == 0 && before == 0 {
             // The rest of a frame whose start this node did not take: published before it
             // attached, cut by a loss, or too large for it.
             self.assembling.clear();
-            return Ok(());
+            return Ok(0);
         }
         if flag & FIRST != 0 {
             if before != 0 {
@@ -764,6 +917,9 @@ impl RingReader {
                 // starts afresh.
                 let _ = self.assembling.0.split_to(before);
                 self.node.stats.shm_lost.fetch_add(1, Ordering::Relaxed);
+            }
+            if flag & REF != 0 {
+                return self.on_ref(flag, max_frame, pending);
             }
             if self.assembling.len() < 4 {
                 return Err(());
@@ -784,7 +940,7 @@ impl RingReader {
                     .shm_too_large
                     .fetch_add(1, Ordering::Relaxed);
                 self.assembling.clear();
-                return Ok(());
+                return Ok(0);
             }
             self.expect = 4 + len;
             // Frames are cut from one allocation until it is used up (not one each). The
@@ -799,20 +955,90 @@ impl RingReader {
             return Err(()); // longer than its frame said
         }
         if flag & MORE != 0 {
-            return Ok(());
+            return Ok(0);
         }
         let mut frame = self.assembling.0.split();
         let m = match hayate_native::decode(&mut frame, max_frame) {
             Ok(Some(Frame::Pub(m))) if frame.is_empty() => m,
             _ => return Err(()),
         };
+        self.on_message(m, pending);
+        Ok(0)
+    }
+
+    /// A reference to a frame in the writer's arena (the whole ring message, `assembling`
+    /// holding its bytes less the trailer): the frame read in place (or copied, by a node
+    /// evicted meanwhile), decoded and dispatched. `Ok` with its length.
+    fn on_ref(
+        &mut self,
+        flag: u8,
+        max_frame: usize,
+        pending: &mut Vec<(LocalTarget, Vec<Message>)>,
+    ) -> std::result::Result<usize, ()> {
+        let r = Ref::decode(&self.assembling.0);
+        self.assembling.clear();
+        // One whole frame, to a node that said it reads in place (a writer sends none to
+        // others).
+        let (Some(r), FLAGS_REF, Some((view, table))) = (r, flag, &self.in_place) else {
+            return Err(());
+        };
+        // Marked taken before anything else, so that the writer, which frees a reference
+        // not taken once this node's cursor is past it (or this node is evicted), keeps it.
+        table.take(r.number);
+        let hold = Hold {
+            table: table.clone(),
+            n: r.number,
+        };
+        if r.len > max_frame as u64 + 4 {
+            // Larger than this node accepts, as a frame in chunks would be.
+            self.node
+                .stats
+                .shm_too_large
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(0);
+        }
+        let registered = self.reader.registered();
+        let bytes = match registered.then(|| view.get_in_place(r.at, r.len, r.tag, hold)) {
+            Some(Ok(Some(e))) => Bytes::from_owner(e),
+            // A live reader's entry is never written again before it releases it: an
+            // error is a writer that does not keep to the protocol.
+            Some(Err(_)) => return Err(()),
+            // Evicted (the writer may write the place again at any time) or a big-endian
+            // host: copied, checked against the tag after the copy, and released.
+            _ => {
+                let mut copy = BytesMut::new();
+                match view.get(r.at, r.len, r.tag, &mut copy) {
+                    Ok(()) => copy.freeze(),
+                    Err(EntryError::Stale(_)) if !registered => {
+                        self.node.stats.shm_lost.fetch_add(1, Ordering::Relaxed);
+                        return Ok(0);
+                    }
+                    Err(_) => return Err(()),
+                }
+            }
+        };
+        let m = match hayate_native::decode_frame(bytes, max_frame) {
+            Ok(Frame::Pub(m)) => m,
+            _ => return Err(()),
+        };
+        self.node
+            .stats
+            .shm_refs_read
+            .fetch_add(1, Ordering::Relaxed);
+        self.on_message(m, pending);
+        Ok(r.len as usize)
+    }
+
+    /// A message read from the ring (copied out or in place): dispatched to this node's
+    /// subscriptions.
+    fn on_message(&mut self, m: Message, pending: &mut Vec<(LocalTarget, Vec<Message>)>) {
         if m.payload.len() as u64 > self.node.options.max_payload {
             // As over TCP, a node takes no payload larger than its max_payload.
             self.node
                 .stats
                 .shm_too_large
                 .fetch_add(1, Ordering::Relaxed);
-            return Ok(());
+            return;
         }
         self.node.stats.shm_received.fetch_add(1, Ordering::Relaxed);
         let mut m = m;
@@ -831,7 +1057,6 @@ impl RingReader {
         server::dispatch(&self.node, &route, m, Some(named), &mut |t, m| {
             server::push(pending, t, m)
         });
-        Ok(())
     }
 
     /// The ring holds what a Hayate writer cannot produce: it is no longer read, and the
@@ -842,6 +1067,23 @@ impl RingReader {
             "peer: the ring of this node is corrupt: no longer read"
         );
         self.node.stats.shm_corrupt.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The flags of a reference: one whole frame.
+const FLAGS_REF: u8 = FIRST | REF;
+
+/// Held by a frame read in place: dropped with the last `Bytes` of it, it tells the writer
+/// the reference is done with.
+#[derive(Debug)]
+struct Hold {
+    table: Arc<ReleaseTable>,
+    n: u64,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.table.release(self.n);
     }
 }
 

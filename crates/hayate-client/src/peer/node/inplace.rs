@@ -1,0 +1,409 @@
+//! Large messages read in place (docs/shm.md, *Messages read in place*): a writing node puts
+//! each frame larger than a slot once into an arena of its own (a sealed memfd the local
+//! nodes reading its ring map read-only), and writes into the ring only a reference to it.
+//! The reading nodes decode the frame where it lies, and their subscribers get payloads
+//! that are slices of the arena: no copy on the reading side, whatever their number.
+//!
+//! The writer writes a place again only when every node the reference was for is done
+//! with it: each such node says so in its release table (`ReleaseTable`, a memfd it writes
+//! and the writer maps), marking a reference taken before it reads it and released when
+//! the last `Bytes` of it is dropped. A reference a node never took (lost by a best-effort
+//! node a ring behind, or sent just as it was evicted) is freed once that node's cursor is
+//! past it. A node that took references and then went (evicted, its link closed) holds
+//! them until it releases them or its process exits. Nobody waits for the arena: a message
+//! that finds no room is copied through the ring, as before.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
+
+use hayate_shm::SharedRing;
+use hayate_shm::announce::PeerProcess;
+use hayate_shm::arena::{ArenaWriter, RELEASE_SLOTS, RefState, ReleaseTable, entry_words};
+
+/// Bytes of a reference in the ring: the entry's byte offset, length and tag, and the
+/// reference's number, each a `u64` little-endian.
+pub(super) const REF_BYTES: usize = 32;
+
+/// Departed nodes still holding entries, past which the arena is offered to no new node
+/// (those then read by copy, as without an arena).
+const MAX_DEPARTED: usize = 64;
+
+/// A node reading this node's ring that reads references in place.
+#[derive(Debug)]
+pub(super) struct Holder {
+    /// Its cursor entry (the bit of the ring messages' masks) while attached.
+    entry: usize,
+    /// Where it says what it took and released.
+    table: ReleaseTable,
+    /// Its process: once the node has gone, only the process's exit ends what it took.
+    process: PeerProcess,
+    /// Evicted, its attachment ended: references it took are held until released or its
+    /// process exits.
+    departed: AtomicBool,
+    /// Arena words its live references hold (each counts the whole entry): at most a
+    /// quarter of the arena. Changed under the writer's lock only.
+    held_words: AtomicUsize,
+}
+
+impl Holder {
+    pub(super) fn new(entry: usize, table: ReleaseTable, process: PeerProcess) -> Holder {
+        Holder {
+            entry,
+            table,
+            process,
+            departed: AtomicBool::new(false),
+            held_words: AtomicUsize::new(0),
+        }
+    }
+
+    /// Its node has gone (evicted, or the attachment ended).
+    pub(super) fn depart(&self) {
+        self.departed.store(true, Ordering::Release);
+    }
+
+    /// Whether this node is done with entry `e`: released it, never took it and never
+    /// will (its cursor is past the reference, or it was evicted), or took it and its
+    /// process has exited since it departed.
+    fn done_with(&self, e: &Live, ring: &SharedRing) -> bool {
+        let taken_done = || self.departed.load(Ordering::Acquire) && self.process.exited();
+        match self.table.state(e.number) {
+            RefState::Released => true,
+            RefState::Taken => taken_done(),
+            RefState::Unknown => {
+                // Its cursor past the reference (acquire: what it marked before committing
+                // is seen below), or its cursor entry freed (evicted).
+                if !ring.has_read(self.entry, e.pos) {
+                    return false;
+                }
+                // A node evicted just now may be taking it: it marks it taken, then (after
+                // a fence) checks it is still registered (`SharedReader::registered`). The
+                // eviction came before this look at the cursor, and this fence before the
+                // second look at the mark: one of the two sides sees the other's store.
+                fence(Ordering::SeqCst);
+                match self.table.state(e.number) {
+                    RefState::Taken => taken_done(),
+                    RefState::Released | RefState::Unknown => true,
+                }
+            }
+        }
+    }
+}
+
+/// An entry written and not yet done with by every node it was for.
+#[derive(Debug)]
+struct Live {
+    words: usize,
+    /// The reference's number (its slot in the release tables).
+    number: u64,
+    /// The ring position after the reference's ring message: a node whose cursor is there
+    /// has read (or lost) it.
+    pos: u64,
+    /// The nodes it was for that may still hold it.
+    holders: Vec<Arc<Holder>>,
+}
+
+/// Where a reference points: the entry's byte offset, length and tag, and its number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Ref {
+    pub at: u64,
+    pub len: u64,
+    pub tag: u64,
+    pub number: u64,
+}
+
+impl Ref {
+    pub(super) fn encode(&self) -> [u8; REF_BYTES] {
+        let mut b = [0u8; REF_BYTES];
+        for (i, v) in [self.at, self.len, self.tag, self.number]
+            .iter()
+            .enumerate()
+        {
+            b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    pub(super) fn decode(b: &[u8]) -> Option<Ref> {
+        if b.len() != REF_BYTES {
+            return None;
+        }
+        let w = |i: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(x)
+        };
+        Some(Ref {
+            at: w(0),
+            len: w(1),
+            tag: w(2),
+            number: w(3),
+        })
+    }
+}
+
+/// A writing node's arena and its live entries (under the writer's lock).
+#[derive(Debug)]
+pub(super) struct Arena {
+    arena: ArenaWriter,
+    words: usize,
+    /// Live entries by place: an entry is freed whatever its age (a node holding an old
+    /// one leaves a hole, not a wall).
+    live: BTreeMap<usize, Live>,
+    /// Live entries by number: the oldest must be less than a table's slots behind the
+    /// next (two live references never share a slot of a release table).
+    numbers: BTreeMap<u64, usize>,
+    /// Where the last entry ended: the search for room starts there.
+    head: usize,
+    next_number: u64,
+    /// Makes tags unpredictable (a node must not be able to name, with bytes of its own
+    /// payloads landing where a freed entry's tag was, another entry at its place).
+    tags: std::collections::hash_map::RandomState,
+    /// Departed nodes holding entries, as of the last [`Arena::reclaim`].
+    departed_holding: usize,
+}
+
+impl Arena {
+    /// A new arena of `bytes` bytes for node `id`.
+    pub(super) fn new(id: u64, bytes: usize) -> Result<Arena, hayate_shm::segment::SegmentError> {
+        let arena = ArenaWriter::create(&format!("hayate-peer-arena-{id:016x}"), bytes)?;
+        Ok(Arena {
+            words: arena.words(),
+            arena,
+            live: BTreeMap::new(),
+            numbers: BTreeMap::new(),
+            head: 0,
+            next_number: 0,
+            tags: Default::default(),
+            departed_holding: 0,
+        })
+    }
+
+    /// The descriptor to hand to reading nodes.
+    pub(super) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.arena.fd()
+    }
+
+    /// Whether a new node may read in place: fewer than [`MAX_DEPARTED`] departed nodes
+    /// held entries when they were last looked at (when room was last short).
+    pub(super) fn may_offer(&self) -> bool {
+        self.departed_holding < MAX_DEPARTED
+    }
+
+    /// Writes `parts` as an entry for `holders`, whose reference will be the ring message
+    /// at position `pos - 1`: its reference, or `None` (no room, a holder at its quota, or
+    /// too many references live) and the message is to be copied through the ring.
+    pub(super) fn put(
+        &mut self,
+        parts: &[&[u8]],
+        holders: Vec<Arc<Holder>>,
+        pos: u64,
+        ring: &SharedRing,
+    ) -> Option<Ref> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let words = entry_words(len);
+        let quota = self.words / 4;
+        let fits = |s: &Arena| {
+            let room = holders
+                .iter()
+                .all(|h| h.held_words.load(Ordering::Relaxed) + words <= quota)
+                && s.numbers
+                    .first_key_value()
+                    .is_none_or(|(&n, _)| s.next_number - n < RELEASE_SLOTS as u64);
+            room.then(|| s.room(words)).flatten()
+        };
+        let at = match fits(self) {
+            Some(at) => at,
+            None => {
+                self.reclaim(ring);
+                fits(self)?
+            }
+        };
+        use std::hash::BuildHasher;
+        let number = self.next_number;
+        self.next_number += 1;
+        let tag = self.tags.hash_one(number).max(1);
+        self.arena.put(at, tag, parts.iter().copied());
+        for h in &holders {
+            h.held_words.fetch_add(words, Ordering::Relaxed);
+        }
+        self.live.insert(
+            at,
+            Live {
+                words,
+                number,
+                pos,
+                holders,
+            },
+        );
+        self.numbers.insert(number, at);
+        self.head = at + words;
+        Some(Ref {
+            at: at as u64 * 8,
+            len: len as u64,
+            tag,
+            number,
+        })
+    }
+
+    /// Frees every entry that all its nodes are done with.
+    fn reclaim(&mut self, ring: &SharedRing) {
+        let mut freed = Vec::new();
+        for (&at, e) in self.live.iter_mut() {
+            let words = e.words;
+            let mut holders = std::mem::take(&mut e.holders);
+            holders.retain(|h| {
+                let done = h.done_with(e, ring);
+                if done {
+                    h.held_words.fetch_sub(words, Ordering::Relaxed);
+                }
+                !done
+            });
+            e.holders = holders;
+            if e.holders.is_empty() {
+                freed.push(at);
+            }
+        }
+        for at in freed {
+            if let Some(e) = self.live.remove(&at) {
+                self.numbers.remove(&e.number);
+                self.arena.clear(at);
+            }
+        }
+        let mut departed: Vec<*const Holder> = Vec::new();
+        for h in self.live.values().flat_map(|e| &e.holders) {
+            if h.departed.load(Ordering::Relaxed) && !departed.contains(&Arc::as_ptr(h)) {
+                departed.push(Arc::as_ptr(h));
+            }
+        }
+        self.departed_holding = departed.len();
+    }
+
+    /// A place for an entry of `words` words: the first gap from `head` on, then from
+    /// the start.
+    fn room(&self, words: usize) -> Option<usize> {
+        let gap_from = |mut pos: usize| {
+            if let Some((&at, e)) = self.live.range(..pos).next_back() {
+                pos = pos.max(at + e.words);
+            }
+            for (&at, e) in self.live.range(pos..) {
+                if at - pos >= words {
+                    return Some(pos);
+                }
+                pos = at + e.words;
+            }
+            (self.words.saturating_sub(pos) >= words).then_some(pos)
+        };
+        gap_from(self.head).or_else(|| gap_from(0))
+    }
+
+    /// Entries live now, and the words they take (for tests and stats).
+    #[cfg(test)]
+    pub(super) fn held(&self) -> (usize, usize) {
+        (self.live.len(), self.live.values().map(|e| e.words).sum())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hayate_shm::segment::Segment;
+    use hayate_shm::{SharedReader, SharedWriter};
+
+    fn ring() -> SharedRing {
+        let words = hayate_shm::region_words(8, 64);
+        SharedRing::init(Segment::create("t", words * 8).unwrap(), 8, 64).unwrap()
+    }
+
+    fn holder(entry: usize) -> Arc<Holder> {
+        let table = ReleaseTable::create("t").unwrap();
+        let process = PeerProcess::pid(std::process::id()).unwrap();
+        Arc::new(Holder::new(entry, table, process))
+    }
+
+    /// An entry stays until its node releases it; one its node never took is freed once
+    /// the node's cursor is past its reference, not before; one taken by a node that then
+    /// departed stays while its process lives.
+    #[test]
+    fn entries_are_freed_by_release_by_a_cursor_past_them_or_never_while_held() {
+        let ring = ring();
+        let mut reader = SharedReader::register(ring.clone(), true).unwrap();
+        let mut w = SharedWriter::new(ring.clone());
+        let h = holder(reader.cursor().unwrap());
+        // An arena of 64 words: a quarter (the quota) holds one 8-word entry at a time...
+        let mut a = Arena::new(1, 64 * 8).unwrap();
+        let pos = ring.head() + 1;
+        let r0 = a.put(&[&[1u8; 64]], vec![h.clone()], pos, &ring).unwrap();
+        assert_eq!(r0.number, 0);
+        assert!(
+            a.put(&[&[2u8; 64]], vec![h.clone()], pos, &ring).is_none(),
+            "quota"
+        );
+        // Released: freed at the next need of room.
+        h.table.release(0);
+        let r1 = a
+            .put(&[&[3u8; 64]], vec![h.clone()], pos + 1, &ring)
+            .unwrap();
+        assert_eq!(a.held().0, 1);
+        // Not taken, and the node has not read that far: held.
+        assert!(a.put(&[&[4u8; 64]], vec![h.clone()], pos, &ring).is_none());
+        // The reference's ring message, read and committed without taking it: freed.
+        w.publish(b"ref").unwrap();
+        w.publish(b"ref").unwrap();
+        let mut buf = Vec::new();
+        while reader.read(&mut buf).unwrap().is_some() {}
+        reader.commit();
+        let r2 = a
+            .put(&[&[5u8; 64]], vec![h.clone()], ring.head() + 1, &ring)
+            .unwrap();
+        assert_ne!(r1.number, r2.number);
+        // Taken, then the node departs: held while its process (this one) lives.
+        h.table.take(r2.number);
+        w.publish(b"ref").unwrap();
+        while reader.read(&mut buf).unwrap().is_some() {}
+        reader.commit();
+        h.depart();
+        assert!(
+            a.put(&[&[6u8; 64]], vec![h.clone()], ring.head() + 1, &ring)
+                .is_none()
+        );
+        h.table.release(r2.number);
+        assert!(
+            a.put(&[&[6u8; 64]], vec![h.clone()], ring.head() + 1, &ring)
+                .is_some()
+        );
+    }
+
+    /// An evicted node that took nothing holds nothing.
+    #[test]
+    fn an_evicted_node_s_untaken_entries_are_freed() {
+        let ring = ring();
+        let reader = SharedReader::register(ring.clone(), true).unwrap();
+        let h = holder(reader.cursor().unwrap());
+        let mut a = Arena::new(1, 64 * 8).unwrap();
+        a.put(&[&[1u8; 64]], vec![h.clone()], ring.head() + 5, &ring)
+            .unwrap();
+        assert!(
+            a.put(&[&[1u8; 64]], vec![h.clone()], ring.head() + 5, &ring)
+                .is_none()
+        );
+        ring.evict(h.entry);
+        h.depart();
+        assert!(
+            a.put(&[&[1u8; 64]], vec![h.clone()], ring.head() + 5, &ring)
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn a_reference_reads_back() {
+        let r = Ref {
+            at: 8,
+            len: u64::MAX,
+            tag: 3,
+            number: 1 << 40,
+        };
+        assert_eq!(Ref::decode(&r.encode()), Some(r));
+        assert_eq!(Ref::decode(&r.encode()[..31]), None);
+    }
+}
