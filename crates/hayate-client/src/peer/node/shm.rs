@@ -1017,10 +1017,13 @@ impl RingReader {
                 }
             }
         };
-        let m = match hayate_native::decode_frame(bytes, max_frame) {
+        let mut m = match hayate_native::decode_frame(bytes, max_frame) {
             Ok(Frame::Pub(m)) => m,
             _ => return Err(()),
         };
+        // The key in an allocation of its own: this reader's and the node's route caches
+        // keep keys, and a key still in the arena would hold its entry for as long.
+        m.key = m.key.compact();
         self.node
             .stats
             .shm_refs_read
