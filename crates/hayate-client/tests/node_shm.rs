@@ -139,6 +139,31 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// The `child` node process, linked to `a`, and its id once it is ready.
+async fn spawn_child(a: &Node) -> (KillOnDrop, String) {
+    let mut child = KillOnDrop(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child", "--nocapture", "--test-threads=1"])
+            .env("HAYATE_NODE_CHILD", a.local_addr().to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let out = child.0.stdout.take().unwrap();
+    let child_id = tokio::task::spawn_blocking(move || {
+        let mut lines = BufReader::new(out).lines();
+        loop {
+            let l = lines.next().expect("child ended").unwrap();
+            // The harness writes "test child ... " before it, on the same line.
+            if let Some((_, id)) = l.split_once("READY ") {
+                return id.trim().to_string();
+            }
+        }
+    });
+    (child, within(child_id).await.unwrap())
+}
+
 /// Mappings and descriptors of this process that name a memfd of node `id`.
 fn held_segments(id: &str) -> usize {
     let name = format!("hayate-peer-{id}");
@@ -171,27 +196,7 @@ async fn a_reader_killed_with_sigkill_neither_holds_the_writer_nor_leaves_its_se
     within(c.wait_peers(1, WAIT)).await.unwrap();
     let mut on_c = c.subscribe("k/*").await.unwrap();
 
-    let mut child = KillOnDrop(
-        Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child", "--nocapture", "--test-threads=1"])
-            .env("HAYATE_NODE_CHILD", a.local_addr().to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let out = child.0.stdout.take().unwrap();
-    let child_id = tokio::task::spawn_blocking(move || {
-        let mut lines = BufReader::new(out).lines();
-        loop {
-            let l = lines.next().expect("child ended").unwrap();
-            // The harness writes "test child ... " before it, on the same line.
-            if let Some((_, id)) = l.split_once("READY ") {
-                return id.trim().to_string();
-            }
-        }
-    });
-    let child_id = within(child_id).await.unwrap();
+    let (mut child, child_id) = spawn_child(&a).await;
     within(a.wait_peers(2, WAIT)).await.unwrap();
     assert!(
         held_segments(&child_id) > 0,
@@ -684,4 +689,45 @@ async fn a_hostile_arena_or_reference_is_refused() {
     x.publish(&key("h/2"), "after").await.unwrap();
     assert_eq!(take(&mut sub, 1).await, vec![b"after".to_vec()]);
     drop(sock);
+}
+
+/// A reader process killed with SIGKILL while it holds messages in place (its subscriber
+/// never reads: its queue and its ring reader keep what they took) frees them: once its
+/// attachment ends and its process is gone, nothing of the writer's arena stays held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_killed_holding_messages_in_place_frees_them() {
+    let a = Node::start(NodeOptions {
+        max_block: Duration::from_secs(600),
+        shm: ShmOptions {
+            mode: ShmMode::Require,
+            ..ShmOptions::default()
+        },
+        ..NodeOptions::default()
+    })
+    .await
+    .unwrap();
+    let c = Node::start(opts(&[&a])).await.unwrap();
+    within(c.wait_peers(1, WAIT)).await.unwrap();
+    let mut on_c = c.subscribe("k/*").await.unwrap();
+    let (mut child, _) = spawn_child(&a).await;
+    within(a.wait_peers(2, WAIT)).await.unwrap();
+    within(a.flush()).await.unwrap();
+    let len = 128 * 1024;
+    for i in 0..4 {
+        a.publish(&key("k/x"), numbered(i, len)).await.unwrap();
+        let m = within(on_c.next()).await.unwrap();
+        assert!(m.payload[..] == numbered(i, len)[..], "message {i} differs");
+    }
+    assert_eq!(a.stats().shm_refs_sent.load(Ordering::Relaxed), 4);
+    // c is done with all four; the child holds what it took.
+    let held = within(a.shm_arena_held()).await.unwrap();
+    assert!(held.0 >= 1, "the child holds some: {held:?}");
+    child.0.kill().unwrap(); // SIGKILL
+    child.0.wait().unwrap();
+    within(async {
+        while within(a.shm_arena_held()).await.unwrap().0 > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
 }

@@ -247,7 +247,7 @@ impl Arena {
     }
 
     /// Frees every entry that all its nodes are done with.
-    fn reclaim(&mut self, ring: &SharedRing) {
+    pub(super) fn reclaim(&mut self, ring: &SharedRing) {
         let mut freed = Vec::new();
         for (&at, e) in self.live.iter_mut() {
             let words = e.words;
@@ -297,10 +297,12 @@ impl Arena {
         gap_from(self.head).or_else(|| gap_from(0))
     }
 
-    /// Entries live now, and the words they take (for tests and stats).
-    #[cfg(test)]
+    /// Entries live now, and the bytes they take (headers and padding included).
     pub(super) fn held(&self) -> (usize, usize) {
-        (self.live.len(), self.live.values().map(|e| e.words).sum())
+        (
+            self.live.len(),
+            self.live.values().map(|e| e.words * 8).sum(),
+        )
     }
 }
 

@@ -704,6 +704,15 @@ impl Node {
         Ok(())
     }
 
+    /// The messages of this node's shared-memory arena that local nodes still hold in
+    /// place (their subscribers keep them, or have not taken them yet), and the bytes they
+    /// take, after freeing those every node is done with (docs/shm.md, *Messages read in
+    /// place*). `None` without an arena (shared memory off, `arena_bytes` 0, or no arena
+    /// could be made). Waits while a publication waits for room in the ring.
+    pub async fn shm_arena_held(&self) -> Option<(usize, usize)> {
+        self.inner.outgoing.as_ref()?.arena_held().await
+    }
+
     /// Stops the node: no more accepting, links closed (what they buffered is sent first),
     /// subscriptions ended.
     pub async fn close(&self) {

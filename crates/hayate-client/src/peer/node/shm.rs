@@ -219,6 +219,15 @@ impl Outgoing {
         }
     }
 
+    /// The entries of the arena still held, and their bytes, after freeing those every node
+    /// is done with; `None` without an arena. Waits for the writer's lock.
+    pub(super) async fn arena_held(&self) -> Option<(usize, usize)> {
+        let mut guard = self.writer.lock().await;
+        let arena = guard.2.as_mut()?;
+        arena.reclaim(&self.ring);
+        Some(arena.held())
+    }
+
     /// The holders of the nodes of `to`, if every one of them reads in place.
     fn holders(&self, to: u64) -> Option<Vec<Arc<Holder>>> {
         let readers = lock(&self.readers);
