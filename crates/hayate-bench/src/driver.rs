@@ -266,7 +266,7 @@ pub(crate) fn point_prefix() -> String {
 /// sessions: the harness makes a point's connections one after the other, subscriber then
 /// publisher, echo then pinger) and waits until both have linked. No broker, no scouting.
 /// The options of a peer node for `target`: listening on its host (a free port), linking to
-/// `peers`, with the target's ring settings (`shm`, `slots`, `slot`, `spin`).
+/// `peers`, with the target's ring settings (`shm`, `slots`, `slot`, `arena`, `spin`).
 pub(crate) fn peer_node_options(
     target: &Target,
     peers: Vec<String>,
@@ -290,6 +290,11 @@ pub(crate) fn peer_node_options(
         options.shm.slot_bytes = n
             .parse()
             .with_context(|| format!("{target}: slot is in bytes"))?;
+    }
+    if let Some(n) = target.param("arena") {
+        options.shm.arena_bytes = n
+            .parse()
+            .with_context(|| format!("{target}: arena is in bytes"))?;
     }
     if let Some(us) = target.param("spin") {
         options.shm.spin = Duration::from_micros(

@@ -65,7 +65,7 @@ impl System {
     fn params(self) -> &'static [&'static str] {
         match self {
             System::Hayate => &[
-                "mode", "ca", "shm", "in_place", "spin", "slots", "slot", "peers", "rpc",
+                "mode", "ca", "shm", "in_place", "spin", "slots", "slot", "arena", "peers", "rpc",
             ],
             System::Mqtt => &[
                 "qos",
@@ -143,7 +143,8 @@ impl Target {
     /// where they listen, the port is ignored), `shm=off|auto|require` and `spin=MICROS`
     /// (hayate `mode=peer`: shared memory between the nodes, default auto, which they use
     /// since they share a host; how long a reader polls its ring before it sleeps), `slots=N`
-    /// and `slot=BYTES` (the ring's geometry), `peers=ADDR,...` (a node linking to those
+    /// and `slot=BYTES` (the ring's geometry), `arena=BYTES` (the arena of messages read in
+    /// place; 0: none), `peers=ADDR,...` (a node linking to those
     /// instead of pairing with another in this process: the fan-out benchmark's subscribers),
     /// `rpc=node` (`bench rpc` in peer mode between nodes, the server's node in the child
     /// process and one node per caller, instead of a `PeerServer`).

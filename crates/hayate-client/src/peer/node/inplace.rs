@@ -25,6 +25,10 @@ use hayate_shm::arena::{ArenaWriter, RELEASE_SLOTS, RefState, ReleaseTable, entr
 /// reference's number, each a `u64` little-endian.
 pub(super) const REF_BYTES: usize = 32;
 
+/// A node's live references hold at most this share of the arena (each counts the whole
+/// entry): what one node that keeps messages can take from the others.
+const QUOTA_SHARE: usize = 2;
+
 /// Departed nodes still holding entries, past which the arena is offered to no new node
 /// (those then read by copy, as without an arena).
 const MAX_DEPARTED: usize = 64;
@@ -153,8 +157,6 @@ pub(super) struct Arena {
     /// Live entries by number: the oldest must be less than a table's slots behind the
     /// next (two live references never share a slot of a release table).
     numbers: BTreeMap<u64, usize>,
-    /// Where the last entry ended: the search for room starts there.
-    head: usize,
     next_number: u64,
     /// Makes tags unpredictable (a node must not be able to name, with bytes of its own
     /// payloads landing where a freed entry's tag was, another entry at its place).
@@ -172,7 +174,6 @@ impl Arena {
             arena,
             live: BTreeMap::new(),
             numbers: BTreeMap::new(),
-            head: 0,
             next_number: 0,
             tags: Default::default(),
             departed_holding: 0,
@@ -202,7 +203,10 @@ impl Arena {
     ) -> Option<Ref> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let words = entry_words(len);
-        let quota = self.words / 4;
+        let quota = self.words / QUOTA_SHARE;
+        // What readers released in order, freed at once: the places written stay few and
+        // warm in the caches (a search for room starts at the arena's start).
+        self.free_oldest(ring);
         let fits = |s: &Arena| {
             let room = holders
                 .iter()
@@ -237,7 +241,6 @@ impl Arena {
             },
         );
         self.numbers.insert(number, at);
-        self.head = at + words;
         Some(Ref {
             at: at as u64 * 8,
             len: len as u64,
@@ -246,28 +249,47 @@ impl Arena {
         })
     }
 
+    /// Frees the oldest entries while every node is done with them (the common case: a
+    /// reader that keeps up releases in order); stops at the first one still held.
+    fn free_oldest(&mut self, ring: &SharedRing) {
+        while let Some((_, &at)) = self.numbers.first_key_value()
+            && self.settle(at, ring)
+        {
+            self.free(at);
+        }
+    }
+
+    /// Drops from entry `at` the nodes done with it: whether none is left.
+    fn settle(&mut self, at: usize, ring: &SharedRing) -> bool {
+        let Some(e) = self.live.get_mut(&at) else {
+            return false;
+        };
+        let words = e.words;
+        let mut holders = std::mem::take(&mut e.holders);
+        holders.retain(|h| {
+            let done = h.done_with(e, ring);
+            if done {
+                h.held_words.fetch_sub(words, Ordering::Relaxed);
+            }
+            !done
+        });
+        e.holders = holders;
+        e.holders.is_empty()
+    }
+
+    fn free(&mut self, at: usize) {
+        if let Some(e) = self.live.remove(&at) {
+            self.numbers.remove(&e.number);
+            self.arena.clear(at);
+        }
+    }
+
     /// Frees every entry that all its nodes are done with.
     pub(super) fn reclaim(&mut self, ring: &SharedRing) {
-        let mut freed = Vec::new();
-        for (&at, e) in self.live.iter_mut() {
-            let words = e.words;
-            let mut holders = std::mem::take(&mut e.holders);
-            holders.retain(|h| {
-                let done = h.done_with(e, ring);
-                if done {
-                    h.held_words.fetch_sub(words, Ordering::Relaxed);
-                }
-                !done
-            });
-            e.holders = holders;
-            if e.holders.is_empty() {
-                freed.push(at);
-            }
-        }
-        for at in freed {
-            if let Some(e) = self.live.remove(&at) {
-                self.numbers.remove(&e.number);
-                self.arena.clear(at);
+        let places: Vec<usize> = self.live.keys().copied().collect();
+        for at in places {
+            if self.settle(at, ring) {
+                self.free(at);
             }
         }
         let mut departed: Vec<*const Holder> = Vec::new();
@@ -279,22 +301,17 @@ impl Arena {
         self.departed_holding = departed.len();
     }
 
-    /// A place for an entry of `words` words: the first gap from `head` on, then from
-    /// the start.
+    /// A place for an entry of `words` words: the first gap large enough from the start
+    /// (first fit: places freed are written again soon, while still in the caches).
     fn room(&self, words: usize) -> Option<usize> {
-        let gap_from = |mut pos: usize| {
-            if let Some((&at, e)) = self.live.range(..pos).next_back() {
-                pos = pos.max(at + e.words);
+        let mut pos = 0;
+        for (&at, e) in &self.live {
+            if at - pos >= words {
+                return Some(pos);
             }
-            for (&at, e) in self.live.range(pos..) {
-                if at - pos >= words {
-                    return Some(pos);
-                }
-                pos = at + e.words;
-            }
-            (self.words.saturating_sub(pos) >= words).then_some(pos)
-        };
-        gap_from(self.head).or_else(|| gap_from(0))
+            pos = at + e.words;
+        }
+        (self.words.saturating_sub(pos) >= words).then_some(pos)
     }
 
     /// Entries live now, and the bytes they take (headers and padding included).
@@ -332,23 +349,23 @@ mod tests {
         let mut reader = SharedReader::register(ring.clone(), true).unwrap();
         let mut w = SharedWriter::new(ring.clone());
         let h = holder(reader.cursor().unwrap());
-        // An arena of 64 words: a quarter (the quota) holds one 8-word entry at a time...
+        // An arena of 64 words: half (the quota) holds one 17-word entry at a time.
         let mut a = Arena::new(1, 64 * 8).unwrap();
         let pos = ring.head() + 1;
-        let r0 = a.put(&[&[1u8; 64]], vec![h.clone()], pos, &ring).unwrap();
+        let r0 = a.put(&[&[1u8; 120]], vec![h.clone()], pos, &ring).unwrap();
         assert_eq!(r0.number, 0);
         assert!(
-            a.put(&[&[2u8; 64]], vec![h.clone()], pos, &ring).is_none(),
+            a.put(&[&[2u8; 120]], vec![h.clone()], pos, &ring).is_none(),
             "quota"
         );
         // Released: freed at the next need of room.
         h.table.release(0);
         let r1 = a
-            .put(&[&[3u8; 64]], vec![h.clone()], pos + 1, &ring)
+            .put(&[&[3u8; 120]], vec![h.clone()], pos + 1, &ring)
             .unwrap();
         assert_eq!(a.held().0, 1);
         // Not taken, and the node has not read that far: held.
-        assert!(a.put(&[&[4u8; 64]], vec![h.clone()], pos, &ring).is_none());
+        assert!(a.put(&[&[4u8; 120]], vec![h.clone()], pos, &ring).is_none());
         // The reference's ring message, read and committed without taking it: freed.
         w.publish(b"ref").unwrap();
         w.publish(b"ref").unwrap();
@@ -356,7 +373,7 @@ mod tests {
         while reader.read(&mut buf).unwrap().is_some() {}
         reader.commit();
         let r2 = a
-            .put(&[&[5u8; 64]], vec![h.clone()], ring.head() + 1, &ring)
+            .put(&[&[5u8; 120]], vec![h.clone()], ring.head() + 1, &ring)
             .unwrap();
         assert_ne!(r1.number, r2.number);
         // Taken, then the node departs: held while its process (this one) lives.
@@ -366,12 +383,12 @@ mod tests {
         reader.commit();
         h.depart();
         assert!(
-            a.put(&[&[6u8; 64]], vec![h.clone()], ring.head() + 1, &ring)
+            a.put(&[&[6u8; 120]], vec![h.clone()], ring.head() + 1, &ring)
                 .is_none()
         );
         h.table.release(r2.number);
         assert!(
-            a.put(&[&[6u8; 64]], vec![h.clone()], ring.head() + 1, &ring)
+            a.put(&[&[6u8; 120]], vec![h.clone()], ring.head() + 1, &ring)
                 .is_some()
         );
     }
@@ -383,16 +400,16 @@ mod tests {
         let reader = SharedReader::register(ring.clone(), true).unwrap();
         let h = holder(reader.cursor().unwrap());
         let mut a = Arena::new(1, 64 * 8).unwrap();
-        a.put(&[&[1u8; 64]], vec![h.clone()], ring.head() + 5, &ring)
+        a.put(&[&[1u8; 120]], vec![h.clone()], ring.head() + 5, &ring)
             .unwrap();
         assert!(
-            a.put(&[&[1u8; 64]], vec![h.clone()], ring.head() + 5, &ring)
+            a.put(&[&[1u8; 120]], vec![h.clone()], ring.head() + 5, &ring)
                 .is_none()
         );
         ring.evict(h.entry);
         h.depart();
         assert!(
-            a.put(&[&[1u8; 64]], vec![h.clone()], ring.head() + 5, &ring)
+            a.put(&[&[1u8; 120]], vec![h.clone()], ring.head() + 5, &ring)
                 .is_some()
         );
     }
