@@ -1018,7 +1018,9 @@ impl RingReader {
                 let mut copy = BytesMut::new();
                 match view.get(r.at, r.len, r.tag, &mut copy) {
                     Ok(()) => copy.freeze(),
-                    Err(EntryError::Stale(_)) if !registered => {
+                    // Released before the copy (the hold went unused): a place written
+                    // again meanwhile is a loss, found by the tag after the copy.
+                    Err(EntryError::Stale(_)) => {
                         self.node.stats.shm_lost.fetch_add(1, Ordering::Relaxed);
                         return Ok(0);
                     }
