@@ -421,6 +421,23 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// A table tells taken from released from neither for any reference number, and
+        /// never takes what it says of one reference for another sharing its slot.
+        #[test]
+        fn a_table_says_taken_released_or_nothing_per_reference(n in 0u64..(1 << 62)) {
+            let t = ReleaseTable::create("t").unwrap();
+            let other = n.wrapping_add(RELEASE_SLOTS as u64);
+            proptest::prop_assert_eq!(t.state(n), RefState::Unknown);
+            t.take(n);
+            proptest::prop_assert_eq!(t.state(n), RefState::Taken);
+            proptest::prop_assert!(!t.released(n));
+            proptest::prop_assert_eq!(t.state(other), RefState::Unknown);
+            t.release(n);
+            proptest::prop_assert_eq!(t.state(n), RefState::Released);
+            proptest::prop_assert!(t.released(n));
+            proptest::prop_assert_eq!(t.state(other), RefState::Unknown);
+        }
+
         /// Whatever a MSG_REF names (any place, length, tag), a read either gives exactly
         /// the entry that was put there under that tag, or an error with nothing appended;
         /// it never panics nor reads past the arena.
