@@ -454,12 +454,14 @@ pub(crate) fn load_bytes<B: ReadBuf + ?Sized>(words: &[AtomicU64], len: usize, o
 /// The first `len` bytes of a region of shared memory, which another process may be writing
 /// meanwhile: what [`ReadBuf::append_region`] copies. A copy can be torn; the reader that
 /// made it finds out by its own protocol and throws it away.
+#[cfg(not(loom))]
 #[derive(Debug, Clone, Copy)]
 pub struct Region<'a> {
     words: &'a [AtomicU64],
     len: usize,
 }
 
+#[cfg(not(loom))]
 impl Region<'_> {
     /// Bytes in the region.
     pub fn len(&self) -> usize {
@@ -558,6 +560,7 @@ pub trait ReadBuf {
     /// Appends the bytes of `region` (room for them was reserved just before). By default
     /// through a buffer on the stack, 4 KiB at a time; a `BytesMut` (or a newtype that
     /// hands this on to one) copies straight into its spare room.
+    #[cfg(not(loom))]
     fn append_region(&mut self, region: Region<'_>) {
         let mut stage = [0u8; 4096];
         let mut off = 0;
@@ -583,6 +586,7 @@ impl ReadBuf for bytes::BytesMut {
     fn truncate(&mut self, len: usize) {
         bytes::BytesMut::truncate(self, len);
     }
+    #[cfg(not(loom))]
     fn append_region(&mut self, region: Region<'_>) {
         segment::append_out(region.words, region.len, self);
     }
