@@ -164,6 +164,29 @@ async fn spawn_child(a: &Node) -> (KillOnDrop, String) {
     (child, within(child_id).await.unwrap())
 }
 
+/// A writer `a` (a ring of `slots`, and a `max_block` far longer than any test: only the
+/// death of a reader can release it), a reader node `c` subscribed to `k/*`, and the
+/// `child` reader process with its id, all linked.
+async fn writer_reader_and_child(slots: usize) -> (Node, Node, Subscription, KillOnDrop, String) {
+    let a = Node::start(NodeOptions {
+        max_block: Duration::from_secs(600),
+        shm: ShmOptions {
+            mode: ShmMode::Require,
+            slots,
+            ..ShmOptions::default()
+        },
+        ..NodeOptions::default()
+    })
+    .await
+    .unwrap();
+    let c = Node::start(opts(&[&a])).await.unwrap();
+    within(c.wait_peers(1, WAIT)).await.unwrap();
+    let on_c = c.subscribe("k/*").await.unwrap();
+    let (child, child_id) = spawn_child(&a).await;
+    within(a.wait_peers(2, WAIT)).await.unwrap();
+    (a, c, on_c, child, child_id)
+}
+
 /// Mappings and descriptors of this process that name a memfd of node `id`.
 fn held_segments(id: &str) -> usize {
     let name = format!("hayate-peer-{id}");
@@ -179,25 +202,8 @@ fn held_segments(id: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_killed_with_sigkill_neither_holds_the_writer_nor_leaves_its_segment() {
-    // A small ring, and a max_block far longer than the test: only the death of the reader
-    // can release the writer.
-    let a = Node::start(NodeOptions {
-        max_block: Duration::from_secs(600),
-        shm: ShmOptions {
-            mode: ShmMode::Require,
-            slots: 16,
-            ..ShmOptions::default()
-        },
-        ..NodeOptions::default()
-    })
-    .await
-    .unwrap();
-    let c = Node::start(opts(&[&a])).await.unwrap();
-    within(c.wait_peers(1, WAIT)).await.unwrap();
-    let mut on_c = c.subscribe("k/*").await.unwrap();
-
-    let (mut child, child_id) = spawn_child(&a).await;
-    within(a.wait_peers(2, WAIT)).await.unwrap();
+    // A small ring: the child holds the writer once it is full.
+    let (a, _c, mut on_c, mut child, child_id) = writer_reader_and_child(16).await;
     assert!(
         held_segments(&child_id) > 0,
         "this process reads the child's ring"
@@ -240,6 +246,34 @@ async fn a_reader_killed_with_sigkill_neither_holds_the_writer_nor_leaves_its_se
     assert_eq!(a.stats().slow_consumers.load(Ordering::Relaxed), 0);
 }
 
+/// A handshake answer as received: its descriptors and text, or why none came.
+type Answer = Result<(Vec<std::os::fd::OwnedFd>, Vec<u8>), announce::ReceiveError>;
+
+/// What a hostile process does: connects to node `to`'s socket and offers it a ring of 8
+/// slots of `slot` bytes in the name of node `from` (and `arena`, when given, with the word
+/// `arena`). The socket, the ring, and the answer as received.
+fn hostile_offer(
+    to: u64,
+    from: u64,
+    slot: usize,
+    arena: Option<std::os::fd::BorrowedFd<'_>>,
+) -> (UnixStream, SharedRing, Answer) {
+    let name = format!("hayate-peer/{to:016x}");
+    let sock = UnixStream::connect_addr(&UnixAddr::from_abstract_name(name).unwrap()).unwrap();
+    let words = hayate_shm::region_words(8, slot);
+    let ring = SharedRing::init(Segment::create("evil", words * 8).unwrap(), 8, slot).unwrap();
+    let bell = Doorbell::new().unwrap();
+    let mut fds = vec![ring.segment().fd(), bell.ringer()];
+    let mut offer = format!("HAYATE-SHM/3 OFFER {from:016x} {to:016x}");
+    if let Some(fd) = arena {
+        fds.push(fd);
+        offer.push_str(" arena");
+    }
+    announce::send_fds(&sock, &fds, offer.as_bytes()).unwrap();
+    let answer = announce::receive_any(&sock);
+    (sock, ring, answer)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_ring_is_an_error_for_that_ring_only() {
     let b = Node::start(opts(&[])).await.unwrap();
@@ -251,19 +285,10 @@ async fn a_corrupt_ring_is_an_error_for_that_ring_only() {
     // byte (its last) has bits no writer sets.
     let (b_id, x_id) = (b.id(), x.id());
     let sock = tokio::task::spawn_blocking(move || {
-        let name = format!("hayate-peer/{b_id:016x}");
-        let sock = UnixStream::connect_addr(&UnixAddr::from_abstract_name(name).unwrap()).unwrap();
-        let words = hayate_shm::region_words(8, 64);
-        let ring = SharedRing::init(Segment::create("evil", words * 8).unwrap(), 8, 64).unwrap();
-        let bell = Doorbell::new().unwrap();
-        announce::send_fds(
-            &sock,
-            &[ring.segment().fd(), bell.ringer()],
-            format!("HAYATE-SHM/3 OFFER {x_id:016x} {b_id:016x}").as_bytes(),
-        )
-        .unwrap();
-        let (mut fds, answer) = announce::receive_fds(&sock, 1).unwrap();
-        assert!(answer.starts_with(b"HAYATE-SHM/3 OK "));
+        let (sock, ring, answer) = hostile_offer(b_id, x_id, 64, None);
+        let (mut fds, answer) = answer.unwrap();
+        assert!(answer.starts_with(b"HAYATE-SHM/3 OK "), "{answer:?}");
+        assert_eq!(fds.len(), 1);
         let b_bell = Doorbell::from_fd(fds.pop().unwrap()).unwrap();
         let mut w = SharedWriter::new(ring.clone());
         w.publish(b"\x00garbage that is no frame\xff\xff\xff\xff\xff\xff\xff\xff\x80")
@@ -624,21 +649,10 @@ async fn a_hostile_arena_or_reference_is_refused() {
     let mut sub = b.subscribe("h/*").await.unwrap();
     let (b_id, x_id) = (b.id(), x.id());
     let offer = move |sealed: bool| {
-        let name = format!("hayate-peer/{b_id:016x}");
-        let sock = UnixStream::connect_addr(&UnixAddr::from_abstract_name(name).unwrap()).unwrap();
-        let words = hayate_shm::region_words(8, 256);
-        let ring = SharedRing::init(Segment::create("evil", words * 8).unwrap(), 8, 256).unwrap();
-        let bell = Doorbell::new().unwrap();
         let writable = Segment::create("evil-arena", 4096).unwrap();
         let arena = ArenaWriter::create("evil-arena", 4096).unwrap();
         let arena_fd = if sealed { arena.fd() } else { writable.fd() };
-        announce::send_fds(
-            &sock,
-            &[ring.segment().fd(), bell.ringer(), arena_fd],
-            format!("HAYATE-SHM/3 OFFER {x_id:016x} {b_id:016x} arena").as_bytes(),
-        )
-        .unwrap();
-        let answer = announce::receive_any(&sock);
+        let (sock, ring, answer) = hostile_offer(b_id, x_id, 256, Some(arena_fd));
         (sock, ring, arena, answer)
     };
     // Writable by others: refused, no answer.
@@ -696,21 +710,8 @@ async fn a_hostile_arena_or_reference_is_refused() {
 /// attachment ends and its process is gone, nothing of the writer's arena stays held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_killed_holding_messages_in_place_frees_them() {
-    let a = Node::start(NodeOptions {
-        max_block: Duration::from_secs(600),
-        shm: ShmOptions {
-            mode: ShmMode::Require,
-            ..ShmOptions::default()
-        },
-        ..NodeOptions::default()
-    })
-    .await
-    .unwrap();
-    let c = Node::start(opts(&[&a])).await.unwrap();
-    within(c.wait_peers(1, WAIT)).await.unwrap();
-    let mut on_c = c.subscribe("k/*").await.unwrap();
-    let (mut child, _) = spawn_child(&a).await;
-    within(a.wait_peers(2, WAIT)).await.unwrap();
+    let (a, _c, mut on_c, mut child, _) =
+        writer_reader_and_child(ShmOptions::default().slots).await;
     within(a.flush()).await.unwrap();
     let len = 128 * 1024;
     for i in 0..4 {

@@ -261,6 +261,28 @@ impl ReleaseTable {
     }
 }
 
+/// Reference `n` held by a reader that reads its entry in place: dropped (with the last
+/// thing that reads the entry, such as an [`InPlace`] it is the hold of), it releases the
+/// reference in the reader's table.
+#[derive(Debug)]
+pub struct Release {
+    table: Arc<ReleaseTable>,
+    n: u64,
+}
+
+impl Release {
+    /// Holds reference `n` of `table` until dropped.
+    pub fn new(table: Arc<ReleaseTable>, n: u64) -> Release {
+        Release { table, n }
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.table.release(self.n);
+    }
+}
+
 /// The bit [`ReleaseTable::take`] adds to a reference's number plus one.
 const TAKEN: u64 = 1 << 63;
 

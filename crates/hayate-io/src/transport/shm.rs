@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use hayate_shm::arena::{ArenaView, ReleaseTable};
+use hayate_shm::arena::{ArenaView, Release, ReleaseTable};
 use hayate_shm::doorbell::Doorbell;
 use hayate_shm::segment::Segment;
 use hayate_shm::{ReadBuf, SharedReader, SharedRing, SharedWriter};
@@ -258,20 +258,6 @@ pub struct Fanout {
     table: Option<Arc<ReleaseTable>>,
 }
 
-/// Held by an entry read in place: dropped with its last `Bytes`, it says its MSG_REF is
-/// done with.
-#[derive(Debug)]
-struct Hold {
-    table: Arc<ReleaseTable>,
-    n: u64,
-}
-
-impl Drop for Hold {
-    fn drop(&mut self) {
-        self.table.release(self.n);
-    }
-}
-
 impl Fanout {
     /// Appends the entry a MSG_REF names to `out` (nothing on an error: the broker wrote
     /// the place again, which it does only when told it was released), and counts it done
@@ -306,10 +292,7 @@ impl Fanout {
         if let Some(table) = &self.table
             && cfg!(target_endian = "little")
         {
-            let hold = Hold {
-                table: table.clone(),
-                n: self.received,
-            };
+            let hold = Release::new(table.clone(), self.received);
             self.received += 1;
             // On an error `hold` is dropped here: released (nothing holds the entry).
             if let Some(e) = self

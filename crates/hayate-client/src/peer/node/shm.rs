@@ -25,7 +25,7 @@ use bytes::{Bytes, BytesMut};
 use hayate_core::Message;
 use hayate_native::Frame;
 use hayate_shm::announce::{self, PeerProcess};
-use hayate_shm::arena::{ArenaView, EntryError, ReleaseTable};
+use hayate_shm::arena::{ArenaView, EntryError, Release, ReleaseTable};
 use hayate_shm::doorbell::Doorbell;
 use hayate_shm::segment::Segment;
 use hayate_shm::{MAX_READERS, ReadError, SharedReader, SharedRing, SharedWriter};
@@ -420,25 +420,15 @@ impl NodeInner {
                 return Ok(None); // refused: the socket closed
             };
             let answer = String::from_utf8_lossy(&answer).into_owned();
-            let mut words = answer.split(' ');
-            let (Some(HANDSHAKE), Some("OK"), Some(entry), hold, None) = (
-                words.next(),
-                words.next(),
-                words.next(),
-                words.next(),
-                words.next(),
-            ) else {
-                return Ok(None);
+            // `hold`: it reads in place, and says what it holds in the table it sent; only
+            // when the arena was offered.
+            let (entry, holds) = match handshake_words(&answer)[..] {
+                ["OK", entry] => (entry, false),
+                ["OK", entry, "hold"] if arena_fd.is_some() => (entry, true),
+                _ => return Ok(None),
             };
             let Some(entry) = entry.parse::<usize>().ok().filter(|e| *e < MAX_READERS) else {
                 return Ok(None);
-            };
-            // `hold`: it reads in place, and says what it holds in the table it sent; only
-            // when the arena was offered.
-            let holds = match hold {
-                None => false,
-                Some("hold") if arena_fd.is_some() => true,
-                Some(_) => return Ok(None),
             };
             if fds.len() != 1 + usize::from(holds) {
                 return Ok(None);
@@ -581,22 +571,11 @@ async fn accept_offer(
             }
             let (mut fds, offer) = announce::receive_any(&sock).map_err(|e| e.to_string())?;
             let offer = String::from_utf8_lossy(&offer).into_owned();
-            let mut words = offer.split(' ');
-            let (Some(HANDSHAKE), Some("OFFER"), Some(from), Some(to), arena, None) = (
-                words.next(),
-                words.next(),
-                words.next(),
-                words.next(),
-                words.next(),
-                words.next(),
-            ) else {
-                return Err(format!("a malformed offer {offer:?}"));
-            };
             // ` arena`: a third descriptor, the writer's arena (messages read in place).
-            let arena = match arena {
-                None => false,
-                Some("arena") => true,
-                Some(_) => return Err(format!("a malformed offer {offer:?}")),
+            let (from, to, arena) = match handshake_words(&offer)[..] {
+                ["OFFER", from, to] => (from, to, false),
+                ["OFFER", from, to, "arena"] => (from, to, true),
+                _ => return Err(format!("a malformed offer {offer:?}")),
             };
             if fds.len() != 2 + usize::from(arena) {
                 return Err(format!("an offer with {} descriptors", fds.len()));
@@ -994,10 +973,7 @@ impl RingReader {
         // Marked taken before anything else, so that the writer, which frees a reference
         // not taken once this node's cursor is past it (or this node is evicted), keeps it.
         table.take(r.number);
-        let hold = Hold {
-            table: table.clone(),
-            n: r.number,
-        };
+        let hold = Release::new(table.clone(), r.number);
         if r.len > max_frame as u64 + 4 {
             // Larger than this node accepts, as a frame in chunks would be.
             self.node
@@ -1084,22 +1060,19 @@ impl RingReader {
     }
 }
 
+/// The words of a handshake message after its first, [`HANDSHAKE`]; none if it starts
+/// otherwise, or has more than five.
+fn handshake_words(text: &str) -> Vec<&str> {
+    let mut words = text.split(' ');
+    if words.next() != Some(HANDSHAKE) {
+        return Vec::new();
+    }
+    let rest: Vec<&str> = words.take(6).collect();
+    if rest.len() > 5 { Vec::new() } else { rest }
+}
+
 /// The flags of a reference: one whole frame.
 const FLAGS_REF: u8 = FIRST | REF;
-
-/// Held by a frame read in place: dropped with the last `Bytes` of it, it tells the writer
-/// the reference is done with.
-#[derive(Debug)]
-struct Hold {
-    table: Arc<ReleaseTable>,
-    n: u64,
-}
-
-impl Drop for Hold {
-    fn drop(&mut self) {
-        self.table.release(self.n);
-    }
-}
 
 /// The queue-group members named for node `me` in `m` (every such header is removed).
 fn take_named_shm(m: &mut Message, me: u64) -> Vec<(u32, Bytes)> {
