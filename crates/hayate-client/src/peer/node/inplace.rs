@@ -46,7 +46,7 @@ pub(super) struct Holder {
     /// process exits.
     departed: AtomicBool,
     /// Arena words its live references hold (each counts the whole entry): at most a
-    /// quarter of the arena. Changed under the writer's lock only.
+    /// half of the arena (`QUOTA_SHARE`). Changed under the writer's lock only.
     held_words: AtomicUsize,
 }
 
