@@ -732,3 +732,37 @@ async fn a_reader_killed_holding_messages_in_place_frees_them() {
     })
     .await;
 }
+
+/// A node that closes while its ring reader waits for room in one of its `block`
+/// subscriptions (full, never read, still alive) stops reading at once: its reader ends and
+/// lets go of the other node's ring, instead of waiting out `max_block` (600 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_closes_stops_waiting_for_its_full_subscriptions() {
+    let a = Node::start(opts(&[])).await.unwrap();
+    let b = Node::start(NodeOptions {
+        subscription_capacity: 1,
+        max_block: Duration::from_secs(600),
+        ..opts(&[&a])
+    })
+    .await
+    .unwrap();
+    within(a.wait_peers(1, WAIT)).await.unwrap();
+    let _full = b.subscribe("f/*").await.unwrap();
+    within(b.flush()).await.unwrap();
+    within(a.flush()).await.unwrap();
+    let a_id = format!("{:016x}", a.id());
+    let mapped = held_segments(&a_id);
+    // One message fills the subscription (handed over: `flush`), the next holds b's ring
+    // reader.
+    a.publish(&key("f/x"), "one").await.unwrap();
+    within(a.flush()).await.unwrap();
+    a.publish(&key("f/x"), "two").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    b.close().await;
+    within(async {
+        while held_segments(&a_id) >= mapped {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}

@@ -1075,11 +1075,20 @@ impl NodeInner {
                     lost.fetch_add(b.len() as u64, Ordering::Relaxed);
                 }
                 Err(TrySendError::Full(b)) => {
-                    match tokio::time::timeout(self.options.max_block, tx.reserve(b.bytes())).await
-                    {
-                        Ok(Ok(permit)) => permit.send(b),
-                        Ok(Err(_)) => {}
-                        Err(_) => self.cut_slow(t.sid),
+                    // A node that stops ends its subscriptions: its links and ring readers
+                    // do not wait for room in them past that (they would for `max_block`).
+                    let mut stopped = self.stop.subscribe();
+                    if *stopped.borrow_and_update() {
+                        return;
+                    }
+                    let room = tokio::time::timeout(self.options.max_block, tx.reserve(b.bytes()));
+                    tokio::select! {
+                        r = room => match r {
+                            Ok(Ok(permit)) => permit.send(b),
+                            Ok(Err(_)) => {}
+                            Err(_) => self.cut_slow(t.sid),
+                        },
+                        _ = stopped.changed() => {}
                     }
                 }
             },
