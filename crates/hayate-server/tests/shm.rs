@@ -1061,7 +1061,7 @@ async fn a_connection_the_broker_ends_reads_its_references_then_the_error() {
     let mut got = 0u32;
     for (at, len, tag) in refs {
         let mut entry = BytesMut::new();
-        view.get(at, u64::from(len), tag, &mut shm::BytesReadBuf(&mut entry))
+        view.get(at, u64::from(len), tag, &mut entry)
             .unwrap_or_else(|e| panic!("reference {got}: {e}"));
         let payloads = match hayate_native::decode(&mut entry, 1 << 20).unwrap() {
             Some(Frame::Msg { msg, .. }) => vec![msg.payload],

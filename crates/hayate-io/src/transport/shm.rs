@@ -217,28 +217,6 @@ pub fn join_ring(
     Ok((Box::new(r), Arc::new(w), ring))
 }
 
-/// A `BytesMut` as the buffer an arena entry (or a ring message) is appended to.
-#[derive(Debug)]
-pub struct BytesReadBuf<'a>(pub &'a mut bytes::BytesMut);
-
-impl ReadBuf for BytesReadBuf<'_> {
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-    fn reserve(&mut self, additional: usize) {
-        self.0.reserve(additional);
-    }
-    fn extend_from_slice(&mut self, bytes: &[u8]) {
-        self.0.extend_from_slice(bytes);
-    }
-    fn truncate(&mut self, len: usize) {
-        self.0.truncate(len);
-    }
-    fn append_region(&mut self, region: hayate_shm::Region<'_>) {
-        self.0.append_region(region);
-    }
-}
-
 /// What a client that took the broker's fan-out arena reads MSG_REFs with: the arena,
 /// mapped read-only, and how it says it is done with them (docs/protocol.md, *Fan-out*).
 ///
@@ -304,7 +282,7 @@ impl Fanout {
             }
         }
         copy.clear();
-        self.get(at, len, tag, &mut BytesReadBuf(copy))?;
+        self.get(at, len, tag, copy)?;
         Ok(copy.split().freeze())
     }
 

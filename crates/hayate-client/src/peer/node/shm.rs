@@ -1004,13 +1004,10 @@ impl RingReader {
                 }
             }
         };
-        let mut m = match hayate_native::decode_frame(bytes, max_frame) {
+        let m = match hayate_native::decode_frame(bytes, max_frame) {
             Ok(Frame::Pub(m)) => m,
             _ => return Err(()),
         };
-        // The key in an allocation of its own: this reader's and the node's route caches
-        // keep keys, and a key still in the arena would hold its entry for as long.
-        m.key = m.key.compact();
         self.node
             .stats
             .shm_refs_read
@@ -1021,7 +1018,7 @@ impl RingReader {
 
     /// A message read from the ring (copied out or in place): dispatched to this node's
     /// subscriptions.
-    fn on_message(&mut self, m: Message, pending: &mut Vec<(LocalTarget, Vec<Message>)>) {
+    fn on_message(&mut self, mut m: Message, pending: &mut Vec<(LocalTarget, Vec<Message>)>) {
         if m.payload.len() as u64 > self.node.options.max_payload {
             // As over TCP, a node takes no payload larger than its max_payload.
             self.node
@@ -1031,7 +1028,6 @@ impl RingReader {
             return;
         }
         self.node.stats.shm_received.fetch_add(1, Ordering::Relaxed);
-        let mut m = m;
         let named = take_named_shm(&mut m, self.node.id);
         // The last key's route, while routes have not changed (one key in a row is the
         // common case): no lock per message.
@@ -1040,7 +1036,10 @@ impl RingReader {
             Some((g, k, r)) if *g == generation && *k == m.key => r.clone(),
             _ => {
                 let r = self.node.route(&m.key);
-                self.last_route = Some((generation, m.key.clone(), r.clone()));
+                // The key in an allocation of its own: one still in the frame's buffer (an
+                // arena entry read in place, or an assembly block) would keep that alive for
+                // as long as the key is cached.
+                self.last_route = Some((generation, m.key.compact(), r.clone()));
                 r
             }
         };
