@@ -77,7 +77,7 @@ impl System {
                 "ca",
             ],
             System::Kafka => &["acks"],
-            System::Amqp => &["client", "durable"],
+            System::Amqp => &["client", "durable", "io"],
             System::Zenoh => &["mode", "express", "connect"],
             _ => &[],
         }
@@ -137,7 +137,10 @@ impl Target {
     /// `version=3.1.1|5`, `client=hayate|rumqttc` (mqtt; rumqttc needs feature `peers`) and
     /// `transport=tcp|ws` (mqtt, hayate client: MQTT over WebSocket, `path=/mqtt` by default),
     /// `acks=0|1|all` (kafka), `durable=1` (amqp, `client=hayate`: persistent messages
-    /// with publisher confirms into a durable queue consumed with acknowledgements), `mode=client|peer` and `express=0|1` (zenoh), `mode=peer`
+    /// with publisher confirms into a durable queue consumed with acknowledgements),
+    /// `io=tokio|blocking` (amqp, `client=hayate`, `bench rpc`: the callers and the server on
+    /// Tokio, the default, or each on a thread of its own blocked in its socket's reads, as
+    /// the `--baseline` relay's are), `mode=client|peer` and `express=0|1` (zenoh), `mode=peer`
     /// (hayate: with `bench rpc` the server is a `PeerServer` that callers reach directly;
     /// with `thr`/`lat` publisher and subscriber are two peer nodes in this process; HOST is
     /// where they listen, the port is ignored), `shm=off|auto|require` and `spin=MICROS`
@@ -259,6 +262,15 @@ impl Target {
                     bail!("target {url:?}: durable=1 needs the hayate AMQP client (client=hayate)")
                 }
                 (Some(d), _) => bail!("target {url:?}: durable={d:?}: 0 or 1"),
+            }
+            match (t.param("io"), t.param("client")) {
+                (None | Some("tokio"), _) | (Some("blocking"), Some("hayate")) => {}
+                (Some("blocking"), _) => {
+                    bail!(
+                        "target {url:?}: io=blocking needs the hayate AMQP client (client=hayate)"
+                    )
+                }
+                (Some(x), _) => bail!("target {url:?}: io={x:?}: tokio or blocking"),
             }
         }
         if system == System::Mqtt {

@@ -540,13 +540,10 @@ impl AmqpcSub {
 /// RabbitMQ's pseudo-queue for direct reply-to.
 const REPLY_TO: &str = "amq.rabbitmq.reply-to";
 
-/// An RPC end that owns its socket: no reader or writer task, so a call costs the client
-/// no wake-up of another task (the method of rpc-bench: one request in flight per
-/// connection, the caller writes it and reads its answer itself). Both brokers are measured
-/// with it.
-struct Direct {
-    rd: tokio::net::tcp::OwnedReadHalf,
-    wr: tokio::net::tcp::OwnedWriteHalf,
+/// The framing state of an RPC end: what was read and is still to be decoded, what is to be
+/// written, and the delivery being put together. Shared by the Tokio end ([`Direct`]) and the
+/// blocking one ([`Blocking`]), which differ only in how they read and write.
+struct Framing {
     buf: BytesMut,
     out: BytesMut,
     dec: FrameDecoder,
@@ -555,33 +552,130 @@ struct Direct {
     asm: Assembly,
 }
 
+impl Framing {
+    /// The next delivery complete in what was read, if any.
+    fn take(&mut self) -> anyhow::Result<Option<Delivery>> {
+        while let Some(f) = self.dec.decode(&mut self.buf)? {
+            match self.asm.frame(f) {
+                Assembled::Delivery(i, body) => return Ok(Some(i.done(body))),
+                Assembled::Other(Frame::Method(_, m)) => {
+                    closed(m)?;
+                }
+                Assembled::Partial | Assembled::Other(_) => {}
+            }
+        }
+        Ok(None)
+    }
+
+    /// The next method in what was read, if any (a synchronous method's answer).
+    fn method(&mut self) -> anyhow::Result<Option<Method>> {
+        while let Some(f) = self.dec.decode(&mut self.buf)? {
+            if let Frame::Method(_, m) = f {
+                return closed(m).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether what was read holds connection.close-ok.
+    fn close_ok(&mut self) -> anyhow::Result<bool> {
+        while let Some(f) = self.dec.decode(&mut self.buf)? {
+            if let Frame::Method(_, Method::ConnectionCloseOk {}) = f {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Appends connection.close.
+    fn close(&mut self) {
+        Frame::Method(
+            0,
+            Method::ConnectionClose {
+                reply_code: 200,
+                reply_text: ShortStr::lit("bye"),
+                class_id: 0,
+                method_id: 0,
+            },
+        )
+        .encode(&mut self.out);
+    }
+
+    /// Appends a request to `queue`, its reply-to direct reply-to.
+    fn request(&mut self, queue: &ShortStr, req: &[u8]) {
+        let props = hayate_amqp::BasicProperties {
+            reply_to: Some(ShortStr::lit(REPLY_TO)),
+            ..Default::default()
+        };
+        let x = ShortStr::lit("");
+        encode_publish(&x, queue, &props, req, self.frame_max, &mut self.out);
+    }
+
+    /// Appends the answer to every complete request read so far (to its reply-to, through
+    /// the default exchange, with its correlation id); requests without a reply-to are
+    /// dropped.
+    fn answer_all(&mut self, handler: fn(&[u8]) -> Bytes) -> anyhow::Result<()> {
+        let x = ShortStr::lit("");
+        while let Some(r) = self.take()? {
+            let Some(reply_to) = r.reply_to else { continue };
+            let props = hayate_amqp::BasicProperties {
+                correlation_id: r.correlation_id,
+                ..Default::default()
+            };
+            let answer = handler(&r.body);
+            encode_publish(
+                &x,
+                &reply_to,
+                &props,
+                &answer,
+                self.frame_max,
+                &mut self.out,
+            );
+        }
+        Ok(())
+    }
+}
+
+/// An RPC end that owns its socket: no reader or writer task, so a call costs the client
+/// no wake-up of another task (the method of rpc-bench: one request in flight per
+/// connection, the caller writes it and reads its answer itself). Both brokers are measured
+/// with it.
+struct Direct {
+    rd: tokio::net::tcp::OwnedReadHalf,
+    wr: tokio::net::tcp::OwnedWriteHalf,
+    f: Framing,
+}
+
 impl Direct {
     async fn connect(target: &Target) -> anyhow::Result<Direct> {
         let o = open(target, Duration::from_secs(10)).await?;
         Ok(Direct {
             rd: o.rd,
             wr: o.wr,
-            buf: o.buf,
-            out: BytesMut::with_capacity(16 << 10),
-            dec: FrameDecoder::new(o.frame_max.max(FRAME_MAX)),
-            frame_max: o.frame_max as usize,
-            asm: Assembly::default(),
+            f: Framing {
+                buf: o.buf,
+                out: BytesMut::with_capacity(16 << 10),
+                dec: FrameDecoder::new(o.frame_max.max(FRAME_MAX)),
+                frame_max: o.frame_max as usize,
+                asm: Assembly::default(),
+            },
         })
     }
 
     /// Sends what `out` holds.
     async fn send(&mut self) -> anyhow::Result<()> {
-        self.wr.write_all(&self.out).await?;
-        self.out.clear();
+        self.wr.write_all(&self.f.out).await?;
+        self.f.out.clear();
         Ok(())
     }
 
     /// Reads more; an error at the end of the stream.
     async fn fill(&mut self) -> anyhow::Result<()> {
-        if self.buf.capacity() - self.buf.len() < 4 << 10 {
-            self.buf.reserve(64 << 10);
+        let buf = &mut self.f.buf;
+        if buf.capacity() - buf.len() < 4 << 10 {
+            buf.reserve(64 << 10);
         }
-        if self.rd.read_buf(&mut self.buf).await? == 0 {
+        if self.rd.read_buf(buf).await? == 0 {
             bail!("amqp: connection closed by the server");
         }
         Ok(())
@@ -590,14 +684,12 @@ impl Direct {
     /// A synchronous method and its answer (before any delivery can arrive).
     async fn call(&mut self, m: Method) -> anyhow::Result<Method> {
         let name = m.name();
-        Frame::Method(CHANNEL, m).encode(&mut self.out);
+        Frame::Method(CHANNEL, m).encode(&mut self.f.out);
         self.send().await?;
         tokio::time::timeout(Duration::from_secs(10), async {
             loop {
-                while let Some(f) = self.dec.decode(&mut self.buf)? {
-                    if let Frame::Method(_, m) = f {
-                        return closed(m);
-                    }
+                if let Some(m) = self.f.method()? {
+                    return Ok(m);
                 }
                 self.fill().await?;
             }
@@ -627,44 +719,92 @@ impl Direct {
         }
     }
 
-    /// The next delivery complete in what was read, if any.
-    fn take(&mut self) -> anyhow::Result<Option<Delivery>> {
-        while let Some(f) = self.dec.decode(&mut self.buf)? {
-            match self.asm.frame(f) {
-                Assembled::Delivery(i, body) => return Ok(Some(i.done(body))),
-                Assembled::Other(Frame::Method(_, m)) => {
-                    closed(m)?;
-                }
-                Assembled::Partial | Assembled::Other(_) => {}
-            }
-        }
-        Ok(None)
-    }
-
     /// Closes the connection (connection.close, then a short wait for its answer).
     async fn close(mut self) {
-        Frame::Method(
-            0,
-            Method::ConnectionClose {
-                reply_code: 200,
-                reply_text: ShortStr::lit("bye"),
-                class_id: 0,
-                method_id: 0,
-            },
-        )
-        .encode(&mut self.out);
+        self.f.close();
         let _ = tokio::time::timeout(Duration::from_secs(1), async {
             self.send().await?;
-            loop {
-                while let Some(f) = self.dec.decode(&mut self.buf)? {
-                    if let Frame::Method(_, Method::ConnectionCloseOk {}) = f {
-                        return anyhow::Ok(());
-                    }
-                }
+            while !self.f.close_ok()? {
                 self.fill().await?;
             }
+            anyhow::Ok(())
         })
         .await;
+    }
+}
+
+/// An RPC end on a blocking socket (`io=blocking`), for a thread of its own: a reply wakes
+/// the thread blocked in `read` directly, where a Tokio end is woken by `epoll_wait` and
+/// then reads. The same client calls as [`Direct`] (made by it: the handshake and the
+/// consume are done before the socket is taken over), the same framing.
+struct Blocking {
+    s: std::net::TcpStream,
+    f: Framing,
+    /// What one read takes at most.
+    scratch: Box<[u8]>,
+    /// The read timeout set on `s`.
+    timeout: Option<Duration>,
+}
+
+impl Blocking {
+    /// Takes `d`'s socket over (out of the Tokio runtime), reads timing out after `timeout`.
+    fn new(d: Direct, timeout: Duration) -> anyhow::Result<Blocking> {
+        let s = d.rd.reunite(d.wr)?.into_std()?;
+        s.set_nonblocking(false)?;
+        s.set_read_timeout(Some(timeout))?;
+        Ok(Blocking {
+            s,
+            f: d.f,
+            scratch: vec![0; 64 << 10].into_boxed_slice(),
+            timeout: Some(timeout),
+        })
+    }
+
+    /// Sets the read timeout (a system call only when it changes).
+    fn set_timeout(&mut self, t: Duration) -> std::io::Result<()> {
+        if self.timeout != Some(t) {
+            self.s.set_read_timeout(Some(t))?;
+            self.timeout = Some(t);
+        }
+        Ok(())
+    }
+
+    /// Sends what `out` holds.
+    fn send(&mut self) -> std::io::Result<()> {
+        use std::io::Write;
+        (&self.s).write_all(&self.f.out)?;
+        self.f.out.clear();
+        Ok(())
+    }
+
+    /// Reads more: `Ok(false)` when the read timed out; an error at the end of the stream.
+    fn fill(&mut self) -> anyhow::Result<bool> {
+        use std::io::{ErrorKind, Read};
+        match (&self.s).read(&mut self.scratch) {
+            Ok(0) => bail!("amqp: connection closed by the server"),
+            Ok(n) => {
+                self.f.buf.extend_from_slice(&self.scratch[..n]);
+                Ok(true)
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => Ok(false),
+            Err(e) if e.kind() == ErrorKind::Interrupted => Ok(true),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Closes the connection (connection.close, then up to a second for its answer).
+    fn close(mut self) {
+        self.f.close();
+        let _ = (|| -> anyhow::Result<()> {
+            self.set_timeout(Duration::from_secs(1))?;
+            self.send()?;
+            while !self.f.close_ok()? {
+                if !self.fill()? {
+                    return Ok(());
+                }
+            }
+            Ok(())
+        })();
     }
 }
 
@@ -686,18 +826,31 @@ fn closed(m: Method) -> anyhow::Result<Method> {
 }
 
 /// The RPC server: consumes `queue` (no-ack) and publishes each answer to the request's
-/// reply-to through the default exchange, with its correlation id. One task reads the
-/// requests and answers every request of a read with one write.
-pub(crate) struct RpcServer {
-    task: tokio::task::JoinHandle<()>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+/// reply-to through the default exchange, with its correlation id. One task (or, with
+/// `blocking`, one thread on a blocking socket) reads the requests and answers every
+/// request of a read with one write.
+pub(crate) struct RpcServer(ServerEnd);
+
+enum ServerEnd {
+    Task(
+        tokio::task::JoinHandle<()>,
+        Option<tokio::sync::oneshot::Sender<()>>,
+    ),
+    Thread(
+        std::thread::JoinHandle<()>,
+        Arc<std::sync::atomic::AtomicBool>,
+    ),
 }
+
+/// How long a blocking server's read waits before it looks whether it is to stop.
+const SERVER_POLL: Duration = Duration::from_millis(50);
 
 impl RpcServer {
     pub(crate) async fn start(
         target: &Target,
         queue: &str,
         handler: fn(&[u8]) -> Bytes,
+        blocking: bool,
     ) -> anyhow::Result<RpcServer> {
         let mut d = Direct::connect(target).await?;
         let q = match d
@@ -717,21 +870,37 @@ impl RpcServer {
             m => bail!("expected queue.declare-ok, got {}", m.name()),
         };
         d.consume(q).await?;
+        if blocking {
+            let mut b = Blocking::new(d, SERVER_POLL)?;
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let stopped = stop.clone();
+            let thread = std::thread::Builder::new()
+                .name("amqp-rpc-server".into())
+                .spawn(move || {
+                    let served = (|| -> anyhow::Result<()> {
+                        loop {
+                            b.f.answer_all(handler)?;
+                            if !b.f.out.is_empty() {
+                                b.send()?;
+                            }
+                            if stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                                return Ok(());
+                            }
+                            b.fill()?;
+                        }
+                    })();
+                    if served.is_ok() {
+                        b.close();
+                    }
+                })?;
+            return Ok(RpcServer(ServerEnd::Thread(thread, stop)));
+        }
         let (stop, mut stopped) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(async move {
-            let x = ShortStr::lit("");
             let served = async {
                 loop {
-                    while let Some(r) = d.take()? {
-                        let Some(reply_to) = r.reply_to else { continue };
-                        let props = hayate_amqp::BasicProperties {
-                            correlation_id: r.correlation_id,
-                            ..Default::default()
-                        };
-                        let answer = handler(&r.body);
-                        encode_publish(&x, &reply_to, &props, &answer, d.frame_max, &mut d.out);
-                    }
-                    if !d.out.is_empty() {
+                    d.f.answer_all(handler)?;
+                    if !d.f.out.is_empty() {
                         d.send().await?;
                     }
                     tokio::select! {
@@ -744,21 +913,27 @@ impl RpcServer {
                 d.close().await;
             }
         });
-        Ok(RpcServer {
-            task,
-            stop: Some(stop),
-        })
+        Ok(RpcServer(ServerEnd::Task(task, Some(stop))))
     }
 
-    pub(crate) async fn close(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if tokio::time::timeout(Duration::from_secs(2), &mut self.task)
-            .await
-            .is_err()
-        {
-            self.task.abort();
+    pub(crate) async fn close(self) {
+        match self.0 {
+            ServerEnd::Task(mut task, mut stop) => {
+                if let Some(s) = stop.take() {
+                    let _ = s.send(());
+                }
+                if tokio::time::timeout(Duration::from_secs(2), &mut task)
+                    .await
+                    .is_err()
+                {
+                    task.abort();
+                }
+            }
+            ServerEnd::Thread(thread, stop) => {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                // It looks every SERVER_POLL and closes within a second.
+                let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+            }
         }
     }
 }
@@ -781,22 +956,11 @@ impl RpcCaller {
     }
 
     pub(crate) async fn call(&mut self, req: &[u8]) -> anyhow::Result<Bytes> {
-        let props = hayate_amqp::BasicProperties {
-            reply_to: Some(ShortStr::lit(REPLY_TO)),
-            ..Default::default()
-        };
         let d = &mut self.d;
-        encode_publish(
-            &ShortStr::lit(""),
-            &self.queue,
-            &props,
-            req,
-            d.frame_max,
-            &mut d.out,
-        );
+        d.f.request(&self.queue, req);
         d.send().await?;
         loop {
-            if let Some(r) = d.take()? {
+            if let Some(r) = d.f.take()? {
                 return Ok(r.body);
             }
             d.fill().await?;
@@ -805,6 +969,43 @@ impl RpcCaller {
 
     pub(crate) async fn close(self) {
         self.d.close().await;
+    }
+}
+
+/// [`RpcCaller`] on a blocking socket (`io=blocking`): its calls block the calling thread.
+pub(crate) struct BlockingCaller {
+    b: Blocking,
+    queue: ShortStr,
+}
+
+impl BlockingCaller {
+    pub(crate) async fn connect(target: &Target, queue: &str) -> anyhow::Result<BlockingCaller> {
+        let mut d = Direct::connect(target).await?;
+        d.consume(ShortStr::lit(REPLY_TO)).await?;
+        Ok(BlockingCaller {
+            b: Blocking::new(d, Duration::from_secs(10))?,
+            queue: ShortStr::lit(queue),
+        })
+    }
+
+    /// One call: an error when no answer came within `timeout`.
+    pub(crate) fn call(&mut self, req: &[u8], timeout: Duration) -> anyhow::Result<Bytes> {
+        let b = &mut self.b;
+        b.set_timeout(timeout)?;
+        b.f.request(&self.queue, req);
+        b.send()?;
+        loop {
+            if let Some(r) = b.f.take()? {
+                return Ok(r.body);
+            }
+            if !b.fill()? {
+                bail!("amqp: no answer within {timeout:?}");
+            }
+        }
+    }
+
+    pub(crate) fn close(self) {
+        self.b.close();
     }
 }
 

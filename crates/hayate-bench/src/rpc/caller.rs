@@ -36,6 +36,8 @@ pub(super) enum Caller {
     Amqp(crate::driver::amqp::RpcCaller),
     /// `amqp://...?client=hayate`.
     Amqpc(crate::driver::amqpc::RpcCaller),
+    /// `amqp://...?client=hayate&io=blocking`: calls block a thread of the caller's own.
+    AmqpcBlocking(crate::driver::amqpc::BlockingCaller),
     #[cfg(feature = "peers")]
     Zmq(crate::driver::zmq::RpcCaller),
     #[cfg(feature = "peers")]
@@ -79,6 +81,8 @@ impl Caller {
                 #[cfg(feature = "peers")]
                 Caller::Amqp(c) => c.call(&req).await?,
                 Caller::Amqpc(c) => c.call(&req).await?,
+                // Outside the measured loop (warm-up): that loop calls it on its own thread.
+                Caller::AmqpcBlocking(c) => tokio::task::block_in_place(|| c.call(&req, timeout))?,
                 #[cfg(feature = "peers")]
                 Caller::Zmq(c) => c.call(req).await?,
                 #[cfg(feature = "peers")]
@@ -111,6 +115,9 @@ impl Caller {
             #[cfg(feature = "peers")]
             Caller::Amqp(c) => c.close().await,
             Caller::Amqpc(c) => c.close().await,
+            Caller::AmqpcBlocking(c) => {
+                let _ = tokio::task::spawn_blocking(move || c.close()).await;
+            }
             #[cfg(feature = "peers")]
             Caller::Zmq(_) | Caller::Grpc(_) => {}
             #[cfg(feature = "peers")]
@@ -166,6 +173,9 @@ async fn connect_caller(
             let replies = c.listen("/temp-queue/rpc");
             Caller::Stomp(c, replies, stomp_queue(prefix))
         }
+        System::Amqp if super::amqp_blocking(target) => Caller::AmqpcBlocking(
+            crate::driver::amqpc::BlockingCaller::connect(target, &amqp_queue(prefix)).await?,
+        ),
         System::Amqp if target.param("client") == Some("hayate") => Caller::Amqpc(
             crate::driver::amqpc::RpcCaller::connect(target, &amqp_queue(prefix)).await?,
         ),
@@ -235,33 +245,47 @@ pub(super) async fn run_callers(
     let t0 = Instant::now();
     let stop_at = t0 + opts.max_time;
     let mut tasks = Vec::new();
-    for mut c in callers {
+    for c in callers {
         let next = next.clone();
         let timeout = opts.call_timeout;
         let calls = point.calls;
-        tasks.push(tokio::spawn(async move {
-            let mut hist = crate::lat::new_histogram()?;
-            let mut done = 0u64;
-            let res: anyhow::Result<()> = async {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= calls || Instant::now() > stop_at {
-                        return Ok(());
+        let take = move || {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            (i < calls && Instant::now() <= stop_at).then_some(i)
+        };
+        tasks.push(match c {
+            // Its own thread, blocked in its socket's reads.
+            Caller::AmqpcBlocking(mut c) => tokio::task::spawn_blocking(move || {
+                let mut tally = Tally::new()?;
+                let res = (|| {
+                    while let Some(i) = take() {
+                        let t = Instant::now();
+                        let r = c.call(i.to_string().as_bytes(), timeout)?;
+                        tally.record(i, &r, t.elapsed())?;
                     }
-                    let t = Instant::now();
-                    let r = c.call(i, timeout).await?;
-                    let el = t.elapsed();
-                    check_reply(i, &r)?;
-                    hist.saturating_record((el.as_nanos() as u64).max(1));
-                    done += 1;
+                    anyhow::Ok(())
+                })();
+                let end = t0.elapsed();
+                c.close();
+                res.map(|()| (tally, end))
+            }),
+            mut c => tokio::spawn(async move {
+                let mut tally = Tally::new()?;
+                let res: anyhow::Result<()> = async {
+                    while let Some(i) = take() {
+                        let t = Instant::now();
+                        let r = c.call(i, timeout).await?;
+                        tally.record(i, &r, t.elapsed())?;
+                    }
+                    Ok(())
                 }
-            }
-            .await;
-            // The point's time ends with the last call, not with the connection's close.
-            let end = t0.elapsed();
-            c.close().await;
-            res.map(|()| (hist, done, end))
-        }));
+                .await;
+                // The point's time ends with the last call, not with the connection's close.
+                let end = t0.elapsed();
+                c.close().await;
+                res.map(|()| (tally, end))
+            }),
+        });
     }
     let mut hist = crate::lat::new_histogram()?;
     let mut calls = 0;
@@ -269,9 +293,9 @@ pub(super) async fn run_callers(
     let mut first_err = None;
     for t in tasks {
         match t.await.context("rpc caller task")? {
-            Ok((h, d, end)) => {
-                hist.add(&h)?;
-                calls += d;
+            Ok((tally, end)) => {
+                hist.add(&tally.hist)?;
+                calls += tally.done;
                 elapsed = elapsed.max(end);
             }
             Err(e) => {
@@ -288,4 +312,27 @@ pub(super) async fn run_callers(
         elapsed,
         hist,
     })
+}
+
+/// The calls one caller made: their times, checked replies only.
+struct Tally {
+    hist: hdrhistogram::Histogram<u64>,
+    done: u64,
+}
+
+impl Tally {
+    fn new() -> anyhow::Result<Tally> {
+        Ok(Tally {
+            hist: crate::lat::new_histogram()?,
+            done: 0,
+        })
+    }
+
+    /// Call `i` answered `r` after `took`: an error if the answer is wrong.
+    fn record(&mut self, i: u64, r: &[u8], took: Duration) -> anyhow::Result<()> {
+        check_reply(i, r)?;
+        self.hist.saturating_record((took.as_nanos() as u64).max(1));
+        self.done += 1;
+        Ok(())
+    }
 }

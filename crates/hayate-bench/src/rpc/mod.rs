@@ -190,6 +190,12 @@ fn amqp_queue(prefix: &str) -> String {
     format!("{}.rpc", prefix.replace('/', "."))
 }
 
+/// The workspace's AMQP client on blocking sockets (`client=hayate&io=blocking`): each
+/// caller and the server on a thread of its own.
+fn amqp_blocking(target: &Target) -> bool {
+    target.param("client") == Some("hayate") && target.param("io") == Some("blocking")
+}
+
 #[cfg(test)]
 mod tests {
     use super::pubsub::pubsub_answer;

@@ -113,6 +113,7 @@ fn client_label(target: &Target, server: &ServerPlacement) -> String {
         System::Hayate => "request, inbox reply",
         System::Nats => "request/reply",
         System::Stomp => "temp-queue reply-to",
+        System::Amqp if super::amqp_blocking(target) => "direct reply-to, blocking threads",
         System::Amqp => "direct reply-to",
         System::Zmq => "REQ -> ROUTER",
         System::Grpc => "unary",

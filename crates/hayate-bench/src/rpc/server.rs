@@ -187,8 +187,13 @@ pub(super) async fn start_server(target: &Target, prefix: &str) -> anyhow::Resul
         }
         System::Amqp if target.param("client") == Some("hayate") => {
             server.amqpc = Some(
-                crate::driver::amqpc::RpcServer::start(target, &amqp_queue(prefix), add_one)
-                    .await?,
+                crate::driver::amqpc::RpcServer::start(
+                    target,
+                    &amqp_queue(prefix),
+                    add_one,
+                    super::amqp_blocking(target),
+                )
+                .await?,
             );
         }
         #[cfg(feature = "peers")]
