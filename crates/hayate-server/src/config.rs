@@ -62,6 +62,9 @@ pub struct ServerSection {
     /// this many microseconds instead of sleeping in epoll. Costs up to one CPU while traffic
     /// flows; the `hayate broker` binary runs the broker on one I/O thread when it is on.
     pub busy_poll_us: u64,
+    /// Threads that run the connections (the Tokio runtime's workers); 0: one per CPU core.
+    /// Read by the `hayate broker` binary when it starts (busy-polling needs, and takes, 1).
+    pub io_threads: usize,
     /// What is logged: a level (`error`, `warn`, `info`, `debug`, `trace`) and levels per
     /// module (`info,hayate_server::mqtt=debug`), as `RUST_LOG` takes them (`RUST_LOG`,
     /// when set, wins). Changed at run time by SIGHUP (read again from the file) or
@@ -70,6 +73,9 @@ pub struct ServerSection {
     /// `text` (one line per event, the default) or `json` (one JSON object per line).
     pub log_format: String,
 }
+
+/// The most `[server] io_threads` may be.
+pub const MAX_IO_THREADS: usize = 1024;
 
 /// The broker's default log filter (also what the other commands log with).
 pub const DEFAULT_LOG: &str =
@@ -81,6 +87,7 @@ impl Default for ServerSection {
             name: format!("hayate/{}", env!("CARGO_PKG_VERSION")),
             data_dir: "hayate-data".into(),
             busy_poll_us: 0,
+            io_threads: 0,
             log: DEFAULT_LOG.into(),
             log_format: "text".into(),
         }
@@ -699,6 +706,18 @@ impl Config {
         if self.server.busy_poll_us > 1_000_000 {
             return Err(ConfigError::Invalid(
                 "server.busy_poll_us must be at most 1000000 (1 s)".into(),
+            ));
+        }
+        if self.server.io_threads > MAX_IO_THREADS {
+            return Err(ConfigError::Invalid(format!(
+                "server.io_threads must be at most {MAX_IO_THREADS} (0: one per CPU core)"
+            )));
+        }
+        if self.server.busy_poll_us > 0 && self.server.io_threads > 1 {
+            return Err(ConfigError::Invalid(
+                "server.io_threads must be 0 or 1 with server.busy_poll_us (busy-polling runs \
+                 the broker on one I/O thread)"
+                    .into(),
             ));
         }
         if l.max_unacked == 0 {

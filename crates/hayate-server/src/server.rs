@@ -568,7 +568,8 @@ fn current(cell: &LimitsCell) -> Arc<Limits> {
 /// tokens and permissions of `[auth]` (new logins; users logged in get the new permissions
 /// at their next operation and route; removed users' connections are closed), and
 /// `[admin] users`. Listeners, TLS
-/// paths, the data directory and the MQTT and STOMP sections need a restart; the memory
+/// paths, the data directory, busy-polling, the I/O threads and the MQTT and STOMP sections
+/// need a restart; the memory
 /// budget and `max_block_ms` keep their start values.
 #[derive(Clone)]
 pub struct Reloader {

@@ -112,6 +112,9 @@ pub(crate) struct BrokerArgs {
     /// burns up to one CPU while traffic flows.
     #[arg(long, value_name = "MICROSECONDS")]
     pub(crate) busy_poll_us: Option<u64>,
+    /// Threads that run the connections (0: one per CPU core, the default).
+    #[arg(long, value_name = "N")]
+    pub(crate) io_threads: Option<usize>,
 }
 
 #[derive(Debug, Subcommand)]

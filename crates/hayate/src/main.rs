@@ -28,9 +28,16 @@ fn main() -> Result<()> {
     logging::init(broker_config.as_ref().map(|c| &c.server));
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     // Busy-polling needs the polling task on the thread that polls the I/O driver: with one
-    // worker there is only one (hayate_io::busy).
-    if broker_config.is_some_and(|c| c.server.busy_poll_us > 0) {
-        rt.worker_threads(1);
+    // worker there is only one (hayate_io::busy). Otherwise `[server] io_threads`, 0 leaving
+    // Tokio's default (one per core, or TOKIO_WORKER_THREADS).
+    match broker_config.as_ref().map(|c| &c.server) {
+        Some(s) if s.busy_poll_us > 0 => {
+            rt.worker_threads(1);
+        }
+        Some(s) if s.io_threads > 0 => {
+            rt.worker_threads(s.io_threads);
+        }
+        _ => {}
     }
     rt.enable_all().build()?.block_on(run(cli))
 }
@@ -116,6 +123,9 @@ fn effective_config(args: &cli::BrokerArgs) -> Result<Config> {
     if let Some(v) = args.busy_poll_us {
         config.server.busy_poll_us = v;
     }
+    if let Some(v) = args.io_threads {
+        config.server.io_threads = v;
+    }
     if let Some(a) = &args.admin {
         config.admin.listen = listen_list(std::slice::from_ref(a));
     }
@@ -164,6 +174,11 @@ async fn broker(args: cli::BrokerArgs) -> Result<()> {
             o.name()
         );
     }
+    // No " on " in this line either.
+    println!(
+        "hayate broker: {} I/O threads",
+        tokio::runtime::Handle::current().metrics().num_workers()
+    );
     println!("hayate broker: ready (Ctrl-C to stop)");
     #[cfg(unix)]
     {

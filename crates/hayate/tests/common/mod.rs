@@ -13,6 +13,8 @@ pub struct Broker {
     pub native: String,
     /// The admin listener's address, when it has one.
     pub admin: Option<String>,
+    /// The threads that run its connections, as it said.
+    pub io_threads: Option<usize>,
 }
 
 impl Broker {
@@ -30,7 +32,7 @@ impl Broker {
             })
             .spawn()
             .unwrap();
-        let (mut native, mut admin) = (None, None);
+        let (mut native, mut admin, mut io_threads) = (None, None, None);
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         for line in lines.by_ref() {
             let line = line.unwrap();
@@ -39,6 +41,12 @@ impl Broker {
             }
             if let Some(a) = line.strip_prefix("hayate broker: admin http on ") {
                 admin = Some(a.trim().to_string());
+            }
+            if let Some(n) = line
+                .strip_prefix("hayate broker: ")
+                .and_then(|l| l.strip_suffix(" I/O threads"))
+            {
+                io_threads = n.parse().ok();
             }
             if line.contains("ready") {
                 break;
@@ -50,6 +58,7 @@ impl Broker {
             child,
             native: native.expect("the broker printed its native address"),
             admin,
+            io_threads,
         }
     }
 }
