@@ -1194,3 +1194,125 @@ async fn deliver(shared: &Shared, i: Incoming, body: Bytes) {
         })
         .await;
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::time::Instant;
+
+    use super::*;
+
+    /// Reads until `dec` yields a method.
+    fn method(s: &mut TcpStream, buf: &mut BytesMut, dec: &FrameDecoder) -> Method {
+        loop {
+            if let Some(Frame::Method(_, m)) = dec.decode(buf).unwrap() {
+                return m;
+            }
+            let mut chunk = [0u8; 4096];
+            let n = s.read(&mut chunk).unwrap();
+            assert!(n > 0, "the client closed during the handshake");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    fn send(s: &mut TcpStream, channel: u16, m: Method) {
+        s.write_all(&frame(m, channel)).unwrap();
+    }
+
+    /// A server that does the client's handshake and consume, then `then` with its socket.
+    fn server(then: fn(&mut TcpStream)) -> Target {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut header = [0u8; 8];
+            s.read_exact(&mut header).unwrap();
+            let (mut buf, dec) = (BytesMut::new(), FrameDecoder::new(FRAME_MAX));
+            let start = Method::ConnectionStart {
+                version_major: 0,
+                version_minor: 9,
+                server_properties: FieldTable::default(),
+                mechanisms: Bytes::from_static(b"PLAIN"),
+                locales: Bytes::from_static(b"en_US"),
+            };
+            send(&mut s, 0, start);
+            method(&mut s, &mut buf, &dec); // start-ok
+            let tune = Method::ConnectionTune {
+                channel_max: 8,
+                frame_max: FRAME_MAX,
+                heartbeat: 0,
+            };
+            send(&mut s, 0, tune);
+            for _ in 0..3 {
+                method(&mut s, &mut buf, &dec); // tune-ok, open, channel.open
+            }
+            let hosts = ShortStr::lit("");
+            send(&mut s, 0, Method::ConnectionOpenOk { known_hosts: hosts });
+            let id = Bytes::new();
+            send(&mut s, CHANNEL, Method::ChannelOpenOk { channel_id: id });
+            method(&mut s, &mut buf, &dec); // basic.consume
+            let tag = ShortStr::lit("c");
+            send(
+                &mut s,
+                CHANNEL,
+                Method::BasicConsumeOk { consumer_tag: tag },
+            );
+            then(&mut s);
+        });
+        Target::parse(&format!(
+            "amqp://127.0.0.1:{port}?client=hayate&io=blocking"
+        ))
+        .unwrap()
+    }
+
+    /// The error of one call through a blocking caller, and how long it took.
+    fn call_against(then: fn(&mut TcpStream)) -> (String, Duration) {
+        let target = server(then);
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let mut c = rt.block_on(BlockingCaller::connect(&target, "q")).unwrap();
+        let t = Instant::now();
+        let e = c.call(b"1", Duration::from_millis(300)).unwrap_err();
+        (format!("{e:#}"), t.elapsed())
+    }
+
+    #[test]
+    fn a_blocking_caller_gives_up_on_a_server_that_never_answers() {
+        let (e, took) = call_against(|s| {
+            // Reads the request, answers nothing, keeps the connection open a while.
+            let mut b = [0u8; 4096];
+            let _ = s.read(&mut b);
+            std::thread::sleep(Duration::from_secs(3));
+        });
+        assert!(e.contains("no answer within"), "{e}");
+        assert!(took < Duration::from_secs(2), "{took:?}");
+    }
+
+    #[test]
+    fn a_blocking_caller_refuses_garbage_and_a_close() {
+        let (e, _) = call_against(|s| {
+            // A frame type that does not exist, with an absurd length.
+            s.write_all(&[9, 0, 1, 0xff, 0xff, 0xff, 0xff, 0xce])
+                .unwrap();
+            std::thread::sleep(Duration::from_secs(1));
+        });
+        assert!(e.contains("exceeds the maximum"), "{e}");
+        let (e, took) = call_against(|s| {
+            let reply_text = ShortStr::lit("NOT_FOUND - no queue 'q'");
+            let close = Method::ChannelClose {
+                reply_code: 404,
+                reply_text,
+                class_id: 60,
+                method_id: 40,
+            };
+            send(s, CHANNEL, close);
+            std::thread::sleep(Duration::from_secs(1));
+        });
+        assert!(e.contains("404"), "{e}");
+        assert!(took < Duration::from_millis(300), "{took:?}");
+        let (e, _) = call_against(|s| {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        });
+        assert!(e.contains("closed by the server"), "{e}");
+    }
+}
