@@ -7,6 +7,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -26,22 +28,8 @@ fn env_or(name: &str, default: u64) -> u64 {
 /// Starts the broker on an ephemeral port; returns it and its native address.
 fn start(dir: &std::path::Path) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_hayate"))
-        .args([
-            "broker",
-            "--listen",
-            "127.0.0.1:0",
-            "--mqtt",
-            "off",
-            "--ws",
-            "off",
-            "--stomp",
-            "off",
-            "--amqp",
-            "off",
-            "--admin",
-            "off",
-            "--data",
-        ])
+        .args(common::NATIVE_ONLY)
+        .args(["--admin", "off", "--data"])
         .arg(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -8,27 +8,10 @@ mod common;
 use std::ffi::OsStr;
 use std::process::Command;
 
-use common::Broker;
+use common::{Broker, NATIVE_ONLY};
 
 fn broker(extra: &[&str]) -> Broker {
-    let mut args = vec![
-        "broker",
-        "--listen",
-        "127.0.0.1:0",
-        "--mqtt",
-        "off",
-        "--ws",
-        "off",
-        "--stomp",
-        "off",
-        "--amqp",
-        "off",
-        "--admin",
-        "off",
-        "--data",
-        "",
-    ];
-    args.extend_from_slice(extra);
+    let args = [&NATIVE_ONLY[..], &["--admin", "off", "--data", ""], extra].concat();
     Broker::start(&args.iter().map(OsStr::new).collect::<Vec<_>>(), false)
 }
 

@@ -8,31 +8,12 @@ mod common;
 use std::ffi::OsStr;
 use std::process::Command;
 
-use common::Broker;
+use common::{Broker, NATIVE_ONLY};
 
 #[test]
 fn top_once_shows_the_clients() {
-    let broker = Broker::start(
-        &[
-            "broker",
-            "--listen",
-            "127.0.0.1:0",
-            "--mqtt",
-            "off",
-            "--ws",
-            "off",
-            "--stomp",
-            "off",
-            "--amqp",
-            "off",
-            "--admin",
-            "127.0.0.1:0",
-            "--data",
-            "",
-        ]
-        .map(OsStr::new),
-        false,
-    );
+    let args = [&NATIVE_ONLY[..], &["--admin", "127.0.0.1:0", "--data", ""]].concat();
+    let broker = Broker::start(&args.iter().map(OsStr::new).collect::<Vec<_>>(), false);
     let (native, admin) = (broker.native.clone(), broker.admin.clone().unwrap());
     let rt = tokio::runtime::Runtime::new().unwrap();
     let o = hayate_client::ConnectOptions {

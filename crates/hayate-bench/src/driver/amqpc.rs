@@ -980,11 +980,10 @@ pub(crate) struct BlockingCaller {
 
 impl BlockingCaller {
     pub(crate) async fn connect(target: &Target, queue: &str) -> anyhow::Result<BlockingCaller> {
-        let mut d = Direct::connect(target).await?;
-        d.consume(ShortStr::lit(REPLY_TO)).await?;
+        let RpcCaller { d, queue } = RpcCaller::connect(target, queue).await?;
         Ok(BlockingCaller {
             b: Blocking::new(d, Duration::from_secs(10))?,
-            queue: ShortStr::lit(queue),
+            queue,
         })
     }
 

@@ -6,6 +6,22 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+/// `hayate broker` with the native protocol only, on an ephemeral port: add `--admin` and
+/// `--data`.
+pub const NATIVE_ONLY: [&str; 11] = [
+    "broker",
+    "--listen",
+    "127.0.0.1:0",
+    "--mqtt",
+    "off",
+    "--ws",
+    "off",
+    "--stomp",
+    "off",
+    "--amqp",
+    "off",
+];
+
 /// A broker process and the addresses it printed; killed on drop (passed or not).
 pub struct Broker {
     pub child: Child,
