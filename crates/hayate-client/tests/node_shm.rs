@@ -312,10 +312,7 @@ async fn a_corrupt_ring_is_an_error_for_that_ring_only() {
 /// others (replies to other callers, say): only the node a message is for reads it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_passes_over_what_is_for_other_nodes() {
-    let a = Node::start(opts(&[])).await.unwrap();
-    let b = Node::start(opts(&[&a])).await.unwrap();
-    let c = Node::start(opts(&[&a])).await.unwrap();
-    within(a.wait_peers(2, WAIT)).await.unwrap();
+    let (a, b, c) = linked_to_one().await;
     let mut on_b = b.subscribe("r/b").await.unwrap();
     let mut on_c = c.subscribe("r/c").await.unwrap();
     // Small and larger than a slot (64 KiB: several chunks, each passed over).
@@ -425,6 +422,15 @@ async fn a_publish_cancelled_half_written_loses_that_message_only() {
 /// Two nodes on shared memory, `b` linked to `a`, each seeing the other.
 async fn linked_pair() -> (Node, Node) {
     linked_pair_with(ShmOptions::default().arena_bytes).await
+}
+
+/// Three nodes on shared memory, `b` and `c` linked to `a`, which sees both.
+async fn linked_to_one() -> (Node, Node, Node) {
+    let a = Node::start(opts(&[])).await.unwrap();
+    let b = Node::start(opts(&[&a])).await.unwrap();
+    let c = Node::start(opts(&[&a])).await.unwrap();
+    within(a.wait_peers(2, WAIT)).await.unwrap();
+    (a, b, c)
 }
 
 /// Two linked nodes whose arenas have `arena_bytes` (0: none, every message through the
@@ -595,10 +601,7 @@ async fn publish_and_take(
 /// still its bytes, also once its node has closed (its process lives on, holding it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_kept_in_place_is_never_written_over() {
-    let a = Node::start(opts(&[])).await.unwrap();
-    let b = Node::start(opts(&[&a])).await.unwrap();
-    let c = Node::start(opts(&[&a])).await.unwrap();
-    within(a.wait_peers(2, WAIT)).await.unwrap();
+    let (a, b, c) = linked_to_one().await;
     let mut sb = b.subscribe("keep/*").await.unwrap();
     let mut sc = c.subscribe("keep/*").await.unwrap();
     within(b.flush()).await.unwrap();
@@ -638,8 +641,10 @@ async fn a_message_kept_in_place_is_never_written_over() {
 /// A hostile process offers a node an arena in the name of a node linked to it. One that
 /// other processes could still write (not sealed against writing) is refused with the
 /// whole offer. With a sealed one, a good reference (the format of docs/shm.md) delivers
-/// its message, and one outside the arena makes that ring corrupt: an error for that ring
-/// only, the node carries on.
+/// its message; a reference outside the arena, one whose number no reader could count to
+/// (`u64::MAX`: no overflow in the release table), and the reference flag on a chunk that
+/// does not start a message each make that ring corrupt: an error for that ring only, the
+/// node carries on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_arena_or_reference_is_refused() {
     use hayate_shm::arena::ArenaWriter;
@@ -647,8 +652,8 @@ async fn a_hostile_arena_or_reference_is_refused() {
     let x = Node::start(opts(&[&b])).await.unwrap();
     within(b.wait_peers(1, WAIT)).await.unwrap();
     let mut sub = b.subscribe("h/*").await.unwrap();
-    let (b_id, x_id) = (b.id(), x.id());
-    let offer = move |sealed: bool| {
+    let b_id = b.id();
+    let offer = move |x_id: u64, sealed: bool| {
         let writable = Segment::create("evil-arena", 4096).unwrap();
         let arena = ArenaWriter::create("evil-arena", 4096).unwrap();
         let arena_fd = if sealed { arena.fd() } else { writable.fd() };
@@ -656,53 +661,97 @@ async fn a_hostile_arena_or_reference_is_refused() {
         (sock, ring, arena, answer)
     };
     // Writable by others: refused, no answer.
-    let (_s, _r, _a, answer) = within(tokio::task::spawn_blocking(move || offer(false)))
+    let x_id = x.id();
+    let (_s, _r, _a, answer) = within(tokio::task::spawn_blocking(move || offer(x_id, false)))
         .await
         .unwrap();
     assert!(answer.is_err(), "{answer:?}");
-    // Sealed: accepted, with a release table.
-    let (sock, ring, arena, answer) = within(tokio::task::spawn_blocking(move || offer(true)))
-        .await
-        .unwrap();
-    let (mut fds, answer) = answer.unwrap();
-    assert_eq!(answer, b"HAYATE-SHM/3 OK 0 hold".to_vec());
-    assert_eq!(fds.len(), 2);
-    let _table = fds.pop().unwrap();
-    let b_bell = Doorbell::from_fd(fds.pop().unwrap()).unwrap();
-    let reference = |at: u64, len: u64, tag: u64, n: u64| {
+    let reference = |at: u64, len: u64, tag: u64, n: u64, flag: u8| {
         let mut m = Vec::new();
         for v in [at, len, tag, n] {
             m.extend_from_slice(&v.to_le_bytes());
         }
         m.extend_from_slice(&u64::MAX.to_le_bytes()); // for every reader
-        m.push(2 | 4); // FIRST | REF
+        m.push(flag);
         m
     };
-    // A good one: a PUB frame on h/1 at word 0.
+    // A PUB frame on h/1, put at word 0 of each hostile arena.
     let mut frame = bytes::BytesMut::new();
     hayate_native::encode_pub_head(
         &hayate_client::Message::new(key("h/1"), bytes::Bytes::from_static(b"in place")),
         &mut frame,
     );
     frame.extend_from_slice(b"in place");
-    arena.put(0, 77, [&frame[..]]);
-    let mut w = SharedWriter::new(ring.clone());
-    w.publish(&reference(0, frame.len() as u64, 77, 0)).unwrap();
-    b_bell.ring();
-    assert_eq!(take(&mut sub, 1).await, vec![b"in place".to_vec()]);
-    assert_eq!(b.stats().shm_refs_read.load(Ordering::Relaxed), 1);
-    // Outside the arena: corrupt, the node carries on.
-    w.publish(&reference(1 << 40, 64, 77, 1)).unwrap();
-    b_bell.ring();
-    within(async {
-        while b.stats().shm_corrupt.load(Ordering::Relaxed) == 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+    let len = frame.len() as u64;
+    const REF: u8 = 2 | 4; // FIRST | REF
+    // The first chunk (FIRST | MORE) of a 300-byte frame, for every reader.
+    let first_of_two = || {
+        let mut m = 300u32.to_be_bytes().to_vec();
+        m.extend_from_slice(b"abc");
+        m.extend_from_slice(&u64::MAX.to_le_bytes());
+        m.push(2 | 1);
+        m
+    };
+    // Each case in the name of a node of its own (a corrupt ring ends that attachment).
+    let cases: [(&str, Vec<Vec<u8>>); 3] = [
+        (
+            "outside the arena",
+            vec![reference(1 << 40, 64, 77, 1, REF)],
+        ),
+        (
+            "number u64::MAX",
+            vec![reference(0, len, 77, u64::MAX, REF)],
+        ),
+        (
+            "the reference flag on a chunk that starts nothing",
+            vec![first_of_two(), reference(0, len, 77, 1, 4 | 1)],
+        ),
+    ];
+    let mut others = Vec::new();
+    for (i, (what, bad)) in cases.into_iter().enumerate() {
+        let xi = Node::start(opts(&[&b])).await.unwrap();
+        within(b.wait_peers(2 + i, WAIT)).await.unwrap();
+        let xi_id = xi.id();
+        let (sock, ring, arena, answer) =
+            within(tokio::task::spawn_blocking(move || offer(xi_id, true)))
+                .await
+                .unwrap();
+        let (mut fds, answer) = answer.unwrap();
+        assert_eq!(answer, b"HAYATE-SHM/3 OK 0 hold".to_vec());
+        assert_eq!(fds.len(), 2);
+        let _table = fds.pop().unwrap();
+        let b_bell = Doorbell::from_fd(fds.pop().unwrap()).unwrap();
+        arena.put(0, 77, [&frame[..]]);
+        let mut w = SharedWriter::new(ring.clone());
+        if i == 0 {
+            // A good one first: delivered in place.
+            w.publish(&reference(0, len, 77, 0, REF)).unwrap();
+            b_bell.ring();
+            assert_eq!(take(&mut sub, 1).await, vec![b"in place".to_vec()]);
+            assert_eq!(b.stats().shm_refs_read.load(Ordering::Relaxed), 1);
         }
-    })
-    .await;
-    x.publish(&key("h/2"), "after").await.unwrap();
-    assert_eq!(take(&mut sub, 1).await, vec![b"after".to_vec()]);
-    drop(sock);
+        let corrupt = b.stats().shm_corrupt.load(Ordering::Relaxed);
+        for m in &bad {
+            w.publish(m).unwrap();
+        }
+        b_bell.ring();
+        within(async {
+            while b.stats().shm_corrupt.load(Ordering::Relaxed) == corrupt {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        // The node carries on: the real node's messages arrive.
+        xi.publish(&key("h/2"), "after").await.unwrap();
+        assert_eq!(
+            take(&mut sub, 1).await,
+            vec![b"after".to_vec()],
+            "after {what}"
+        );
+        others.push((xi, sock, arena));
+    }
+    x.publish(&key("h/3"), "x too").await.unwrap();
+    assert_eq!(take(&mut sub, 1).await, vec![b"x too".to_vec()]);
 }
 
 /// A reader process killed with SIGKILL while it holds messages in place (its subscriber

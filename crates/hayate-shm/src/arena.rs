@@ -195,6 +195,10 @@ impl ArenaView {
 /// many at once (the writer sends no more before some are released).
 pub const RELEASE_SLOTS: usize = 4096;
 
+/// The largest reference number a [`ReleaseTable`] holds (`n + 1` and its taken mark must
+/// fit in a word). A number from another process is checked against it before it is used.
+pub const MAX_REFERENCE: u64 = TAKEN - 2;
+
 /// What a reader that holds entries in place ([`ArenaView::get_in_place`]) says it is done
 /// with, in any order: a segment the reader makes and writes and the arena's writer reads.
 /// The reader numbers the references it receives from 0; done with reference `n`, it

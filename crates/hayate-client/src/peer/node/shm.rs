@@ -25,7 +25,7 @@ use bytes::{Bytes, BytesMut};
 use hayate_core::Message;
 use hayate_native::Frame;
 use hayate_shm::announce::{self, PeerProcess};
-use hayate_shm::arena::{ArenaView, EntryError, Release, ReleaseTable};
+use hayate_shm::arena::{ArenaView, EntryError, MAX_REFERENCE, Release, ReleaseTable};
 use hayate_shm::doorbell::Doorbell;
 use hayate_shm::segment::Segment;
 use hayate_shm::{MAX_READERS, ReadError, SharedReader, SharedRing, SharedWriter};
@@ -889,7 +889,8 @@ impl RingReader {
         };
         let flag = self.assembling.0[self.assembling.0.len() - 1];
         self.assembling.0.truncate(data);
-        if flag & !(MORE | FIRST | REF) != 0 {
+        // Unknown bits, or the reference flag on anything but a whole message (on_ref).
+        if flag & !(MORE | FIRST | REF) != 0 || (flag & REF != 0 && flag != FLAGS_REF) {
             return Err(());
         }
         if flag & FIRST == 0 && before == 0 {
@@ -907,7 +908,7 @@ impl RingReader {
                 self.node.stats.shm_lost.fetch_add(1, Ordering::Relaxed);
             }
             if flag & REF != 0 {
-                return self.on_ref(flag, max_frame, pending);
+                return self.on_ref(max_frame, pending);
             }
             if self.assembling.len() < 4 {
                 return Err(());
@@ -959,17 +960,20 @@ impl RingReader {
     /// evicted meanwhile), decoded and dispatched. `Ok` with its length.
     fn on_ref(
         &mut self,
-        flag: u8,
         max_frame: usize,
         pending: &mut Vec<(LocalTarget, Vec<Message>)>,
     ) -> std::result::Result<usize, ()> {
         let r = Ref::decode(&self.assembling.0);
         self.assembling.clear();
-        // One whole frame, to a node that said it reads in place (a writer sends none to
-        // others).
-        let (Some(r), FLAGS_REF, Some((view, table))) = (r, flag, &self.in_place) else {
+        // One whole frame (its flags checked by on_chunk), to a node that said it reads in
+        // place (a writer sends none to others).
+        let (Some(r), Some((view, table))) = (r, &self.in_place) else {
             return Err(());
         };
+        // A number the release table cannot hold is no writer's (they count from 0).
+        if r.number > MAX_REFERENCE {
+            return Err(());
+        }
         // Marked taken before anything else, so that the writer, which frees a reference
         // not taken once this node's cursor is past it (or this node is evicted), keeps it.
         table.take(r.number);
