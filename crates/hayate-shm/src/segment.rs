@@ -220,9 +220,10 @@ impl Segment {
         // tests, another mapping of this one): the arena's protocol has it
         // leave an entry unwritten until every reader counted it released, and a reader
         // counts it released only once it dropped its slices. A maker that broke that
-        // protocol could change bytes under the reader (what a reader trusts its maker, the
-        // broker, not to do, as it trusts it with every message); it could never make a
-        // read leave the mapping, whose bounds are fixed.
+        // protocol could change bytes under the reader (what a reader trusts its maker not
+        // to do, as it trusts it with every message: the broker, or a peer node of the same
+        // user, which could as well send it other bytes); it could never make a read leave
+        // the mapping, whose bounds are fixed.
         unsafe {
             std::slice::from_raw_parts(self.map.as_ptr().add(start), len)
         }

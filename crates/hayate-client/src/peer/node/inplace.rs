@@ -29,9 +29,10 @@ pub(super) const REF_BYTES: usize = 32;
 /// entry): what one node that keeps messages can take from the others.
 const QUOTA_SHARE: usize = 2;
 
-/// Departed nodes still holding entries, past which the arena is offered to no new node
-/// (those then read by copy, as without an arena).
-const MAX_DEPARTED: usize = 64;
+/// Departed nodes not yet let go of (holding entries, or about to be dropped), past which
+/// the arena is offered to no new node (those then read by copy, as without an arena): each
+/// keeps a release table mapped and a process descriptor open.
+pub(super) const MAX_DEPARTED: usize = 64;
 
 /// A node reading this node's ring that reads references in place.
 #[derive(Debug)]
@@ -48,32 +49,57 @@ pub(super) struct Holder {
     /// Arena words its live references hold (each counts the whole entry): at most a
     /// half of the arena (`QUOTA_SHARE`). Changed under the writer's lock only.
     held_words: AtomicUsize,
+    /// The writer's count of departed holders not yet dropped (the last entry a departed
+    /// node held freed, it is dropped): counted up once by [`Holder::depart`], down on drop.
+    departed_count: Arc<AtomicUsize>,
+    /// Its process was seen to have exited (for good: not looked at again).
+    exited: AtomicBool,
 }
 
 impl Holder {
-    pub(super) fn new(entry: usize, table: ReleaseTable, process: PeerProcess) -> Holder {
+    pub(super) fn new(
+        entry: usize,
+        table: ReleaseTable,
+        process: PeerProcess,
+        departed_count: Arc<AtomicUsize>,
+    ) -> Holder {
         Holder {
             entry,
             table,
             process,
             departed: AtomicBool::new(false),
             held_words: AtomicUsize::new(0),
+            departed_count,
+            exited: AtomicBool::new(false),
         }
     }
 
     /// Its node has gone (evicted, or the attachment ended).
     pub(super) fn depart(&self) {
-        self.departed.store(true, Ordering::Release);
+        if !self.departed.swap(true, Ordering::AcqRel) {
+            self.departed_count.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether its node has gone and its process has exited (a system call until it has).
+    fn gone(&self) -> bool {
+        if self.exited.load(Ordering::Relaxed) {
+            return true;
+        }
+        let gone = self.departed.load(Ordering::Acquire) && self.process.exited();
+        if gone {
+            self.exited.store(true, Ordering::Relaxed);
+        }
+        gone
     }
 
     /// Whether this node is done with entry `e`: released it, never took it and never
     /// will (its cursor is past the reference, or it was evicted), or took it and its
     /// process has exited since it departed.
     fn done_with(&self, e: &Live, ring: &SharedRing) -> bool {
-        let taken_done = || self.departed.load(Ordering::Acquire) && self.process.exited();
         match self.table.state(e.number) {
             RefState::Released => true,
-            RefState::Taken => taken_done(),
+            RefState::Taken => self.gone(),
             RefState::Unknown => {
                 // Its cursor past the reference (acquire: what it marked before committing
                 // is seen below), or its cursor entry freed (evicted).
@@ -86,10 +112,18 @@ impl Holder {
                 // second look at the mark: one of the two sides sees the other's store.
                 fence(Ordering::SeqCst);
                 match self.table.state(e.number) {
-                    RefState::Taken => taken_done(),
+                    RefState::Taken => self.gone(),
                     RefState::Released | RefState::Unknown => true,
                 }
             }
+        }
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        if *self.departed.get_mut() {
+            self.departed_count.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
@@ -161,8 +195,6 @@ pub(super) struct Arena {
     /// Makes tags unpredictable (a node must not be able to name, with bytes of its own
     /// payloads landing where a freed entry's tag was, another entry at its place).
     tags: std::collections::hash_map::RandomState,
-    /// Departed nodes holding entries, as of the last [`Arena::reclaim`].
-    departed_holding: usize,
 }
 
 impl Arena {
@@ -176,19 +208,12 @@ impl Arena {
             numbers: BTreeMap::new(),
             next_number: 0,
             tags: Default::default(),
-            departed_holding: 0,
         })
     }
 
     /// The descriptor to hand to reading nodes.
     pub(super) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.arena.fd()
-    }
-
-    /// Whether a new node may read in place: fewer than [`MAX_DEPARTED`] departed nodes
-    /// held entries when they were last looked at (when room was last short).
-    pub(super) fn may_offer(&self) -> bool {
-        self.departed_holding < MAX_DEPARTED
     }
 
     /// Writes `parts` as an entry for `holders`, whose reference will be the ring message
@@ -204,6 +229,9 @@ impl Arena {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let words = entry_words(len);
         let quota = self.words / QUOTA_SHARE;
+        if words > quota {
+            return None; // never fits
+        }
         // What readers released in order, freed at once: the places written stay few and
         // warm in the caches (a search for room starts at the arena's start).
         self.free_oldest(ring);
@@ -292,13 +320,6 @@ impl Arena {
                 self.free(at);
             }
         }
-        let mut departed: Vec<*const Holder> = Vec::new();
-        for h in self.live.values().flat_map(|e| &e.holders) {
-            if h.departed.load(Ordering::Relaxed) && !departed.contains(&Arc::as_ptr(h)) {
-                departed.push(Arc::as_ptr(h));
-            }
-        }
-        self.departed_holding = departed.len();
     }
 
     /// A place for an entry of `words` words: the first gap large enough from the start
@@ -334,10 +355,34 @@ mod tests {
         SharedRing::init(Segment::create("t", words * 8).unwrap(), 8, 64).unwrap()
     }
 
+    /// Departed nodes are counted once from their departure until their holder is let go
+    /// of (past [`MAX_DEPARTED`] of them the arena is offered to no new node); nodes that
+    /// never departed are not.
+    #[test]
+    fn departed_nodes_are_counted_until_let_go() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let make = || {
+            let table = ReleaseTable::create("t").unwrap();
+            let process = PeerProcess::pid(std::process::id()).unwrap();
+            Arc::new(Holder::new(0, table, process, count.clone()))
+        };
+        let h = make();
+        let in_an_entry = h.clone();
+        h.depart();
+        h.depart();
+        assert_eq!(count.load(Ordering::Relaxed), 1);
+        drop(h);
+        assert_eq!(count.load(Ordering::Relaxed), 1, "still held by an entry");
+        drop(in_an_entry);
+        assert_eq!(count.load(Ordering::Relaxed), 0);
+        drop(make());
+        assert_eq!(count.load(Ordering::Relaxed), 0);
+    }
+
     fn holder(entry: usize) -> Arc<Holder> {
         let table = ReleaseTable::create("t").unwrap();
         let process = PeerProcess::pid(std::process::id()).unwrap();
-        Arc::new(Holder::new(entry, table, process))
+        Arc::new(Holder::new(entry, table, process, Arc::default()))
     }
 
     /// An entry stays until its node releases it; one its node never took is freed once

@@ -33,7 +33,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::inplace::{Arena, Holder, Ref};
+use super::inplace::{Arena, Holder, MAX_DEPARTED, Ref};
 use super::{LocalTarget, NodeInner, lock, server};
 use crate::{Client, Error, Result};
 
@@ -152,10 +152,11 @@ pub(super) struct Outgoing {
     /// The writer, the encoding buffer and the arena; an async lock: a publication waits
     /// for room while holding it (the chunks of one message are consecutive).
     writer: tokio::sync::Mutex<(SharedWriter, BytesMut, Option<Arena>)>,
-    /// The arena's descriptor (a copy), to offer, and whether to offer it (fewer than 64
-    /// departed nodes hold entries: `Arena::may_offer`, as of the last publication).
+    /// The arena's descriptor (a copy), to offer while fewer than
+    /// [`MAX_DEPARTED`] departed nodes are not yet let go of (`departed`).
     arena_fd: Option<std::os::fd::OwnedFd>,
-    may_offer: std::sync::atomic::AtomicBool,
+    /// Departed nodes whose holders live on (counted by the holders themselves).
+    departed: Arc<std::sync::atomic::AtomicUsize>,
     /// This writer's doorbell (readers ring it when it waits for them).
     doorbell: AsyncFd<Doorbell>,
     /// Per cursor entry: the node reading with it.
@@ -193,7 +194,7 @@ impl Outgoing {
             ring,
             writer: tokio::sync::Mutex::new((writer, BytesMut::new(), arena)),
             arena_fd,
-            may_offer: std::sync::atomic::AtomicBool::new(true),
+            departed: Arc::default(),
             doorbell: async_bell(Doorbell::new()?)?,
             readers: Mutex::new(vec![None; MAX_READERS]),
             chunk,
@@ -292,11 +293,7 @@ impl NodeInner {
         if total > out.chunk
             && let Some(arena) = arena
             && let Some(holders) = out.holders(to)
-            && let Some(r) = {
-                let r = arena.put(&[head, payload], holders, out.ring.head() + 1, &out.ring);
-                out.may_offer.store(arena.may_offer(), Ordering::Relaxed);
-                r
-            }
+            && let Some(r) = arena.put(&[head, payload], holders, out.ring.head() + 1, &out.ring)
         {
             trailer[8] = FIRST | REF;
             let r = r.encode();
@@ -397,9 +394,12 @@ impl NodeInner {
         let writer_bell = out.doorbell.get_ref().ringer().try_clone_to_owned()?;
         let segment_fd = out.ring.segment().fd().try_clone_to_owned()?;
         let arena_fd = match &out.arena_fd {
-            Some(fd) if out.may_offer.load(Ordering::Relaxed) => Some(fd.try_clone()?),
+            Some(fd) if out.departed.load(Ordering::Relaxed) < MAX_DEPARTED => {
+                Some(fd.try_clone()?)
+            }
             _ => None,
         };
+        let departed = out.departed.clone();
         let done = tokio::task::spawn_blocking(move || -> std::io::Result<Option<_>> {
             let Ok(sock) = UnixStream::connect_addr(&unix_addr(rid)?) else {
                 return Ok(None); // not on this host, or shared memory off there
@@ -439,7 +439,9 @@ impl NodeInner {
                     let Ok(Some(table)) = table else {
                         return Ok(None);
                     };
-                    Some(Arc::new(Holder::new(entry, table, PeerProcess::of(&sock)?)))
+                    let departed = departed.clone();
+                    let process = PeerProcess::of(&sock)?;
+                    Some(Arc::new(Holder::new(entry, table, process, departed)))
                 }
                 false => None,
             };
