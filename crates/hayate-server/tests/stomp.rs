@@ -463,3 +463,102 @@ async fn refused_sends_and_subscriptions_declare_no_queue() {
     );
     b.shutdown().await;
 }
+
+/// A configured user may consume from `/queue/<name>`, in-memory or durable (a stream
+/// captures it), exactly when its `serve` rule (or `subscribe`, when `serve` is set nowhere)
+/// allows the queue's key; one whose rules do not gets an ERROR. Before, every configured
+/// user was refused every `/queue/` ("not authorized to serve"), even one without rules:
+/// the guard each configured user's subscription gets was taken for a refusal.
+#[tokio::test]
+async fn configured_users_consume_queues_their_rules_allow() {
+    use hayate_server::config::{Permissions, UserConfig};
+    let d = std::env::temp_dir().join(format!("hayate-srv-stomp-serve-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    let mut config = hayate_server::Config::default();
+    config.server.data_dir = d.to_string_lossy().into_owned();
+    let mut s = hayate_broker::StreamConfig::new("durable", &["durable/**"]);
+    s.fsync = "never".into();
+    config.stream.push(s);
+    config.auth.allow_anonymous = Some(false);
+    let user = |p: Permissions| {
+        let mut u = UserConfig::with_password("pw").unwrap();
+        u.permissions = p;
+        u
+    };
+    // alice serves jobs/** and durable/**; bob has a subscribe rule only (serve takes it),
+    // on bob/**; carol has no rules at all.
+    config.auth.users.insert(
+        "alice".into(),
+        user(Permissions {
+            serve: Some(vec!["jobs/**".into(), "durable/**".into()]),
+            ..Permissions::default()
+        }),
+    );
+    config.auth.users.insert(
+        "bob".into(),
+        user(Permissions {
+            subscribe: Some(vec!["bob/**".into()]),
+            ..Permissions::default()
+        }),
+    );
+    config
+        .auth
+        .users
+        .insert("carol".into(), user(Permissions::default()));
+    let b = start(config).await;
+    let login = |u: &'static str| [("login", u), ("passcode", "pw")];
+
+    let mut carol = Stomp::connect_with(&b.stomp, &login("carol")).await;
+    let mut alice = Stomp::connect_with(&b.stomp, &login("alice")).await;
+    alice
+        .subscribe("mem", "/queue/jobs/x", "client-individual")
+        .await;
+    alice
+        .subscribe("dur", "/queue/durable/q", "client-individual")
+        .await;
+    for (dest, body_text) in [("/queue/jobs/x", "job"), ("/queue/durable/q", "kept")] {
+        carol
+            .sync(
+                Frame::new(Command::Send)
+                    .header("destination", dest)
+                    .body(body_text.to_string()),
+            )
+            .await;
+        let m = alice.next().await.expect("a MESSAGE");
+        assert_eq!(m.command, Command::Message, "{m:?}");
+        assert_eq!(body(&m), body_text);
+        assert_eq!(m.get("destination"), Some(dest));
+        alice
+            .send(Frame::new(Command::Ack).header("id", m.get("ack").unwrap()))
+            .await;
+    }
+
+    // bob may not serve either queue: an ERROR and a close, each time.
+    for dest in ["/queue/jobs/x", "/queue/durable/q"] {
+        let mut bob = Stomp::connect_with(&b.stomp, &login("bob")).await;
+        bob.send(
+            Frame::new(Command::Subscribe)
+                .header("id", "1")
+                .header("destination", dest),
+        )
+        .await;
+        let e = bob.next().await.expect("an ERROR");
+        assert_eq!(e.command, Command::Error, "{dest}: {e:?}");
+        assert_eq!(e.get("message"), Some("access refused"), "{e:?}");
+        assert!(bob.next().await.is_none(), "{dest}: not closed");
+    }
+    // ... but his own queue is his to serve.
+    let mut bob = Stomp::connect_with(&b.stomp, &login("bob")).await;
+    bob.subscribe("own", "/queue/bob/work", "auto").await;
+    carol.publish("/queue/bob/work", "for bob").await;
+    let m = bob.next().await.expect("a MESSAGE");
+    assert_eq!(body(&m), "for bob", "{m:?}");
+
+    // A user without rules may consume any queue.
+    carol.subscribe("free", "/queue/free/y", "auto").await;
+    alice.publish("/queue/free/y", "free").await;
+    let m = carol.next().await.expect("a MESSAGE");
+    assert_eq!(body(&m), "free", "{m:?}");
+    b.shutdown().await;
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -194,15 +194,19 @@ impl Conn<'_> {
     }
 
     /// Refused unless this user may serve all of queue `q` (`expr`): what a queue's member
-    /// does, durable or not.
+    /// does, durable or not. A guard (which every configured user's subscription gets, so a
+    /// later reload can narrow it) is no refusal: the rules as they are now must admit all of
+    /// the queue's key, as for an AMQP consumer. The subscription then keeps the guard.
     fn may_serve(&self, q: &str, expr: &KeyExpr, session: &Session) -> Result<(), Refusal> {
-        match self
-            .identity
-            .access
-            .check_subscribe(expr, true, session.inbox())
-        {
-            Ok(None) => Ok(()),
-            Ok(Some(_)) | Err(_) => {
+        let access = &self.identity.access;
+        let allowed = match access.check_subscribe(expr, true, session.inbox()) {
+            Ok(None) => true,
+            Ok(Some(_)) => access.may_read_all(expr, true),
+            Err(_) => false,
+        };
+        match allowed {
+            true => Ok(()),
+            false => {
                 let d = crate::auth::Denied::Rule {
                     what: "serve",
                     on: q.to_owned(),
