@@ -39,7 +39,31 @@ fn main() -> Result<()> {
         }
         _ => {}
     }
+    // HAYATE_TOKIO_LIFO=1 gives the slot back, to measure what order costs
+    // (docs/performance.md, *Order across connections*).
+    if broker_config.is_some() && std::env::var_os("HAYATE_TOKIO_LIFO").is_none_or(|v| v != "1") {
+        in_arrival_order(&mut rt);
+    }
     rt.enable_all().build()?.block_on(run(cli))
+}
+
+/// Connections made readable by one poll of the I/O driver are handled in the order their
+/// input arrived. Tokio puts each task it wakes into its worker's LIFO slot, pushing the one
+/// there before to the back of the run queue: of connections woken together, the last runs
+/// first. A SUBSCRIBE that arrived just before another connection's PUBLISH then missed it
+/// (issue 44, item 14; docs/architecture.md, *Order across connections*). Without the slot
+/// every woken task goes to the back of the queue, in the order the driver found it ready.
+fn in_arrival_order(rt: &mut tokio::runtime::Builder) {
+    #[cfg(tokio_unstable)]
+    rt.disable_lifo_slot();
+    #[cfg(not(tokio_unstable))]
+    {
+        let _ = rt;
+        eprintln!(
+            "hayate broker: built without --cfg tokio_unstable (.cargo/config.toml): \
+             connections woken together are not handled in arrival order"
+        );
+    }
 }
 
 async fn run(cli: Cli) -> Result<()> {

@@ -29,6 +29,8 @@ pub struct Broker {
     pub native: String,
     /// The admin listener's address, when it has one.
     pub admin: Option<String>,
+    /// The MQTT listener's address, when it has one.
+    pub mqtt: Option<String>,
     /// The threads that run its connections, as it said.
     pub io_threads: Option<usize>,
 }
@@ -48,12 +50,15 @@ impl Broker {
             })
             .spawn()
             .unwrap();
-        let (mut native, mut admin, mut io_threads) = (None, None, None);
+        let (mut native, mut admin, mut mqtt, mut io_threads) = (None, None, None, None);
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         for line in lines.by_ref() {
             let line = line.unwrap();
             if let Some(a) = line.strip_prefix("hayate broker: native protocol on ") {
                 native = Some(a.trim().to_string());
+            }
+            if let Some(a) = line.strip_prefix("hayate broker: mqtt on ") {
+                mqtt = Some(a.trim().to_string());
             }
             if let Some(a) = line.strip_prefix("hayate broker: admin http on ") {
                 admin = Some(a.trim().to_string());
@@ -74,6 +79,7 @@ impl Broker {
             child,
             native: native.expect("the broker printed its native address"),
             admin,
+            mqtt,
             io_threads,
         }
     }
