@@ -15,7 +15,10 @@
 //! listed in `[admin] users`, checked by the broker's own authenticator with the client's
 //! address (so failed attempts count toward its lock-out as on any protocol); without users,
 //! a `Host` that is an IP address or `localhost`; and JSON bodies for POST. At most
-//! [`MAX_CONNECTIONS`] connections are served at once.
+//! [`MAX_CONNECTIONS`] connections are served at once; past that, a new connection takes
+//! the slot of the oldest one waiting for a request head, or, when every one is in a
+//! request, one of [`SPARE_SLOTS`] that answer only the health checks, so an idle flood
+//! cannot starve a liveness probe.
 //!
 //! Everything it reads is a snapshot taken under short locks: the connection registry, a
 //! listener's traffic class, the broker registry's read lock, and each outbox's lock for as
@@ -79,6 +82,8 @@ struct Shared {
     sampled: std::sync::Mutex<Sampled>,
     /// The top key prefixes of the last tick, shared with the metrics collector.
     top_keys: TopKeys,
+    /// The listener's connections by slot.
+    slots: Arc<Slots>,
 }
 
 type TopKeys = Arc<std::sync::Mutex<Vec<(String, f64)>>>;
@@ -117,6 +122,8 @@ const TOP_KEYS: usize = 10;
 /// Serves the admin API on `listener` until `stop` changes.
 pub async fn serve(listener: TcpListener, state: AdminState, mut stop: watch::Receiver<bool>) {
     let (app, shared) = router(state);
+    let slots = shared.slots.clone();
+    let probes = probe_routes(shared.clone());
     // The sampler: rates once a second, for as long as the listener serves.
     let sampler = tokio::spawn(async move {
         let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
@@ -126,10 +133,6 @@ pub async fn serve(listener: TcpListener, state: AdminState, mut stop: watch::Re
             sample(&shared);
         }
     });
-    let mut listener = Limited {
-        inner: listener,
-        permits: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
-    };
     // hyper's HTTP/1 server with a timer, so that its header read timeout holds: a client
     // that sends a request's head slowly, or keeps a connection idle between requests, is
     // cut off after HEADER_TIMEOUT instead of holding one of the MAX_CONNECTIONS slots.
@@ -137,28 +140,89 @@ pub async fn serve(listener: TcpListener, state: AdminState, mut stop: watch::Re
     http.timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
         .max_buf_size(MAX_HEAD);
+    // A spare slot's connection: one request, whose head must come within PROBE_TIMEOUT.
+    let mut probe_http = hyper::server::conn::http1::Builder::new();
+    probe_http
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(PROBE_TIMEOUT)
+        .max_buf_size(MAX_HEAD)
+        .keep_alive(false);
     let mut conns = tokio::task::JoinSet::new();
     loop {
-        let (io, addr) = tokio::select! {
+        let (s, addr) = tokio::select! {
             _ = stop.changed() => break,
             Some(_) = conns.join_next(), if !conns.is_empty() => continue,
-            c = listener.accept() => c,
+            c = accept(&listener) => c,
         };
-        let app = app
-            .clone()
-            .layer(axum::Extension(axum::extract::ConnectInfo(Peer(addr))));
-        let conn = http.serve_connection(
-            hyper_util::rt::TokioIo::new(io),
-            hyper_util::service::TowerToHyperService::new(app),
-        );
-        conns.spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(peer = %addr, "admin connection: {e}");
-            }
-        });
+        let cut = {
+            let mut table = slots.lock();
+            let (kind, cut) = table.make_room();
+            let Some(kind) = kind else {
+                // Every slot, spare ones included, is in a request: closed at once.
+                continue;
+            };
+            let id = table.next_id();
+            let state = Arc::new(ConnState::default());
+            let io = hyper_util::rt::TokioIo::new(Watched {
+                s,
+                state: state.clone(),
+            });
+            let release = Release {
+                slots: slots.clone(),
+                id,
+            };
+            let abort = match kind {
+                Kind::Served => {
+                    let app = app
+                        .clone()
+                        .layer(axum::Extension(axum::extract::ConnectInfo(Peer(addr))));
+                    let conn = http.serve_connection(io, Marked::new(app, state.clone()));
+                    conns.spawn(async move {
+                        let _release = release;
+                        if let Err(e) = conn.await {
+                            tracing::debug!(peer = %addr, "admin connection: {e}");
+                        }
+                    })
+                }
+                Kind::Spare => {
+                    let conn =
+                        probe_http.serve_connection(io, Marked::new(probes.clone(), state.clone()));
+                    conns.spawn(async move {
+                        let _release = release;
+                        if let Err(e) = conn.await {
+                            tracing::debug!(peer = %addr, "admin connection (spare slot): {e}");
+                        }
+                    })
+                }
+            };
+            table.insert(kind, id, Slot { state, abort });
+            cut
+        };
+        if let Some(cut) = cut {
+            cut.abort();
+        }
+        // The connection's task reads what it was sent before the next accept: a client
+        // that sent its request with its connection is never taken for an idle one.
+        tokio::task::yield_now().await;
     }
     conns.abort_all();
     sampler.abort();
+}
+
+/// The next connection (an accept that fails is retried after 50 ms).
+async fn accept(listener: &TcpListener) -> (tokio::net::TcpStream, std::net::SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok((s, a)) => {
+                let _ = s.set_nodelay(true);
+                return (s, a);
+            }
+            Err(e) => {
+                tracing::debug!("admin listener: accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
 }
 
 /// How long a request's head (request line and headers) may take to arrive, and how long
@@ -175,56 +239,165 @@ pub const MAX_HEAD: usize = 16 * 1024;
 /// The largest request body the admin API takes (a stream definition, a log filter).
 pub const MAX_BODY: usize = 64 * 1024;
 
-/// Admin connections open at once, at most: the next one waits in the accept queue (a client
-/// holding many, or event streams left open, cannot take the process's descriptors).
+/// Admin connections served at once, at most (besides [`SPARE_SLOTS`]). When all are taken,
+/// a new connection takes the slot of the oldest one waiting for a request head (idle
+/// between requests, or never sent a whole head), which is closed; when every one is in a
+/// request, it gets a spare slot.
 pub const MAX_CONNECTIONS: usize = 64;
 
-/// The admin listener: [`MAX_CONNECTIONS`] permits, one held by each open connection.
-struct Limited {
-    inner: TcpListener,
-    permits: Arc<tokio::sync::Semaphore>,
+/// Connections kept for health checks when every one of the [`MAX_CONNECTIONS`] slots is in
+/// a request: one request each, its head within [`PROBE_TIMEOUT`]; `GET /healthz` and
+/// `GET /readyz` are answered, anything else gets 503, and the connection is closed. When
+/// these are taken too, the oldest of them waiting for a head is closed to make room; a new
+/// connection is closed at once only when every slot is in a request.
+pub const SPARE_SLOTS: usize = 8;
+
+/// How long a spare slot's connection may take to send its request head.
+pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Which slots a connection holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// One of the [`MAX_CONNECTIONS`]: every route.
+    Served,
+    /// One of the [`SPARE_SLOTS`]: health checks only.
+    Spare,
 }
 
-impl Limited {
-    /// The next connection, once a permit is free.
-    async fn accept(&mut self) -> (Permitted, std::net::SocketAddr) {
-        let permit = loop {
-            if let Ok(p) = self.permits.clone().acquire_owned().await {
-                break p;
-            }
-        };
-        loop {
-            match self.inner.accept().await {
-                Ok((s, a)) => {
-                    let _ = s.set_nodelay(true);
-                    return (Permitted { s, _permit: permit }, a);
-                }
-                Err(e) => {
-                    tracing::debug!("admin listener: accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-            }
-        }
+/// What the accept loop knows of one connection.
+#[derive(Debug, Default)]
+struct ConnState {
+    /// A request is being served: its head came, its response has not been sent whole.
+    busy: std::sync::atomic::AtomicBool,
+    /// The last read found nothing to read: the connection waits for its client.
+    waiting: std::sync::atomic::AtomicBool,
+}
+
+impl ConnState {
+    /// Waiting for a request head: idle between requests, or only part of a head sent. A
+    /// connection whose task has not read yet is not (it may hold a whole request).
+    fn idle(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.waiting.load(Relaxed) && !self.busy.load(Relaxed)
     }
 }
 
-/// An admin connection, with its permit.
-struct Permitted {
-    s: tokio::net::TcpStream,
-    _permit: tokio::sync::OwnedSemaphorePermit,
+/// One open connection in the slot table.
+struct Slot {
+    state: Arc<ConnState>,
+    abort: tokio::task::AbortHandle,
 }
 
-impl tokio::io::AsyncRead for Permitted {
+/// The admin listener's connections, by slot, oldest first (ids grow with each accept).
+#[derive(Default)]
+struct Slots {
+    table: std::sync::Mutex<SlotTable>,
+}
+
+impl Slots {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotTable> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[derive(Default)]
+struct SlotTable {
+    next: u64,
+    served: std::collections::BTreeMap<u64, Slot>,
+    spare: std::collections::BTreeMap<u64, Slot>,
+    /// Connections closed to make room, and new ones closed for want of any.
+    cut: u64,
+}
+
+impl SlotTable {
+    fn next_id(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+
+    /// The slot a new connection gets (`None` when every slot is in a request), and the
+    /// connection to close to make room for it, if any (closed by the caller, once the
+    /// table is unlocked: the task's end gives its slot back under the same lock).
+    fn make_room(&mut self) -> (Option<Kind>, Option<tokio::task::AbortHandle>) {
+        if self.served.len() < MAX_CONNECTIONS {
+            return (Some(Kind::Served), None);
+        }
+        if let Some(id) = oldest_idle(&self.served) {
+            return (Some(Kind::Served), self.take(Kind::Served, id));
+        }
+        if self.spare.len() < SPARE_SLOTS {
+            return (Some(Kind::Spare), None);
+        }
+        if let Some(id) = oldest_idle(&self.spare) {
+            return (Some(Kind::Spare), self.take(Kind::Spare, id));
+        }
+        self.cut += 1;
+        (None, None)
+    }
+
+    /// Takes connection `id` out of its slot, to be closed.
+    fn take(&mut self, kind: Kind, id: u64) -> Option<tokio::task::AbortHandle> {
+        let map = match kind {
+            Kind::Served => &mut self.served,
+            Kind::Spare => &mut self.spare,
+        };
+        let slot = map.remove(&id)?;
+        self.cut += 1;
+        Some(slot.abort)
+    }
+
+    fn insert(&mut self, kind: Kind, id: u64, slot: Slot) {
+        match kind {
+            Kind::Served => self.served.insert(id, slot),
+            Kind::Spare => self.spare.insert(id, slot),
+        };
+    }
+
+    fn open(&self) -> usize {
+        self.served.len() + self.spare.len()
+    }
+}
+
+/// The oldest connection of `map` waiting for a request head.
+fn oldest_idle(map: &std::collections::BTreeMap<u64, Slot>) -> Option<u64> {
+    map.iter().find(|(_, s)| s.state.idle()).map(|(id, _)| *id)
+}
+
+/// Gives a connection's slot back when its task ends (or is aborted).
+struct Release {
+    slots: Arc<Slots>,
+    id: u64,
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        let mut t = self.slots.lock();
+        t.served.remove(&self.id);
+        t.spare.remove(&self.id);
+    }
+}
+
+/// An admin connection's socket, noting when a read finds nothing to read.
+struct Watched {
+    s: tokio::net::TcpStream,
+    state: Arc<ConnState>,
+}
+
+impl tokio::io::AsyncRead for Watched {
     fn poll_read(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.s).poll_read(cx, buf)
+        let r = std::pin::Pin::new(&mut self.s).poll_read(cx, buf);
+        self.state
+            .waiting
+            .store(r.is_pending(), std::sync::atomic::Ordering::Relaxed);
+        r
     }
 }
 
-impl tokio::io::AsyncWrite for Permitted {
+impl tokio::io::AsyncWrite for Watched {
     fn poll_write(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -257,6 +430,81 @@ impl tokio::io::AsyncWrite for Permitted {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.s).poll_shutdown(cx)
+    }
+}
+
+/// The router as a hyper service that marks its connection busy from a request's head until
+/// its response has been sent whole (or given up).
+#[derive(Clone)]
+struct Marked {
+    inner: hyper_util::service::TowerToHyperService<Router>,
+    state: Arc<ConnState>,
+}
+
+impl Marked {
+    fn new(app: Router, state: Arc<ConnState>) -> Self {
+        Marked {
+            inner: hyper_util::service::TowerToHyperService::new(app),
+            state,
+        }
+    }
+}
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Marked {
+    type Response = hyper::Response<Tracked>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn call(&self, req: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        self.state
+            .busy
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let done = Done(self.state.clone());
+        let fut = hyper::service::Service::call(&self.inner, req);
+        Box::pin(async move {
+            let r = fut.await?;
+            Ok(r.map(|body| Tracked { body, _done: done }))
+        })
+    }
+}
+
+/// Marks its connection no longer busy when dropped.
+struct Done(Arc<ConnState>);
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.0
+            .busy
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A response body that marks its connection no longer busy once it has been sent (or
+/// dropped).
+struct Tracked {
+    body: axum::body::Body,
+    _done: Done,
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -427,12 +675,14 @@ async fn events(State(s): St) -> Response {
 fn router(state: AdminState) -> (Router, Arc<Shared>) {
     let mut registry = Registry::default();
     let top_keys = TopKeys::default();
+    let slots = Arc::new(Slots::default());
     let metrics = Metrics {
         broker: state.broker.clone(),
         ops: state.ops.clone(),
         mqtt: state.mqtt.clone(),
         shm: state.shm.clone(),
         top_keys: top_keys.clone(),
+        slots: slots.clone(),
     };
     registry.register_collector(Box::new(metrics));
     let shared = Arc::new(Shared {
@@ -440,6 +690,7 @@ fn router(state: AdminState) -> (Router, Arc<Shared>) {
         registry,
         sampled: std::sync::Mutex::new(Sampled::default()),
         top_keys,
+        slots,
     });
     (routes(shared.clone()), shared)
 }
@@ -472,6 +723,26 @@ fn routes(shared: Arc<Shared>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .merge(guarded)
+        .with_state(shared)
+}
+
+/// What a spare slot's connection is answered: the health checks, and 503 for the rest.
+fn probe_routes(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .fallback(|| async {
+            let mut r = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "every admin connection slot is in use ({MAX_CONNECTIONS}); only /healthz \
+                     and /readyz are answered now"
+                ),
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            r
+        })
         .with_state(shared)
 }
 
@@ -1100,6 +1371,7 @@ struct Metrics {
     mqtt: Arc<Mqtt>,
     shm: Option<Arc<crate::shm::ShmOffer>>,
     top_keys: TopKeys,
+    slots: Arc<Slots>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -1339,6 +1611,23 @@ impl Collector for Metrics {
             "hayate_memory_refused",
             "Requests the memory budget refused.",
             &[(none(), mem.refused())],
+        )?;
+        let (open, cut) = {
+            let t = self.slots.lock();
+            (t.open(), t.cut)
+        };
+        gauge(
+            &mut e,
+            "hayate_admin_connections",
+            "Admin listener connections open now, spare slots included.",
+            &[(none(), open as f64)],
+        )?;
+        counter(
+            &mut e,
+            "hayate_admin_connections_cut",
+            "Admin connections closed to make room for new ones (waiting for a request head \
+             when every slot was taken), and new ones closed when every slot was in a request.",
+            &[(none(), cut)],
         )?;
         if let Some(shm) = &self.shm {
             gauge(

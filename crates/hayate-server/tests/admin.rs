@@ -800,22 +800,33 @@ async fn hostile_admin_clients() {
     assert_eq!(&head, b"HTTP/1.1 431");
     drop(s);
 
-    // An event stream its client never reads, and all other slots held by idle clients.
+    // An event stream its client never reads, and all other slots held by idle clients: a
+    // further request is answered at once, in the slot of the oldest idle client, which is
+    // closed to make room.
     let mut sse = connect().await.unwrap();
     sse.write_all(format!("GET /api/events HTTP/1.1\r\nHost: {}\r\n\r\n", b.admin).as_bytes())
         .await
         .unwrap();
+    let mut head = [0u8; 12];
+    within(10, sse.read_exact(&mut head)).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
     let mut idle = Vec::new();
     for _ in 0..hayate_server::admin::MAX_CONNECTIONS - 1 {
         idle.push(connect().await.unwrap());
     }
-    let admin = b.admin.clone();
-    let waiting = tokio::spawn(async move { http(&admin, "GET", "/healthz", &[]).await });
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(
-        !waiting.is_finished(),
-        "a request past the cap waits for a slot"
-    );
+    let answered = tokio::time::timeout(
+        Duration::from_secs(1),
+        http(&b.admin, "GET", "/healthz", &[]),
+    )
+    .await
+    .expect("/healthz answered within 1 s with every slot taken");
+    assert_eq!(answered, (200, "ok\n".into()));
+    let mut byte = [0u8; 1];
+    let n = tokio::time::timeout(Duration::from_secs(1), idle[0].read(&mut byte))
+        .await
+        .expect("the oldest idle connection is closed to make room");
+    assert_eq!(n.unwrap_or(0), 0);
+    assert_eq!(http(&b.admin, "GET", "/api/overview", &[]).await.0, 200);
 
     // Meanwhile the broker serves its clients as ever.
     let c = native(&b.addr, "busy-admin").await;
@@ -829,12 +840,37 @@ async fn hostile_admin_clients() {
         b"still here"
     );
 
-    // Slots free: the waiting request is answered.
+    // Every slot in a request (64 event streams, none read): the spare slots still answer
+    // the health checks; anything else gets 503 and a close.
     drop(idle);
-    let (status, body) = within(10, waiting).await.unwrap();
-    assert_eq!((status, body.as_str()), (200, "ok\n"));
-    drop(sse);
+    let mut streams = vec![sse];
+    for _ in 1..hayate_server::admin::MAX_CONNECTIONS {
+        let mut s = connect().await.unwrap();
+        s.write_all(format!("GET /api/events HTTP/1.1\r\nHost: {}\r\n\r\n", b.admin).as_bytes())
+            .await
+            .unwrap();
+        let mut head = [0u8; 12];
+        within(10, s.read_exact(&mut head)).await.unwrap();
+        assert_eq!(&head, b"HTTP/1.1 200");
+        streams.push(s);
+    }
+    for path in ["/healthz", "/readyz"] {
+        let (status, _) =
+            tokio::time::timeout(Duration::from_secs(1), http(&b.admin, "GET", path, &[]))
+                .await
+                .expect("a health check answered within 1 s with every slot in a request");
+        assert_eq!(status, 200, "{path}");
+    }
+    let (status, body) = http(&b.admin, "GET", "/api/overview", &[]).await;
+    assert_eq!(status, 503, "{body}");
+    drop(streams);
     assert_eq!(http(&b.admin, "GET", "/healthz", &[]).await.0, 200);
+    within(10, async {
+        while http(&b.admin, "GET", "/api/overview", &[]).await.0 != 200 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -875,11 +911,22 @@ async fn slow_admin_clients_are_cut_off() {
         .await
         .unwrap();
     let started = std::time::Instant::now();
-    let admin = b.admin.clone();
-    let waiting = tokio::spawn(async move { http(&admin, "GET", "/healthz", &[]).await });
+    // A request meanwhile is answered at once: the oldest idle client is closed to make
+    // room for it (before, it waited in the accept queue until the slots were cut off).
+    let answered = tokio::time::timeout(
+        Duration::from_secs(1),
+        http(&b.admin, "GET", "/healthz", &[]),
+    )
+    .await
+    .expect("/healthz answered within 1 s with every slot taken");
+    assert_eq!(answered, (200, "ok\n".into()));
+    let mut idle = idle.into_iter();
+    tokio::time::timeout(Duration::from_secs(1), until_closed(idle.next().unwrap()))
+        .await
+        .expect("the oldest idle connection is closed to make room");
 
-    // Each is cut off after the timeout (the body with a 408); the waiting request gets a
-    // slot then, while the idle clients never closed theirs.
+    // Nobody else wants a slot: each of the others is cut off after the timeout (the body
+    // with a 408), not before.
     let trickled = tokio::time::timeout(limit, until_closed(trickle))
         .await
         .expect("the trickling body is cut off");
@@ -896,15 +943,11 @@ async fn slow_admin_clients_are_cut_off() {
             .await
             .expect("an idle connection is cut off");
     }
-    let (status, body) = tokio::time::timeout(limit, waiting)
-        .await
-        .expect("the waiting request is served once the slots free")
-        .unwrap();
-    assert_eq!((status, body.as_str()), (200, "ok\n"));
     assert!(
         started.elapsed() >= hayate_server::admin::HEADER_TIMEOUT - Duration::from_secs(1),
         "not cut off before the timeout"
     );
+    assert_eq!(http(&b.admin, "GET", "/healthz", &[]).await.0, 200);
 }
 
 #[tokio::test]
@@ -969,4 +1012,76 @@ async fn offline_mqtt_sessions_count_only_what_they_keep() {
         12.0
     );
     assert_eq!(s["hayate_mqtt_held_messages"], 2.0);
+}
+
+/// Issue 44, item 11: 80 idle clients that never send a byte, each reopened as soon as the
+/// listener cuts it, cannot starve the health checks. Each `/healthz` and `/readyz` (and an
+/// API request) is answered within 1 s, idle clients are cut to make room long before the
+/// head timeout, and the listener's open connections stay within its slots. Before, the
+/// idle clients held all 64 slots and a health check waited up to HEADER_TIMEOUT (10 s) in
+/// the accept queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_floods_do_not_starve_health_checks() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    use tokio::io::AsyncReadExt;
+    const FLOOD: usize = 80;
+    let b = start_default().await;
+    let connected = Arc::new(AtomicUsize::new(0));
+    let reopened = Arc::new(AtomicUsize::new(0));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut flood = tokio::task::JoinSet::new();
+    for _ in 0..FLOOD {
+        let (admin, connected, reopened) = (b.admin.clone(), connected.clone(), reopened.clone());
+        let mut stopped = stopped.clone();
+        flood.spawn(async move {
+            // Bounded: at most 500 connections in turn for each of the 80.
+            for round in 0..500 {
+                let Ok(mut s) = tokio::net::TcpStream::connect(&admin).await else {
+                    continue;
+                };
+                if round == 0 {
+                    connected.fetch_add(1, Relaxed);
+                } else {
+                    reopened.fetch_add(1, Relaxed);
+                }
+                let mut byte = [0u8; 1];
+                tokio::select! {
+                    _ = s.read(&mut byte) => {} // cut by the listener: open another
+                    _ = stopped.changed() => return,
+                }
+            }
+        });
+    }
+    within(10, async {
+        while connected.load(Relaxed) < FLOOD {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    for round in 0..5 {
+        for path in ["/healthz", "/readyz", "/api/overview"] {
+            let (status, body) =
+                tokio::time::timeout(Duration::from_secs(1), http(&b.admin, "GET", path, &[]))
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!("{path} not answered within 1 s under the flood (round {round})")
+                    });
+            assert_eq!(status, 200, "{path}: {body}");
+        }
+    }
+    let m = tokio::time::timeout(Duration::from_secs(1), scrape(&b.admin))
+        .await
+        .expect("/metrics answered within 1 s under the flood");
+    let open = m["hayate_admin_connections"];
+    let limit = (hayate_server::admin::MAX_CONNECTIONS + hayate_server::admin::SPARE_SLOTS) as f64;
+    assert!(open <= limit, "{open} admin connections open");
+    assert!(m["hayate_admin_connections_cut_total"] >= 1.0);
+    assert!(
+        reopened.load(Relaxed) >= FLOOD - hayate_server::admin::MAX_CONNECTIONS,
+        "idle clients were cut to make room: {} reopened",
+        reopened.load(Relaxed)
+    );
+    stop.send(true).unwrap();
+    within(10, async { while flood.join_next().await.is_some() {} }).await;
 }
