@@ -30,6 +30,11 @@ pub struct BrokerConfig {
     pub max_streams: usize,
     /// Most durable consumers per stream.
     pub max_consumers: usize,
+    /// Most streams one user may own (created through the API while logged in).
+    pub max_streams_per_user: usize,
+    /// Most durable consumers one user may have created through the API, over every
+    /// stream (`stomp-` consumers included, though they have no owner).
+    pub max_consumers_per_user: usize,
     /// Most subscriptions one session may hold (0: no limit).
     pub max_subscriptions: usize,
     /// Most payload bytes waiting in one declared queue without members (0: no limit).
@@ -48,6 +53,8 @@ impl Default for BrokerConfig {
             data_dir: None,
             max_streams: 256,
             max_consumers: 1024,
+            max_streams_per_user: 32,
+            max_consumers_per_user: 256,
             max_subscriptions: 10_000,
             queue_max_bytes: 64 * 1024 * 1024,
             memory: Memory::unlimited(),

@@ -539,6 +539,11 @@ pub struct Limits {
     pub max_streams: u32,
     /// Most durable consumers per stream.
     pub max_consumers: u32,
+    /// Most streams one user may own (create through the stream API while logged in).
+    pub max_streams_per_user: u32,
+    /// Most durable consumers one user may create through the stream API, over every
+    /// stream.
+    pub max_consumers_per_user: u32,
     /// The broker-wide memory budget in bytes (0: half the machine's memory, or of the
     /// container's limit). Outboxes past their first 256 KiB, unhandled input past a
     /// connection's first 256 KiB, offline MQTT sessions, queues without consumers and
@@ -565,6 +570,8 @@ impl Default for Limits {
             max_unacked: 1024,
             max_streams: 256,
             max_consumers: 1024,
+            max_streams_per_user: 32,
+            max_consumers_per_user: 256,
             memory_budget: 0,
             max_connection_rate_per_address: 1000,
         }

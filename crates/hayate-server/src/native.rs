@@ -776,9 +776,7 @@ fn check_payload(len: usize, limits: &Limits) -> Result<(), Refusal> {
 async fn api_request(session: &mut Session, m: &Message, who: &Identity) {
     let broker = session.broker().clone();
     let (key, body) = (m.key.as_str().to_owned(), m.payload.clone());
-    if let Some(op) = key.strip_prefix(api::CONSUMER_API)
-        && let Err(d) = frontend::check_consumer_api(who, &broker, op, &body)
-    {
+    if let Err(d) = frontend::check_stream_api(who, &broker, &key, &body) {
         let reply = api::ApiReply {
             ok: false,
             error: Some(d.to_string()),
@@ -790,8 +788,9 @@ async fn api_request(session: &mut Session, m: &Message, who: &Identity) {
         return;
     }
     let caller = who.user.as_deref().map(str::to_owned);
+    let api_key = key.clone();
     // Creating, deleting and purging streams touch files: off the I/O threads.
-    let reply =
+    let mut reply =
         tokio::task::spawn_blocking(move || api::handle(&broker, &key, &body, caller.as_deref()))
             .await
             .unwrap_or_else(|e| api::ApiReply {
@@ -799,6 +798,7 @@ async fn api_request(session: &mut Session, m: &Message, who: &Identity) {
                 error: Some(e.to_string()),
                 ..Default::default()
             });
+    frontend::filter_stream_api_reply(who, &api_key, &mut reply);
     let payload = serde_json::to_vec(&reply).unwrap_or_default();
     if let Some(r) = m.reply(payload) {
         session.publish(Batch::One(&r)).await;

@@ -286,6 +286,8 @@ impl Server {
                 .then(|| std::path::PathBuf::from(&config.server.data_dir)),
             max_streams: config.limits.max_streams as usize,
             max_consumers: config.limits.max_consumers as usize,
+            max_streams_per_user: config.limits.max_streams_per_user as usize,
+            max_consumers_per_user: config.limits.max_consumers_per_user as usize,
             max_subscriptions: config.limits.max_subscriptions,
             queue_max_bytes: usize::try_from(config.stomp.queue_max_bytes).unwrap_or(usize::MAX),
             memory,

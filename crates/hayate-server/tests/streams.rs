@@ -353,6 +353,364 @@ async fn max_deliver_moves_a_message_to_the_dead_letter_stream() {
     );
 }
 
+/// A broker with users `alice` and `bob`, each allowed to publish, subscribe and serve on
+/// their own keys only (`alice/**`, `bob/**`) and to call the stream API, and a
+/// config-file stream `shared` (no owner) capturing `alice/shared/**`.
+fn two_users(name: &str) -> (Config, Dir) {
+    use hayate_server::config::{Permissions, UserConfig};
+    let (mut c, d) = data_dir(name);
+    for (u, pw) in [("alice", "alice-pw"), ("bob", "bob-pw")] {
+        let mut user = UserConfig::with_password(pw).unwrap();
+        let own = vec![format!("{u}/**")];
+        user.permissions = Permissions {
+            publish: Some(own.clone()),
+            subscribe: Some(own.clone()),
+            call: Some(vec![own[0].clone(), "$hayate/api/**".into()]),
+            ..Permissions::default()
+        };
+        c.auth.users.insert(u.into(), user);
+    }
+    c.stream
+        .push(StreamConfig::new("shared", &["alice/shared/**"]));
+    (c, d)
+}
+
+async fn login(addr: &str, user: &str) -> Client {
+    let o = hayate_client::ConnectOptions::default().password(user, format!("{user}-pw"));
+    Client::connect_with(addr, o).await.unwrap()
+}
+
+fn api_error<T: std::fmt::Debug>(r: Result<T, Error>) -> String {
+    match r {
+        Err(Error::Api(e)) => e,
+        other => panic!("expected an API refusal, got {other:?}"),
+    }
+}
+
+/// bob (rules on `bob/**` only) cannot add a consumer to alice's stream, whatever filter he
+/// gives it (a filter on his own keys once let him add 1,021 and lock alice out at the
+/// per-stream limit); alice still can.
+#[tokio::test]
+async fn another_user_cannot_add_a_consumer_to_a_stream() {
+    let (config, _d) = two_users("foreign-consumer");
+    let b = start(config).await;
+    let alice = login(&b.addr, "alice").await;
+    let bob = login(&b.addr, "bob").await;
+    alice
+        .streams()
+        .add(&stream("alice-s", "alice/**", "never"))
+        .await
+        .unwrap();
+    for filter in [None, Some("bob/x"), Some("bob/**")] {
+        let mut cfg = ConsumerConfig::new("alice-s", "spy");
+        cfg.filter = filter.map(Into::into);
+        let e = api_error(bob.streams().consumer_add(&cfg).await);
+        assert!(
+            e.contains("not authorized to serve on alice/**"),
+            "{filter:?}: {e}"
+        );
+    }
+    // Nor as a `stomp-` consumer (unowned), nor on the unowned config-file stream.
+    let e = api_error(
+        bob.streams()
+            .consumer_add(&ConsumerConfig::new("alice-s", "stomp-bob"))
+            .await,
+    );
+    assert!(e.contains("not authorized to serve"), "{e}");
+    let mut cfg = ConsumerConfig::new("shared", "spy");
+    cfg.filter = Some("bob/x".into());
+    let e = api_error(bob.streams().consumer_add(&cfg).await);
+    assert!(
+        e.contains("not authorized to serve on alice/shared/**"),
+        "{e}"
+    );
+    let views = alice.streams().consumer_list("alice-s").await.unwrap();
+    assert!(views.is_empty(), "{views:?}");
+    alice
+        .streams()
+        .consumer_add(&ConsumerConfig::new("alice-s", "mine"))
+        .await
+        .unwrap();
+}
+
+/// bob cannot name alice's stream (nor an unowned one capturing her keys) as his consumer's
+/// dead-letter stream: his messages once went into her stream and to her consumer.
+#[tokio::test]
+async fn another_user_cannot_dead_letter_into_a_stream() {
+    let (config, _d) = two_users("foreign-dlq");
+    let b = start(config).await;
+    let alice = login(&b.addr, "alice").await;
+    let bob = login(&b.addr, "bob").await;
+    alice
+        .streams()
+        .add(&stream("alice-s", "alice/**", "never"))
+        .await
+        .unwrap();
+    bob.streams()
+        .add(&stream("bob-s", "bob/**", "never"))
+        .await
+        .unwrap();
+    bob.streams()
+        .add(&stream("bob-dlq", "bob/dead/never", "never"))
+        .await
+        .unwrap();
+    let mut cfg = ConsumerConfig::new("bob-s", "c");
+    cfg.max_deliver = 1;
+    cfg.dead_letter = Some("alice-s".into());
+    let e = api_error(bob.streams().consumer_add(&cfg).await);
+    assert!(
+        e.contains("dead-letter stream alice-s belongs to user alice"),
+        "{e}"
+    );
+    cfg.dead_letter = Some("shared".into());
+    let e = api_error(bob.streams().consumer_add(&cfg).await);
+    assert!(
+        e.contains("not authorized to publish on alice/shared/**"),
+        "{e}"
+    );
+    // His own dead-letter stream is fine.
+    cfg.dead_letter = Some("bob-dlq".into());
+    bob.streams().consumer_add(&cfg).await.unwrap();
+    assert_eq!(alice.streams().info("alice-s").await.unwrap().records, 0);
+}
+
+/// A stream keeps only what its creator may publish: bob cannot capture `**` (and with
+/// fsync `always` slow everyone's publishing, count and purge their messages) nor
+/// `alice/**`; he cannot count or purge alice's streams, nor purge an unowned stream of
+/// her keys; `ls` shows him only what he may see.
+#[tokio::test]
+async fn a_user_cannot_capture_count_or_purge_what_it_may_not_publish() {
+    let (config, _d) = two_users("foreign-capture");
+    let b = start(config).await;
+    let alice = login(&b.addr, "alice").await;
+    let bob = login(&b.addr, "bob").await;
+    for (name, capture) in [("all", "**"), ("hers", "alice/**"), ("wide", "*/x")] {
+        let e = api_error(bob.streams().add(&stream(name, capture, "always")).await);
+        assert!(
+            e.contains(&format!("not authorized to publish on {capture}")),
+            "{capture}: {e}"
+        );
+    }
+    let mut two = StreamConfig::new("two", &["bob/a/**", "alice/a/**"]);
+    two.fsync = "never".into();
+    let e = api_error(bob.streams().add(&two).await);
+    assert!(e.contains("not authorized to publish on alice/a/**"), "{e}");
+    bob.streams()
+        .add(&stream("bob-s", "bob/**", "never"))
+        .await
+        .unwrap();
+    alice
+        .streams()
+        .add(&stream("alice-s", "alice/**", "never"))
+        .await
+        .unwrap();
+    publish_n(&alice, "alice/shared/x", 3).await;
+    let e = api_error(bob.streams().info("alice-s").await);
+    assert!(e.contains("not authorized"), "{e}");
+    let e = api_error(bob.streams().purge("alice-s").await);
+    assert!(e.contains("belongs to user alice"), "{e}");
+    let e = api_error(bob.streams().purge("shared").await);
+    assert!(
+        e.contains("not authorized to publish on alice/shared/**"),
+        "{e}"
+    );
+    let e = api_error(bob.streams().remove("shared").await);
+    assert!(
+        e.contains("not authorized to publish on alice/shared/**"),
+        "{e}"
+    );
+    let e = api_error(bob.streams().consumer_list("alice-s").await);
+    assert!(e.contains("not authorized"), "{e}");
+    let names: Vec<String> = bob
+        .streams()
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.config.name)
+        .collect();
+    assert_eq!(names, vec!["bob-s"]);
+    assert_eq!(alice.streams().info("alice-s").await.unwrap().records, 3);
+    assert_eq!(alice.streams().info("shared").await.unwrap().records, 3);
+    assert_eq!(alice.streams().list().await.unwrap().len(), 2);
+}
+
+/// One user owns at most `limits.max_streams_per_user` streams and creates at most
+/// `limits.max_consumers_per_user` consumers (unowned `stomp-` ones included); another user
+/// is not held back by it. (bob alone once took all 256 streams.)
+#[tokio::test]
+async fn per_user_stream_and_consumer_limits() {
+    let (mut config, _d) = two_users("per-user");
+    config.limits.max_streams_per_user = 2;
+    config.limits.max_consumers_per_user = 3;
+    let b = start(config).await;
+    let alice = login(&b.addr, "alice").await;
+    let bob = login(&b.addr, "bob").await;
+    for i in 0..2 {
+        bob.streams()
+            .add(&stream(
+                &format!("bob-{i}"),
+                &format!("bob/{i}/**"),
+                "never",
+            ))
+            .await
+            .unwrap();
+    }
+    let e = api_error(
+        bob.streams()
+            .add(&stream("bob-2", "bob/2/**", "never"))
+            .await,
+    );
+    assert!(e.contains("limits.max_streams_per_user"), "{e}");
+    // Deleting one makes room again; another user has room of her own.
+    bob.streams().remove("bob-1").await.unwrap();
+    bob.streams()
+        .add(&stream("bob-2", "bob/2/**", "never"))
+        .await
+        .unwrap();
+    alice
+        .streams()
+        .add(&stream("alice-s", "alice/**", "never"))
+        .await
+        .unwrap();
+    for name in ["c0", "c1", "stomp-q"] {
+        bob.streams()
+            .consumer_add(&ConsumerConfig::new("bob-0", name))
+            .await
+            .unwrap();
+    }
+    let e = api_error(
+        bob.streams()
+            .consumer_add(&ConsumerConfig::new("bob-2", "c3"))
+            .await,
+    );
+    assert!(e.contains("limits.max_consumers_per_user"), "{e}");
+    // Adding one that exists with the same definition is no new consumer.
+    bob.streams()
+        .consumer_add(&ConsumerConfig::new("bob-0", "c0"))
+        .await
+        .unwrap();
+    alice
+        .streams()
+        .consumer_add(&ConsumerConfig::new("alice-s", "c0"))
+        .await
+        .unwrap();
+}
+
+/// Nacks every message `sub` gets until the consumer `stream`/`name` counts a dead-letter
+/// cycle; fails if a stream of `streams` grows past its bound meanwhile (the loop went
+/// round more than once). Returns the consumer's state.
+async fn nack_until_cycle(
+    c: &Client,
+    sub: &mut hayate_client::Subscription,
+    stream: &str,
+    name: &str,
+    bounds: &[(&str, u64)],
+) -> hayate_client::streams::ConsumerInfo {
+    within(20, async {
+        loop {
+            if let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(20), sub.next()).await {
+                c.nack(&m).unwrap();
+            }
+            for (s, most) in bounds {
+                let n = c.streams().info(s).await.unwrap().next;
+                assert!(
+                    n <= *most,
+                    "stream {s} grew to {n} records (at most {most})"
+                );
+            }
+            let v = c.streams().consumer_info(stream, name).await.unwrap();
+            if v.state.dead_letter_cycles > 0 {
+                return v.state;
+            }
+        }
+    })
+    .await
+}
+
+/// A consumer dead-lettering into its own stream dead-letters a message once; the second
+/// time it comes round it is dropped and counted (it once made 198 records of one message
+/// in 20 s, and kept growing).
+#[tokio::test]
+async fn a_self_dead_letter_loop_stops_after_one_pass() {
+    let (config, _d) = data_dir("dl-self");
+    let b = start(config).await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    c.streams()
+        .add(&stream("loop", "loop/**", "never"))
+        .await
+        .unwrap();
+    let mut cfg = ConsumerConfig::new("loop", "c");
+    cfg.max_deliver = 1;
+    cfg.dead_letter = Some("loop".into());
+    consumer(&c, cfg).await;
+    let mut sub = c.consume("loop", "c").await.unwrap();
+    publish_n(&c, "loop/x", 1).await;
+    let st = nack_until_cycle(&c, &mut sub, "loop", "c", &[("loop", 2)]).await;
+    assert_eq!(
+        (
+            st.dead_lettered,
+            st.dead_letter_cycles,
+            st.dead_letter_dropped
+        ),
+        (1, 1, 0)
+    );
+    let info = c.streams().info("loop").await.unwrap();
+    assert_eq!((info.next, st.floor), (2, 2), "{info:?} {st:?}");
+}
+
+/// Two streams dead-lettering into each other pass a message back once: it is dropped when
+/// it comes back to the stream it was first dead-lettered out of.
+#[tokio::test]
+async fn a_two_stream_dead_letter_ping_pong_stops_after_one_pass() {
+    let (config, _d) = data_dir("dl-pingpong");
+    let b = start(config).await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    for s in ["ping", "pong"] {
+        c.streams()
+            .add(&stream(s, &format!("{s}/**"), "never"))
+            .await
+            .unwrap();
+    }
+    for (s, other) in [("ping", "pong"), ("pong", "ping")] {
+        let mut cfg = ConsumerConfig::new(s, "c");
+        cfg.max_deliver = 1;
+        cfg.dead_letter = Some(other.into());
+        consumer(&c, cfg).await;
+    }
+    let mut ping = c.consume("ping", "c").await.unwrap();
+    // pong's member, on a connection of its own, nacks what it gets.
+    let c2 = Client::connect(&b.addr).await.unwrap();
+    let mut pong = c2.consume("pong", "c").await.unwrap();
+    publish_n(&c, "ping/x", 1).await;
+    let pong_task = tokio::spawn(async move {
+        while let Some(m) = pong.next().await {
+            c2.nack(&m).unwrap();
+        }
+    });
+    let st = nack_until_cycle(&c, &mut ping, "ping", "c", &[("ping", 2), ("pong", 1)]).await;
+    pong_task.abort();
+    assert_eq!((st.dead_lettered, st.dead_letter_cycles), (1, 1));
+    let p = c.streams().consumer_info("pong", "c").await.unwrap().state;
+    assert_eq!((p.dead_lettered, p.dead_letter_cycles), (1, 0));
+    assert_eq!(c.streams().info("ping").await.unwrap().next, 2);
+    assert_eq!(c.streams().info("pong").await.unwrap().next, 1);
+    // The message that came back lists both streams it was dead-lettered out of.
+    let mut cfg = ConsumerConfig::new("ping", "inspect");
+    cfg.start = Start::Offset(1);
+    consumer(&c, cfg).await;
+    let mut sub = c.consume("ping", "inspect").await.unwrap();
+    let m = within(10, sub.next()).await.unwrap();
+    let from: Vec<&[u8]> = m
+        .headers
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k == "hayate-dead-stream")
+        .map(|(_, v)| &v[..])
+        .collect();
+    assert_eq!(from, vec![&b"ping"[..], &b"pong"[..]]);
+}
+
 #[tokio::test]
 async fn a_delayed_message_is_not_delivered_early_and_arrives_on_time() {
     let (config, _d) = data_dir("delay");

@@ -191,6 +191,8 @@ fn consumer_op(
             cfg.owner = caller
                 .filter(|_| !cfg.name.starts_with(STOMP_CONSUMER_PREFIX))
                 .map(str::to_owned);
+            // Whoever made it, owned or not: counted against that user's limit.
+            cfg.creator = caller.map(str::to_owned);
             let (c, created) = broker.create_consumer(cfg).map_err(e)?;
             ApiReply {
                 created: Some(created),

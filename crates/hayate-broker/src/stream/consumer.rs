@@ -14,6 +14,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -80,6 +81,12 @@ pub struct ConsumerConfig {
     /// STOMP) or delete it. `None`: anyone allowed to serve its keys may.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// The user who created it through the API (set by the broker, never taken from a
+    /// request): the owner, or for an unowned `stomp-` consumer its maker. It counts
+    /// against that user's `limits.max_consumers_per_user`, and its dead letters go only
+    /// into a stream that user owns or that has no owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creator: Option<String>,
 }
 
 impl ConsumerConfig {
@@ -95,6 +102,7 @@ impl ConsumerConfig {
             max_deliver: 0,
             dead_letter: None,
             owner: None,
+            creator: None,
         }
     }
 
@@ -227,6 +235,27 @@ pub struct ConsumerInfo {
     pub done_above_floor: u64,
     /// Records in the stream not yet delivered (`stream next - next`).
     pub pending: u64,
+    /// Messages moved to the dead-letter stream after `max_deliver` (since the broker
+    /// started).
+    #[serde(default)]
+    pub dead_lettered: u64,
+    /// Dead letters dropped because they had been dead-lettered out of this consumer's
+    /// stream before (a cycle: a consumer dead-lettering into its own stream, or streams
+    /// dead-lettering into each other), since the broker started.
+    #[serde(default)]
+    pub dead_letter_cycles: u64,
+    /// Messages dropped after `max_deliver` without being kept in a dead-letter stream
+    /// (none is set, it is gone, or another user owns it now), since the broker started.
+    #[serde(default)]
+    pub dead_letter_dropped: u64,
+}
+
+/// A consumer's dead-letter counters (see [`ConsumerInfo`]).
+#[derive(Debug, Default)]
+pub(crate) struct DeadLetterStats {
+    pub(crate) moved: AtomicU64,
+    pub(crate) cycles: AtomicU64,
+    pub(crate) dropped: AtomicU64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -250,6 +279,8 @@ pub struct Consumer {
     pub(crate) changed: tokio::sync::Notify,
     /// Held while the state file is written (one writer at a time, and not across a delete).
     persisting: Mutex<()>,
+    /// What became of its dead letters.
+    pub(crate) dead: DeadLetterStats,
 }
 
 impl Consumer {
@@ -289,6 +320,7 @@ impl Consumer {
             path,
             changed: tokio::sync::Notify::new(),
             persisting: Mutex::new(()),
+            dead: DeadLetterStats::default(),
         };
         c.write_state(true)?;
         Ok(c)
@@ -354,6 +386,7 @@ impl Consumer {
             state: Mutex::new(st),
             changed: tokio::sync::Notify::new(),
             persisting: Mutex::new(()),
+            dead: DeadLetterStats::default(),
         })
     }
 
@@ -372,6 +405,9 @@ impl Consumer {
             waiting: st.due.len() as u64,
             done_above_floor: st.done.len(),
             pending: self.stream.log().end_offset().saturating_sub(st.next),
+            dead_lettered: self.dead.moved.load(Ordering::Relaxed),
+            dead_letter_cycles: self.dead.cycles.load(Ordering::Relaxed),
+            dead_letter_dropped: self.dead.dropped.load(Ordering::Relaxed),
         }
     }
 

@@ -24,6 +24,10 @@ pub const DELAY: &str = "hayate-delay";
 /// it was published (a per-message time to live for protocols without one of their own).
 pub const TTL: &str = "hayate-ttl";
 /// Dead letters carry why (`max_deliver`), where from and how often they were delivered.
+/// Each dead-lettering adds these five headers again (earlier ones are kept), so a dead
+/// letter lists every stream it passed through: one dead-lettered out of a stream it was
+/// dead-lettered out of before is dropped (a cycle), counted in the consumer's
+/// `dead_letter_cycles`.
 pub const DEAD_REASON: &str = "hayate-dead-reason";
 /// See [`DEAD_REASON`].
 pub const DEAD_STREAM: &str = "hayate-dead-stream";
@@ -247,14 +251,39 @@ fn dead_letter(
     n: u32,
     meta: &mut Vec<u8>,
 ) -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    let dropped = || {
+        c.dead.dropped.fetch_add(1, Relaxed);
+        true
+    };
     let Some(dl) = c.config.dead_letter.as_deref() else {
         tracing::info!(stream = %c.stream.name(), consumer = %c.config.name, offset, "dropped after {n} deliveries");
-        return true;
+        return dropped();
     };
+    // Dead-lettered out of this stream before: a cycle (this consumer's dead letters come
+    // back to its stream, directly or through others). Dropped, not sent round for ever:
+    // each stream is passed through at most once, so a chain of dead letters is no longer
+    // than the number of streams.
+    if was_dead_lettered_from(msg, c.stream.name()) {
+        c.dead.cycles.fetch_add(1, Relaxed);
+        tracing::info!(stream = %c.stream.name(), consumer = %c.config.name, offset, dead_letter = dl,
+            "dead letter dropped: it was dead-lettered out of this stream before (a cycle)");
+        return true;
+    }
     let Some(target) = broker.stream(dl) else {
         tracing::warn!(stream = %c.stream.name(), consumer = %c.config.name, dead_letter = dl, "no such dead-letter stream; dropped");
-        return true;
+        return dropped();
     };
+    // The stream of that name may have been deleted and made again by another user since
+    // the consumer was created: a user's dead letters go only into that user's streams or
+    // unowned ones.
+    if let (Some(u), Some(o)) = (&c.config.creator, &target.config().owner)
+        && u != o
+    {
+        tracing::warn!(stream = %c.stream.name(), consumer = %c.config.name, dead_letter = dl, owner = %o,
+            "the dead-letter stream belongs to another user now; dropped");
+        return dropped();
+    }
     let mut m = msg.clone();
     let h = m.headers.get_or_insert_with(Vec::new);
     h.push((DEAD_REASON.into(), Bytes::from_static(b"max_deliver")));
@@ -263,7 +292,10 @@ fn dead_letter(
     h.push((DEAD_OFFSET.into(), Bytes::from(offset.to_string())));
     h.push((DEAD_DELIVERIES.into(), Bytes::from(n.to_string())));
     match target.append(Batch::One(&m), meta) {
-        Ok(_) => true,
+        Ok(_) => {
+            c.dead.moved.fetch_add(1, Relaxed);
+            true
+        }
         Err(e) => {
             tracing::warn!(
                 dead_letter = dl,
@@ -272,6 +304,15 @@ fn dead_letter(
             false
         }
     }
+}
+
+/// Whether `m` carries a [`DEAD_STREAM`] header naming `stream` (each dead-lettering adds
+/// one, so a dead letter lists every stream it was dead-lettered out of).
+fn was_dead_lettered_from(m: &Message, stream: &str) -> bool {
+    m.headers
+        .iter()
+        .flatten()
+        .any(|(k, v)| k.eq_ignore_ascii_case(DEAD_STREAM) && v.as_ref() == stream.as_bytes())
 }
 
 /// Records read ahead of the member's claims: a member mostly claims consecutive offsets, so

@@ -172,6 +172,20 @@ impl Broker {
                     self.shared.config.max_streams
                 )));
             }
+            // One user cannot take every stream: counted under the admin lock, so two
+            // creations at once do not both pass.
+            if let Some(u) = &config.owner {
+                let max = self.shared.config.max_streams_per_user;
+                let held = streams
+                    .values()
+                    .filter(|s| s.config().owner.as_ref() == Some(u))
+                    .count();
+                if held >= max {
+                    return Err(StreamError::Invalid(format!(
+                        "user {u} owns {held} streams, the most allowed ({max}, limits.max_streams_per_user)"
+                    )));
+                }
+            }
         }
         let dir = root.join(&config.name);
         let io = |source| StreamError::Io {
@@ -318,6 +332,24 @@ impl Broker {
         &self,
         config: ConsumerConfig,
     ) -> Result<(Arc<Consumer>, bool), StreamError> {
+        // A user's consumers are counted over every stream: creations by users one at a
+        // time (under the admin lock, taken before any consumer table), so two at once do
+        // not both pass. Deletions only lower the count.
+        let _admin = config.creator.as_ref().map(|_| {
+            self.shared
+                .stream_admin
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+        });
+        let held = match &config.creator {
+            Some(u) => self
+                .streams()
+                .iter()
+                .flat_map(|s| s.consumer_list())
+                .filter(|c| c.config().creator.as_ref() == Some(u))
+                .count(),
+            None => 0,
+        };
         let s = self
             .stream(&config.stream)
             .ok_or_else(|| StreamError::NotFound(config.stream.clone()))?;
@@ -331,6 +363,7 @@ impl Broker {
             }
             let same = ConsumerConfig {
                 owner: existing.owner.clone(),
+                creator: existing.creator.clone(),
                 ..config.clone()
             } == *existing;
             return if same {
@@ -348,10 +381,26 @@ impl Broker {
                 config.stream, self.shared.config.max_consumers
             )));
         }
-        if let Some(dl) = &config.dead_letter
-            && self.stream(dl).is_none()
+        if let Some(u) = &config.creator
+            && held >= self.shared.config.max_consumers_per_user
         {
-            return Err(StreamError::NotFound(dl.clone()));
+            return Err(StreamError::Invalid(format!(
+                "user {u} has created {held} consumers, the most allowed ({}, limits.max_consumers_per_user)",
+                self.shared.config.max_consumers_per_user
+            )));
+        }
+        if let Some(dl) = &config.dead_letter {
+            let target = self
+                .stream(dl)
+                .ok_or_else(|| StreamError::NotFound(dl.clone()))?;
+            // A user's dead letters go into a stream of that user's, or one without an
+            // owner (the server checks its capture against the user's publish rule): never
+            // into another user's.
+            if let Some(u) = &config.creator {
+                super::check_owner(target.config().owner.as_deref(), Some(u), || {
+                    format!("dead-letter stream {dl}")
+                })?;
+            }
         }
         let name = config.name.clone();
         let c = Arc::new(Consumer::create(s.clone(), config)?);
