@@ -8,6 +8,12 @@
 //! to another member of its queue group; when the receiver goes away the caller takes
 //! everything ([`AckTracker::take_all`]) and hands it on.
 //!
+//! A delivery superseded by a later delivery of the same message to the same receiver (a
+//! durable consumer's message whose ack wait ran out, delivered again) is *retired*
+//! ([`AckTracker::retire`]): out of the window and the byte count, so redeliveries never
+//! fill the window, and kept (stripped, at most `window` of them) only so that a late
+//! acknowledgement of its id still counts.
+//!
 //! The tracker counts the bytes it holds (in flight and pending), so the owner can charge them
 //! to the session's budget: a receiver that does not acknowledge slows its publishers instead
 //! of growing without bound.
@@ -31,6 +37,8 @@ pub struct AckTracker<T> {
     window: usize,
     inflight: BTreeMap<u64, Held<T>>,
     pending: VecDeque<Held<T>>,
+    /// Retired deliveries (see the module documentation), by id.
+    retired: BTreeMap<u64, T>,
     bytes: usize,
 }
 
@@ -42,6 +50,7 @@ impl<T> AckTracker<T> {
             window: window.max(1),
             inflight: BTreeMap::new(),
             pending: VecDeque::new(),
+            retired: BTreeMap::new(),
             bytes: 0,
         }
     }
@@ -93,9 +102,12 @@ impl<T> AckTracker<T> {
         id
     }
 
-    /// The item in flight under `id`.
+    /// The item in flight (or retired) under `id`.
     pub fn get(&self, id: u64) -> Option<&T> {
-        self.inflight.get(&id).map(|h| &h.item)
+        self.inflight
+            .get(&id)
+            .map(|h| &h.item)
+            .or_else(|| self.retired.get(&id))
     }
 
     /// The item in flight under `id`, to update what the owner keeps beside it (the
@@ -104,8 +116,8 @@ impl<T> AckTracker<T> {
         self.inflight.get_mut(&id).map(|h| &mut h.item)
     }
 
-    /// Acknowledges delivery `id`; returns its item, or `None` if it was not in flight
-    /// (already acknowledged, given back, or never sent).
+    /// Acknowledges delivery `id` (in flight or retired); returns its item, or `None` if it
+    /// was neither (already acknowledged, given back, or never sent).
     pub fn ack(&mut self, id: u64) -> Option<T> {
         self.remove(id)
     }
@@ -116,19 +128,30 @@ impl<T> AckTracker<T> {
         let rest = self.inflight.split_off(&id.saturating_add(1));
         let done = std::mem::replace(&mut self.inflight, rest);
         self.bytes -= done.values().map(|h| h.size).sum::<usize>();
-        done.len()
+        let rest = self.retired.split_off(&id.saturating_add(1));
+        let retired = std::mem::replace(&mut self.retired, rest);
+        done.len() + retired.len()
     }
 
-    /// Removes and returns, in id order, the deliveries in flight with an id up to and
-    /// including `id` for which `pick` is true (a cumulative acknowledgement of one
-    /// subscription's deliveries).
+    /// Removes and returns, in id order, the deliveries in flight (or retired) with an id
+    /// up to and including `id` for which `pick` is true (a cumulative acknowledgement of
+    /// one subscription's deliveries).
     pub fn take_through(&mut self, id: u64, mut pick: impl FnMut(&T) -> bool) -> Vec<T> {
-        let ids: Vec<u64> = self
+        let mut ids: Vec<u64> = self
             .inflight
             .range(..=id)
             .filter(|(_, h)| pick(&h.item))
             .map(|(&k, _)| k)
             .collect();
+        if !self.retired.is_empty() {
+            ids.extend(
+                self.retired
+                    .range(..=id)
+                    .filter(|(_, t)| pick(t))
+                    .map(|(&k, _)| k),
+            );
+            ids.sort_unstable();
+        }
         ids.into_iter().filter_map(|k| self.remove(k)).collect()
     }
 
@@ -139,14 +162,52 @@ impl<T> AckTracker<T> {
     }
 
     fn remove(&mut self, id: u64) -> Option<T> {
-        let h = self.inflight.remove(&id)?;
+        let Some(h) = self.inflight.remove(&id) else {
+            return self.retired.remove(&id);
+        };
         self.bytes -= h.size;
         Some(h.item)
     }
 
+    /// Retires delivery `id` (in flight): a later delivery of the same message to the same
+    /// receiver supersedes it. It leaves the window and the byte count; `strip` drops what
+    /// a late acknowledgement does not need (the payload, say). At most `window` retired
+    /// deliveries are kept, the oldest forgotten first (an acknowledgement of a forgotten
+    /// one is then unknown). False if `id` is not in flight.
+    pub fn retire(&mut self, id: u64, strip: impl FnOnce(&mut T)) -> bool {
+        let Some(mut h) = self.inflight.remove(&id) else {
+            return false;
+        };
+        self.bytes -= h.size;
+        strip(&mut h.item);
+        self.retired.insert(id, h.item);
+        while self.retired.len() > self.window {
+            self.retired.pop_first();
+        }
+        true
+    }
+
+    /// Drops the pending (never sent) deliveries for which `pick` is true (superseded
+    /// before they went out); how many.
+    pub fn drop_pending_if(&mut self, mut pick: impl FnMut(&T) -> bool) -> usize {
+        let before = self.pending.len();
+        let mut freed = 0;
+        self.pending.retain(|h| {
+            let drop = pick(&h.item);
+            if drop {
+                freed += h.size;
+            }
+            !drop
+        });
+        self.bytes -= freed;
+        before - self.pending.len()
+    }
+
     /// Takes everything: the deliveries in flight in id order, then the pending ones in
-    /// order. The tracker is empty afterwards (delivery ids are not reused).
+    /// order (retired ones are forgotten: a later delivery superseded each). The tracker is
+    /// empty afterwards (delivery ids are not reused).
     pub fn take_all(&mut self) -> Vec<T> {
+        self.retired.clear();
         let mut all: Vec<T> = std::mem::take(&mut self.inflight)
             .into_values()
             .map(|h| h.item)
@@ -223,5 +284,49 @@ mod tests {
         assert_eq!(t.take_all(), vec![3]);
         assert!(t.is_empty());
         assert_eq!(t.held_bytes(), 0);
+    }
+
+    #[test]
+    fn a_retired_delivery_leaves_the_window_and_a_late_ack_still_finds_it() {
+        let mut t = AckTracker::new(2);
+        for i in 0..3 {
+            t.push(i, 10);
+        }
+        assert_eq!(t.next_ready().map(|(id, &v)| (id, v)), Some((1, 0)));
+        assert_eq!(t.next_ready().map(|(id, &v)| (id, v)), Some((2, 1)));
+        assert_eq!(t.next_ready(), None, "the window is full");
+        assert!(t.retire(1, |v| *v += 100));
+        assert!(!t.retire(1, |_| {}), "retired once");
+        assert_eq!((t.in_flight_len(), t.held_bytes()), (1, 20));
+        assert_eq!(t.next_ready().map(|(id, &v)| (id, v)), Some((3, 2)));
+        // A late ack of the retired id finds it (stripped as asked).
+        assert_eq!(t.get(1), Some(&100));
+        assert_eq!(t.ack(1), Some(100));
+        assert_eq!(t.ack(1), None);
+        // A cumulative ack covers retired ones too, in id order.
+        assert!(t.retire(3, |_| {}));
+        assert_eq!(t.take_through(3, |_| true), vec![1, 2]);
+        // Pending ones superseded before they went out are dropped.
+        t.push(7, 10);
+        t.push(8, 10);
+        assert_eq!(t.drop_pending_if(|&v| v == 7), 1);
+        assert_eq!((t.pending_len(), t.held_bytes()), (1, 10));
+        // At most `window` retired ones are kept, the oldest forgotten first.
+        let mut t = AckTracker::new(2);
+        for i in 0..4 {
+            t.push(i, 1);
+            let (id, _) = t.next_ready().unwrap();
+            assert!(t.retire(id, |_| {}));
+        }
+        assert_eq!(
+            (t.get(1), t.get(2), t.get(3), t.get(4)),
+            (None, None, Some(&2), Some(&3))
+        );
+        assert_eq!(
+            t.take_all(),
+            Vec::<i32>::new(),
+            "retired ones are not given back"
+        );
+        assert_eq!(t.ack(4), None);
     }
 }

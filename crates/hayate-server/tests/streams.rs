@@ -990,7 +990,8 @@ async fn a_confirm_flooder_that_never_reads_is_held_back() {
 
 /// A member at max_in_flight over a backlog must wait, not spin (on this single-threaded
 /// runtime a spin would freeze the broker), and a client that never acknowledges holds no
-/// more than max_in_flight, however often the ack wait runs out.
+/// more than max_in_flight, however often the ack wait runs out: it gets those messages
+/// again and again (each redelivery supersedes the delivery before), never new ones.
 #[tokio::test]
 async fn a_full_member_waits_and_a_non_acking_client_holds_at_most_max_in_flight() {
     let (config, _d) = data_dir("full");
@@ -1010,14 +1011,20 @@ async fn a_full_member_waits_and_a_non_acking_client_holds_at_most_max_in_flight
     consumer(&c, cfg).await;
     let r = Client::connect(&b.addr).await.unwrap();
     let mut sub = r.consume("bl", "slow").await.unwrap();
-    let mut got = 0;
+    let mut got: BTreeMap<u64, u32> = BTreeMap::new();
     let until = Instant::now() + Duration::from_secs(1);
-    while let Ok(Some(_)) = tokio::time::timeout_at(until.into(), sub.next()).await {
-        got += 1;
+    while let Ok(Some(m)) = tokio::time::timeout_at(until.into(), sub.next()).await {
+        let n = got.entry(m.attrs.stream_offset.unwrap()).or_default();
+        *n = (*n).max(m.attrs.deliveries);
     }
     assert_eq!(
-        got, 5,
-        "a client that never acknowledges gets max_in_flight, and no more"
+        got.keys().copied().collect::<Vec<_>>(),
+        [0, 1, 2, 3, 4],
+        "a client that never acknowledges gets max_in_flight messages, and no others"
+    );
+    assert!(
+        got.values().all(|&n| n >= 2),
+        "each delivered again when its ack wait ran out: {got:?}"
     );
     // The broker still answers (nothing spins).
     let info = within(5, c.streams().consumer_info("bl", "slow"))
@@ -1087,4 +1094,139 @@ async fn consume_memberships_per_connection_are_capped() {
         within(10, sub.next()).await.unwrap().attrs.stream_offset,
         Some(0)
     );
+}
+
+/// A client that never acknowledges `n` messages gets every one of them again each time its
+/// ack wait runs out, however many are in flight: each arrives at least 4 times (3
+/// redeliveries) within the watchdog. (Redeliveries once filled the session's window and its
+/// member's cap with the superseded deliveries: with 500 in flight each came twice, then
+/// never again.)
+async fn ack_wait_redelivers_all(
+    name: &str,
+    n: u32,
+    ack_wait_ms: u64,
+    max_in_flight: Option<u32>,
+    max_unacked: u32,
+) {
+    let (mut config, _d) = data_dir(name);
+    config.limits.max_unacked = max_unacked;
+    let b = start(config).await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    c.streams()
+        .add(&stream(name, &format!("{name}/*"), "never"))
+        .await
+        .unwrap();
+    let k = key(&format!("{name}/x"));
+    for i in 0..n {
+        c.publish(&k, i.to_string()).await.unwrap();
+    }
+    c.flush().await.unwrap();
+    let mut cfg = ConsumerConfig::new(name, "c");
+    cfg.ack_wait_ms = ack_wait_ms;
+    if let Some(m) = max_in_flight {
+        cfg.max_in_flight = m;
+    }
+    consumer(&c, cfg).await;
+    let r = Client::connect(&b.addr).await.unwrap();
+    let mut sub = r.consume(name, "c").await.unwrap();
+    // The most deliveries seen of each offset; how many offsets have reached 4.
+    let mut most: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
+    let mut enough = 0;
+    let t = Instant::now();
+    let until = t + Duration::from_millis(ack_wait_ms * 4) + Duration::from_secs(60);
+    while enough < n as usize {
+        match tokio::time::timeout_at(until.into(), sub.next()).await {
+            Ok(Some(m)) => {
+                let o = m.attrs.stream_offset.unwrap();
+                assert!(o < u64::from(n), "{o}");
+                assert_eq!(m.payload, Bytes::from(o.to_string()));
+                let e = most.entry(o).or_default();
+                if m.attrs.deliveries > *e {
+                    if *e < 4 && m.attrs.deliveries >= 4 {
+                        enough += 1;
+                    }
+                    *e = m.attrs.deliveries;
+                }
+            }
+            other => {
+                let info = c.streams().consumer_info(name, "c").await.unwrap();
+                let mut by_count: BTreeMap<u32, usize> = BTreeMap::new();
+                for d in most.values() {
+                    *by_count.entry(*d).or_default() += 1;
+                }
+                panic!(
+                    "{enough} of {n} offsets delivered 4 times ({other:?}); offsets by \
+                     deliveries seen {by_count:?}; consumer {info:?}"
+                );
+            }
+        }
+    }
+    let info = c.streams().consumer_info(name, "c").await.unwrap();
+    assert!(
+        info.state.in_flight + info.state.waiting <= u64::from(n),
+        "{info:?}"
+    );
+    eprintln!(
+        "{name}: {n} offsets delivered 4 times each in {:?}",
+        t.elapsed()
+    );
+}
+
+/// An ACK of a delivery that a redelivery superseded (the ack wait ran out while the client
+/// was still working on it) still settles the message: it is not delivered again.
+#[tokio::test]
+async fn an_ack_of_a_superseded_delivery_still_settles_the_message() {
+    let (config, _d) = data_dir("late");
+    let b = start(config).await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    c.streams()
+        .add(&stream("late", "late/*", "never"))
+        .await
+        .unwrap();
+    let mut cfg = ConsumerConfig::new("late", "c");
+    cfg.ack_wait_ms = 200;
+    consumer(&c, cfg).await;
+    let mut sub = c.consume("late", "c").await.unwrap();
+    publish_n(&c, "late/x", 1).await;
+    let first = within(10, sub.next()).await.unwrap();
+    let second = within(10, sub.next()).await.unwrap();
+    assert_eq!(
+        (first.attrs.deliveries, second.attrs.deliveries),
+        (1, 2),
+        "delivered again after its ack wait"
+    );
+    c.ack(&first).unwrap();
+    c.flush().await.unwrap();
+    let t = Instant::now();
+    loop {
+        let v = c.streams().consumer_info("late", "c").await.unwrap();
+        if v.state.floor == 1 {
+            assert_eq!(v.state.in_flight, 0, "{v:?}");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "{v:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), sub.next())
+            .await
+            .is_err(),
+        "acknowledged (through its first delivery): not delivered again"
+    );
+}
+
+#[tokio::test]
+async fn ack_wait_redelivers_500_unacknowledged_messages_again_and_again() {
+    // As found: the default max_in_flight (1,000) and window (1,024).
+    ack_wait_redelivers_all("aw500", 500, 100, None, 1024).await;
+    // At the member's cap (max_in_flight = what it holds).
+    ack_wait_redelivers_all("aw500cap", 500, 100, Some(500), 1024).await;
+}
+
+#[tokio::test]
+async fn ack_wait_redelivers_10000_unacknowledged_messages_again_and_again() {
+    // An ack wait long enough for a debug build to deliver 10,000 within it, on a busy
+    // machine (deliveries due again go before new ones: a member that cannot send them all
+    // within the ack wait sends redeliveries only).
+    ack_wait_redelivers_all("aw10k", 10_000, 3_000, Some(10_000), 10_000).await;
 }

@@ -36,6 +36,18 @@ impl Outbox {
     /// the window and the budget: held deliveries are sent and blocked publishers woken. As
     /// with [`Outbox::push_reply_unbudgeted`], the caller flushes its own outbox after its read.
     pub fn settle(&self, delivery: u64, how: Settle) -> Vec<Delivery> {
+        self.settle_filling(delivery, how, true)
+    }
+
+    /// [`Outbox::settle`] for a NACK of several: the room freed in the window is not filled
+    /// yet with what waits, so that what the caller gives back to this outbox (then, with
+    /// [`Outbox::redeliver_all`], which fills it) goes ahead of it, in its original order.
+    /// The caller must call `redeliver_all` after (with nothing, if nothing comes back here).
+    pub fn settle_back(&self, delivery: u64, how: Settle) -> Vec<Delivery> {
+        self.settle_filling(delivery, how, false)
+    }
+
+    fn settle_filling(&self, delivery: u64, how: Settle, fill: bool) -> Vec<Delivery> {
         let mut st = self.lock();
         let taken = match how {
             Settle::One => st.acks.ack(delivery).into_iter().collect(),
@@ -45,7 +57,7 @@ impl Outbox {
                 None => Vec::new(),
             },
         };
-        self.after_ack(st);
+        self.after_ack(st, fill);
         taken
     }
 
@@ -54,12 +66,14 @@ impl Outbox {
         self.lock().acks.get(delivery).map(|d| d.sid)
     }
 
-    fn after_ack(&self, mut guard: std::sync::MutexGuard<'_, State>) {
+    fn after_ack(&self, mut guard: std::sync::MutexGuard<'_, State>, fill: bool) {
         let st = &mut *guard;
         if st.closed {
             return;
         }
-        Self::fill_window(st);
+        if fill {
+            Self::fill_window(st);
+        }
         if st.cut {
             st.buf = OutBuf::default();
         }
@@ -73,14 +87,23 @@ impl Outbox {
 
     /// Delivers `d` again to its subscription on this outbox, ahead of what waits for the
     /// window, marked redelivered. False if the outbox is closed.
-    pub fn redeliver(&self, mut d: Delivery) -> bool {
+    pub fn redeliver(&self, d: Delivery) -> bool {
+        self.redeliver_all(vec![d])
+    }
+
+    /// Delivers `ds` again, in their order, ahead of what waits for the window, marked
+    /// redelivered (several NACKed at once come back in their original order, not the last
+    /// first). False if the outbox is closed.
+    pub fn redeliver_all(&self, ds: Vec<Delivery>) -> bool {
         let mut st = self.lock();
         if st.closed {
             return false;
         }
-        d.msg.attrs.redelivered = true;
-        let size = d.msg.payload.len() + d.msg.key.as_bytes().len();
-        st.acks.push_front(d, size);
+        for mut d in ds.into_iter().rev() {
+            d.msg.attrs.redelivered = true;
+            let size = d.msg.payload.len() + d.msg.key.as_bytes().len();
+            st.acks.push_front(d, size);
+        }
         let st = &mut *st;
         Self::fill_window(st);
         if st.cut {
@@ -113,6 +136,46 @@ impl Outbox {
         drop(st);
         self.after_take();
         taken
+    }
+
+    /// Retires the deliveries to subscription `sid` that a later delivery of the same
+    /// durable consumer message supersedes: those whose stream offset is a key of `latest`
+    /// with a delivery count below the one it maps to (the delivery now on its way after an
+    /// ack wait ran out). One sent leaves the window and the byte count, kept stripped so
+    /// that a late ACK of its id still settles the message (`AckTracker::retire`); one not
+    /// sent yet is dropped. So however often the ack wait runs out, the session holds each
+    /// message once. Returns how many were superseded.
+    pub fn supersede(&self, sid: u32, latest: &std::collections::HashMap<u64, u32>) -> usize {
+        if latest.is_empty() {
+            return 0;
+        }
+        let old = |d: &Delivery| {
+            d.sid == sid
+                && d.msg
+                    .attrs
+                    .stream_offset
+                    .and_then(|o| latest.get(&o))
+                    .is_some_and(|&n| d.msg.attrs.deliveries < n)
+        };
+        let mut st = self.lock();
+        let ids: Vec<u64> = st
+            .acks
+            .inflight()
+            .filter(|(_, d)| old(d))
+            .map(|(id, _)| id)
+            .collect();
+        for &id in &ids {
+            st.acks.retire(id, |d| {
+                d.msg.payload = bytes::Bytes::new();
+                d.msg.headers = None;
+            });
+        }
+        let dropped = st.acks.drop_pending_if(old);
+        if ids.is_empty() && dropped == 0 {
+            return 0;
+        }
+        self.after_ack(st, true);
+        ids.len() + dropped
     }
 
     /// Deliveries of acknowledged subscriptions held (in flight and waiting).

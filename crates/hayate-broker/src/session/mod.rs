@@ -316,6 +316,34 @@ impl Session {
         placed
     }
 
+    /// Gives back deliveries settled together (a cumulative NACK, taken with
+    /// [`Outbox::settle_back`](crate::Outbox::settle_back)), given in their delivery order:
+    /// as [`Session::give_back`] each, except that those going back to their own fan-out
+    /// subscription are put back ahead of what waits all at once, in that order (one by
+    /// one, each ahead of the one before, they came back the last first), and only then is
+    /// the room in the window filled.
+    pub async fn give_back_all(&mut self, ds: Vec<Delivery>, nack: bool) {
+        let mut again = Vec::new();
+        for d in ds {
+            let fanout = nack && self.subs.get(&d.sid).is_some_and(|(_, g)| g.is_none());
+            if fanout {
+                again.push(d);
+            } else {
+                self.give_back(d, nack).await;
+            }
+        }
+        let n = again.len();
+        if self.outbox.redeliver_all(again) {
+            self.mark_own_output();
+        } else if n > 0 {
+            self.broker
+                .shared
+                .stats
+                .unplaced
+                .fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+
     /// Gives back every unacknowledged delivery of subscription `sid` (or of all), as when
     /// the subscriber goes away; call before [`Session::unsubscribe`] and before dropping
     /// the session.

@@ -415,8 +415,11 @@ impl Consumer {
         Duration::from_millis(self.config.ack_wait_ms)
     }
 
-    /// Claims the next thing to deliver, at `now`.
-    pub(crate) fn step(&self, now: Instant) -> Step {
+    /// Claims the next thing to deliver, at `now`: what is due (again) first, then, when
+    /// `take_new` (the member's session has room for more), the next new record. Ack
+    /// timeouts are looked at either way, so a member whose session is full still
+    /// redelivers what it holds when its ack wait runs out.
+    pub(crate) fn step(&self, now: Instant, take_new: bool) -> Step {
         let mut st = self.lock();
         if st.deleted {
             return Step::Stop;
@@ -452,7 +455,7 @@ impl Consumer {
         // What is waiting (NACKed with a delay, scheduled) counts against max_in_flight too,
         // so the consumer's state stays bounded whatever its members do.
         let held = st.in_flight.len() + st.due.len();
-        let full = held >= self.config.max_in_flight as usize;
+        let full = !take_new || held >= self.config.max_in_flight as usize;
         let earliest_deadline = st.deadlines.first().map(|(d, _)| *d);
         if let Some(&(at, o)) = st.due.iter().next()
             && at <= now

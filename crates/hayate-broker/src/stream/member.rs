@@ -2,7 +2,7 @@
 //! and delivers them into one session's outbox as acknowledged deliveries (the outbox's
 //! byte budget holds it back, so a member far behind reads no faster than its client takes).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -54,6 +54,10 @@ pub fn deliver_at(m: &Message, ts: i64) -> Option<i64> {
     header_ms(m, DELIVER_AT).or_else(|| header_ms(m, DELAY).map(|d| ts.saturating_add(d)))
 }
 
+/// Redelivered offsets a member gathers before it supersedes their earlier deliveries in
+/// its session at once (one walk of the session's deliveries per batch).
+const SUPERSEDE_BATCH: usize = 256;
+
 /// The offset a member has claimed and not yet handed to its outbox ([`NONE`] if none): a
 /// front-end that stops the member gives it back.
 pub type Claimed = Arc<std::sync::atomic::AtomicU64>;
@@ -102,26 +106,43 @@ pub async fn run(
     // and no more than the session's window sends (beyond it, deliveries would wait unsent
     // while their ack wait runs).
     let cap = (consumer.config.max_in_flight as usize).min(broker.config().max_unacked);
+    // Offsets delivered again through this member (an ack wait ran out, a NACK), with the
+    // delivery now sent: the session's earlier delivery of each is superseded (retired from
+    // its window) in batches, before the member looks at its cap or waits.
+    let mut redone: HashMap<u64, u32> = HashMap::new();
     let mut skipped = 0u32;
     loop {
         consumer.persist_if_due();
         let changed = consumer.changed.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
-        // A client that does not acknowledge holds at most `cap` here: the member stops
-        // claiming (what its ack wait gives back goes to other members).
-        let step = if !opts.auto_ack && outbox.unacked() >= cap {
-            Step::Wait {
-                until: Some(Instant::now() + Duration::from_millis(100)),
-                tail: None,
-            }
-        } else {
-            consumer.step(Instant::now())
-        };
+        if redone.len() >= SUPERSEDE_BATCH {
+            outbox.supersede(sid, &redone);
+            redone.clear();
+        }
+        // A client that does not acknowledge holds at most `cap` here: at it, the member
+        // claims no new message, but still what is due again (its ack wait ran out): that
+        // delivery supersedes the one this session holds, so the count stays put (while a
+        // batch is gathered it may look higher: new messages wait for the batch).
+        let room = opts.auto_ack || outbox.unacked() < cap;
+        let step = consumer.step(Instant::now(), room);
         let (offset, n) = match step {
             Step::Stop => return,
             Step::Deliver { offset, n } => (offset, n),
             Step::Wait { until, tail } => {
+                if !redone.is_empty() {
+                    outbox.supersede(sid, &redone);
+                    redone.clear();
+                    continue;
+                }
+                // Full: acknowledgements wake the member, but room made otherwise (another
+                // subscription of the session acknowledged) is looked at every 100 ms.
+                let until = if room {
+                    until
+                } else {
+                    let soon = Instant::now() + Duration::from_millis(100);
+                    Some(until.map_or(soon, |u| u.min(soon)))
+                };
                 let until = until.map(tokio::time::Instant::from_std);
                 if let Some(t) = tail
                     && more.as_ref().is_none_or(|(at, _)| *at != t)
@@ -162,6 +183,8 @@ pub async fn run(
         }
         if opts.auto_ack {
             consumer.ack(offset);
+        } else if n > 1 {
+            redone.insert(offset, n);
         }
         outbox.try_flush(&mut scratch);
         // Let the consumer's other members take their turn.

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use super::delivery::{AmqpEncoder, OwnConsumer, encode_content, message_of};
 use super::names::{self, Kind, REPLY_TO_QUEUE};
-use super::queue::{Chan, ChanState, Consumer, Queue, QueueArgs, Unacked, lock};
+use super::queue::{Chan, ChanState, Consumer, Queue, QueueArgs, Unacked, give_back_all, lock};
 use super::{Amqp, Exchange, FastMap, VHost};
 use crate::auth::{Credentials, Identity};
 use crate::frontend::{self, Accepted, Handler, Stop};
@@ -1409,17 +1409,12 @@ impl Conn<'_> {
             }
             Method::BasicRecover { requeue } | Method::BasicRecoverAsync { requeue } => {
                 let c = self.chan(ch)?;
-                let all: Vec<Unacked> = std::mem::take(&mut lock(&c.shared.st).unacked)
-                    .into_values()
-                    .rev()
-                    .collect();
+                let all = std::mem::take(&mut lock(&c.shared.st).unacked);
                 // Redelivered to whoever the queue picks (RabbitMQ requeues even when asked
-                // to redeliver to the same consumer).
+                // to redeliver to the same consumer), all back before any goes out again:
+                // in their original order.
                 let _ = requeue;
-                for u in all {
-                    let q = u.queue.clone();
-                    q.give_back(u, true);
-                }
+                give_back_all(all.into_values(), true);
                 if let Method::BasicRecover { .. } = m {
                     self.send(session, ch, Method::BasicRecoverOk {});
                 }
@@ -2891,11 +2886,8 @@ impl Conn<'_> {
                 .sum::<usize>();
         self.release_held(held);
         let unacked = std::mem::take(&mut lock(&c.shared.st).unacked);
-        // Newest first, each to the front of its queue: the original order is kept.
-        for (_, u) in unacked.into_iter().rev() {
-            let q = u.queue.clone();
-            q.give_back(u, true);
-        }
+        // All back to their places before any goes out again: the original order is kept.
+        give_back_all(unacked.into_values(), true);
     }
 
     /// The connection ends: every channel closes, exclusive queues go.
@@ -2974,14 +2966,15 @@ fn settle(
             }
         }
     };
-    // Given back newest first: each goes to the front of its queue, so the oldest ends
-    // up first again.
-    for u in settled.into_iter().rev() {
-        let q = u.queue.clone();
-        match requeue {
-            None => q.settled(&u),
-            Some(rq) => q.give_back(u, rq),
+    match requeue {
+        None => {
+            for u in &settled {
+                u.queue.settled(u);
+            }
         }
+        // All back to their places (or dead-lettered) before any goes out again: given
+        // back in their original order.
+        Some(rq) => give_back_all(settled, rq),
     }
     Ok(())
 }

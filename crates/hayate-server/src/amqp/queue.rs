@@ -343,6 +343,26 @@ pub(crate) struct Unacked {
     pub(crate) msg: QMsg,
 }
 
+/// Gives back deliveries taken together (basic.recover, basic.nack or basic.reject with
+/// `multiple`, a channel closed): each goes back to its place in its queue, redelivered
+/// (`requeue`), or is dead-lettered, and only once all are back does each queue dispatch
+/// (once). So they are redelivered in their original order (their places in the queue), as
+/// RabbitMQ does, whatever order they come in; given back one by one, each went out again
+/// at once, the last given back first.
+pub(crate) fn give_back_all(items: impl IntoIterator<Item = Unacked>, requeue: bool) {
+    let mut queues: Vec<Arc<Queue>> = Vec::new();
+    for u in items {
+        if !queues.iter().any(|q| Arc::ptr_eq(q, &u.queue)) {
+            queues.push(u.queue.clone());
+        }
+        let q = u.queue.clone();
+        q.take_back(u, requeue);
+    }
+    for q in queues {
+        q.dispatch();
+    }
+}
+
 /// Bindings per queue, at most.
 pub(crate) const MAX_BINDINGS: usize = 4096;
 
@@ -888,6 +908,12 @@ impl Queue {
     /// Appends a message (from a binding, or requeued at the front) and delivers what it
     /// can.
     pub(crate) fn push(self: &Arc<Self>, m: QMsg, front: bool) {
+        self.put(m, front, true);
+    }
+
+    /// [`Queue::push`]; without `dispatch`, the message is only put in its place (a
+    /// give-back of several: they are all put back, then the queue dispatches once).
+    fn put(self: &Arc<Self>, m: QMsg, front: bool, dispatch: bool) {
         let mut st = lock(&self.st);
         if st.deleted {
             drop(st);
@@ -973,7 +999,9 @@ impl Queue {
         } else {
             st.msgs.push_back(m);
         }
-        self.dispatch_locked(&mut st);
+        if dispatch {
+            self.dispatch_locked(&mut st);
+        }
         // Still here (no consumer took it at once): it may stay long, so it gets
         // allocations of its own instead of pinning the read buffer it came in.
         if let Some((priority, seq)) = new
@@ -1228,8 +1256,9 @@ impl Queue {
         self.dispatch_locked(&mut st);
     }
 
-    /// A delivery given back: to the front of the queue (redelivered), or dead-lettered.
-    pub(crate) fn give_back(self: &Arc<Self>, u: Unacked, requeue: bool) {
+    /// A delivery given back: to its place at the front of the queue (redelivered), or
+    /// dead-lettered. Not dispatched: see [`give_back_all`].
+    fn take_back(self: &Arc<Self>, u: Unacked, requeue: bool) {
         if let Some(c) = &u.consumer {
             c.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
@@ -1248,16 +1277,14 @@ impl Queue {
             }
             if self.args.delivery_limit.is_some_and(|l| m.returns > l) {
                 self.dead_letter_all(vec![m], DELIVERY_LIMIT);
-                self.dispatch();
                 return;
             }
         }
         if requeue {
             m.redelivered = true;
-            self.push(m, true);
+            self.put(m, true, false);
         } else {
             self.dead_letter_all(vec![m], REJECTED);
-            self.dispatch();
         }
     }
 

@@ -558,16 +558,20 @@ impl Conn<'_> {
             Some(AckMode::Client) => Settle::ThroughSubscription,
             _ => Settle::One,
         };
-        let settled = session.outbox().settle(n, how);
+        // A NACK takes them all back before the window is filled again (`give_back_all`
+        // fills it): given back in their original order, ahead of what waits.
+        let settled = if nack {
+            session.outbox().settle_back(n, how)
+        } else {
+            session.outbox().settle(n, how)
+        };
         session.mark_own_output();
         // A durable queue's messages are settled with its consumer (a NACK: delivered again).
         let settled = self
             .members
             .settle(settled, nack.then_some(std::time::Duration::ZERO));
         if nack {
-            for d in settled {
-                session.give_back(d, true).await;
-            }
+            session.give_back_all(settled, true).await;
         }
         Ok(())
     }
