@@ -85,6 +85,13 @@ impl<T> AckTracker<T> {
             return None;
         }
         let h = self.pending.pop_front()?;
+        // A ring that held many (an offline session's backlog) gives its room back as it
+        // drains: halved whenever it is less than a quarter full (so each halving follows
+        // as many pops as it moves items).
+        let cap = self.pending.capacity();
+        if cap > 64 && self.pending.len() < cap / 4 {
+            self.pending.shrink_to(cap / 2);
+        }
         let id = self.next_id;
         self.next_id += 1;
         let h = self.inflight.entry(id).or_insert(h);
@@ -212,7 +219,11 @@ impl<T> AckTracker<T> {
             .into_values()
             .map(|h| h.item)
             .collect();
-        all.extend(self.pending.drain(..).map(|h| h.item));
+        all.extend(
+            std::mem::take(&mut self.pending)
+                .into_iter()
+                .map(|h| h.item),
+        );
         self.bytes = 0;
         all
     }
@@ -256,6 +267,26 @@ impl<T> AckTracker<T> {
     /// Bytes of every item held (in flight and pending), as given to `push`.
     pub fn held_bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Bytes of the tracker's own storage, were `more` items pushed beyond what it holds
+    /// (for an owner that charges them to the memory budget beside its items' heap bytes):
+    /// the pending ring's capacity (it grows by doubling, from 4) and the in-flight map's
+    /// nodes, one `Held<T>` (and, in flight, its id) per slot. The map is a B-tree whose
+    /// nodes of 11 entries are at least 5 full except the root: at most 2.5 slots per entry
+    /// with the internal nodes, and a whole node for the root.
+    pub fn storage_bytes(&self, more: usize) -> usize {
+        let slot = std::mem::size_of::<Held<T>>();
+        let need = self.pending.len() + more;
+        let mut cap = self.pending.capacity();
+        while cap < need {
+            cap = (cap * 2).max(4);
+        }
+        let inflight = match self.inflight.len() {
+            0 => 0,
+            n => (n * 5 / 2 + 11) * (slot + 8),
+        };
+        cap * slot + inflight
     }
 }
 

@@ -23,6 +23,7 @@
 pub mod ack;
 pub mod batch;
 mod broker;
+pub mod footprint;
 pub mod index;
 pub mod keys;
 pub mod latency;

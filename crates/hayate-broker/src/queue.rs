@@ -27,13 +27,21 @@ pub(crate) struct BacklogState {
     pub(crate) q: VecDeque<hayate_core::Message>,
     /// Payload bytes in `q`.
     pub(crate) bytes: usize,
-    /// Payload and key bytes in `q` (what the memory budget is charged for).
+    /// The footprint of what `q` holds ([`held_size`]: what the memory budget is charged
+    /// for).
     pub(crate) held: usize,
     /// The group has members (set and cleared under the registry write lock, with the
     /// drain): a publisher whose route still says "no member" must not park here.
     pub(crate) served: bool,
     /// The waiting messages' share of the broker-wide memory budget.
     pub(crate) charge: Charge,
+}
+
+/// What one waiting message costs the process: its data as `Message::compact` keeps it and
+/// its slot in the `VecDeque` (which only grows, by doubling, and is taken whole by
+/// [`Backlog::open`]: at most two `Message`s per message waiting).
+fn held_size(m: &hayate_core::Message) -> usize {
+    crate::footprint::data(m) + crate::footprint::deque_slot::<hayate_core::Message>()
 }
 
 impl Backlog {
@@ -66,18 +74,17 @@ impl Backlog {
     fn push_locked(&self, st: &mut BacklogState, batch: Batch<'_>) {
         for i in 0..batch.len() {
             let m = batch.message(i);
+            let size = held_size(&m);
             let full = st.q.len() >= self.limit
                 || (self.max_bytes > 0 && st.bytes + m.payload.len() > self.max_bytes)
-                || !st
-                    .charge
-                    .cover(st.held + m.payload.len() + m.key.as_bytes().len());
+                || !st.charge.cover(st.held + size);
             if full {
                 self.dropped
                     .fetch_add((batch.len() - i) as u64, Ordering::Relaxed);
                 return;
             }
             st.bytes += m.payload.len();
-            st.held += m.payload.len() + m.key.as_bytes().len();
+            st.held += size;
             // Kept until a member comes: in allocations of its own, not pinning the
             // publisher's read buffer.
             st.q.push_back(m.compact());

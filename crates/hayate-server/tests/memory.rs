@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use hayate_broker::{Broker, BrokerConfig};
+use hayate_io::memory::Memory;
 use hayate_mqtt::{
     Ack, ConnAck, Connect, Disconnect, Packet, ProtocolVersion, Publish, QoS, ReasonCode,
     Subscribe, Subscription, decode, encode,
@@ -43,17 +44,33 @@ async fn within<T>(f: impl Future<Output = T>) -> T {
 /// shutdown signal their connections watch.
 struct Hub {
     mqtt: Arc<Mqtt>,
+    /// The broker's memory budget.
+    memory: Arc<Memory>,
     stomp: Arc<Stomp>,
     stop: watch::Sender<bool>,
 }
 
 impl Hub {
     fn new() -> Hub {
+        Hub::with_broker(BrokerConfig::default())
+    }
+
+    /// A hub whose broker has a memory budget of `limit` bytes (shared by its front-ends,
+    /// as `Server` shares it).
+    fn with_budget(limit: usize) -> Hub {
+        Hub::with_broker(BrokerConfig {
+            memory: Memory::new(limit),
+            ..BrokerConfig::default()
+        })
+    }
+
+    fn with_broker(broker: BrokerConfig) -> Hub {
         let mut config = Config::default();
         config.server.data_dir.clear(); // nothing on disk
-        let broker = Broker::new(BrokerConfig::default());
+        let broker = Broker::new(broker);
         let auth = Arc::new(ConfigAuth::from_section(&config.auth).expect("default auth"));
         Hub {
+            memory: broker.config().memory.clone(),
             mqtt: Mqtt::new(broker.clone(), &config, auth.clone()),
             stomp: Stomp::new(broker, &config, auth),
             stop: watch::channel(false).0,
@@ -545,4 +562,110 @@ async fn a_disconnect_just_before_the_same_clients_reconnect_counts() {
             new.disconnect().await;
         }
     }
+}
+
+/// A budget small enough that a few thousand one-byte messages fill it once each is
+/// charged its footprint (some 500 bytes: the `Message`, its allocations, its slot), and
+/// that they would not come near if only their key and payload bytes were charged (about
+/// 10 bytes each: 40 KB for 4,096).
+const SMALL_BUDGET: usize = 1 << 20;
+
+/// One-byte messages sent in the two tests below.
+const TINY: u16 = 4096;
+
+/// A hostile publisher stores 4,096 one-byte retained messages on distinct topics under a
+/// 1 MiB budget. Each is charged what it costs the process, not its 10 bytes of topic and
+/// payload: the budget fills after about 2,000, and the rest are delivered but not kept,
+/// each PUBLISH acknowledged with 0x97 Quota exceeded (5.0). Before, all 4,096 were kept
+/// with 40 KB charged (so 7.7 M of them took a 128 MiB broker to 4.48 GB).
+#[tokio::test]
+async fn tiny_retained_messages_are_charged_their_footprint() {
+    let hub = Hub::with_budget(SMALL_BUDGET);
+    let pool = hub.memory.clone();
+    let (mut p, ack) = MqttPeer::connect(&hub, connect(ProtocolVersion::V5, "ret", true)).await;
+    assert_eq!(ack.reason_code, ReasonCode::Success);
+    let mut codes = Vec::new();
+    for i in 0..TINY {
+        let mut publish = Publish::new(format!("r/{i}").as_str(), Bytes::from_static(b"x"));
+        publish.qos = QoS::AtLeastOnce;
+        publish.packet_id = Some(i + 1);
+        publish.retain = true;
+        p.send(&Packet::Publish(publish)).await;
+        match p.next().await {
+            Some(Packet::PubAck(a)) if a.packet_id == i + 1 => codes.push(a.reason_code),
+            other => panic!("expected PUBACK {}, got {other:?}", i + 1),
+        }
+    }
+    let refused = codes
+        .iter()
+        .filter(|&&c| c == ReasonCode::QuotaExceeded)
+        .count();
+    let kept = codes.len() - refused;
+    assert_eq!(
+        codes[0],
+        ReasonCode::Success,
+        "the first ones fit the budget"
+    );
+    assert!(
+        refused > 0,
+        "4,096 tiny retained messages all kept under a 1 MiB budget: charged only their bytes"
+    );
+    assert!(
+        kept * 400 <= SMALL_BUDGET,
+        "{kept} kept: less than 400 bytes charged for each"
+    );
+    assert_eq!(
+        hub.mqtt
+            .stats
+            .retained_refused
+            .load(std::sync::atomic::Ordering::Relaxed),
+        refused as u64,
+        "each one not kept is counted"
+    );
+    assert!(pool.used() <= pool.limit(), "overdrawn: {}", pool.used());
+    p.disconnect().await;
+}
+
+/// An offline persistent session (3.1.1) subscribed at QoS 1 is sent 4,096 one-byte
+/// messages under a 1 MiB budget: it keeps what the budget covers at each delivery's
+/// footprint (its `Message`, allocations and queue slot), the rest is dropped for it and
+/// counted. Before, it kept all 4,096 with 40 KB charged (and 50 such sessions holding 5 M
+/// messages took a 128 MiB broker to 1.87 GB).
+#[tokio::test]
+async fn an_offline_session_holds_tiny_messages_at_their_footprint() {
+    let v = ProtocolVersion::V3_1_1;
+    let hub = Hub::with_budget(SMALL_BUDGET);
+    let pool = hub.memory.clone();
+    let (mut sub, _) = MqttPeer::connect(&hub, connect(v, "off", false)).await;
+    sub.send(&Packet::Subscribe(Subscribe::new(
+        1,
+        vec![Subscription::new("o/#", QoS::AtLeastOnce)],
+    )))
+    .await;
+    assert!(matches!(sub.next().await, Some(Packet::SubAck(_))));
+    sub.disconnect().await;
+
+    let (mut p, _) = MqttPeer::connect(&hub, connect(v, "flood", true)).await;
+    for i in 0..TINY {
+        p.send(&publish_qos1("o/x", i + 1, "x")).await;
+        assert_eq!(p.next().await, Some(Packet::PubAck(Ack::new(i + 1))));
+    }
+    let held = hub
+        .mqtt
+        .stats
+        .held
+        .messages
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        held < u64::from(TINY),
+        "all 4,096 held by the offline session under a 1 MiB budget: charged only their bytes"
+    );
+    assert!(held > 0, "what fits is kept");
+    assert!(
+        held * 400 <= SMALL_BUDGET as u64,
+        "{held} held: less than 400 bytes charged for each"
+    );
+    assert!(pool.refused() > 0, "the budget refused the rest");
+    assert!(pool.used() <= pool.limit(), "overdrawn: {}", pool.used());
+    p.disconnect().await;
 }

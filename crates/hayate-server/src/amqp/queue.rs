@@ -72,8 +72,19 @@ pub(crate) fn persistent(m: &Message) -> bool {
 }
 
 impl QMsg {
+    /// What the message costs the process while a queue holds it (counted against the
+    /// queue's limits in bytes and charged to the memory budget): its data with their
+    /// allocations (`footprint::data`), its exchange and routing key, and three `QMsg`s of
+    /// slot: ready, it sits in its priority's `VecDeque`, which grows by doubling (at most
+    /// two slots per message); unacknowledged, in a channel's `BTreeMap` of `Unacked` (a
+    /// `QMsg` and two pointers, in nodes at least 5/11 full: at most 2.5 slots).
     fn size(&self) -> usize {
-        self.msg.payload.len() + self.msg.key.as_bytes().len() + 64
+        use hayate_broker::footprint::{ALLOC, data};
+        data(&self.msg)
+            + self.exchange.len()
+            + self.routing_key.len()
+            + 4 * ALLOC
+            + 3 * std::mem::size_of::<QMsg>()
     }
 }
 

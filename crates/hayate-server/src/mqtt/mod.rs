@@ -363,7 +363,7 @@ impl Mqtt {
     /// Publishes `msg` from `session` (a will, `$SYS`), storing it first if retained.
     pub(crate) async fn publish_from(&self, session: &mut Session, msg: &Message) {
         if msg.attrs.retain {
-            self.retain(msg);
+            self.retain(msg); // not kept past the budget: counted
         }
         session.publish(Batch::One(msg)).await;
         session.flush();

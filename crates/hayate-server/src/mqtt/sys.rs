@@ -19,10 +19,12 @@ pub struct MqttStats {
     pub received: AtomicU64,
     /// Connections accepted over the broker's life.
     pub connections: AtomicU64,
-    /// Retained messages not kept because `mqtt.max_retained_bytes` was reached.
+    /// Retained messages not kept because `mqtt.max_retained_bytes` was reached or the
+    /// memory budget had no room for their footprint.
     pub retained_refused: AtomicU64,
     /// QoS 1 and 2 deliveries every session holds now (in flight, waiting for the window,
-    /// queued for an offline persistent session), and their bytes (payload and topic).
+    /// queued for an offline persistent session), and their bytes (payload, topic and
+    /// properties).
     pub held: Arc<HeldTotals>,
 }
 

@@ -20,6 +20,10 @@ use crate::mqtt::delivery::{SubInfo, lock, put_packet};
 use crate::mqtt::journal::Durable;
 use crate::mqtt::translate::{broker_qos, filter_to_expr, publish_message};
 
+/// The error a PUBLISH's acknowledgement carries when its retained copy was not kept for the
+/// memory budget (a 5.0 client gets Quota exceeded; the message was routed all the same).
+const QUOTA_EXCEEDED: &str = "retained message not kept: the memory budget is spent";
+
 impl Handler for Driven<'_> {
     /// A packet split off the buffer, parsed by `handle`: what moves between the driver's
     /// decoding and handling (and into their futures) is a few words, not a `Packet`.
@@ -308,6 +312,7 @@ impl Conn<'_> {
             (QoS::AtMostOnce, _) => {
                 if !sys {
                     if msg.attrs.retain {
+                        // Not kept past the memory budget: counted; nothing to tell.
                         self.mqtt.retain(msg);
                     }
                     // Nothing to confirm: the plain publish path.
@@ -315,13 +320,13 @@ impl Conn<'_> {
                 }
             }
             (QoS::AtLeastOnce, Some(pid)) => {
-                let stored = if sys {
-                    Stored::default()
+                let (stored, kept) = if sys {
+                    (Stored::default(), true)
                 } else {
                     self.route(msg, &mut ms.session).await
                 };
                 let journaled = self.mqtt.durable_later();
-                self.ack_when_stored(ms, pid, false, stored, journaled)?;
+                self.ack_when_stored(ms, pid, false, stored, journaled, kept)?;
             }
             (QoS::ExactlyOnce, Some(pid)) => {
                 let first = {
@@ -337,10 +342,10 @@ impl Conn<'_> {
                         true
                     }
                 };
-                let stored = if first && !sys {
+                let (stored, kept) = if first && !sys {
                     self.route(msg, &mut ms.session).await
                 } else {
-                    Stored::default()
+                    (Stored::default(), true)
                 };
                 // Marked received only once routed: the journal's record of it then follows
                 // every delivery it made, so a crash cannot keep the mark (which makes the
@@ -349,7 +354,7 @@ impl Conn<'_> {
                     lock(&ms.out).set_incoming(pid, true);
                 }
                 let journaled = self.mqtt.durable_later();
-                self.ack_when_stored(ms, pid, true, stored, journaled)?;
+                self.ack_when_stored(ms, pid, true, stored, journaled, kept)?;
             }
             (_, None) => {
                 return Err(fail(ReasonCode::ProtocolError, "QoS > 0 without packet id"));
@@ -358,11 +363,11 @@ impl Conn<'_> {
         Ok(())
     }
 
-    async fn route(&self, msg: &Message, session: &mut Session) -> Stored {
-        if msg.attrs.retain {
-            self.mqtt.retain(msg);
-        }
-        session.publish_stored(Batch::One(msg)).await.1
+    /// Routes `msg` (storing it first if retained); also says whether a retained message
+    /// was kept (false: the memory budget had no room for it).
+    async fn route(&self, msg: &Message, session: &mut Session) -> (Stored, bool) {
+        let kept = !msg.attrs.retain || self.mqtt.retain(msg);
+        (session.publish_stored(Batch::One(msg)).await.1, kept)
     }
 
     /// Sends the PUBACK (or PUBREC, `rec`) of `pid` now if the streams that captured the
@@ -376,17 +381,23 @@ impl Conn<'_> {
         rec: bool,
         stored: Stored,
         journaled: Durable,
+        kept: bool,
     ) -> Result<(), Fail> {
+        // A retained message the memory budget had no room for: Quota exceeded for 5.0.
+        let quota = move |r: Result<(), String>| match r {
+            Ok(()) if !kept => Err(QUOTA_EXCEEDED.to_owned()),
+            r => r,
+        };
         if self.acks().is_empty()
             && let Some(r) = stored.ready()
             && let Some(j) = journaled.ready()
         {
-            return self.acked(ms, pid, rec, r.map(drop).and(j));
+            return self.acked(ms, pid, rec, quota(r.map(drop).and(j)));
         }
         self.acks().push_back(Box::pin(async move {
             let r = stored.confirmed().await.map(drop);
             let j = journaled.wait().await;
-            (pid, rec, r.and(j))
+            (pid, rec, quota(r.and(j)))
         }));
         Ok(())
     }
@@ -403,6 +414,17 @@ impl Conn<'_> {
     ) -> Result<(), Fail> {
         let code = match r {
             Ok(()) => ReasonCode::Success,
+            // Routed, but the retained copy was not kept: 3.1.1 cannot say so (counted).
+            Err(why) if why == QUOTA_EXCEEDED => {
+                if !self.version.is_v5() {
+                    ReasonCode::Success
+                } else {
+                    if rec {
+                        lock(&ms.out).set_incoming(pid, false);
+                    }
+                    ReasonCode::QuotaExceeded
+                }
+            }
             Err(why) if self.version.is_v5() => {
                 tracing::warn!(pid, "PUBLISH not stored: {why}");
                 if rec {

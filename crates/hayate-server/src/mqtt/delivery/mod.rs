@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
-use hayate_broker::{AckTracker, OutBuf};
+use hayate_broker::{AckTracker, OutBuf, footprint};
 use hayate_core::{Key, Message};
 use hayate_io::memory::{Charge, Memory};
 use hayate_mqtt::{Ack, Packet, ProtocolVersion, PublishProperties, QoS, RetainHandling};
@@ -169,10 +169,21 @@ impl Drop for MqttDeliveries {
     }
 }
 
-/// What a held delivery counts against the budgets.
+/// What a held delivery counts against the budgets (`mqtt.max_queued_bytes`, the outbox's,
+/// the held bytes of `$SYS` and `/metrics`): its key and payload, and its properties
+/// (reply-to, correlation data, user properties) with their allocations.
 fn held_size(q: &Queued) -> usize {
-    q.msg.payload.len() + q.msg.key.as_bytes().len()
+    q.msg.payload.len() + q.msg.key.as_bytes().len() + footprint::properties(&q.msg)
 }
+
+/// What each held delivery costs the process beyond [`held_size`], charged to the memory
+/// budget besides the tracker's own storage (`AckTracker::storage_bytes`: its ring and map
+/// slots, one `Inflight` each): the allocations of its key and payload, which
+/// `Message::compact` copies for an offline session
+/// ([`footprint::KEY_AND_PAYLOAD`]), and, in flight, its packet id's entry in `pids` (a
+/// `(u16, u64)` and a control byte in a hash table at most 7/8 full, or twice that just
+/// after it grew: 40 bytes).
+const ITEM_COST: usize = footprint::KEY_AND_PAYLOAD + 40;
 
 /// A packet id not in use by a delivery in flight, after the last one given.
 fn alloc_pid(next: &mut u16, in_use: &HashMap<u16, u64>) -> u16 {
@@ -411,8 +422,9 @@ impl MqttDeliveries {
             self.dropped += 1;
             return false;
         }
-        // Within the broker-wide budget too; a session holding nothing always takes one.
-        let need = self.pooled(held + size);
+        // Within the broker-wide budget too, at its footprint; a session holding nothing
+        // always takes one.
+        let need = self.pooled(self.cost(1, size));
         if !self.charge.cover(need) {
             if held > 0 {
                 self.dropped += 1;
@@ -542,7 +554,7 @@ impl MqttDeliveries {
         );
         self.count_held(now);
         // Restored deliveries exist already (forced); freed ones give their share back.
-        let need = self.pooled(held);
+        let need = self.pooled(self.cost(0, 0));
         self.charge.force(need);
         self.charge.shrink(need);
     }
@@ -559,6 +571,14 @@ impl MqttDeliveries {
                 .fetch_add(now.1.wrapping_sub(was.1), Ordering::Relaxed);
         }
         self.counted = now;
+    }
+
+    /// The footprint of what the session holds with `more` deliveries of `bytes` (their
+    /// [`held_size`]) added: the held bytes, [`ITEM_COST`] per delivery and the tracker's
+    /// storage. What [`MqttDeliveries::pooled`] charges the memory budget from.
+    fn cost(&self, more: usize, bytes: usize) -> usize {
+        let n = self.tracker.in_flight_len() + self.tracker.pending_len() + more;
+        self.tracker.held_bytes() + bytes + n * ITEM_COST + self.tracker.storage_bytes(more)
     }
 
     /// What `held` bytes of deliveries charge the memory budget: past the outbox's free
