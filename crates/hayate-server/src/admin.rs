@@ -905,6 +905,15 @@ async fn authorize(
                 crate::auth::AuthError::Throttled.to_string(),
             ));
         }
+        Err(crate::auth::AuthError::Busy) => {
+            let mut r = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                crate::auth::AuthError::Busy.to_string(),
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            return Err(r);
+        }
         Err(_) => return Err(unauthorized()),
     };
     match id.user.as_deref() {

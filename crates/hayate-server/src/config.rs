@@ -329,10 +329,15 @@ pub struct AuthSection {
     pub users: std::collections::BTreeMap<String, UserConfig>,
     /// Groups' permissions by name (`[auth.groups.NAME]`), joined to their members'.
     pub groups: std::collections::BTreeMap<String, Permissions>,
-    /// Failed logins from one address within a minute before it is locked out (0: never).
+    /// Failed password logins of one user name from one address within a minute before that
+    /// pair is locked out (0: never).
     pub max_failures: u32,
-    /// Seconds an address stays locked out (its logins refused without being checked).
+    /// Seconds an (address, user name) pair stays locked out (its logins refused without
+    /// being checked).
     pub lockout_secs: u64,
+    /// Failed password logins within a minute across all addresses past which a pair that
+    /// has failed within the minute is refused without being checked (0: no such limit).
+    pub global_max_failures: u32,
     /// Connections one configured user may have open at once (0: no limit).
     pub max_connections_per_user: usize,
 }
@@ -345,6 +350,7 @@ impl Default for AuthSection {
             groups: Default::default(),
             max_failures: 10,
             lockout_secs: 60,
+            global_max_failures: 100,
             max_connections_per_user: 1024,
         }
     }

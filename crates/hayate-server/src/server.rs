@@ -290,10 +290,14 @@ impl Server {
             max_consumers_per_user: config.limits.max_consumers_per_user as usize,
             max_subscriptions: config.limits.max_subscriptions,
             queue_max_bytes: usize::try_from(config.stomp.queue_max_bytes).unwrap_or(usize::MAX),
-            memory,
+            memory: memory.clone(),
         });
         let auth: Arc<dyn Authenticator> = match ConfigAuth::from_section(&config.auth) {
-            Ok(a) => Arc::new(a),
+            Ok(a) => {
+                // The argon2 checks' memory (docs/security.md, *Checking a password*).
+                a.charge_to(&memory);
+                Arc::new(a)
+            }
             Err(e) => {
                 // `bind` validates first; a server assembled from an invalid section fails
                 // closed.

@@ -5,7 +5,9 @@
 //!   ([`Credentials`]) and where it came from; it answers with an [`Identity`] or an
 //!   [`AuthError`]. [`ConfigAuth`] is the implementation over the `[auth]` section: users with
 //!   argon2 password hashes, bearer tokens (stored as SHA-256 digests), groups, and failed-login
-//!   throttling per source address (`users.rs`).
+//!   throttling per (source address, user name) and across all addresses (`users.rs`). The
+//!   argon2 checks run on a pool of their own, at most two at once, with memory that is reused
+//!   and charged to the memory budget (`hashing.rs`).
 //! - An [`Identity`] carries the user's [`Access`]: allow/deny rules on key expressions for
 //!   publishing, subscribing, serving (queue-group subscriptions) and calling (publishing with a
 //!   reply-to), plus the rules every client gets: `$SYS` is read-only, and each session's reply
@@ -19,9 +21,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 mod access;
+mod hashing;
 mod users;
 
 pub use access::{Access, Denied, Grant, Rule, SYS_PREFIX, inbox_guard};
+pub use hashing::HashStats;
 pub use users::{ConfigAuth, Slot, TOKEN_PREFIX, hash_password, new_token, token_digest};
 
 /// Why a client was refused.
@@ -31,8 +35,12 @@ pub enum AuthError {
     NotAuthorized,
     /// Unknown user, wrong password or unknown token.
     BadCredentials,
-    /// Too many failed logins from this address lately: refused without checking.
+    /// Too many failed logins lately for this user name from this address (or, past the
+    /// global failure rate, any failure of the pair lately): refused without checking.
     Throttled,
+    /// The password checks are saturated: refused without checking, and not counted as a
+    /// failure. Try again.
+    Busy,
     /// The user has `auth.max_connections_per_user` connections open already.
     TooManyConnections,
 }
@@ -42,7 +50,10 @@ impl std::fmt::Display for AuthError {
         f.write_str(match self {
             AuthError::NotAuthorized => "not authorized: credentials required",
             AuthError::BadCredentials => "bad user name, password or token",
-            AuthError::Throttled => "too many failed logins from this address: try again later",
+            AuthError::Throttled => {
+                "too many failed logins for this user name from this address: try again later"
+            }
+            AuthError::Busy => "server busy: too many logins being checked: try again",
             AuthError::TooManyConnections => {
                 "the user has as many connections as it may (auth.max_connections_per_user)"
             }

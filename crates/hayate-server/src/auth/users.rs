@@ -1,5 +1,7 @@
 //! [`ConfigAuth`]: users, tokens, groups and permissions from the `[auth]` section, with
-//! argon2 password checks off the async threads and failed-login throttling per address.
+//! argon2 password checks on a bounded pool of their own (`hashing.rs`), failed-login
+//! lock-outs per (address, user name) and a global failed-login rate past which pairs that
+//! have failed lately are refused unchecked.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -7,23 +9,26 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use argon2::Argon2;
-use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::password_hash::{PasswordHash, PasswordHasher, SaltString};
 use hayate_core::KeyExpr;
+use hayate_io::memory::Memory;
 use sha2::{Digest, Sha256};
 
 use super::Revoked;
 use super::access::{Access, Grant, Rule};
+use super::hashing::{HashStats, Hashers, Lane};
 use super::{AuthError, AuthFuture, Authenticator, Credentials, Identity};
 use crate::config::{AuthSection, Permissions};
 
 /// Bearer tokens start with this (a password that does is taken as a token).
 pub const TOKEN_PREFIX: &str = "hyt_";
 
-/// At most this many argon2 checks run at once (each takes a core for tens of ms); further
-/// logins wait their turn.
-const HASH_CHECKS: usize = 2;
-/// Source addresses remembered for throttling; past it, the oldest entries go.
+/// (address, user name) pairs remembered for throttling; past it, stale entries go first.
 const MAX_TRACKED: usize = 65_536;
+
+/// What a failed-login count is kept under: the source address and a keyed digest of the
+/// user name given (so that a 64 KiB name costs what a short one does).
+type Pair = (IpAddr, [u8; 16]);
 
 /// An argon2id hash (PHC string) of `password`, with a random salt: what `[auth.users.NAME]
 /// password_hash` holds (`hayate user add` writes it).
@@ -63,7 +68,7 @@ fn hex(b: &[u8]) -> String {
 struct User {
     name: Arc<str>,
     /// PHC string, checked at load.
-    hash: Option<String>,
+    hash: Option<Arc<str>>,
     /// Kept across reloads while the user stays configured (its connections share it).
     access: Arc<Grant>,
 }
@@ -73,6 +78,53 @@ struct Failures {
     count: u32,
     since: Option<Instant>,
     locked_until: Option<Instant>,
+}
+
+/// Failed password logins: per (address, user name) pair, and across all of them (counted
+/// in fixed windows, read as a sliding one: the previous window's count weighted by how much
+/// of it the sliding window still covers, plus the current one's).
+#[derive(Debug)]
+struct Throttle {
+    pairs: HashMap<Pair, Failures>,
+    cur: u32,
+    prev: u32,
+    start: Instant,
+    /// The global limit was passed in the current window (logged once a window).
+    braked: bool,
+}
+
+impl Throttle {
+    fn new() -> Throttle {
+        Throttle {
+            pairs: HashMap::new(),
+            cur: 0,
+            prev: 0,
+            start: Instant::now(),
+            braked: false,
+        }
+    }
+
+    fn roll(&mut self, now: Instant, window: Duration) {
+        let e = now.saturating_duration_since(self.start);
+        if e >= window * 2 {
+            (self.prev, self.cur, self.start) = (0, 0, now);
+            self.braked = false;
+        } else if e >= window {
+            (self.prev, self.cur) = (self.cur, 0);
+            self.start += window;
+            self.braked = false;
+        }
+    }
+
+    /// Failures over the last `window`, as estimated.
+    fn rate(&mut self, now: Instant, window: Duration) -> u32 {
+        self.roll(now, window);
+        let into = now.saturating_duration_since(self.start).as_secs_f64() / window.as_secs_f64();
+        // Truncation is meant: an estimate.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let prev = (f64::from(self.prev) * (1.0 - into).max(0.0)) as u32;
+        prev.saturating_add(self.cur)
+    }
 }
 
 /// Connections open per user.
@@ -107,9 +159,12 @@ pub struct ConfigAuth {
     /// SHA-256(process secret, user, password).
     verified: Mutex<HashMap<Arc<str>, [u8; 32]>>,
     secret: [u8; 32],
-    checks: Arc<tokio::sync::Semaphore>,
-    failures: Mutex<HashMap<IpAddr, Failures>>,
+    hashers: Hashers,
+    throttle: Mutex<Throttle>,
     max_failures: u32,
+    /// Failed password logins per `window` across all addresses past which pairs that have
+    /// failed within the window are refused unchecked (0: no such limit).
+    global_max_failures: u32,
     window: Duration,
     lockout: Duration,
     per_user: PerUser,
@@ -203,9 +258,14 @@ impl ConfigAuth {
             }
             let access = merge(&parts, &format!("auth.users.{name}"))?;
             if let Some(h) = &u.password_hash {
-                PasswordHash::new(h).map_err(|e| {
+                let parsed = PasswordHash::new(h).map_err(|e| {
                     format!("auth.users.{name}.password_hash: not a PHC hash string ({e}); make one with `hayate user add {name}`")
                 })?;
+                argon2::Algorithm::try_from(parsed.algorithm)
+                    .and_then(|_| argon2::Params::try_from(&parsed))
+                    .map_err(|e| {
+                        format!("auth.users.{name}.password_hash: not an argon2 hash this broker can check ({e}); make one with `hayate user add {name}`")
+                    })?;
             }
             if u.password_hash.is_none() && u.tokens.is_empty() {
                 return Err(format!(
@@ -235,7 +295,7 @@ impl ConfigAuth {
                 name.clone(),
                 User {
                     name: name_arc,
-                    hash: u.password_hash.clone(),
+                    hash: u.password_hash.as_deref().map(Arc::from),
                     access: Grant::user(access),
                 },
             );
@@ -255,9 +315,10 @@ impl ConfigAuth {
             })),
             verified: Mutex::new(HashMap::new()),
             secret,
-            checks: Arc::new(tokio::sync::Semaphore::new(HASH_CHECKS)),
-            failures: Mutex::new(HashMap::new()),
+            hashers: Hashers::new(super::hashing::workers()),
+            throttle: Mutex::new(Throttle::new()),
             max_failures: section.max_failures,
+            global_max_failures: section.global_max_failures,
             window: Duration::from_secs(60),
             lockout: Duration::from_secs(section.lockout_secs),
             per_user: PerUser::default(),
@@ -278,9 +339,10 @@ impl ConfigAuth {
             })),
             verified: Mutex::new(HashMap::new()),
             secret: [0; 32],
-            checks: Arc::new(tokio::sync::Semaphore::new(1)),
-            failures: Mutex::new(HashMap::new()),
+            hashers: Hashers::new(1),
+            throttle: Mutex::new(Throttle::new()),
             max_failures: 0,
+            global_max_failures: 0,
             window: Duration::from_secs(60),
             lockout: Duration::ZERO,
             per_user: PerUser::default(),
@@ -375,24 +437,92 @@ impl ConfigAuth {
         Ok(id)
     }
 
-    fn throttled(&self, peer: Option<IpAddr>) -> bool {
-        let Some(ip) = peer else { return false };
-        let f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        f.get(&ip)
-            .and_then(|x| x.locked_until)
-            .is_some_and(|t| Instant::now() < t)
+    /// Charges the memory of the argon2 checks to `pool` (the broker's memory budget): call
+    /// before the first login.
+    pub fn charge_to(&self, pool: &Arc<Memory>) {
+        self.hashers.charge_to(pool);
     }
 
-    fn failed(&self, peer: Option<IpAddr>) {
-        let Some(ip) = peer else { return };
-        if self.max_failures == 0 {
-            return;
-        }
+    /// What the argon2 pool has done (checks at once, their peak, busy refusals, memory).
+    pub fn hash_stats(&self) -> HashStats {
+        self.hashers.stats()
+    }
+
+    fn throttle(&self) -> std::sync::MutexGuard<'_, Throttle> {
+        self.throttle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The pair a password login from `peer` as `name` is counted under (none over Unix
+    /// sockets and in-process transports: those are never throttled).
+    fn pair(&self, peer: Option<IpAddr>, name: &str) -> Option<Pair> {
+        let ip = peer?;
+        let mut h = Sha256::new();
+        h.update(self.secret);
+        h.update(b"pair\0");
+        h.update(name.as_bytes());
+        let d: [u8; 32] = h.finalize().into();
+        let mut k = [0u8; 16];
+        k.copy_from_slice(&d[..16]);
+        Some((ip, k))
+    }
+
+    /// Whether a password login of `pair` may be checked, and in which lane: refused while
+    /// the pair is locked out, and while the global failure rate is past its limit if the
+    /// pair has failed within the window.
+    fn gate(&self, pair: Option<Pair>) -> Result<Lane, AuthError> {
+        let Some(p) = pair else {
+            return Ok(Lane::Clean);
+        };
         let now = Instant::now();
-        let mut all = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        if all.len() >= MAX_TRACKED && !all.contains_key(&ip) {
-            // Forget addresses that are neither locked out nor recent; if none, any one.
-            let stale: Vec<IpAddr> = all
+        let mut t = self.throttle();
+        let Some(f) = t.pairs.get(&p) else {
+            return Ok(Lane::Clean);
+        };
+        if f.locked_until.is_some_and(|u| now < u) {
+            return Err(AuthError::Throttled);
+        }
+        let failed_lately = f.count > 0
+            && f.since
+                .is_some_and(|s| now.duration_since(s) <= self.window);
+        if !failed_lately {
+            return Ok(Lane::Clean);
+        }
+        if self.global_max_failures > 0 && t.rate(now, self.window) >= self.global_max_failures {
+            return Err(AuthError::Throttled);
+        }
+        Ok(Lane::Failed)
+    }
+
+    /// A good password: the pair's failures are forgotten.
+    fn succeeded(&self, pair: Option<Pair>) {
+        if let Some(p) = pair {
+            self.throttle().pairs.remove(&p);
+        }
+    }
+
+    /// A wrong password (or unknown user): counted for the pair and globally.
+    fn failed(&self, pair: Option<Pair>) {
+        let Some(p) = pair else { return };
+        let now = Instant::now();
+        let mut all = self.throttle();
+        all.roll(now, self.window);
+        all.cur = all.cur.saturating_add(1);
+        if self.global_max_failures > 0
+            && !all.braked
+            && all.rate(now, self.window) >= self.global_max_failures
+        {
+            all.braked = true;
+            tracing::warn!(
+                limit = self.global_max_failures,
+                "too many failed logins across all addresses: (address, user) pairs that failed in the last minute are refused unchecked"
+            );
+        }
+        // Counted even without lock-outs (`max_failures = 0`): the lane and the global
+        // limit ask whether a pair has failed lately.
+        if all.pairs.len() >= MAX_TRACKED && !all.pairs.contains_key(&p) {
+            // Forget pairs that are neither locked out nor recent; if none, any one.
+            let stale: Vec<Pair> = all
+                .pairs
                 .iter()
                 .filter(|(_, f)| {
                     f.locked_until.is_none_or(|t| t <= now)
@@ -402,25 +532,25 @@ impl ConfigAuth {
                 .take(1024)
                 .collect();
             if stale.is_empty()
-                && let Some(k) = all.keys().next().copied()
+                && let Some(k) = all.pairs.keys().next().copied()
             {
-                all.remove(&k);
+                all.pairs.remove(&k);
             }
             for k in stale {
-                all.remove(&k);
+                all.pairs.remove(&k);
             }
         }
-        let f = all.entry(ip).or_default();
+        let f = all.pairs.entry(p).or_default();
         if f.since.is_none_or(|s| now.duration_since(s) > self.window) {
             f.since = Some(now);
             f.count = 0;
         }
         f.count += 1;
-        if f.count >= self.max_failures {
+        if self.max_failures > 0 && f.count >= self.max_failures {
             f.locked_until = Some(now + self.lockout);
             f.count = 0;
             f.since = None;
-            tracing::warn!(peer = %ip, secs = self.lockout.as_secs(), "too many failed logins: address locked out");
+            tracing::warn!(peer = %p.0, secs = self.lockout.as_secs(), "too many failed logins: this user name locked out from this address");
         }
     }
 
@@ -433,7 +563,24 @@ impl ConfigAuth {
         h.finalize().into()
     }
 
-    async fn check_password(&self, u: &User, password: &[u8]) -> bool {
+    /// Whether `password` is `u`'s (a user without a password hash, or an unknown user as
+    /// `None`, runs the same check against a dummy hash and is refused).
+    async fn check_password(
+        &self,
+        u: Option<&User>,
+        password: &[u8],
+        lane: Lane,
+    ) -> Result<bool, AuthError> {
+        let hashed = u.and_then(|u| u.hash.clone().map(|h| (u, h)));
+        let Some((u, hash)) = hashed else {
+            // The same work as for a known user: the answer's timing does not tell which
+            // user names exist.
+            self.hashers
+                .verify(dummy_hash(), password, lane)
+                .await
+                .map_err(|_| AuthError::Busy)?;
+            return Ok(false);
+        };
         let fp = self.fingerprint(&u.name, password);
         if self
             .verified
@@ -442,25 +589,20 @@ impl ConfigAuth {
             .get(&u.name)
             == Some(&fp)
         {
-            return true;
+            return Ok(true);
         }
-        let Ok(_permit) = self.checks.clone().acquire_owned().await else {
-            return false;
-        };
-        let hash = u.hash.clone().unwrap_or_else(|| dummy_hash().to_owned());
-        let has_hash = u.hash.is_some();
-        let pw = password.to_vec();
-        let ok = tokio::task::spawn_blocking(move || verify(&hash, &pw))
+        let ok = self
+            .hashers
+            .verify(hash, password, lane)
             .await
-            .unwrap_or(false)
-            && has_hash;
+            .map_err(|_| AuthError::Busy)?;
         if ok {
             self.verified
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(u.name.clone(), fp);
         }
-        ok
+        Ok(ok)
     }
 
     async fn check(&self, creds: Credentials<'_>) -> Result<Identity, AuthError> {
@@ -481,6 +623,7 @@ impl ConfigAuth {
                 .filter(|p| p.starts_with(TOKEN_PREFIX.as_bytes()))
         });
         if let Some(tok) = token {
+            // 256 random bits, looked up by digest: nothing to guess, nothing to throttle.
             let user = t
                 .tokens
                 .get(&token_digest(tok))
@@ -516,57 +659,51 @@ impl ConfigAuth {
                 Err(AuthError::BadCredentials)
             };
         }
-        match t.users.get(name) {
-            Some(u) => match creds.password {
-                Some(p) if self.check_password(u, p).await => Ok(self.identity(u)),
-                _ => Err(AuthError::BadCredentials),
-            },
-            None => {
-                // The same work as for a known user: the answer's timing does not tell
-                // which user names exist.
-                let _ = self
-                    .check_password(
-                        &User {
-                            name: "".into(),
-                            hash: None,
-                            access: Grant::all(),
-                        },
-                        creds.password.unwrap_or_default(),
-                    )
-                    .await;
+        // A password login: throttled per (address, user name) and globally.
+        let pair = self.pair(creds.peer, name);
+        let lane = self.gate(pair)?;
+        let user = t.users.get(name);
+        let ok = match creds.password {
+            Some(p) => self.check_password(user, p, lane).await?,
+            None => false,
+        };
+        match user {
+            Some(u) if ok => {
+                self.succeeded(pair);
+                Ok(self.identity(u))
+            }
+            _ => {
+                self.failed(pair);
                 Err(AuthError::BadCredentials)
             }
         }
     }
 }
 
-fn verify(phc: &str, password: &[u8]) -> bool {
-    PasswordHash::new(phc).is_ok_and(|h| Argon2::default().verify_password(password, &h).is_ok())
-}
-
-/// A hash nobody's password matches, checked for unknown users.
-fn dummy_hash() -> &'static str {
-    static H: OnceLock<String> = OnceLock::new();
-    H.get_or_init(|| hash_password("hayate: no such user").unwrap_or_default())
+/// A hash nobody's password matches (its output is no argon2 output anyone knows a password
+/// for), checked for unknown users and users without a password: the default parameters, so
+/// the check costs what a real one does.
+fn dummy_hash() -> Arc<str> {
+    static H: OnceLock<Arc<str>> = OnceLock::new();
+    H.get_or_init(|| {
+        "$argon2id$v=19$m=19456,t=2,p=1$aGF5YXRlOiBubyB1c2Vy$bm8gc3VjaCB1c2VyOiBubyBwYXNzd29yZCBtYXRjaGVz".into()
+    })
+    .clone()
 }
 
 impl Authenticator for ConfigAuth {
     fn authenticate<'a>(&'a self, protocol: &'a str, creds: Credentials<'a>) -> AuthFuture<'a> {
         Box::pin(async move {
-            if self.throttled(creds.peer) {
-                // Not logged above debug: a locked-out address could flood the log.
-                tracing::debug!(protocol, peer = ?creds.peer, "login refused: address locked out");
-                return Err(AuthError::Throttled);
-            }
             let r = self.check(creds).await.and_then(|id| self.take_slot(id));
             match &r {
                 Ok(id) => {
                     tracing::debug!(protocol, user = id.name(), peer = ?creds.peer, "login");
                 }
+                Err(AuthError::Throttled | AuthError::Busy) => {
+                    // Not logged above debug: a flood of them could flood the log.
+                    tracing::debug!(protocol, user = creds.user.unwrap_or("-"), peer = ?creds.peer, "login refused unchecked: {}", r.as_ref().err().map(ToString::to_string).unwrap_or_default());
+                }
                 Err(e) => {
-                    if *e == AuthError::BadCredentials {
-                        self.failed(creds.peer);
-                    }
                     tracing::info!(protocol, user = creds.user.unwrap_or("-"), peer = ?creds.peer, "login refused: {e}");
                 }
             }
@@ -617,13 +754,20 @@ mod tests {
         s.users.insert(
             "alice".into(),
             UserConfig {
-                password_hash: Some(hash_password("secret").unwrap_or_default()),
+                password_hash: Some(cheap_hash("secret")),
                 tokens: vec![token_digest(token.as_bytes())],
                 ..UserConfig::default()
             },
         );
-        // Two failures below (token checks) plus the three wrong passwords further down.
-        s.max_failures = 5;
+        s.users.insert(
+            "carol".into(),
+            UserConfig {
+                password_hash: Some(cheap_hash("carol-pw")),
+                ..UserConfig::default()
+            },
+        );
+        // Per (address, user name): wrong tokens do not count.
+        s.max_failures = 3;
         s.lockout_secs = 60;
         let closed = ConfigAuth::from_section(&s).unwrap_or_else(|e| panic!("{e}"));
         assert!(closed.required());
@@ -658,31 +802,186 @@ mod tests {
             rt.block_on(closed.authenticate("t", c(None, Some(b"hyt_0000"))))
                 .is_err()
         );
-        // Wrong passwords: the fifth failure locks the address out, even for the right
-        // password.
+        // Wrong passwords for alice: a good login forgets the earlier ones; then the third
+        // locks alice out from this address, even with the right password.
+        let wrong = |user| {
+            rt.block_on(closed.authenticate("t", c(Some(user), Some(b"nope"))))
+                .err()
+        };
         for _ in 0..2 {
-            assert_eq!(
-                rt.block_on(closed.authenticate("t", c(Some("alice"), Some(b"nope"))))
-                    .err(),
-                Some(AuthError::BadCredentials)
-            );
+            assert_eq!(wrong("alice"), Some(AuthError::BadCredentials));
         }
-        assert_eq!(
-            rt.block_on(closed.authenticate("t", c(Some("bob"), Some(b"x"))))
-                .err(),
-            Some(AuthError::BadCredentials)
+        assert!(
+            rt.block_on(closed.authenticate("t", c(Some("alice"), Some(b"secret"))))
+                .is_ok()
         );
+        for _ in 0..2 {
+            assert_eq!(wrong("alice"), Some(AuthError::BadCredentials));
+        }
+        // Another name's failures are its own.
+        assert_eq!(wrong("bob"), Some(AuthError::BadCredentials));
+        assert_eq!(wrong("alice"), Some(AuthError::BadCredentials));
         assert_eq!(
             rt.block_on(closed.authenticate("t", c(Some("alice"), Some(b"secret"))))
                 .err(),
             Some(AuthError::Throttled)
         );
-        // Another address is not affected.
+        // Another user from the same address, and alice from another address, are not
+        // affected.
+        assert!(
+            rt.block_on(closed.authenticate("t", c(Some("carol"), Some(b"carol-pw"))))
+                .is_ok()
+        );
         let other = Credentials {
             peer: Some(IpAddr::from([10, 0, 0, 2])),
             ..c(Some("alice"), Some(b"secret"))
         };
         assert!(rt.block_on(closed.authenticate("t", other)).is_ok());
+    }
+
+    /// A cheap argon2id hash (1 MiB, one pass), so that tests can make many checks.
+    fn cheap_hash(password: &str) -> String {
+        let params = argon2::Params::new(1024, 1, 1, None).unwrap_or_else(|e| panic!("{e}"));
+        let a = Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+        let salt = SaltString::encode_b64(b"0123456789abcdef").unwrap_or_else(|e| panic!("{e}"));
+        a.hash_password(password.as_bytes(), &salt)
+            .map(|h| h.to_string())
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn peer(a: u8, b: u8) -> Option<IpAddr> {
+        Some(IpAddr::from([10, 0, a, b]))
+    }
+
+    /// Issue 44, item 4: guesses from many addresses at once neither run more argon2 checks
+    /// at once than the pool has, nor keep a right password waiting behind them, and past
+    /// the waiting room they are refused as busy (not as wrong, not counted).
+    #[test]
+    fn checks_are_capped_and_a_clean_login_goes_first() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut s = AuthSection::default();
+        s.users.insert(
+            "alice".into(),
+            UserConfig {
+                password_hash: Some(cheap_hash("right")),
+                ..UserConfig::default()
+            },
+        );
+        s.max_failures = 0;
+        s.global_max_failures = 0;
+        let auth = Arc::new(ConfigAuth::from_section(&s).unwrap_or_else(|e| panic!("{e}")));
+        let login = |auth: &Arc<ConfigAuth>, pw: &'static [u8], peer| {
+            let auth = auth.clone();
+            async move {
+                auth.authenticate(
+                    "t",
+                    Credentials {
+                        user: Some("alice"),
+                        password: Some(pw),
+                        token: None,
+                        peer,
+                        verified: None,
+                    },
+                )
+                .await
+                .map(|_| ())
+            }
+        };
+        rt.block_on(async {
+            // Eight addresses fail once each: their pairs have failed lately.
+            for i in 0..8 {
+                assert_eq!(
+                    login(&auth, b"wrong", peer(0, i)).await,
+                    Err(AuthError::BadCredentials)
+                );
+            }
+            // Then they guess at once: 16 in flight, which fit the waiting room.
+            let guesses: Vec<_> = (0..16u8)
+                .map(|i| tokio::spawn(login(&auth, b"wrong", peer(0, i % 8))))
+                .collect();
+            let workers = auth.hash_stats().workers;
+            while auth.hash_stats().running < workers {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            // The right password from an address that has not failed goes ahead of the
+            // waiting guesses: when it is in, most of them are still waiting.
+            assert_eq!(login(&auth, b"right", peer(1, 1)).await, Ok(()));
+            let waiting = guesses.iter().filter(|g| !g.is_finished()).count();
+            assert!(
+                waiting >= 8,
+                "only {waiting} of 16 guesses still waiting: the right password waited behind them"
+            );
+            for g in guesses {
+                assert_eq!(g.await.ok(), Some(Err(AuthError::BadCredentials)));
+            }
+            // 40 at once: the waiting room takes 16; the others are refused as busy.
+            let guesses: Vec<_> = (0..40u8)
+                .map(|i| tokio::spawn(login(&auth, b"wrong", peer(0, i % 8))))
+                .collect();
+            let mut busy = 0;
+            for g in guesses {
+                match g.await.ok() {
+                    Some(Err(AuthError::Busy)) => busy += 1,
+                    Some(Err(AuthError::BadCredentials)) => {}
+                    r => panic!("{r:?}"),
+                }
+            }
+            assert!(busy >= 10, "{busy} busy of 40");
+        });
+        let st = auth.hash_stats();
+        assert!(st.peak >= 1 && st.peak <= st.workers, "{st:?}");
+        assert!(st.workers <= 2, "{st:?}");
+        assert_eq!(st.running, 0, "{st:?}");
+        // The pool's memory: one 1 MiB block per thread that ran, reused.
+        assert!(st.memory <= st.workers * 1024 * 1024, "{st:?}");
+    }
+
+    /// Issue 44, item 4: past the global failure rate, a pair that has failed lately is
+    /// refused unchecked from any address; a pair that has not is still checked.
+    #[test]
+    fn the_global_failure_limit_spans_addresses() {
+        let rt = rt();
+        let mut s = AuthSection::default();
+        s.users.insert(
+            "alice".into(),
+            UserConfig {
+                password_hash: Some(cheap_hash("right")),
+                ..UserConfig::default()
+            },
+        );
+        s.max_failures = 10;
+        s.global_max_failures = 5;
+        let auth = ConfigAuth::from_section(&s).unwrap_or_else(|e| panic!("{e}"));
+        let login = |pw: &'static [u8], peer| {
+            rt.block_on(auth.authenticate(
+                "t",
+                Credentials {
+                    user: Some("alice"),
+                    password: Some(pw),
+                    token: None,
+                    peer,
+                    verified: None,
+                },
+            ))
+            .map(|_| ())
+        };
+        for i in 0..8 {
+            assert_eq!(login(b"wrong", peer(0, i)), Err(AuthError::BadCredentials));
+        }
+        let done = auth.hash_stats().done;
+        for i in 0..8 {
+            assert_eq!(
+                login(b"wrong", peer(0, i)),
+                Err(AuthError::Throttled),
+                "address {i}"
+            );
+        }
+        assert_eq!(auth.hash_stats().done, done, "refused unchecked");
+        assert_eq!(login(b"right", peer(1, 1)), Ok(()));
     }
 
     #[test]

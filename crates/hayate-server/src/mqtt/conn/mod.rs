@@ -200,7 +200,7 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
             refuse(match e {
                 AuthError::NotAuthorized => ReasonCode::NotAuthorized,
                 AuthError::BadCredentials => ReasonCode::BadUserNameOrPassword,
-                AuthError::Throttled => ReasonCode::ServerBusy,
+                AuthError::Throttled | AuthError::Busy => ReasonCode::ServerBusy,
                 AuthError::TooManyConnections => ReasonCode::QuotaExceeded,
             })
             .await;
