@@ -547,8 +547,8 @@ pub struct Limits {
     pub max_consumers: u32,
     /// Most streams one user may own (create through the stream API while logged in).
     pub max_streams_per_user: u32,
-    /// Most durable consumers one user may create through the stream API, over every
-    /// stream.
+    /// Most durable consumers one user may create through the stream API (or by a STOMP
+    /// SUBSCRIBE to a durable queue), over every stream.
     pub max_consumers_per_user: u32,
     /// The broker-wide memory budget in bytes (0: half the machine's memory, or of the
     /// container's limit). Outboxes past their first 256 KiB, unhandled input past a

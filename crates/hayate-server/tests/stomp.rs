@@ -562,3 +562,51 @@ async fn configured_users_consume_queues_their_rules_allow() {
     b.shutdown().await;
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// The consumers a STOMP SUBSCRIBE makes for durable queues count against the user's
+/// `limits.max_consumers_per_user`, as those made through the stream API do. Before, they
+/// were counted only by the per-stream limit: a user allowed to serve some keys of another
+/// user's stream could fill all its `limits.max_consumers` places by subscribing to distinct
+/// queue names (each makes `stomp-<name>`), and lock its owner out of `consumer/add`.
+#[tokio::test]
+async fn durable_queue_consumers_count_against_their_makers_limit() {
+    use hayate_server::config::{Permissions, UserConfig};
+    let d = std::env::temp_dir().join(format!("hayate-srv-stomp-limit-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    let mut config = hayate_server::Config::default();
+    config.server.data_dir = d.to_string_lossy().into_owned();
+    config.limits.max_consumers_per_user = 2;
+    let mut s = hayate_broker::StreamConfig::new("shared", &["shared/**"]);
+    s.fsync = "never".into();
+    config.stream.push(s);
+    config.auth.allow_anonymous = Some(false);
+    let mut bob = UserConfig::with_password("pw").unwrap();
+    bob.permissions = Permissions {
+        serve: Some(vec!["shared/bob/**".into()]),
+        ..Permissions::default()
+    };
+    config.auth.users.insert("bob".into(), bob);
+    let b = start(config).await;
+    let mut bob = Stomp::connect_with(&b.stomp, &[("login", "bob"), ("passcode", "pw")]).await;
+    bob.subscribe("1", "/queue/shared/bob/1", "client-individual")
+        .await;
+    bob.subscribe("2", "/queue/shared/bob/2", "client-individual")
+        .await;
+    bob.send(
+        Frame::new(Command::Subscribe)
+            .header("id", "3")
+            .header("destination", "/queue/shared/bob/3")
+            .header("ack", "client-individual"),
+    )
+    .await;
+    let e = bob.next().await.expect("an ERROR");
+    assert_eq!(e.command, Command::Error, "{e:?}");
+    assert!(body(&e).contains("max_consumers_per_user"), "{e:?}");
+    // Joining a queue whose consumer exists makes none: still allowed.
+    let mut again = Stomp::connect_with(&b.stomp, &[("login", "bob"), ("passcode", "pw")]).await;
+    again
+        .subscribe("1", "/queue/shared/bob/1", "client-individual")
+        .await;
+    b.shutdown().await;
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -81,10 +81,11 @@ pub struct ConsumerConfig {
     /// STOMP) or delete it. `None`: anyone allowed to serve its keys may.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
-    /// The user who created it through the API (set by the broker, never taken from a
-    /// request): the owner, or for an unowned `stomp-` consumer its maker. It counts
-    /// against that user's `limits.max_consumers_per_user`, and its dead letters go only
-    /// into a stream that user owns or that has no owner.
+    /// The user who created it (set by the broker, never taken from a request): the owner,
+    /// or for an unowned `stomp-` consumer its maker (through the API, or the STOMP
+    /// SUBSCRIBE that made it on first use). It counts against that user's
+    /// `limits.max_consumers_per_user`, and its dead letters go only into a stream that
+    /// user owns or that has no owner.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub creator: Option<String>,
 }

@@ -466,6 +466,10 @@ impl Conn<'_> {
             None => {
                 let mut cfg = hayate_broker::ConsumerConfig::new(stream.name(), &name);
                 cfg.filter = Some(q.to_owned());
+                // Unowned (a shared queue), but counted against its maker's
+                // `limits.max_consumers_per_user`, as one made through the API: otherwise
+                // SUBSCRIBEs to distinct queue names fill a stream's consumers.
+                cfg.creator = self.identity.user.as_deref().map(str::to_owned);
                 session
                     .broker()
                     .create_consumer(cfg)
