@@ -68,9 +68,10 @@ fn check_common(b: &[u8]) -> Result<&str, KeyError> {
 }
 
 /// True for a valid key of the common kind, checked in two branch-free passes that the
-/// compiler vectorises: ASCII, no control character, no `*`, no empty segment. Anything
-/// else (a `*`, UTF-8 beyond ASCII, or an error to name) takes the full checks. One key is
-/// validated per message received, and the full checks cost several times more.
+/// compiler vectorises: no control character, no `*`, no empty segment, and ASCII or else
+/// valid UTF-8 (the standard library's check, itself fast on valid text). Anything else (a
+/// `*`, or an error to name) takes the full checks. One key is validated per message
+/// received, and the full checks cost several times more.
 fn plain_key(b: &[u8]) -> bool {
     let (Some(&first), Some(&last)) = (b.first(), b.last()) else {
         return false;
@@ -88,7 +89,20 @@ fn plain_key(b: &[u8]) -> bool {
     for (&x, &y) in b.iter().zip(&b[1..]) {
         double |= u8::from(x == b'/') & u8::from(y == b'/');
     }
-    high < 0x80 && special == 0 && double == 0 && first != b'/' && last != b'/'
+    special == 0
+        && double == 0
+        && first != b'/'
+        && last != b'/'
+        && (high < 0x80 || std::str::from_utf8(b).is_ok())
+}
+
+/// The checks of a key that [`plain_key`] did not admit, naming what is wrong.
+fn full_check(b: &[u8]) -> Result<(), KeyError> {
+    check_common(b)?;
+    match wildcard_segment(b) {
+        Some(w) => Err(KeyError::Wildcard(w)),
+        None => Ok(()),
+    }
 }
 
 /// The wildcard segment (`*` or `**`) of a key with no empty segment, if it has one.
@@ -108,14 +122,24 @@ fn wildcard_segment(b: &[u8]) -> Option<&'static str> {
 pub struct Key(Bytes);
 
 impl Key {
-    /// Validates `bytes` as a key without copying them.
+    /// Validates `bytes` as a key without copying them. This and [`Key::new`] (with
+    /// [`Key::from_bytes_or_return`]) are the only ways to make a key: every key is one the
+    /// checks admit (there is no unchecked constructor).
     pub fn from_bytes(bytes: Bytes) -> Result<Key, KeyError> {
-        if plain_key(&bytes) {
-            return Ok(Key(bytes));
+        if !plain_key(&bytes) {
+            full_check(&bytes)?;
         }
-        check_common(&bytes)?;
-        if let Some(w) = wildcard_segment(&bytes) {
-            return Err(KeyError::Wildcard(w));
+        Ok(Key(bytes))
+    }
+
+    /// [`Key::from_bytes`] that gives the bytes back with the reason they are no key, for a
+    /// caller that then maps or reports them (an MQTT topic with an empty level) without
+    /// keeping a second reference to them.
+    pub fn from_bytes_or_return(bytes: Bytes) -> Result<Key, (KeyError, Bytes)> {
+        if !plain_key(&bytes)
+            && let Err(e) = full_check(&bytes)
+        {
+            return Err((e, bytes));
         }
         Ok(Key(bytes))
     }
@@ -123,13 +147,6 @@ impl Key {
     /// Validates a string as a key.
     pub fn new(s: &str) -> Result<Key, KeyError> {
         Key::from_bytes(Bytes::copy_from_slice(s.as_bytes()))
-    }
-
-    /// Wraps bytes that are already known to be a valid key (for example because they were
-    /// found in a cache of validated keys). Checked in debug builds.
-    pub fn from_validated(bytes: Bytes) -> Key {
-        debug_assert!(Key::from_bytes(bytes.clone()).is_ok());
-        Key(bytes)
     }
 
     /// The key as bytes.

@@ -1759,7 +1759,7 @@ impl Conn<'_> {
         }
         let header = header.unwrap_or_default();
         let props = &header.properties;
-        let key = self.publish_key(exchange, x.kind, routing_key);
+        let key = self.publish_key(exchange, x.kind, routing_key, "routing key")?;
         let reply_to = match props
             .reply_to
             .as_ref()
@@ -1779,7 +1779,7 @@ impl Conn<'_> {
                 self.reply_key.clone()
             }
             // A queue name of this vhost, or an inbox (of no vhost).
-            Some(r) => self.publish_key(&ShortStr::default(), Kind::Direct, r),
+            Some(r) => self.publish_key(&ShortStr::default(), Kind::Direct, r, "reply-to")?,
         };
         let body = body.freeze();
         let (key, routable) = match key {
@@ -1979,17 +1979,36 @@ impl Conn<'_> {
     /// remembered for the connection's last [`PUBLISH_KEYS`] distinct ones ([`PublishKeys`]):
     /// a publisher sends to few keys (an RPC server answers each caller's reply-to), and
     /// computing one (escaping, checks, an allocation) costs more than comparing a few short
-    /// names.
-    fn publish_key(&mut self, x: &ShortStr, kind: Kind, rk: &ShortStr) -> Option<Key> {
+    /// names. A routing key (or reply-to: `what`) that no key can hold, whatever the
+    /// exchange (not UTF-8, or a control character), is refused: channel error 406
+    /// PRECONDITION_FAILED. Checked only when the pair is not remembered (a refused one
+    /// never is).
+    fn publish_key(
+        &mut self,
+        x: &ShortStr,
+        kind: Kind,
+        rk: &ShortStr,
+        what: &str,
+    ) -> Result<Option<Key>, AmqpError> {
         let (xb, rb) = (x.as_bytes(), rk.as_bytes());
         if let Some(key) = self.publish_keys.get(xb, kind, rb) {
-            return key.clone();
+            return Ok(key.clone());
         }
-        let key = self
-            .vhost
-            .publish_key(x.as_str().unwrap_or(""), kind, rk.as_str().unwrap_or(""));
+        let Some(r) = rk
+            .as_str()
+            .filter(|r| !r.bytes().any(|c| c < 0x20 || c == 0x7f))
+        else {
+            return Err(err(
+                ReplyCode::PreconditionFailed,
+                format!(
+                    "{what} {:?} cannot be a key (not UTF-8, or a control character)",
+                    String::from_utf8_lossy(rb)
+                ),
+            ));
+        };
+        let key = self.vhost.publish_key(x.as_str().unwrap_or(""), kind, r);
         self.publish_keys.put(xb, kind, rb, key.clone());
-        key
+        Ok(key)
     }
 
     fn own_reply_consumer(&self) -> bool {

@@ -680,7 +680,12 @@ impl Amqp {
                         tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: bad arguments ({e}): left out");
                         continue;
                     }
-                    (_, None) => continue,
+                    (_, None) => {
+                        // Refused when declared since keys refuse control characters; one
+                        // saved by an older build costs that queue, not the vhost's others.
+                        tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: its name cannot be a key: left out");
+                        continue;
+                    }
                 };
                 let Ok(expr) = KeyExpr::new(key.as_str()) else {
                     continue;

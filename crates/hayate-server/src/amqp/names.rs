@@ -149,8 +149,10 @@ fn exchange_prefix(x: &str) -> String {
     p
 }
 
-/// What stands for a routing key that no key can carry, published to a fanout or headers
-/// exchange (deliveries show it as the routing key: `%` followed by `!` is no escape).
+/// What stands for a routing key that no key can carry, of a message to a fanout or headers
+/// exchange (deliveries show it as the routing key: `%` followed by `!` is no escape). Only
+/// dead letters meet it: a basic.publish with such a routing key is refused (channel error
+/// 406, `Conn::publish_key`).
 pub(crate) const UNKEYABLE: &str = "%!";
 
 /// The key a message published to exchange `x` (of `kind`) with routing key `rk` is

@@ -29,6 +29,14 @@
 //!   packet id (0: waiting) and stage). Version 1 files (`HAYATE-MQTT 1\n`, no journal)
 //!   are still read.
 //! - Journal records (the value of a log record): a tag byte and fields, see [`rec`].
+//!
+//! # Bad entries
+//! A message whose key or reply-to is not a valid key (a control character, which builds
+//! before issue 44's fix let in from MQTT topics) costs that message, with a warning: it is
+//! read to its end (every field has its length) and left out, a retained message or one
+//! delivery of a session, and the rest of the checkpoint or journal record is used. Any
+//! other undecodable content is corruption: the checkpoint is moved aside, a journal record
+//! skipped.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -198,7 +206,9 @@ impl Saved {
             b'Q' => {
                 let (sgen, qid) = (r.u64()?, r.u64()?);
                 let q = r.queued()?;
-                if let Some(s) = self.session(sgen) {
+                if let Some(q) = q
+                    && let Some(s) = self.session(sgen)
+                {
                     s.items.entry(qid).or_insert(SavedItem {
                         q,
                         pid: 0,
@@ -222,8 +232,9 @@ impl Saved {
                 }
             }
             b'R' => {
-                let m = r.message()?;
-                self.set_retained(m);
+                if let Some(m) = r.message()? {
+                    self.set_retained(m);
+                }
             }
             _ => return Err(PersistError::Corrupt("unknown journal record")),
         }
@@ -426,8 +437,20 @@ impl Reader {
     fn string(&mut self) -> Result<String, PersistError> {
         String::from_utf8(self.bytes()?.to_vec()).map_err(|_| PersistError::Corrupt("utf-8"))
     }
-    fn key(&mut self) -> Result<Key, PersistError> {
-        Key::from_bytes(self.bytes()?).map_err(|_| PersistError::Corrupt("key"))
+    /// A key; `None` (warned about) when the bytes are no valid key: the state was saved
+    /// by a broker that let such a key in, or edited. The entry that holds it is skipped,
+    /// not the file: its length is known, so what follows is still read.
+    fn key(&mut self) -> Result<Option<Key>, PersistError> {
+        match Key::from_bytes_or_return(self.bytes()?) {
+            Ok(k) => Ok(Some(k)),
+            Err((e, b)) => {
+                tracing::warn!(
+                    key = %String::from_utf8_lossy(&b).escape_debug(),
+                    "mqtt: saved state: a message whose key is not valid ({e}) skipped"
+                );
+                Ok(None)
+            }
+        }
     }
     fn qos(&mut self) -> Result<QoS, PersistError> {
         QoS::from_u8(self.u8()?).ok_or(PersistError::Corrupt("qos"))
@@ -436,13 +459,16 @@ impl Reader {
         ProtocolVersion::from_level(self.u8()?).ok_or(PersistError::Corrupt("protocol level"))
     }
 
-    /// A message; `v1`: its expiry is the time left when saved.
-    fn message_at(&mut self, v1: Option<Instant>) -> Result<Message, PersistError> {
+    /// A message; `v1`: its expiry is the time left when saved. `None` (read to its end,
+    /// warned about) when its key or reply-to is not a valid key: the caller skips it.
+    fn message_at(&mut self, v1: Option<Instant>) -> Result<Option<Message>, PersistError> {
         let key = self.key()?;
         let payload = self.bytes()?;
-        let mut m = Message::new(key, payload);
+        let mut valid = key.is_some();
+        let mut m = Message::new(key.unwrap_or_else(placeholder), payload);
         if self.u8()? == 1 {
-            m.reply_to = Some(self.key()?);
+            m.reply_to = self.key()?;
+            valid &= m.reply_to.is_some();
         }
         if self.u8()? == 1 {
             m.correlation_id = Some(self.bytes()?);
@@ -463,27 +489,28 @@ impl Reader {
             Some(now) => (t != u64::MAX).then(|| now + Duration::from_millis(t)),
             None => instant_of(t),
         };
-        Ok(m)
+        Ok(valid.then_some(m))
     }
 
-    fn message(&mut self) -> Result<Message, PersistError> {
+    fn message(&mut self) -> Result<Option<Message>, PersistError> {
         self.message_at(None)
     }
 
-    fn queued_at(&mut self, v1: Option<Instant>) -> Result<Queued, PersistError> {
+    /// A delivery; `None` when its message is skipped ([`Reader::message_at`]).
+    fn queued_at(&mut self, v1: Option<Instant>) -> Result<Option<Queued>, PersistError> {
         let msg = self.message_at(v1)?;
         let qos = self.qos()?;
         let retain = self.u8()? == 1;
         let sub_id = self.u32()?;
-        Ok(Queued {
+        Ok(msg.map(|msg| Queued {
             msg,
             qos,
             retain,
             sub_id: (sub_id != 0).then_some(sub_id),
-        })
+        }))
     }
 
-    fn queued(&mut self) -> Result<Queued, PersistError> {
+    fn queued(&mut self) -> Result<Option<Queued>, PersistError> {
         self.queued_at(None)
     }
 
@@ -535,8 +562,9 @@ impl Reader {
             let qid = self.u64()?;
             let pid = self.u16()?;
             let released = self.u8()? == 1;
-            let q = self.queued()?;
-            s.items.insert(qid, SavedItem { q, pid, released });
+            if let Some(q) = self.queued()? {
+                s.items.insert(qid, SavedItem { q, pid, released });
+            }
         }
         Ok((client, s))
     }
@@ -555,24 +583,25 @@ impl Reader {
         for _ in 0..self.u32()? {
             let pid = self.u16()?;
             let released = self.u8()? == 1;
-            let q = self.queued_at(Some(now))?;
-            s.items.insert(qid, SavedItem { q, pid, released });
+            if let Some(q) = self.queued_at(Some(now))? {
+                s.items.insert(qid, SavedItem { q, pid, released });
+            }
             qid += 1;
         }
         for _ in 0..self.u32()? {
-            let q = self.queued_at(Some(now))?;
-            s.items.insert(
-                qid,
-                SavedItem {
-                    q,
-                    pid: 0,
-                    released: false,
-                },
-            );
+            if let Some(q) = self.queued_at(Some(now))? {
+                let (pid, released) = (0, false);
+                s.items.insert(qid, SavedItem { q, pid, released });
+            }
             qid += 1;
         }
         Ok((client, s))
     }
+}
+
+/// The key a skipped message is read with (never kept: see [`Reader::message_at`]).
+fn placeholder() -> Key {
+    Key::new("%").unwrap_or_else(|_| unreachable!("a valid key"))
 }
 
 // ----- the checkpoint file -----
@@ -682,8 +711,9 @@ pub(crate) fn parse(data: Bytes) -> Result<Saved, PersistError> {
     while r.0.has_remaining() {
         match r.u8()? {
             b'R' => {
-                let m = r.message_at(v1.then_some(now))?;
-                saved.set_retained(m);
+                if let Some(m) = r.message_at(v1.then_some(now))? {
+                    saved.set_retained(m);
+                }
             }
             b'S' => {
                 let (client, s) = if v1 {
@@ -1164,6 +1194,125 @@ mod tests {
             vec![3, 0]
         );
         assert!(s.next_sgen > c.sgen);
+    }
+
+    /// A message on `key` (bytes, so that it may be no valid key), as `put_message` writes
+    /// one: no reply-to, correlation or headers, QoS 1, no expiry.
+    fn raw_message(b: &mut Vec<u8>, key: &[u8], payload: &[u8]) {
+        put_bytes(b, key);
+        put_bytes(b, payload);
+        b.put_slice(&[0, 0, 0, 0, 0, 0, 1, 0, 0]);
+        b.put_u64(u64::MAX);
+    }
+
+    /// A delivery on `key` as `put_queued` writes one (QoS 1, not retained, no id).
+    fn raw_queued(b: &mut Vec<u8>, key: &[u8], payload: &[u8]) {
+        raw_message(b, key, payload);
+        b.put_slice(&[1, 0, 0, 0, 0, 0]);
+    }
+
+    /// Issue 44: one entry whose key no key may be (a control character let in by an older
+    /// broker, or an edit) costs that entry, with a warning: not the file, so not every
+    /// persistent session. Each place a key is read: a retained message's key, a queued
+    /// delivery's key and its reply-to, in the checkpoint (both versions) and the journal.
+    #[test]
+    fn an_entry_with_a_bad_key_is_skipped_not_the_state() {
+        for v1 in [false, true] {
+            let mut b = Vec::new();
+            b.put_slice(if v1 { MAGIC_V1 } else { MAGIC });
+            if !v1 {
+                b.put_u64(NO_JOURNAL);
+                b.put_u64(10);
+            }
+            b.put_u8(b'R');
+            raw_message(&mut b, b"x\x01", b"bad");
+            b.put_u8(b'R');
+            raw_message(&mut b, b"r/good", b"kept");
+            for (n, client) in ["alice", "bob"].into_iter().enumerate() {
+                b.put_u8(b'S');
+                put_bytes(&mut b, client.as_bytes());
+                if !v1 {
+                    b.put_u64(n as u64 + 1);
+                }
+                b.put_u8(5);
+                b.put_u32(60);
+                b.put_u32(1);
+                put_sub(&mut b, 1, &sub("t/#", 1));
+                b.put_u32(0);
+                // Deliveries: good, bad key, bad reply-to, good.
+                let mut items: [Vec<u8>; 4] = Default::default();
+                raw_queued(&mut items[0], b"t/1", b"one");
+                raw_queued(&mut items[1], b"t/\x7f", b"bad");
+                let m = &mut items[2];
+                put_bytes(m, b"t/r");
+                put_bytes(m, b"bad reply-to");
+                m.put_u8(1);
+                put_bytes(m, b"r\n");
+                m.put_slice(&[0, 0, 0, 0, 0, 1, 0, 0]);
+                m.put_u64(u64::MAX);
+                m.put_slice(&[1, 0, 0, 0, 0, 0]);
+                raw_queued(&mut items[3], b"t/2", b"two");
+                if v1 {
+                    // One in flight (pid 7), the rest waiting.
+                    b.put_u32(1);
+                    b.put_u16(7);
+                    b.put_u8(0);
+                    b.put_slice(&items[0]);
+                    b.put_u32(3);
+                    for it in &items[1..] {
+                        b.put_slice(it);
+                    }
+                } else {
+                    b.put_u32(4);
+                    for (qid, it) in items.iter().enumerate() {
+                        b.put_u64(qid as u64 + 1);
+                        b.put_u16(if qid == 0 { 7 } else { 0 });
+                        b.put_u8(0);
+                        b.put_slice(it);
+                    }
+                }
+            }
+            let s = parse(Bytes::from(b)).unwrap_or_else(|e| panic!("v1 {v1}: {e}"));
+            let retained: Vec<&str> = s.retained.keys().map(Key::as_str).collect();
+            assert_eq!(retained, ["r/good"], "v1 {v1}");
+            for client in ["alice", "bob"] {
+                let c = &s.sessions[client];
+                assert_eq!(c.subs.len(), 1, "v1 {v1}");
+                let items: Vec<(&str, u16)> = c
+                    .items
+                    .values()
+                    .map(|i| (i.q.msg.key.as_str(), i.pid))
+                    .collect();
+                assert_eq!(items, [("t/1", 7), ("t/2", 0)], "v1 {v1} {client}");
+            }
+        }
+
+        // The journal: a retained message and a delivery with a bad key are records applied
+        // as no change (not errors); the good ones next to them apply.
+        let mut s = Saved::default();
+        let mut rec = Vec::new();
+        rec::open(&mut rec, "carol", 1, ProtocolVersion::V5, 60);
+        s.apply(&rec).unwrap();
+        for (key, qid) in [(&b"q\x01"[..], 1u64), (b"q/ok", 2)] {
+            let mut rec = vec![b'Q'];
+            rec.put_u64(1);
+            rec.put_u64(qid);
+            raw_queued(&mut rec, key, b"p");
+            s.apply(&rec).unwrap();
+        }
+        for key in [&b"r\r"[..], b"r/ok"] {
+            let mut rec = vec![b'R'];
+            raw_message(&mut rec, key, b"p");
+            s.apply(&rec).unwrap();
+        }
+        let items: Vec<&str> = s.sessions["carol"]
+            .items
+            .values()
+            .map(|i| i.q.msg.key.as_str())
+            .collect();
+        assert_eq!(items, ["q/ok"]);
+        let retained: Vec<&str> = s.retained.keys().map(Key::as_str).collect();
+        assert_eq!(retained, ["r/ok"]);
     }
 
     #[test]

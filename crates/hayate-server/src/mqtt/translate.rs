@@ -51,7 +51,7 @@ use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hayate_core::{Guarantee, Key, KeyExpr, Message};
+use hayate_core::{Guarantee, Key, KeyError, KeyExpr, Message};
 use hayate_mqtt::{ByteStr, PayloadFormat, Publish, PublishProperties, QoS, Will};
 
 /// The header that carries an MQTT 5.0 content type (as STOMP's `content-type`).
@@ -149,13 +149,36 @@ pub fn topic_bytes_to_key(topic: &ByteStr) -> Result<Key, MapError> {
 }
 
 /// [`topic_bytes_to_key`] of a topic the caller gives up (no reference count taken).
+///
+/// A topic with no character to escape (`%`, `*`) is its own key unless it has an empty
+/// level: [`Key::from_bytes_or_return`] decides, the one validation every key gets (a
+/// single vectorised pass for the common ASCII topic), so a topic the key rules refuse (a
+/// control character, which MQTT allows but no key holds) is refused here, whatever path
+/// it came by (a PUBLISH, a topic alias, a will, a Response Topic, over TCP or WebSocket).
 pub fn topic_into_key(topic: ByteStr) -> Result<Key, MapError> {
-    if is_plain(topic.as_str()) {
-        // A plain topic is a valid key as it is: UTF-8 (a `ByteStr`), not empty, no empty
-        // level, no `*`, at most 65,535 bytes (`MAX_KEY_LEN`).
-        return Ok(Key::from_validated(topic.into_bytes()));
+    if has_escapes(topic.as_bytes()) {
+        return topic_to_key(topic.as_str());
     }
-    topic_to_key(topic.as_str())
+    match Key::from_bytes_or_return(topic.into_bytes()) {
+        Ok(k) => Ok(k),
+        // An empty level (`/a`, `a//b`, `a/`) is mapped (`%`); the mapped key is checked.
+        Err((KeyError::Empty | KeyError::EmptySegment, b)) => {
+            topic_to_key(std::str::from_utf8(&b).unwrap_or_default())
+        }
+        Err((e, b)) => Err(MapError::Topic(
+            String::from_utf8_lossy(&b).into_owned(),
+            e.to_string(),
+        )),
+    }
+}
+
+/// Whether `topic` has a character the mapping escapes (`%` or `*`): one branch-free pass.
+fn has_escapes(b: &[u8]) -> bool {
+    let mut found = 0u8;
+    for &c in b {
+        found |= u8::from(c == b'%') | u8::from(c == b'*');
+    }
+    found != 0
 }
 
 /// The MQTT topic name of a Hayate key.
@@ -380,6 +403,32 @@ mod tests {
         }
         assert_eq!(topic_to_key("/devices/x").unwrap().as_str(), "%/devices/x");
         assert_eq!(topic_to_key("a/*/b").unwrap().as_str(), "a/%2A/b");
+    }
+
+    /// The zero-copy path ([`topic_into_key`]) gives what [`topic_to_key`] gives, and
+    /// refuses what the key rules refuse: a control character (MQTT allows all but U+0000).
+    #[test]
+    fn topics_with_control_characters_have_no_key() {
+        for t in [
+            "x\u{1}",
+            "a/\nb",
+            "a\r",
+            "\u{7f}",
+            "a//b\u{1f}",
+            "%\t",
+            "é/\u{1}",
+        ] {
+            assert!(topic_into_key(ByteStr::from(t)).is_err(), "{t:?}");
+            assert!(topic_to_key(t).is_err(), "{t:?}");
+            assert!(filter_to_expr(t).is_err(), "{t:?}");
+        }
+        for t in [
+            "a/b", "/a", "a/", "a//b", "/", "", "x*y", "é/ü", "a/%2A", "+/#",
+        ] {
+            let via_bytes = topic_into_key(ByteStr::from(t)).map(|k| k.as_str().to_owned());
+            let via_str = topic_to_key(t).map(|k| k.as_str().to_owned());
+            assert_eq!(via_bytes, via_str, "{t:?}");
+        }
     }
 
     #[test]
