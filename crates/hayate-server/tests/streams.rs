@@ -1184,7 +1184,9 @@ async fn an_ack_of_a_superseded_delivery_still_settles_the_message() {
         .await
         .unwrap();
     let mut cfg = ConsumerConfig::new("late", "c");
-    cfg.ack_wait_ms = 200;
+    // Long enough that the ACK below lands before a third delivery on a loaded machine
+    // (with 200 ms, an ACK that took longer let a third delivery through: a flake).
+    cfg.ack_wait_ms = 1_000;
     consumer(&c, cfg).await;
     let mut sub = c.consume("late", "c").await.unwrap();
     publish_n(&c, "late/x", 1).await;
