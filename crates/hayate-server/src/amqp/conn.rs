@@ -1759,7 +1759,7 @@ impl Conn<'_> {
         }
         let header = header.unwrap_or_default();
         let props = &header.properties;
-        let key = self.publish_key(exchange, x.kind, routing_key, "routing key")?;
+        let key = self.publish_key(exchange, x.kind, routing_key);
         let reply_to = match props
             .reply_to
             .as_ref()
@@ -1779,7 +1779,7 @@ impl Conn<'_> {
                 self.reply_key.clone()
             }
             // A queue name of this vhost, or an inbox (of no vhost).
-            Some(r) => self.publish_key(&ShortStr::default(), Kind::Direct, r, "reply-to")?,
+            Some(r) => self.publish_key(&ShortStr::default(), Kind::Direct, r),
         };
         let body = body.freeze();
         let (key, routable) = match key {
@@ -1979,36 +1979,23 @@ impl Conn<'_> {
     /// remembered for the connection's last [`PUBLISH_KEYS`] distinct ones ([`PublishKeys`]):
     /// a publisher sends to few keys (an RPC server answers each caller's reply-to), and
     /// computing one (escaping, checks, an allocation) costs more than comparing a few short
-    /// names. A routing key (or reply-to: `what`) that no key can hold, whatever the
-    /// exchange (not UTF-8, or a control character), is refused: channel error 406
-    /// PRECONDITION_FAILED. Checked only when the pair is not remembered (a refused one
-    /// never is).
-    fn publish_key(
-        &mut self,
-        x: &ShortStr,
-        kind: Kind,
-        rk: &ShortStr,
-        what: &str,
-    ) -> Result<Option<Key>, AmqpError> {
+    /// names. A routing key no key can hold (not UTF-8, a control character) gives none:
+    /// the vhost's `publish_key` says how (unroutable, or the `%!` stand-in of a fanout or
+    /// headers exchange), as RabbitMQ takes any bytes there; a reply-to that cannot be a
+    /// key is left out. No key the validator refuses is ever made (`Key` has no unchecked
+    /// constructor).
+    fn publish_key(&mut self, x: &ShortStr, kind: Kind, rk: &ShortStr) -> Option<Key> {
         let (xb, rb) = (x.as_bytes(), rk.as_bytes());
         if let Some(key) = self.publish_keys.get(xb, kind, rb) {
-            return Ok(key.clone());
+            return key.clone();
         }
-        let Some(r) = rk
-            .as_str()
-            .filter(|r| !r.bytes().any(|c| c < 0x20 || c == 0x7f))
-        else {
-            return Err(err(
-                ReplyCode::PreconditionFailed,
-                format!(
-                    "{what} {:?} cannot be a key (not UTF-8, or a control character)",
-                    String::from_utf8_lossy(rb)
-                ),
-            ));
-        };
-        let key = self.vhost.publish_key(x.as_str().unwrap_or(""), kind, r);
+        // A routing key that is not UTF-8 is one no key can hold (as a control character),
+        // not the empty routing key.
+        let key = self
+            .vhost
+            .publish_key(x.as_str().unwrap_or(""), kind, rk.as_str().unwrap_or("\0"));
         self.publish_keys.put(xb, kind, rb, key.clone());
-        Ok(key)
+        key
     }
 
     fn own_reply_consumer(&self) -> bool {
