@@ -1991,9 +1991,9 @@ impl Conn<'_> {
         }
         // A routing key that is not UTF-8 is one no key can hold (as a control character),
         // not the empty routing key.
-        let key = self
-            .vhost
-            .publish_key(x.as_str().unwrap_or(""), kind, rk.as_str().unwrap_or("\0"));
+        let key =
+            self.vhost
+                .publish_key(x.as_str().unwrap_or(""), kind, rk.as_str().unwrap_or("\0"));
         self.publish_keys.put(xb, kind, rb, key.clone());
         key
     }
