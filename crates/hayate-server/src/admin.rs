@@ -16,9 +16,11 @@
 //! address (so failed attempts count toward its lock-out as on any protocol); without users,
 //! a `Host` that is an IP address or `localhost`; and JSON bodies for POST. At most
 //! [`MAX_CONNECTIONS`] connections are served at once; past that, a new connection takes
-//! the slot of the oldest one waiting for a request head, or, when every one is in a
-//! request, one of [`SPARE_SLOTS`] that answer only the health checks, so an idle flood
-//! cannot starve a liveness probe.
+//! the slot of the oldest one waiting for a request head (else of the oldest whose writes
+//! have been blocked for [`WRITE_BLOCKED_CUT`]), or, when every one is in a request, one of
+//! [`SPARE_SLOTS`] that answer only the health checks, so an idle flood cannot starve a
+//! liveness probe. A connection whose writes make no progress for [`WRITE_TIMEOUT`] is
+//! closed.
 //!
 //! Everything it reads is a snapshot taken under short locks: the connection registry, a
 //! listener's traffic class, the broker registry's read lock, and each outbox's lock for as
@@ -148,10 +150,20 @@ pub async fn serve(listener: TcpListener, state: AdminState, mut stop: watch::Re
         .max_buf_size(MAX_HEAD)
         .keep_alive(false);
     let mut conns = tokio::task::JoinSet::new();
+    // Once a second, connections whose writes have been blocked for WRITE_TIMEOUT are closed.
+    let mut sweep = tokio::time::interval(std::time::Duration::from_secs(1));
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let (s, addr) = tokio::select! {
             _ = stop.changed() => break,
             Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            _ = sweep.tick() => {
+                let stalled = slots.lock().take_stalled();
+                for c in stalled {
+                    c.abort();
+                }
+                continue;
+            }
             c = accept(&listener) => c,
         };
         let cut = {
@@ -162,7 +174,7 @@ pub async fn serve(listener: TcpListener, state: AdminState, mut stop: watch::Re
                 continue;
             };
             let id = table.next_id();
-            let state = Arc::new(ConnState::default());
+            let state = Arc::new(ConnState::new());
             let io = hyper_util::rt::TokioIo::new(Watched {
                 s,
                 state: state.clone(),
@@ -215,6 +227,9 @@ async fn accept(listener: &TcpListener) -> (tokio::net::TcpStream, std::net::Soc
         match listener.accept().await {
             Ok((s, a)) => {
                 let _ = s.set_nodelay(true);
+                // A fixed send buffer (no autotuning up to tcp_wmem's 4 MiB): what a client
+                // that reads nothing pins in the kernel is bounded, and its writes block soon.
+                let _ = socket2::SockRef::from(&s).set_send_buffer_size(SEND_BUFFER);
                 return (s, a);
             }
             Err(e) => {
@@ -241,8 +256,9 @@ pub const MAX_BODY: usize = 64 * 1024;
 
 /// Admin connections served at once, at most (besides [`SPARE_SLOTS`]). When all are taken,
 /// a new connection takes the slot of the oldest one waiting for a request head (idle
-/// between requests, or never sent a whole head), which is closed; when every one is in a
-/// request, it gets a spare slot.
+/// between requests, or never sent a whole head), else of the oldest whose writes have been
+/// blocked for [`WRITE_BLOCKED_CUT`], which is closed; when there is neither, it gets a
+/// spare slot.
 pub const MAX_CONNECTIONS: usize = 64;
 
 /// Connections kept for health checks when every one of the [`MAX_CONNECTIONS`] slots is in
@@ -251,6 +267,17 @@ pub const MAX_CONNECTIONS: usize = 64;
 /// these are taken too, the oldest of them waiting for a head is closed to make room; a new
 /// connection is closed at once only when every slot is in a request.
 pub const SPARE_SLOTS: usize = 8;
+
+/// How long a connection's writes may make no progress (its client reads nothing) before
+/// it is closed, whatever slots are free.
+pub const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The send buffer asked for each admin connection's socket (Linux doubles it).
+pub const SEND_BUFFER: usize = 64 * 1024;
+
+/// When every slot is taken and none waits for a request head, a connection whose writes
+/// have been blocked this long (its client reads nothing) is closed for a new one.
+pub const WRITE_BLOCKED_CUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long a spare slot's connection may take to send its request head.
 pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -265,20 +292,59 @@ enum Kind {
 }
 
 /// What the accept loop knows of one connection.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct ConnState {
     /// A request is being served: its head came, its response has not been sent whole.
     busy: std::sync::atomic::AtomicBool,
     /// The last read found nothing to read: the connection waits for its client.
     waiting: std::sync::atomic::AtomicBool,
+    /// Since when the socket has taken no bytes (a write or flush found it full), in
+    /// milliseconds since `opened`, plus one; 0 while writes go through.
+    write_blocked: std::sync::atomic::AtomicU64,
+    opened: std::time::Instant,
 }
 
 impl ConnState {
+    fn new() -> Self {
+        ConnState {
+            busy: Default::default(),
+            waiting: Default::default(),
+            write_blocked: Default::default(),
+            opened: std::time::Instant::now(),
+        }
+    }
+
     /// Waiting for a request head: idle between requests, or only part of a head sent. A
     /// connection whose task has not read yet is not (it may hold a whole request).
     fn idle(&self) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         self.waiting.load(Relaxed) && !self.busy.load(Relaxed)
+    }
+
+    /// How long its writes have been blocked at `now` (its client reads nothing), if they
+    /// are.
+    fn write_blocked_for(&self, now: std::time::Instant) -> Option<std::time::Duration> {
+        let since = self
+            .write_blocked
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .checked_sub(1)?;
+        let since = self.opened + std::time::Duration::from_millis(since);
+        Some(now.saturating_duration_since(since))
+    }
+
+    /// Notes a write's outcome: blocked (from now, unless it already was), or bytes taken.
+    fn wrote<T>(&self, r: &std::task::Poll<std::io::Result<T>>, progress: impl Fn(&T) -> bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        match r {
+            std::task::Poll::Pending => {
+                if self.write_blocked.load(Relaxed) == 0 {
+                    let ms = self.opened.elapsed().as_millis() as u64 + 1;
+                    self.write_blocked.store(ms, Relaxed);
+                }
+            }
+            std::task::Poll::Ready(Ok(v)) if progress(v) => self.write_blocked.store(0, Relaxed),
+            std::task::Poll::Ready(_) => {}
+        }
     }
 }
 
@@ -319,20 +385,45 @@ impl SlotTable {
     /// connection to close to make room for it, if any (closed by the caller, once the
     /// table is unlocked: the task's end gives its slot back under the same lock).
     fn make_room(&mut self) -> (Option<Kind>, Option<tokio::task::AbortHandle>) {
+        let now = std::time::Instant::now();
         if self.served.len() < MAX_CONNECTIONS {
             return (Some(Kind::Served), None);
         }
-        if let Some(id) = oldest_idle(&self.served) {
+        if let Some(id) = oldest_cuttable(&self.served, now) {
             return (Some(Kind::Served), self.take(Kind::Served, id));
         }
         if self.spare.len() < SPARE_SLOTS {
             return (Some(Kind::Spare), None);
         }
-        if let Some(id) = oldest_idle(&self.spare) {
+        if let Some(id) = oldest_cuttable(&self.spare, now) {
             return (Some(Kind::Spare), self.take(Kind::Spare, id));
         }
         self.cut += 1;
         (None, None)
+    }
+
+    /// Takes out every connection whose writes have been blocked for [`WRITE_TIMEOUT`], to
+    /// be closed (by the caller, once the table is unlocked).
+    fn take_stalled(&mut self) -> Vec<tokio::task::AbortHandle> {
+        let now = std::time::Instant::now();
+        let stalled = |map: &std::collections::BTreeMap<u64, Slot>| -> Vec<u64> {
+            map.iter()
+                .filter(|(_, s)| {
+                    s.state
+                        .write_blocked_for(now)
+                        .is_some_and(|d| d >= WRITE_TIMEOUT)
+                })
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        let mut out = Vec::new();
+        for id in stalled(&self.served) {
+            out.extend(self.take(Kind::Served, id));
+        }
+        for id in stalled(&self.spare) {
+            out.extend(self.take(Kind::Spare, id));
+        }
+        out
     }
 
     /// Takes connection `id` out of its slot, to be closed.
@@ -358,9 +449,22 @@ impl SlotTable {
     }
 }
 
-/// The oldest connection of `map` waiting for a request head.
-fn oldest_idle(map: &std::collections::BTreeMap<u64, Slot>) -> Option<u64> {
-    map.iter().find(|(_, s)| s.state.idle()).map(|(id, _)| *id)
+/// The connection of `map` to close for a new one: the oldest waiting for a request head,
+/// else the oldest whose writes have been blocked for [`WRITE_BLOCKED_CUT`] (in a request
+/// or not: a client that pipelines requests and never reads their answers).
+fn oldest_cuttable(
+    map: &std::collections::BTreeMap<u64, Slot>,
+    now: std::time::Instant,
+) -> Option<u64> {
+    let idle = map.iter().find(|(_, s)| s.state.idle());
+    idle.or_else(|| {
+        map.iter().find(|(_, s)| {
+            s.state
+                .write_blocked_for(now)
+                .is_some_and(|d| d >= WRITE_BLOCKED_CUT)
+        })
+    })
+    .map(|(id, _)| *id)
 }
 
 /// Gives a connection's slot back when its task ends (or is aborted).
@@ -377,7 +481,8 @@ impl Drop for Release {
     }
 }
 
-/// An admin connection's socket, noting when a read finds nothing to read.
+/// An admin connection's socket, noting when a read finds nothing to read, and when its
+/// writes are blocked.
 struct Watched {
     s: tokio::net::TcpStream,
     state: Arc<ConnState>,
@@ -403,7 +508,9 @@ impl tokio::io::AsyncWrite for Watched {
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.s).poll_write(cx, buf)
+        let r = std::pin::Pin::new(&mut self.s).poll_write(cx, buf);
+        self.state.wrote(&r, |n| *n > 0);
+        r
     }
 
     fn poll_write_vectored(
@@ -411,7 +518,9 @@ impl tokio::io::AsyncWrite for Watched {
         cx: &mut std::task::Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.s).poll_write_vectored(cx, bufs)
+        let r = std::pin::Pin::new(&mut self.s).poll_write_vectored(cx, bufs);
+        self.state.wrote(&r, |n| *n > 0);
+        r
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -422,7 +531,10 @@ impl tokio::io::AsyncWrite for Watched {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.s).poll_flush(cx)
+        // A flush that goes through is no progress (a TCP socket has nothing to flush).
+        let r = std::pin::Pin::new(&mut self.s).poll_flush(cx);
+        self.state.wrote(&r, |_| false);
+        r
     }
 
     fn poll_shutdown(
@@ -1634,8 +1746,10 @@ impl Collector for Metrics {
         counter(
             &mut e,
             "hayate_admin_connections_cut",
-            "Admin connections closed to make room for new ones (waiting for a request head \
-             when every slot was taken), and new ones closed when every slot was in a request.",
+            "Admin connections closed to make room for new ones (waiting for a request head, \
+             or writes blocked for 1 s, when every slot was taken), new ones closed when \
+             every slot was in a request, and connections whose writes made no progress \
+             for 10 s.",
             &[(none(), cut)],
         )?;
         if let Some(shm) = &self.shm {

@@ -1085,3 +1085,69 @@ async fn idle_floods_do_not_starve_health_checks() {
     stop.send(true).unwrap();
     within(10, async { while flood.join_next().await.is_some() {} }).await;
 }
+
+/// Clients that pipeline requests and never read the answers: once the server's writes to
+/// them block, none waits for a request head, so none was ever cut for room, and they held
+/// every slot (/api/overview and /metrics got 503 for as long as they stayed). Now one whose
+/// writes have been blocked for `WRITE_BLOCKED_CUT` is closed for a new connection, and each
+/// is closed once its writes have made no progress for `WRITE_TIMEOUT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelining_non_readers_do_not_hold_the_slots() {
+    use hayate_server::admin::{MAX_CONNECTIONS, WRITE_TIMEOUT};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    let b = start_default().await;
+    // 64 health checks a write (about 2.5 KiB).
+    let chunk = format!("GET /healthz HTTP/1.1\r\nHost: {}\r\n\r\n", b.admin).repeat(64);
+    let started = Arc::new(AtomicUsize::new(0));
+    let mut attack = tokio::task::JoinSet::new();
+    for _ in 0..MAX_CONNECTIONS {
+        let (admin, chunk, started) = (b.admin.clone(), chunk.clone(), started.clone());
+        attack.spawn(async move {
+            // Small buffers on this side (the server's are its own).
+            let sock = tokio::net::TcpSocket::new_v4().unwrap();
+            sock.set_recv_buffer_size(4096).unwrap();
+            sock.set_send_buffer_size(16 * 1024).unwrap();
+            let mut s = sock.connect(admin.parse().unwrap()).await.unwrap();
+            // Writes requests for as long as the server takes them (at most 40,000 writes),
+            // never reads; stops when the server closes the connection.
+            for i in 0..40_000 {
+                if s.write_all(chunk.as_bytes()).await.is_err() {
+                    return;
+                }
+                if i == 0 {
+                    started.fetch_add(1, Relaxed);
+                }
+            }
+        });
+    }
+    within(10, async {
+        while started.load(Relaxed) < MAX_CONNECTIONS {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    // Every slot is held by a client that pipelines and reads nothing: the API still
+    // answers, within a few seconds.
+    tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            if http(&b.admin, "GET", "/api/overview", &[]).await.0 == 200 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("/api/overview answered 200 within 5 s while non-readers held every slot");
+    let m = scrape(&b.admin).await;
+    assert!(m["hayate_admin_connections_cut_total"] >= 1.0);
+    // And the others are closed once their writes have been blocked for WRITE_TIMEOUT.
+    tokio::time::timeout(WRITE_TIMEOUT + Duration::from_secs(5), async {
+        while scrape(&b.admin).await["hayate_admin_connections"] > 1.0 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .expect("the non-readers are closed after WRITE_TIMEOUT");
+    within(10, async { while attack.join_next().await.is_some() {} }).await;
+}
