@@ -281,6 +281,38 @@ async fn stream_and_consumer_counts_are_capped() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A consumer saved before creators were recorded (an owner, no creator) still counts
+/// against its owner's `max_consumers_per_user`: alice, at her limit with such consumers,
+/// cannot create more.
+#[tokio::test]
+async fn consumers_saved_without_a_creator_count_against_their_owner() {
+    let dir = data_dir("legacy-creator");
+    let b = Broker::new(BrokerConfig {
+        data_dir: Some(dir.clone()),
+        max_consumers_per_user: 2,
+        ..BrokerConfig::default()
+    });
+    b.create_stream(StreamConfig::new("a", &["a"])).unwrap();
+    for name in ["old1", "old2"] {
+        let mut c = hayate_broker::ConsumerConfig::new("a", name);
+        c.owner = Some("alice".into());
+        b.create_consumer(c).unwrap();
+    }
+    let mut c = hayate_broker::ConsumerConfig::new("a", "new");
+    c.owner = Some("alice".into());
+    c.creator = Some("alice".into());
+    let e = b.create_consumer(c.clone()).map(|_| ()).unwrap_err();
+    assert!(
+        e.to_string().contains("user alice has created 2 consumers"),
+        "{e}"
+    );
+    // bob is not held back by them.
+    c.owner = Some("bob".into());
+    c.creator = Some("bob".into());
+    b.create_consumer(c).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Owners through the API: bob's request cannot delete, purge or redefine alice's stream
 /// or consumer; a stream of the configuration (no owner) that a user re-made through the
 /// API still opens as the configuration defines it on the next start (the owner is not

@@ -85,7 +85,8 @@ pub struct ConsumerConfig {
     /// or for an unowned `stomp-` consumer its maker (through the API, or the STOMP
     /// SUBSCRIBE that made it on first use). It counts against that user's
     /// `limits.max_consumers_per_user`, and its dead letters go only into a stream that
-    /// user owns or that has no owner.
+    /// user owns or that has no owner. One saved without it (made before it was recorded)
+    /// counts as its owner's ([`ConsumerConfig::made_by`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub creator: Option<String>,
 }
@@ -105,6 +106,12 @@ impl ConsumerConfig {
             owner: None,
             creator: None,
         }
+    }
+
+    /// The user it counts against and whose dead letters it moves: its creator, or for one
+    /// made before creators were recorded (saved without one), its owner.
+    pub fn made_by(&self) -> Option<&str> {
+        self.creator.as_deref().or(self.owner.as_deref())
     }
 
     fn check(&self) -> Result<Option<KeyExpr>, StreamError> {

@@ -299,8 +299,8 @@ fn dead_letter(
     };
     // The stream of that name may have been deleted and made again by another user since
     // the consumer was created: a user's dead letters go only into that user's streams or
-    // unowned ones.
-    if let (Some(u), Some(o)) = (&c.config.creator, &target.config().owner)
+    // unowned ones (a consumer saved before creators were recorded: its owner's).
+    if let (Some(u), Some(o)) = (c.config.made_by(), &target.config().owner)
         && u != o
     {
         tracing::warn!(stream = %c.stream.name(), consumer = %c.config.name, dead_letter = dl, owner = %o,

@@ -346,7 +346,7 @@ impl Broker {
                 .streams()
                 .iter()
                 .flat_map(|s| s.consumer_list())
-                .filter(|c| c.config().creator.as_ref() == Some(u))
+                .filter(|c| c.config().made_by() == Some(u.as_str()))
                 .count(),
             None => 0,
         };
