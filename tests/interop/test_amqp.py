@@ -862,6 +862,21 @@ def test_queue_arguments_ttl_max_length_dead_letters(broker):
     conn.close()
 
 
+def test_max_length_bytes_counts_bodies_as_rabbitmq(broker):
+    """x-max-length-bytes counts the ready messages' bodies only, as RabbitMQ does: ten
+    100-byte bodies fit in 1,000 bytes and the eleventh drops the oldest (the broker's own
+    bound and its memory budget count each message's whole footprint, far larger)."""
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare(queue="body-bounded", arguments={"x-max-length-bytes": 1000})
+    for i in range(11):
+        ch.basic_publish("", "body-bounded", b"%03d" % i + b"x" * 97)
+    time.sleep(0.3)
+    assert ch.queue_declare(queue="body-bounded", passive=True).method.message_count == 10
+    assert ch.basic_get("body-bounded", auto_ack=True)[2][:3] == b"001"
+    conn.close()
+
+
 def test_priority_queues(broker):
     conn = connect(broker)
     ch = conn.channel()

@@ -72,8 +72,9 @@ pub(crate) fn persistent(m: &Message) -> bool {
 }
 
 impl QMsg {
-    /// What the message costs the process while a queue holds it (counted against the
-    /// queue's limits in bytes and charged to the memory budget): its data with their
+    /// What the message costs the process while a queue holds it (counted against
+    /// `amqp.queue_max_bytes` and charged to the memory budget; `x-max-length-bytes`
+    /// counts the body alone, as RabbitMQ does): its data with their
     /// allocations (`footprint::data`), its exchange and routing key, and three `QMsg`s of
     /// slot: ready, it sits in its priority's `VecDeque`, which grows by doubling (at most
     /// two slots per message); unacknowledged, in a channel's `BTreeMap` of `Unacked` (a
@@ -511,7 +512,10 @@ impl Msgs {
 #[derive(Debug, Default)]
 struct QState {
     msgs: Msgs,
+    /// What the ready messages cost (`QMsg::size`): the memory budget, `queue_max_bytes`.
     bytes: usize,
+    /// The ready messages' body bytes: what `x-max-length-bytes` counts, as in RabbitMQ.
+    body_bytes: usize,
     consumers: Vec<Arc<Consumer>>,
     /// Round robin: where the next delivery starts looking.
     next: usize,
@@ -644,6 +648,7 @@ impl Queue {
                 m.priority = 0;
             }
             st.bytes += m.size();
+            st.body_bytes += m.msg.payload.len();
             st.msgs.push_back(m);
         }
         let held = st.bytes;
@@ -932,16 +937,18 @@ impl Queue {
             return;
         }
         let size = m.size();
+        let body = m.msg.payload.len();
         let max_len = self.args.max_length;
-        let max_bytes = self
-            .args
-            .max_length_bytes
-            .map_or(self.max_bytes, |b| b.min(self.max_bytes));
+        let max_body = self.args.max_length_bytes;
         let mut dead = Vec::new();
         // Room by the queue's limits: the oldest go (drop-head), or this one is refused.
+        // `x-max-length-bytes` counts bodies, as RabbitMQ does; `amqp.queue_max_bytes` what
+        // the messages cost the process.
         while !front
             && !st.msgs.is_empty()
-            && (max_len.is_some_and(|n| st.msgs.len() >= n) || st.bytes + size > max_bytes)
+            && (max_len.is_some_and(|n| st.msgs.len() >= n)
+                || max_body.is_some_and(|b| st.body_bytes + body > b)
+                || st.bytes + size > self.max_bytes)
         {
             if self.args.reject_publish {
                 drop(st);
@@ -955,6 +962,7 @@ impl Queue {
             }
             if let Some(old) = st.msgs.pop_front() {
                 st.bytes -= old.size();
+                st.body_bytes -= old.msg.payload.len();
                 dead.push(old);
             }
         }
@@ -1000,6 +1008,7 @@ impl Queue {
             }
         }
         st.bytes += size;
+        st.body_bytes += body;
         if !front {
             st.next_seq += 1;
             m.seq = st.next_seq;
@@ -1067,6 +1076,7 @@ impl Queue {
             {
                 if let Some(m) = st.msgs.pop_front() {
                     st.bytes -= m.size();
+                    st.body_bytes -= m.msg.payload.len();
                     expired.push(m);
                 }
                 continue;
@@ -1099,6 +1109,7 @@ impl Queue {
             let c = st.consumers[at].clone();
             let Some(m) = st.msgs.pop_front() else { break };
             st.bytes -= m.size();
+            st.body_bytes -= m.msg.payload.len();
             self.deliver(st, &c, m);
         }
         lock(&self.charge).shrink(st.bytes + st.unacked_bytes);
@@ -1172,6 +1183,7 @@ impl Queue {
         let mut found = None;
         while let Some(m) = st.msgs.pop_front() {
             st.bytes -= m.size();
+            st.body_bytes -= m.msg.payload.len();
             if m.expires.is_some_and(|at| now >= at) {
                 expired.push(m);
                 continue;
@@ -1305,6 +1317,7 @@ impl Queue {
         let n = st.msgs.len() as u32;
         self.forget_all(&mut st);
         st.bytes = 0;
+        st.body_bytes = 0;
         lock(&self.charge).shrink(st.unacked_bytes);
         n
     }
@@ -1328,6 +1341,7 @@ impl Queue {
             let n = st.msgs.len() as u32;
             self.forget_all(&mut st);
             st.bytes = 0;
+            st.body_bytes = 0;
             st.bindings.clear();
             (n, std::mem::take(&mut st.consumers))
         };
