@@ -166,7 +166,10 @@ pub async fn serve(listener: TcpListener, state: AdminState, mut stop: watch::Re
             }
             c = accept(&listener) => c,
         };
-        let cut = {
+        // The slot is taken under the table's lock, the task spawned after it: a task
+        // spawned while the runtime shuts down is dropped at once, inside `spawn`, and its
+        // `Release` takes that lock (a spawn under it deadlocked the listener's shutdown).
+        let (kind, id, state, cut) = {
             let mut table = slots.lock();
             let (kind, cut) = table.make_room();
             let Some(kind) = kind else {
@@ -175,41 +178,50 @@ pub async fn serve(listener: TcpListener, state: AdminState, mut stop: watch::Re
             };
             let id = table.next_id();
             let state = Arc::new(ConnState::new());
-            let io = hyper_util::rt::TokioIo::new(Watched {
-                s,
-                state: state.clone(),
-            });
-            let release = Release {
-                slots: slots.clone(),
+            table.insert(
+                kind,
                 id,
-            };
-            let abort = match kind {
-                Kind::Served => {
-                    let app = app
-                        .clone()
-                        .layer(axum::Extension(axum::extract::ConnectInfo(Peer(addr))));
-                    let conn = http.serve_connection(io, Marked::new(app, state.clone()));
-                    conns.spawn(async move {
-                        let _release = release;
-                        if let Err(e) = conn.await {
-                            tracing::debug!(peer = %addr, "admin connection: {e}");
-                        }
-                    })
-                }
-                Kind::Spare => {
-                    let conn =
-                        probe_http.serve_connection(io, Marked::new(probes.clone(), state.clone()));
-                    conns.spawn(async move {
-                        let _release = release;
-                        if let Err(e) = conn.await {
-                            tracing::debug!(peer = %addr, "admin connection (spare slot): {e}");
-                        }
-                    })
-                }
-            };
-            table.insert(kind, id, Slot { state, abort });
-            cut
+                Slot {
+                    state: state.clone(),
+                    abort: None,
+                },
+            );
+            (kind, id, state, cut)
         };
+        let io = hyper_util::rt::TokioIo::new(Watched {
+            s,
+            state: state.clone(),
+        });
+        let release = Release {
+            slots: slots.clone(),
+            id,
+        };
+        let abort = match kind {
+            Kind::Served => {
+                let app = app
+                    .clone()
+                    .layer(axum::Extension(axum::extract::ConnectInfo(Peer(addr))));
+                let conn = http.serve_connection(io, Marked::new(app, state));
+                conns.spawn(async move {
+                    let _release = release;
+                    if let Err(e) = conn.await {
+                        tracing::debug!(peer = %addr, "admin connection: {e}");
+                    }
+                })
+            }
+            Kind::Spare => {
+                let conn = probe_http.serve_connection(io, Marked::new(probes.clone(), state));
+                conns.spawn(async move {
+                    let _release = release;
+                    if let Err(e) = conn.await {
+                        tracing::debug!(peer = %addr, "admin connection (spare slot): {e}");
+                    }
+                })
+            }
+        };
+        // Only this loop takes slots out (make_room, take_stalled), so the handle is in
+        // place before anyone may need it; a task already ended has removed its slot.
+        slots.lock().set_abort(kind, id, abort);
         if let Some(cut) = cut {
             cut.abort();
         }
@@ -351,7 +363,8 @@ impl ConnState {
 /// One open connection in the slot table.
 struct Slot {
     state: Arc<ConnState>,
-    abort: tokio::task::AbortHandle,
+    /// Set once the connection's task is spawned (after the slot is taken).
+    abort: Option<tokio::task::AbortHandle>,
 }
 
 /// The admin listener's connections, by slot, oldest first (ids grow with each accept).
@@ -434,7 +447,18 @@ impl SlotTable {
         };
         let slot = map.remove(&id)?;
         self.cut += 1;
-        Some(slot.abort)
+        slot.abort
+    }
+
+    /// The handle that closes connection `id`, once its task is spawned.
+    fn set_abort(&mut self, kind: Kind, id: u64, abort: tokio::task::AbortHandle) {
+        let map = match kind {
+            Kind::Served => &mut self.served,
+            Kind::Spare => &mut self.spare,
+        };
+        if let Some(slot) = map.get_mut(&id) {
+            slot.abort = Some(abort);
+        }
     }
 
     fn insert(&mut self, kind: Kind, id: u64, slot: Slot) {

@@ -1151,3 +1151,52 @@ async fn pipelining_non_readers_do_not_hold_the_slots() {
     .expect("the non-readers are closed after WRITE_TIMEOUT");
     within(10, async { while attack.join_next().await.is_some() {} }).await;
 }
+
+/// A runtime shut down while the admin listener accepts connections: a task spawned then is
+/// dropped at once, inside `spawn`, and its slot's release takes the slot table's lock. The
+/// listener spawned under that lock, so the shutdown deadlocked (a `cargo test` run hung in
+/// `idle_floods_do_not_starve_health_checks`'s runtime drop). Shutdowns under a flood of
+/// connections, each within a watchdog.
+#[test]
+fn the_admin_listener_shuts_down_under_a_flood_of_connections() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    // The old code hung in the first round, every time.
+    for round in 0..5 {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            let b = rt.block_on(start_default());
+            let stop = Arc::new(AtomicBool::new(false));
+            let floods: Vec<_> = (0..4)
+                .map(|_| {
+                    let (admin, stop) = (b.admin.clone(), stop.clone());
+                    std::thread::spawn(move || {
+                        // Bounded: at most 20,000 connections each.
+                        for _ in 0..20_000 {
+                            if stop.load(Relaxed) {
+                                break;
+                            }
+                            let _ = std::net::TcpStream::connect(&admin);
+                        }
+                    })
+                })
+                .collect();
+            std::thread::sleep(Duration::from_millis(30));
+            drop(b);
+            drop(rt);
+            stop.store(true, Relaxed);
+            for f in floods {
+                let _ = f.join();
+            }
+            let _ = done.send(());
+        });
+        finished
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("round {round}: the runtime's shutdown hung"));
+    }
+}
