@@ -265,4 +265,29 @@ mod tests {
         let mut open = Retained::new(0);
         assert!(open.set(&m("x", 1 << 20)));
     }
+
+    /// A retained message with MQTT 5.0 user properties, as `translate` builds it (its
+    /// headers vector has room for a content type it may not carry), replaced and cleared
+    /// over and over: the store's charge comes back to nothing. It was charged the vector's
+    /// capacity when set and given back the stored copy's (`Message::compact`: exactly its
+    /// length), so each replacement left 56 bytes charged for good, and a client doing so
+    /// in a loop spent the whole memory budget.
+    #[test]
+    fn replacing_a_message_with_properties_gives_its_charge_back() {
+        let pool = Memory::new(1 << 30);
+        let mut r = Retained::new(0).with_memory(&pool);
+        let with_props = |n: usize| {
+            let mut msg = m("p/1", n);
+            let mut h = Vec::with_capacity(2);
+            h.push(("k".to_string(), bytes::Bytes::from_static(b"v")));
+            msg.headers = Some(h);
+            msg
+        };
+        for _ in 0..1000 {
+            assert!(r.set(&with_props(1)));
+        }
+        assert_eq!(r.cost(), cost(&with_props(1).compact()), "one message held");
+        assert!(r.set(&with_props(0)), "cleared");
+        assert_eq!((r.len(), r.cost(), pool.used()), (0, 0, 0));
+    }
 }
