@@ -206,10 +206,22 @@ def test_prefetch_limits_unacknowledged_deliveries(broker):
     ch.basic_qos(prefetch_count=3)
     got = []
     ch.basic_consume("prefetch-q", lambda c, m, p, b: got.append(m.delivery_tag))
-    conn.process_data_events(time_limit=0.5)
+
+    def settle(n):
+        # process_data_events returns after the first events it dispatches, and deliveries
+        # written apart arrive in reads of their own: loop until n came (at most 5 s), then
+        # 0.3 s more, for any delivery past the prefetch limit to show.
+        deadline = time.monotonic() + 5
+        while len(got) < n and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.1)
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            conn.process_data_events(time_limit=0.05)
+
+    settle(3)
     assert len(got) == 3, got
     ch.basic_ack(got[-1], multiple=True)
-    conn.process_data_events(time_limit=0.5)
+    settle(6)
     assert len(got) == 6, got
     conn.close()
 
