@@ -55,6 +55,18 @@ pub fn token_digest(token: &[u8]) -> String {
     format!("sha256:{}", hex(&Sha256::digest(token)))
 }
 
+/// The address a failed login is counted under for the lanes: an IPv4 address as it is, an
+/// IPv6 one by its /64 (one host's usual allocation: a guesser cannot step through it).
+fn addr_group(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+    }
+}
+
 fn hex(b: &[u8]) -> String {
     use std::fmt::Write;
     let mut s = String::with_capacity(b.len() * 2);
@@ -86,6 +98,11 @@ struct Failures {
 #[derive(Debug)]
 struct Throttle {
     pairs: HashMap<Pair, Failures>,
+    /// When each address (an IPv6 address by its /64) last had a failed login: a login of
+    /// a pair that has not failed, from an address that has, waits in the failed lane, so
+    /// a guesser that changes user name at each guess cannot keep the clean lane full.
+    /// At most `MAX_TRACKED`; stale entries go first.
+    addrs: HashMap<IpAddr, Instant>,
     cur: u32,
     prev: u32,
     start: Instant,
@@ -97,6 +114,7 @@ impl Throttle {
     fn new() -> Throttle {
         Throttle {
             pairs: HashMap::new(),
+            addrs: HashMap::new(),
             cur: 0,
             prev: 0,
             start: Instant::now(),
@@ -475,8 +493,17 @@ impl ConfigAuth {
         };
         let now = Instant::now();
         let mut t = self.throttle();
+        let addr_failed = t
+            .addrs
+            .get(&addr_group(p.0))
+            .is_some_and(|&at| now.duration_since(at) <= self.window);
+        let lane = if addr_failed {
+            Lane::Failed
+        } else {
+            Lane::Clean
+        };
         let Some(f) = t.pairs.get(&p) else {
-            return Ok(Lane::Clean);
+            return Ok(lane);
         };
         if f.locked_until.is_some_and(|u| now < u) {
             return Err(AuthError::Throttled);
@@ -485,7 +512,7 @@ impl ConfigAuth {
             && f.since
                 .is_some_and(|s| now.duration_since(s) <= self.window);
         if !failed_lately {
-            return Ok(Lane::Clean);
+            return Ok(lane);
         }
         if self.global_max_failures > 0 && t.rate(now, self.window) >= self.global_max_failures {
             return Err(AuthError::Throttled);
@@ -540,6 +567,17 @@ impl ConfigAuth {
                 all.pairs.remove(&k);
             }
         }
+        let group = addr_group(p.0);
+        if all.addrs.len() >= MAX_TRACKED && !all.addrs.contains_key(&group) {
+            let window = self.window;
+            all.addrs.retain(|_, at| now.duration_since(*at) <= window);
+            if all.addrs.len() >= MAX_TRACKED
+                && let Some(k) = all.addrs.keys().next().copied()
+            {
+                all.addrs.remove(&k);
+            }
+        }
+        all.addrs.insert(group, now);
         let f = all.pairs.entry(p).or_default();
         if f.since.is_none_or(|s| now.duration_since(s) > self.window) {
             f.since = Some(now);
@@ -851,6 +889,93 @@ mod tests {
 
     fn peer(a: u8, b: u8) -> Option<IpAddr> {
         Some(IpAddr::from([10, 0, a, b]))
+    }
+
+    /// A guesser that changes user name at each guess: none of its (address, user) pairs
+    /// has failed, but its addresses have, so its guesses wait in the failed lane and a
+    /// first login from another address still goes ahead of them. (Keyed by pair alone,
+    /// they filled the clean lane and the right password waited behind all of them.)
+    #[test]
+    fn a_guesser_changing_user_names_does_not_hold_the_clean_lane() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut s = AuthSection::default();
+        // Checks slow enough (4 MiB each) that 16 guesses take a while on two threads.
+        let params = argon2::Params::new(4096, 1, 1, None).unwrap_or_else(|e| panic!("{e}"));
+        let a = Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+        let salt = SaltString::encode_b64(b"0123456789abcdef").unwrap_or_else(|e| panic!("{e}"));
+        let hash = a
+            .hash_password(b"right", &salt)
+            .map(|h| h.to_string())
+            .unwrap_or_else(|e| panic!("{e}"));
+        for i in 0..25 {
+            s.users.insert(
+                format!("u{i}"),
+                UserConfig {
+                    password_hash: Some(hash.clone()),
+                    ..UserConfig::default()
+                },
+            );
+        }
+        s.max_failures = 0;
+        s.global_max_failures = 0;
+        let auth = Arc::new(ConfigAuth::from_section(&s).unwrap_or_else(|e| panic!("{e}")));
+        let login = |auth: &Arc<ConfigAuth>, user: String, pw: &'static [u8], peer| {
+            let auth = auth.clone();
+            async move {
+                auth.authenticate(
+                    "t",
+                    Credentials {
+                        user: Some(&user),
+                        password: Some(pw),
+                        token: None,
+                        peer,
+                        verified: None,
+                    },
+                )
+                .await
+                .map(|_| ())
+            }
+        };
+        rt.block_on(async {
+            // Eight addresses fail once each, each with a name of its own.
+            for i in 0..8u8 {
+                assert_eq!(
+                    login(&auth, format!("u{i}"), b"wrong", peer(0, i)).await,
+                    Err(AuthError::BadCredentials)
+                );
+            }
+            // Then 16 guesses at once, each under a name not tried before.
+            let guesses: Vec<_> = (0..16u8)
+                .map(|i| {
+                    tokio::spawn(login(
+                        &auth,
+                        format!("u{}", 8 + i),
+                        b"wrong",
+                        peer(0, i % 8),
+                    ))
+                })
+                .collect();
+            let workers = auth.hash_stats().workers;
+            while auth.hash_stats().running < workers {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            assert_eq!(
+                login(&auth, "u24".into(), b"right", peer(1, 1)).await,
+                Ok(())
+            );
+            let waiting = guesses.iter().filter(|g| !g.is_finished()).count();
+            assert!(
+                waiting >= 8,
+                "only {waiting} of 16 guesses still waiting: the right password waited behind them"
+            );
+            for g in guesses {
+                assert_eq!(g.await.ok(), Some(Err(AuthError::BadCredentials)));
+            }
+        });
     }
 
     /// Issue 44, item 4: guesses from many addresses at once neither run more argon2 checks
