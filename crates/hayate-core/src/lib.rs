@@ -6,6 +6,7 @@
 //! - [`message`]: [`Message`] (key, payload as [`bytes::Bytes`], headers, reply-to,
 //!   correlation id).
 //! - [`qos`]: [`Qos`] (reliability and congestion behaviour of a subscription).
+//! - [`sync`]: [`sync::lock`], a `Mutex` lock that ignores poisoning.
 //!
 //! Nothing here does I/O or knows about a protocol: MQTT, STOMP and the native protocol all
 //! translate into these types.
@@ -13,6 +14,7 @@
 pub mod key;
 pub mod message;
 pub mod qos;
+pub mod sync;
 
 pub use key::{Key, KeyError, KeyExpr};
 pub use message::{Attrs, COMPACT_PAYLOAD_MAX, Guarantee, Headers, Message};

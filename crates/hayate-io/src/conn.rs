@@ -95,6 +95,10 @@ pub enum Stop {
     Memory,
 }
 
+/// A connection's read buffer: its start size and the free space kept before each read, for
+/// every protocol's server side and the client library's connections.
+pub const READ_BUF: usize = 64 * 1024;
+
 /// Unhandled input a connection may hold without charging the memory budget: frames up to
 /// this size never wait for it.
 pub const FREE_INPUT: usize = 256 * 1024;
