@@ -2,8 +2,8 @@
 
 use std::collections::HashMap;
 
-use hayate_core::key::Segment;
-use hayate_core::{Key, KeyExpr};
+use crate::key::Segment;
+use crate::{Key, KeyExpr};
 
 /// Identifies one subscription: (session id, subscription id within the session).
 pub type SubKey = (u64, u32);
