@@ -14,11 +14,11 @@ fn pat_seg() -> impl Strategy<Value = String> {
     prop_oneof![3 => seg(), 1 => Just("*".to_string()), 1 => Just("**".to_string())]
 }
 
-fn expr() -> impl Strategy<Value = KeyExpr> {
+pub(super) fn expr() -> impl Strategy<Value = KeyExpr> {
     proptest::collection::vec(pat_seg(), 1..5).prop_map(|v| KeyExpr::new(&v.join("/")).unwrap())
 }
 
-fn key() -> impl Strategy<Value = Key> {
+pub(super) fn key() -> impl Strategy<Value = Key> {
     proptest::collection::vec(seg(), 1..6).prop_map(|v| Key::new(&v.join("/")).unwrap())
 }
 
