@@ -1,15 +1,16 @@
-//! The broker: the registry of subscriptions (trie, subscription table, queue groups,
-//! declared queues) behind one lock, its generation counter, settings and counters.
+//! The broker: the registry of subscriptions (the route table: trie, subscriptions, queue
+//! groups; and declared queues) behind one lock, its generation counter, settings and
+//! counters.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use hayate_core::route::{Sub, SubKey, Table};
 use hayate_core::{KeyExpr, Qos};
 use hayate_io::memory::{Charge, Memory};
 
-use crate::index::{SubKey, SubscriptionIndex};
 use crate::outbox::{Encoder, Outbox};
 use crate::queue::{Backlog, BacklogState, group_id};
 use crate::session::Session;
@@ -127,22 +128,19 @@ pub trait KeyGuard: Send + Sync + std::fmt::Debug {
     fn admits(&self, key: &hayate_core::Key) -> bool;
 }
 
+/// What a subscription leads to (the route table holds its expression and queue group).
 #[derive(Debug)]
 pub(crate) struct SubEntry {
-    /// The subscription's expression (for listings; the index holds it for matching).
-    pub(crate) expr: KeyExpr,
     pub(crate) outbox: Arc<Outbox>,
-    pub(crate) group: Option<Arc<str>>,
     pub(crate) qos: Qos,
     pub(crate) guard: Option<Arc<dyn KeyGuard>>,
 }
 
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
-    pub(crate) index: SubscriptionIndex,
-    pub(crate) subs: HashMap<SubKey, SubEntry>,
-    /// Round-robin cursor and member count per queue group (id: name, NUL, expression).
-    pub(crate) groups: HashMap<Arc<str>, (Arc<AtomicUsize>, usize)>,
+    /// Subscriptions by (session, id), their trie and their queue groups (id: name, NUL,
+    /// expression) with their round-robin turns.
+    pub(crate) routes: Table<SubEntry>,
     /// Declared queues: groups whose messages wait while they have no member.
     pub(crate) queues: HashMap<Arc<str>, (KeyExpr, Arc<Backlog>)>,
 }
@@ -222,14 +220,14 @@ impl Broker {
 
     /// Number of live subscriptions.
     pub fn subscription_count(&self) -> usize {
-        self.read().subs.len()
+        self.read().routes.len()
     }
 
     /// Subscriptions per session id (one pass under the registry's read lock).
     pub fn subscriptions_by_session(&self) -> HashMap<u64, usize> {
         let mut m = HashMap::new();
-        for (session, _) in self.read().subs.keys() {
-            *m.entry(*session).or_insert(0) += 1;
+        for ((session, _), _) in self.read().routes.iter() {
+            *m.entry(session).or_insert(0) += 1;
         }
         m
     }
@@ -247,7 +245,7 @@ impl Broker {
         let reg = self.read();
         let mut v = Vec::new();
         let mut total = 0;
-        let mut keep = |sk: &SubKey, e: &SubEntry| {
+        let mut keep = |sk: SubKey, e: &Sub<SubEntry>| {
             let group_name = e
                 .group
                 .as_deref()
@@ -265,23 +263,21 @@ impl Broker {
                     sid: sk.1,
                     expr: e.expr.as_str().to_string(),
                     group: group_name.map(str::to_string),
-                    ack: e.qos.ack,
-                    drop: e.qos.congestion == hayate_core::Congestion::Drop,
+                    ack: e.target.qos.ack,
+                    drop: e.target.qos.congestion == hayate_core::Congestion::Drop,
                 });
             }
         };
         match key {
             Some(k) => {
-                for sk in reg.index.matches(k) {
-                    if let Some(e) = reg.subs.get(&sk)
-                        && e.guard.as_ref().is_none_or(|g| g.admits(k))
-                    {
-                        keep(&sk, e);
+                for (sk, e) in reg.routes.matching(k) {
+                    if e.target.guard.as_ref().is_none_or(|g| g.admits(k)) {
+                        keep(sk, e);
                     }
                 }
             }
             None => {
-                for (sk, e) in &reg.subs {
+                for (sk, e) in reg.routes.iter() {
                     keep(sk, e);
                 }
             }
@@ -295,11 +291,11 @@ impl Broker {
     pub fn queue_groups(&self) -> Vec<(String, String, usize)> {
         let reg = self.read();
         let mut v: Vec<_> = reg
-            .groups
-            .iter()
-            .map(|(id, (_, members))| {
+            .routes
+            .groups()
+            .map(|(id, members)| {
                 let (name, expr) = id.split_once('\0').unwrap_or((id, ""));
-                (name.to_string(), expr.to_string(), *members)
+                (name.to_string(), expr.to_string(), members)
             })
             .collect();
         v.sort();
@@ -341,7 +337,7 @@ impl Broker {
                 q: VecDeque::new(),
                 bytes: 0,
                 held: 0,
-                served: reg.groups.contains_key(&id),
+                served: reg.routes.has_group(&id),
                 charge: Charge::exact(&self.shared.config.memory),
             }),
             id: id.clone(),
@@ -408,24 +404,16 @@ impl Broker {
     }
 }
 
-pub(crate) fn remove_sub(
-    reg: &mut Registry,
-    session: u64,
-    sid: u32,
-    expr: &KeyExpr,
-    group: Option<&Arc<str>>,
-) {
-    reg.index.remove(expr, (session, sid));
-    reg.subs.remove(&(session, sid));
-    if let Some(g) = group
-        && let Some(e) = reg.groups.get_mut(g)
+/// Removes subscription `sid` of `session`; the last member of a queue group leaving closes
+/// its declared queue's backlog to deliveries (messages wait there again).
+pub(crate) fn remove_sub(reg: &mut Registry, session: u64, sid: u32) {
+    let Some(removed) = reg.routes.remove((session, sid)) else {
+        return;
+    };
+    if removed.group_emptied
+        && let Some(g) = &removed.sub.group
+        && let Some((_, b)) = reg.queues.get(g)
     {
-        e.1 -= 1;
-        if e.1 == 0 {
-            reg.groups.remove(g);
-            if let Some((_, b)) = reg.queues.get(g) {
-                b.close();
-            }
-        }
+        b.close();
     }
 }

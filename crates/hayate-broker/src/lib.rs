@@ -6,14 +6,15 @@
 //! session's [`Outbox`] into its socket.
 //!
 //! # Layout
-//! - [`index`]: [`SubscriptionIndex`], a trie over key-expression segments.
+//! - the route table is [`hayate_core::route`]'s `Table` (trie, subscriptions, queue
+//!   groups) with the broker's targets (`route.rs`: outbox and QoS), and its `RouteCache`.
 //! - [`outbox`]: [`Outbox`], the bounded (in bytes) queue of encoded output of one session,
 //!   with `drop` and `block` behaviour, and the [`Encoder`] seam.
 //! - [`batch`]: [`Batch`], one message or many plain messages on one key.
 //! - [`session`]: [`Broker`], [`Session`] and the per-session route cache.
 //!
 //! # Ownership and locks
-//! The [`Broker`] owns the index behind one `RwLock` and a generation counter bumped on every
+//! The [`Broker`] owns the route table behind one `RwLock` and a generation counter bumped on every
 //! change. Each [`Session`] is owned by its connection's reader task and keeps a private cache
 //! of routes per key, valid while the generation is unchanged, so the publish path takes no
 //! global lock: it reads one atomic, looks up its own cache and locks each target outbox once
@@ -24,7 +25,6 @@ pub mod ack;
 pub mod batch;
 mod broker;
 pub mod footprint;
-pub mod index;
 pub mod keys;
 pub mod latency;
 pub mod outbox;
@@ -38,7 +38,6 @@ pub use batch::Batch;
 pub use broker::{
     Broker, BrokerConfig, BrokerStats, KeyGuard, SubFilter, SubscribeError, SubscriptionView,
 };
-pub use index::SubscriptionIndex;
 pub use outbox::{Delivery, Encoder, FREE_BYTES, OutBuf, Outbox, Settle, Taken};
 pub use queue::Backlog;
 pub use session::{PublishRest, Session};

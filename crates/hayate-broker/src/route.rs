@@ -3,7 +3,7 @@
 //! session while the broker's generation is unchanged.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use hayate_core::{Congestion, Key, Stall};
 
@@ -11,6 +11,7 @@ use crate::broker::Broker;
 use crate::outbox::Outbox;
 use crate::queue::Backlog;
 
+/// One subscription a key's messages go to: the route table's target for the broker.
 #[derive(Debug, Clone)]
 pub(crate) struct Target {
     pub(crate) outbox: Arc<Outbox>,
@@ -22,16 +23,9 @@ pub(crate) struct Target {
 }
 
 #[derive(Debug)]
-pub(crate) struct GroupRoute {
-    pub(crate) id: Arc<str>,
-    pub(crate) rr: Arc<AtomicUsize>,
-    pub(crate) members: Vec<Target>,
-}
-
-#[derive(Debug)]
 pub(crate) struct Route {
-    pub(crate) fanout: Vec<Target>,
-    pub(crate) groups: Vec<GroupRoute>,
+    /// Fan-out targets, and one member per queue group (with the group's turn).
+    pub(crate) to: hayate_core::route::Route<Target>,
     /// Declared queues matching the key that have no member now.
     pub(crate) backlogs: Vec<Arc<Backlog>>,
     /// Streams that capture the key.
@@ -42,36 +36,27 @@ impl Broker {
     pub(crate) fn route(&self, key: &Key) -> (u64, Arc<Route>) {
         let reg = self.read();
         let generation = self.shared.generation.load(Ordering::Acquire);
-        let mut route = Route {
-            fanout: Vec::new(),
-            groups: Vec::new(),
-            backlogs: Vec::new(),
-            streams: Vec::new(),
-        };
-        let mut by_group: Vec<(Arc<str>, Vec<Target>)> = Vec::new();
-        for sk in reg.index.matches(key) {
-            let Some(e) = reg.subs.get(&sk) else { continue };
+        let to = reg.routes.route(key, |(session, sid), s| {
+            let e = &s.target;
             if e.guard.as_ref().is_some_and(|g| !g.admits(key)) {
-                continue;
+                return None;
             }
-            let t = Target {
+            Some(Target {
                 outbox: e.outbox.clone(),
-                session: sk.0,
-                sid: sk.1,
+                session,
+                sid,
                 congestion: e.qos.effective_congestion(),
                 stall: e.qos.effective_stall(),
                 no_echo: e.qos.no_echo,
-            };
-            match &e.group {
-                None => route.fanout.push(t),
-                Some(g) => match by_group.iter_mut().find(|(n, _)| n == g) {
-                    Some((_, v)) => v.push(t),
-                    None => by_group.push((g.clone(), vec![t])),
-                },
-            }
-        }
+            })
+        });
+        let mut route = Route {
+            to,
+            backlogs: Vec::new(),
+            streams: Vec::new(),
+        };
         for (id, expr, backlog) in reg.queues.iter().map(|(id, (e, b))| (id, e, b)) {
-            if expr.matches(key) && !by_group.iter().any(|(g, _)| g == id) {
+            if expr.matches(key) && route.to.group(id).is_none() {
                 route.backlogs.push(backlog.clone());
             }
         }
@@ -86,15 +71,6 @@ impl Broker {
             // alone, and a stream's consumers would read it too.
             if s.captures(key) && !hayate_core::is_inbox_key(key.as_str()) {
                 route.streams.push(s.clone());
-            }
-        }
-        for (g, members) in by_group {
-            if let Some((rr, _)) = reg.groups.get(&g) {
-                route.groups.push(GroupRoute {
-                    id: g,
-                    rr: rr.clone(),
-                    members,
-                });
             }
         }
         (generation, Arc::new(route))

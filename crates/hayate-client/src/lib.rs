@@ -181,6 +181,24 @@ pub struct SubscribeOptions {
     pub qos: Qos,
 }
 
+impl SubscribeOptions {
+    /// Membership of queue group `group`, default QoS.
+    pub fn queue(group: &str) -> SubscribeOptions {
+        SubscribeOptions {
+            group: Some(group.to_string()),
+            qos: Qos::default(),
+        }
+    }
+
+    /// `expr` as an expression, these options' group checked: what subscribing with them
+    /// (to a broker or as a peer node) starts with.
+    pub(crate) fn check(&self, expr: &str) -> Result<KeyExpr> {
+        let expr = KeyExpr::new(expr)?;
+        check_group(self.group.as_deref())?;
+        Ok(expr)
+    }
+}
+
 /// A connection to a Hayate broker. Cloning gives another handle to the same connection.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -254,14 +272,8 @@ impl Client {
 
     /// Joins queue group `group` on `expr`: each message goes to one member.
     pub async fn queue_subscribe(&self, expr: &str, group: &str) -> Result<Subscription> {
-        self.subscribe_with(
-            expr,
-            SubscribeOptions {
-                group: Some(group.to_string()),
-                qos: Qos::default(),
-            },
-        )
-        .await
+        self.subscribe_with(expr, SubscribeOptions::queue(group))
+            .await
     }
 
     /// Subscribes with acknowledged delivery (optionally in queue group `group`): each
@@ -324,8 +336,7 @@ impl Client {
         expr: &str,
         options: SubscribeOptions,
     ) -> Result<Subscription> {
-        let expr = KeyExpr::new(expr)?;
-        check_group(options.group.as_deref())?;
+        let expr = options.check(expr)?;
         self.inner.subscribe(expr, options)
     }
 

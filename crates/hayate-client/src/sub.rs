@@ -1,13 +1,65 @@
 //! Subscriptions.
 
+use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+use hayate_core::sync::lock;
 use hayate_core::{Key, Message};
 use hayate_native::Items;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, mpsc, oneshot};
+
+/// The subscription id of a connection's (or a peer node's) reply inbox: never given to a
+/// subscription.
+pub(crate) const INBOX_SID: u32 = u32::MAX;
+
+/// Requests waiting for their replies, by token: the last segment of the reply-to key.
+pub(crate) type Requests = Mutex<HashMap<u64, oneshot::Sender<Message>>>;
+
+/// Hands `reply`, which came to the reply inbox, to the request waiting for it, if any.
+pub(crate) fn complete_request(requests: &Requests, reply: Message) {
+    let token = reply
+        .key
+        .as_str()
+        .rsplit('/')
+        .next()
+        .and_then(|t| t.parse::<u64>().ok());
+    if let Some(tx) = token.and_then(|t| lock(requests).remove(&t)) {
+        let _ = tx.send(reply);
+    }
+}
+
+/// A new subscription, and what whoever delivers into it keeps.
+pub(crate) struct Opened {
+    pub(crate) sid: u32,
+    pub(crate) sub: Subscription,
+    pub(crate) tx: SubSender,
+    pub(crate) lost: Arc<AtomicU64>,
+}
+
+/// Opens a subscription with the next id from `next` (counting from 1; an error once they
+/// are spent) and a [`queue`] of `capacity` batches and `bytes`; dropping it tells `owner`.
+pub(crate) fn open(
+    next: &AtomicU32,
+    capacity: usize,
+    bytes: usize,
+    owner: Arc<dyn Unsubscribe>,
+) -> crate::Result<Opened> {
+    let sid = next.fetch_add(1, Ordering::Relaxed);
+    if sid == INBOX_SID {
+        return Err(crate::Error::Protocol("subscription ids exhausted".into()));
+    }
+    let (tx, rx) = queue(capacity, bytes);
+    let lost = Arc::new(AtomicU64::new(0));
+    Ok(Opened {
+        sid,
+        sub: Subscription::new(sid, rx, lost.clone(), owner),
+        tx,
+        lost,
+    })
+}
 
 /// Whoever delivers into a subscription and must hear when it is dropped: a broker
 /// connection, or a peer [`Node`](crate::peer::Node).

@@ -6,6 +6,9 @@
 //! - [`message`]: [`Message`] (key, payload as [`bytes::Bytes`], headers, reply-to,
 //!   correlation id).
 //! - [`qos`]: [`Qos`] (reliability and congestion behaviour of a subscription).
+//! - [`route`]: the route table (subscriptions by key expression in a trie, queue groups and
+//!   their round-robin turn, routes cached per key), generic over what a subscription leads
+//!   to: the broker's and peer nodes' one router.
 //! - [`sync`]: [`sync::lock`], a `Mutex` lock that ignores poisoning.
 //!
 //! Nothing here does I/O or knows about a protocol: MQTT, STOMP and the native protocol all
@@ -14,6 +17,7 @@
 pub mod key;
 pub mod message;
 pub mod qos;
+pub mod route;
 pub mod sync;
 
 pub use key::{Key, KeyError, KeyExpr};

@@ -2,9 +2,10 @@
 //! what happens when an outbox is full (drop, or wait at most `max_block`, then the
 //! subscription's stall policy).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use hayate_core::route::RoundRobin;
 use hayate_core::{Congestion, Stall};
 
 use super::Session;
@@ -16,25 +17,22 @@ impl Session {
     pub(super) async fn deliver_group(
         &mut self,
         id: &str,
-        rr: &AtomicUsize,
+        rr: &RoundRobin,
         members: &[Target],
         batch: Batch<'_>,
         park: bool,
     ) -> usize {
         // Round-robin per message: consecutive items of a batch go to consecutive members.
-        let n = members.len();
         let mut delivered = 0;
         let mut i = 0;
         while i < batch.len() {
-            let start = rr.fetch_add(1, Ordering::Relaxed);
             // The next member whose session is still open takes it (one outbox lock per
             // member tried: the offer itself reports a closed session). Members with a
             // connection come first; a detached one (an offline MQTT session) only when no
             // member is connected.
             let mut done = false;
             let any_attached = members.iter().any(|t| t.outbox.is_attached());
-            for k in 0..n {
-                let t = &members[(start + k) % n];
+            for t in rr.rotation(members) {
                 if any_attached && !t.outbox.is_attached() {
                     continue;
                 }

@@ -5,9 +5,10 @@ mod deliver;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
+use hayate_core::route::RouteCache;
 use hayate_core::{Key, KeyExpr, Qos};
 
 use crate::Batch;
@@ -24,7 +25,7 @@ use crate::stream::Stored;
 #[derive(Debug)]
 pub struct PublishRest {
     route: Arc<Route>,
-    /// The fanout target to go on with (`route.fanout.len()`: the queues), and how many
+    /// The fanout target to go on with (`route.to.fanout.len()`: the queues), and how many
     /// of the batch's items it took already.
     at: usize,
     took: usize,
@@ -42,8 +43,7 @@ pub struct Session {
     id: u64,
     outbox: Arc<Outbox>,
     subs: HashMap<u32, (KeyExpr, Option<Arc<str>>)>,
-    cache: HashMap<Bytes, Arc<Route>, foldhash::fast::RandomState>,
-    cache_generation: u64,
+    cache: RouteCache<Route>,
     /// Outboxes that received data since the last [`Session::flush`].
     to_flush: Vec<Arc<Outbox>>,
     /// Reused by inline flushes.
@@ -122,8 +122,7 @@ impl Session {
             id,
             outbox,
             subs: HashMap::new(),
-            cache: HashMap::default(),
-            cache_generation: 0,
+            cache: RouteCache::new(CACHE_LIMIT),
             to_flush: Vec::new(),
             scratch: VecDeque::new(),
             meta: Vec::new(),
@@ -188,33 +187,20 @@ impl Session {
         if max > 0 && self.subs.len() >= max {
             return Err(SubscribeError::TooMany(max));
         }
-        let mut reg = self.broker.write();
         // A queue group is a name *and* an expression (as NATS queue groups are per subject
         // and MQTT shared subscriptions per share name and filter): `g` on `a/**` and `g`
         // on `a/b` are two groups, and a message matching both goes to a member of each.
-        let group: Option<Arc<str>> = group.map(|g| {
-            let id = group_id(g, &expr);
-            match reg.groups.get_key_value(id.as_str()) {
-                Some((k, _)) => k.clone(),
-                None => Arc::from(id),
-            }
-        });
+        let group = group.map(|g| group_id(g, &expr));
+        let mut reg = self.broker.write();
         if qos.ack {
             self.outbox.set_acked(sid, true);
         }
-        if let Some(g) = &group {
-            reg.groups
-                .entry(g.clone())
-                .or_insert_with(|| (Arc::new(AtomicUsize::new(0)), 0))
-                .1 += 1;
-        }
-        reg.index.insert(&expr, (self.id, sid));
-        reg.subs.insert(
+        let group = reg.routes.insert(
             (self.id, sid),
+            expr.clone(),
+            group.as_deref(),
             SubEntry {
-                expr: expr.clone(),
                 outbox: self.outbox.clone(),
-                group: group.clone(),
                 qos,
                 guard: guard.clone(),
             },
@@ -259,7 +245,7 @@ impl Session {
 
     async fn requeue_to(&mut self, id: &str, msg: &hayate_core::Message, may_return: bool) -> bool {
         let route = self.lookup(&msg.key);
-        if let Some(g) = route.groups.iter().find(|g| &*g.id == id) {
+        if let Some(g) = route.to.group(id) {
             let others: Vec<Target> = g
                 .members
                 .iter()
@@ -355,12 +341,12 @@ impl Session {
 
     /// Removes subscription `sid`; returns whether it existed.
     pub fn unsubscribe(&mut self, sid: u32) -> bool {
-        let Some((expr, group)) = self.subs.remove(&sid) else {
+        if self.subs.remove(&sid).is_none() {
             return false;
-        };
+        }
         self.outbox.set_acked(sid, false);
         let mut reg = self.broker.write();
-        remove_sub(&mut reg, self.id, sid, &expr, group.as_ref());
+        remove_sub(&mut reg, self.id, sid);
         self.broker.bump();
         true
     }
@@ -389,7 +375,7 @@ impl Session {
             drop(self.store(&route, batch));
         }
         let mut delivered = 0;
-        for (i, t) in route.fanout.iter().enumerate() {
+        for (i, t) in route.to.fanout.iter().enumerate() {
             match self.deliver_now(t, batch) {
                 Ok((n, _)) => delivered += n,
                 Err(took) => {
@@ -402,11 +388,11 @@ impl Session {
                 }
             }
         }
-        if route.groups.is_empty() && route.backlogs.is_empty() {
+        if route.to.groups.is_empty() && route.backlogs.is_empty() {
             self.probe = None;
             return Ok(delivered);
         }
-        let at = route.fanout.len();
+        let at = route.to.fanout.len();
         Err(PublishRest {
             route,
             at,
@@ -424,10 +410,10 @@ impl Session {
             took,
             mut delivered,
         } = rest;
-        if let Some(t) = route.fanout.get(at) {
+        if let Some(t) = route.to.fanout.get(at) {
             // The target whose outbox was full: the rest of the batch may wait.
             delivered += self.deliver(t, batch.slice(took, batch.len())).await.0;
-            delivered += self.deliver_fanout(&route.fanout[at + 1..], batch).await;
+            delivered += self.deliver_fanout(&route.to.fanout[at + 1..], batch).await;
         }
         delivered += self.deliver_queues(&route, batch).await;
         self.probe = None;
@@ -476,7 +462,7 @@ impl Session {
 
     /// Delivers `batch` along `route` (the publish path after the streams).
     async fn deliver_route(&mut self, route: &Route, batch: Batch<'_>) -> usize {
-        self.deliver_fanout(&route.fanout, batch).await + self.deliver_queues(route, batch).await
+        self.deliver_fanout(&route.to.fanout, batch).await + self.deliver_queues(route, batch).await
     }
 
     /// Delivers `batch` to each of `targets` (subscriptions outside queue groups).
@@ -495,7 +481,7 @@ impl Session {
     /// Delivers `batch` to `route`'s queue groups (one member each) and declared queues.
     async fn deliver_queues(&mut self, route: &Route, batch: Batch<'_>) -> usize {
         let mut delivered = 0;
-        for g in &route.groups {
+        for g in &route.to.groups {
             delivered += self
                 .deliver_group(&g.id, &g.rr, &g.members, batch, true)
                 .await;
@@ -508,7 +494,7 @@ impl Session {
             // fresh route (the subscription bumped the generation), or park if it has none
             // again by now.
             let fresh = self.lookup(batch.key());
-            match fresh.groups.iter().find(|g| g.id == b.id) {
+            match fresh.to.group(&b.id) {
                 Some(g) => {
                     delivered += self
                         .deliver_group(&g.id, &g.rr, &g.members, batch, true)
@@ -576,23 +562,13 @@ impl Session {
         }
     }
 
+    /// `key`'s route: from this session's cache while the broker's generation is
+    /// unchanged (the common case: one atomic load and one hash lookup), else made anew
+    /// under the registry's read lock.
     fn lookup(&mut self, key: &Key) -> Arc<Route> {
         let g = self.broker.shared.generation.load(Ordering::Acquire);
-        if g != self.cache_generation || self.cache.len() >= CACHE_LIMIT {
-            self.cache.clear();
-            self.cache_generation = g;
-        }
-        if let Some(r) = self.cache.get(key.as_shared()) {
-            return r.clone();
-        }
-        let (generation, route) = self.broker.route(key);
-        if generation == self.cache_generation {
-            // A copy: the key may be a slice of the publisher's read buffer, which the cache
-            // must not keep alive (4096 keys could pin 4096 buffers of 64 KiB and more).
-            self.cache
-                .insert(key.compact().as_shared().clone(), route.clone());
-        }
-        route
+        let broker = &self.broker;
+        self.cache.get_or_build(g, key, || broker.route(key))
     }
 }
 
@@ -605,9 +581,10 @@ impl Drop for Session {
             return;
         }
         let mut reg = self.broker.write();
-        for (sid, (expr, group)) in self.subs.drain() {
-            remove_sub(&mut reg, self.id, sid, &expr, group.as_ref());
+        for sid in self.subs.keys() {
+            remove_sub(&mut reg, self.id, *sid);
         }
+        self.subs.clear();
         self.broker.bump();
     }
 }

@@ -9,10 +9,11 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use hayate_core::sync::lock;
 use hayate_core::{Key, KeyExpr, Message, Qos};
 use hayate_io::transport::{self, Reader, Writer};
 use hayate_native::{
@@ -23,7 +24,7 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::{Notify, oneshot};
 
 use crate::peer::ShmMode;
-use crate::sub::Subscription;
+use crate::sub::{INBOX_SID, Subscription};
 use crate::{ConnectOptions, Error, Result, SubscribeOptions};
 
 mod reader;
@@ -32,8 +33,6 @@ mod writer;
 use reader::read_loop;
 use writer::write_loop;
 
-/// The subscription id of this connection's reply inbox.
-const INBOX_SID: u32 = u32::MAX;
 /// A PUB_BATCH is closed once it holds this many bytes.
 const MAX_BATCH: usize = 256 * 1024;
 /// Payloads at least this large are queued by reference, not copied.
@@ -150,7 +149,7 @@ pub(crate) struct Inner {
     space: Notify,
     subs: Mutex<HashMap<u32, SubSlot>>,
     next_sid: AtomicU32,
-    requests: Mutex<HashMap<u64, oneshot::Sender<Message>>>,
+    requests: crate::sub::Requests,
     confirms: Mutex<HashMap<u64, oneshot::Sender<ConfirmOutcome>>>,
     pings: Mutex<HashMap<u64, oneshot::Sender<()>>>,
     next_token: AtomicU64,
@@ -169,10 +168,6 @@ impl std::fmt::Debug for Inner {
             .field("session", &self.welcome.session)
             .finish_non_exhaustive()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Connects to `addr` (`unix:<path>`, or `[hayate://]host:port` with TCP_NODELAY) and splits
@@ -589,23 +584,17 @@ impl Inner {
     }
 
     fn new_subscription(self: &Arc<Self>) -> Result<(u32, Subscription)> {
-        let sid = self.next_sid.fetch_add(1, Ordering::Relaxed);
-        if sid == INBOX_SID {
-            return Err(Error::Protocol("subscription ids exhausted".into()));
-        }
-        let (tx, rx) = crate::sub::queue(
+        let (capacity, bytes) = (
             self.options.subscription_capacity,
             self.options.subscription_bytes,
         );
-        let lost = Arc::new(AtomicU64::new(0));
-        lock(&self.subs).insert(
-            sid,
-            SubSlot {
-                tx,
-                lost: lost.clone(),
-            },
-        );
-        Ok((sid, Subscription::new(sid, rx, lost, self.clone())))
+        let o = crate::sub::open(&self.next_sid, capacity, bytes, self.clone())?;
+        let slot = SubSlot {
+            tx: o.tx,
+            lost: o.lost,
+        };
+        lock(&self.subs).insert(o.sid, slot);
+        Ok((o.sid, o.sub))
     }
 
     pub(crate) fn subscribe(

@@ -240,13 +240,5 @@ fn by_reference(
 const ENTRY_BUF: usize = 64 * 1024;
 
 fn deliver_reply(inner: &Inner, msg: Message) {
-    let token = msg
-        .key
-        .as_str()
-        .rsplit('/')
-        .next()
-        .and_then(|t| t.parse::<u64>().ok());
-    if let Some(tx) = token.and_then(|t| lock(&inner.requests).remove(&t)) {
-        let _ = tx.send(msg);
-    }
+    crate::sub::complete_request(&inner.requests, msg);
 }

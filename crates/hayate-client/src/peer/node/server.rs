@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use hayate_broker::Outbox;
 use hayate_core::{Key, Message};
-use hayate_io::conn::{Accepted, Conn, Handler, InputBudget, Stop};
+use hayate_io::conn::{Accepted, Conn, Handler, InputBudget, READ_BUF, Stop};
 use hayate_io::transport;
 use hayate_native::{ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome};
 use tokio::net::{TcpListener, TcpStream};
@@ -28,14 +28,11 @@ use tokio::time::Instant;
 
 use super::interest::{INTEREST_KEY, Interest};
 use super::{
-    Inbound, LocalTarget, NodeInner, Remote, Route, Sink, TO_HEADER, lock, parse_hello_name,
+    Inbound, LocalTarget, NodeInner, Route, Sink, TO_HEADER, lock, parse_hello_name,
     resolve_advertised,
 };
 use crate::peer::{NoDeliveries, close_and_linger, send_frame, too_large};
 use crate::sub::{Batch, TrySendError};
-
-/// Read buffer: start size and the free space kept before each read.
-const READ_BUF: usize = 64 * 1024;
 
 /// Output (WELCOME, PONG, ERR) queued at most.
 const OUT_BUDGET: usize = 256 * 1024;
@@ -148,10 +145,7 @@ async fn serve_conn(
     let end = conn.drive(&mut p).await;
     tracing::debug!(conn = id, ?end, "peer node: connection ends");
     if p.from.is_some() {
-        let mut st = lock(&p.node.state);
-        if st.inbound.remove(&id).is_some() {
-            st.changed();
-        }
+        lock(&p.node.state).inbound_gone(id);
     }
     if matches!(end, End::Refused) {
         p.outbox.try_flush(&mut p.scratch);
@@ -249,23 +243,15 @@ pub(super) fn dispatch(
             let Some((sid, _)) = named.iter().find(|(_, n)| n[..] == *g.name.as_bytes()) else {
                 continue; // the publisher chose a member elsewhere
             };
-            match locals.iter().find(|t| t.sid == *sid) {
-                Some(t) => Some(t),
-                // The named member has gone meanwhile: another of ours, if any.
-                None if !locals.is_empty() => {
-                    let i = node.rr.fetch_add(1, Ordering::Relaxed) % locals.len();
-                    Some(&locals[i])
-                }
-                None => {
-                    node.stats.unroutable.fetch_add(1, Ordering::Relaxed);
-                    None
-                }
+            // The named member, or if it has gone meanwhile another of ours, if any.
+            let t = locals.iter().find(|t| t.sid == *sid);
+            let t = t.or_else(|| g.rr.pick(locals));
+            if t.is_none() {
+                node.stats.unroutable.fetch_add(1, Ordering::Relaxed);
             }
-        } else if locals.is_empty() {
-            None
+            t
         } else {
-            let i = node.rr.fetch_add(1, Ordering::Relaxed) % locals.len();
-            Some(&locals[i])
+            g.rr.pick(locals)
         };
         if let Some(t) = chosen
             && let Some(p) = last.replace(t)
@@ -330,32 +316,7 @@ impl PeerConn {
 
     fn on_interest(&mut self, payload: &[u8]) -> Result<(), End> {
         let i = Interest::decode(payload).map_err(|e| self.refuse(ErrorCode::Protocol, &e))?;
-        let mut st = lock(&self.node.state);
-        let Some(inb) = st.inbound.get_mut(&self.id) else {
-            return Ok(()); // the node is stopping
-        };
-        match i {
-            Interest::Add {
-                sid,
-                qos,
-                group,
-                expr,
-            } => {
-                inb.interest.insert(
-                    sid,
-                    Remote {
-                        expr,
-                        group: group.map(Arc::from),
-                        drop: qos.effective_congestion() == hayate_core::Congestion::Drop,
-                    },
-                );
-            }
-            Interest::Remove { sid } => {
-                inb.interest.remove(&sid);
-            }
-            Interest::Reset => inb.interest.clear(),
-        }
-        st.changed();
+        lock(&self.node.state).interest(self.id, i);
         Ok(())
     }
 
@@ -369,14 +330,7 @@ impl PeerConn {
                 if st.stopped {
                     return Err(End::Closed);
                 }
-                st.inbound.insert(
-                    self.id,
-                    Inbound {
-                        peer,
-                        interest: std::collections::HashMap::new(),
-                        ready: false,
-                    },
-                );
+                st.inbound.insert(self.id, Inbound { peer, ready: false });
             }
             // Dial back: this node's publications travel on its own link to that node.
             match resolve_advertised(&advertised, self.addr.ip()) {

@@ -2,8 +2,8 @@
 
 use std::collections::HashMap;
 
-use hayate_core::key::Segment;
-use hayate_core::{Key, KeyExpr};
+use crate::key::Segment;
+use crate::{Key, KeyExpr};
 
 /// Identifies one subscription: (session id, subscription id within the session).
 pub type SubKey = (u64, u32);
@@ -142,20 +142,8 @@ fn collect(node: &Node, segs: &[&[u8]], i: usize, out: &mut Vec<SubKey>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::route::tests::{expr, key};
     use proptest::prelude::*;
-
-    fn seg() -> impl Strategy<Value = String> {
-        prop_oneof!["a", "b", "c"].prop_map(String::from)
-    }
-    fn pat_seg() -> impl Strategy<Value = String> {
-        prop_oneof![3 => seg(), 1 => Just("*".to_string()), 1 => Just("**".to_string())]
-    }
-    fn expr() -> impl Strategy<Value = KeyExpr> {
-        proptest::collection::vec(pat_seg(), 1..5).prop_map(|v| KeyExpr::new(&v.join("/")).unwrap())
-    }
-    fn key() -> impl Strategy<Value = Key> {
-        proptest::collection::vec(seg(), 1..6).prop_map(|v| Key::new(&v.join("/")).unwrap())
-    }
 
     proptest! {
         /// The trie agrees with matching each expression on its own.
