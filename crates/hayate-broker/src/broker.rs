@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use hayate_core::{KeyExpr, Qos};
-use hayate_io::memory::{Charge, Memory};
+use hayate_flow::memory::{Charge, Memory};
 
 use crate::index::{SubKey, SubscriptionIndex};
 use crate::outbox::{Encoder, Outbox};
@@ -364,7 +364,7 @@ impl Broker {
     pub fn open_session_in(
         &self,
         encoder: Box<dyn Encoder>,
-        class: Option<&Arc<hayate_io::traffic::TrafficClass>>,
+        class: Option<&Arc<hayate_flow::traffic::TrafficClass>>,
     ) -> Session {
         let id = self.shared.next_session.fetch_add(1, Ordering::Relaxed);
         self.shared
