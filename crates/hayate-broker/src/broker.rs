@@ -33,8 +33,13 @@ pub struct BrokerConfig {
     /// Most streams one user may own (created through the API while logged in).
     pub max_streams_per_user: usize,
     /// Most durable consumers one user may have created through the API, over every
-    /// stream (`stomp-` consumers included, though they have no owner).
+    /// stream (shared consumers included, though they have no owner).
     pub max_consumers_per_user: usize,
+    /// Name prefixes of the durable consumers that are shared work queues (the server sets
+    /// those of its front-ends' durable queues: STOMP's `/queue/`): one made through the
+    /// stream API gets no owner (whoever asks), or its maker could keep everyone else off
+    /// the queue. Empty by default.
+    pub shared_consumers: Vec<String>,
     /// Most subscriptions one session may hold (0: no limit).
     pub max_subscriptions: usize,
     /// Most payload bytes waiting in one declared queue without members (0: no limit).
@@ -55,6 +60,7 @@ impl Default for BrokerConfig {
             max_consumers: 1024,
             max_streams_per_user: 32,
             max_consumers_per_user: 256,
+            shared_consumers: Vec::new(),
             max_subscriptions: 10_000,
             queue_max_bytes: 64 * 1024 * 1024,
             memory: Memory::unlimited(),
