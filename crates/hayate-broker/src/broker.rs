@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use hayate_core::route::{Sub, SubKey, Table};
 use hayate_core::{KeyExpr, Qos};
-use hayate_io::memory::{Charge, Memory};
+use hayate_flow::memory::{Charge, Memory};
 
 use crate::outbox::{Encoder, Outbox};
 use crate::queue::{Backlog, BacklogState, group_id};
@@ -34,8 +34,13 @@ pub struct BrokerConfig {
     /// Most streams one user may own (created through the API while logged in).
     pub max_streams_per_user: usize,
     /// Most durable consumers one user may have created through the API, over every
-    /// stream (`stomp-` consumers included, though they have no owner).
+    /// stream (shared consumers included, though they have no owner).
     pub max_consumers_per_user: usize,
+    /// Name prefixes of the durable consumers that are shared work queues (the server sets
+    /// those of its front-ends' durable queues: STOMP's `/queue/`): one made through the
+    /// stream API gets no owner (whoever asks), or its maker could keep everyone else off
+    /// the queue. Empty by default.
+    pub shared_consumers: Vec<String>,
     /// Most subscriptions one session may hold (0: no limit).
     pub max_subscriptions: usize,
     /// Most payload bytes waiting in one declared queue without members (0: no limit).
@@ -56,6 +61,7 @@ impl Default for BrokerConfig {
             max_consumers: 1024,
             max_streams_per_user: 32,
             max_consumers_per_user: 256,
+            shared_consumers: Vec::new(),
             max_subscriptions: 10_000,
             queue_max_bytes: 64 * 1024 * 1024,
             memory: Memory::unlimited(),
@@ -360,7 +366,7 @@ impl Broker {
     pub fn open_session_in(
         &self,
         encoder: Box<dyn Encoder>,
-        class: Option<&Arc<hayate_io::traffic::TrafficClass>>,
+        class: Option<&Arc<hayate_flow::traffic::TrafficClass>>,
     ) -> Session {
         let id = self.shared.next_session.fetch_add(1, Ordering::Relaxed);
         self.shared

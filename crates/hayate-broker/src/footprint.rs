@@ -2,7 +2,7 @@
 //!
 //! Holders that keep messages past their publish (MQTT retained messages and session queues,
 //! declared queues' backlogs, AMQP queues) charge the broker-wide budget
-//! (`hayate_io::memory`) for each item they hold: not only its key and payload bytes but the
+//! (`hayate_flow::memory`) for each item they hold: not only its key and payload bytes but the
 //! allocations they sit in and the holder's own slot for it. Before they did, one-byte
 //! messages were charged a dozen bytes each while each took some 500 bytes of the process:
 //! 7.7 M retained messages on distinct topics took a broker with a 128 MiB budget to 4.48 GB

@@ -21,23 +21,21 @@
 //! per batch. Lock order: index → outbox; an outbox lock is never held while taking another
 //! lock or awaiting.
 
-pub mod ack;
-pub mod batch;
 mod broker;
 pub mod footprint;
 pub mod keys;
-pub mod latency;
-pub mod outbox;
 mod queue;
 mod route;
 pub mod session;
 pub mod stream;
 
-pub use ack::AckTracker;
-pub use batch::Batch;
 pub use broker::{
     Broker, BrokerConfig, BrokerStats, KeyGuard, SubFilter, SubscribeError, SubscriptionView,
 };
+pub use hayate_flow::{AckTracker, Batch};
+/// A session's output, acknowledgements, batches and delivery latency live in hayate-flow
+/// (the client library's peer servers use them too); re-exported at their old paths.
+pub use hayate_flow::{ack, batch, latency, outbox};
 pub use outbox::{Delivery, Encoder, FREE_BYTES, OutBuf, Outbox, Settle, Taken};
 pub use queue::Backlog;
 pub use session::{PublishRest, Session};

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use hayate_core::KeyExpr;
 
-use hayate_io::memory::Charge;
+use hayate_flow::memory::Charge;
 
 use crate::Batch;
 

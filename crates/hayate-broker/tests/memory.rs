@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use common::{drain, expr, fill, open, publish, within};
 use hayate_broker::{Broker, BrokerConfig, FREE_BYTES};
 use hayate_core::Qos;
-use hayate_io::memory::{Memory, STEP};
+use hayate_flow::memory::{Memory, STEP};
 
 const KB64: usize = 64 * 1024;
 

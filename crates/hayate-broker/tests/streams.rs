@@ -22,6 +22,8 @@ fn data_dir(name: &str) -> PathBuf {
 fn broker(dir: &std::path::Path) -> Broker {
     let b = Broker::new(BrokerConfig {
         data_dir: Some(dir.to_path_buf()),
+        // As the server sets it for the STOMP front-end's durable queues.
+        shared_consumers: vec!["stomp-".into()],
         ..BrokerConfig::default()
     });
     b.open_streams().unwrap();
@@ -311,6 +313,18 @@ async fn consumers_saved_without_a_creator_count_against_their_owner() {
     c.creator = Some("bob".into());
     b.create_consumer(c).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A definition without `fsync` (the wire type, hayate-native's) gets the log's default
+/// policy.
+#[test]
+fn a_definitions_default_fsync_is_the_logs_default() {
+    assert_eq!(
+        StreamConfig::new("a", &["a/**"]).fsync,
+        hayate_log::FsyncPolicy::default().to_string()
+    );
+    let c: StreamConfig = serde_json::from_str(r#"{"name": "a", "capture": ["a/**"]}"#).unwrap();
+    assert_eq!(c.fsync, hayate_log::FsyncPolicy::default().to_string());
 }
 
 /// Owners through the API: bob's request cannot delete, purge or redefine alice's stream

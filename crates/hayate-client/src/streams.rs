@@ -3,12 +3,13 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-pub use hayate_broker::stream::api::ConsumerView;
-use hayate_broker::stream::api::{
+use hayate_core::{Key, Message};
+use hayate_native::stream::{
     ApiReply, CONSUMER_API, ConsumerRequest, NameRequest, RemovedInfo, STREAM_API,
 };
-pub use hayate_broker::{ConsumerConfig, ConsumerInfo, Start, StreamConfig, StreamInfo};
-use hayate_core::{Key, Message};
+pub use hayate_native::stream::{
+    ConsumerConfig, ConsumerInfo, ConsumerView, Start, StreamConfig, StreamInfo,
+};
 
 use crate::{Client, Error, Result};
 

@@ -675,7 +675,7 @@ impl Config {
             }
         }
         for s in &self.stream {
-            s.check()
+            hayate_broker::stream::check(s)
                 .map_err(|e| ConfigError::Invalid(format!("[[stream]] {e}")))?;
         }
         if !self.stream.is_empty() && self.server.data_dir.is_empty() {

@@ -288,6 +288,7 @@ impl Server {
             max_consumers: config.limits.max_consumers as usize,
             max_streams_per_user: config.limits.max_streams_per_user as usize,
             max_consumers_per_user: config.limits.max_consumers_per_user as usize,
+            shared_consumers: vec![crate::stomp::QUEUE_CONSUMER_PREFIX.to_owned()],
             max_subscriptions: config.limits.max_subscriptions,
             queue_max_bytes: usize::try_from(config.stomp.queue_max_bytes).unwrap_or(usize::MAX),
             memory: memory.clone(),

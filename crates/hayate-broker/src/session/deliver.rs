@@ -84,7 +84,8 @@ impl Session {
             return Ok((0, true));
         }
         super::PUBLISH.set((self.id, self.publishes));
-        let offer = t.outbox.offer(t.sid, self.id, batch, own);
+        let offer =
+            hayate_flow::outbox::within_publish(|| t.outbox.offer(t.sid, self.id, batch, own));
         super::PUBLISH.set((0, 0));
         self.take_flushes_of_offer();
         match offer {

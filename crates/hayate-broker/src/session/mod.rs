@@ -65,25 +65,6 @@ pub struct Session {
 
 thread_local! {
     static PUBLISH: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
-    /// Outboxes an encoder wrote to during the offer under way, for the publishing session
-    /// to flush with its other deliveries ([`flush_after_offer`]).
-    static TO_FLUSH: std::cell::RefCell<Vec<Arc<Outbox>>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Within the offer of a publish (`Encoder::encode`), has the publishing session flush
-/// `outbox` at the end of its read, as it flushes the outboxes it delivered to itself;
-/// false outside an offer (the caller wakes the outbox's writer instead).
-pub(crate) fn flush_after_offer(outbox: &Arc<Outbox>) -> bool {
-    if PUBLISH.with(std::cell::Cell::get).0 == 0 {
-        return false;
-    }
-    TO_FLUSH.with(|t| {
-        let mut t = t.borrow_mut();
-        if !t.iter().any(|o| Arc::ptr_eq(o, outbox)) {
-            t.push(outbox.clone());
-        }
-    });
-    true
 }
 
 /// The publish being offered on this thread, as (publishing session, its publish count;
@@ -534,14 +515,9 @@ impl Session {
     }
 
     /// Takes over the outboxes the offer just made wrote to through an encoder
-    /// ([`flush_after_offer`]).
+    /// ([`hayate_flow::outbox::within_publish`]).
     pub(super) fn take_flushes_of_offer(&mut self) {
-        TO_FLUSH.with(|t| {
-            let mut t = t.borrow_mut();
-            for o in t.drain(..) {
-                self.mark_output(&o);
-            }
-        });
+        hayate_flow::outbox::take_flushes_of_offer(|o| self.mark_output(&o));
     }
 
     /// Marks this session's own outbox as holding new output (control frames).

@@ -21,113 +21,29 @@ use std::time::{Duration, Instant};
 use hayate_core::KeyExpr;
 use serde::{Deserialize, Serialize};
 
+/// A consumer's definition and state as the API carries them (hayate-native's wire types).
+pub use hayate_native::stream::{ConsumerConfig, ConsumerInfo, Start};
+
 use super::{Stream, StreamError};
 
 /// At most this often a changing consumer writes its state file.
 pub const PERSIST_EVERY: Duration = Duration::from_millis(100);
 
-/// Where a new consumer starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Start {
-    /// The first record kept.
-    #[default]
-    First,
-    /// Records appended after the consumer is created.
-    New,
-    /// This offset (or the first kept, if it is gone).
-    Offset(u64),
-    /// The first record at or after this time (ms since the Unix epoch).
-    Time(i64),
-}
-
-fn default_ack_wait() -> u64 {
-    30_000
-}
-fn default_max_in_flight() -> u32 {
-    1000
-}
-
-/// A consumer's definition (the body of `$hayate/api/consumer/add`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ConsumerConfig {
-    /// The stream.
-    pub stream: String,
-    /// `[A-Za-z0-9_-]`, 1 to 64 characters.
-    pub name: String,
-    /// Only messages whose key matches this expression (others are skipped).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub filter: Option<String>,
-    /// Where it starts.
-    #[serde(default)]
-    pub start: Start,
-    /// A delivery not acknowledged within this many ms is delivered again (to any member).
-    #[serde(default = "default_ack_wait")]
-    pub ack_wait_ms: u64,
-    /// Most messages in flight (delivered, not acknowledged) across its members.
-    #[serde(default = "default_max_in_flight")]
-    pub max_in_flight: u32,
-    /// After this many deliveries a message goes to the dead-letter stream (or is dropped
-    /// without one); 0: no limit.
-    #[serde(default)]
-    pub max_deliver: u32,
-    /// The stream dead letters are published into (key `<dead_letter_prefix>/<stream>/<consumer>`
-    /// is not used: the original key is kept, with headers saying why).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dead_letter: Option<String>,
-    /// The user who created it through the API (set by the broker from the caller's
-    /// login, never taken from a request): only that user may join it (native CONSUME,
-    /// STOMP) or delete it. `None`: anyone allowed to serve its keys may.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub owner: Option<String>,
-    /// The user who created it (set by the broker, never taken from a request): the owner,
-    /// or for an unowned `stomp-` consumer its maker (through the API, or the STOMP
-    /// SUBSCRIBE that made it on first use). It counts against that user's
-    /// `limits.max_consumers_per_user`, and its dead letters go only into a stream that
-    /// user owns or that has no owner. One saved without it (made before it was recorded)
-    /// counts as its owner's ([`ConsumerConfig::made_by`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub creator: Option<String>,
-}
-
-impl ConsumerConfig {
-    /// A consumer `name` of `stream` with the defaults.
-    pub fn new(stream: &str, name: &str) -> ConsumerConfig {
-        ConsumerConfig {
-            stream: stream.to_owned(),
-            name: name.to_owned(),
-            filter: None,
-            start: Start::First,
-            ack_wait_ms: default_ack_wait(),
-            max_in_flight: default_max_in_flight(),
-            max_deliver: 0,
-            dead_letter: None,
-            owner: None,
-            creator: None,
-        }
+/// Checks a consumer's definition; returns its parsed filter.
+fn check(config: &ConsumerConfig) -> Result<Option<KeyExpr>, StreamError> {
+    let n = &config.name;
+    super::check_name("consumer", n)?;
+    if config.ack_wait_ms == 0 || config.max_in_flight == 0 {
+        return Err(StreamError::Invalid(format!(
+            "consumer {n}: ack_wait_ms and max_in_flight must be above 0"
+        )));
     }
-
-    /// The user it counts against and whose dead letters it moves: its creator, or for one
-    /// made before creators were recorded (saved without one), its owner.
-    pub fn made_by(&self) -> Option<&str> {
-        self.creator.as_deref().or(self.owner.as_deref())
-    }
-
-    fn check(&self) -> Result<Option<KeyExpr>, StreamError> {
-        let n = &self.name;
-        super::check_name("consumer", n)?;
-        if self.ack_wait_ms == 0 || self.max_in_flight == 0 {
-            return Err(StreamError::Invalid(format!(
-                "consumer {n}: ack_wait_ms and max_in_flight must be above 0"
-            )));
-        }
-        self.filter
-            .as_deref()
-            .map(KeyExpr::new)
-            .transpose()
-            .map_err(|e| StreamError::Invalid(format!("consumer {n}: filter: {e}")))
-    }
+    config
+        .filter
+        .as_deref()
+        .map(KeyExpr::new)
+        .transpose()
+        .map_err(|e| StreamError::Invalid(format!("consumer {n}: filter: {e}")))
 }
 
 /// Offsets as ranges `[start, end)`.
@@ -228,36 +144,6 @@ pub(crate) enum Step {
     Stop,
 }
 
-/// Counters of one consumer.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ConsumerInfo {
-    /// Every offset below is done.
-    pub floor: u64,
-    /// The first offset never delivered.
-    pub next: u64,
-    /// Delivered and not acknowledged.
-    pub in_flight: u64,
-    /// Waiting for redelivery or for their scheduled time.
-    pub waiting: u64,
-    /// Done offsets above the floor.
-    pub done_above_floor: u64,
-    /// Records in the stream not yet delivered (`stream next - next`).
-    pub pending: u64,
-    /// Messages moved to the dead-letter stream after `max_deliver` (since the broker
-    /// started).
-    #[serde(default)]
-    pub dead_lettered: u64,
-    /// Dead letters dropped because they had been dead-lettered out of this consumer's
-    /// stream before (a cycle: a consumer dead-lettering into its own stream, or streams
-    /// dead-lettering into each other), since the broker started.
-    #[serde(default)]
-    pub dead_letter_cycles: u64,
-    /// Messages dropped after `max_deliver` without being kept in a dead-letter stream
-    /// (none is set, it is gone, or another user owns it now), since the broker started.
-    #[serde(default)]
-    pub dead_letter_dropped: u64,
-}
-
 /// A consumer's dead-letter counters (see [`ConsumerInfo`]).
 #[derive(Debug, Default)]
 pub(crate) struct DeadLetterStats {
@@ -301,7 +187,7 @@ impl Consumer {
         stream: Arc<Stream>,
         config: ConsumerConfig,
     ) -> Result<Consumer, StreamError> {
-        let filter = config.check()?;
+        let filter = check(&config)?;
         let log = stream.log();
         let start = match config.start {
             Start::First => log.start_offset(),
@@ -343,7 +229,7 @@ impl Consumer {
         let text = std::fs::read(&path).map_err(io)?;
         let s: Saved = serde_json::from_slice(&text)
             .map_err(|e| StreamError::Invalid(format!("{}: {e}", path.display())))?;
-        let filter = s.config.check()?;
+        let filter = check(&s.config)?;
         let start = stream.log().start_offset();
         let end = stream.log().end_offset();
         // A position beyond the end (the log lost its tail in a crash and will give those

@@ -20,113 +20,52 @@ use std::time::Duration;
 
 use hayate_core::{Key, KeyExpr};
 use hayate_log::{Entry, FsyncPolicy, Log, LogConfig, LogStats, Retention};
-use serde::{Deserialize, Serialize};
 
 use crate::Batch;
 
+/// A stream's definition and state as the API carries them (hayate-native's wire types).
+pub use hayate_native::stream::{StreamConfig, StreamInfo};
 pub use registry::Stored;
 
-/// A stream's definition, as kept in `stream.json`, given in the config file and sent by
-/// `hayate stream add`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StreamConfig {
-    /// `[A-Za-z0-9_-]`, 1 to 64 characters.
-    pub name: String,
-    /// Key expressions whose messages the stream keeps (at least one).
-    pub capture: Vec<String>,
-    /// `always`, `interval=<ms>` or `never` (default `interval=100`).
-    #[serde(default = "default_fsync")]
-    pub fsync: String,
-    /// Remove records older than this many seconds (whole segments).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_age_secs: Option<u64>,
-    /// Keep about this many bytes (whole segments).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_bytes: Option<u64>,
-    /// Keep about this many records (whole segments).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_records: Option<u64>,
-    /// Segment size in bytes (default 128 MiB).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub segment_bytes: Option<u64>,
-    /// A message older than this many ms (since it was stored) is not delivered by
-    /// consumers (a default time to live; a message's own expiry applies too).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub default_ttl_ms: Option<u64>,
-    /// Work-queue retention: segments every consumer is done with are removed (checked with
-    /// the other retention every minute; with no consumer nothing is removed by it). The
-    /// records are kept until their receivers free them.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub work_queue: bool,
-    /// The user who created it through the API (set by the broker from the caller's
-    /// login, never taken from a request): only that user may delete or purge it. `None`:
-    /// made by the configuration, the command line or an anonymous client; anyone allowed
-    /// the API may.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub owner: Option<String>,
-}
-
-fn default_fsync() -> String {
-    FsyncPolicy::default().to_string()
-}
-
-impl StreamConfig {
-    /// A stream named `name` capturing `capture`, with the defaults.
-    pub fn new(name: &str, capture: &[&str]) -> StreamConfig {
-        StreamConfig {
-            name: name.to_owned(),
-            capture: capture.iter().map(|s| (*s).to_owned()).collect(),
-            fsync: default_fsync(),
-            max_age_secs: None,
-            max_bytes: None,
-            max_records: None,
-            segment_bytes: None,
-            default_ttl_ms: None,
-            work_queue: false,
-            owner: None,
+/// Checks a stream's definition; returns the parsed capture expressions and log
+/// configuration.
+pub fn check(config: &StreamConfig) -> Result<(Vec<KeyExpr>, LogConfig), StreamError> {
+    let bad = |m: String| Err(StreamError::Invalid(m));
+    let n = &config.name;
+    check_name("stream", n)?;
+    if config.capture.is_empty() {
+        return bad(format!("stream {n}: capture at least one key expression"));
+    }
+    let mut exprs = Vec::new();
+    for c in &config.capture {
+        match KeyExpr::new(c) {
+            Ok(e) => exprs.push(e),
+            Err(e) => return bad(format!("stream {n}: capture {c:?}: {e}")),
         }
     }
-
-    /// Checks the definition; returns the parsed capture expressions and log configuration.
-    pub fn check(&self) -> Result<(Vec<KeyExpr>, LogConfig), StreamError> {
-        let bad = |m: String| Err(StreamError::Invalid(m));
-        let n = &self.name;
-        check_name("stream", n)?;
-        if self.capture.is_empty() {
-            return bad(format!("stream {n}: capture at least one key expression"));
+    let fsync: FsyncPolicy = config.fsync.parse().map_err(StreamError::Invalid)?;
+    let mut log = LogConfig {
+        fsync,
+        retention: Retention {
+            max_age: config.max_age_secs.map(Duration::from_secs),
+            max_bytes: config.max_bytes,
+            max_records: config.max_records,
+        },
+        ..LogConfig::default()
+    };
+    if let Some(s) = config.segment_bytes {
+        // Every sealed segment keeps its files open: tiny segments would use up file
+        // descriptors.
+        if s < MIN_SEGMENT_BYTES {
+            return bad(format!(
+                "stream {n}: segment_bytes {s} is below {MIN_SEGMENT_BYTES} (1 MiB)"
+            ));
         }
-        let mut exprs = Vec::new();
-        for c in &self.capture {
-            match KeyExpr::new(c) {
-                Ok(e) => exprs.push(e),
-                Err(e) => return bad(format!("stream {n}: capture {c:?}: {e}")),
-            }
-        }
-        let fsync: FsyncPolicy = self.fsync.parse().map_err(StreamError::Invalid)?;
-        let mut log = LogConfig {
-            fsync,
-            retention: Retention {
-                max_age: self.max_age_secs.map(Duration::from_secs),
-                max_bytes: self.max_bytes,
-                max_records: self.max_records,
-            },
-            ..LogConfig::default()
-        };
-        if let Some(s) = self.segment_bytes {
-            // Every sealed segment keeps its files open: tiny segments would use up file
-            // descriptors.
-            if s < MIN_SEGMENT_BYTES {
-                return bad(format!(
-                    "stream {n}: segment_bytes {s} is below {MIN_SEGMENT_BYTES} (1 MiB)"
-                ));
-            }
-            log.segment_bytes = s;
-        }
-        log.validate()
-            .map_err(|e| StreamError::Invalid(format!("stream {n}: {e}")))?;
-        Ok((exprs, log))
+        log.segment_bytes = s;
     }
+    log.validate()
+        .map_err(|e| StreamError::Invalid(format!("stream {n}: {e}")))?;
+    Ok((exprs, log))
 }
 
 /// The smallest segment a stream may ask for.
@@ -220,28 +159,9 @@ pub struct Stream {
         std::sync::Mutex<std::collections::BTreeMap<String, Arc<consumer::Consumer>>>,
 }
 
-/// What `hayate stream info` shows.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StreamInfo {
-    /// The definition.
-    pub config: StreamConfig,
-    /// First offset kept.
-    pub first: u64,
-    /// Next offset to be written.
-    pub next: u64,
-    /// Records kept.
-    pub records: u64,
-    /// Bytes in segment files.
-    pub bytes: u64,
-    /// Segment files.
-    pub segments: usize,
-    /// Offsets below this are durable under the fsync policy.
-    pub confirmed: u64,
-}
-
 impl Stream {
     fn open(dir: &Path, config: StreamConfig) -> Result<Stream, StreamError> {
-        let (capture, log_config) = config.check()?;
+        let (capture, log_config) = check(&config)?;
         let log = Log::open_dir(dir, log_config).map_err(|source| StreamError::Log {
             name: config.name.clone(),
             source,

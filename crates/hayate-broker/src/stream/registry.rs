@@ -131,7 +131,7 @@ impl Broker {
     /// Creates a stream, or returns the existing one if its definition is the same
     /// (`false`: it existed).
     pub fn create_stream(&self, config: StreamConfig) -> Result<(Arc<Stream>, bool), StreamError> {
-        config.check()?;
+        super::check(&config)?;
         let root = self.streams_dir()?;
         // Creations and deletions one at a time; the table itself is locked only to look and
         // to insert, not across the file work (directories, fsyncs, opening the log).

@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use hayate_broker::{Batch, Broker, Encoder, OutBuf, Outbox, Session, Taken};
 use hayate_core::{Key, KeyExpr, Message};
-use hayate_io::Sink;
+use hayate_flow::Sink;
 
 /// What the recording encoder saw, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]

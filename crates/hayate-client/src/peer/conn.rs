@@ -15,8 +15,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
-use hayate_broker::Outbox;
 use hayate_core::{INBOX_PREFIX, KeyExpr, Message};
+use hayate_flow::Outbox;
 use hayate_io::conn::{Accepted, Conn, Handler, Stop};
 use hayate_io::transport;
 use hayate_native::{

@@ -37,8 +37,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use hayate_broker::{Batch, Encoder, OutBuf, Outbox};
 use hayate_core::{KeyExpr, Message};
+use hayate_flow::{Batch, Encoder, OutBuf, Outbox};
 use hayate_native::{ErrorCode, Frame, encode};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;

@@ -30,6 +30,12 @@ use hayate_broker::Broker;
 use crate::auth::Authenticator;
 use crate::config::{Config, StompSection};
 
+/// The names of the durable consumers this front-end makes for a durable `/queue/<name>`
+/// start with this (`stomp-<name>`). They are shared work queues, with no owner: the server
+/// lists the prefix in `BrokerConfig::shared_consumers`, so that one made beforehand through
+/// the stream API has none either.
+pub const QUEUE_CONSUMER_PREFIX: &str = "stomp-";
+
 /// The STOMP front-end's shared state.
 pub struct Stomp {
     pub(crate) broker: Broker,

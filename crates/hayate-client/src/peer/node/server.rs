@@ -17,8 +17,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use hayate_broker::Outbox;
 use hayate_core::{Key, Message};
+use hayate_flow::Outbox;
 use hayate_io::conn::{Accepted, Conn, Handler, InputBudget, READ_BUF, Stop};
 use hayate_io::transport;
 use hayate_native::{ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome};

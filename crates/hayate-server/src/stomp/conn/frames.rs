@@ -617,10 +617,10 @@ fn queue_consumer_name(q: &str) -> String {
         })
         .collect();
     if clean == q && q.len() <= 58 {
-        return format!("stomp-{q}");
+        return format!("{}{q}", crate::stomp::QUEUE_CONSUMER_PREFIX);
     }
     // Stable across runs: the name is stored with the consumer.
     let h = crate::frontend::stable_hash(q);
     let cut: String = clean.chars().take(40).collect();
-    format!("stomp-{cut}-{:016x}", h)
+    format!("{}{cut}-{:016x}", crate::stomp::QUEUE_CONSUMER_PREFIX, h)
 }

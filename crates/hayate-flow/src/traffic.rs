@@ -165,9 +165,7 @@ impl TrafficClass {
     }
 
     fn live(&self) -> MutexGuard<'_, Live> {
-        self.live
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        hayate_core::sync::lock(&self.live)
     }
 
     /// Everything the class's sessions, ended and live, have done: exact, and never less

@@ -26,7 +26,7 @@ pub trait Sink: Send + Sync + 'static {
 /// call) until `q` is empty and the sink holds nothing back (`Ok(true)`) or the sink would
 /// block (`Ok(false)`, possibly with `q` empty: see [`Sink::pending`]); written bytes leave
 /// `q`. A sink that accepts 0 bytes is an error (`WriteZero`). A connection's writer
-/// waits for readiness between calls ([`crate::transport::write_chunks`]); an inline flush
+/// waits for readiness between calls (hayate-io's `transport::write_chunks`); an inline flush
 /// stops at the first `false`.
 pub fn write_some<S: Sink + ?Sized>(sink: &S, q: &mut VecDeque<Bytes>) -> io::Result<bool> {
     while !q.is_empty() {

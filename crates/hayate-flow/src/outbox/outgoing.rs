@@ -4,11 +4,10 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use bytes::Bytes;
-use hayate_io::Sink;
-use hayate_io::conn::Outgoing;
-
 use super::{Outbox, Taken};
+use crate::Sink;
+use crate::outgoing::Outgoing;
+use bytes::Bytes;
 
 impl Outgoing for Outbox {
     fn set_sink(&self, sink: Arc<dyn Sink>) {

@@ -5,9 +5,8 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use hayate_io::Sink;
-
 use super::{OutBuf, Outbox};
+use crate::Sink;
 
 impl Outbox {
     /// Cuts the connection off as a slow consumer: queued output is discarded, blocked

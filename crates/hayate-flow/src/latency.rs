@@ -2,7 +2,7 @@
 //! broker (the publishing session hands it over, after decoding) to its bytes being written
 //! to a subscriber's socket, for the admin API's `hayate_delivery_latency_seconds`.
 //!
-//! The publish that a session offers to the key sampler (one in [`crate::keys::EVERY`])
+//! The publish that a session offers to the key sampler (one in `hayate_broker::keys::EVERY`)
 //! is also timed: each outbox that takes it keeps the instant as its probe (one at a time;
 //! a probe already pending is kept), and the writer that writes the bytes holding it records
 //! the time elapsed when the write completes. A subscriber that does not read shows up as a

@@ -12,8 +12,10 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
+
+use hayate_core::sync::lock;
 
 use crate::traffic::Totals;
 
@@ -55,10 +57,6 @@ impl std::fmt::Debug for ConnEntry {
             .field("peer", &self.peer)
             .finish_non_exhaustive()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl ConnEntry {

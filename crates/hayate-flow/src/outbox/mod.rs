@@ -23,16 +23,13 @@
 //!   consumer, closing;
 //! - `acked`: acknowledged delivery: the ack tracker, settled by ACK / NACK;
 //! - `buf`: [`OutBuf`], the encoded output;
-//! - `outgoing`: the outbox as hayate-io's connection driver sees it (`Outgoing`).
+//! - `outgoing`: the outbox as hayate-io's connection driver sees it
+//!   ([`Outgoing`](crate::outgoing::Outgoing)).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use hayate_core::Message;
-use hayate_io::Sink;
-use hayate_io::memory::{Charge, Memory};
-use hayate_io::registry::SessionView;
-use hayate_io::traffic::{Totals, Traffic, TrafficClass};
 use tokio::sync::Notify;
 
 mod acked;
@@ -43,12 +40,17 @@ mod outgoing;
 mod writer;
 
 pub use buf::{OutBuf, ZERO_COPY_THRESHOLD};
-/// What the writer took from the outbox.
-pub use hayate_io::conn::Taken;
+pub use offer::{take_flushes_of_offer, within_publish};
 pub use writer::GATHER_GAP;
 
 use crate::Batch;
+use crate::Sink;
 use crate::ack::AckTracker;
+use crate::memory::{Charge, Memory};
+/// What the writer took from the outbox.
+pub use crate::outgoing::Taken;
+use crate::registry::SessionView;
+use crate::traffic::{Totals, Traffic, TrafficClass};
 
 /// Turns deliveries into a protocol's bytes. One per session, owned by its outbox.
 ///
@@ -264,7 +266,7 @@ impl Outbox {
     }
 
     /// This outbox counting its session's traffic in `class` (see
-    /// [`hayate_io::traffic::TrafficClass`]).
+    /// [`crate::traffic::TrafficClass`]).
     pub fn in_class(mut self, class: Option<&Arc<TrafficClass>>) -> Outbox {
         self.traffic = Traffic::new(class);
         self
@@ -278,9 +280,7 @@ impl Outbox {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while encoding cannot leave the queue half-written in a way that matters
         // more than losing the session, so poisoning is ignored.
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        hayate_core::sync::lock(&self.state)
     }
 
     fn wake(&self, st: &mut State) {

@@ -5,11 +5,11 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hayate_io::write_some;
 // Tokio's clock (the system's, outside tests that pause it).
 use tokio::time::Instant;
 
 use super::{Outbox, State, Taken};
+use crate::write_some;
 
 /// Deliveries of different sessions to one outbox closer together than this are gathered
 /// by its writer into one write (see [`Outbox::flush_from`]).

@@ -1,5 +1,5 @@
 //! Encoded output: [`OutBuf`] (chunks plus a contiguous tail). It is written through a
-//! [`hayate_io::Sink`] with [`hayate_io::write_some`].
+//! [`Sink`](crate::Sink) with [`write_some`](crate::write_some).
 
 use std::collections::VecDeque;
 
