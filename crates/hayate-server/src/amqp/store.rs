@@ -45,7 +45,9 @@ use hayate_log::storage::write_atomically;
 use hayate_log::{Entry, FsyncPolicy, Log, LogConfig, ReadLimit, Record};
 use serde::{Deserialize, Serialize};
 
-use super::queue::{QMsg, lock};
+use hayate_core::sync::lock;
+
+use super::queue::QMsg;
 
 /// The record format this store writes (its first byte).
 const FORMAT: u8 = 1;
