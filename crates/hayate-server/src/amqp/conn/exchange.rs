@@ -16,6 +16,14 @@ use crate::amqp::names::{self, Kind};
 const MAX_EXCHANGE_BINDINGS: usize = 4096;
 
 impl Conn<'_> {
+    /// May this connection's user publish on all of exchange `x`'s keys? `None` when its
+    /// name is no key.
+    pub(super) fn may_publish_exchange(&self, x: &str) -> Option<bool> {
+        self.vhost
+            .expr(names::binding_expr(x, Kind::Topic, "#"))
+            .map(|e| self.identity.access.may_publish_all(&e))
+    }
+
     /// The exchange class's methods.
     pub(super) fn exchange_class(
         &mut self,
@@ -203,11 +211,7 @@ impl Conn<'_> {
         // Deleting an exchange ends what is published through it: publish on all of its
         // keys is needed.
         // (A name that is no key, declared by an older version, has no keys to protect.)
-        let writable = self
-            .vhost
-            .expr(names::binding_expr(n, Kind::Topic, "#"))
-            .is_none_or(|e| self.identity.access.may_publish_all(&e));
-        if !writable {
+        if self.may_publish_exchange(n) == Some(false) {
             return Err(err(
                 ReplyCode::AccessRefused,
                 format!(
@@ -311,11 +315,8 @@ impl Conn<'_> {
                 format!("binding key '{key}' of exchange '{s}' cannot be a key expression"),
             ));
         };
-        let write = self
-            .vhost
-            .expr(names::binding_expr(d, Kind::Topic, "#"))
-            .filter(|w| self.identity.access.may_publish_all(w));
-        if !self.identity.access.may_read_all(&read, false) || write.is_none() {
+        let write = self.may_publish_exchange(d) == Some(true);
+        if !self.identity.access.may_read_all(&read, false) || !write {
             return Err(err(
                 ReplyCode::AccessRefused,
                 format!(

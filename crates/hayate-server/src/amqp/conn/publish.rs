@@ -11,6 +11,7 @@ use hayate_broker::{Batch, Session};
 use hayate_core::Key;
 use hayate_core::sync::lock;
 
+use super::channel::Channel;
 use super::confirm::{Durable, count_publish};
 use super::error::{AmqpError, End, err};
 use super::frames::{Later, Rest};
@@ -170,15 +171,9 @@ impl Conn<'_> {
         h: Box<ContentHeader>,
     ) -> Result<Content, End> {
         let max = self.amqp.cfg.max_message_size;
-        let Some(c) = self.channels.get_mut(&ch) else {
-            return Err(End::Hard(err(
-                ReplyCode::ChannelError,
-                "expected 'channel.open'",
-            )));
-        };
-        if c.closing {
+        let Some(c) = self.content_chan(ch)? else {
             return Ok(Content::More);
-        }
+        };
         let Some(p) = c.pending.as_mut().filter(|p| p.header.is_none()) else {
             return Err(End::Hard(err(
                 ReplyCode::UnexpectedFrame,
@@ -205,17 +200,23 @@ impl Conn<'_> {
         })
     }
 
-    /// A content body frame: `Content::Complete` when it ends the message.
-    pub(super) fn content_body(&mut self, ch: u16, b: Bytes) -> Result<Content, End> {
+    /// The channel a content frame is for: `None` while it is closing (the frame is
+    /// ignored).
+    fn content_chan(&mut self, ch: u16) -> Result<Option<&mut Channel>, End> {
         let Some(c) = self.channels.get_mut(&ch) else {
             return Err(End::Hard(err(
                 ReplyCode::ChannelError,
                 "expected 'channel.open'",
             )));
         };
-        if c.closing {
+        Ok((!c.closing).then_some(c))
+    }
+
+    /// A content body frame: `Content::Complete` when it ends the message.
+    pub(super) fn content_body(&mut self, ch: u16, b: Bytes) -> Result<Content, End> {
+        let Some(c) = self.content_chan(ch)? else {
             return Ok(Content::More);
-        }
+        };
         let Some((p, size)) = c
             .pending
             .as_mut()

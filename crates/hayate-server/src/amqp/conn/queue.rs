@@ -81,15 +81,7 @@ impl Conn<'_> {
         // A queue's messages carry no per-key guard: all of it must be readable.
         match self.identity.access.may_read_all(&expr, true) {
             true => Ok(()),
-            false => Err(err(
-                ReplyCode::AccessRefused,
-                format!(
-                    "access to queue '{}' in vhost '{vh}' refused for user '{}'",
-                    q.name,
-                    self.identity.name(),
-                    vh = self.vhost.name
-                ),
-            )),
+            false => Err(self.queue_refused(&q.name)),
         }
     }
 
@@ -307,24 +299,19 @@ impl Conn<'_> {
                 || args.dead_letter_exchange.is_some()
                     && !self.identity.access.may_read_all(&expr, true))
         {
-            return Err(err(
-                ReplyCode::AccessRefused,
-                format!(
-                    "access to queue '{n}' in vhost '{vh}' refused for user '{}'",
-                    self.identity.name(),
-                    vh = self.vhost.name
-                ),
-            ));
+            return Err(self.queue_refused(n));
         }
         // Dead letters are published on the dead-letter exchange's keys: the declarer must
         // be allowed to publish on all of them, as RabbitMQ checks write on the DLX.
         if let Some(dlx) = &args.dead_letter_exchange {
-            let space = if dlx.is_empty() {
-                self.vhost.expr(KeyExpr::new("**").ok())
+            let allowed = if dlx.is_empty() {
+                self.vhost
+                    .expr(KeyExpr::new("**").ok())
+                    .map(|s| self.identity.access.may_publish_all(&s))
             } else {
-                self.vhost.expr(names::binding_expr(dlx, Kind::Topic, "#"))
+                self.may_publish_exchange(dlx)
             };
-            if !space.is_some_and(|s| self.identity.access.may_publish_all(&s)) {
+            if allowed != Some(true) {
                 return Err(err(
                     ReplyCode::AccessRefused,
                     format!(
@@ -443,6 +430,18 @@ impl Conn<'_> {
         )
     }
 
+    /// This connection's user may not use queue `n` so.
+    fn queue_refused(&self, n: &str) -> AmqpError {
+        err(
+            ReplyCode::AccessRefused,
+            format!(
+                "access to queue '{n}' in vhost '{vh}' refused for user '{}'",
+                self.identity.name(),
+                vh = self.vhost.name
+            ),
+        )
+    }
+
     /// Queue `n` is another connection's exclusive queue.
     fn locked(&self, n: &str) -> AmqpError {
         err(
@@ -474,15 +473,7 @@ impl Conn<'_> {
                 .and_then(|k| KeyExpr::new(k.as_str()).ok())
                 .is_some_and(|e| self.identity.access.may_publish_all(&e));
             if !writable {
-                return Err(err(
-                    ReplyCode::AccessRefused,
-                    format!(
-                        "access to queue '{}' in vhost '{vh}' refused for user '{}'",
-                        q.name,
-                        self.identity.name(),
-                        vh = self.vhost.name
-                    ),
-                ));
+                return Err(self.queue_refused(&q.name));
             }
         }
         let x = exchange.as_str().unwrap_or("");
@@ -585,25 +576,21 @@ impl Conn<'_> {
         };
         self.may_serve(&q)?;
         let (m, c) = q.counts();
-        if if_unused && c > 0 {
-            return Err(err(
+        let refused = |why: &str| {
+            err(
                 ReplyCode::PreconditionFailed,
                 format!(
-                    "queue '{}' in vhost '{vh}' in use",
+                    "queue '{}' in vhost '{vh}' {why}",
                     q.name,
                     vh = self.vhost.name
                 ),
-            ));
+            )
+        };
+        if if_unused && c > 0 {
+            return Err(refused("in use"));
         }
         if if_empty && m > 0 {
-            return Err(err(
-                ReplyCode::PreconditionFailed,
-                format!(
-                    "queue '{}' in vhost '{vh}' is not empty",
-                    q.name,
-                    vh = self.vhost.name
-                ),
-            ));
+            return Err(refused("is not empty"));
         }
         Ok(delete_queue(&q))
     }
