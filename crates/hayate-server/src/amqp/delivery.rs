@@ -349,7 +349,7 @@ pub(crate) struct AmqpEncoder {
 
 impl Encoder for AmqpEncoder {
     fn encode(&mut self, sid: u32, batch: Batch<'_>, _origin: u64, out: &mut OutBuf) {
-        let Some(c) = super::queue::lock(&self.consumers).get(&sid).cloned() else {
+        let Some(c) = hayate_core::sync::lock(&self.consumers).get(&sid).cloned() else {
             return;
         };
         let frame_max = self.frame_max.load(Ordering::Relaxed);

@@ -36,8 +36,9 @@ use hayate_core::{Key, KeyExpr, Message};
 
 use crate::auth::Authenticator;
 use crate::config::{AmqpSection, Config};
+use hayate_core::sync::lock;
 use names::Kind;
-use queue::{Queue, lock};
+use queue::Queue;
 
 /// A declared exchange.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,428 @@
+//! A queue's bindings: those clients made and the routes exchange-to-exchange bindings
+//! lead to ([`Binding`], [`Hop`], [`Route`]), each a subscription of the queue's session.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use hayate_amqp::{FieldTable, ShortStr};
+use hayate_broker::Session;
+use hayate_core::sync::lock;
+use hayate_core::{Message, Qos};
+
+use super::{MAX_BINDINGS, Queue};
+use crate::amqp::names::{self, Kind};
+
+/// One binding of a queue: the exchange, its type, the binding key, its arguments, and the
+/// broker subscription that implements it.
+///
+/// A binding a client made has no `via`. A route (a derived binding) has: it exists because
+/// the queue is bound to an exchange that exchange-to-exchange bindings lead to from
+/// `exchange` (the route's source, where its messages are published); its subscription is
+/// the first of those bindings, and a message must also pass every hop of one of the paths
+/// in `via` (the further exchange-to-exchange bindings, then the queue's own binding).
+/// Routes are made, changed and removed by [`Queue::set_routes`] only; clients never see
+/// them.
+#[derive(Debug, Clone)]
+pub(crate) struct Binding {
+    pub(crate) exchange: String,
+    /// The exchange's name as deliveries show it (made once, shared by every delivery).
+    exchange_s: ShortStr,
+    pub(crate) kind: Kind,
+    pub(crate) key: String,
+    pub(crate) args: FieldTable,
+    pub(crate) sid: u32,
+    pub(crate) via: Option<Arc<Vec<Vec<Hop>>>>,
+    /// A client's binding: the guard of its maker's permissions (its subscription carries
+    /// it too); routes into the binding check it in their last hop.
+    pub(crate) guard: Option<Arc<dyn hayate_broker::KeyGuard>>,
+}
+
+/// A binding a message must pass on its way through exchange-to-exchange bindings: that of
+/// exchange `exchange` (of `kind`) with `key` and `args`, matched as that exchange routes.
+/// What the exchange's type ignores is left out (a fanout or headers exchange's key, the
+/// arguments of any but a headers one), so bindings that route alike are equal.
+#[derive(Debug, Clone)]
+pub(crate) struct Hop {
+    pub(crate) exchange: String,
+    pub(crate) kind: Kind,
+    pub(crate) key: String,
+    pub(crate) args: FieldTable,
+    /// The binding's expression (of the `/` mapping) for direct and topic exchanges.
+    expr: Option<hayate_core::KeyExpr>,
+    /// A queue's own binding (the last hop of a route): its maker's guard, asked about the
+    /// key the message would have had if published to the hop's exchange (under the
+    /// vhost's key prefix, `prefix`), so a route brings in only what the binding would.
+    pub(crate) guard: Option<(Arc<dyn hayate_broker::KeyGuard>, String)>,
+}
+
+impl PartialEq for Hop {
+    fn eq(&self, other: &Hop) -> bool {
+        self.exchange == other.exchange
+            && self.kind == other.kind
+            && self.key == other.key
+            && self.args == other.args
+            && match (&self.guard, &other.guard) {
+                (None, None) => true,
+                (Some((a, p)), Some((b, q))) => Arc::ptr_eq(a, b) && p == q,
+                _ => false,
+            }
+    }
+}
+
+impl Hop {
+    pub(crate) fn new(exchange: &str, kind: Kind, key: &str, args: &FieldTable) -> Hop {
+        let expr = match kind {
+            Kind::Direct | Kind::Topic => names::binding_expr(exchange, kind, key),
+            Kind::Fanout | Kind::Headers => None,
+        };
+        Hop {
+            exchange: exchange.to_string(),
+            kind,
+            key: match kind {
+                Kind::Direct | Kind::Topic => key.to_string(),
+                Kind::Fanout | Kind::Headers => String::new(),
+            },
+            args: if kind == Kind::Headers {
+                args.clone()
+            } else {
+                FieldTable::default()
+            },
+            expr,
+            guard: None,
+        }
+    }
+
+    /// Does a message with routing key `rk` pass this binding? Matched through the same
+    /// key mapping a publish to the hop's exchange would take (so exactly as if the message
+    /// had been published there).
+    pub(super) fn passes(&self, rk: &str, msg: &Message) -> bool {
+        let matched = match self.kind {
+            Kind::Fanout => true,
+            Kind::Headers => crate::amqp::headers_match(&self.args, msg),
+            Kind::Direct | Kind::Topic => self.expr.as_ref().is_some_and(|e| {
+                names::publish_key(&self.exchange, self.kind, rk).is_some_and(|k| e.matches(&k))
+            }),
+        };
+        matched
+            && self.guard.as_ref().is_none_or(|(g, prefix)| {
+                names::publish_key(&self.exchange, self.kind, rk)
+                    .and_then(|k| hayate_core::Key::new(&format!("{prefix}{}", k.as_str())).ok())
+                    .is_some_and(|k| g.admits(&k))
+            })
+    }
+}
+
+/// What a delivery needs of a binding: its exchange (shared), its arguments for a headers
+/// exchange, a route's paths of further hops.
+pub(super) type BindingView = (ShortStr, Option<FieldTable>, Option<Arc<Vec<Vec<Hop>>>>);
+
+/// A route to make into a queue (see [`Binding`]): the source exchange's binding (in the
+/// effective form of [`Hop`]), and the paths of hops from it, any of which lets a message
+/// in.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Route {
+    pub(crate) source: String,
+    pub(crate) kind: Kind,
+    pub(crate) key: String,
+    pub(crate) args: FieldTable,
+    pub(crate) paths: Vec<Vec<Hop>>,
+}
+
+/// What a route is known by: its subscription (source exchange, key and arguments in the
+/// effective form of [`Hop`]). Routes computed with one are merged
+/// (`crate::amqp::Topology::routes`); a queue's kept routes are found by it ([`Queue::set_routes`]).
+pub(crate) fn route_id(source: &str, key: &str, args: &FieldTable) -> (String, String, String) {
+    (
+        source.to_string(),
+        key.to_string(),
+        crate::amqp::store::table_hex(args),
+    )
+}
+
+impl Queue {
+    /// Is one of the bindings clients made to an exchange `bound(exchange)` says yes to?
+    /// (Without copying them.)
+    pub(crate) fn bound_to(&self, bound: impl Fn(&str) -> bool) -> bool {
+        lock(&self.st)
+            .bindings
+            .iter()
+            .any(|b| b.via.is_none() && bound(&b.exchange))
+    }
+
+    /// The bindings clients made (not routes).
+    pub(crate) fn bindings(&self) -> Vec<Binding> {
+        lock(&self.st)
+            .bindings
+            .iter()
+            .filter(|b| b.via.is_none())
+            .cloned()
+            .collect()
+    }
+
+    /// A durable queue's bindings into its store's definitions (after a bind or unbind).
+    pub(crate) fn save_bindings(&self) -> Result<(), String> {
+        let Some((store, id)) = &self.store else {
+            return Ok(());
+        };
+        let defs = lock(&self.st)
+            .bindings
+            .iter()
+            .filter(|b| !b.exchange.is_empty() && b.via.is_none())
+            .map(|b| crate::amqp::store::BindingDef {
+                exchange: b.exchange.clone(),
+                key: b.key.clone(),
+                arguments: crate::amqp::store::table_hex(&b.args),
+            })
+            .collect();
+        store.set_bindings(&self.name, *id, defs)
+    }
+
+    /// Adds a binding (a broker subscription on `expr`); an identical one is kept as is.
+    pub(crate) fn bind(
+        &self,
+        exchange: &str,
+        kind: Kind,
+        key: &str,
+        args: FieldTable,
+        expr: hayate_core::KeyExpr,
+        guard: Option<Arc<dyn hayate_broker::KeyGuard>>,
+    ) -> Result<(), String> {
+        let mut session = lock(&self.session);
+        let Some(session) = session.as_mut() else {
+            return Err("queue is being deleted".into());
+        };
+        let st = lock(&self.st);
+        if st
+            .bindings
+            .iter()
+            .any(|b| b.via.is_none() && b.exchange == exchange && b.key == key && b.args == args)
+        {
+            return Ok(());
+        }
+        if st.bindings.iter().filter(|b| b.via.is_none()).count() >= MAX_BINDINGS {
+            return Err(format!("a queue has at most {MAX_BINDINGS} bindings"));
+        }
+        drop(st);
+        self.add_binding(session, exchange, kind, key, args, None, expr, guard)
+    }
+
+    /// Adds a binding, or a route (with its paths `via`), with `session` held.
+    ///
+    /// Sids are never reused while others are in use before them: a publisher that looked
+    /// its route up before a binding went could still offer to the old sid, and must not
+    /// find another binding there. They come from a counter that wraps (skipping those in
+    /// use); `bindings` stays sorted by sid, so [`Queue::binding`] is a binary search.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn add_binding(
+        &self,
+        session: &mut Session,
+        exchange: &str,
+        kind: Kind,
+        key: &str,
+        args: FieldTable,
+        via: Option<Arc<Vec<Vec<Hop>>>>,
+        expr: hayate_core::KeyExpr,
+        guard: Option<Arc<dyn hayate_broker::KeyGuard>>,
+    ) -> Result<(), String> {
+        let mut st = lock(&self.st);
+        let sid = loop {
+            st.next_sid = st.next_sid.wrapping_add(1).max(1);
+            let sid = st.next_sid;
+            if st.bindings.binary_search_by_key(&sid, |b| b.sid).is_err() {
+                break sid;
+            }
+        };
+        let at = st.bindings.partition_point(|b| b.sid < sid);
+        st.bindings.insert(
+            at,
+            Binding {
+                exchange: exchange.to_string(),
+                exchange_s: ShortStr::lit(exchange),
+                kind,
+                key: key.to_string(),
+                args,
+                sid,
+                guard: if via.is_none() { guard.clone() } else { None },
+                via,
+            },
+        );
+        drop(st);
+        // Drop, not block: a queue past its limits drops (counted), it never holds a
+        // publisher back.
+        let qos = Qos {
+            congestion: hayate_core::Congestion::Drop,
+            ..Qos::default()
+        };
+        if let Err(e) = session.subscribe_guarded(sid, expr, None, qos, guard) {
+            lock(&self.st).bindings.retain(|b| b.sid != sid);
+            return Err(e.to_string());
+        }
+        Ok(())
+    }
+
+    /// The queue's routes become `routes`. A route whose subscription stays keeps it (only
+    /// its paths change, in place), new ones are subscribed before the old ones go (a
+    /// message offered to both enters once), so no message in flight is lost. Each route's
+    /// subscription is on the source's binding expression in the queue's vhost. Keeps the
+    /// queue's and the vhost's count of route cost (nothing for a queue being deleted).
+    pub(crate) fn set_routes(&self, routes: Vec<Route>) -> Result<(), String> {
+        let mut session = lock(&self.session);
+        let Some(session) = session.as_mut() else {
+            return Ok(()); // being deleted
+        };
+        let cost = crate::amqp::route_cost(&routes);
+        let old = self.route_cost.swap(cost, Ordering::AcqRel);
+        self.vhost.route_cost.fetch_add(cost, Ordering::AcqRel);
+        self.vhost.route_cost.fetch_sub(old, Ordering::AcqRel);
+        // One lookup per route, not a scan of every binding: a change may reroute many
+        // queues.
+        // Kept subscriptions take their new paths; the rest are added.
+        let mut new = Vec::new();
+        let mut keep = std::collections::HashSet::new();
+        {
+            let mut st = lock(&self.st);
+            let at: std::collections::HashMap<_, usize> = st
+                .bindings
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.via.is_some())
+                .map(|(i, b)| (route_id(&b.exchange, &b.key, &b.args), i))
+                .collect();
+            for r in routes {
+                match at.get(&route_id(&r.source, &r.key, &r.args)) {
+                    Some(&i) => {
+                        let b = &mut st.bindings[i];
+                        if b.via.as_deref() != Some(&r.paths) {
+                            b.via = Some(Arc::new(r.paths.clone()));
+                        }
+                        keep.insert(b.sid);
+                    }
+                    None => new.push(r),
+                }
+            }
+        }
+        let mut failed = Ok(());
+        for r in new {
+            let Some(expr) = self
+                .vhost
+                .expr(names::binding_expr(&r.source, r.kind, &r.key))
+            else {
+                continue; // a binding key that is no expression routes nothing
+            };
+            // No reply inbox reaches a queue (the binder's permissions were checked when
+            // the exchange binding was made).
+            let Ok(guard) = crate::auth::inbox_guard(&expr) else {
+                continue;
+            };
+            let paths = Some(Arc::new(r.paths));
+            match self.add_binding(
+                session, &r.source, r.kind, &r.key, r.args, paths, expr, guard,
+            ) {
+                Ok(()) => {
+                    keep.insert(lock(&self.st).next_sid);
+                }
+                Err(e) => failed = failed.and(Err(e)),
+            }
+        }
+        let gone: Vec<u32> = {
+            let mut st = lock(&self.st);
+            let (gone, kept) = std::mem::take(&mut st.bindings)
+                .into_iter()
+                .partition::<Vec<_>, _>(|b| b.via.is_some() && !keep.contains(&b.sid));
+            st.bindings = kept;
+            gone.into_iter().map(|b| b.sid).collect()
+        };
+        for sid in gone {
+            session.unsubscribe(sid);
+        }
+        failed
+    }
+
+    /// The cost of its routes now.
+    pub(crate) fn route_cost(&self) -> usize {
+        self.route_cost.load(Ordering::Acquire)
+    }
+
+    /// Removes a binding; false if there was none.
+    pub(crate) fn unbind(&self, exchange: &str, key: &str, args: &FieldTable) -> bool {
+        let mut st = lock(&self.st);
+        let Some(i) = st.bindings.iter().position(|b| {
+            b.via.is_none() && b.exchange == exchange && b.key == key && &b.args == args
+        }) else {
+            return false;
+        };
+        let b = st.bindings.remove(i);
+        drop(st);
+        if let Some(s) = lock(&self.session).as_mut() {
+            s.unsubscribe(b.sid);
+        }
+        true
+    }
+
+    /// Removes every binding to `exchange` and route from it (it is being deleted).
+    pub(crate) fn unbind_exchange(&self, exchange: &str) {
+        let gone: Vec<u32> = {
+            let mut st = lock(&self.st);
+            let (gone, keep) = std::mem::take(&mut st.bindings)
+                .into_iter()
+                .partition::<Vec<_>, _>(|b| b.exchange == exchange);
+            st.bindings = keep;
+            gone.into_iter().map(|b| b.sid).collect()
+        };
+        if let Some(s) = lock(&self.session).as_mut() {
+            for sid in gone {
+                s.unsubscribe(sid);
+            }
+        }
+    }
+
+    /// A binding's exchange (shared), its arguments for a headers exchange (the only type
+    /// whose arguments a delivery needs), and a route's further hops.
+    pub(super) fn binding(&self, sid: u32) -> Option<BindingView> {
+        let st = lock(&self.st);
+        st.bindings
+            .binary_search_by_key(&sid, |b| b.sid)
+            .ok()
+            .map(|i| &st.bindings[i])
+            .map(|b| {
+                let args = (b.kind == Kind::Headers).then(|| b.args.clone());
+                (b.exchange_s.clone(), args, b.via.clone())
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Hop, Kind};
+    use hayate_amqp::{FieldTable, FieldValue};
+    use hayate_core::{Key, Message};
+
+    #[test]
+    fn a_hop_matches_as_its_exchange_would_route() {
+        let m = Message::new(
+            Key::new("x").unwrap_or_else(|_| panic!()),
+            bytes::Bytes::new(),
+        );
+        let none = FieldTable::default();
+        let topic = Hop::new("t", Kind::Topic, "a.*.#", &none);
+        assert!(topic.passes("a.b", &m) && topic.passes("a.b.c.d", &m));
+        assert!(!topic.passes("a", &m) && !topic.passes("b.a.c", &m));
+        let amq = Hop::new("amq.topic", Kind::Topic, "#", &none);
+        assert!(amq.passes("any.thing", &m));
+        let direct = Hop::new("d", Kind::Direct, "a.*", &none);
+        assert!(direct.passes("a.*", &m), "a direct key's * is literal");
+        assert!(!direct.passes("a.b", &m));
+        assert!(Hop::new("f", Kind::Fanout, "k", &none).passes("", &m));
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-match",
+            FieldValue::LongStr(bytes::Bytes::from_static(b"all")),
+        );
+        args.insert("k", FieldValue::LongStr(bytes::Bytes::from_static(b"v")));
+        let headers = Hop::new("h", Kind::Headers, "", &args);
+        assert!(!headers.passes("", &m));
+        let mut with = m.clone();
+        with.headers = Some(vec![("k".into(), bytes::Bytes::from_static(b"v"))]);
+        assert!(headers.passes("", &with));
+    }
+}
