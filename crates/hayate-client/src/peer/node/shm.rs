@@ -25,7 +25,7 @@ use bytes::{Bytes, BytesMut};
 use hayate_core::Message;
 use hayate_native::Frame;
 use hayate_shm::announce::{self, PeerProcess};
-use hayate_shm::arena::{ArenaView, EntryError, MAX_REFERENCE, Release, ReleaseTable};
+use hayate_shm::arena::{ArenaView, Departures, EntryError, MAX_REFERENCE, Release, ReleaseTable};
 use hayate_shm::doorbell::Doorbell;
 use hayate_shm::segment::Segment;
 use hayate_shm::{MAX_READERS, ReadError, SharedReader, SharedRing, SharedWriter};
@@ -33,7 +33,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::inplace::{Arena, Holder, MAX_DEPARTED, Ref};
+use super::inplace::{Arena, Holder, Ref};
 use super::{LocalTarget, NodeInner, lock, server};
 use crate::{Client, Error, Result};
 
@@ -153,10 +153,10 @@ pub(super) struct Outgoing {
     /// for room while holding it (the chunks of one message are consecutive).
     writer: tokio::sync::Mutex<(SharedWriter, BytesMut, Option<Arena>)>,
     /// The arena's descriptor (a copy), to offer while fewer than
-    /// [`MAX_DEPARTED`] departed nodes are not yet let go of (`departed`).
+    /// [`hayate_shm::arena::MAX_DEPARTED`] departed nodes are not yet let go of (`departed`).
     arena_fd: Option<std::os::fd::OwnedFd>,
     /// Departed nodes whose holders live on (counted by the holders themselves).
-    departed: Arc<std::sync::atomic::AtomicUsize>,
+    departed: Departures,
     /// This writer's doorbell (readers ring it when it waits for them).
     doorbell: AsyncFd<Doorbell>,
     /// Per cursor entry: the node reading with it.
@@ -194,7 +194,7 @@ impl Outgoing {
             ring,
             writer: tokio::sync::Mutex::new((writer, BytesMut::new(), arena)),
             arena_fd,
-            departed: Arc::default(),
+            departed: Departures::default(),
             doorbell: async_bell(Doorbell::new()?)?,
             readers: Mutex::new(vec![None; MAX_READERS]),
             chunk,
@@ -394,9 +394,7 @@ impl NodeInner {
         let writer_bell = out.doorbell.get_ref().ringer().try_clone_to_owned()?;
         let segment_fd = out.ring.segment().fd().try_clone_to_owned()?;
         let arena_fd = match &out.arena_fd {
-            Some(fd) if out.departed.load(Ordering::Relaxed) < MAX_DEPARTED => {
-                Some(fd.try_clone()?)
-            }
+            Some(fd) if out.departed.may_hold() => Some(fd.try_clone()?),
             _ => None,
         };
         let departed = out.departed.clone();
@@ -441,7 +439,7 @@ impl NodeInner {
                     };
                     let departed = departed.clone();
                     let process = PeerProcess::of(&sock)?;
-                    Some(Arc::new(Holder::new(entry, table, process, departed)))
+                    Some(Arc::new(Holder::new(entry, table, process, &departed)))
                 }
                 false => None,
             };
