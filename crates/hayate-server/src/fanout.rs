@@ -23,15 +23,19 @@
 //! under the outbox's lock, [`crate::native::NativeEncoder`]); this module takes no other
 //! lock.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use hayate_core::sync::lock;
 use hayate_shm::SharedRing;
 use hayate_shm::announce::PeerProcess;
-use hayate_shm::arena::{ArenaWriter, RELEASE_SLOTS, ReleaseTable, entry_words};
+use hayate_shm::arena::{
+    ArenaWriter, Departures, Fit, Held, Holder as InPlaceHolder, Places, Policy, RELEASE_SLOTS,
+    ReleaseTable, entry_words,
+};
 use hayate_shm::segment::SegmentError;
 
 /// Payloads from this size on go through the arena; smaller ones are copied to each
@@ -66,13 +70,6 @@ pub struct Fanout {
 }
 
 #[derive(Debug)]
-struct Entry {
-    tag: u64,
-    words: usize,
-    refs: u32,
-}
-
-#[derive(Debug)]
 struct Recent {
     at: usize,
     tag: u64,
@@ -92,16 +89,22 @@ type Ref = (usize, u64, usize);
 /// then is freed.
 const DEPARTED_GRACE: Duration = Duration::from_secs(2);
 
-/// The most clients of one arena whose connection ended while they held entries in place,
-/// kept waiting for their processes ([`Fanout::may_hold`]).
-const MAX_DEPARTED_HOLDING: usize = 64;
+/// How the fan-out places entries (docs/shm.md, *Room, quota and copies*): next fit, as
+/// always (entries are freed only when a client's releases are next applied, not at each
+/// placement, so first fit's reuse of a place just freed is less sure here; nothing
+/// measured compares the two for the fan-out), and a client's quota a quarter of the arena
+/// (one user's many clients share it; a client that never releases takes at most that).
+const POLICY: Policy = Policy {
+    fit: Fit::Next,
+    quota_share: 4,
+};
 
 #[derive(Debug)]
 struct Holder {
     /// The client's ring: its owner word counts the MSG_REFs a copying client is done with.
     release: SharedRing,
-    /// A client that reads entries in place (`hold`).
-    holding: Option<Holding>,
+    /// A client that reads entries in place (`hold`): its table and process.
+    holding: Option<InPlaceHolder>,
     /// Of the owner word's count, what was applied here.
     seen: u64,
     /// MSG_REFs sent to it so far (the next one's number).
@@ -109,7 +112,8 @@ struct Holder {
     /// The references handed out and not yet released, with their numbers, in the order
     /// sent.
     refs: VecDeque<(u64, Ref)>,
-    held_words: usize,
+    /// Arena words its references hold, against its quota.
+    held: Held,
 }
 
 /// What a client reading in place says and is: the release table it says what it is
@@ -133,11 +137,11 @@ impl Holder {
             holding,
             seen,
             refs,
-            held_words,
+            held,
             ..
         } = self;
         let mut free = |r: Ref| {
-            *held_words -= r.2;
+            held.sub(r.2);
             entries.unref(r);
         };
         let Some(h) = holding else {
@@ -153,7 +157,7 @@ impl Holder {
             return;
         };
         while let Some(&(n, r)) = refs.front() {
-            if !h.table.released(n) {
+            if !h.released(n) {
                 break;
             }
             refs.pop_front();
@@ -161,7 +165,7 @@ impl Holder {
         }
         if all {
             refs.retain(|&(n, r)| {
-                let done = h.table.released(n);
+                let done = h.released(n);
                 if done {
                     free(r);
                 }
@@ -174,25 +178,14 @@ impl Holder {
 /// The arena's entries.
 #[derive(Debug)]
 struct Entries {
-    arena: ArenaWriter,
-    words: usize,
-    /// Entries written and still referenced, by place. An entry is freed as soon as its
-    /// last reference goes (whatever its age: a client holding old entries leaves holes,
-    /// not a wall).
-    live: BTreeMap<usize, Entry>,
-    /// Where the last entry ended: the search for room starts there.
-    head: usize,
-    /// The smallest entry (in words) no room was found for since the last entry was freed:
-    /// one at least as large is not searched for until something is freed.
-    full_for: usize,
+    /// Entries written and still referenced, by place, each with its count of references
+    /// (`hayate_shm::arena::Places`). An entry is freed as soon as its last reference goes
+    /// (whatever its age: a client holding old entries leaves holes, not a wall).
+    places: Places<u32>,
     recent: [Option<Recent>; RECENT],
     recent_next: usize,
     /// The length prefixes of a batch entry's items, kept between entries.
     lens: Vec<[u8; 4]>,
-    /// Makes tags unpredictable (a client must not be able to write, in a payload of its
-    /// own, the tag of another entry at its place).
-    tags: std::collections::hash_map::RandomState,
-    next_tag: u64,
 }
 
 impl Entries {
@@ -200,41 +193,19 @@ impl Entries {
     /// tag in the arena (a client holding its name then reads it as stale).
     fn unref(&mut self, r: Ref) {
         let (at, tag, _) = r;
-        if let Some(e) = self.live.get_mut(&at).filter(|e| e.tag == tag) {
-            e.refs -= 1;
-            if e.refs == 0 {
-                self.live.remove(&at);
-                self.arena.clear(at);
-                self.full_for = usize::MAX;
-                // Its payloads go; the slot's buffers stay for the next entry (tag 0 is
-                // never an entry's, so the slot matches nothing until then).
-                for r in self.recent.iter_mut().flatten().filter(|r| r.at == at) {
-                    r.tag = 0;
-                    r.body.clear();
-                }
-            }
-        }
-    }
-
-    /// A place for an entry of `words` words, if there is room: the first gap from
-    /// `head` on, then from the start.
-    fn room(&self, words: usize) -> Option<usize> {
-        if words >= self.full_for {
-            return None;
-        }
-        let gap_from = |mut pos: usize| {
-            if let Some((&at, e)) = self.live.range(..pos).next_back() {
-                pos = pos.max(at + e.words);
-            }
-            for (&at, e) in self.live.range(pos..) {
-                if at - pos >= words {
-                    return Some(pos);
-                }
-                pos = at + e.words;
-            }
-            (self.words.saturating_sub(pos) >= words).then_some(pos)
+        let Some(e) = self.places.get_mut(at).filter(|e| e.tag == tag) else {
+            return;
         };
-        gap_from(self.head).or_else(|| gap_from(0))
+        e.data -= 1;
+        if e.data == 0 {
+            self.places.free(at);
+            // Its payloads go; the slot's buffers stay for the next entry (tag 0 is never
+            // an entry's, so the slot matches nothing until then).
+            for r in self.recent.iter_mut().flatten().filter(|r| r.at == at) {
+                r.tag = 0;
+                r.body.clear();
+            }
+        }
     }
 
     fn recent_ref(&self, head: &[u8], body: &Body<'_>) -> Option<(usize, u64)> {
@@ -244,16 +215,13 @@ impl Entries {
                 && r.head == head
                 && r.body.len() == body.payloads.len()
                 && r.body.iter().zip(body.payloads).all(|(a, b)| same(a, b))
-                && self.live.get(&r.at).is_some_and(|e| e.tag == r.tag))
+                && self.places.get(r.at).is_some_and(|e| e.tag == r.tag))
             .then_some((r.at, r.tag))
         })
     }
 
     /// Writes `head` + `body` at `at` as a new entry (no reference yet): its tag.
-    fn write(&mut self, at: usize, head: &[u8], body: &Body<'_>, words: usize) -> u64 {
-        use std::hash::BuildHasher;
-        self.next_tag += 1;
-        let tag = self.tags.hash_one(self.next_tag).max(1);
+    fn write(&mut self, at: usize, head: &[u8], body: &Body<'_>) -> u64 {
         // The items' length prefixes, in a buffer kept between entries: no allocation per
         // entry once it has grown.
         self.lens.clear();
@@ -266,16 +234,10 @@ impl Entries {
             let len = lens.get(i).map(|l| &l[..]);
             len.into_iter().chain(std::iter::once(&p[..]))
         });
-        self.arena.put(at, tag, std::iter::once(head).chain(items));
-        self.live.insert(
-            at,
-            Entry {
-                tag,
-                words,
-                refs: 0,
-            },
-        );
-        self.head = at + words;
+        let tag = self
+            .places
+            .put(at, std::iter::once(head).chain(items), 0)
+            .tag;
         // The slot's buffers are reused.
         let r = self.recent[self.recent_next].get_or_insert_with(|| Recent {
             at,
@@ -297,11 +259,12 @@ impl Entries {
 #[derive(Debug)]
 struct State {
     entries: Entries,
-    quota_words: usize,
     holders: HashMap<u64, Holder>,
     /// Holders whose connection ended, with the moment their references are freed
     /// whatever they released ([`DEPARTED_GRACE`]).
     departed: Vec<(Holder, Instant)>,
+    /// Holding clients among them (counted by their holders).
+    departures: Departures,
     next_holder: u64,
 }
 
@@ -328,7 +291,7 @@ impl State {
             }
             let alive = match &h.holding {
                 // Holding in place: until its process exits, whatever the time.
-                Some(hold) => !hold.process.exited(),
+                Some(hold) => !hold.gone(),
                 None => now < *until,
             };
             if alive {
@@ -353,24 +316,17 @@ impl Fanout {
     ) -> Result<Fanout, SegmentError> {
         let arena = ArenaWriter::create("hayate-fanout", bytes)?;
         let fd = arena.fd().try_clone_to_owned()?;
-        let words = arena.words();
         Ok(Fanout {
             state: Mutex::new(State {
                 entries: Entries {
-                    arena,
-                    words,
-                    live: BTreeMap::new(),
-                    head: 0,
-                    full_for: usize::MAX,
+                    places: Places::new(arena, POLICY),
                     recent: Default::default(),
                     recent_next: 0,
                     lens: Vec::new(),
-                    tags: Default::default(),
-                    next_tag: 0,
                 },
-                quota_words: words / 4,
                 holders: HashMap::new(),
                 departed: Vec::new(),
+                departures: Departures::default(),
                 next_holder: 0,
             }),
             fd,
@@ -380,7 +336,7 @@ impl Fanout {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
 
     /// The arena's descriptor, to send a client.
@@ -401,7 +357,7 @@ impl Fanout {
         st.apply_all_releases();
         let refs = st.holders.values().map(|h| h.refs.len()).sum::<usize>()
             + st.departed.iter().map(|(h, _)| h.refs.len()).sum::<usize>();
-        (st.entries.live.len(), refs)
+        (st.entries.places.len(), refs)
     }
 
     /// A new client whose releases its ring's owner word counts (from 0). With `process`
@@ -416,6 +372,7 @@ impl Fanout {
         let mut st = self.lock();
         let id = st.next_holder;
         st.next_holder += 1;
+        let holding = holding.map(|h| InPlaceHolder::new(h.table, h.process, &st.departures));
         st.holders.insert(
             id,
             Holder {
@@ -424,7 +381,7 @@ impl Fanout {
                 sent: 0,
                 seen: 0,
                 refs: VecDeque::new(),
-                held_words: 0,
+                held: Held::default(),
             },
         );
         FanoutClient {
@@ -434,17 +391,13 @@ impl Fanout {
         }
     }
 
-    /// Whether a new client may hold entries in place: fewer than [`MAX_DEPARTED_HOLDING`]
-    /// clients whose connection ended still hold entries, waiting for their processes
-    /// (each keeps its ring mapped here). Past it, new clients copy.
+    /// Whether a new client may hold entries in place: fewer than [`hayate_shm::arena::MAX_DEPARTED`] clients
+    /// whose connection ended still hold entries, waiting for their processes (each keeps
+    /// its ring mapped here). Past it, new clients copy.
     pub fn may_hold(&self) -> bool {
         let mut st = self.lock();
         st.apply_all_releases();
-        st.departed
-            .iter()
-            .filter(|(h, _)| h.holding.is_some())
-            .count()
-            < MAX_DEPARTED_HOLDING
+        st.departures.may_hold()
     }
 
     /// Places the frame `head` + `body` (its `sid` 0) in the arena for client `id`, or
@@ -457,38 +410,37 @@ impl Fanout {
         let st = &mut *guard;
         let h = st.holders.get_mut(&id)?;
         h.apply_releases(&mut st.entries, false);
-        if h.holding.is_some() && h.held_words + words > st.quota_words {
+        if h.holding.is_some() && !st.entries.places.within_quota(&h.held, words) {
             // Held out of order: looked up one by one only now.
             h.apply_releases(&mut st.entries, true);
         }
         // A holding client's table tells apart fewer than RELEASE_SLOTS references.
-        let placed = if h.held_words + words > st.quota_words || h.refs.len() >= RELEASE_SLOTS {
-            None
-        } else if let Some(r) = st.entries.recent_ref(head, body) {
-            Some(r)
-        } else {
-            let at = st.entries.room(words).or_else(|| {
-                st.apply_all_releases();
-                let at = st.entries.room(words);
-                if at.is_none() {
-                    st.entries.full_for = st.entries.full_for.min(words);
-                }
-                at
-            });
-            at.map(|at| {
-                self.stats.entries.fetch_add(1, Ordering::Relaxed);
-                (at, st.entries.write(at, head, body, words))
-            })
-        };
+        let placed =
+            if !st.entries.places.within_quota(&h.held, words) || h.refs.len() >= RELEASE_SLOTS {
+                None
+            } else if let Some(r) = st.entries.recent_ref(head, body) {
+                Some(r)
+            } else {
+                // Finding no room, entries as large are not searched for again until one is
+                // freed (`Places::room`).
+                let at = st.entries.places.room(words).or_else(|| {
+                    st.apply_all_releases();
+                    st.entries.places.room(words)
+                });
+                at.map(|at| {
+                    self.stats.entries.fetch_add(1, Ordering::Relaxed);
+                    (at, st.entries.write(at, head, body))
+                })
+            };
         let Some((at, tag)) = placed else {
             self.stats.copies.fetch_add(1, Ordering::Relaxed);
             return None;
         };
-        st.entries.live.get_mut(&at)?.refs += 1;
+        st.entries.places.get_mut(at)?.data += 1;
         let h = st.holders.get_mut(&id)?;
         h.refs.push_back((h.sent, (at, tag, words)));
         h.sent += 1;
-        h.held_words += words;
+        h.held.add(words);
         self.stats.refs.fetch_add(1, Ordering::Relaxed);
         Some((at as u64 * 8, len as u32, tag))
     }
@@ -499,6 +451,10 @@ impl Fanout {
     fn unregister(&self, id: u64) {
         let mut st = self.lock();
         if let Some(mut h) = st.holders.remove(&id) {
+            if let Some(hold) = &h.holding {
+                // Counted among the departed until dropped (its last reference freed).
+                hold.depart();
+            }
             h.apply_releases(&mut st.entries, true);
             if !h.refs.is_empty() {
                 st.departed.push((h, Instant::now() + DEPARTED_GRACE));
@@ -582,6 +538,7 @@ impl Drop for FanoutClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hayate_shm::arena::MAX_DEPARTED;
 
     /// An arena of `bytes`, its stats its own.
     fn arena(bytes: usize) -> Arc<Fanout> {
@@ -825,7 +782,7 @@ mod tests {
     #[test]
     fn at_most_64_departed_holders_are_kept_waiting() {
         let f = arena(1 << 20);
-        let tables: Vec<ReleaseTable> = (0..MAX_DEPARTED_HOLDING)
+        let tables: Vec<ReleaseTable> = (0..MAX_DEPARTED)
             .map(|_| {
                 let (t, h) = holding(PeerProcess::pid(std::process::id()).unwrap());
                 let c = f.register(ring(), Some(h));
@@ -837,7 +794,7 @@ mod tests {
             .collect();
         f.end_graces();
         assert!(!f.may_hold(), "a 65th client may hold");
-        assert_eq!(f.held().1, MAX_DEPARTED_HOLDING);
+        assert_eq!(f.held().1, MAX_DEPARTED);
         tables[0].release(0);
         assert!(f.may_hold());
         for t in &tables {

@@ -15,45 +15,40 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
+use std::sync::atomic::{Ordering, fence};
 
 use hayate_shm::SharedRing;
 use hayate_shm::announce::PeerProcess;
-use hayate_shm::arena::{ArenaWriter, RELEASE_SLOTS, RefState, ReleaseTable, entry_words};
+use hayate_shm::arena::{
+    ArenaWriter, Departures, Fit, Held, Holder as InPlaceHolder, Places, Policy, RELEASE_SLOTS,
+    ReleaseTable, entry_words,
+};
 
 /// Bytes of a reference in the ring: the entry's byte offset, length and tag, and the
 /// reference's number, each a `u64` little-endian.
 pub(super) const REF_BYTES: usize = 32;
 
-/// A node's live references hold at most this share of the arena (each counts the whole
-/// entry): what one node that keeps messages can take from the others.
-const QUOTA_SHARE: usize = 2;
-
-/// Departed nodes not yet let go of (holding entries, or about to be dropped), past which
-/// the arena is offered to no new node (those then read by copy, as without an arena): each
-/// keeps a release table mapped and a process descriptor open.
-pub(super) const MAX_DEPARTED: usize = 64;
+/// How peer nodes place entries: first fit (places freed are written again soon, while
+/// still in the caches: next fit through the whole arena measured half as fast, docs/shm.md,
+/// *Messages read in place*), and a node's quota a half of the arena (a message goes to
+/// every local node reading in place, each counting the whole entry: what one node that
+/// keeps messages can take from the others).
+const POLICY: Policy = Policy {
+    fit: Fit::First,
+    quota_share: 2,
+};
 
 /// A node reading this node's ring that reads references in place.
 #[derive(Debug)]
 pub(super) struct Holder {
     /// Its cursor entry (the bit of the ring messages' masks) while attached.
     entry: usize,
-    /// Where it says what it took and released.
-    table: ReleaseTable,
-    /// Its process: once the node has gone, only the process's exit ends what it took.
-    process: PeerProcess,
-    /// Evicted, its attachment ended: references it took are held until released or its
-    /// process exits.
-    departed: AtomicBool,
+    /// Its release table and process, and whether it has gone (evicted, its attachment
+    /// ended: references it took are held until released or its process exits).
+    holder: InPlaceHolder,
     /// Arena words its live references hold (each counts the whole entry): at most a
-    /// half of the arena (`QUOTA_SHARE`). Changed under the writer's lock only.
-    held_words: AtomicUsize,
-    /// The writer's count of departed holders not yet dropped (the last entry a departed
-    /// node held freed, it is dropped): counted up once by [`Holder::depart`], down on drop.
-    departed_count: Arc<AtomicUsize>,
-    /// Its process was seen to have exited (for good: not looked at again).
-    exited: AtomicBool,
+    /// half of the arena (`POLICY`).
+    held: Held,
 }
 
 impl Holder {
@@ -61,79 +56,45 @@ impl Holder {
         entry: usize,
         table: ReleaseTable,
         process: PeerProcess,
-        departed_count: Arc<AtomicUsize>,
+        departures: &Departures,
     ) -> Holder {
         Holder {
             entry,
-            table,
-            process,
-            departed: AtomicBool::new(false),
-            held_words: AtomicUsize::new(0),
-            departed_count,
-            exited: AtomicBool::new(false),
+            holder: InPlaceHolder::new(table, process, departures),
+            held: Held::default(),
         }
     }
 
     /// Its node has gone (evicted, or the attachment ended).
     pub(super) fn depart(&self) {
-        if !self.departed.swap(true, Ordering::AcqRel) {
-            self.departed_count.fetch_add(1, Ordering::Relaxed);
-        }
+        self.holder.depart();
     }
 
-    /// Whether its node has gone and its process has exited (a system call until it has).
-    fn gone(&self) -> bool {
-        if self.exited.load(Ordering::Relaxed) {
-            return true;
+    /// Whether this node is done with the entry numbered `number`, whose reference is
+    /// before ring position `pos`: released it, never took it and never will (its cursor
+    /// is past the reference, or it was evicted), or took it and its process has exited
+    /// since it departed.
+    fn done_with(&self, number: u64, pos: u64, ring: &SharedRing) -> bool {
+        if let Some(done) = self.holder.done_with(number) {
+            return done;
         }
-        let gone = self.departed.load(Ordering::Acquire) && self.process.exited();
-        if gone {
-            self.exited.store(true, Ordering::Relaxed);
+        // Its cursor past the reference (acquire: what it marked before committing is seen
+        // below), or its cursor entry freed (evicted).
+        if !ring.has_read(self.entry, pos) {
+            return false;
         }
-        gone
-    }
-
-    /// Whether this node is done with entry `e`: released it, never took it and never
-    /// will (its cursor is past the reference, or it was evicted), or took it and its
-    /// process has exited since it departed.
-    fn done_with(&self, e: &Live, ring: &SharedRing) -> bool {
-        match self.table.state(e.number) {
-            RefState::Released => true,
-            RefState::Taken => self.gone(),
-            RefState::Unknown => {
-                // Its cursor past the reference (acquire: what it marked before committing
-                // is seen below), or its cursor entry freed (evicted).
-                if !ring.has_read(self.entry, e.pos) {
-                    return false;
-                }
-                // A node evicted just now may be taking it: it marks it taken, then (after
-                // a fence) checks it is still registered (`SharedReader::registered`). The
-                // eviction came before this look at the cursor, and this fence before the
-                // second look at the mark: one of the two sides sees the other's store.
-                fence(Ordering::SeqCst);
-                match self.table.state(e.number) {
-                    RefState::Taken => self.gone(),
-                    RefState::Released | RefState::Unknown => true,
-                }
-            }
-        }
+        // A node evicted just now may be taking it: it marks it taken, then (after a fence)
+        // checks it is still registered (`SharedReader::registered`). The eviction came
+        // before this look at the cursor, and this fence before the second look at the
+        // mark: one of the two sides sees the other's store.
+        fence(Ordering::SeqCst);
+        self.holder.done_with(number).unwrap_or(true)
     }
 }
 
-impl Drop for Holder {
-    fn drop(&mut self) {
-        if *self.departed.get_mut() {
-            self.departed_count.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// An entry written and not yet done with by every node it was for.
+/// What is kept with an entry written and not yet done with by every node it was for.
 #[derive(Debug)]
 struct Live {
-    words: usize,
-    /// The reference's number (its slot in the release tables).
-    number: u64,
     /// The ring position after the reference's ring message: a node whose cursor is there
     /// has read (or lost) it.
     pos: u64,
@@ -183,18 +144,13 @@ impl Ref {
 /// A writing node's arena and its live entries (under the writer's lock).
 #[derive(Debug)]
 pub(super) struct Arena {
-    arena: ArenaWriter,
-    words: usize,
-    /// Live entries by place: an entry is freed whatever its age (a node holding an old
-    /// one leaves a hole, not a wall).
-    live: BTreeMap<usize, Live>,
+    /// Live entries by place (`hayate_shm::arena::Places`): an entry is freed whatever its
+    /// age (a node holding an old one leaves a hole, not a wall). An entry's number is its
+    /// reference's.
+    places: Places<Live>,
     /// Live entries by number: the oldest must be less than a table's slots behind the
     /// next (two live references never share a slot of a release table).
     numbers: BTreeMap<u64, usize>,
-    next_number: u64,
-    /// Makes tags unpredictable (a node must not be able to name, with bytes of its own
-    /// payloads landing where a freed entry's tag was, another entry at its place).
-    tags: std::collections::hash_map::RandomState,
 }
 
 impl Arena {
@@ -202,18 +158,14 @@ impl Arena {
     pub(super) fn new(id: u64, bytes: usize) -> Result<Arena, hayate_shm::segment::SegmentError> {
         let arena = ArenaWriter::create(&format!("hayate-peer-arena-{id:016x}"), bytes)?;
         Ok(Arena {
-            words: arena.words(),
-            arena,
-            live: BTreeMap::new(),
+            places: Places::new(arena, POLICY),
             numbers: BTreeMap::new(),
-            next_number: 0,
-            tags: Default::default(),
         })
     }
 
     /// The descriptor to hand to reading nodes.
     pub(super) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.arena.fd()
+        self.places.fd()
     }
 
     /// Writes `parts` as an entry for `holders`, whose reference will be the ring message
@@ -228,21 +180,21 @@ impl Arena {
     ) -> Option<Ref> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let words = entry_words(len);
-        let quota = self.words / QUOTA_SHARE;
-        if words > quota {
+        if words > self.places.quota() {
             return None; // never fits
         }
         // What readers released in order, freed at once: the places written stay few and
         // warm in the caches (a search for room starts at the arena's start).
         self.free_oldest(ring);
-        let fits = |s: &Arena| {
+        let fits = |s: &mut Arena| {
+            let next = s.places.next_number();
             let room = holders
                 .iter()
-                .all(|h| h.held_words.load(Ordering::Relaxed) + words <= quota)
+                .all(|h| s.places.within_quota(&h.held, words))
                 && s.numbers
                     .first_key_value()
-                    .is_none_or(|(&n, _)| s.next_number - n < RELEASE_SLOTS as u64);
-            room.then(|| s.room(words)).flatten()
+                    .is_none_or(|(&n, _)| next - n < RELEASE_SLOTS as u64);
+            room.then(|| s.places.room(words)).flatten()
         };
         let at = match fits(self) {
             Some(at) => at,
@@ -251,23 +203,13 @@ impl Arena {
                 fits(self)?
             }
         };
-        use std::hash::BuildHasher;
-        let number = self.next_number;
-        self.next_number += 1;
-        let tag = self.tags.hash_one(number).max(1);
-        self.arena.put(at, tag, parts.iter().copied());
         for h in &holders {
-            h.held_words.fetch_add(words, Ordering::Relaxed);
+            h.held.add(words);
         }
-        self.live.insert(
-            at,
-            Live {
-                words,
-                number,
-                pos,
-                holders,
-            },
-        );
+        let e = self
+            .places
+            .put(at, parts.iter().copied(), Live { pos, holders });
+        let (tag, number) = (e.tag, e.number);
         self.numbers.insert(number, at);
         Some(Ref {
             at: at as u64 * 8,
@@ -289,32 +231,29 @@ impl Arena {
 
     /// Drops from entry `at` the nodes done with it: whether none is left.
     fn settle(&mut self, at: usize, ring: &SharedRing) -> bool {
-        let Some(e) = self.live.get_mut(&at) else {
+        let Some(e) = self.places.get_mut(at) else {
             return false;
         };
-        let words = e.words;
-        let mut holders = std::mem::take(&mut e.holders);
-        holders.retain(|h| {
-            let done = h.done_with(e, ring);
+        let (words, number, pos) = (e.words, e.number, e.data.pos);
+        e.data.holders.retain(|h| {
+            let done = h.done_with(number, pos, ring);
             if done {
-                h.held_words.fetch_sub(words, Ordering::Relaxed);
+                h.held.sub(words);
             }
             !done
         });
-        e.holders = holders;
-        e.holders.is_empty()
+        e.data.holders.is_empty()
     }
 
     fn free(&mut self, at: usize) {
-        if let Some(e) = self.live.remove(&at) {
+        if let Some(e) = self.places.free(at) {
             self.numbers.remove(&e.number);
-            self.arena.clear(at);
         }
     }
 
     /// Frees every entry that all its nodes are done with.
     pub(super) fn reclaim(&mut self, ring: &SharedRing) {
-        let places: Vec<usize> = self.live.keys().copied().collect();
+        let places: Vec<usize> = self.places.places().collect();
         for at in places {
             if self.settle(at, ring) {
                 self.free(at);
@@ -322,25 +261,9 @@ impl Arena {
         }
     }
 
-    /// A place for an entry of `words` words: the first gap large enough from the start
-    /// (first fit: places freed are written again soon, while still in the caches).
-    fn room(&self, words: usize) -> Option<usize> {
-        let mut pos = 0;
-        for (&at, e) in &self.live {
-            if at - pos >= words {
-                return Some(pos);
-            }
-            pos = at + e.words;
-        }
-        (self.words.saturating_sub(pos) >= words).then_some(pos)
-    }
-
     /// Entries live now, and the bytes they take (headers and padding included).
     pub(super) fn held(&self) -> (usize, usize) {
-        (
-            self.live.len(),
-            self.live.values().map(|e| e.words * 8).sum(),
-        )
+        (self.places.len(), self.places.held_bytes())
     }
 }
 
@@ -356,33 +279,36 @@ mod tests {
     }
 
     /// Departed nodes are counted once from their departure until their holder is let go
-    /// of (past [`MAX_DEPARTED`] of them the arena is offered to no new node); nodes that
+    /// of (past `hayate_shm::arena::MAX_DEPARTED` of them the arena is offered to no new node); nodes that
     /// never departed are not.
     #[test]
     fn departed_nodes_are_counted_until_let_go() {
-        let count = Arc::new(AtomicUsize::new(0));
+        let count = Departures::default();
         let make = || {
             let table = ReleaseTable::create("t").unwrap();
             let process = PeerProcess::pid(std::process::id()).unwrap();
-            Arc::new(Holder::new(0, table, process, count.clone()))
+            Arc::new(Holder::new(0, table, process, &count))
         };
         let h = make();
         let in_an_entry = h.clone();
         h.depart();
         h.depart();
-        assert_eq!(count.load(Ordering::Relaxed), 1);
+        assert_eq!(count.count(), 1);
         drop(h);
-        assert_eq!(count.load(Ordering::Relaxed), 1, "still held by an entry");
+        assert_eq!(count.count(), 1, "still held by an entry");
         drop(in_an_entry);
-        assert_eq!(count.load(Ordering::Relaxed), 0);
+        assert_eq!(count.count(), 0);
         drop(make());
-        assert_eq!(count.load(Ordering::Relaxed), 0);
+        assert_eq!(count.count(), 0);
     }
 
-    fn holder(entry: usize) -> Arc<Holder> {
+    /// A holder at cursor `entry`, and the table its node writes.
+    fn holder(entry: usize) -> (Arc<Holder>, ReleaseTable) {
         let table = ReleaseTable::create("t").unwrap();
+        let theirs = ReleaseTable::open(table.fd().try_clone_to_owned().unwrap()).unwrap();
         let process = PeerProcess::pid(std::process::id()).unwrap();
-        Arc::new(Holder::new(entry, table, process, Arc::default()))
+        let h = Arc::new(Holder::new(entry, theirs, process, &Departures::default()));
+        (h, table)
     }
 
     /// An entry stays until its node releases it; one its node never took is freed once
@@ -393,7 +319,7 @@ mod tests {
         let ring = ring();
         let mut reader = SharedReader::register(ring.clone(), true).unwrap();
         let mut w = SharedWriter::new(ring.clone());
-        let h = holder(reader.cursor().unwrap());
+        let (h, table) = holder(reader.cursor().unwrap());
         // An arena of 64 words: half (the quota) holds one 17-word entry at a time.
         let mut a = Arena::new(1, 64 * 8).unwrap();
         let pos = ring.head() + 1;
@@ -404,7 +330,7 @@ mod tests {
             "quota"
         );
         // Released: freed at the next need of room.
-        h.table.release(0);
+        table.release(0);
         let r1 = a
             .put(&[&[3u8; 120]], vec![h.clone()], pos + 1, &ring)
             .unwrap();
@@ -422,7 +348,7 @@ mod tests {
             .unwrap();
         assert_ne!(r1.number, r2.number);
         // Taken, then the node departs: held while its process (this one) lives.
-        h.table.take(r2.number);
+        table.take(r2.number);
         w.publish(b"ref").unwrap();
         while reader.read(&mut buf).unwrap().is_some() {}
         reader.commit();
@@ -431,7 +357,7 @@ mod tests {
             a.put(&[&[6u8; 120]], vec![h.clone()], ring.head() + 1, &ring)
                 .is_none()
         );
-        h.table.release(r2.number);
+        table.release(r2.number);
         assert!(
             a.put(&[&[6u8; 120]], vec![h.clone()], ring.head() + 1, &ring)
                 .is_some()
@@ -443,7 +369,7 @@ mod tests {
     fn an_evicted_node_s_untaken_entries_are_freed() {
         let ring = ring();
         let reader = SharedReader::register(ring.clone(), true).unwrap();
-        let h = holder(reader.cursor().unwrap());
+        let (h, _table) = holder(reader.cursor().unwrap());
         let mut a = Arena::new(1, 64 * 8).unwrap();
         a.put(&[&[1u8; 120]], vec![h.clone()], ring.head() + 5, &ring)
             .unwrap();

@@ -12,6 +12,9 @@
 //! words. A reader is told `(w * 8, len, tag)` and checks all of it: within the segment, the
 //! same tag and length in the entry before and after the copy (an acquire fence between),
 //! so a place written again while it copied is an error, never torn data taken as good.
+//!
+//! [`Places`] (`place.rs`) is the one allocator over an [`ArenaWriter`]: where entries go,
+//! their tags and numbers, holders' quotas, and holders that have gone.
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
@@ -19,6 +22,10 @@ use std::sync::atomic::{AtomicU64, Ordering, fence};
 
 use crate::segment::{Segment, SegmentError};
 use crate::{ReadBuf, load_bytes, store_bytes};
+
+mod place;
+
+pub use place::{Departures, Fit, Held, Holder, MAX_DEPARTED, Placed, Places, Policy};
 
 /// Words of an entry before its bytes (`tag`, `len`).
 pub const ENTRY_HEADER_WORDS: usize = 2;
