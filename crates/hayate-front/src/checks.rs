@@ -1,37 +1,30 @@
-//! The front-end layer: one connection driver for every protocol.
-//!
-//! A protocol front-end (native, MQTT, STOMP) is a [`Handler`]: it decodes frames, handles
-//! them against its broker [`Session`] and says when its timers are due. The driver owns the
-//! lifecycle they share: attach the session's outbox to the transport and run its writer
-//! task ([`attach`]), decode and handle *every* complete frame of a read before reading again,
-//! flush what the read produced from this task ([`Session::flush`]), then wait for the next
-//! read, the handler's timer, an outside event (an MQTT session takeover), the writer's end
-//! or shutdown ([`drive`]); and at the end let the writer flush and stop ([`close`]).
-//! Each protocol's own code is its handshake, its frame handling and its translation.
+//! What the front-ends share past the driver: each connection's subscription table and
+//! stream-consumer memberships, and the permission checks every front-end subscribes,
+//! publishes, consumes and calls the stream API through.
 
 /// A connection's subscriptions as its protocol names them (an MQTT filter, a STOMP
 /// subscription id), each with the broker subscription id it was given. Set the protocol's
 /// options for a subscription before `Session::subscribe` (a delivery may arrive as soon as
 /// the broker knows it), bind the name after it succeeded.
 #[derive(Debug, Default)]
-pub(crate) struct SubTable {
+pub struct SubTable {
     ids: std::collections::HashMap<String, u32>,
     next: u32,
 }
 
 impl SubTable {
     /// The broker subscription id of `name`.
-    pub(crate) fn get(&self, name: &str) -> Option<u32> {
+    pub fn get(&self, name: &str) -> Option<u32> {
         self.ids.get(name).copied()
     }
 
     /// Whether `name` is subscribed.
-    pub(crate) fn contains(&self, name: &str) -> bool {
+    pub fn contains(&self, name: &str) -> bool {
         self.ids.contains_key(name)
     }
 
     /// A broker subscription id not used yet on this connection.
-    pub(crate) fn next_sid(&mut self) -> u32 {
+    pub fn next_sid(&mut self) -> u32 {
         self.next = self.next.max(1);
         let sid = self.next;
         self.next += 1;
@@ -39,29 +32,26 @@ impl SubTable {
     }
 
     /// Binds `name` to `sid` (a restored subscription may bring its own id).
-    pub(crate) fn bind(&mut self, name: String, sid: u32) {
+    pub fn bind(&mut self, name: String, sid: u32) {
         self.next = self.next.max(sid.saturating_add(1));
         self.ids.insert(name, sid);
     }
 
     /// Unbinds `name`; returns its broker subscription id.
-    pub(crate) fn remove(&mut self, name: &str) -> Option<u32> {
+    pub fn remove(&mut self, name: &str) -> Option<u32> {
         self.ids.remove(name)
     }
 }
-
-pub use hayate_io::conn::{Accepted, InputBudget};
-pub(crate) use hayate_io::conn::{Conn, Handler, Stop};
 
 /// A connection's memberships of stream consumers, by broker subscription id: the task that
 /// delivers each consumer's messages into the session's outbox, and the mapping of the
 /// protocol's acknowledgements back to the consumers. Shared by every front-end that joins
 /// consumers (native CONSUME, STOMP `/queue/` on a stream).
 /// Most consumer memberships one connection may hold (each is a task).
-pub(crate) const MAX_MEMBERSHIPS: usize = 256;
+pub const MAX_MEMBERSHIPS: usize = 256;
 
 #[derive(Default)]
-pub(crate) struct Memberships {
+pub struct Memberships {
     members: std::collections::HashMap<u32, Member>,
 }
 
@@ -73,23 +63,23 @@ struct Member {
 
 impl Memberships {
     /// Whether `sid` is a membership.
-    pub(crate) fn contains(&self, sid: u32) -> bool {
+    pub fn contains(&self, sid: u32) -> bool {
         self.members.contains_key(&sid)
     }
 
     /// True when there is none.
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.members.is_empty()
     }
 
     /// How many there are.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.members.len()
     }
 
     /// Joins `consumer` as subscription `sid` of `session`: acknowledged deliveries, or with
     /// `auto_ack` plain ones that count as acknowledged once queued for the socket.
-    pub(crate) fn join(
+    pub fn join(
         &mut self,
         session: &hayate_broker::Session,
         sid: u32,
@@ -125,7 +115,7 @@ impl Memberships {
     /// Leaves the consumer of `sid`: its task stops (awaited: an aborted task may run on
     /// another thread until its next await), and what it held here goes back to the
     /// consumer for another member, at once.
-    pub(crate) async fn leave(&mut self, session: &hayate_broker::Session, sid: u32) -> bool {
+    pub async fn leave(&mut self, session: &hayate_broker::Session, sid: u32) -> bool {
         use hayate_broker::stream::member;
         let Some(m) = self.members.remove(&sid) else {
             return false;
@@ -152,7 +142,7 @@ impl Memberships {
     }
 
     /// Leaves every consumer (the connection ends).
-    pub(crate) async fn leave_all(&mut self, session: &hayate_broker::Session) {
+    pub async fn leave_all(&mut self, session: &hayate_broker::Session) {
         let sids: Vec<u32> = self.members.keys().copied().collect();
         for sid in sids {
             self.leave(session, sid).await;
@@ -161,7 +151,7 @@ impl Memberships {
 
     /// Applies settled deliveries that belong to consumers (an ACK, or with `nack_delay` a
     /// NACK to be delivered again after that long); returns the others.
-    pub(crate) fn settle(
+    pub fn settle(
         &self,
         settled: Vec<hayate_broker::Delivery>,
         nack_delay: Option<std::time::Duration>,
@@ -182,7 +172,7 @@ impl Memberships {
 
 /// Why a subscription was refused.
 #[derive(Debug)]
-pub(crate) enum SubFail {
+pub enum SubFail {
     /// The identity's permissions (or the inbox rule) do not allow it.
     Denied(crate::auth::Denied),
     /// The broker refused it (a duplicate id).
@@ -201,7 +191,7 @@ impl std::fmt::Display for SubFail {
 /// Subscribes `session` through `who`'s permissions: refused, or subscribed with a guard
 /// that keeps from it the keys its expression covers but `who` may not read. Every
 /// front-end subscribes through this.
-pub(crate) fn subscribe_checked(
+pub fn subscribe_checked(
     session: &mut hayate_broker::Session,
     who: &crate::auth::Identity,
     sid: u32,
@@ -226,7 +216,7 @@ pub(crate) fn subscribe_checked(
 }
 
 /// May `who` publish `msg`? Logs a refusal. Every front-end publishes through this.
-pub(crate) fn check_publish(
+pub fn check_publish(
     who: &crate::auth::Identity,
     key: &hayate_core::Key,
     with_reply: bool,
@@ -336,7 +326,7 @@ fn check_serve_all(
 /// May `who` join `consumer` (a work queue: serving)? It must be the consumer's owner if
 /// it has one, and be allowed to serve the consumer's filter, or each expression its
 /// stream captures.
-pub(crate) fn check_consume(
+pub fn check_consume(
     who: &crate::auth::Identity,
     stream: &hayate_broker::Stream,
     consumer: &hayate_broker::Consumer,
@@ -373,7 +363,7 @@ pub(crate) fn check_consume(
 ///
 /// A body that does not parse, or a stream that does not exist, is left to the API to
 /// answer.
-pub(crate) fn check_stream_api(
+pub fn check_stream_api(
     who: &crate::auth::Identity,
     broker: &hayate_broker::Broker,
     key: &str,
@@ -496,7 +486,7 @@ fn check_consumer_op(
 
 /// Keeps from a stream API reply what `who` may not see: `stream/ls` lists only the
 /// streams it may see ([`may_see`]).
-pub(crate) fn filter_stream_api_reply(
+pub fn filter_stream_api_reply(
     who: &crate::auth::Identity,
     key: &str,
     reply: &mut hayate_broker::stream::api::ApiReply,
@@ -510,7 +500,7 @@ pub(crate) fn filter_stream_api_reply(
 
 /// FNV-1a of `s`: a hash that is the same in every run and build, for names kept on disk
 /// (a STOMP durable queue's consumer, an AMQP vhost's directory) that had to be cut.
-pub(crate) fn stable_hash(s: &str) -> u64 {
+pub fn stable_hash(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
