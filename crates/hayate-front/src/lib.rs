@@ -16,9 +16,14 @@
 //! - [`auth`]: users, tokens and permissions ([`auth::Authenticator`], [`auth::Identity`]).
 //! - [`tls`]: the server's TLS settings loaded ([`tls::ServerTls`]).
 //! - [`ops`]: what operators see of a running server (listeners' counts, live connections).
-//! - `checks`: each connection's subscription table ([`SubTable`]) and stream-consumer
-//!   memberships ([`Memberships`]), and the permission checks every front-end goes through
-//!   ([`check_publish`], [`subscribe_checked`], [`check_consume`], [`check_stream_api`]).
+//! - `serve`: what every protocol's `serve` does around its own handshake and frames: the
+//!   prologue ([`Serving::open`], [`Serving::attach`]), the login ([`Peer::login`]) and the
+//!   epilogue ([`Serving::close`]); and [`PublishOnly`], the encoder of a session that only
+//!   publishes.
+//! - `subs`: each connection's subscription table ([`SubTable`]) and stream-consumer
+//!   memberships ([`Memberships`]).
+//! - `checks`: the permission checks every front-end goes through ([`check_publish`],
+//!   [`subscribe_checked`], [`check_consume`], [`check_stream_api`]).
 
 pub mod auth;
 pub mod config;
@@ -26,9 +31,21 @@ pub mod ops;
 pub mod tls;
 
 mod checks;
+mod serve;
+mod subs;
 
 pub use checks::{
-    MAX_MEMBERSHIPS, Memberships, SubFail, SubTable, check_consume, check_publish,
-    check_stream_api, filter_stream_api_reply, stable_hash, subscribe_checked,
+    SubFail, check_consume, check_publish, check_stream_api, filter_stream_api_reply,
+    subscribe_checked,
 };
-pub use hayate_io::conn::{Accepted, Conn, Handler, InputBudget, Stop};
+pub use hayate_io::conn::{Accepted, Conn, Handler, InputBudget, READ_BUF, Stop};
+pub use serve::{Peer, PublishOnly, Serving};
+pub use subs::{MAX_MEMBERSHIPS, Memberships, SubTable};
+
+/// FNV-1a of `s`: a hash that is the same in every run and build, for names kept on disk
+/// (a STOMP durable queue's consumer, an AMQP vhost's directory) that had to be cut.
+pub fn stable_hash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}

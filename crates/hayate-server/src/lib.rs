@@ -37,10 +37,4 @@ pub use hayate_front::{self as frontend, auth, config, ops, tls};
 
 pub use config::Config;
 pub use hayate_io::{busy, transport};
-
-/// Locks `m`, ignoring poisoning: a panic while a front-end's state was locked cannot leave
-/// it worse than losing that connection, and the rest of the broker carries on.
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 pub use server::{Protocol, Server};

@@ -22,11 +22,12 @@ use hayate_mqtt::{
 };
 use tokio::sync::mpsc;
 
-use super::delivery::{Link, lock, put_packet};
+use super::delivery::{Link, put_packet};
 use super::translate::will_message;
 use super::{Mqtt, MqttSession, PendingWill};
 use crate::auth::{AuthError, Credentials};
 use crate::frontend::{self, Accepted};
+use hayate_core::sync::lock;
 
 mod packets;
 
