@@ -1,7 +1,9 @@
 //! Hayate's server: listeners and connections, wiring protocol front-ends to the broker.
 //!
 //! # Layout
-//! - [`config`]: [`Config`], the broker's settings as plain serde structs with defaults.
+//! - [`config`], [`auth`], [`tls`], [`ops`] and [`frontend`]: re-exported from
+//!   [`hayate_front`], the front-end layer (settings, users and permissions, TLS, operational
+//!   state, the connection driver and the checks every front-end shares).
 //! - [`server`]: [`Server`]: binds the configured listeners (TCP, Unix) and runs until a
 //!   shutdown future completes; [`Server::from_listener`] embeds it in a test or a program.
 //! - [`native`]: the native protocol front-end: one reader loop and one writer task per
@@ -20,25 +22,19 @@
 
 pub mod admin;
 pub mod amqp;
-pub mod auth;
-pub mod config;
 pub mod fanout;
-pub mod frontend;
 pub mod mqtt;
 pub mod native;
-pub mod ops;
 pub mod server;
 pub mod shm;
 pub mod stomp;
-pub mod tls;
 pub mod ws;
+
+/// The front-end layer every front-end here builds on, now the crate [`hayate_front`]: its
+/// modules keep their old paths (`crate::auth`, `hayate_server::config`, ...), and the layer
+/// itself is `crate::frontend`.
+pub use hayate_front::{self as frontend, auth, config, ops, tls};
 
 pub use config::Config;
 pub use hayate_io::{busy, transport};
-
-/// Locks `m`, ignoring poisoning: a panic while a front-end's state was locked cannot leave
-/// it worse than losing that connection, and the rest of the broker carries on.
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 pub use server::{Protocol, Server};

@@ -20,8 +20,9 @@ use hayate_native::{
 use tokio::time::Instant;
 
 use crate::config::Limits;
-use crate::frontend::{self, Accepted, Handler, Stop};
+use crate::frontend::{self, Accepted, Handler, Peer, Serving, Stop};
 use hayate_broker::stream::api::{self, API_PREFIX};
+use hayate_io::conn::READ_BUF;
 
 use crate::fanout::{self, FanoutClient};
 use crate::shm::ShmOffer;
@@ -193,9 +194,6 @@ pub struct Keepalive {
     pub max_pings_out: u32,
 }
 
-/// Read buffer: start size and the free space kept before each read.
-const READ_BUF: usize = 64 * 1024;
-
 /// PUB_CONFIRMs of one connection waiting for their streams' fsync; at this many, the
 /// connection's input is held until some are answered (bounds what a publisher that never
 /// reads its CONFIRMs can pile up).
@@ -267,15 +265,11 @@ struct Native {
     auth: Arc<dyn Authenticator>,
     /// Who the client is (anonymous until HELLO's credentials are checked).
     identity: Identity,
-    /// The connection's entry among the server's live connections (admin API).
-    entry: Option<Arc<hayate_io::registry::ConnEntry>>,
-    peer: Option<std::net::IpAddr>,
-    /// The user a verified client certificate names (TLS with `tls.cert_user`).
-    verified_name: Option<String>,
+    /// The client's address (also for a shared-memory ticket), its verified certificate's
+    /// user and the connection's entry among the server's live connections.
+    peer: Peer,
     /// Shared memory this server offers (not on a connection that is shared memory already).
     shm: Option<Arc<ShmOffer>>,
-    /// The client's address, for a shared-memory ticket.
-    peer_addr: Option<std::net::SocketAddr>,
     /// WELCOME's `shm` field, once HELLO asked for it.
     shm_answer: Option<String>,
     /// The fan-out arena this shared-memory connection took: revoked unless HELLO logs in
@@ -295,7 +289,7 @@ impl Native {
                         .as_ref()
                         .map(|o| {
                             let user = self.identity.user.clone();
-                            o.issue(self.peer_addr, self.verified_name.clone(), user)
+                            o.issue(self.peer.addr, self.peer.verified_name.clone(), user)
                         })
                         .unwrap_or_default(),
                 );
@@ -357,14 +351,9 @@ impl Native {
                 ..Credentials::default()
             },
         };
-        let creds = Credentials {
-            peer: self.peer,
-            verified: self.verified_name.as_deref(),
-            ..creds
-        };
         self.identity = self
-            .auth
-            .authenticate("native", creds)
+            .peer
+            .login(&*self.auth, "native", creds)
             .await
             .map_err(|e| refused(e.to_string()))?;
         // The arena is readable by every client that took it: only its user's connections
@@ -377,10 +366,8 @@ impl Native {
         {
             g.client.revoke();
         }
-        if let Some(e) = &self.entry {
-            e.set_user(self.identity.user.as_deref());
-            e.set_client_id(Some(&h.name).filter(|n| !n.is_empty()).map(|n| n.as_str()));
-        }
+        self.peer
+            .set_client_id(Some(&h.name).filter(|n| !n.is_empty()).map(|n| n.as_str()));
         Ok(())
     }
 
@@ -573,24 +560,9 @@ pub async fn serve(
     auth: Arc<dyn Authenticator>,
     shm: Shm,
 ) {
-    let mut io = io;
-    let peer_addr = io.peer;
-    let peer = io.peer.map(|a| a.ip());
-    let verified_name = io.verified_name.clone();
-    let (_registered, entry) = io.take_registered();
-    let session = broker.open_session_in(
-        Box::new(
-            NativeEncoder::new(limits.max_payload)
-                .with_fanout(shm.fanout.as_ref().map(|g| g.client.clone())),
-        ),
-        io.class.as_ref(),
-    );
-    let outbox = session.outbox().clone();
-    let mut conn = frontend::Conn::new(io, BytesMut::with_capacity(READ_BUF), &outbox);
-    // After the outbox has its sink: an admin close that came first cuts it for good.
-    if let Some(e) = &entry {
-        e.attach(session.id(), outbox.clone());
-    }
+    let encoder = NativeEncoder::new(limits.max_payload)
+        .with_fanout(shm.fanout.as_ref().map(|g| g.client.clone()));
+    let (peer, session, mut serving) = Serving::open(io, &broker, Box::new(encoder));
     let mut h = Native {
         session,
         welcomed: false,
@@ -608,28 +580,19 @@ pub async fn serve(
         auth,
         identity: Identity::anonymous(),
         peer,
-        verified_name,
         shm: shm.offer,
-        peer_addr,
         shm_answer: None,
         fanout: shm.fanout,
-        entry,
     };
-    let end = conn.drive(&mut h).await;
+    let end = serving.conn.drive(&mut h).await;
     // What this connection's consumer memberships had in flight goes back to the consumers.
     h.consumers.leave_all(&h.session).await;
-    let mut session = h.session;
-    tracing::debug!(session = session.id(), ?end, "connection ends");
+    tracing::debug!(session = h.session.id(), ?end, "connection ends");
     if let End::Error(code, msg) = &end {
-        send_err(&outbox, *code, msg);
+        send_err(&serving.outbox, *code, msg);
     }
-    // Deliveries not acknowledged go to other members of their queue groups.
-    session.release_unacked(None).await;
-    session.flush();
-    // Dropping the session removes its subscriptions and closes the outbox; the writer then
-    // flushes what is queued (an ERR included) and shuts the socket down.
-    drop(session);
-    conn.close(&*outbox).await;
+    // The writer flushes what is queued (an ERR included) and shuts the socket down.
+    serving.close(h.session).await;
     // Its share of the fan-out arena ends with the connection, not with the encoder (which
     // a publisher's route cache may keep a while): what it holds is then freed by its
     // rules (released, the grace, or its process's exit).

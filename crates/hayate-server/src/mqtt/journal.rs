@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use hayate_log::{Entry, FsyncPolicy, Log, LogConfig, ReadLimit};
 
-use crate::lock;
+use hayate_core::sync::lock;
 
 /// The background task writes what is buffered at least this often.
 pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(20);

@@ -54,12 +54,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hayate_broker::{Batch, Broker, Encoder, OutBuf, Session};
+use hayate_broker::{Batch, Broker, Session};
 use hayate_core::Message;
+use hayate_core::sync::lock;
 use tokio::sync::watch;
 
 use crate::auth::Authenticator;
 use crate::config::{Config, MqttSection};
+use crate::frontend::PublishOnly;
 use delivery::{MqttDeliveries, MqttEncoder, SharedDeliveries};
 use journal::{Durable, Journal};
 use registry::Entry;
@@ -85,7 +87,7 @@ impl Drop for MqttSession {
     /// A session dropped has ended: if it was persistent, the journal says so (after the
     /// checkpoint at shutdown the journal ignores it, so parked sessions stay saved).
     fn drop(&mut self) {
-        delivery::lock(&self.out).end_persist();
+        lock(&self.out).end_persist();
     }
 }
 
@@ -124,17 +126,6 @@ impl std::fmt::Debug for Mqtt {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mqtt").finish_non_exhaustive()
     }
-}
-
-use crate::lock as locked;
-
-/// An encoder for the front-end's own publishing session: it is never subscribed.
-#[derive(Debug)]
-struct NoEncoder;
-
-impl Encoder for NoEncoder {
-    fn encode(&mut self, _sid: u32, _batch: Batch<'_>, _origin: u64, _out: &mut OutBuf) {}
-    fn encode_lost(&mut self, _sid: u32, _count: u64, _out: &mut OutBuf) {}
 }
 
 impl Mqtt {
@@ -305,12 +296,12 @@ impl Mqtt {
         let session = self.broker.open_session_in(
             Box::new(MqttEncoder {
                 out: out.clone(),
-                held: delivery::lock(&out).held_counter(),
+                held: lock(&out).held_counter(),
                 skipped: (0, 0),
             }),
             class,
         );
-        delivery::lock(&out).session_id = session.id();
+        lock(&out).session_id = session.id();
         MqttSession {
             session,
             out,
@@ -322,7 +313,7 @@ impl Mqtt {
     /// directory, then removes the journal segments the checkpoint covers.
     pub fn save(&self) {
         let Some(dir) = &self.data_dir else { return };
-        let mut last = locked(&self.checkpointing);
+        let mut last = lock(&self.checkpointing);
         let from = self
             .journal
             .as_ref()
@@ -356,7 +347,7 @@ impl Mqtt {
     /// Whether the journal grew enough since the last checkpoint to take one now.
     fn checkpoint_due(&self) -> bool {
         let Some(j) = &self.journal else { return false };
-        let last = *locked(&self.checkpointing);
+        let last = *lock(&self.checkpointing);
         j.since_checkpoint() > persist::CHECKPOINT_AT.max(2 * last)
     }
 
@@ -381,7 +372,7 @@ impl Mqtt {
 
     /// Runs session expiry, delayed wills, `$SYS` statistics and autosave until `stop`.
     pub async fn background(self: Arc<Mqtt>, mut stop: watch::Receiver<bool>) {
-        let mut session = self.broker.open_session(Box::new(NoEncoder));
+        let mut session = self.broker.open_session(Box::new(PublishOnly));
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_sys: Option<Instant> = None;

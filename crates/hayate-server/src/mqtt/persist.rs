@@ -46,9 +46,10 @@ use bytes::{Buf, BufMut, Bytes};
 use hayate_core::{Key, Message};
 use hayate_mqtt::{ProtocolVersion, QoS, RetainHandling, shared_subscription};
 
-use super::delivery::{Persist, Queued, Stage, SubInfo, lock};
+use super::Mqtt;
+use super::delivery::{Persist, Queued, Stage, SubInfo};
 use super::translate::{broker_qos, filter_to_expr, guarantee, qos_of};
-use super::{Mqtt, locked};
+use hayate_core::sync::lock;
 
 const MAGIC_V1: &[u8] = b"HAYATE-MQTT 1\n";
 const MAGIC: &[u8] = b"HAYATE-MQTT 2\n";
@@ -615,7 +616,7 @@ pub(crate) fn snapshot(mqtt: &Mqtt, replay_from: u64, next_sgen: u64) -> (Vec<u8
     b.put_u64(next_sgen);
     let mut retained = 0;
     // `$SYS` messages are the broker's own, regenerated after a restart.
-    for m in locked(&mqtt.retained)
+    for m in lock(&mqtt.retained)
         .all()
         .filter(|m| !super::is_sys(m.key.as_str()))
     {
@@ -743,7 +744,7 @@ pub(crate) fn parse(data: Bytes) -> Result<Saved, PersistError> {
 pub(crate) fn restore(mqtt: &Mqtt, saved: Saved) -> (usize, usize) {
     let retained = saved.retained.len();
     {
-        let mut r = locked(&mqtt.retained);
+        let mut r = lock(&mqtt.retained);
         let refused = saved.retained.values().filter(|m| !r.restore(m)).count();
         if refused > 0 {
             tracing::warn!(

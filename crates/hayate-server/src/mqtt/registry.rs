@@ -11,7 +11,8 @@ use hayate_mqtt::ProtocolVersion;
 use tokio::sync::{mpsc, oneshot};
 
 use super::delivery::{Persist, SharedDeliveries};
-use super::{Mqtt, MqttSession, PendingWill, locked};
+use super::{Mqtt, MqttSession, PendingWill};
+use hayate_core::sync::lock;
 
 /// Where a connection that is taken over sends its session, with its will if that waits
 /// for a delay (published by the new connection if it starts clean, dropped otherwise).
@@ -63,7 +64,7 @@ impl Mqtt {
     ) -> Result<(Option<MqttSession>, Option<PendingWill>), NotOwner> {
         let me = Online { conn, kick };
         let handover = {
-            let mut reg = locked(&self.registry);
+            let mut reg = lock(&self.registry);
             if let (Some(me), Some(Some(o))) = (owner, reg.get(client_id).map(|e| e.owner.as_ref()))
                 && o != me
             {
@@ -123,12 +124,12 @@ impl Mqtt {
         version: ProtocolVersion,
         expiry: u32,
     ) {
-        let mut reg = locked(&self.registry);
+        let mut reg = lock(&self.registry);
         if let Some(e) = reg.get_mut(client_id)
             && e.online.as_ref().is_some_and(|o| o.conn == conn)
         {
             {
-                let mut st = super::delivery::lock(&out);
+                let mut st = lock(&out);
                 match (st.persist().is_some(), expiry > 0) {
                     (false, true) => st.begin_persist(Persist {
                         journal: self.journal().cloned(),
@@ -163,7 +164,7 @@ impl Mqtt {
         expiry: u32,
         will: Option<PendingWill>,
     ) -> Option<MqttSession> {
-        let mut reg = locked(&self.registry);
+        let mut reg = lock(&self.registry);
         // A takeover asked under this lock cannot be missed.
         if let Some(to) = kicked.or_else(|| kick.try_recv().ok()) {
             drop(reg);
@@ -205,7 +206,7 @@ impl Mqtt {
         owner: Option<Arc<str>>,
     ) {
         let out = session.out.clone();
-        locked(&self.registry).insert(
+        lock(&self.registry).insert(
             client_id,
             Entry {
                 online: None,
@@ -223,7 +224,7 @@ impl Mqtt {
 
     /// The delivery state of every session known (the persistent ones say so).
     pub(crate) fn session_states(&self) -> Vec<SharedDeliveries> {
-        locked(&self.registry)
+        lock(&self.registry)
             .values()
             .filter_map(|e| e.info.clone())
             .collect()
@@ -232,7 +233,7 @@ impl Mqtt {
     pub(super) fn sweep(&self, now: Instant) -> (Vec<Message>, Vec<MqttSession>) {
         let mut wills = Vec::new();
         let mut ended = Vec::new();
-        let mut reg = locked(&self.registry);
+        let mut reg = lock(&self.registry);
         reg.retain(|_, e| {
             let Some(p) = &mut e.parked else { return true };
             if p.will.as_ref().is_some_and(|w| w.due <= now)

@@ -10,7 +10,8 @@ use hayate_broker::footprint;
 use hayate_core::{Key, KeyExpr, Message};
 use hayate_io::memory::{Charge, Memory};
 
-use super::{Mqtt, locked};
+use super::Mqtt;
+use hayate_core::sync::lock;
 
 /// Retained messages by key, at most `max_bytes` of keys and payloads together, and within
 /// the memory budget at their footprint ([`cost`]).
@@ -189,7 +190,7 @@ impl Mqtt {
     /// False when the memory budget had no room for it (a 5.0 publisher is told: Quota
     /// exceeded).
     pub(crate) fn retain(&self, msg: &Message) -> bool {
-        let mut r = locked(&self.retained);
+        let mut r = lock(&self.retained);
         if let Err(full) = r.set_as(msg, false) {
             // Routed live all the same; not kept. Counted, and logged at debug (a client
             // could otherwise fill the log).
@@ -213,7 +214,7 @@ impl Mqtt {
 
     /// The retained messages matching `expr`.
     pub(crate) fn retained_matching(&self, expr: &KeyExpr, skip_dollar: bool) -> Vec<Message> {
-        locked(&self.retained).matching(expr, skip_dollar)
+        lock(&self.retained).matching(expr, skip_dollar)
     }
 }
 

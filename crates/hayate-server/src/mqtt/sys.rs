@@ -8,7 +8,8 @@ use bytes::Bytes;
 use hayate_broker::Session;
 use hayate_core::Message;
 
-use super::{Mqtt, locked, translate};
+use super::{Mqtt, translate};
+use hayate_core::sync::lock;
 
 /// Counters for `$SYS`.
 #[derive(Debug, Default)]
@@ -40,8 +41,8 @@ pub struct HeldTotals {
 
 impl Mqtt {
     pub(super) async fn publish_sys(&self, session: &mut Session) {
-        let reg_count = locked(&self.registry).len();
-        let retained = locked(&self.retained).len();
+        let reg_count = lock(&self.registry).len();
+        let retained = lock(&self.retained).len();
         let s = &self.stats;
         let items = [
             (

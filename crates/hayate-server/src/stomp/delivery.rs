@@ -11,13 +11,12 @@ use std::sync::{Arc, Mutex};
 
 use bytes::BufMut;
 use hayate_broker::{Batch, Encoder, OutBuf};
+use hayate_core::sync::lock;
 use hayate_core::{Key, KeyExpr, Message};
 use hayate_stomp::{Version, encode_message_head};
 
 /// Shared delivery state.
 pub(crate) type SharedDeliveries = Arc<Mutex<StompDeliveries>>;
-
-pub(crate) use crate::lock;
 
 /// How a subscription's messages are acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

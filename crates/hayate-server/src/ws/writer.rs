@@ -59,7 +59,7 @@ fn write_buf(tcp: &Writer, b: &mut BytesMut) -> io::Result<bool> {
 
 impl WsWrite {
     fn lock(&self) -> std::sync::MutexGuard<'_, Out> {
-        crate::lock(&self.out)
+        hayate_core::sync::lock(&self.out)
     }
 
     /// Writes what must go before new data: the rest of a header, then (between frames)

@@ -9,28 +9,32 @@
 //! - `packets`: the packets between: the connection driver's handler and each packet's
 //!   handling.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use hayate_io::transport::{read_some, write_chunks};
+use hayate_broker::Outbox;
+use hayate_core::Message;
+use hayate_core::sync::lock;
+use hayate_io::conn::READ_BUF;
+use hayate_io::traffic::TrafficClass;
+use hayate_io::transport::{Writer, read_some, write_chunks};
 use hayate_mqtt::{
-    ByteStr, ConnAck, DecodeError, Disconnect, Packet, ProtocolVersion, ReasonCode, decode_connect,
-    encode,
+    ByteStr, ConnAck, Connect, DecodeError, Disconnect, Packet, ProtocolVersion, ReasonCode,
+    decode_connect, encode,
 };
 use tokio::sync::mpsc;
 
-use super::delivery::{Link, lock, put_packet};
+use super::delivery::{Link, put_packet};
+use super::registry::Handover;
 use super::translate::will_message;
 use super::{Mqtt, MqttSession, PendingWill};
-use crate::auth::{AuthError, Credentials};
-use crate::frontend::{self, Accepted};
+use crate::auth::{AuthError, Credentials, Identity};
+use crate::frontend::{Accepted, Peer, Serving};
 
 mod packets;
-
-const READ_BUF: usize = 64 * 1024;
 
 /// A refusal: the reason code and a reason string (sent to 5.0 clients).
 type Fail = (ReasonCode, String);
@@ -108,110 +112,178 @@ struct Driven<'a> {
     last_read: tokio::time::Instant,
 }
 
-/// Serves one MQTT connection until it closes.
-pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
-    let Accepted {
-        mut reader,
-        writer,
-        mut shutdown,
-        busy,
-        peer,
-        verified_name,
-        budget,
-        registered,
-        class,
-    } = io;
-    let mut buf = BytesMut::with_capacity(READ_BUF);
-    let max_packet = mqtt.cfg.max_packet_size;
+/// What CONNECT settles once it is accepted: who the client is and its session's terms.
+struct Hello {
+    identity: Identity,
+    client_id: String,
+    /// The identifier the server gave a client that sent an empty one (5.0).
+    assigned: Option<String>,
+    /// The will and its delay (seconds).
+    will: Option<(Message, u32)>,
+    /// The session expiry interval granted (seconds; `u32::MAX` never).
+    expiry: u32,
+}
 
-    // CONNECT, within the handshake timeout.
-    let connect = {
-        let deadline = tokio::time::sleep(mqtt.handshake_timeout);
-        tokio::pin!(deadline);
-        loop {
-            match decode_connect(&mut buf, max_packet.min(mqtt.max_preauth)) {
-                Ok(Some(c)) => break c,
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::debug!("mqtt: bad CONNECT: {e}");
-                    if matches!(e, DecodeError::UnsupportedProtocolVersion { .. }) {
-                        // The 3.1.1 CONNACK "unacceptable protocol version" (rc 1), which
-                        // every version reads.
-                        let mut q = std::collections::VecDeque::from([Bytes::from_static(&[
-                            0x20, 2, 0, 1,
-                        ])]);
-                        let _ = write_chunks(&*writer, &mut q).await;
-                    }
-                    writer.shutdown();
-                    return;
-                }
-            }
-            tokio::select! {
-                r = read_some(&mut reader, &mut buf, None, busy.as_ref()) => match r {
-                    Ok(0) | Err(_) => return,
-                    Ok(_) => {}
-                },
-                _ = &mut deadline => {
-                    writer.shutdown();
-                    return;
-                }
-                _ = shutdown.changed() => return,
-            }
-        }
+/// The session a connection took, and its turn in the registry.
+struct Taken {
+    ms: MqttSession,
+    /// The session was kept from before (CONNACK's Session Present).
+    present: bool,
+    conn_id: u64,
+    /// Where a later connection with the same client id asks for the session.
+    kick_rx: mpsc::UnboundedReceiver<Handover>,
+}
+
+/// Serves one MQTT connection until it closes.
+pub async fn serve(mut io: Accepted, mqtt: Arc<Mqtt>) {
+    let mut buf = BytesMut::with_capacity(READ_BUF);
+    let Some(connect) = read_connect(&mut io, &mut buf, &mqtt).await else {
+        return;
     };
     let version = connect.protocol_version;
-
-    // Authentication and the client identifier.
-    let w = &writer;
-    let refuse = |code: ReasonCode| async move {
-        let mut out = BytesMut::new();
-        let code = if version.is_v5() {
-            Some(code)
-        } else {
-            code.to_v3_connack().map(|_| code)
-        };
-        if let Some(code) = code
-            && encode(
-                &Packet::ConnAck(Box::new(ConnAck::new(code))),
-                version,
-                &mut out,
-            )
-            .is_ok()
-        {
-            let mut q = std::collections::VecDeque::from([out.freeze()]);
-            let _ = write_chunks(&**w, &mut q).await;
-        }
-        w.shutdown();
+    let peer = Peer::of(&io);
+    let (mut hello, taken) = match hello(&connect, &mqtt, &peer).await {
+        Ok(hello) => match take_session(&connect, &hello, &mqtt, io.class.as_ref()).await {
+            Ok(taken) => (hello, taken),
+            Err(code) => return refuse(&io.writer, version, code).await,
+        },
+        Err(code) => return refuse(&io.writer, version, code).await,
     };
+    let Taken {
+        mut ms,
+        present,
+        conn_id,
+        kick_rx,
+    } = taken;
+    peer.set_client_id(Some(&hello.client_id));
+    let client_id = hello.client_id.clone();
+    mqtt.set_info(&client_id, conn_id, ms.out.clone(), version, hello.expiry);
+    mqtt.stats.connected.fetch_add(1, Ordering::Relaxed);
+    mqtt.stats.connections.fetch_add(1, Ordering::Relaxed);
+
+    // CONNACK, then what the session has in flight and held.
+    let (ack, keep_alive) = connack(&connect, &mqtt, &mut hello, present);
+    let mut serving = Serving::attach(io, buf, &ms.session);
+    serving.outbox.push_reply_unbudgeted(|o| {
+        put_packet(&Packet::ConnAck(Box::new(ack)), version, o);
+        lock(&ms.out).go_online(link(&connect), o);
+    });
+    ms.session.mark_own_output();
+    ms.session.flush();
+    tracing::debug!(client_id, ?version, present, "mqtt: connected");
+
+    let conn = Conn {
+        mqtt: &mqtt,
+        identity: hello.identity,
+        version,
+        aliases: HashMap::new(),
+        expiry: hello.expiry,
+        expiry_at_connect: hello.expiry,
+        problem_info: connect
+            .properties
+            .request_problem_information
+            .unwrap_or(true),
+        acks: std::sync::Mutex::new(futures::stream::FuturesOrdered::new()),
+    };
+    let ka = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
+    let mut h = Driven {
+        conn,
+        ms,
+        kick_rx,
+        kicked: None,
+        max_packet: mqtt.cfg.max_packet_size,
+        ka,
+        idle_at: tokio::time::Instant::now() + ka.unwrap_or_default(),
+        last_read: tokio::time::Instant::now(),
+    };
+    let end = serving.conn.drive(&mut h).await;
+    finish(h, end, serving, &client_id, conn_id, hello.will).await;
+}
+
+/// Reads CONNECT within the handshake timeout. `None`: the connection is over (a bad
+/// CONNECT, one of a version this server does not speak, EOF, the timeout or shutdown).
+async fn read_connect(io: &mut Accepted, buf: &mut BytesMut, mqtt: &Mqtt) -> Option<Connect> {
+    let max = mqtt.cfg.max_packet_size.min(mqtt.max_preauth);
+    let deadline = tokio::time::sleep(mqtt.handshake_timeout);
+    tokio::pin!(deadline);
+    loop {
+        match decode_connect(buf, max) {
+            Ok(Some(c)) => return Some(c),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!("mqtt: bad CONNECT: {e}");
+                if matches!(e, DecodeError::UnsupportedProtocolVersion { .. }) {
+                    // The 3.1.1 CONNACK "unacceptable protocol version" (rc 1), which
+                    // every version reads.
+                    let mut q = VecDeque::from([Bytes::from_static(&[0x20, 2, 0, 1])]);
+                    let _ = write_chunks(&*io.writer, &mut q).await;
+                }
+                io.writer.shutdown();
+                return None;
+            }
+        }
+        tokio::select! {
+            r = read_some(&mut io.reader, buf, None, io.busy.as_ref()) => match r {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            },
+            _ = &mut deadline => {
+                io.writer.shutdown();
+                return None;
+            }
+            _ = io.shutdown.changed() => return None,
+        }
+    }
+}
+
+/// Refuses CONNECT with `code` (to a 3.1.1 client only if 3.1.1 has it) and closes.
+async fn refuse(w: &Writer, version: ProtocolVersion, code: ReasonCode) {
+    let mut out = BytesMut::new();
+    let code = if version.is_v5() {
+        Some(code)
+    } else {
+        code.to_v3_connack().map(|_| code)
+    };
+    if let Some(code) = code
+        && encode(
+            &Packet::ConnAck(Box::new(ConnAck::new(code))),
+            version,
+            &mut out,
+        )
+        .is_ok()
+    {
+        let mut q = VecDeque::from([out.freeze()]);
+        let _ = write_chunks(&**w, &mut q).await;
+    }
+    w.shutdown();
+}
+
+/// Checks CONNECT: the login, the client identifier (one is assigned for an empty one),
+/// the will (may the client publish it?) and the session expiry granted. `Err`: the
+/// reason code that refuses it.
+async fn hello(connect: &Connect, mqtt: &Mqtt, peer: &Peer) -> Result<Hello, ReasonCode> {
+    let version = connect.protocol_version;
     if connect.properties.authentication_method.is_some() {
-        refuse(ReasonCode::BadAuthenticationMethod).await;
-        return;
+        return Err(ReasonCode::BadAuthenticationMethod);
     }
     let creds = Credentials {
         user: connect.username.as_deref(),
         password: connect.password.as_deref(),
-        token: None,
-        peer: peer.map(|a| a.ip()),
-        verified: verified_name.as_deref(),
+        ..Credentials::default()
     };
-    let identity = match mqtt.auth.authenticate("mqtt", creds).await {
-        Ok(id) => id,
-        Err(e) => {
-            refuse(match e {
-                AuthError::NotAuthorized => ReasonCode::NotAuthorized,
-                AuthError::BadCredentials => ReasonCode::BadUserNameOrPassword,
-                AuthError::Throttled | AuthError::Busy => ReasonCode::ServerBusy,
-                AuthError::TooManyConnections => ReasonCode::QuotaExceeded,
-            })
-            .await;
-            return;
-        }
-    };
+    let identity = peer
+        .login(&*mqtt.auth, "mqtt", creds)
+        .await
+        .map_err(|e| match e {
+            AuthError::NotAuthorized => ReasonCode::NotAuthorized,
+            AuthError::BadCredentials => ReasonCode::BadUserNameOrPassword,
+            AuthError::Throttled | AuthError::Busy => ReasonCode::ServerBusy,
+            AuthError::TooManyConnections => ReasonCode::QuotaExceeded,
+        })?;
     let mut assigned = None;
     let client_id = if connect.client_id.is_empty() {
         if !version.is_v5() && !connect.clean_start {
-            refuse(ReasonCode::ClientIdentifierNotValid).await;
-            return;
+            return Err(ReasonCode::ClientIdentifierNotValid);
         }
         let id = format!("hayate-{:016x}", rand_id());
         assigned = Some(id.clone());
@@ -219,18 +291,11 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
     } else {
         connect.client_id.as_str().to_string()
     };
-    let will = match will_message(connect.will.as_ref()) {
-        Ok(w) => w,
-        Err(_) => {
-            refuse(ReasonCode::TopicNameInvalid).await;
-            return;
-        }
-    };
+    let will = will_message(connect.will.as_ref()).map_err(|_| ReasonCode::TopicNameInvalid)?;
     if let Some(w) = &will
         && crate::frontend::check_publish(&identity, &w.0.key, w.0.reply_to.is_some()).is_err()
     {
-        refuse(ReasonCode::NotAuthorized).await;
-        return;
+        return Err(ReasonCode::NotAuthorized);
     }
     let expiry = if version.is_v5() {
         connect
@@ -244,29 +309,44 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         // 3.1.1 sessions never expire, unless the configuration caps them.
         mqtt.cfg.max_session_expiry
     };
+    Ok(Hello {
+        identity,
+        client_id,
+        assigned,
+        will,
+        expiry,
+    })
+}
 
-    // The session: new, parked, or taken over from another connection.
+/// Takes the client's session: parked, or taken over from another connection, or a new
+/// one (a clean start ends an old one now, and its delayed will is due now). `Err`: the
+/// client id is another user's.
+async fn take_session(
+    connect: &Connect,
+    hello: &Hello,
+    mqtt: &Mqtt,
+    class: Option<&Arc<TrafficClass>>,
+) -> Result<Taken, ReasonCode> {
     let conn_id = mqtt.next_conn();
     let (kick_tx, kick_rx) = mpsc::unbounded_channel();
     // With users configured a client id belongs to the user whose session it is.
     let owner = mqtt
         .auth
         .required()
-        .then(|| identity.user.clone())
+        .then(|| hello.identity.user.clone())
         .flatten();
     let Ok((prior, prior_will)) = mqtt
-        .acquire(&client_id, conn_id, kick_tx, owner.as_ref())
+        .acquire(&hello.client_id, conn_id, kick_tx, owner.as_ref())
         .await
     else {
         tracing::info!(
-            client_id,
-            user = identity.name(),
+            client_id = hello.client_id,
+            user = hello.identity.name(),
             "mqtt: client id owned by another user"
         );
-        refuse(ReasonCode::NotAuthorized).await;
-        return;
+        return Err(ReasonCode::NotAuthorized);
     };
-    let (mut ms, present) = match prior {
+    let (ms, present) = match prior {
         Some(s) if !connect.clean_start => (s, true),
         Some(mut old) => {
             // A clean start ends the old session now: its delayed will is due now.
@@ -274,24 +354,25 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
                 mqtt.publish_will(&mut old.session, &w.msg).await;
             }
             drop(old);
-            (mqtt.new_session_in(class.as_ref()), false)
+            (mqtt.new_session_in(class), false)
         }
-        None => (mqtt.new_session_in(class.as_ref()), false),
+        None => (mqtt.new_session_in(class), false),
     };
-    if let Some(g) = &registered {
-        let e = g.entry();
-        e.set_user(identity.user.as_deref());
-        e.set_client_id(Some(&client_id));
-    }
-    mqtt.set_info(&client_id, conn_id, ms.out.clone(), version, expiry);
-    mqtt.stats.connected.fetch_add(1, Ordering::Relaxed);
-    mqtt.stats.connections.fetch_add(1, Ordering::Relaxed);
+    Ok(Taken {
+        ms,
+        present,
+        conn_id,
+        kick_rx,
+    })
+}
 
-    // CONNACK, then what the session has in flight and held.
+/// CONNACK for `connect`, and the keep alive in force (the server's cap, for a 5.0
+/// client).
+fn connack(connect: &Connect, mqtt: &Mqtt, hello: &mut Hello, present: bool) -> (ConnAck, u16) {
     let mut keep_alive = connect.keep_alive;
     let mut ack = ConnAck::new(ReasonCode::Success);
     ack.session_present = present;
-    if version.is_v5() {
+    if connect.protocol_version.is_v5() {
         let max_ka = mqtt.cfg.max_keep_alive;
         if max_ka > 0 && (keep_alive == 0 || keep_alive > max_ka) {
             keep_alive = max_ka;
@@ -299,73 +380,39 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         }
         let p = &mut ack.properties;
         p.receive_maximum = Some(mqtt.cfg.receive_maximum);
-        p.maximum_packet_size = Some(max_packet);
+        p.maximum_packet_size = Some(mqtt.cfg.max_packet_size);
         p.topic_alias_maximum = Some(mqtt.cfg.topic_alias_maximum);
-        p.assigned_client_identifier = assigned.map(ByteStr::from);
-        if connect.properties.session_expiry_interval.unwrap_or(0) != expiry {
-            p.session_expiry_interval = Some(expiry);
+        p.assigned_client_identifier = hello.assigned.take().map(ByteStr::from);
+        if connect.properties.session_expiry_interval.unwrap_or(0) != hello.expiry {
+            p.session_expiry_interval = Some(hello.expiry);
         }
     }
-    let link = Link::new(
-        version,
-        connect.properties.receive_maximum.unwrap_or(u16::MAX),
-        connect
-            .properties
-            .maximum_packet_size
-            .unwrap_or(hayate_mqtt::MAX_PACKET_SIZE),
-        connect.properties.topic_alias_maximum.unwrap_or(0),
-    );
-    let outbox = ms.session.outbox().clone();
-    let accepted = Accepted {
-        reader,
-        writer,
-        shutdown,
-        busy,
-        peer,
-        verified_name: None,
-        budget,
-        // `registered` stays in this function until the connection ends.
-        registered: None,
-        class: None,
-    };
-    let mut io = frontend::Conn::new(accepted, buf, &outbox);
-    // After the outbox has its sink: an admin close that came first cuts it for good.
-    if let Some(g) = &registered {
-        g.entry().attach(ms.session.id(), outbox.clone());
-    }
-    outbox.push_reply_unbudgeted(|o| {
-        put_packet(&Packet::ConnAck(Box::new(ack)), version, o);
-        lock(&ms.out).go_online(link, o);
-    });
-    ms.session.mark_own_output();
-    ms.session.flush();
-    tracing::debug!(client_id, ?version, present, "mqtt: connected");
+    (ack, keep_alive)
+}
 
-    let conn = Conn {
-        mqtt: &mqtt,
-        identity,
-        version,
-        aliases: HashMap::new(),
-        expiry,
-        expiry_at_connect: expiry,
-        problem_info: connect
-            .properties
-            .request_problem_information
-            .unwrap_or(true),
-        acks: std::sync::Mutex::new(futures::stream::FuturesOrdered::new()),
-    };
-    let ka = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
-    let mut h = Driven {
-        conn,
-        ms,
-        kick_rx,
-        kicked: None,
-        max_packet,
-        ka,
-        idle_at: tokio::time::Instant::now() + ka.unwrap_or_default(),
-        last_read: tokio::time::Instant::now(),
-    };
-    let end = io.drive(&mut h).await;
+/// What the client said it takes: its receive maximum, largest packet and topic aliases.
+fn link(connect: &Connect) -> Link {
+    let p = &connect.properties;
+    Link::new(
+        connect.protocol_version,
+        p.receive_maximum.unwrap_or(u16::MAX),
+        p.maximum_packet_size
+            .unwrap_or(hayate_mqtt::MAX_PACKET_SIZE),
+        p.topic_alias_maximum.unwrap_or(0),
+    )
+}
+
+/// The end of a connection: a last word to a 5.0 client, the will (published now, or
+/// parked with a session that outlives the connection), then the session parked, handed
+/// over to the connection that took it over, or dropped.
+async fn finish(
+    h: Driven<'_>,
+    end: End,
+    serving: Serving,
+    client_id: &str,
+    conn_id: u64,
+    will: Option<(Message, u32)>,
+) {
     let Driven {
         conn,
         mut ms,
@@ -373,33 +420,12 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         kicked,
         ..
     } = h;
+    let mqtt = conn.mqtt;
     // Deliveries made by the packets handled last still have to leave.
     ms.session.flush();
     tracing::debug!(client_id, ?end, "mqtt: connection ends");
     mqtt.stats.connected.fetch_sub(1, Ordering::Relaxed);
-
-    // A last word to a 5.0 client.
-    let last = match &end {
-        End::Error(code, msg) => Some((*code, msg.clone())),
-        End::KeepAlive => Some((ReasonCode::KeepAliveTimeout, "keep alive timeout".into())),
-        End::TakenOver => Some((ReasonCode::SessionTakenOver, "session taken over".into())),
-        End::Shutdown => Some((
-            ReasonCode::ServerShuttingDown,
-            "server shutting down".into(),
-        )),
-        End::Disconnect { .. } | End::Closed => None,
-    };
-    if let Some((code, msg)) = last
-        && version.is_v5()
-    {
-        let mut d = Disconnect::new(code);
-        if conn.problem_info && !msg.is_empty() {
-            d.properties.reason_string = Some(truncate(&msg).into());
-        }
-        outbox.push_reply_unbudgeted(|o| put_packet(&Packet::Disconnect(d), version, o));
-        ms.session.mark_own_output();
-        ms.session.flush();
-    }
+    last_word(&end, &conn, &mut ms, &serving.outbox);
     let publish_will = !matches!(
         end,
         End::Disconnect {
@@ -422,14 +448,14 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         }
     }
 
-    let persistent = expiry > 0 || matches!(end, End::TakenOver);
-    if persistent {
+    let outbox = &serving.outbox;
+    if expiry > 0 || matches!(end, End::TakenOver) {
         // Let the writer send what is queued (a last DISCONNECT) before detaching, which
         // discards it; not for long: the client may have stopped reading.
         for _ in 0..100 {
             match outbox.backlog() {
                 (0, false) => break,
-                _ if io.writer_done() => break,
+                _ if serving.conn.writer_done() => break,
                 _ => tokio::time::sleep(Duration::from_millis(5)).await,
             }
         }
@@ -438,15 +464,16 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
     } else {
         outbox.close();
     }
-    io.finish().await;
+    // The connection's entry (in `serving`) stays until the session is settled.
+    serving.conn.finish().await;
     if expiry != conn.expiry_at_connect {
         // Changed by the DISCONNECT: what is saved must say so.
-        mqtt.set_info(&client_id, conn_id, ms.out.clone(), version, expiry);
+        mqtt.set_info(client_id, conn_id, ms.out.clone(), conn.version, expiry);
     }
     let dropped = match (end, kicked) {
         (End::TakenOver, Some(to)) => to.send((Some(ms), parked_will)).err().and_then(|(s, _)| s),
         (_, kicked) => mqtt.release(
-            &client_id,
+            client_id,
             conn_id,
             kicked,
             &mut kick_rx,
@@ -456,6 +483,31 @@ pub async fn serve(io: Accepted, mqtt: Arc<Mqtt>) {
         ),
     };
     drop(dropped);
+}
+
+/// A last DISCONNECT to a 5.0 client, saying why the server ends the connection.
+fn last_word(end: &End, conn: &Conn<'_>, ms: &mut MqttSession, outbox: &Outbox) {
+    let (code, msg) = match end {
+        End::Error(code, msg) => (*code, msg.clone()),
+        End::KeepAlive => (ReasonCode::KeepAliveTimeout, "keep alive timeout".into()),
+        End::TakenOver => (ReasonCode::SessionTakenOver, "session taken over".into()),
+        End::Shutdown => (
+            ReasonCode::ServerShuttingDown,
+            "server shutting down".into(),
+        ),
+        End::Disconnect { .. } | End::Closed => return,
+    };
+    let version = conn.version;
+    if !version.is_v5() {
+        return;
+    }
+    let mut d = Disconnect::new(code);
+    if conn.problem_info && !msg.is_empty() {
+        d.properties.reason_string = Some(truncate(&msg).into());
+    }
+    outbox.push_reply_unbudgeted(|o| put_packet(&Packet::Disconnect(d), version, o));
+    ms.session.mark_own_output();
+    ms.session.flush();
 }
 
 /// Reason strings are capped (a reason string may not make a packet too large).

@@ -16,9 +16,10 @@ use hayate_mqtt::{
 use super::{Conn, Driven, End, Fail, fail};
 use crate::frontend::{Handler, Stop};
 use crate::mqtt::MqttSession;
-use crate::mqtt::delivery::{SubInfo, lock, put_packet};
+use crate::mqtt::delivery::{SubInfo, put_packet};
 use crate::mqtt::journal::Durable;
 use crate::mqtt::translate::{broker_qos, filter_to_expr, publish_message};
+use hayate_core::sync::lock;
 
 /// The error a PUBLISH's acknowledgement carries when its retained copy was not kept for the
 /// memory budget (a 5.0 client gets Quota exceeded; the message was routed all the same).

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use hayate_broker::{Batch, Encoder, OutBuf};
 
-use super::{SharedDeliveries, lock};
+use super::SharedDeliveries;
+use hayate_core::sync::lock;
 
 /// The [`Encoder`] of an MQTT session's outbox.
 #[derive(Debug)]

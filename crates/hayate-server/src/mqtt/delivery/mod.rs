@@ -40,8 +40,6 @@ use super::translate::qos_of;
 /// The delivery state, shared between the encoder and the connection.
 pub(crate) type SharedDeliveries = Arc<Mutex<MqttDeliveries>>;
 
-pub(crate) use crate::lock;
-
 mod encoder;
 mod link;
 

@@ -8,7 +8,8 @@ use hayate_core::{INBOX_PREFIX, Key, KeyExpr, Message, Qos};
 use hayate_stomp::{Command, Frame, Version};
 
 use super::{Conn, Refusal, refuse};
-use crate::stomp::delivery::{AckMode, Kind, Sub, lock};
+use crate::stomp::delivery::{AckMode, Kind, Sub};
+use hayate_core::sync::lock;
 
 /// Queues one connection may declare (`/queue/<name>` sent to or subscribed), at most.
 pub(crate) const MAX_DECLARED: usize = 1024;

@@ -8,7 +8,7 @@ use hayate_stomp::{Command, Frame, Version};
 
 use super::{Conn, Refusal, refuse};
 use crate::auth::Credentials;
-use crate::stomp::delivery::lock;
+use hayate_core::sync::lock;
 
 impl Conn<'_> {
     pub(super) async fn connect(
@@ -34,19 +34,13 @@ impl Conn<'_> {
         let creds = Credentials {
             user: f.get("login"),
             password: f.get("passcode").map(str::as_bytes),
-            token: None,
-            peer: self.peer,
-            verified: self.verified_name.as_deref(),
+            ..Credentials::default()
         };
-        match self.stomp.auth.authenticate("stomp", creds).await {
-            Ok(id) => {
-                self.identity = id;
-                if let Some(e) = &self.entry {
-                    e.set_user(self.identity.user.as_deref());
-                }
-            }
-            Err(e) => return Err(refuse("access refused", e.to_string())),
-        }
+        self.identity = self
+            .peer
+            .login(&*self.stomp.auth, "stomp", creds)
+            .await
+            .map_err(|e| refuse("access refused", e.to_string()))?;
         let (cx, cy) = match f.get("heart-beat") {
             None => (0, 0),
             Some(h) => parse_heart_beat(h).ok_or_else(|| {

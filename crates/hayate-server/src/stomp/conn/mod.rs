@@ -19,13 +19,12 @@ use hayate_stomp::{Command, Frame, Item, Limits, Version, encode};
 use tokio::time::Instant;
 
 use super::Stomp;
-use super::delivery::{StompDeliveries, StompEncoder, lock};
-use crate::frontend::{self, Accepted, Handler, Stop, SubTable};
+use super::delivery::{StompDeliveries, StompEncoder};
+use crate::frontend::{Accepted, Handler, Peer, Serving, Stop, SubTable};
+use hayate_core::sync::lock;
 
 mod frames;
 mod handshake;
-
-const READ_BUF: usize = 64 * 1024;
 
 /// A refusal: the ERROR frame's `message` header and body.
 #[derive(Debug)]
@@ -49,11 +48,9 @@ struct Conn<'a> {
     stomp: &'a Stomp,
     /// Who the client is (anonymous until CONNECT's login is checked).
     identity: crate::auth::Identity,
-    /// The connection's entry among the server's live connections (admin API).
-    entry: Option<Arc<hayate_io::registry::ConnEntry>>,
-    peer: Option<std::net::IpAddr>,
-    /// The user a verified client certificate names (TLS with `tls.cert_user`).
-    verified_name: Option<String>,
+    /// Where the client comes from, and the connection's entry among the server's live
+    /// connections (admin API).
+    peer: Peer,
     out: Arc<Mutex<StompDeliveries>>,
     connected: bool,
     version: Version,
@@ -215,34 +212,20 @@ impl Handler for Driven<'_> {
 
 /// Serves one STOMP connection until it closes.
 pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
-    let mut io = io;
-    let (_registered, entry) = io.take_registered();
-    let peer = io.peer.map(|a| a.ip());
-    let verified_name = io.verified_name.clone();
     let limits = Limits {
         max_headers: stomp.cfg.max_headers,
         max_header_bytes: 64 * 1024,
         max_body: stomp.cfg.max_frame_size,
     };
     let out = Arc::new(Mutex::new(StompDeliveries::new(String::new())));
-    let session = stomp.broker.open_session_in(
-        Box::new(StompEncoder { out: out.clone() }),
-        io.class.as_ref(),
-    );
+    let encoder = Box::new(StompEncoder { out: out.clone() });
+    let (peer, session, mut serving) = Serving::open(io, &stomp.broker, encoder);
     lock(&out).temp_prefix = format!("{}/", session.inbox());
-    let outbox = session.outbox().clone();
-    let mut conn = frontend::Conn::new(io, BytesMut::with_capacity(READ_BUF), &outbox);
-    // After the outbox has its sink: an admin close that came first cuts it for good.
-    if let Some(e) = &entry {
-        e.attach(session.id(), outbox.clone());
-    }
     let mut h = Driven {
         c: Conn {
             stomp: &stomp,
             identity: crate::auth::Identity::anonymous(),
-            entry,
             peer,
-            verified_name,
             out: out.clone(),
             connected: false,
             version: Version::V1_0,
@@ -264,8 +247,8 @@ pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
         last_read: None,
         scanned: hayate_stomp::Scanned::default(),
     };
-    let end = conn.drive(&mut h).await;
-    let (mut c, mut session) = (h.c, h.session);
+    let end = serving.conn.drive(&mut h).await;
+    let (mut c, session) = (h.c, h.session);
     // A durable queue's messages this connection held go back to its consumer, at once.
     c.members.leave_all(&session).await;
     if let Some(e) = end {
@@ -280,13 +263,10 @@ pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
             f = f.body(Bytes::from(e.detail.into_bytes()));
         }
         let v = c.version;
-        outbox.push_control_unbudgeted(|b| encode(&f, v, b));
+        serving.outbox.push_control_unbudgeted(|b| encode(&f, v, b));
     }
     // Messages left unacknowledged go back to their queues (topic messages are dropped).
-    session.release_unacked(None).await;
-    session.flush();
-    drop(session);
-    conn.close(&*outbox).await;
+    serving.close(session).await;
 }
 
 impl Conn<'_> {

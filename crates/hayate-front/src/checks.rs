@@ -1,188 +1,9 @@
-//! The front-end layer: one connection driver for every protocol.
-//!
-//! A protocol front-end (native, MQTT, STOMP) is a [`Handler`]: it decodes frames, handles
-//! them against its broker [`Session`] and says when its timers are due. The driver owns the
-//! lifecycle they share: attach the session's outbox to the transport and run its writer
-//! task ([`attach`]), decode and handle *every* complete frame of a read before reading again,
-//! flush what the read produced from this task ([`Session::flush`]), then wait for the next
-//! read, the handler's timer, an outside event (an MQTT session takeover), the writer's end
-//! or shutdown ([`drive`]); and at the end let the writer flush and stop ([`close`]).
-//! Each protocol's own code is its handshake, its frame handling and its translation.
-
-/// A connection's subscriptions as its protocol names them (an MQTT filter, a STOMP
-/// subscription id), each with the broker subscription id it was given. Set the protocol's
-/// options for a subscription before `Session::subscribe` (a delivery may arrive as soon as
-/// the broker knows it), bind the name after it succeeded.
-#[derive(Debug, Default)]
-pub(crate) struct SubTable {
-    ids: std::collections::HashMap<String, u32>,
-    next: u32,
-}
-
-impl SubTable {
-    /// The broker subscription id of `name`.
-    pub(crate) fn get(&self, name: &str) -> Option<u32> {
-        self.ids.get(name).copied()
-    }
-
-    /// Whether `name` is subscribed.
-    pub(crate) fn contains(&self, name: &str) -> bool {
-        self.ids.contains_key(name)
-    }
-
-    /// A broker subscription id not used yet on this connection.
-    pub(crate) fn next_sid(&mut self) -> u32 {
-        self.next = self.next.max(1);
-        let sid = self.next;
-        self.next += 1;
-        sid
-    }
-
-    /// Binds `name` to `sid` (a restored subscription may bring its own id).
-    pub(crate) fn bind(&mut self, name: String, sid: u32) {
-        self.next = self.next.max(sid.saturating_add(1));
-        self.ids.insert(name, sid);
-    }
-
-    /// Unbinds `name`; returns its broker subscription id.
-    pub(crate) fn remove(&mut self, name: &str) -> Option<u32> {
-        self.ids.remove(name)
-    }
-}
-
-pub use hayate_io::conn::{Accepted, InputBudget};
-pub(crate) use hayate_io::conn::{Conn, Handler, Stop};
-
-/// A connection's memberships of stream consumers, by broker subscription id: the task that
-/// delivers each consumer's messages into the session's outbox, and the mapping of the
-/// protocol's acknowledgements back to the consumers. Shared by every front-end that joins
-/// consumers (native CONSUME, STOMP `/queue/` on a stream).
-/// Most consumer memberships one connection may hold (each is a task).
-pub(crate) const MAX_MEMBERSHIPS: usize = 256;
-
-#[derive(Default)]
-pub(crate) struct Memberships {
-    members: std::collections::HashMap<u32, Member>,
-}
-
-struct Member {
-    consumer: std::sync::Arc<hayate_broker::Consumer>,
-    task: tokio::task::JoinHandle<()>,
-    claimed: hayate_broker::stream::member::Claimed,
-}
-
-impl Memberships {
-    /// Whether `sid` is a membership.
-    pub(crate) fn contains(&self, sid: u32) -> bool {
-        self.members.contains_key(&sid)
-    }
-
-    /// True when there is none.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.members.is_empty()
-    }
-
-    /// How many there are.
-    pub(crate) fn len(&self) -> usize {
-        self.members.len()
-    }
-
-    /// Joins `consumer` as subscription `sid` of `session`: acknowledged deliveries, or with
-    /// `auto_ack` plain ones that count as acknowledged once queued for the socket.
-    pub(crate) fn join(
-        &mut self,
-        session: &hayate_broker::Session,
-        sid: u32,
-        consumer: std::sync::Arc<hayate_broker::Consumer>,
-        auto_ack: bool,
-    ) {
-        use hayate_broker::stream::member;
-        let outbox = session.outbox().clone();
-        if !auto_ack {
-            outbox.set_acked(sid, true);
-        }
-        let claimed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(member::NONE));
-        let task = tokio::spawn(member::run(
-            consumer.clone(),
-            session.broker().clone(),
-            outbox,
-            sid,
-            member::Options {
-                claimed: claimed.clone(),
-                auto_ack,
-            },
-        ));
-        self.members.insert(
-            sid,
-            Member {
-                consumer,
-                task,
-                claimed,
-            },
-        );
-    }
-
-    /// Leaves the consumer of `sid`: its task stops (awaited: an aborted task may run on
-    /// another thread until its next await), and what it held here goes back to the
-    /// consumer for another member, at once.
-    pub(crate) async fn leave(&mut self, session: &hayate_broker::Session, sid: u32) -> bool {
-        use hayate_broker::stream::member;
-        let Some(m) = self.members.remove(&sid) else {
-            return false;
-        };
-        m.task.abort();
-        let _ = m.task.await;
-        let claimed = m.claimed.load(std::sync::atomic::Ordering::Acquire);
-        if claimed != member::NONE {
-            let (o, n) = member::unpack(claimed);
-            m.consumer.give_back(o, n, std::time::Duration::ZERO);
-        }
-        for d in session.outbox().take_unacked(Some(sid)) {
-            if let Some(o) = d.msg.attrs.stream_offset {
-                m.consumer
-                    .give_back(o, d.msg.attrs.deliveries, std::time::Duration::ZERO);
-            }
-        }
-        session.outbox().set_acked(sid, false);
-        // Saved now, not within 100 ms: this may be the consumer's last change for a while.
-        if let Err(e) = m.consumer.persist_now() {
-            tracing::warn!("saving consumer state: {e}");
-        }
-        true
-    }
-
-    /// Leaves every consumer (the connection ends).
-    pub(crate) async fn leave_all(&mut self, session: &hayate_broker::Session) {
-        let sids: Vec<u32> = self.members.keys().copied().collect();
-        for sid in sids {
-            self.leave(session, sid).await;
-        }
-    }
-
-    /// Applies settled deliveries that belong to consumers (an ACK, or with `nack_delay` a
-    /// NACK to be delivered again after that long); returns the others.
-    pub(crate) fn settle(
-        &self,
-        settled: Vec<hayate_broker::Delivery>,
-        nack_delay: Option<std::time::Duration>,
-    ) -> Vec<hayate_broker::Delivery> {
-        let mut rest = Vec::new();
-        for d in settled {
-            match (self.members.get(&d.sid), d.msg.attrs.stream_offset) {
-                (Some(m), Some(o)) => match nack_delay {
-                    None => m.consumer.ack(o),
-                    Some(delay) => m.consumer.give_back(o, d.msg.attrs.deliveries, delay),
-                },
-                _ => rest.push(d),
-            }
-        }
-        rest
-    }
-}
+//! The permission checks every front-end subscribes, publishes, joins consumers and calls
+//! the stream API through.
 
 /// Why a subscription was refused.
 #[derive(Debug)]
-pub(crate) enum SubFail {
+pub enum SubFail {
     /// The identity's permissions (or the inbox rule) do not allow it.
     Denied(crate::auth::Denied),
     /// The broker refused it (a duplicate id).
@@ -201,7 +22,7 @@ impl std::fmt::Display for SubFail {
 /// Subscribes `session` through `who`'s permissions: refused, or subscribed with a guard
 /// that keeps from it the keys its expression covers but `who` may not read. Every
 /// front-end subscribes through this.
-pub(crate) fn subscribe_checked(
+pub fn subscribe_checked(
     session: &mut hayate_broker::Session,
     who: &crate::auth::Identity,
     sid: u32,
@@ -226,7 +47,7 @@ pub(crate) fn subscribe_checked(
 }
 
 /// May `who` publish `msg`? Logs a refusal. Every front-end publishes through this.
-pub(crate) fn check_publish(
+pub fn check_publish(
     who: &crate::auth::Identity,
     key: &hayate_core::Key,
     with_reply: bool,
@@ -336,7 +157,7 @@ fn check_serve_all(
 /// May `who` join `consumer` (a work queue: serving)? It must be the consumer's owner if
 /// it has one, and be allowed to serve the consumer's filter, or each expression its
 /// stream captures.
-pub(crate) fn check_consume(
+pub fn check_consume(
     who: &crate::auth::Identity,
     stream: &hayate_broker::Stream,
     consumer: &hayate_broker::Consumer,
@@ -373,7 +194,7 @@ pub(crate) fn check_consume(
 ///
 /// A body that does not parse, or a stream that does not exist, is left to the API to
 /// answer.
-pub(crate) fn check_stream_api(
+pub fn check_stream_api(
     who: &crate::auth::Identity,
     broker: &hayate_broker::Broker,
     key: &str,
@@ -496,7 +317,7 @@ fn check_consumer_op(
 
 /// Keeps from a stream API reply what `who` may not see: `stream/ls` lists only the
 /// streams it may see ([`may_see`]).
-pub(crate) fn filter_stream_api_reply(
+pub fn filter_stream_api_reply(
     who: &crate::auth::Identity,
     key: &str,
     reply: &mut hayate_broker::stream::api::ApiReply,
@@ -506,12 +327,4 @@ pub(crate) fn filter_stream_api_reply(
     {
         list.retain(|i| may_see(who, &i.config));
     }
-}
-
-/// FNV-1a of `s`: a hash that is the same in every run and build, for names kept on disk
-/// (a STOMP durable queue's consumer, an AMQP vhost's directory) that had to be cut.
-pub(crate) fn stable_hash(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }

@@ -1,5 +1,5 @@
 //! What operators see of a running server: its listeners' traffic and connection counts, the
-//! live connections, and whether it is ready. The admin HTTP listener ([`crate::admin`])
+//! live connections, and whether it is ready. The admin HTTP listener (`hayate_server::admin`)
 //! serves it as JSON and as Prometheus metrics.
 
 use std::sync::Arc;
@@ -28,7 +28,7 @@ pub struct ListenerStats {
 }
 
 impl ListenerStats {
-    pub(crate) fn new(protocol: &'static str, addr: String) -> Arc<ListenerStats> {
+    pub fn new(protocol: &'static str, addr: String) -> Arc<ListenerStats> {
         Arc::new(ListenerStats {
             protocol,
             addr,
@@ -65,7 +65,7 @@ impl Ops {
             .collect()
     }
 
-    pub(crate) fn new(listeners: Vec<Arc<ListenerStats>>) -> Arc<Ops> {
+    pub fn new(listeners: Vec<Arc<ListenerStats>>) -> Arc<Ops> {
         Arc::new(Ops {
             conns: ConnRegistry::new(),
             listeners,
@@ -84,7 +84,7 @@ impl Ops {
         self.ready.load(Ordering::Acquire)
     }
 
-    pub(crate) fn set_ready(&self) {
+    pub fn set_ready(&self) {
         self.ready.store(true, Ordering::Release);
     }
 }
