@@ -1,0 +1,1 @@
+//! Hayate's stomp front-end (being moved here from hayate-server; issue 45).
