@@ -68,44 +68,38 @@ fn single<T>(v: T) -> [(Labels, T); 1] {
     [(Vec::new(), v)]
 }
 
-/// A counter family: one unlabelled sample, or one per row of labels.
-fn counter(
+/// A family of `kind`: one unlabelled sample, or one per row of labels.
+fn family<T: Copy, M: EncodeMetric>(
     e: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    rows: &[(Labels, u64)],
-) -> Result<(), std::fmt::Error> {
-    let m = ConstCounter::new(0u64);
-    let mut enc = e.encode_descriptor(name, help, None, m.metric_type())?;
+    (name, help, kind): (&str, &str, MetricType),
+    rows: &[(Labels, T)],
+    make: fn(T) -> M,
+) -> Encoded {
+    let mut enc = e.encode_descriptor(name, help, None, kind)?;
     match rows {
-        [(labels, v)] if labels.is_empty() => ConstCounter::new(*v).encode(enc)?,
+        [(labels, v)] if labels.is_empty() => make(*v).encode(enc)?,
         _ => {
             for (labels, v) in rows {
-                ConstCounter::new(*v).encode(enc.encode_family(labels)?)?;
+                make(*v).encode(enc.encode_family(labels)?)?;
             }
         }
     }
     Ok(())
 }
 
+/// A counter family: one unlabelled sample, or one per row of labels.
+fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, rows: &[(Labels, u64)]) -> Encoded {
+    family(
+        e,
+        (name, help, MetricType::Counter),
+        rows,
+        ConstCounter::new,
+    )
+}
+
 /// A gauge family: one unlabelled sample, or one per row of labels.
-fn gauge(
-    e: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    rows: &[(Labels, f64)],
-) -> Result<(), std::fmt::Error> {
-    let m = ConstGauge::new(0f64);
-    let mut enc = e.encode_descriptor(name, help, None, m.metric_type())?;
-    match rows {
-        [(labels, v)] if labels.is_empty() => ConstGauge::new(*v).encode(enc)?,
-        _ => {
-            for (labels, v) in rows {
-                ConstGauge::new(*v).encode(enc.encode_family(labels)?)?;
-            }
-        }
-    }
-    Ok(())
+fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, rows: &[(Labels, f64)]) -> Encoded {
+    family(e, (name, help, MetricType::Gauge), rows, ConstGauge::new)
 }
 
 /// A histogram family without labels.
