@@ -25,6 +25,8 @@ use crate::stomp::Stomp;
 use crate::tls::ServerTls;
 use crate::{mqtt, native, stomp, ws};
 
+mod figures;
+
 /// The protocol a listener speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {
@@ -470,12 +472,11 @@ impl Server {
             let state = crate::admin::AdminState {
                 broker: self.broker.clone(),
                 ops: self.ops.clone(),
-                mqtt: self.mqtt.clone(),
+                figures: figures::front_figures(&self.mqtt, self.shm.as_ref()),
                 auth: self.auth.clone(),
                 users: self.admin_users.clone(),
                 log: self.log_control.clone(),
                 reload: self.reload_control.clone(),
-                shm: self.shm.clone(),
             };
             tokio::spawn(crate::admin::serve(l, state, stop_rx.clone()))
         });

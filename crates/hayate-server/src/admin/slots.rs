@@ -2,7 +2,12 @@
 //! served slots and the `SPARE_SLOTS`, which to close for a new one (idle, or writes
 //! blocked), and what each connection's socket and service tell the accept loop.
 
-use super::*;
+use std::sync::Arc;
+
+use axum::Router;
+use hayate_core::sync::lock;
+
+use super::{MAX_CONNECTIONS, SPARE_SLOTS, WRITE_BLOCKED_CUT, WRITE_TIMEOUT};
 
 /// Which slots a connection holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,7 +94,7 @@ pub(super) struct Slots {
 
 impl Slots {
     pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, SlotTable> {
-        self.table.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.table)
     }
 }
 
