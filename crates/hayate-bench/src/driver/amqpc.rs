@@ -30,6 +30,7 @@ use anyhow::{Context, bail};
 use bytes::{Bytes, BytesMut};
 use hayate_amqp::frame::PROTOCOL_HEADER;
 use hayate_amqp::{ContentHeader, FieldTable, Frame, FrameDecoder, Method, ShortStr};
+use hayate_core::sync::lock;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
@@ -46,10 +47,6 @@ const ACK_EVERY: u64 = 64;
 const SUB_CAPACITY: usize = 64 << 10;
 const CHANNEL: u16 = 1;
 const FRAME_MAX: u32 = 131_072;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Publisher confirms (`durable=1`).
 #[derive(Default)]
