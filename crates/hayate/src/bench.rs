@@ -15,7 +15,8 @@ pub(crate) enum Test {
     Thr,
     /// Latency: ping-pong with one message in flight; half round trip percentiles.
     Lat,
-    /// The raw TCP limit of the same path (throughput and latency), no broker.
+    /// The raw TCP limit of the same path (throughput and latency), no broker; for throughput
+    /// also its relay floor (publisher -> a thread that only copies bytes -> subscriber).
     Baseline,
     /// Request/reply by rpc-bench's method: the client sends a number, the server answers with
     /// the number plus one, every reply checked. Default points: 32k..512k calls at
@@ -64,8 +65,11 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_name = "URL")]
     pub(crate) target: Vec<String>,
     /// Also measure the raw TCP baseline in the same run: thr and lat over one connection;
-    /// rpc through a relay process that only copies bytes, to a server process (the floor
-    /// of a brokered call on this host: system `tcp`, mode `relay`).
+    /// thr also through a relay thread that only copies bytes from the publisher's connection
+    /// to the subscriber's (the floor of any brokered path on this host: system `tcp`, mode
+    /// `relay`; the table then gives every system's msg/s as a share of it); rpc through a
+    /// relay process that only copies bytes, to a server process (the floor of a brokered
+    /// call on this host: system `tcp`, mode `relay`).
     #[arg(long)]
     pub(crate) baseline: bool,
     /// Payload sizes: `64,1KiB,64KiB` or a doubling range `8..64MiB`. Default: 8 B to 64 MiB

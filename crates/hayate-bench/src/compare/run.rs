@@ -107,7 +107,7 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
         own_threads: false,
     };
     println!(
-        "compare: throughput sweep ({} payloads, {} targets + tcp baseline)",
+        "compare: throughput sweep ({} payloads, {} targets + tcp baseline and relay floor)",
         payloads.len(),
         targets.len()
     );
@@ -280,7 +280,9 @@ pub fn compare(opts: &CompareOptions, cleanup: &Cleanup) -> anyhow::Result<Compa
             "throughput".to_string(),
             format!(
                 "payloads {}; per point {} s warm-up then {} s in {} samples, median after \
-                 dropping samples beyond the 1st/99th percentiles; targets interleaved per payload",
+                 dropping samples beyond the 1st/99th percentiles; targets interleaved per \
+                 payload, then raw TCP and the relay floor (publisher -> a thread copying bytes \
+                 -> subscriber), to which every system's msg/s is also given as a share",
                 payloads
                     .iter()
                     .map(|p| format_size(*p))
