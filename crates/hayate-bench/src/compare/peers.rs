@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
+use hayate_core::sync::lock;
 
 use super::ddsperf::DDS_CONFIG;
 use super::hayate::hayate_addr;
@@ -289,7 +290,7 @@ pub(super) fn prepare(
         run_script(&path, &["install".into()]).context("install")?;
         if spec.name == "ddsperf" {
             let config = first_line(&run_script(&path, &["config".into()]).unwrap_or_default());
-            *DDS_CONFIG.lock().unwrap_or_else(|e| e.into_inner()) = Some(config);
+            *lock(&DDS_CONFIG) = Some(config);
         }
         let v = run_script(&path, &["version".into()]).unwrap_or_default();
         return Ok((None, first_line(&v)));
