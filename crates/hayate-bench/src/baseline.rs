@@ -7,6 +7,15 @@
 //! reader thread parses the frames and counts them. Latency: a ping-pong of one frame with an
 //! echo thread. TCP_NODELAY on both sides; blocking sockets on OS threads (the cheapest way to
 //! drive a socket). Records have `system = "tcp"`, `mode = "raw"`.
+//!
+//! The relay floor of throughput (`mode = "relay"`, measured beside the raw point whenever
+//! the baseline is): the same writer and reader, with a relay thread between them that only
+//! copies bytes from the publisher's connection to the subscriber's ([`relay_bytes`], the copy
+//! loop of `bench rpc --baseline`'s relay too). Two loopback connections and a copy through
+//! user space, as through any broker, and no messaging work: what no brokered design can
+//! beat on this machine. The relay is a thread of this process rather than a process of its
+//! own: over loopback TCP that costs it nothing a process would not (fewer address-space
+//! switches if anything), so it stays a floor.
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -24,8 +33,12 @@ use crate::{LatOptions, Record, ThrOptions};
 
 const BATCH_BYTES: usize = 256 * 1024;
 const COPY_MAX_FRAME: usize = 4 * 1024;
+/// The throughput relay's copy buffer: as large as the reader's, so that the relay makes no
+/// more system calls than the subscriber does.
+const RELAY_BUF: usize = 1 << 20;
 
-/// Raw TCP throughput at each of `opts.payloads` (`opts.targets` is ignored).
+/// Raw TCP throughput, and its relay floor, at each of `opts.payloads` (`opts.targets` is
+/// ignored).
 pub fn baseline_thr(opts: &ThrOptions) -> anyhow::Result<Vec<Record>> {
     crate::thr(&ThrOptions {
         targets: Vec::new(),
@@ -48,19 +61,75 @@ fn connected_pair() -> io::Result<(TcpStream, TcpStream)> {
     Ok((client, server))
 }
 
-pub(crate) async fn thr_point(payload: usize, opts: &ThrOptions) -> Record {
-    let mut rec = Record::new("tcp", "raw", "thr", payload);
-    rec.client = "std::net::TcpStream".to_string();
-    let result = thr_run(payload, opts).await;
+/// A throughput path: the publisher's end, the subscriber's end and the relay thread between
+/// them, if any.
+type Ends = (TcpStream, TcpStream, Option<std::thread::JoinHandle<()>>);
+
+/// One connection from the publisher to the subscriber.
+fn thr_pair() -> anyhow::Result<Ends> {
+    let (tx, rx) = connected_pair().context("loopback TCP pair")?;
+    Ok((tx, rx, None))
+}
+
+/// Publisher -> relay -> subscriber: two loopback connections and the relay thread copying
+/// from the first to the second (it ends, shutting the subscriber's side, at the end of the
+/// publisher's stream).
+fn relayed_pair() -> anyhow::Result<Ends> {
+    let (tx, relay_in) = connected_pair().context("loopback TCP pair (publisher -> relay)")?;
+    let (relay_out, rx) = connected_pair().context("loopback TCP pair (relay -> subscriber)")?;
+    let relay = std::thread::Builder::new()
+        .name("tcp-relay".into())
+        .spawn(move || relay_bytes(relay_in, relay_out, RELAY_BUF))?;
+    Ok((tx, rx, Some(relay)))
+}
+
+/// Copies what `from` reads to `to` until `from` ends or either fails, then shuts `to`'s
+/// write side, so that the end travels through. The whole of a relay: no parsing, no
+/// messaging work.
+pub(crate) fn relay_bytes(mut from: TcpStream, mut to: TcpStream, buf_size: usize) {
+    let mut buf = vec![0u8; buf_size];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}
+
+/// A throughput point of the baseline: raw TCP (one connection, publisher to subscriber), or
+/// with `relayed` its relay floor (publisher -> relay thread -> subscriber).
+pub(crate) async fn thr_point(payload: usize, opts: &ThrOptions, relayed: bool) -> Record {
+    let (mode, client, path): (_, _, fn() -> anyhow::Result<Ends>) = if relayed {
+        let client = "std::net::TcpStream, blocking threads (publisher -> relay thread -> \
+                      subscriber)";
+        ("relay", client, relayed_pair)
+    } else {
+        ("raw", "std::net::TcpStream", thr_pair)
+    };
+    let mut rec = Record::new("tcp", mode, "thr", payload);
+    rec.client = client.to_string();
+    let result = thr_run(payload, opts, path).await;
     thr::finish(&mut rec, result);
     rec
 }
 
-async fn thr_run(payload: usize, opts: &ThrOptions) -> anyhow::Result<Vec<f64>> {
+/// The writer and reader threads over the connection(s) `path` makes, sampled.
+async fn thr_run(
+    payload: usize,
+    opts: &ThrOptions,
+    path: fn() -> anyhow::Result<Ends>,
+) -> anyhow::Result<Vec<f64>> {
     if u32::try_from(payload).is_err() {
         anyhow::bail!("payload too large for a u32 length prefix");
     }
-    let (mut tx, mut rx) = connected_pair().context("loopback TCP pair")?;
+    let (mut tx, mut rx, relay) = path()?;
     let counter = Counter::new();
     let stop = Arc::new(AtomicBool::new(false));
 
@@ -96,9 +165,13 @@ async fn thr_run(payload: usize, opts: &ThrOptions) -> anyhow::Result<Vec<f64>> 
 
     let result = sample(&counter, opts.warmup, opts.duration, opts.samples, || None).await;
     stop.store(true, Ordering::Relaxed);
-    // The reader ends at EOF once the writer has stopped and shut its side down.
+    // The reader ends at EOF once the writer has stopped and shut its side down (and the
+    // relay, if any, has passed the end on).
     tokio::task::spawn_blocking(move || {
         let _ = writer.join();
+        if let Some(relay) = relay {
+            let _ = relay.join();
+        }
         let _ = reader.join();
     })
     .await?;
@@ -375,6 +448,40 @@ mod tests {
         }
     }
 
+    /// Frames with a sequence number in their first 8 bytes, sent through the relay by one
+    /// thread, read back by another: every one arrives, in order, and then the end.
+    #[test]
+    fn the_relay_delivers_every_message_in_order() {
+        const N: u64 = 3000;
+        let size = |i: u64| [8usize, 100, 4096, 70_000][(i % 4) as usize];
+        let (mut tx, mut rx, relay) = relayed_pair().unwrap();
+        let writer = std::thread::spawn(move || {
+            for i in 0..N {
+                let mut frame = vec![0xa5u8; 4 + size(i)];
+                frame[..4].copy_from_slice(&(size(i) as u32).to_be_bytes());
+                frame[4..12].copy_from_slice(&i.to_be_bytes());
+                tx.write_all(&frame).unwrap();
+            }
+            tx.shutdown(Shutdown::Write).unwrap();
+        });
+        rx.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut body = Vec::new();
+        for i in 0..N {
+            let mut len = [0u8; 4];
+            rx.read_exact(&mut len).unwrap();
+            assert_eq!(u32::from_be_bytes(len) as usize, size(i), "frame {i}");
+            body.resize(size(i), 0);
+            rx.read_exact(&mut body).unwrap();
+            let seq = u64::from_be_bytes(body[..8].try_into().unwrap());
+            assert_eq!(seq, i);
+            assert!(body[8..].iter().all(|&b| b == 0xa5), "frame {i}");
+        }
+        // The publisher's end travels through the relay.
+        assert_eq!(rx.read(&mut [0u8; 16]).unwrap(), 0);
+        writer.join().unwrap();
+        relay.unwrap().join().unwrap();
+    }
+
     #[test]
     fn baselines_give_sane_numbers() {
         let thr_opts = ThrOptions {
@@ -385,11 +492,26 @@ mod tests {
             ..ThrOptions::default()
         };
         let recs = baseline_thr(&thr_opts).unwrap();
-        assert_eq!(recs.len(), 2);
+        // Per payload: raw TCP, then the relay floor.
+        let modes: Vec<(&str, usize)> = recs
+            .iter()
+            .map(|r| (r.mode.as_str(), r.payload_bytes))
+            .collect();
+        assert_eq!(
+            modes,
+            [
+                ("raw", 64),
+                ("relay", 64),
+                ("raw", 64 * 1024),
+                ("relay", 64 * 1024)
+            ]
+        );
         for r in &recs {
             assert_eq!(r.error, None);
-            assert_eq!((r.system.as_str(), r.mode.as_str()), ("tcp", "raw"));
-            assert!(r.msgs_per_sec.unwrap() > 1000.0, "{r:?}");
+            assert_eq!((r.system.as_str(), r.test.as_str()), ("tcp", "thr"));
+            // No timing assert on the relay: only that it delivered.
+            let least = if r.mode == "raw" { 1000.0 } else { 0.0 };
+            assert!(r.msgs_per_sec.unwrap() > least, "{r:?}");
             let bits = r.msgs_per_sec.unwrap() * r.payload_bytes as f64 * 8.0;
             assert!((r.bits_per_sec.unwrap() - bits).abs() < 1.0);
             assert!(r.samples >= 3);

@@ -31,6 +31,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use futures::StreamExt;
+use hayate_core::sync::lock;
 
 use crate::target::{System, Target};
 
@@ -317,9 +318,7 @@ async fn hayate_peer(target: &Target) -> anyhow::Result<hayate_client::peer::Nod
     });
     let partner = match &explicit {
         Some(list) => list.first().cloned(),
-        None => PENDING
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        None => lock(&PENDING)
             .get_or_insert_with(Default::default)
             .remove(&target.addr()),
     };
@@ -339,9 +338,7 @@ async fn hayate_peer(target: &Target) -> anyhow::Result<hayate_client::peer::Nod
             .with_context(|| format!("{target}: the peer nodes did not link"))?,
         None if explicit.is_some() => {}
         None => {
-            PENDING
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
+            lock(&PENDING)
                 .get_or_insert_with(Default::default)
                 .insert(target.addr(), node.local_addr().to_string());
         }
@@ -451,7 +448,7 @@ impl Conn {
                                 Event::ClientError(e) => format!("nats client error: {e}"),
                                 _ => return,
                             };
-                            let mut slot = t.lock().unwrap_or_else(|e| e.into_inner());
+                            let mut slot = lock(&t);
                             if slot.is_none() {
                                 *slot = Some(format!("{who}: {msg}"));
                             }
@@ -596,7 +593,7 @@ impl Conn {
                     .load(std::sync::atomic::Ordering::Relaxed);
                 (slow > 0).then(|| format!("{slow} subscription(s) cut as slow consumers"))
             }
-            Conn::Nats(n) => n.trouble.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            Conn::Nats(n) => lock(&n.trouble).clone(),
             Conn::Stomp(c) => c.trouble(),
             #[cfg(feature = "peers")]
             Conn::Zenoh(c) => c.trouble(),

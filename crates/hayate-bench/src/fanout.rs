@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
+use hayate_core::sync::lock;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
@@ -250,8 +251,7 @@ async fn run(
         tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 if let Err(e) = conn.publish(&topic, data.clone()).await {
-                    *failed.lock().unwrap_or_else(|e| e.into_inner()) =
-                        Some(format!("publish: {e:#}"));
+                    *lock(&failed) = Some(format!("publish: {e:#}"));
                     return;
                 }
             }
@@ -296,7 +296,7 @@ async fn run(
             let _ = c.proc.kill().await;
         }
     }
-    if let Some(e) = failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
+    if let Some(e) = lock(&failed).take() {
         bail!(e);
     }
     if let Some(t) = conn.trouble() {

@@ -258,50 +258,103 @@ fn thr_tables(thr: &[Record]) -> String {
         ),
         ("bit/s", |r: &Record| r.bits_per_sec, format_bits),
     ] {
-        let _ = write!(h, "<h3>{title}</h3>\n<table><tr><th>payload</th>");
-        for s in &systems {
-            let _ = write!(h, "<th>{}</th>", esc(s));
-        }
-        h.push_str("</tr>\n");
+        let _ = write!(h, "<h3>{title}</h3>\n<table>");
+        h.push_str(&header_row(&systems));
         for &p in &payloads {
-            let at = |s: &str, p: usize| {
-                owned.iter().find(|r| {
-                    r.label() == s
-                        && (r.payload_bytes == p
-                            || (r.system == "cyclonedds" && p < 12 && r.payload_bytes == 12))
-                })
-            };
-            let reference = at("hayate", p).and_then(get);
+            let reference = thr_at(&owned, "hayate", p).and_then(get);
             let _ = write!(h, "<tr><td class=\"n\">{}</td>", format_size(p));
             for s in &systems {
-                match at(s, p) {
-                    Some(r) if r.error.is_some() => {
-                        let _ = write!(
-                            h,
-                            "<td class=\"n err\" title=\"{}\">failed: {}</td>",
-                            esc(r.error.as_deref().unwrap_or("")),
-                            esc(&truncate(r.error.as_deref().unwrap_or(""), 40))
-                        );
-                    }
-                    Some(r) => match get(r) {
-                        Some(v) => {
-                            let ratio = match reference {
-                                Some(x) if x > 0.0 && s != "hayate" => {
-                                    format!(" <small>×{:.2}</small>", v / x)
-                                }
-                                _ => String::new(),
-                            };
-                            let _ = write!(h, "<td class=\"n\">{}{ratio}</td>", fmt(v));
-                        }
-                        None => h.push_str("<td></td>"),
-                    },
-                    None => h.push_str("<td></td>"),
-                }
+                h.push_str(&thr_cell(thr_at(&owned, s, p), s, reference, get, fmt));
             }
             h.push_str("</tr>\n");
         }
         h.push_str("</table>\n");
     }
+    h.push_str(&relay_share_table(&owned, &systems, &payloads));
+    h
+}
+
+/// `<tr><th>payload</th><th>SYSTEM</th>...</tr>`.
+fn header_row(systems: &[String]) -> String {
+    let mut h = String::from("<tr><th>payload</th>");
+    for s in systems {
+        let _ = write!(h, "<th>{}</th>", esc(s));
+    }
+    h.push_str("</tr>\n");
+    h
+}
+
+/// The record of system label `s` at payload `p` (Cyclone DDS' 12 B point in rows below
+/// 12 B).
+fn thr_at<'a>(owned: &'a [Record], s: &str, p: usize) -> Option<&'a Record> {
+    owned.iter().find(|r| {
+        r.label() == s
+            && (r.payload_bytes == p
+                || (r.system == "cyclonedds" && p < 12 && r.payload_bytes == 12))
+    })
+}
+
+/// One cell of a throughput table: the figure `get` of `rec` with its ratio to `reference`
+/// (Hayate's), its error, or nothing.
+fn thr_cell(
+    rec: Option<&Record>,
+    s: &str,
+    reference: Option<f64>,
+    get: fn(&Record) -> Option<f64>,
+    fmt: fn(f64) -> String,
+) -> String {
+    match rec {
+        Some(r) if r.error.is_some() => format!(
+            "<td class=\"n err\" title=\"{}\">failed: {}</td>",
+            esc(r.error.as_deref().unwrap_or("")),
+            esc(&truncate(r.error.as_deref().unwrap_or(""), 40))
+        ),
+        Some(r) => match get(r) {
+            Some(v) => {
+                let ratio = match reference {
+                    Some(x) if x > 0.0 && s != "hayate" => {
+                        format!(" <small>×{:.2}</small>", v / x)
+                    }
+                    _ => String::new(),
+                };
+                format!("<td class=\"n\">{}{ratio}</td>", fmt(v))
+            }
+            None => "<td></td>".into(),
+        },
+        None => "<td></td>".into(),
+    }
+}
+
+/// Every system's msg/s as a share of the relay floor's (`tcp (relay)`) at the same payload:
+/// what part of the most a brokered path reaches on this machine. Empty without a relay.
+fn relay_share_table(owned: &[Record], systems: &[String], payloads: &[usize]) -> String {
+    const RELAY: &str = "tcp (relay)";
+    if !systems.iter().any(|s| s == RELAY) {
+        return String::new();
+    }
+    let others: Vec<String> = systems.iter().filter(|s| *s != RELAY).cloned().collect();
+    let mut h = String::from(
+        "<h3>% of relay</h3>\n<p>msg/s as a share of the relay floor's at the same payload: \
+         publisher → a thread that only copies bytes → subscriber, over loopback TCP, the \
+         most any brokered path reaches on this machine (raw TCP is one hop, above it).</p>\n\
+         <table>",
+    );
+    h.push_str(&header_row(&others));
+    for &p in payloads {
+        let floor = thr_at(owned, RELAY, p).and_then(|r| r.msgs_per_sec);
+        let _ = write!(h, "<tr><td class=\"n\">{}</td>", format_size(p));
+        for s in &others {
+            let v = thr_at(owned, s, p).and_then(|r| r.msgs_per_sec);
+            match (v, floor) {
+                (Some(v), Some(f)) if f > 0.0 => {
+                    let _ = write!(h, "<td class=\"n\">{:.0}% of relay</td>", 100.0 * v / f);
+                }
+                _ => h.push_str("<td></td>"),
+            }
+        }
+        h.push_str("</tr>\n");
+    }
+    h.push_str("</table>\n");
     h
 }
 
@@ -542,6 +595,7 @@ mod tests {
                 rec("hayate", "brokered", "thr", 64, 2e6),
                 failed,
                 rec("tcp", "raw", "thr", 64, 8e6),
+                rec("tcp", "relay", "thr", 64, 4e6),
                 ideal,
             ],
             lat: vec![raw, lat],
@@ -565,6 +619,11 @@ mod tests {
         assert!(h.contains("<title>T &amp; co</title>"));
         assert!(h.contains("2.00M msg/s"), "{h}");
         assert!(h.contains("×4.00"), "{h}");
+        // Every system as a share of the relay floor (the relay itself left out).
+        assert!(h.contains("<h3>% of relay</h3>"), "{h}");
+        assert!(h.contains("<td class=\"n\">50% of relay</td>"), "{h}");
+        assert!(h.contains("<td class=\"n\">200% of relay</td>"), "{h}");
+        assert!(!h.contains("100% of relay"), "{h}");
         assert!(h.contains("failed: slow &lt;consumer&gt;"), "{h}");
         assert!(
             h.contains("24.9 Gbit/s") || h.contains("24.90 Gbit/s"),

@@ -6,7 +6,9 @@
 //!   each target (interleaved per payload so that machine noise hits every system alike).
 //! - [`lat`]: ping-pong with one message in flight; half round trips in an HDR histogram.
 //! - [`baseline_thr`] / [`baseline_lat`]: the same workloads over a raw in-process TCP
-//!   connection on loopback: the physical limit of the path (`system = "tcp"`, `mode = "raw"`).
+//!   connection on loopback: the physical limit of the path (`system = "tcp"`, `mode = "raw"`);
+//!   for throughput also its relay floor, publisher -> a thread that only copies bytes ->
+//!   subscriber (`mode = "relay"`): the most a brokered path reaches on the machine.
 //! - [`print_table`], [`write_json`], [`write_charts`]: reporting.
 //!
 //! The functions are synchronous: they build their own Tokio runtime. Called from inside a
@@ -65,7 +67,8 @@ pub use thr::thr;
 pub struct Record {
     /// "hayate", "nats" or "tcp".
     pub system: String,
-    /// "brokered" (through a broker) or "raw" (the TCP baseline).
+    /// "brokered" (through a broker), "peer-to-peer", "raw" (the TCP baseline) or "relay" (the
+    /// TCP baseline through a relay that only copies bytes: the floor of a brokered path).
     pub mode: String,
     /// "thr", "lat" or "rpc".
     pub test: String,
@@ -156,7 +159,8 @@ impl Record {
 pub struct ThrOptions {
     /// Systems to measure, in this order at each payload size.
     pub targets: Vec<Target>,
-    /// Also measure the raw TCP baseline at each payload size (after the targets).
+    /// Also measure the raw TCP baseline and its relay floor at each payload size (after the
+    /// targets).
     pub include_baseline: bool,
     /// Payload sizes, in bytes.
     pub payloads: Vec<usize>,

@@ -150,33 +150,51 @@ fn ratio(value: Option<f64>, reference: Option<f64>) -> String {
     }
 }
 
+/// Throughput: msg/s, bit/s and `ratio` to the first system at the same payload; with the
+/// relay floor measured (`tcp (relay)`, `--baseline`), also each system's msg/s as a share of
+/// the relay's at the same payload (`of relay`).
 fn thr_table(records: &[&Record]) -> String {
-    let headers = [
-        "payload", "system", "msg/s", "bit/s", "ratio", "samples", "error",
-    ];
+    let relay = records.iter().any(|r| r.mode == "relay");
+    let mut headers = vec!["payload", "system", "msg/s", "bit/s", "ratio"];
+    let mut right = vec![true, false, true, true, true];
+    if relay {
+        headers.push("of relay");
+        right.push(true);
+    }
+    headers.extend(["samples", "error"]);
+    right.extend([true, false]);
     let rows: Vec<Vec<String>> = records
         .iter()
         .map(|r| {
+            let at_payload = |o: &&&Record| o.payload_bytes == r.payload_bytes;
             let reference = records
                 .iter()
-                .find(|o| o.payload_bytes == r.payload_bytes && o.msgs_per_sec.is_some())
+                .find(|o| at_payload(o) && o.msgs_per_sec.is_some())
                 .and_then(|o| o.msgs_per_sec);
-            vec![
+            let mut row = vec![
                 format_size(r.payload_bytes),
                 r.label(),
                 r.msgs_per_sec.map(format_rate).unwrap_or_default(),
                 r.bits_per_sec.map(format_bits).unwrap_or_default(),
                 ratio(r.msgs_per_sec, reference),
-                r.samples.to_string(),
-                r.error.clone().unwrap_or_default(),
-            ]
+            ];
+            if relay {
+                let floor = records
+                    .iter()
+                    .find(|o| at_payload(o) && o.mode == "relay")
+                    .and_then(|o| o.msgs_per_sec);
+                row.push(match (r.msgs_per_sec, floor) {
+                    (Some(v), Some(f)) if f > 0.0 && r.mode != "relay" => {
+                        format!("{:.0}%", 100.0 * v / f)
+                    }
+                    _ => String::new(),
+                });
+            }
+            row.extend([r.samples.to_string(), r.error.clone().unwrap_or_default()]);
+            row
         })
         .collect();
-    render(
-        &headers,
-        &rows,
-        &[true, false, true, true, true, true, false],
-    )
+    render(&headers, &rows, &right)
 }
 
 fn lat_table(records: &[&Record]) -> String {
@@ -352,6 +370,17 @@ mod tests {
         assert!(t.contains("slow consumer"), "{t}");
         assert!(t.contains("12.50"), "{t}");
         assert!(t.contains("128 Mbit/s"), "{t}");
+        assert!(!t.contains("of relay"), "{t}");
+        // With the relay floor measured: each system's share of it.
+        let t = format_table(&[
+            rec("hayate", "brokered", "thr", 8, 2_000_000.0),
+            rec("tcp", "raw", "thr", 8, 10_000_000.0),
+            rec("tcp", "relay", "thr", 8, 4_000_000.0),
+        ]);
+        assert!(t.contains("of relay"), "{t}");
+        assert!(t.contains(" 50% "), "{t}");
+        assert!(t.contains(" 250% "), "{t}");
+        assert!(!t.contains("100%"), "{t}");
     }
 
     #[test]

@@ -7,10 +7,11 @@
 //! [`MIN_MSGS_PER_SAMPLE`] messages, so a 64 MiB point at a few dozen msg/s is still measured
 //! exactly (it just takes longer than `duration`).
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
+use hayate_core::sync::lock;
 
 /// A sample holds at least this many messages; its window is extended until it does.
 pub const MIN_MSGS_PER_SAMPLE: u64 = 10;
@@ -33,10 +34,6 @@ pub(crate) struct Snap {
 pub(crate) struct Counter {
     snap: Mutex<Snap>,
     failure: Mutex<Option<String>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Counter {

@@ -123,6 +123,96 @@ fn available<'a>(system: System, param: impl Fn(&str) -> Option<&'a str>) -> boo
     system.available() || (system == System::Amqp && param("client") == Some("hayate"))
 }
 
+impl System {
+    /// The system of a URL scheme (`tcp` is ZeroMQ's).
+    fn from_scheme(scheme: &str, url: &str) -> anyhow::Result<System> {
+        Ok(match scheme.to_ascii_lowercase().as_str() {
+            "hayate" => System::Hayate,
+            "nats" => System::Nats,
+            "mqtt" => System::Mqtt,
+            "amqp" => System::Amqp,
+            "zmq" | "tcp" => System::Zmq,
+            "kafka" => System::Kafka,
+            "stomp" => System::Stomp,
+            "zenoh" => System::Zenoh,
+            "grpc" => System::Grpc,
+            other => bail!(
+                "target {url:?}: unknown scheme {other:?} \
+                 (expected hayate, nats, mqtt, amqp, zmq, kafka, stomp, zenoh or grpc)"
+            ),
+        })
+    }
+}
+
+/// A URL's query: the name (`name=`, default the system's) and the other parameters, each
+/// one `system` accepts, in URL order.
+fn parse_query(
+    system: System,
+    query: &str,
+    url: &str,
+) -> anyhow::Result<(String, Vec<(String, String)>)> {
+    let mut name = system.name().to_string();
+    let mut params = Vec::new();
+    for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("target {url:?}: expected KEY=VALUE, got {kv:?}"))?;
+        if k == "name" {
+            if v.is_empty() {
+                bail!("target {url:?}: empty name");
+            }
+            name = v.to_string();
+        } else if system.params().contains(&k) {
+            params.push((k.to_string(), v.to_string()));
+        } else {
+            bail!(
+                "target {url:?}: unknown parameter {k:?} for {} (known: name{})",
+                system.name(),
+                system
+                    .params()
+                    .iter()
+                    .map(|p| format!(", {p}"))
+                    .collect::<String>()
+            );
+        }
+    }
+    Ok((name, params))
+}
+
+/// `HOST[:PORT]` (an IPv6 host in brackets); without a port, the system's default.
+fn parse_host_port(rest: &str, system: System, url: &str) -> anyhow::Result<(String, u16)> {
+    let rest = rest.trim_end_matches('/');
+    if rest.is_empty() || rest.contains('/') || rest.contains('@') {
+        bail!("target {url:?}: expected SCHEME://HOST:PORT");
+    }
+    let (host, port) = if let Some(r) = rest.strip_prefix('[') {
+        let (h, after) = r
+            .split_once(']')
+            .with_context(|| format!("target {url:?}: unclosed '['"))?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => Some(p),
+            None if after.is_empty() => None,
+            None => bail!("target {url:?}: garbage after ']'"),
+        };
+        (h.to_string(), port)
+    } else {
+        match rest.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p)),
+            None => (rest.to_string(), None),
+        }
+    };
+    if host.is_empty() {
+        bail!("target {url:?}: empty host");
+    }
+    let port = match port {
+        Some(p) => p
+            .parse::<u16>()
+            .with_context(|| format!("target {url:?}: bad port {p:?}"))?,
+        None => system.default_port(),
+    };
+    Ok((host, port))
+}
+
 impl Target {
     /// Whether this target's driver is compiled in.
     pub fn available(&self) -> bool {
@@ -156,50 +246,12 @@ impl Target {
         let (scheme, rest) = url
             .split_once("://")
             .with_context(|| format!("target {url:?}: expected SCHEME://HOST:PORT"))?;
-        let system = match scheme.to_ascii_lowercase().as_str() {
-            "hayate" => System::Hayate,
-            "nats" => System::Nats,
-            "mqtt" => System::Mqtt,
-            "amqp" => System::Amqp,
-            "zmq" | "tcp" => System::Zmq,
-            "kafka" => System::Kafka,
-            "stomp" => System::Stomp,
-            "zenoh" => System::Zenoh,
-            "grpc" => System::Grpc,
-            other => bail!(
-                "target {url:?}: unknown scheme {other:?} \
-                 (expected hayate, nats, mqtt, amqp, zmq, kafka, stomp, zenoh or grpc)"
-            ),
-        };
+        let system = System::from_scheme(scheme, url)?;
         let (rest, query) = match rest.split_once('?') {
             Some((r, q)) => (r, Some(q)),
             None => (rest, None),
         };
-        let mut name = system.name().to_string();
-        let mut params = Vec::new();
-        for kv in query.unwrap_or("").split('&').filter(|kv| !kv.is_empty()) {
-            let (k, v) = kv
-                .split_once('=')
-                .with_context(|| format!("target {url:?}: expected KEY=VALUE, got {kv:?}"))?;
-            if k == "name" {
-                if v.is_empty() {
-                    bail!("target {url:?}: empty name");
-                }
-                name = v.to_string();
-            } else if system.params().contains(&k) {
-                params.push((k.to_string(), v.to_string()));
-            } else {
-                bail!(
-                    "target {url:?}: unknown parameter {k:?} for {} (known: name{})",
-                    system.name(),
-                    system
-                        .params()
-                        .iter()
-                        .map(|p| format!(", {p}"))
-                        .collect::<String>()
-                );
-            }
-        }
+        let (name, params) = parse_query(system, query.unwrap_or(""), url)?;
         if !available(system, |k| {
             params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
         }) {
@@ -209,35 +261,7 @@ impl Target {
                 system.name()
             );
         }
-        let rest = rest.trim_end_matches('/');
-        if rest.is_empty() || rest.contains('/') || rest.contains('@') {
-            bail!("target {url:?}: expected SCHEME://HOST:PORT");
-        }
-        let (host, port) = if let Some(r) = rest.strip_prefix('[') {
-            let (h, after) = r
-                .split_once(']')
-                .with_context(|| format!("target {url:?}: unclosed '['"))?;
-            let port = match after.strip_prefix(':') {
-                Some(p) => Some(p),
-                None if after.is_empty() => None,
-                None => bail!("target {url:?}: garbage after ']'"),
-            };
-            (h.to_string(), port)
-        } else {
-            match rest.rsplit_once(':') {
-                Some((h, p)) => (h.to_string(), Some(p)),
-                None => (rest.to_string(), None),
-            }
-        };
-        if host.is_empty() {
-            bail!("target {url:?}: empty host");
-        }
-        let port = match port {
-            Some(p) => p
-                .parse::<u16>()
-                .with_context(|| format!("target {url:?}: bad port {p:?}"))?,
-            None => system.default_port(),
-        };
+        let (host, port) = parse_host_port(rest, system, url)?;
         let t = Target {
             system,
             host,
@@ -245,65 +269,78 @@ impl Target {
             name,
             params,
         };
-        if system == System::Hayate {
-            match t.param("mode") {
+        t.check_params(url)?;
+        Ok(t)
+    }
+
+    /// The checks of a system's parameters against each other, once they are parsed.
+    fn check_params(&self, url: &str) -> anyhow::Result<()> {
+        match self.system {
+            System::Hayate => match self.param("mode") {
                 None | Some("broker") | Some("peer") => {}
                 Some(m) => bail!("target {url:?}: unknown hayate mode {m:?} (broker or peer)"),
+            },
+            System::Amqp => self.check_amqp(url)?,
+            System::Mqtt => self.check_mqtt(url)?,
+            #[cfg(feature = "peers")]
+            System::Zenoh => crate::driver::zenoh_check_params(self)
+                .with_context(|| format!("target {url:?}"))?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// `client`, and `durable` and `io` (which need the workspace's client).
+    fn check_amqp(&self, url: &str) -> anyhow::Result<()> {
+        match self.param("client") {
+            None | Some("lapin") | Some("hayate") => {}
+            Some(c) => bail!("target {url:?}: unknown amqp client {c:?} (lapin or hayate)"),
+        }
+        match (self.param("durable"), self.param("client")) {
+            (None | Some("0"), _) | (Some("1"), Some("hayate")) => {}
+            (Some("1"), _) => {
+                bail!("target {url:?}: durable=1 needs the hayate AMQP client (client=hayate)")
+            }
+            (Some(d), _) => bail!("target {url:?}: durable={d:?}: 0 or 1"),
+        }
+        match (self.param("io"), self.param("client")) {
+            (None | Some("tokio"), _) | (Some("blocking"), Some("hayate")) => {}
+            (Some("blocking"), _) => {
+                bail!("target {url:?}: io=blocking needs the hayate AMQP client (client=hayate)")
+            }
+            (Some(x), _) => bail!("target {url:?}: io={x:?}: tokio or blocking"),
+        }
+        Ok(())
+    }
+
+    /// `client`, `transport` (ws and tls need the workspace's client, tls a CA) and
+    /// `version`.
+    fn check_mqtt(&self, url: &str) -> anyhow::Result<()> {
+        match self.param("client") {
+            None | Some("hayate") => {}
+            Some("rumqttc") if cfg!(feature = "peers") => {}
+            Some("rumqttc") => bail!(
+                "target {url:?}: the rumqttc driver is not compiled in \
+                 (build with `--features peers`)"
+            ),
+            Some(c) => bail!("target {url:?}: unknown mqtt client {c:?} (hayate or rumqttc)"),
+        }
+        match (self.param("transport"), self.param("client")) {
+            (None | Some("tcp"), _) => {}
+            (Some("ws"), None | Some("hayate")) => {}
+            (Some("tls"), None | Some("hayate")) if self.param("ca").is_some() => {}
+            (Some("tls"), None | Some("hayate")) => {
+                bail!("target {url:?}: transport=tls needs ca=FILE (the server's CA, PEM)")
+            }
+            (Some(x @ ("ws" | "tls")), Some(c)) => {
+                bail!("target {url:?}: transport={x} needs the hayate client, not {c}")
+            }
+            (Some(x), _) => {
+                bail!("target {url:?}: unknown mqtt transport {x:?} (tcp, ws or tls)")
             }
         }
-        if system == System::Amqp {
-            match t.param("client") {
-                None | Some("lapin") | Some("hayate") => {}
-                Some(c) => bail!("target {url:?}: unknown amqp client {c:?} (lapin or hayate)"),
-            }
-            match (t.param("durable"), t.param("client")) {
-                (None | Some("0"), _) | (Some("1"), Some("hayate")) => {}
-                (Some("1"), _) => {
-                    bail!("target {url:?}: durable=1 needs the hayate AMQP client (client=hayate)")
-                }
-                (Some(d), _) => bail!("target {url:?}: durable={d:?}: 0 or 1"),
-            }
-            match (t.param("io"), t.param("client")) {
-                (None | Some("tokio"), _) | (Some("blocking"), Some("hayate")) => {}
-                (Some("blocking"), _) => {
-                    bail!(
-                        "target {url:?}: io=blocking needs the hayate AMQP client (client=hayate)"
-                    )
-                }
-                (Some(x), _) => bail!("target {url:?}: io={x:?}: tokio or blocking"),
-            }
-        }
-        if system == System::Mqtt {
-            match t.param("client") {
-                None | Some("hayate") => {}
-                Some("rumqttc") if cfg!(feature = "peers") => {}
-                Some("rumqttc") => bail!(
-                    "target {url:?}: the rumqttc driver is not compiled in \
-                     (build with `--features peers`)"
-                ),
-                Some(c) => bail!("target {url:?}: unknown mqtt client {c:?} (hayate or rumqttc)"),
-            }
-            match (t.param("transport"), t.param("client")) {
-                (None | Some("tcp"), _) => {}
-                (Some("ws"), None | Some("hayate")) => {}
-                (Some("tls"), None | Some("hayate")) if t.param("ca").is_some() => {}
-                (Some("tls"), None | Some("hayate")) => {
-                    bail!("target {url:?}: transport=tls needs ca=FILE (the server's CA, PEM)")
-                }
-                (Some(x @ ("ws" | "tls")), Some(c)) => {
-                    bail!("target {url:?}: transport={x} needs the hayate client, not {c}")
-                }
-                (Some(x), _) => {
-                    bail!("target {url:?}: unknown mqtt transport {x:?} (tcp, ws or tls)")
-                }
-            }
-            crate::driver::mqttc::version(&t).with_context(|| format!("target {url:?}"))?;
-        }
-        #[cfg(feature = "peers")]
-        if system == System::Zenoh {
-            crate::driver::zenoh_check_params(&t).with_context(|| format!("target {url:?}"))?;
-        }
-        Ok(t)
+        crate::driver::mqttc::version(self).with_context(|| format!("target {url:?}"))?;
+        Ok(())
     }
 
     /// How the system is reached: "brokered", or "peer-to-peer" (ZeroMQ, gRPC, Zenoh

@@ -16,14 +16,15 @@ use crate::{Record, ThrOptions, baseline, progress, stats, with_runtime};
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Runs the throughput benchmark: for each payload size, each target in turn (then the raw TCP
-/// baseline if asked). A failed point yields a record with `error` set; the run goes on.
+/// Runs the throughput benchmark: for each payload size, each target in turn (then, if asked,
+/// the raw TCP baseline and its relay floor). A failed point yields a record with `error`
+/// set; the run goes on.
 pub fn thr(opts: &ThrOptions) -> anyhow::Result<Vec<Record>> {
     if opts.targets.is_empty() && !opts.include_baseline {
         anyhow::bail!("nothing to measure: no target and no baseline");
     }
     crate::driver::refuse_rpc_only(&opts.targets)?;
-    let per_payload = opts.targets.len() + usize::from(opts.include_baseline);
+    let per_payload = opts.targets.len() + 2 * usize::from(opts.include_baseline);
     let pb = progress::bar(opts.payloads.len() * per_payload);
     let out = with_runtime(|rt| {
         let mut records = Vec::new();
@@ -35,9 +36,11 @@ pub fn thr(opts: &ThrOptions) -> anyhow::Result<Vec<Record>> {
                 records.push(rec);
                 pb.inc(1);
             }
-            if opts.include_baseline {
-                pb.set_message(format!("tcp thr {}", format_size(payload)));
-                let rec = rt.block_on(baseline::thr_point(payload, opts));
+            // The raw TCP baseline, then its relay floor.
+            for relayed in [false, true].into_iter().filter(|_| opts.include_baseline) {
+                let label = if relayed { "tcp relay" } else { "tcp" };
+                pb.set_message(format!("{label} thr {}", format_size(payload)));
+                let rec = rt.block_on(baseline::thr_point(payload, opts, relayed));
                 report_point(&pb, &rec);
                 records.push(rec);
                 pb.inc(1);

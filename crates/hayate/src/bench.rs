@@ -15,7 +15,8 @@ pub(crate) enum Test {
     Thr,
     /// Latency: ping-pong with one message in flight; half round trip percentiles.
     Lat,
-    /// The raw TCP limit of the same path (throughput and latency), no broker.
+    /// The raw TCP limit of the same path (throughput and latency), no broker; for throughput
+    /// also its relay floor (publisher -> a thread that only copies bytes -> subscriber).
     Baseline,
     /// Request/reply by rpc-bench's method: the client sends a number, the server answers with
     /// the number plus one, every reply checked. Default points: 32k..512k calls at
@@ -64,8 +65,11 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_name = "URL")]
     pub(crate) target: Vec<String>,
     /// Also measure the raw TCP baseline in the same run: thr and lat over one connection;
-    /// rpc through a relay process that only copies bytes, to a server process (the floor
-    /// of a brokered call on this host: system `tcp`, mode `relay`).
+    /// thr also through a relay thread that only copies bytes from the publisher's connection
+    /// to the subscriber's (the floor of any brokered path on this host: system `tcp`, mode
+    /// `relay`; the table then gives every system's msg/s as a share of it); rpc through a
+    /// relay process that only copies bytes, to a server process (the floor of a brokered
+    /// call on this host: system `tcp`, mode `relay`).
     #[arg(long)]
     pub(crate) baseline: bool,
     /// Payload sizes: `64,1KiB,64KiB` or a doubling range `8..64MiB`. Default: 8 B to 64 MiB
@@ -297,21 +301,7 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
         return tokio::task::block_in_place(|| hayate_bench::serve_relay(a.to.as_deref()));
     }
     if a.test == Test::FanoutSub {
-        let [target] = a.target.as_slice() else {
-            bail!("fanout-sub: exactly one --target");
-        };
-        let target = Target::parse(target)?;
-        let key = a
-            .prefix
-            .as_deref()
-            .context("fanout-sub: --prefix is required")?;
-        let payload = match a.payload.as_deref() {
-            Some(p) => *hayate_bench::parse_sizes(p)?.first().context("--payload")?,
-            None => 1024,
-        };
-        return tokio::task::block_in_place(|| {
-            hayate_bench::fanout_sub(&target, key, payload, a.touch)
-        });
+        return fanout_sub(&a);
     }
     let mut a = a;
     if a.durable && matches!(a.test, Test::Thr | Test::Lat) {
@@ -319,67 +309,109 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
         a.test = Test::Durable;
     }
     if a.test == Test::Durable {
-        let payloads = match a.payload.as_deref() {
-            Some(p) => hayate_bench::parse_sizes(p)?,
-            None => vec![64, 1024, 65536],
-        };
-        let policies: Vec<String> = a
-            .fsync
-            .split(',')
-            .map(|s| s.trim().to_owned())
-            .filter(|s| !s.is_empty())
-            .collect();
-        let server = a
-            .server
-            .strip_prefix("hayate://")
-            .unwrap_or(&a.server)
-            .to_owned();
-        if let Some(total) = &a.catchup {
-            let total = *hayate_bench::parse_sizes(total)?
-                .first()
-                .ok_or_else(|| anyhow::anyhow!("--catchup SIZE"))?;
-            let payload = a
-                .payload
-                .as_deref()
-                .map(hayate_bench::parse_sizes)
-                .transpose()?
-                .and_then(|v| v.first().copied())
-                .unwrap_or(65536);
-            let r =
-                crate::durable::catchup(&server, total as u64, payload, a.window.max(1)).await?;
-            println!(
-                "catch-up: {} messages, {:.1} MB read by a durable consumer in {:.2} s: {:.0} MB/s (stream {} left for comparison)",
-                r.messages,
-                r.bytes as f64 / 1e6,
-                r.read_secs,
-                r.read_mb_per_sec,
-                r.stream
-            );
-            if let Some(path) = &a.json {
-                std::fs::write(path, serde_json::to_string(&r)? + "\n")?;
-            }
-            return Ok(());
-        }
-        let points = crate::durable::run(
-            &server,
-            &policies,
-            &payloads,
-            a.window.max(1),
-            parse_duration(&a.duration)?,
-            a.lat_samples,
-        )
-        .await?;
-        if let Some(path) = &a.json {
-            let mut out = String::new();
-            for p in &points {
-                out.push_str(&serde_json::to_string(p)?);
-                out.push('\n');
-            }
-            std::fs::write(path, out)?;
-            println!("wrote {}", path.display());
-        }
-        return Ok(());
+        return durable(&a).await;
     }
+    let records = measure(&a)?;
+    hayate_bench::print_table(&records);
+    if let Some(path) = &a.json {
+        hayate_bench::write_json(path, &records)?;
+        println!("wrote {}", path.display());
+        for f in hayate_bench::write_charts(&path.with_extension(""), &records)? {
+            println!("wrote {}", f.display());
+        }
+    }
+    Ok(())
+}
+
+/// `bench fanout-sub --target URL --prefix KEY`: a subscriber process of a fanout point.
+fn fanout_sub(a: &BenchArgs) -> Result<()> {
+    let [target] = a.target.as_slice() else {
+        bail!("fanout-sub: exactly one --target");
+    };
+    let target = Target::parse(target)?;
+    let key = a
+        .prefix
+        .as_deref()
+        .context("fanout-sub: --prefix is required")?;
+    let payload = match a.payload.as_deref() {
+        Some(p) => *hayate_bench::parse_sizes(p)?.first().context("--payload")?,
+        None => 1024,
+    };
+    tokio::task::block_in_place(|| hayate_bench::fanout_sub(&target, key, payload, a.touch))
+}
+
+/// `bench durable` (and `thr --durable`, `lat --durable`): confirmed publishing per
+/// --fsync policy and payload, or with --catchup a durable consumer reading a filled stream.
+async fn durable(a: &BenchArgs) -> Result<()> {
+    let payloads = match a.payload.as_deref() {
+        Some(p) => hayate_bench::parse_sizes(p)?,
+        None => vec![64, 1024, 65536],
+    };
+    let policies: Vec<String> = a
+        .fsync
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect();
+    let server = a
+        .server
+        .strip_prefix("hayate://")
+        .unwrap_or(&a.server)
+        .to_owned();
+    if let Some(total) = &a.catchup {
+        return catchup(a, &server, total).await;
+    }
+    let points = crate::durable::run(
+        &server,
+        &policies,
+        &payloads,
+        a.window.max(1),
+        parse_duration(&a.duration)?,
+        a.lat_samples,
+    )
+    .await?;
+    if let Some(path) = &a.json {
+        let mut out = String::new();
+        for p in &points {
+            out.push_str(&serde_json::to_string(p)?);
+            out.push('\n');
+        }
+        std::fs::write(path, out)?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// `bench durable --catchup SIZE`: fills a stream with `total` and measures a durable
+/// consumer reading it all.
+async fn catchup(a: &BenchArgs, server: &str, total: &str) -> Result<()> {
+    let total = *hayate_bench::parse_sizes(total)?
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("--catchup SIZE"))?;
+    let payload = a
+        .payload
+        .as_deref()
+        .map(hayate_bench::parse_sizes)
+        .transpose()?
+        .and_then(|v| v.first().copied())
+        .unwrap_or(65536);
+    let r = crate::durable::catchup(server, total as u64, payload, a.window.max(1)).await?;
+    println!(
+        "catch-up: {} messages, {:.1} MB read by a durable consumer in {:.2} s: {:.0} MB/s (stream {} left for comparison)",
+        r.messages,
+        r.bytes as f64 / 1e6,
+        r.read_secs,
+        r.read_mb_per_sec,
+        r.stream
+    );
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_string(&r)? + "\n")?;
+    }
+    Ok(())
+}
+
+/// The targets measured: --target, or else the --server broker (none for `baseline`).
+fn targets(a: &BenchArgs) -> Result<Vec<Target>> {
     let mut targets: Vec<Target> = a
         .target
         .iter()
@@ -393,6 +425,12 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
         };
         targets.push(Target::parse(&server)?);
     }
+    Ok(targets)
+}
+
+/// thr, lat, rpc, fanout and baseline: the records of the run.
+fn measure(a: &BenchArgs) -> Result<Vec<Record>> {
+    let targets = targets(a)?;
     let duration = parse_duration(&a.duration)?;
     let warmup = parse_duration(&a.warmup)?;
     if duration < Duration::from_millis(10) {
@@ -423,13 +461,13 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
         runs: a.runs.max(1),
         own_threads: a.own_threads,
     };
-    let records: Vec<Record> = tokio::task::block_in_place(|| -> Result<Vec<Record>> {
+    tokio::task::block_in_place(|| -> Result<Vec<Record>> {
         Ok(match a.test {
             Test::Thr => hayate_bench::thr(&thr_opts(targets, a.baseline))?,
             Test::Lat => hayate_bench::lat(&lat_opts(targets, a.baseline))?,
             Test::Rpc => hayate_bench::rpc(&hayate_bench::RpcOptions {
                 targets,
-                points: rpc_points(&a)?,
+                points: rpc_points(a)?,
                 runs: a.runs.max(1),
                 max_time: parse_duration(&a.max_time)?,
                 call_timeout: Duration::from_secs(10),
@@ -466,16 +504,7 @@ pub(crate) async fn run(a: BenchArgs) -> Result<()> {
                 r
             }
         })
-    })?;
-    hayate_bench::print_table(&records);
-    if let Some(path) = &a.json {
-        hayate_bench::write_json(path, &records)?;
-        println!("wrote {}", path.display());
-        for f in hayate_bench::write_charts(&path.with_extension(""), &records)? {
-            println!("wrote {}", f.display());
-        }
-    }
-    Ok(())
+    })
 }
 
 #[cfg(test)]

@@ -211,7 +211,6 @@ fn draw(f: &mut Frame, admin: &str, data: Result<&Value, String>) {
             return;
         }
     };
-    let o = &d["overview"];
     let rows = Layout::default()
         .direction(Direction::Vertical)
         .constraints([
@@ -222,6 +221,15 @@ fn draw(f: &mut Frame, admin: &str, data: Result<&Value, String>) {
             Constraint::Min(5),
         ])
         .split(area);
+    draw_title(f, rows[0], admin, &d["overview"]);
+    draw_stats(f, rows[1], d);
+    draw_history(f, rows[2], d);
+    draw_listeners(f, rows[3], d);
+    draw_connections(f, rows[4], d);
+}
+
+/// The title line: version, address, uptime, readiness.
+fn draw_title(f: &mut Frame, area: Rect, admin: &str, o: &Value) {
     let bold = Style::default().add_modifier(Modifier::BOLD);
     f.render_widget(
         Paragraph::new(Line::from(vec![
@@ -238,8 +246,13 @@ fn draw(f: &mut Frame, admin: &str, data: Result<&Value, String>) {
                 }
             )),
         ])),
-        rows[0],
+        area,
     );
+}
+
+/// Four boxes: published and delivered rates, connections, slow consumers and drops.
+fn draw_stats(f: &mut Frame, area: Rect, d: &Value) {
+    let o = &d["overview"];
     let r = &d["rates"];
     let b = &o["broker"];
     let stats = [
@@ -287,7 +300,7 @@ fn draw(f: &mut Frame, admin: &str, data: Result<&Value, String>) {
     let cols = Layout::default()
         .direction(Direction::Horizontal)
         .constraints([Constraint::Ratio(1, 4); 4])
-        .split(rows[1]);
+        .split(area);
     for ((title, value, color), c) in stats.into_iter().zip(cols.iter()) {
         f.render_widget(
             Paragraph::new(Span::styled(value, Style::default().fg(color))).block(
@@ -298,7 +311,12 @@ fn draw(f: &mut Frame, admin: &str, data: Result<&Value, String>) {
             *c,
         );
     }
-    // Published msg/s over the last minutes (the sampler's history, one point a second).
+}
+
+/// Published msg/s over the last minutes (the sampler's history, one point a second), with
+/// the delivery latency and MQTT's held messages in the title.
+fn draw_history(f: &mut Frame, area: Rect, d: &Value) {
+    let o = &d["overview"];
     let history: Vec<u64> = d["history"]
         .as_array()
         .map_or(&[][..], Vec::as_slice)
@@ -307,7 +325,7 @@ fn draw(f: &mut Frame, admin: &str, data: Result<&Value, String>) {
         .collect();
     let shown = &history[history
         .len()
-        .saturating_sub(rows[2].width.saturating_sub(2) as usize)..];
+        .saturating_sub(area.width.saturating_sub(2) as usize)..];
     let lat = &o["delivery_latency"];
     let held = &o["mqtt"];
     f.render_widget(
@@ -321,12 +339,16 @@ fn draw(f: &mut Frame, admin: &str, data: Result<&Value, String>) {
             )))
             .data(shown)
             .style(Style::default().fg(Color::Cyan)),
-        rows[2],
+        area,
     );
+}
+
+/// The listeners (left) and the busiest key prefixes (right).
+fn draw_listeners(f: &mut Frame, area: Rect, d: &Value) {
     let mid = Layout::default()
         .direction(Direction::Horizontal)
         .constraints([Constraint::Percentage(60), Constraint::Percentage(40)])
-        .split(rows[3]);
+        .split(area);
     table(
         f,
         mid[0],
@@ -359,6 +381,10 @@ fn draw(f: &mut Frame, admin: &str, data: Result<&Value, String>) {
             .iter()
             .map(|k| vec![text(&k["prefix"]), rate(num(&k["rate"]))]),
     );
+}
+
+/// The connections, busiest first (left), and each stream consumer's lag (right).
+fn draw_connections(f: &mut Frame, area: Rect, d: &Value) {
     let mut conns: Vec<&Value> = d["connections"]
         .as_array()
         .map_or(Vec::new(), |v| v.iter().collect());
@@ -370,7 +396,7 @@ fn draw(f: &mut Frame, admin: &str, data: Result<&Value, String>) {
     let bottom = Layout::default()
         .direction(Direction::Horizontal)
         .constraints([Constraint::Percentage(72), Constraint::Percentage(28)])
-        .split(rows[4]);
+        .split(area);
     let mut lag = Vec::new();
     for s in d["streams"].as_array().map_or(&[][..], Vec::as_slice) {
         let consumers = s["consumers"].as_array().map_or(&[][..], Vec::as_slice);

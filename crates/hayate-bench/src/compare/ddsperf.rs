@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use hayate_core::sync::lock;
 
 use super::process::KillOnDrop;
 use crate::Record;
@@ -15,7 +16,7 @@ pub(super) static DDS_CONFIG: Mutex<Option<String>> = Mutex::new(None);
 
 pub(crate) fn ddsperf_cmd() -> Command {
     let mut c = Command::new("ddsperf");
-    let config = DDS_CONFIG.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let config = lock(&DDS_CONFIG).clone();
     if let Some(path) = config.filter(|p| !p.is_empty()) {
         c.env("CYCLONEDDS_URI", format!("file://{path}"));
     } else if std::env::var_os("CYCLONEDDS_URI").is_none() {

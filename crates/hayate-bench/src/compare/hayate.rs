@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::Context;
+use hayate_core::sync::lock;
 
 use super::MAX_PAYLOAD;
 use super::process::{Cleanup, Running};
@@ -28,7 +29,7 @@ pub(super) fn hayate_addr(
     label: &str,
     busy: bool,
 ) -> anyhow::Result<String> {
-    let mut h = HAYATE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut h = lock(&HAYATE);
     let slot = &mut h[usize::from(busy)];
     if slot.is_none() {
         *slot = Some(start_hayate(exe, cleanup, busy)?);

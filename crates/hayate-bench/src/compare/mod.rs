@@ -2,7 +2,7 @@
 //!
 //! Starts each peer (through its `bench/peers/<name>.sh` script; Hayate's own broker from the
 //! given executable), runs the throughput sweep (all targets interleaved per payload, with the
-//! raw TCP baseline), the 64 B latency test, the RPC test (Hayate and NATS), iperf3 over
+//! raw TCP baseline and its relay floor), the 64 B latency test, the RPC test (Hayate and NATS), iperf3 over
 //! loopback (the ideal line), Cyclone DDS' `ddsperf` where installed, and durable publishing
 //! (Hayate streams against Kafka, when `hayate` is among the peers), then writes the data
 //! (JSON, CSV), the charts and a self-contained HTML page. Every process it started is stopped

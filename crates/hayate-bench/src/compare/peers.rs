@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
+use hayate_core::sync::lock;
 
 use super::ddsperf::DDS_CONFIG;
 use super::hayate::hayate_addr;
@@ -26,16 +27,39 @@ pub(super) struct Spec {
     pub(super) pubsub_only: bool,
 }
 
+impl Spec {
+    /// A peer measured by every test that applies to it.
+    fn new(
+        name: &'static str,
+        script: Option<&'static str>,
+        url: Option<&'static str>,
+        port: Option<u16>,
+        settings: &'static str,
+    ) -> Spec {
+        Spec {
+            name,
+            script,
+            url,
+            port,
+            settings,
+            rpc_only: false,
+            pubsub_only: false,
+        }
+    }
+}
+
+/// What peer `name` is; `None` for a name not known.
 pub(super) fn spec(name: &str) -> Option<Spec> {
-    let s = |name, script, url, port, settings| Spec {
-        name,
-        script,
-        url,
-        port,
-        settings,
-        rpc_only: false,
-        pubsub_only: false,
-    };
+    hayate_spec(name)
+        .or_else(|| broker_spec(name))
+        .or_else(|| brokerless_spec(name))
+        .or_else(|| tool_spec(name))
+}
+
+/// Hayate's own brokers: the default one (native, shared memory, MQTT, STOMP and AMQP
+/// listeners) and the busy-polling one (native, MQTT, STOMP).
+fn hayate_spec(name: &str) -> Option<Spec> {
+    let s = Spec::new;
     Some(match name {
         "hayate" => s(
             "hayate",
@@ -104,6 +128,14 @@ pub(super) fn spec(name: &str) -> Option<Spec> {
             Some(0),
             "the busy-polling hayate broker's STOMP listener; otherwise as hayate-stomp",
         ),
+        _ => return None,
+    })
+}
+
+/// The other brokers, each started by its `bench/peers/<script>.sh`.
+fn broker_spec(name: &str) -> Option<Spec> {
+    let s = Spec::new;
+    Some(match name {
         "nats" => s(
             "nats",
             Some("nats"),
@@ -148,14 +180,6 @@ pub(super) fn spec(name: &str) -> Option<Spec> {
             Some(19092),
             "KRaft, 1 partition; producer linger.ms=0, batch.size tuned, acks=0 for throughput",
         ),
-        "zmq" => s(
-            "zmq",
-            None,
-            Some("zmq://127.0.0.1:0"),
-            None,
-            "brokerless PUB/SUB over TCP loopback; PUB drops past the high-water mark, the \
-             subscriber counts what arrives; RPC by REQ callers and a ROUTER server",
-        ),
         "zenoh" => s(
             "zenoh",
             Some("zenoh"),
@@ -163,6 +187,22 @@ pub(super) fn spec(name: &str) -> Option<Spec> {
             Some(0),
             "zenohd router (no multicast scouting), sessions in client mode; reliable, \
              congestion control Block, automatic batching",
+        ),
+        _ => return None,
+    })
+}
+
+/// The brokerless systems: in the bench process for thr/lat, a child process for RPC.
+fn brokerless_spec(name: &str) -> Option<Spec> {
+    let s = Spec::new;
+    Some(match name {
+        "zmq" => s(
+            "zmq",
+            None,
+            Some("zmq://127.0.0.1:0"),
+            None,
+            "brokerless PUB/SUB over TCP loopback; PUB drops past the high-water mark, the \
+             subscriber counts what arrives; RPC by REQ callers and a ROUTER server",
         ),
         "zenoh-p2p" => s(
             "zenoh-p2p",
@@ -203,6 +243,14 @@ pub(super) fn spec(name: &str) -> Option<Spec> {
                  connection per caller",
             )
         },
+        _ => return None,
+    })
+}
+
+/// Tools that measure themselves: Cyclone DDS' `ddsperf` and iperf3 (the ideal line).
+fn tool_spec(name: &str) -> Option<Spec> {
+    let s = Spec::new;
+    Some(match name {
         "ddsperf" => s(
             "ddsperf",
             Some("cyclonedds"),
@@ -289,7 +337,7 @@ pub(super) fn prepare(
         run_script(&path, &["install".into()]).context("install")?;
         if spec.name == "ddsperf" {
             let config = first_line(&run_script(&path, &["config".into()]).unwrap_or_default());
-            *DDS_CONFIG.lock().unwrap_or_else(|e| e.into_inner()) = Some(config);
+            *lock(&DDS_CONFIG) = Some(config);
         }
         let v = run_script(&path, &["version".into()]).unwrap_or_default();
         return Ok((None, first_line(&v)));

@@ -5,6 +5,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, bail};
+use hayate_core::sync::lock;
 
 #[cfg(doc)]
 use super::compare;
@@ -22,13 +23,12 @@ pub struct Cleanup(Arc<Mutex<Vec<Running>>>);
 
 impl Cleanup {
     pub(super) fn push(&self, r: Running) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+        lock(&self.0).push(r);
     }
 
     /// Stops every process started so far, newest first.
     pub fn stop_all(&self) {
-        let running: Vec<Running> =
-            std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        let running: Vec<Running> = std::mem::take(&mut *lock(&self.0));
         for r in running.into_iter().rev() {
             match r {
                 Running::Child(name, mut c) => {

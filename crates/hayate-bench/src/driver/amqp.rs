@@ -22,6 +22,7 @@ use std::time::Duration;
 use anyhow::Context;
 use bytes::Bytes;
 use futures::StreamExt;
+use hayate_core::sync::lock;
 use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, ExchangeDeclareOptions, QueueBindOptions,
     QueueDeclareOptions,
@@ -54,10 +55,6 @@ pub(crate) struct AmqpConn {
 }
 
 pub(crate) struct AmqpSub(lapin::Consumer);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 impl AmqpConn {
     pub(crate) async fn connect(

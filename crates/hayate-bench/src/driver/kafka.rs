@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
+use hayate_core::sync::lock;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -39,10 +40,6 @@ pub(crate) const CLIENT: &str = "rdkafka 0.38 (librdkafka 2.10.0)";
 /// The topic of a key: `/` -> `.`.
 pub(crate) fn topic_name(key: &str) -> String {
     key.replace('/', ".")
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[derive(Clone)]

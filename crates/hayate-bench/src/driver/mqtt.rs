@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
+use hayate_core::sync::lock;
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use tokio::sync::mpsc;
 
@@ -45,10 +46,6 @@ pub(crate) struct MqttConn {
 pub(crate) struct MqttSub(mpsc::Receiver<Bytes>);
 
 const MAX_PACKET: usize = 256 << 20;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 impl MqttConn {
     pub(crate) async fn connect(

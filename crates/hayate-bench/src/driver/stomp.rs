@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use bytes::{Bytes, BytesMut};
+use hayate_core::sync::lock;
 use hayate_stomp::{Command, Frame, Item, Limits, Version};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
@@ -39,10 +40,6 @@ pub(crate) const CLIENT: &str = concat!("hayate-stomp client ", env!("CARGO_PKG_
 const HIGH_WATER: usize = 1 << 20;
 /// Frames a subscription buffers before the reader waits for the consumer.
 const SUB_CAPACITY: usize = 64 << 10;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// The STOMP destination of a key: `/topic/<key with / -> .>`.
 pub(crate) fn topic_destination(key: &str) -> String {

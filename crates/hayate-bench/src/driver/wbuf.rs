@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::BytesMut;
+use hayate_core::sync::lock;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 
@@ -19,10 +20,6 @@ pub(crate) struct WriteBuf {
     high_water: usize,
     /// The first error that ended the connection (it fails the point).
     trouble: Mutex<Option<String>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl WriteBuf {

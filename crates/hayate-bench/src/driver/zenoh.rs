@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use bytes::Bytes;
+use hayate_core::sync::lock;
 use zenoh::handlers::FifoChannelHandler;
 use zenoh::pubsub::{Publisher, Subscriber};
 use zenoh::qos::CongestionControl;
@@ -40,10 +41,6 @@ pub(crate) const CLIENT: &str = "zenoh (Rust) 1.10.2";
 
 /// Capacity of a subscriber's channel, in samples.
 const SUB_CAPACITY: usize = 64 << 10;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Whether a target runs in peer-to-peer mode (`?mode=peer`).
 pub(crate) fn is_peer(target: &Target) -> bool {

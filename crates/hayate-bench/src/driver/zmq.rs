@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
+use hayate_core::sync::lock;
 use tokio::sync::{mpsc, watch};
 use zeromq::{PubSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
@@ -36,10 +37,6 @@ pub(crate) const CLIENT: &str = "zeromq (pure Rust) 0.7";
 const HELLO: &[u8] = b"hello";
 /// The publisher yields to the runtime after this many messages (PUB never blocks).
 const YIELD_EVERY: u64 = 32;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 type PubHandle = Arc<tokio::sync::Mutex<PubSocket>>;
 

@@ -27,6 +27,7 @@ use hdrhistogram::Histogram;
 
 use super::child::ChildServer;
 use super::{Outcome, RpcOptions, RpcPoint, ServerPlacement, add_one, check_reply};
+use crate::baseline::relay_bytes;
 use crate::{Record, with_runtime};
 
 /// A request or reply longer than this ends the connection (a number is at most 20 digits).
@@ -210,24 +211,9 @@ fn relay(client: TcpStream, to: SocketAddr) -> io::Result<()> {
     let (c2, s2) = (client.try_clone()?, server.try_clone()?);
     std::thread::Builder::new()
         .name("relay-back".into())
-        .spawn(move || copy(s2, c2))?;
-    copy(client, server);
+        .spawn(move || relay_bytes(s2, c2, COPY_BUF))?;
+    relay_bytes(client, server, COPY_BUF);
     Ok(())
-}
-
-fn copy(mut from: TcpStream, mut to: TcpStream) {
-    let mut buf = vec![0u8; COPY_BUF];
-    loop {
-        match from.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                if to.write_all(&buf[..n]).is_err() {
-                    break;
-                }
-            }
-        }
-    }
-    let _ = to.shutdown(Shutdown::Write);
 }
 
 /// A listener on 127.0.0.1 (a free port) and its accept thread: the server (`to` = `None`)

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use bytes::{Bytes, BytesMut};
+use hayate_core::sync::lock;
 use hayate_mqtt::{
-    Connect, Disconnect, Packet, PublishHead, PublishProperties, QoS, ReasonCode, Subscribe,
-    Subscription,
+    ConnAck, Connect, Disconnect, Packet, ProtocolVersion, PublishHead, PublishProperties, QoS,
+    ReasonCode, Subscribe, Subscription,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -18,8 +19,8 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use super::reader::read_loop;
 use super::writer::write_loop;
 use super::{
-    HIGH_WATER, KEEP_ALIVE, MAX_PACKET, Out, READ_CHUNK, SUB_BATCHES, Shared, Tasks, WINDOW, lock,
-    qos, version,
+    HIGH_WATER, KEEP_ALIVE, MAX_PACKET, Out, READ_CHUNK, SUB_BATCHES, Shared, Tasks, WINDOW, qos,
+    version,
 };
 use crate::target::Target;
 
@@ -50,168 +51,20 @@ impl MqttConn {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
-        let (mut rd, mut wr): (super::Rd, super::Wr) = match target.param("transport") {
-            None | Some("tcp") => {
-                let (r, w) = crate::driver::connect_tcp(target, timeout).await?;
-                (Box::new(r), Box::new(w))
-            }
-            Some("ws") => {
-                let (r, w) = crate::driver::connect_tcp(target, timeout).await?;
-                let stream = r.reunite(w)?;
-                let path = target.param("path").unwrap_or("/mqtt");
-                let (r, w) = crate::driver::ws::connect(stream, &target.host, path).await?;
-                (Box::new(r), Box::new(w))
-            }
-            Some("tls") => {
-                let ca = target
-                    .param("ca")
-                    .context("mqtt: transport=tls needs ca=FILE (the server's CA, PEM)")?;
-                let (r, w) = crate::driver::connect_tls(target, ca, timeout).await?;
-                (Box::new(r), Box::new(w))
-            }
-            Some(t) => bail!("mqtt: unknown transport {t:?} (tcp, ws or tls)"),
-        };
-
-        let mut connect = Connect::new(version, id.as_str());
-        connect.keep_alive = KEEP_ALIVE;
-        // `?session=persistent`: a persistent session (clean start off; 5.0: expiry 60 s),
-        // so that the broker keeps (and, with a journal, stores) its QoS 1 deliveries.
-        let persistent = match target.param("session").unwrap_or("clean") {
-            "clean" => false,
-            "persistent" => true,
-            s => bail!("mqtt: session={s} is not supported (clean or persistent)"),
-        };
-        if persistent && !version.is_v5() {
-            // A 3.1.1 session cannot be ended by its DISCONNECT: the broker would keep every
-            // connection's session (and queue later points' messages into it).
-            bail!("mqtt: session=persistent needs version=5");
-        }
-        connect.clean_start = !persistent;
-        if version.is_v5() {
-            connect.properties.maximum_packet_size = Some(MAX_PACKET);
-            if persistent {
-                connect.properties.session_expiry_interval = Some(60);
-            }
-        }
-        let mut hello = BytesMut::new();
-        hayate_mqtt::encode(&Packet::from(connect), version, &mut hello)?;
-        wr.write_all(&hello).await?;
-        wr.flush().await?;
-
+        let (mut rd, mut wr) = open(target, timeout).await?;
+        let connect = connect_packet(target, version, &id)?;
         let mut buf = BytesMut::with_capacity(READ_CHUNK * 2);
-        let connack = tokio::time::timeout(timeout, async {
-            loop {
-                let packet = hayate_mqtt::decode(&mut buf, version, MAX_PACKET)
-                    .context("decoding the broker's answer to CONNECT")?;
-                if let Some(p) = packet {
-                    return anyhow::Ok(p);
-                }
-                if rd.read_buf(&mut buf).await? == 0 {
-                    bail!("connection closed by the broker during CONNECT");
-                }
-            }
-        })
-        .await
-        .with_context(|| format!("{target}: no CONNACK within {timeout:?}"))?
-        .with_context(|| format!("{target}: MQTT {version} CONNECT"))?;
-        let Packet::ConnAck(connack) = connack else {
-            bail!(
-                "{target}: CONNECT answered with {}",
-                connack.packet_type().name()
-            );
-        };
-        if connack.reason_code.is_error() {
-            bail!(
-                "{target}: CONNECT refused: {}{}",
-                connack.reason_code,
-                connack
-                    .properties
-                    .reason_string
-                    .as_ref()
-                    .map(|s| format!(": {s}"))
-                    .unwrap_or_default()
-            );
-        }
+        let connack = handshake(&mut rd, &mut wr, &mut buf, connect, target, timeout).await?;
         let window = connack
             .properties
             .receive_maximum
             .map_or(WINDOW, |m| WINDOW.min(usize::from(m)));
-
-        let shared = Arc::new(Shared {
-            version,
-            out: Mutex::new(Out {
-                buf: BytesMut::with_capacity(HIGH_WATER),
-                used: vec![0; 1 << 10],
-                next_id: 1,
-                inflight: 0,
-                pings: VecDeque::new(),
-            }),
-            wake: Notify::new(),
-            space: Notify::new(),
-            acks: Notify::new(),
-            closed: AtomicBool::new(false),
-            closing: AtomicBool::new(false),
-            wrote: AtomicBool::new(false),
-            window,
-            routes: Mutex::default(),
-            subacks: Mutex::default(),
-            trouble: Mutex::default(),
-            who: name.to_string(),
-        });
-        let reader = {
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                let e = read_loop(&mut rd, &mut buf, &shared).await;
-                if let Err(e) = e
-                    && !shared.closing.load(Ordering::Acquire)
-                {
-                    shared.fail(format!("mqtt: {e:#}"));
-                }
-                shared.shut();
-            })
-        };
-        let writer = {
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                if let Err(e) = write_loop(&mut wr, &shared).await
-                    && !shared.closing.load(Ordering::Acquire)
-                {
-                    shared.fail(format!("mqtt write: {e}"));
-                }
-                shared.shut();
-            })
-        };
-        let keep_alive = {
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                let period = Duration::from_secs(u64::from(KEEP_ALIVE) / 2);
-                loop {
-                    tokio::time::sleep(period).await;
-                    if shared.closed.load(Ordering::Acquire) {
-                        return;
-                    }
-                    if !shared.wrote.swap(false, Ordering::AcqRel) {
-                        // Nothing written for half the keep-alive period: PINGREQ.
-                        let mut out = lock(&shared.out);
-                        out.pings.push_back(None);
-                        out.encode(&Packet::PingReq, shared.version);
-                        drop(out);
-                        shared.wake.notify_one();
-                    }
-                }
-            })
-        };
+        let shared = Arc::new(Shared::new(version, window, name));
+        let tasks = spawn_tasks(&shared, rd, wr, buf);
         Ok(MqttConn {
             shared,
             qos,
-            tasks: Arc::new(Tasks {
-                aborts: vec![
-                    reader.abort_handle(),
-                    writer.abort_handle(),
-                    keep_alive.abort_handle(),
-                ],
-                reader: Mutex::new(Some(reader)),
-            }),
+            tasks: Arc::new(tasks),
         })
     }
 
@@ -384,6 +237,198 @@ impl MqttConn {
         if let (Ok(()), Some(reader)) = (sent, reader) {
             let _ = reader.await;
         }
+    }
+}
+
+/// The connection to the broker, by `?transport=` (tcp, ws or tls).
+async fn open(target: &Target, timeout: Duration) -> anyhow::Result<(super::Rd, super::Wr)> {
+    Ok(match target.param("transport") {
+        None | Some("tcp") => {
+            let (r, w) = crate::driver::connect_tcp(target, timeout).await?;
+            (Box::new(r), Box::new(w))
+        }
+        Some("ws") => {
+            let (r, w) = crate::driver::connect_tcp(target, timeout).await?;
+            let stream = r.reunite(w)?;
+            let path = target.param("path").unwrap_or("/mqtt");
+            let (r, w) = crate::driver::ws::connect(stream, &target.host, path).await?;
+            (Box::new(r), Box::new(w))
+        }
+        Some("tls") => {
+            let ca = target
+                .param("ca")
+                .context("mqtt: transport=tls needs ca=FILE (the server's CA, PEM)")?;
+            let (r, w) = crate::driver::connect_tls(target, ca, timeout).await?;
+            (Box::new(r), Box::new(w))
+        }
+        Some(t) => bail!("mqtt: unknown transport {t:?} (tcp, ws or tls)"),
+    })
+}
+
+/// The CONNECT of client `id`, with the session `?session=` asks for.
+fn connect_packet(target: &Target, version: ProtocolVersion, id: &str) -> anyhow::Result<Connect> {
+    let mut connect = Connect::new(version, id);
+    connect.keep_alive = KEEP_ALIVE;
+    // `?session=persistent`: a persistent session (clean start off; 5.0: expiry 60 s),
+    // so that the broker keeps (and, with a journal, stores) its QoS 1 deliveries.
+    let persistent = match target.param("session").unwrap_or("clean") {
+        "clean" => false,
+        "persistent" => true,
+        s => bail!("mqtt: session={s} is not supported (clean or persistent)"),
+    };
+    if persistent && !version.is_v5() {
+        // A 3.1.1 session cannot be ended by its DISCONNECT: the broker would keep every
+        // connection's session (and queue later points' messages into it).
+        bail!("mqtt: session=persistent needs version=5");
+    }
+    connect.clean_start = !persistent;
+    if version.is_v5() {
+        connect.properties.maximum_packet_size = Some(MAX_PACKET);
+        if persistent {
+            connect.properties.session_expiry_interval = Some(60);
+        }
+    }
+    Ok(connect)
+}
+
+/// Sends `connect` and waits for the broker's CONNACK (within `timeout`), failing if it
+/// refuses; what was read past the CONNACK stays in `buf`.
+async fn handshake(
+    rd: &mut super::Rd,
+    wr: &mut super::Wr,
+    buf: &mut BytesMut,
+    connect: Connect,
+    target: &Target,
+    timeout: Duration,
+) -> anyhow::Result<Box<ConnAck>> {
+    let version = connect.protocol_version;
+    let mut hello = BytesMut::new();
+    hayate_mqtt::encode(&Packet::from(connect), version, &mut hello)?;
+    wr.write_all(&hello).await?;
+    wr.flush().await?;
+
+    let connack = tokio::time::timeout(timeout, async {
+        loop {
+            let packet = hayate_mqtt::decode(buf, version, MAX_PACKET)
+                .context("decoding the broker's answer to CONNECT")?;
+            if let Some(p) = packet {
+                return anyhow::Ok(p);
+            }
+            if rd.read_buf(buf).await? == 0 {
+                bail!("connection closed by the broker during CONNECT");
+            }
+        }
+    })
+    .await
+    .with_context(|| format!("{target}: no CONNACK within {timeout:?}"))?
+    .with_context(|| format!("{target}: MQTT {version} CONNECT"))?;
+    let Packet::ConnAck(connack) = connack else {
+        bail!(
+            "{target}: CONNECT answered with {}",
+            connack.packet_type().name()
+        );
+    };
+    if connack.reason_code.is_error() {
+        bail!(
+            "{target}: CONNECT refused: {}{}",
+            connack.reason_code,
+            connack
+                .properties
+                .reason_string
+                .as_ref()
+                .map(|s| format!(": {s}"))
+                .unwrap_or_default()
+        );
+    }
+    Ok(connack)
+}
+
+impl Shared {
+    /// The state of a connection just accepted, with the in-flight `window` its CONNACK
+    /// allows.
+    fn new(version: ProtocolVersion, window: usize, who: &str) -> Shared {
+        Shared {
+            version,
+            out: Mutex::new(Out {
+                buf: BytesMut::with_capacity(HIGH_WATER),
+                used: vec![0; 1 << 10],
+                next_id: 1,
+                inflight: 0,
+                pings: VecDeque::new(),
+            }),
+            wake: Notify::new(),
+            space: Notify::new(),
+            acks: Notify::new(),
+            closed: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            wrote: AtomicBool::new(false),
+            window,
+            routes: Mutex::default(),
+            subacks: Mutex::default(),
+            trouble: Mutex::default(),
+            who: who.to_string(),
+        }
+    }
+}
+
+/// The connection's tasks: the reader (from what `buf` already holds on), the writer, and
+/// the keep-alive, which sends a PINGREQ after half the keep-alive period without a write.
+fn spawn_tasks(
+    shared: &Arc<Shared>,
+    mut rd: super::Rd,
+    mut wr: super::Wr,
+    mut buf: BytesMut,
+) -> Tasks {
+    let reader = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let e = read_loop(&mut rd, &mut buf, &shared).await;
+            if let Err(e) = e
+                && !shared.closing.load(Ordering::Acquire)
+            {
+                shared.fail(format!("mqtt: {e:#}"));
+            }
+            shared.shut();
+        })
+    };
+    let writer = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            if let Err(e) = write_loop(&mut wr, &shared).await
+                && !shared.closing.load(Ordering::Acquire)
+            {
+                shared.fail(format!("mqtt write: {e}"));
+            }
+            shared.shut();
+        })
+    };
+    let keep_alive = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let period = Duration::from_secs(u64::from(KEEP_ALIVE) / 2);
+            loop {
+                tokio::time::sleep(period).await;
+                if shared.closed.load(Ordering::Acquire) {
+                    return;
+                }
+                if !shared.wrote.swap(false, Ordering::AcqRel) {
+                    // Nothing written for half the keep-alive period: PINGREQ.
+                    let mut out = lock(&shared.out);
+                    out.pings.push_back(None);
+                    out.encode(&Packet::PingReq, shared.version);
+                    drop(out);
+                    shared.wake.notify_one();
+                }
+            }
+        })
+    };
+    Tasks {
+        aborts: vec![
+            reader.abort_handle(),
+            writer.abort_handle(),
+            keep_alive.abort_handle(),
+        ],
+        reader: Mutex::new(Some(reader)),
     }
 }
 

@@ -43,6 +43,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::bail;
 use bytes::{Bytes, BytesMut};
+use hayate_core::sync::lock;
 use hayate_mqtt::{Packet, ProtocolVersion, QoS, ReasonCode};
 use tokio::sync::{Notify, mpsc, oneshot};
 
@@ -78,10 +79,6 @@ const MAX_PACKET: u32 = 256 << 20;
 const READ_CHUNK: usize = 64 << 10;
 /// Keep alive announced in the CONNECT; a PINGREQ is sent after half of it without writes.
 const KEEP_ALIVE: u16 = 60;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// The MQTT version a target asks for (`?version=`; 3.1.1 by default).
 pub(crate) fn version(target: &Target) -> anyhow::Result<ProtocolVersion> {

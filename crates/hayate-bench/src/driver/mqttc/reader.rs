@@ -3,11 +3,12 @@
 
 use anyhow::bail;
 use bytes::{Bytes, BytesMut};
+use hayate_core::sync::lock;
 use hayate_mqtt::{Ack, ByteStr, Packet, QoS};
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 
-use super::{MAX_BATCH, MAX_PACKET, READ_CHUNK, Shared, lock};
+use super::{MAX_BATCH, MAX_PACKET, READ_CHUNK, Shared};
 
 /// Payloads of one read for one topic.
 struct Batch {

@@ -2,9 +2,10 @@
 
 use std::sync::atomic::Ordering;
 
+use hayate_core::sync::lock;
 use tokio::io::AsyncWriteExt;
 
-use super::{Shared, lock};
+use super::Shared;
 
 pub(super) async fn write_loop(wr: &mut super::Wr, s: &Shared) -> std::io::Result<()> {
     loop {
