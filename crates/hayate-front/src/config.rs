@@ -66,7 +66,7 @@ pub struct ServerSection {
     /// Read by the `hayate broker` binary when it starts (busy-polling needs, and takes, 1).
     pub io_threads: usize,
     /// What is logged: a level (`error`, `warn`, `info`, `debug`, `trace`) and levels per
-    /// module (`info,hayate_server::mqtt=debug`), as `RUST_LOG` takes them (`RUST_LOG`,
+    /// module (`info,hayate_front_mqtt=debug`), as `RUST_LOG` takes them (`RUST_LOG`,
     /// when set, wins). Changed at run time by SIGHUP (read again from the file) or
     /// `PUT /api/log`.
     pub log: String,

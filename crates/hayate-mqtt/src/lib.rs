@@ -7,7 +7,7 @@
 //! Like `hayate-stomp`, it depends on no other Hayate crate: it speaks MQTT only. Translating
 //! MQTT to Hayate (topics to keys, filters to key expressions, QoS to delivery guarantees,
 //! 5.0 properties to message headers, reply-to and correlation id) is the broker's MQTT
-//! front-end's business, all of it in one module, `hayate_server::mqtt::translate`.
+//! front-end's business, all of it in one module, `hayate_front_mqtt::translate`.
 //!
 //! # Layout
 //!

@@ -23,7 +23,7 @@
 pub mod admin;
 pub mod amqp;
 pub mod fanout;
-pub mod mqtt;
+pub use hayate_front_mqtt as mqtt;
 pub mod native;
 pub mod server;
 pub mod shm;

@@ -13,7 +13,7 @@ use hayate_mqtt::{
 };
 
 use super::Queued;
-use crate::mqtt::translate::{delivery_properties, key_to_topic};
+use crate::translate::{delivery_properties, key_to_topic};
 
 /// The current connection's parameters, while the client is online.
 #[derive(Debug)]

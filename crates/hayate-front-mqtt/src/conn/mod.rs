@@ -31,8 +31,8 @@ use super::delivery::{Link, put_packet};
 use super::registry::Handover;
 use super::translate::will_message;
 use super::{Mqtt, MqttSession, PendingWill};
-use crate::auth::{AuthError, Credentials, Identity};
-use crate::frontend::{Accepted, Peer, Serving};
+use hayate_front::auth::{AuthError, Credentials, Identity};
+use hayate_front::{Accepted, Peer, Serving};
 
 mod packets;
 
@@ -67,7 +67,7 @@ enum End {
 struct Conn<'a> {
     mqtt: &'a Mqtt,
     /// Who the client is: its permissions.
-    identity: crate::auth::Identity,
+    identity: hayate_front::auth::Identity,
     version: ProtocolVersion,
     /// Topic aliases the client set (alias → topic).
     aliases: HashMap<u16, ByteStr>,
@@ -293,7 +293,7 @@ async fn hello(connect: &Connect, mqtt: &Mqtt, peer: &Peer) -> Result<Hello, Rea
     };
     let will = will_message(connect.will.as_ref()).map_err(|_| ReasonCode::TopicNameInvalid)?;
     if let Some(w) = &will
-        && crate::frontend::check_publish(&identity, &w.0.key, w.0.reply_to.is_some()).is_err()
+        && hayate_front::check_publish(&identity, &w.0.key, w.0.reply_to.is_some()).is_err()
     {
         return Err(ReasonCode::NotAuthorized);
     }

@@ -14,12 +14,12 @@ use hayate_mqtt::{
 };
 
 use super::{Conn, Driven, End, Fail, fail};
-use crate::frontend::{Handler, Stop};
-use crate::mqtt::MqttSession;
-use crate::mqtt::delivery::{SubInfo, put_packet};
-use crate::mqtt::journal::Durable;
-use crate::mqtt::translate::{broker_qos, filter_to_expr, publish_message};
+use crate::MqttSession;
+use crate::delivery::{SubInfo, put_packet};
+use crate::journal::Durable;
+use crate::translate::{broker_qos, filter_to_expr, publish_message};
 use hayate_core::sync::lock;
+use hayate_front::{Handler, Stop};
 
 /// The error a PUBLISH's acknowledgement carries when its retained copy was not kept for the
 /// memory budget (a 5.0 client gets Quota exceeded; the message was routed all the same).
@@ -145,7 +145,7 @@ fn fail_end((code, msg): Fail) -> End {
 /// outbox lock (it may free the window and send held messages).
 fn settle(
     ms: &mut MqttSession,
-    f: impl FnOnce(&mut crate::mqtt::delivery::MqttDeliveries, &mut hayate_broker::OutBuf),
+    f: impl FnOnce(&mut crate::delivery::MqttDeliveries, &mut hayate_broker::OutBuf),
 ) {
     let out = ms.out.clone();
     ms.session
@@ -274,13 +274,13 @@ impl Conn<'_> {
             // Moved out (the message takes it): no reference count taken.
             None => std::mem::take(&mut p.topic),
         };
-        let sys = crate::mqtt::is_sys(topic.as_str());
+        let sys = crate::is_sys(topic.as_str());
         let msg = publish_message(topic, p)
             .map_err(|e| fail(ReasonCode::TopicNameInvalid, e.to_string()))?;
         // A PUBLISH the user may not make (or into `$SYS`) is acknowledged and dropped, as
         // `$SYS` always was: 5.0 acknowledgements say Not authorized (`publish`).
         let sys = sys
-            || crate::frontend::check_publish(&self.identity, &msg.key, msg.reply_to.is_some())
+            || hayate_front::check_publish(&self.identity, &msg.key, msg.reply_to.is_some())
                 .is_err();
         self.mqtt.stats.received.fetch_add(1, Ordering::Relaxed);
         Ok((msg, sys))
@@ -495,7 +495,7 @@ impl Conn<'_> {
                     // re-registers the subscription with the broker (same id).
                     if before.map(broker_qos) != Some(broker_qos(o.qos)) {
                         ms.session.unsubscribe(sid);
-                        if let Err(e) = crate::frontend::subscribe_checked(
+                        if let Err(e) = hayate_front::subscribe_checked(
                             &mut ms.session,
                             &self.identity,
                             sid,
@@ -512,7 +512,7 @@ impl Conn<'_> {
                     let sid = ms.subs.next_sid();
                     // Options first: a delivery may arrive as soon as the broker knows.
                     lock(&ms.out).set_sub(sid, info);
-                    if let Err(e) = crate::frontend::subscribe_checked(
+                    if let Err(e) = hayate_front::subscribe_checked(
                         &mut ms.session,
                         &self.identity,
                         sid,
@@ -522,14 +522,14 @@ impl Conn<'_> {
                     ) {
                         lock(&ms.out).remove_sub(sid);
                         codes.push(match e {
-                            crate::frontend::SubFail::Denied(_) if v.is_v5() => {
+                            hayate_front::SubFail::Denied(_) if v.is_v5() => {
                                 ReasonCode::NotAuthorized
                             }
-                            crate::frontend::SubFail::Denied(_) => ReasonCode::UnspecifiedError,
-                            crate::frontend::SubFail::Broker(
+                            hayate_front::SubFail::Denied(_) => ReasonCode::UnspecifiedError,
+                            hayate_front::SubFail::Broker(
                                 hayate_broker::SubscribeError::TooMany(_),
                             ) if v.is_v5() => ReasonCode::QuotaExceeded,
-                            crate::frontend::SubFail::Broker(e) => {
+                            hayate_front::SubFail::Broker(e) => {
                                 tracing::warn!("mqtt: subscribe failed: {e}");
                                 ReasonCode::UnspecifiedError
                             }
