@@ -21,7 +21,7 @@
 //! writer task (takes everything queued, one vectored write) → socket.
 
 pub mod admin;
-pub mod amqp;
+pub use hayate_front_amqp as amqp;
 pub mod fanout;
 pub use hayate_front_mqtt as mqtt;
 pub mod native;

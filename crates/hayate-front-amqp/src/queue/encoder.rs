@@ -9,8 +9,8 @@ use hayate_amqp::ShortStr;
 use hayate_broker::{Batch, Encoder, OutBuf};
 
 use super::{QMsg, Queue};
-use crate::amqp::names;
-use crate::amqp::store::Store;
+use crate::names;
+use crate::store::Store;
 
 /// What queues did with a message an AMQP connection's task is routing, for its publish
 /// to read after: a queue encodes synchronously in the publishing task, so what it notes
@@ -112,7 +112,7 @@ impl Encoder for QueueEncoder {
             }
             if args
                 .as_ref()
-                .is_some_and(|a| !crate::amqp::headers_match(a, &msg))
+                .is_some_and(|a| !crate::headers_match(a, &msg))
             {
                 continue;
             }

@@ -12,7 +12,7 @@ use hayate_broker::{OutBuf, Outbox};
 use hayate_core::sync::lock;
 
 use super::{EXPIRED, QMsg, QState, Queue};
-use crate::amqp::delivery::{Delivery, encode_delivery};
+use crate::delivery::{Delivery, encode_delivery};
 
 /// A channel of a consumer connection, as queues see it.
 #[derive(Debug)]

@@ -32,22 +32,20 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::BytesMut;
 use hayate_amqp::frame::PROTOCOL_HEADER;
 use hayate_amqp::{Frame, FrameDecoder, Method, ShortStr};
 use hayate_broker::Session;
 use hayate_core::Key;
-use hayate_io::conn::READ_BUF;
 use tokio::time::Instant;
 
 use super::delivery::{AmqpEncoder, OwnConsumer};
 use super::queue::Queue;
 use super::{Amqp, Exchange, FastMap, VHost};
-use crate::auth::Identity;
-use crate::frontend::{self, Accepted};
 use channel::Channel;
 use error::End;
 use frames::Driven;
+use hayate_front::auth::Identity;
+use hayate_front::{Accepted, Peer, Serving};
 use publish::PublishKeys;
 pub(crate) use queue::delete_queue;
 
@@ -71,9 +69,9 @@ struct Conn<'a> {
     amqp: &'a Arc<Amqp>,
     id: u64,
     identity: Identity,
-    entry: Option<Arc<hayate_io::registry::ConnEntry>>,
-    peer: Option<std::net::IpAddr>,
-    verified_name: Option<String>,
+    /// Who is at the other end (address, verified certificate's user) and the connection's
+    /// entry among the server's live connections.
+    peer: Peer,
     stage: Stage,
     channel_max: u16,
     frame_max: Arc<AtomicUsize>,
@@ -109,34 +107,21 @@ struct Conn<'a> {
 
 /// Serves one AMQP connection until it closes.
 pub async fn serve(io: Accepted, amqp: Arc<Amqp>) {
-    let mut io = io;
-    let (_registered, entry) = io.take_registered();
-    let peer = io.peer.map(|a| a.ip());
-    let verified_name = io.verified_name.clone();
     let frame_max = Arc::new(AtomicUsize::new(hayate_amqp::FRAME_MIN_SIZE as usize));
     let own = Arc::new(Mutex::new(FastMap::default()));
-    let session = amqp.broker.open_session_in(
-        Box::new(AmqpEncoder {
-            consumers: own.clone(),
-            frame_max: frame_max.clone(),
-            routing_key: Vec::new(),
-        }),
-        io.class.as_ref(),
-    );
-    let outbox = session.outbox().clone();
-    let mut conn = frontend::Conn::new(io, BytesMut::with_capacity(READ_BUF), &outbox);
-    if let Some(e) = &entry {
-        e.attach(session.id(), outbox.clone());
-    }
+    let encoder = Box::new(AmqpEncoder {
+        consumers: own.clone(),
+        frame_max: frame_max.clone(),
+        routing_key: Vec::new(),
+    });
+    let (peer, session, mut serving) = Serving::open(io, &amqp.broker, encoder);
     let now = Instant::now();
     let mut h = Driven {
         c: Conn {
             amqp: &amqp,
             id: amqp.next_id(),
             identity: Identity::anonymous(),
-            entry,
             peer,
-            verified_name,
             stage: Stage::Header,
             channel_max: amqp.cfg.channel_max,
             frame_max,
@@ -161,11 +146,13 @@ pub async fn serve(io: Accepted, amqp: Arc<Amqp>) {
         beat: None,
         last_read: now,
     };
-    let end = conn.drive(&mut h).await;
+    let end = serving.conn.drive(&mut h).await;
     let (mut c, mut session) = (h.c, h.session);
     c.release_all(&mut session).await;
     match end {
-        End::BadHeader => outbox.push_control_unbudgeted(|b| b.extend_from_slice(&PROTOCOL_HEADER)),
+        End::BadHeader => serving
+            .outbox
+            .push_control_unbudgeted(|b| b.extend_from_slice(&PROTOCOL_HEADER)),
         End::Hard(e) => {
             tracing::debug!(
                 conn = c.id,
@@ -179,13 +166,13 @@ pub async fn serve(io: Accepted, amqp: Arc<Amqp>) {
                 class_id: e.class,
                 method_id: e.method,
             };
-            outbox.push_control_unbudgeted(|b| Frame::Method(0, m).encode(b));
+            serving
+                .outbox
+                .push_control_unbudgeted(|b| Frame::Method(0, m).encode(b));
         }
         End::Done => {}
     }
-    session.flush();
-    drop(session);
-    conn.close(&*outbox).await;
+    serving.close(session).await;
 }
 
 impl Conn<'_> {

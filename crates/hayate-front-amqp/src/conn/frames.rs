@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::error::{AmqpError, End, decode_error, err, not_client};
 use super::{Conn, Stage};
-use crate::frontend::{Handler, Stop};
+use hayate_front::{Handler, Stop};
 
 /// What the decoder produces, and what handling a frame may leave for its future.
 #[derive(Debug)]

@@ -16,7 +16,7 @@ use super::recovery::Recovered;
 use super::{
     BindingDef, EdgeDef, ExchangeDef, QueueDef, Store, table_hex, table_of_hex, vhost_dir,
 };
-use crate::amqp::queue::QMsg;
+use crate::queue::QMsg;
 
 /// A directory of its own, removed when dropped.
 struct TmpDir(PathBuf);

@@ -10,7 +10,7 @@ use hayate_core::sync::lock;
 use hayate_core::{Message, Qos};
 
 use super::{MAX_BINDINGS, Queue};
-use crate::amqp::names::{self, Kind};
+use crate::names::{self, Kind};
 
 /// One binding of a queue: the exchange, its type, the binding key, its arguments, and the
 /// broker subscription that implements it.
@@ -98,7 +98,7 @@ impl Hop {
     pub(super) fn passes(&self, rk: &str, msg: &Message) -> bool {
         let matched = match self.kind {
             Kind::Fanout => true,
-            Kind::Headers => crate::amqp::headers_match(&self.args, msg),
+            Kind::Headers => crate::headers_match(&self.args, msg),
             Kind::Direct | Kind::Topic => self.expr.as_ref().is_some_and(|e| {
                 names::publish_key(&self.exchange, self.kind, rk).is_some_and(|k| e.matches(&k))
             }),
@@ -130,12 +130,12 @@ pub(crate) struct Route {
 
 /// What a route is known by: its subscription (source exchange, key and arguments in the
 /// effective form of [`Hop`]). Routes computed with one are merged
-/// (`crate::amqp::Topology::routes`); a queue's kept routes are found by it ([`Queue::set_routes`]).
+/// (`crate::Topology::routes`); a queue's kept routes are found by it ([`Queue::set_routes`]).
 pub(crate) fn route_id(source: &str, key: &str, args: &FieldTable) -> (String, String, String) {
     (
         source.to_string(),
         key.to_string(),
-        crate::amqp::store::table_hex(args),
+        crate::store::table_hex(args),
     )
 }
 
@@ -168,10 +168,10 @@ impl Queue {
             .bindings
             .iter()
             .filter(|b| !b.exchange.is_empty() && b.via.is_none())
-            .map(|b| crate::amqp::store::BindingDef {
+            .map(|b| crate::store::BindingDef {
                 exchange: b.exchange.clone(),
                 key: b.key.clone(),
-                arguments: crate::amqp::store::table_hex(&b.args),
+                arguments: crate::store::table_hex(&b.args),
             })
             .collect();
         store.set_bindings(&self.name, *id, defs)
@@ -270,7 +270,7 @@ impl Queue {
         let Some(session) = session.as_mut() else {
             return Ok(()); // being deleted
         };
-        let cost = crate::amqp::route_cost(&routes);
+        let cost = crate::route_cost(&routes);
         let old = self.route_cost.swap(cost, Ordering::AcqRel);
         self.vhost.route_cost.fetch_add(cost, Ordering::AcqRel);
         self.vhost.route_cost.fetch_sub(old, Ordering::AcqRel);
@@ -311,7 +311,7 @@ impl Queue {
             };
             // No reply inbox reaches a queue (the binder's permissions were checked when
             // the exchange binding was made).
-            let Ok(guard) = crate::auth::inbox_guard(&expr) else {
+            let Ok(guard) = hayate_front::auth::inbox_guard(&expr) else {
                 continue;
             };
             let paths = Some(Arc::new(r.paths));

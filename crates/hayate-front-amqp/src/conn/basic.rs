@@ -15,9 +15,9 @@ use super::publish::{Body, Pending};
 use super::queue::{delete_queue, rand_u64};
 use super::tx::{TxOp, tx_room};
 use super::{Conn, REPLY_SUFFIX};
-use crate::amqp::delivery::OwnConsumer;
-use crate::amqp::names::REPLY_TO_QUEUE;
-use crate::amqp::queue::{Consumer, Unacked, give_back_all};
+use crate::delivery::OwnConsumer;
+use crate::names::REPLY_TO_QUEUE;
+use crate::queue::{Consumer, Unacked, give_back_all};
 
 /// Consumers per channel, at most.
 const MAX_CONSUMERS: usize = 4096;

@@ -17,7 +17,7 @@ use super::frames::Later;
 use super::publish::Pending;
 use super::queue::delete_queue;
 use super::tx::{TxOp, tx_bytes};
-use crate::amqp::queue::{Chan, ChanState, Queue, give_back_all};
+use crate::queue::{Chan, ChanState, Queue, give_back_all};
 
 /// A consumer of a channel.
 #[derive(Debug)]

@@ -9,8 +9,8 @@ use hayate_core::sync::lock;
 
 use super::Conn;
 use super::error::{AmqpError, err, not_client};
-use crate::amqp::Exchange;
-use crate::amqp::names::{self, Kind};
+use crate::Exchange;
+use crate::names::{self, Kind};
 
 /// Exchange-to-exchange bindings per vhost, at most.
 const MAX_EXCHANGE_BINDINGS: usize = 4096;
@@ -179,7 +179,7 @@ impl Conn<'_> {
         );
         drop(reg);
         if let Some(s) = self.vhost.store_for(durable) {
-            let def = crate::amqp::store::ExchangeDef {
+            let def = crate::store::ExchangeDef {
                 kind: kind.name().to_string(),
                 auto_delete,
                 internal,
@@ -300,7 +300,7 @@ impl Conn<'_> {
             })
         };
         let (sx, dx) = (exchange(s)?, exchange(d)?);
-        let edge = crate::amqp::Edge {
+        let edge = crate::Edge {
             source: s.to_string(),
             destination: d.to_string(),
             key: key.to_string(),
@@ -360,11 +360,11 @@ impl Conn<'_> {
         // Kept when both ends are durable, as in RabbitMQ.
         let mut kept = Ok(());
         if let Some(st) = self.vhost.store_for(sx.durable && dx.durable) {
-            let def = crate::amqp::store::EdgeDef {
+            let def = crate::store::EdgeDef {
                 source: s.to_string(),
                 destination: d.to_string(),
                 key: key.to_string(),
-                arguments: crate::amqp::store::table_hex(arguments),
+                arguments: crate::store::table_hex(arguments),
             };
             let written = if bind {
                 st.put_edge(def)

@@ -11,7 +11,7 @@ use hayate_broker::Session;
 use super::error::{End, err, refuse_syntax};
 use super::queue::delete_queue;
 use super::{Conn, Stage};
-use crate::auth::Credentials;
+use hayate_front::auth::Credentials;
 
 impl Conn<'_> {
     /// connection.start.
@@ -42,7 +42,8 @@ impl Conn<'_> {
         props.insert("capabilities", FieldValue::Table(caps));
         // EXTERNAL (the user a verified client certificate names: `[tls] cert_user`) when
         // the connection has one, as RabbitMQ's rabbitmq_auth_mechanism_ssl offers it.
-        let mechanisms: &[u8] = match (self.verified_name.is_some(), self.amqp.auth.required()) {
+        let mechanisms: &[u8] = match (self.peer.verified_name.is_some(), self.amqp.auth.required())
+        {
             (true, true) => b"EXTERNAL PLAIN AMQPLAIN",
             (true, false) => b"EXTERNAL PLAIN AMQPLAIN ANONYMOUS",
             (false, true) => b"PLAIN AMQPLAIN",
@@ -217,7 +218,7 @@ impl Conn<'_> {
             }
             "ANONYMOUS" => (None, None),
             // The certificate's user; a response names the user (authzid) it must be.
-            "EXTERNAL" if self.verified_name.is_some() => {
+            "EXTERNAL" if self.peer.verified_name.is_some() => {
                 (Some(String::from_utf8_lossy(response).into_owned()), None)
             }
             other => return Err(refused(format!("mechanism {other} is not offered"))),
@@ -225,20 +226,14 @@ impl Conn<'_> {
         let creds = Credentials {
             user: user.as_deref().filter(|u| !u.is_empty()),
             password: password.as_deref(),
-            token: None,
-            peer: self.peer,
-            verified: self.verified_name.as_deref(),
+            ..Credentials::default()
         };
-        match self.amqp.auth.authenticate("amqp", creds).await {
-            Ok(id) => {
-                self.identity = id;
-                if let Some(e) = &self.entry {
-                    e.set_user(self.identity.user.as_deref());
-                }
-                Ok(())
-            }
-            Err(e) => Err(refused(e.to_string())),
-        }
+        self.identity = self
+            .peer
+            .login(&*self.amqp.auth, "amqp", creds)
+            .await
+            .map_err(|e| refused(e.to_string()))?;
+        Ok(())
     }
 
     /// connection.blocked while the memory budget is nearly spent (90%), unblocked below

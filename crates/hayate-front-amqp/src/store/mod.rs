@@ -163,7 +163,7 @@ pub(crate) fn vhost_dir(name: &str) -> String {
     }
     if d.len() > 120 {
         // Too long for a file name: cut, and told apart by a hash of the whole name.
-        let h = crate::frontend::stable_hash(name);
+        let h = hayate_front::stable_hash(name);
         let cut: String = d.chars().take(100).collect();
         d = format!("{cut}-{h:016x}");
     }

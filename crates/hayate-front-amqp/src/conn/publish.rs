@@ -17,10 +17,9 @@ use super::error::{AmqpError, End, err};
 use super::frames::{Later, Rest};
 use super::tx::{TxOp, tx_room};
 use super::{Conn, REPLY_SUFFIX};
-use crate::amqp::Exchange;
-use crate::amqp::delivery::{encode_content, message_of};
-use crate::amqp::names::{Kind, REPLY_TO_QUEUE};
-use crate::frontend;
+use crate::Exchange;
+use crate::delivery::{encode_content, message_of};
+use crate::names::{Kind, REPLY_TO_QUEUE};
 
 /// What a content frame left to do.
 pub(super) enum Content {
@@ -419,7 +418,7 @@ impl Conn<'_> {
         let body = body.freeze();
         let (key, routable) = match key {
             Some(key) => {
-                frontend::check_publish(&self.identity, &key, reply_to.is_some())
+                hayate_front::check_publish(&self.identity, &key, reply_to.is_some())
                     .map_err(|d| err(ReplyCode::AccessRefused, d.to_string()))?;
                 (key, true)
             }
@@ -464,10 +463,10 @@ impl Conn<'_> {
             // wildcard): a mandatory publish is routed only if a queue took it or
             // something other than a queue was offered it.
             if confirms.is_some() || in_tx || mandatory {
-                let (n, queued, offers, r, stored, streams) = crate::amqp::queue::ROUTED
-                    .scope(crate::amqp::queue::Routed::default(), async {
+                let (n, queued, offers, r, stored, streams) = crate::queue::ROUTED
+                    .scope(crate::queue::Routed::default(), async {
                         let (n, streams) = session.publish_stored(Batch::One(&msg)).await;
-                        let (q, o, r, stored) = crate::amqp::queue::ROUTED.with(|r| {
+                        let (q, o, r, stored) = crate::queue::ROUTED.with(|r| {
                             (
                                 r.queued.get(),
                                 r.queue_offers.get(),

@@ -10,8 +10,8 @@ use hayate_core::sync::lock;
 
 use super::Conn;
 use super::error::{AmqpError, err, not_client};
-use crate::amqp::names::{self, Kind};
-use crate::amqp::queue::{Queue, QueueArgs};
+use crate::names::{self, Kind};
+use crate::queue::{Queue, QueueArgs};
 
 /// queue.declare's flags.
 #[derive(Debug, Clone, Copy)]
@@ -295,7 +295,7 @@ impl Conn<'_> {
         // dead letters: with a dead-letter exchange, a client names only a queue it may
         // consume from (serve on all of its key). A server-named one is a fresh random key.
         if !name.is_empty()
-            && (crate::auth::inbox_guard(&expr).is_err()
+            && (hayate_front::auth::inbox_guard(&expr).is_err()
                 || args.dead_letter_exchange.is_some()
                     && !self.identity.access.may_read_all(&expr, true))
         {
@@ -360,10 +360,10 @@ impl Conn<'_> {
             return Ok((n, m, c));
         }
         if let Some((s, id)) = store {
-            let def = crate::amqp::store::QueueDef {
+            let def = crate::store::QueueDef {
                 id,
                 auto_delete: f.auto_delete,
-                arguments: crate::amqp::store::table_hex(arguments),
+                arguments: crate::store::table_hex(arguments),
                 bindings: Vec::new(),
             };
             if let Err(e) = s.put_queue(&n, def) {

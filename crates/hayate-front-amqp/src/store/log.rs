@@ -10,7 +10,7 @@ use hayate_core::sync::lock;
 use hayate_log::{Entry, ReadLimit, Record};
 
 use super::{Held, Store};
-use crate::amqp::queue::QMsg;
+use crate::queue::QMsg;
 
 /// The record format this store writes (its first byte).
 const FORMAT: u8 = 1;

@@ -12,7 +12,7 @@ use super::defs::{EdgeDef, ExchangeDef, QueueDef, read_defs};
 use super::entries::{Entries, acks_bytes, read_entries, returns_bytes};
 use super::log::{MOVED_EXTRA, decode_record, record_bytes};
 use super::{Files, Held, State, Store};
-use crate::amqp::queue::QMsg;
+use crate::queue::QMsg;
 
 /// What opening a store found: the durable exchanges, and each durable queue with the
 /// messages it held.
