@@ -1,5 +1,5 @@
 //! What operators see of a running server: its listeners' traffic and connection counts, the
-//! live connections, and whether it is ready. The admin HTTP listener (`hayate_server::admin`)
+//! live connections, and whether it is ready. The admin HTTP listener (`hayate_admin`)
 //! serves it as JSON and as Prometheus metrics.
 
 use std::sync::Arc;

@@ -20,7 +20,6 @@
 //! [`hayate_broker::Outbox`] (encoded in the target's protocol under its lock) → the target's
 //! writer task (takes everything queued, one vectored write) → socket.
 
-pub mod admin;
 pub use hayate_front_amqp as amqp;
 pub mod fanout;
 pub use hayate_front_mqtt as mqtt;
@@ -34,6 +33,10 @@ pub mod ws;
 /// modules keep their old paths (`crate::auth`, `hayate_server::config`, ...), and the layer
 /// itself is `crate::frontend`.
 pub use hayate_front::{self as frontend, auth, config, ops, tls};
+
+/// The admin HTTP listener (JSON API, `/metrics`, dashboard, health checks), now the crate
+/// [`hayate_admin`]; `server/figures.rs` hands it the front-ends' figures.
+pub use hayate_admin as admin;
 
 pub use config::Config;
 pub use hayate_io::{busy, transport};

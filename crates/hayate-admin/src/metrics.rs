@@ -11,6 +11,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use hayate_broker::Broker;
 use hayate_core::sync::lock;
+use hayate_front::ops::Ops;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -21,7 +22,6 @@ use super::dashboard::TopKeys;
 use super::figures::{FigureKind, Figures};
 use super::slots::Slots;
 use super::{St, error};
-use crate::ops::Ops;
 
 /// `GET /metrics`: what the collector reads now, as OpenMetrics text.
 pub(super) async fn metrics_text(State(s): St) -> Response {

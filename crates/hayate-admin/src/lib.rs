@@ -38,11 +38,10 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use hayate_broker::Broker;
+use hayate_front::auth::Authenticator;
+use hayate_front::ops::Ops;
 use prometheus_client::registry::Registry;
 use serde_json::json;
-
-use crate::auth::Authenticator;
-use crate::ops::Ops;
 
 mod api;
 mod dashboard;

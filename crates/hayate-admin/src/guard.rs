@@ -4,9 +4,9 @@
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
+use hayate_front::auth::{AuthError, Credentials};
 
 use super::{BODY_TIMEOUT, MAX_BODY, Peer, Shared, St, error};
-use crate::auth::Credentials;
 
 /// In front of every route but the health checks:
 /// - with users configured, the credentials of an `[admin] users` user, checked with the
@@ -155,17 +155,14 @@ async fn authorize(
     };
     let id = match st.auth.authenticate("admin", creds).await {
         Ok(id) => id,
-        Err(crate::auth::AuthError::Throttled) => {
+        Err(AuthError::Throttled) => {
             return Err(error(
                 StatusCode::TOO_MANY_REQUESTS,
-                crate::auth::AuthError::Throttled.to_string(),
+                AuthError::Throttled.to_string(),
             ));
         }
-        Err(crate::auth::AuthError::Busy) => {
-            let mut r = error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                crate::auth::AuthError::Busy.to_string(),
-            );
+        Err(AuthError::Busy) => {
+            let mut r = error(StatusCode::SERVICE_UNAVAILABLE, AuthError::Busy.to_string());
             r.headers_mut()
                 .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
             return Err(r);
