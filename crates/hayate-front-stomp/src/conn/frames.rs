@@ -123,14 +123,7 @@ impl Conn<'_> {
                 self.tx.insert(t, Vec::new());
             }
             Command::Commit => {
-                let t = tx_name(&f)?;
-                let Some(frames) = self.tx.remove(&t) else {
-                    return Err(refuse(
-                        "unknown transaction",
-                        format!("no transaction {t:?} was begun"),
-                    ));
-                };
-                self.release_tx(&frames);
+                let frames = self.end_tx(&f)?;
                 // A receipt for the COMMIT comes once every SEND in it is stored.
                 let wait = f.get("receipt").is_some();
                 for f in frames {
@@ -143,14 +136,7 @@ impl Conn<'_> {
                 }
             }
             Command::Abort => {
-                let t = tx_name(&f)?;
-                let Some(frames) = self.tx.remove(&t) else {
-                    return Err(refuse(
-                        "unknown transaction",
-                        format!("no transaction {t:?} was begun"),
-                    ));
-                };
-                self.release_tx(&frames);
+                self.end_tx(&f)?;
             }
             Command::Disconnect => return Ok(false),
             Command::Connect | Command::Stomp => {
@@ -188,6 +174,20 @@ impl Conn<'_> {
     }
 
     /// A transaction's frames are no longer held (committed or aborted).
+    /// Ends the transaction a COMMIT or ABORT names: its frames, taken out and no longer
+    /// counted against the connection's transaction bytes.
+    fn end_tx(&mut self, f: &Frame) -> Result<Vec<Frame>, Refusal> {
+        let t = tx_name(f)?;
+        let Some(frames) = self.tx.remove(&t) else {
+            return Err(refuse(
+                "unknown transaction",
+                format!("no transaction {t:?} was begun"),
+            ));
+        };
+        self.release_tx(&frames);
+        Ok(frames)
+    }
+
     fn release_tx(&mut self, frames: &[Frame]) {
         let n: usize = frames.iter().map(tx_cost).sum();
         self.tx_bytes = self.tx_bytes.saturating_sub(n);
