@@ -188,6 +188,20 @@ impl Conn<'_> {
         Ok(frames)
     }
 
+    /// Records subscription `sid` in the delivery state, which MESSAGE frames are encoded
+    /// from.
+    fn track_sub(&self, sid: u32, id: &str, dest: &str, ack: AckMode, kind: Kind) {
+        lock(&self.out).subs.insert(
+            sid,
+            Sub {
+                id: id.to_string(),
+                destination: dest.to_string(),
+                ack,
+                kind,
+            },
+        );
+    }
+
     fn release_tx(&mut self, frames: &[Frame]) {
         let n: usize = frames.iter().map(tx_cost).sum();
         self.tx_bytes = self.tx_bytes.saturating_sub(n);
@@ -401,15 +415,7 @@ impl Conn<'_> {
         };
         let sid = self.subs.next_sid();
         // Options first: the queue's waiting messages are delivered by `subscribe`.
-        lock(&self.out).subs.insert(
-            sid,
-            Sub {
-                id: id.clone(),
-                destination: dest.to_string(),
-                ack,
-                kind,
-            },
-        );
+        self.track_sub(sid, &id, dest, ack, kind);
         let qos = if ack == AckMode::Auto {
             Qos::default()
         } else {
@@ -478,19 +484,11 @@ impl Conn<'_> {
         hayate_front::check_consume(&self.identity, stream, &consumer)
             .map_err(|d| refuse("access refused", d.to_string()))?;
         let sid = self.subs.next_sid();
-        let expr = qexpr;
-        lock(&self.out).subs.insert(
-            sid,
-            Sub {
-                id: id.clone(),
-                destination: dest.to_string(),
-                ack,
-                kind: Kind::Queue {
-                    name: q.to_string(),
-                    expr,
-                },
-            },
-        );
+        let kind = Kind::Queue {
+            name: q.to_string(),
+            expr: qexpr,
+        };
+        self.track_sub(sid, &id, dest, ack, kind);
         self.members
             .join(session, sid, consumer, ack == AckMode::Auto);
         self.subs.bind(id, sid);
