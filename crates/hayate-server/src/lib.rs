@@ -26,7 +26,7 @@ pub use hayate_front_mqtt as mqtt;
 pub mod native;
 pub mod server;
 pub mod shm;
-pub mod stomp;
+pub use hayate_front_stomp as stomp;
 pub mod ws;
 
 /// The front-end layer every front-end here builds on, now the crate [`hayate_front`]: its

@@ -7,8 +7,8 @@ use hayate_broker::Session;
 use hayate_stomp::{Command, Frame, Version};
 
 use super::{Conn, Refusal, refuse};
-use crate::auth::Credentials;
 use hayate_core::sync::lock;
+use hayate_front::auth::Credentials;
 
 impl Conn<'_> {
     pub(super) async fn connect(

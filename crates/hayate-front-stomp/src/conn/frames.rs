@@ -8,7 +8,7 @@ use hayate_core::{INBOX_PREFIX, Key, KeyExpr, Message, Qos};
 use hayate_stomp::{Command, Frame, Version};
 
 use super::{Conn, Refusal, refuse};
-use crate::stomp::delivery::{AckMode, Kind, Sub};
+use crate::delivery::{AckMode, Kind, Sub};
 use hayate_core::sync::lock;
 
 /// Queues one connection may declare (`/queue/<name>` sent to or subscribed), at most.
@@ -123,14 +123,7 @@ impl Conn<'_> {
                 self.tx.insert(t, Vec::new());
             }
             Command::Commit => {
-                let t = tx_name(&f)?;
-                let Some(frames) = self.tx.remove(&t) else {
-                    return Err(refuse(
-                        "unknown transaction",
-                        format!("no transaction {t:?} was begun"),
-                    ));
-                };
-                self.release_tx(&frames);
+                let frames = self.end_tx(&f)?;
                 // A receipt for the COMMIT comes once every SEND in it is stored.
                 let wait = f.get("receipt").is_some();
                 for f in frames {
@@ -143,14 +136,7 @@ impl Conn<'_> {
                 }
             }
             Command::Abort => {
-                let t = tx_name(&f)?;
-                let Some(frames) = self.tx.remove(&t) else {
-                    return Err(refuse(
-                        "unknown transaction",
-                        format!("no transaction {t:?} was begun"),
-                    ));
-                };
-                self.release_tx(&frames);
+                self.end_tx(&f)?;
             }
             Command::Disconnect => return Ok(false),
             Command::Connect | Command::Stomp => {
@@ -188,6 +174,34 @@ impl Conn<'_> {
     }
 
     /// A transaction's frames are no longer held (committed or aborted).
+    /// Ends the transaction a COMMIT or ABORT names: its frames, taken out and no longer
+    /// counted against the connection's transaction bytes.
+    fn end_tx(&mut self, f: &Frame) -> Result<Vec<Frame>, Refusal> {
+        let t = tx_name(f)?;
+        let Some(frames) = self.tx.remove(&t) else {
+            return Err(refuse(
+                "unknown transaction",
+                format!("no transaction {t:?} was begun"),
+            ));
+        };
+        self.release_tx(&frames);
+        Ok(frames)
+    }
+
+    /// Records subscription `sid` in the delivery state, which MESSAGE frames are encoded
+    /// from.
+    fn track_sub(&self, sid: u32, id: &str, dest: &str, ack: AckMode, kind: Kind) {
+        lock(&self.out).subs.insert(
+            sid,
+            Sub {
+                id: id.to_string(),
+                destination: dest.to_string(),
+                ack,
+                kind,
+            },
+        );
+    }
+
     fn release_tx(&mut self, frames: &[Frame]) {
         let n: usize = frames.iter().map(tx_cost).sum();
         self.tx_bytes = self.tx_bytes.saturating_sub(n);
@@ -208,7 +222,7 @@ impl Conn<'_> {
         match allowed {
             true => Ok(()),
             false => {
-                let d = crate::auth::Denied::Rule {
+                let d = hayate_front::auth::Denied::Rule {
                     what: "serve",
                     on: q.to_owned(),
                 };
@@ -273,7 +287,7 @@ impl Conn<'_> {
             .get("destination")
             .ok_or_else(|| refuse("missing destination", "SEND needs a destination header"))?;
         let key = self.send_key(dest, session)?;
-        crate::frontend::check_publish(&self.identity, &key, f.get("reply-to").is_some())
+        hayate_front::check_publish(&self.identity, &key, f.get("reply-to").is_some())
             .map_err(|d| refuse("access refused", d.to_string()))?;
         // A queue is declared (messages wait for a consumer) only by a publish allowed to
         // reach it; one whose key a stream captures is that stream's (durable), with no
@@ -300,7 +314,7 @@ impl Conn<'_> {
             });
         }
         if let Some(c) = f.get("correlation-id") {
-            msg.correlation_id = Some(crate::stomp::delivery::correlation_bytes(c));
+            msg.correlation_id = Some(crate::delivery::correlation_bytes(c));
         }
         let mut headers: Vec<(String, Bytes)> = Vec::new();
         for (k, v) in &f.headers {
@@ -401,21 +415,13 @@ impl Conn<'_> {
         };
         let sid = self.subs.next_sid();
         // Options first: the queue's waiting messages are delivered by `subscribe`.
-        lock(&self.out).subs.insert(
-            sid,
-            Sub {
-                id: id.clone(),
-                destination: dest.to_string(),
-                ack,
-                kind,
-            },
-        );
+        self.track_sub(sid, &id, dest, ack, kind);
         let qos = if ack == AckMode::Auto {
             Qos::default()
         } else {
             Qos::ACKED
         };
-        if let Err(e) = crate::frontend::subscribe_checked(
+        if let Err(e) = hayate_front::subscribe_checked(
             session,
             &self.identity,
             sid,
@@ -425,8 +431,8 @@ impl Conn<'_> {
         ) {
             lock(&self.out).subs.remove(&sid);
             return Err(match e {
-                crate::frontend::SubFail::Denied(d) => refuse("access refused", d.to_string()),
-                crate::frontend::SubFail::Broker(e) => refuse("subscribe failed", e.to_string()),
+                hayate_front::SubFail::Denied(d) => refuse("access refused", d.to_string()),
+                hayate_front::SubFail::Broker(e) => refuse("subscribe failed", e.to_string()),
             });
         }
         self.subs.bind(id, sid);
@@ -446,13 +452,10 @@ impl Conn<'_> {
         ack: AckMode,
         session: &mut Session,
     ) -> Result<(), Refusal> {
-        if self.members.len() >= crate::frontend::MAX_MEMBERSHIPS {
+        if self.members.len() >= hayate_front::MAX_MEMBERSHIPS {
             return Err(refuse(
                 "too many durable queue subscriptions",
-                format!(
-                    "at most {} per connection",
-                    crate::frontend::MAX_MEMBERSHIPS
-                ),
+                format!("at most {} per connection", hayate_front::MAX_MEMBERSHIPS),
             ));
         }
         // A durable queue member serves the queue's key: the same permission as an
@@ -478,22 +481,14 @@ impl Conn<'_> {
                     .0
             }
         };
-        crate::frontend::check_consume(&self.identity, stream, &consumer)
+        hayate_front::check_consume(&self.identity, stream, &consumer)
             .map_err(|d| refuse("access refused", d.to_string()))?;
         let sid = self.subs.next_sid();
-        let expr = qexpr;
-        lock(&self.out).subs.insert(
-            sid,
-            Sub {
-                id: id.clone(),
-                destination: dest.to_string(),
-                ack,
-                kind: Kind::Queue {
-                    name: q.to_string(),
-                    expr,
-                },
-            },
-        );
+        let kind = Kind::Queue {
+            name: q.to_string(),
+            expr: qexpr,
+        };
+        self.track_sub(sid, &id, dest, ack, kind);
         self.members
             .join(session, sid, consumer, ack == AckMode::Auto);
         self.subs.bind(id, sid);
@@ -618,10 +613,10 @@ fn queue_consumer_name(q: &str) -> String {
         })
         .collect();
     if clean == q && q.len() <= 58 {
-        return format!("{}{q}", crate::stomp::QUEUE_CONSUMER_PREFIX);
+        return format!("{}{q}", crate::QUEUE_CONSUMER_PREFIX);
     }
     // Stable across runs: the name is stored with the consumer.
-    let h = crate::frontend::stable_hash(q);
+    let h = hayate_front::stable_hash(q);
     let cut: String = clean.chars().take(40).collect();
-    format!("{}{cut}-{:016x}", crate::stomp::QUEUE_CONSUMER_PREFIX, h)
+    format!("{}{cut}-{:016x}", crate::QUEUE_CONSUMER_PREFIX, h)
 }

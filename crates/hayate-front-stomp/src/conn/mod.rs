@@ -20,8 +20,8 @@ use tokio::time::Instant;
 
 use super::Stomp;
 use super::delivery::{StompDeliveries, StompEncoder};
-use crate::frontend::{Accepted, Handler, Peer, Serving, Stop, SubTable};
 use hayate_core::sync::lock;
+use hayate_front::{Accepted, Handler, Peer, Serving, Stop, SubTable};
 
 mod frames;
 mod handshake;
@@ -47,7 +47,7 @@ fn refuse(message: impl Into<String>, detail: impl Into<String>) -> Refusal {
 struct Conn<'a> {
     stomp: &'a Stomp,
     /// Who the client is (anonymous until CONNECT's login is checked).
-    identity: crate::auth::Identity,
+    identity: hayate_front::auth::Identity,
     /// Where the client comes from, and the connection's entry among the server's live
     /// connections (admin API).
     peer: Peer,
@@ -63,9 +63,9 @@ struct Conn<'a> {
     /// What the open transactions hold (bytes, as [`frames::tx_cost`] counts them), and its
     /// charge to the broker-wide memory budget.
     tx_bytes: usize,
-    tx_charge: hayate_io::memory::Charge,
+    tx_charge: hayate_flow::memory::Charge,
     /// `/queue/` subscriptions served by a stream's consumer (durable queues).
-    members: crate::frontend::Memberships,
+    members: hayate_front::Memberships,
     /// Queues this connection declared (to avoid asking the broker again).
     declared: std::collections::HashSet<String>,
     /// Negotiated heart-beats: how often to send, how long to wait for the client.
@@ -224,7 +224,7 @@ pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
     let mut h = Driven {
         c: Conn {
             stomp: &stomp,
-            identity: crate::auth::Identity::anonymous(),
+            identity: hayate_front::auth::Identity::anonymous(),
             peer,
             out: out.clone(),
             connected: false,
@@ -233,7 +233,7 @@ pub async fn serve(io: Accepted, stomp: Arc<Stomp>) {
             temp_sid: None,
             tx: HashMap::new(),
             tx_bytes: 0,
-            tx_charge: hayate_io::memory::Charge::exact(&session.broker().config().memory),
+            tx_charge: hayate_flow::memory::Charge::exact(&session.broker().config().memory),
             members: Default::default(),
             declared: Default::default(),
             send_every: None,
