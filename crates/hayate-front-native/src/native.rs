@@ -704,18 +704,10 @@ async fn handle(
             tracing::debug!(code = code.code(), message, "client reported an error");
             return Ok(false);
         }
-        Frame::Hello(_) => return Err((ErrorCode::Protocol, "HELLO was already received".into())),
-        Frame::Welcome(_)
-        | Frame::Msg { .. }
-        | Frame::MsgBatch { .. }
-        | Frame::MsgRef { .. }
-        | Frame::MsgAcked { .. }
-        | Frame::Confirm { .. }
-        | Frame::Lost { .. } => {
-            return Err((
-                ErrorCode::Protocol,
-                "a client may not send this frame".into(),
-            ));
+        // A second HELLO, or a server's frame.
+        other => {
+            let (code, why) = hayate_native::refusal(&other);
+            return Err((code, why.into()));
         }
     }
     Ok(true)
