@@ -388,6 +388,16 @@ impl ErrorCode {
     }
 }
 
+/// What a listener answers (an ERR, then it closes) to a frame it does not take after
+/// WELCOME: a second HELLO, a frame only a server sends (WELCOME, MSG, MSG_BATCH, MSG_REF,
+/// MSG_ACKED, CONFIRM, LOST), or one the listener has no use for (a peer node's CONSUME).
+pub fn refusal(frame: &Frame) -> (ErrorCode, &'static str) {
+    match frame {
+        Frame::Hello(_) => (ErrorCode::Protocol, "HELLO was already received"),
+        _ => (ErrorCode::Protocol, "a client may not send this frame"),
+    }
+}
+
 /// The HELLO a listener's first frame must be, checked: `Err` with the ERR code and message
 /// to send (`who` names the listener in the message: "server", "node", ...).
 pub fn check_hello(frame: Frame, who: &str) -> Result<Hello, (ErrorCode, String)> {

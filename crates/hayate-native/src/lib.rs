@@ -25,7 +25,7 @@ pub use codec::{
 };
 pub use frame::{
     ConfirmOutcome, ErrorCode, Frame, HELLO_SHM, Hello, HelloAuth, MAGIC, PROTOCOL_VERSION, Sub,
-    Welcome, check_hello,
+    Welcome, check_hello, refusal,
 };
 pub use items::Items;
 pub use read::{LARGE_FRAME, ReadPlanner};

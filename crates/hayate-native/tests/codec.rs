@@ -535,3 +535,21 @@ fn hello_auth_forms_round_trip_and_garbage_is_refused() {
         );
     }
 }
+
+#[test]
+fn refusal_names_a_second_hello_and_server_frames() {
+    let hello = Frame::Hello(Hello {
+        version: 1,
+        flags: 0,
+        name: String::new(),
+        auth: Bytes::new(),
+    });
+    assert_eq!(
+        hayate_native::refusal(&hello),
+        (ErrorCode::Protocol, "HELLO was already received")
+    );
+    assert_eq!(
+        hayate_native::refusal(&Frame::Lost { sid: 1, count: 1 }),
+        (ErrorCode::Protocol, "a client may not send this frame")
+    );
+}

@@ -6,8 +6,10 @@
 //!   state, the connection driver and the checks every front-end shares).
 //! - [`server`]: [`Server`]: binds the configured listeners (TCP, Unix) and runs until a
 //!   shutdown future completes; [`Server::from_listener`] embeds it in a test or a program.
-//! - [`native`]: the native protocol front-end: one reader loop and one writer task per
-//!   connection, and the encoder that turns deliveries into MSG / MSG_BATCH frames.
+//! - [`native`], [`shm`], [`fanout`]: re-exported from [`hayate_front_native`], the native
+//!   protocol front-end (one reader loop and one writer task per connection, the encoder
+//!   that turns deliveries into MSG / MSG_BATCH frames, the shared-memory offer and the
+//!   fan-out arena).
 //! - [`ws`]: WebSocket as a transport (HTTP upgrade, RFC 6455 framing in process) on top of
 //!   TCP.
 //! - [`transport`] and [`busy`]: re-exported from [`hayate_io`] (the transport trait, TCP,
@@ -21,13 +23,14 @@
 //! writer task (takes everything queued, one vectored write) → socket.
 
 pub use hayate_front_amqp as amqp;
-pub mod fanout;
 pub use hayate_front_mqtt as mqtt;
-pub mod native;
-pub mod server;
-pub mod shm;
 pub use hayate_front_stomp as stomp;
+pub mod server;
 pub mod ws;
+
+/// The native front-end, now the crate [`hayate_front_native`]: its modules keep their old
+/// paths (`crate::native`, `hayate_server::shm`, `hayate_server::fanout`).
+pub use hayate_front_native::{fanout, native, shm};
 
 /// The front-end layer every front-end here builds on, now the crate [`hayate_front`]: its
 /// modules keep their old paths (`crate::auth`, `hayate_server::config`, ...), and the layer

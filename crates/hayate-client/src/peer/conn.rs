@@ -259,9 +259,6 @@ impl Peer {
                 );
                 return Err(End::Closed);
             }
-            Frame::Hello(_) => {
-                return Err(self.refuse(ErrorCode::Protocol, "HELLO was already received"));
-            }
             // Nothing is delivered with acknowledgements here: an ACK or NACK names no
             // delivery and is ignored, as the broker ignores unknown ids.
             Frame::Ack { .. } | Frame::Nack { .. } => {}
@@ -279,15 +276,10 @@ impl Peer {
                     outcome: hayate_native::ConfirmOutcome::NotCaptured,
                 });
             }
-            Frame::Welcome(_)
-            | Frame::Msg { .. }
-            | Frame::MsgBatch { .. }
-            | Frame::MsgRef { .. }
-            | Frame::MsgAcked { .. }
-            | Frame::Confirm { .. }
-            | Frame::Consume { .. }
-            | Frame::Lost { .. } => {
-                return Err(self.refuse(ErrorCode::Protocol, "a client may not send this frame"));
+            // A second HELLO, a server's frame, or a CONSUME (a peer keeps no streams).
+            other => {
+                let (code, why) = hayate_native::refusal(&other);
+                return Err(self.refuse(code, why));
             }
         }
         Ok(())

@@ -417,18 +417,10 @@ impl PeerConn {
                 );
                 return Err(End::Closed);
             }
-            Frame::Hello(_) => {
-                return Err(self.refuse(ErrorCode::Protocol, "HELLO was already received"));
-            }
-            Frame::Welcome(_)
-            | Frame::Msg { .. }
-            | Frame::MsgBatch { .. }
-            | Frame::MsgRef { .. }
-            | Frame::MsgAcked { .. }
-            | Frame::Confirm { .. }
-            | Frame::Consume { .. }
-            | Frame::Lost { .. } => {
-                return Err(self.refuse(ErrorCode::Protocol, "a client may not send this frame"));
+            // A second HELLO, a server's frame, or a CONSUME (a peer keeps no streams).
+            other => {
+                let (code, why) = hayate_native::refusal(&other);
+                return Err(self.refuse(code, why));
             }
         }
         Ok(())

@@ -12,16 +12,16 @@ use hayate_broker::{Batch, Broker, Delivery, Encoder, OutBuf, Outbox, Session, S
 use hayate_core::{Key, Message};
 use hayate_native::{HELLO_SHM, HelloAuth};
 
-use crate::auth::{Authenticator, Credentials, Identity};
+use hayate_front::auth::{Authenticator, Credentials, Identity};
 use hayate_native::{
     ConfirmOutcome, ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome, encode,
     encode_msg_acked_head, encode_msg_batch_head, encode_msg_head, encode_msg_ref,
 };
 use tokio::time::Instant;
 
-use crate::config::Limits;
-use crate::frontend::{self, Accepted, Handler, Peer, Serving, Stop};
 use hayate_broker::stream::api::{self, API_PREFIX};
+use hayate_front::config::Limits;
+use hayate_front::{self as frontend, Accepted, Handler, Peer, Serving, Stop};
 use hayate_io::conn::READ_BUF;
 
 use crate::fanout::{self, FanoutClient};
@@ -704,18 +704,10 @@ async fn handle(
             tracing::debug!(code = code.code(), message, "client reported an error");
             return Ok(false);
         }
-        Frame::Hello(_) => return Err((ErrorCode::Protocol, "HELLO was already received".into())),
-        Frame::Welcome(_)
-        | Frame::Msg { .. }
-        | Frame::MsgBatch { .. }
-        | Frame::MsgRef { .. }
-        | Frame::MsgAcked { .. }
-        | Frame::Confirm { .. }
-        | Frame::Lost { .. } => {
-            return Err((
-                ErrorCode::Protocol,
-                "a client may not send this frame".into(),
-            ));
+        // A second HELLO, or a server's frame.
+        other => {
+            let (code, why) = hayate_native::refusal(&other);
+            return Err((code, why.into()));
         }
     }
     Ok(true)
