@@ -39,6 +39,7 @@ use std::time::Duration;
 
 use hayate_core::{KeyExpr, Message};
 use hayate_flow::{Batch, Encoder, OutBuf, Outbox};
+use hayate_io::conn::READ_BUF;
 use hayate_native::{ErrorCode, Frame, encode};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
@@ -58,9 +59,6 @@ use conn::{LINGER, serve_conn};
 pub type Reply = Pin<Box<dyn Future<Output = Option<Message>> + Send>>;
 
 type Handler = Arc<dyn Fn(Message) -> Reply + Send + Sync>;
-
-/// Read buffer: start size and the free space kept before each read.
-const READ_BUF: usize = 64 * 1024;
 
 /// Settings of a [`PeerServer`].
 #[derive(Debug, Clone)]

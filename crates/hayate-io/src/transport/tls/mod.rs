@@ -27,10 +27,11 @@
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use hayate_core::sync::lock;
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -94,10 +95,6 @@ fn give_spare(buf: Vec<u8>) {
 
 /// The most ciphertext one `recv` takes from the socket.
 const READ_AHEAD: usize = 64 * 1024;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 fn refused(r: Refusal) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, r.to_string())
