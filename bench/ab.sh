@@ -6,7 +6,8 @@
 #
 # Both brokers run at once, each with its native, MQTT, STOMP and AMQP listeners on free ports
 # (WebSocket and admin off, data in a temporary directory). Per run:
-#   thr  native (shm off), MQTT QoS 0, MQTT QoS 1, STOMP, AMQP (the workspace's client):
+#   thr  native (shm off), MQTT QoS 0, MQTT QoS 1, STOMP, AMQP (the workspace's client),
+#        AMQP durable (persistent messages with confirms into a durable queue, acks):
 #        64 B and 1 KiB, `hayate bench thr --duration DURATION`;
 #   lat  native and MQTT, 64 B, `hayate bench lat --duration 2s`;
 #   rpc  native, 4,000 calls at concurrency 1 and 8,000 at 16.
@@ -50,6 +51,7 @@ thr_all() {
     echo "mqtt://$(addr "$1" mqtt)?qos=1&name=$1-mqtt-qos1"
     echo "stomp://$(addr "$1" stomp)?name=$1-stomp"
     echo "amqp://$(addr "$1" amqp)?client=hayate&name=$1-amqp"
+    echo "amqp://$(addr "$1" amqp)?client=hayate&durable=1&name=$1-amqp-durable"
 }
 lat_targets() {
     echo "hayate://$(addr "$1" 'native protocol')?shm=off&name=$1-native"
