@@ -425,3 +425,15 @@ impl Mqtt {
         }
     }
 }
+
+#[cfg(test)]
+mod limits_tests {
+    /// The shared layer writes MQTT's largest packet size out rather than depend on the codec.
+    #[test]
+    fn the_shared_layer_knows_the_largest_packet_size() {
+        assert_eq!(
+            hayate_front::config::MQTT_MAX_PACKET,
+            hayate_mqtt::MAX_VAR_INT
+        );
+    }
+}

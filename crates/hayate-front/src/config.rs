@@ -7,8 +7,9 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:4700";
 /// The largest MQTT packet size a broker can advertise: the protocol's largest remaining
 /// length (clients such as paho refuse a Maximum Packet Size above it, although the whole
-/// packet may be 5 bytes longer).
-pub const MQTT_MAX_PACKET: u32 = hayate_mqtt::MAX_VAR_INT;
+/// packet may be 5 bytes longer): `hayate_mqtt::MAX_VAR_INT`, written out so that this
+/// layer depends on no protocol's codec (the MQTT front-end's tests check the two agree).
+pub const MQTT_MAX_PACKET: u32 = 268_435_455;
 /// The default MQTT address.
 pub const DEFAULT_MQTT_LISTEN: &str = "127.0.0.1:1883";
 /// The default STOMP address.
