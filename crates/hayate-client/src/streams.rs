@@ -3,13 +3,13 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use hayate_core::{Key, Message};
-use hayate_native::stream::{
+use hayate_api::stream::{
     ApiReply, CONSUMER_API, ConsumerRequest, NameRequest, RemovedInfo, STREAM_API,
 };
-pub use hayate_native::stream::{
+pub use hayate_api::stream::{
     ConsumerConfig, ConsumerInfo, ConsumerView, Start, StreamConfig, StreamInfo,
 };
+use hayate_core::{Key, Message};
 
 use crate::{Client, Error, Result};
 

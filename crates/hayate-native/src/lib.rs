@@ -5,8 +5,6 @@
 //! - [`codec`]: [`decode`] (check the header, then parse; `Ok(None)` means "read more") and
 //!   [`encode`], plus allocation-free encoders for the hot path ([`encode_pub`],
 //!   [`encode_msg_head`], [`encode_msg_batch_head`], ...).
-//! - [`stream`]: the stream API's JSON bodies (stream and consumer definitions, requests,
-//!   replies), which travel as message payloads on `$hayate/api/...` keys.
 //!
 //! The codec is sans-IO: it works on [`bytes::BytesMut`] only and never touches a socket or a
 //! clock. Payloads are decoded as zero-copy slices of the read buffer.
@@ -15,7 +13,6 @@ pub mod codec;
 pub mod frame;
 pub mod items;
 pub mod read;
-pub mod stream;
 
 pub use codec::{
     DecodeError, HEADER_LEN, MAX_BATCH_ITEMS, check_options, decode, decode_frame, encode,

@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 /// The API's keys and bodies are the native protocol's (hayate-native); re-exported here.
-pub use hayate_native::stream::{
+pub use hayate_api::stream::{
     API_PREFIX, ApiReply, CONSUMER_API, ConsumerRequest, ConsumerView, NameRequest, RemovedInfo,
     STREAM_API,
 };

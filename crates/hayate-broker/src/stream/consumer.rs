@@ -22,7 +22,7 @@ use hayate_core::KeyExpr;
 use serde::{Deserialize, Serialize};
 
 /// A consumer's definition and state as the API carries them (hayate-native's wire types).
-pub use hayate_native::stream::{ConsumerConfig, ConsumerInfo, Start};
+pub use hayate_api::stream::{ConsumerConfig, ConsumerInfo, Start};
 
 use super::{Stream, StreamError};
 

@@ -24,7 +24,7 @@ use hayate_log::{Entry, FsyncPolicy, Log, LogConfig, LogStats, Retention};
 use crate::Batch;
 
 /// A stream's definition and state as the API carries them (hayate-native's wire types).
-pub use hayate_native::stream::{StreamConfig, StreamInfo};
+pub use hayate_api::stream::{StreamConfig, StreamInfo};
 pub use registry::Stored;
 
 /// Checks a stream's definition; returns the parsed capture expressions and log
