@@ -28,7 +28,9 @@
 //! # Layout
 //! - this module: [`PeerServer`] (the listener and its accept loop) and [`PeerOptions`];
 //! - `conn`: one connection, as the driver's handler: the handshake, the frames a client
-//!   sends, the requests in hand and the replies routed to the connection's subscriptions.
+//!   sends, the requests in hand and the replies routed to the connection's subscriptions;
+//! - `listen`: what such a connection shares with a node's listener's (`node::server`):
+//!   opening and closing it, the handshake, reading, ERR and the frames both treat alike.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -38,10 +40,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use hayate_core::{KeyExpr, Message};
-use hayate_flow::{Batch, Encoder, OutBuf, Outbox};
-use hayate_io::conn::READ_BUF;
-use hayate_native::{ErrorCode, Frame, encode};
-use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -49,6 +47,7 @@ use tokio::task::JoinHandle;
 use crate::{Error, Result};
 
 mod conn;
+mod listen;
 pub mod node;
 
 pub use node::{Node, NodeOptions, NodeStats, ScoutOptions, ShmMode, ShmOptions};
@@ -178,75 +177,12 @@ impl Drop for PeerServer {
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
-    let mut conns = tokio::task::JoinSet::new();
-    loop {
-        tokio::select! {
-            r = listener.accept() => match r {
-                Ok((s, _)) => {
-                    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-                    conns.spawn(serve_conn(s, id, shared.clone(), stop.clone()));
-                }
-                Err(e) => {
-                    // Out of descriptors and the like: wait a little rather than spin.
-                    tracing::warn!("peer listener: accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            _ = stop.changed() => break,
-        }
-    }
-    drop(listener);
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: watch::Receiver<bool>) {
     // Each connection gives itself drain_timeout (+ LINGER) to finish; this is a backstop.
-    let all = async { while conns.join_next().await.is_some() {} };
     let bound = shared.options.drain_timeout + LINGER + Duration::from_secs(1);
-    if tokio::time::timeout(bound, all).await.is_err() {
-        conns.abort_all();
-    }
-}
-
-/// The outbox encoder of a connection nothing is routed to by a broker (a `PeerServer`'s or
-/// a node's listener): its frames are written with [`Outbox::push_reply_unbudgeted`].
-pub(crate) struct NoDeliveries;
-
-impl Encoder for NoDeliveries {
-    fn encode(&mut self, _sid: u32, _batch: Batch<'_>, _origin: u64, _out: &mut OutBuf) {}
-    fn encode_lost(&mut self, _sid: u32, _count: u64, _out: &mut OutBuf) {}
-}
-
-/// Queues frame `f` on `outbox`.
-pub(crate) fn send_frame(outbox: &Outbox, f: &Frame) {
-    outbox.push_reply_unbudgeted(|o| encode(f, o.tail()));
-}
-
-/// Closes a listener's connection: the writer gets until `deadline` to send what is queued
-/// (a writer stuck on a peer that does not read is cut off instead), then what the other side
-/// still sends is read and discarded for up to `linger`, so that closing with unread input
-/// does not reset the connection and lose the last frames.
-pub(crate) async fn close_and_linger(
-    conn: hayate_io::conn::Conn,
-    outbox: &Outbox,
-    deadline: tokio::time::Instant,
-    linger: Duration,
-) {
-    let Ok(mut reader) = tokio::time::timeout_at(deadline, conn.close(outbox)).await else {
-        outbox.cut();
-        return;
+    let serve = |s, _, stop| {
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        serve_conn(s, id, shared.clone(), stop)
     };
-    let _ = tokio::time::timeout(linger, async {
-        let mut sink = [0u8; 4096];
-        while matches!(reader.read(&mut sink).await, Ok(n) if n > 0) {}
-    })
-    .await;
-}
-
-/// A payload of `len` bytes over `max`: the ERR to send.
-pub(crate) fn too_large(len: usize, max: u64) -> Option<(ErrorCode, String)> {
-    (len as u64 > max).then(|| {
-        (
-            ErrorCode::FrameTooLarge,
-            format!("payload of {len} bytes exceeds max_payload {max}"),
-        )
-    })
+    listen::accept_loop(listener, stop, usize::MAX, bound, "peer listener", serve).await;
 }

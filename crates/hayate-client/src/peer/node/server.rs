@@ -18,10 +18,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use hayate_core::{Key, Message};
-use hayate_flow::Outbox;
-use hayate_io::conn::{Accepted, Conn, Handler, InputBudget, READ_BUF, Stop};
-use hayate_io::transport;
-use hayate_native::{ErrorCode, Frame, PROTOCOL_VERSION, ReadPlanner, Welcome};
+use hayate_io::conn::{Handler, InputBudget, Stop};
+use hayate_native::{ErrorCode, Frame};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -31,7 +29,7 @@ use super::{
     Inbound, LocalTarget, NodeInner, Route, Sink, TO_HEADER, lock, parse_hello_name,
     resolve_advertised,
 };
-use crate::peer::{NoDeliveries, close_and_linger, send_frame, too_large};
+use crate::peer::listen::{self, End, Names, Wire, close_and_linger, open};
 use crate::sub::{Batch, TrySendError};
 
 /// Output (WELCOME, PONG, ERR) queued at most.
@@ -43,60 +41,39 @@ const LINGER: Duration = Duration::from_millis(500);
 pub(super) async fn accept_loop(
     listener: TcpListener,
     node: Arc<NodeInner>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) {
-    let mut conns = tokio::task::JoinSet::new();
-    loop {
-        tokio::select! {
-            r = listener.accept() => match r {
-                Ok((s, addr)) if conns.len() >= node.options.max_connections => {
-                    tracing::warn!(%addr, "peer node: at max_connections: connection closed");
-                    drop(s);
-                }
-                Ok((s, addr)) => {
-                    let id = node.next_conn.fetch_add(1, Ordering::Relaxed);
-                    conns.spawn(serve_conn(s, addr, id, node.clone(), stop.clone()));
-                }
-                Err(e) => {
-                    tracing::warn!("peer node: accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            _ = stop.changed() => break,
-        }
-    }
-    drop(listener);
-    let all = async { while conns.join_next().await.is_some() {} };
-    if tokio::time::timeout(Duration::from_secs(2), all)
-        .await
-        .is_err()
-    {
-        conns.abort_all();
-    }
+    let max = node.options.max_connections;
+    let serve = |s, addr, stop| {
+        let id = node.next_conn.fetch_add(1, Ordering::Relaxed);
+        serve_conn(s, addr, id, node.clone(), stop)
+    };
+    listen::accept_loop(
+        listener,
+        stop,
+        max,
+        Duration::from_secs(2),
+        "peer node",
+        serve,
+    )
+    .await;
 }
 
-#[derive(Debug)]
-enum End {
-    Refused,
-    Closed,
-    Gone,
-}
+/// How a node's listener names itself.
+static NAMES: Names = Names {
+    hello: "node",
+    log: "peer node",
+    their_err: "error from the other side",
+};
 
 struct PeerConn {
-    id: u64,
+    wire: Wire,
     node: Arc<NodeInner>,
-    outbox: Arc<Outbox>,
-    scratch: VecDeque<Bytes>,
     addr: SocketAddr,
-    welcomed: bool,
     /// The node at the other end (`None`: a plain client).
     from: Option<u64>,
     /// A PING came from that node (see `Inbound::ready`).
     ready: bool,
-    handshake_until: Instant,
-    planner: ReadPlanner,
-    max_frame: usize,
     /// Deliveries decoded from this read, one batch per target.
     pending: Vec<(LocalTarget, Vec<Message>)>,
     /// Batches for `block` targets that had no room, oldest first.
@@ -113,30 +90,23 @@ async fn serve_conn(
     node: Arc<NodeInner>,
     stop: watch::Receiver<bool>,
 ) {
-    let _ = stream.set_nodelay(true);
-    let (reader, writer) = transport::tcp(stream);
-    let outbox = Arc::new(Outbox::new(OUT_BUDGET, Box::new(NoDeliveries)));
-    let mut accepted = Accepted::new(reader, writer, stop);
-    accepted.peer = Some(addr);
-    accepted.budget = InputBudget {
+    let budget = InputBudget {
         memory: node.memory.clone(),
         wait: Some(node.options.max_block),
     };
-    let mut conn = Conn::new(accepted, BytesMut::with_capacity(READ_BUF), &outbox);
+    let (mut conn, outbox) = open(stream, stop, OUT_BUDGET, Some(addr), budget);
     let mut p = PeerConn {
-        id,
-        max_frame: usize::try_from(node.options.max_payload)
-            .unwrap_or(usize::MAX)
-            .saturating_add(64 * 1024),
-        handshake_until: Instant::now() + node.options.handshake_timeout,
+        wire: Wire::new(
+            id,
+            outbox.clone(),
+            node.options.max_payload,
+            node.options.handshake_timeout,
+            &NAMES,
+        ),
         node,
-        outbox: outbox.clone(),
-        scratch: VecDeque::new(),
         addr,
-        welcomed: false,
         from: None,
         ready: false,
-        planner: ReadPlanner::new(),
         pending: Vec::new(),
         stuck: VecDeque::new(),
         stuck_since: None,
@@ -148,7 +118,7 @@ async fn serve_conn(
         lock(&p.node.state).inbound_gone(id);
     }
     if matches!(end, End::Refused) {
-        p.outbox.try_flush(&mut p.scratch);
+        p.wire.flush();
     }
     drop(p);
     close_and_linger(
@@ -270,28 +240,6 @@ pub(super) fn dispatch(
 }
 
 impl PeerConn {
-    fn send(&self, f: &Frame) {
-        send_frame(&self.outbox, f);
-    }
-
-    fn refuse(&self, code: ErrorCode, message: &str) -> End {
-        tracing::debug!(
-            conn = self.id,
-            code = code.code(),
-            message,
-            "peer node: protocol error"
-        );
-        self.send(&Frame::Err {
-            code,
-            message: message.to_string(),
-        });
-        End::Refused
-    }
-
-    fn too_large(&self, len: usize) -> Option<End> {
-        too_large(len, self.node.options.max_payload).map(|(c, m)| self.refuse(c, &m))
-    }
-
     /// Hands `m` to the local subscriptions of `route` (see [`dispatch`]).
     fn dispatch(&mut self, route: &Route, mut m: Message) {
         let named = self.from.is_some().then(|| take_named(&mut m));
@@ -303,7 +251,7 @@ impl PeerConn {
     }
 
     fn on_publish(&mut self, m: Message) -> Result<(), End> {
-        if let Some(end) = self.too_large(m.payload.len()) {
+        if let Some(end) = self.wire.too_large(m.payload.len()) {
             return Err(end);
         }
         if self.from.is_some() && m.key.as_bytes() == INTEREST_KEY.as_bytes() {
@@ -315,14 +263,13 @@ impl PeerConn {
     }
 
     fn on_interest(&mut self, payload: &[u8]) -> Result<(), End> {
-        let i = Interest::decode(payload).map_err(|e| self.refuse(ErrorCode::Protocol, &e))?;
-        lock(&self.node.state).interest(self.id, i);
+        let i = Interest::decode(payload).map_err(|e| self.wire.refuse(ErrorCode::Protocol, &e))?;
+        lock(&self.node.state).interest(self.wire.id, i);
         Ok(())
     }
 
     fn hello(&mut self, frame: Frame) -> Result<(), End> {
-        let h = hayate_native::check_hello(frame, "node").map_err(|(c, m)| self.refuse(c, &m))?;
-        self.welcomed = true;
+        let h = self.wire.hello(frame)?;
         if let Some((peer, advertised)) = parse_hello_name(&h.name) {
             self.from = Some(peer);
             {
@@ -330,38 +277,35 @@ impl PeerConn {
                 if st.stopped {
                     return Err(End::Closed);
                 }
-                st.inbound.insert(self.id, Inbound { peer, ready: false });
+                st.inbound
+                    .insert(self.wire.id, Inbound { peer, ready: false });
             }
             // Dial back: this node's publications travel on its own link to that node.
             match resolve_advertised(&advertised, self.addr.ip()) {
                 Some(a) => self.node.discovered(peer, a),
                 None => {
-                    return Err(self.refuse(
+                    return Err(self.wire.refuse(
                         ErrorCode::Protocol,
                         &format!("node HELLO with a bad address {advertised:?}"),
                     ));
                 }
             }
         }
-        self.send(&Frame::Welcome(Welcome {
-            version: PROTOCOL_VERSION,
-            session: self.id,
-            max_payload: self.node.options.max_payload,
-            server: self.node.welcome_name(),
-            inbox: format!("{}/peer-conn-{}", hayate_core::INBOX_PREFIX, self.id),
-            shm: None,
-        }));
+        self.wire.welcome(
+            self.node.welcome_name(),
+            format!("{}/peer-conn-{}", hayate_core::INBOX_PREFIX, self.wire.id),
+        );
         Ok(())
     }
 
     fn on_frame(&mut self, frame: Frame) -> Result<(), End> {
-        if !self.welcomed {
+        if !self.wire.welcomed() {
             return self.hello(frame);
         }
         match frame {
             Frame::Pub(m) => self.on_publish(m)?,
             Frame::PubBatch { key, payloads } => {
-                if let Some(end) = payloads.iter().find_map(|p| self.too_large(p.len())) {
+                if let Some(end) = payloads.iter().find_map(|p| self.wire.too_large(p.len())) {
                     return Err(end);
                 }
                 if self.from.is_some() && key.as_bytes() == INTEREST_KEY.as_bytes() {
@@ -377,51 +321,35 @@ impl PeerConn {
             }
             Frame::PubConfirm { id, msg } => {
                 self.on_publish(msg)?;
-                self.send(&Frame::Confirm {
-                    id,
-                    outcome: hayate_native::ConfirmOutcome::NotCaptured,
-                });
+                self.wire.not_captured(id);
             }
             // Every client subscribes its reply inbox first (sid u32::MAX): accepted, and
             // nothing is ever sent to it.
             Frame::Sub(s) if s.sid == u32::MAX => {}
             Frame::Sub(_) => {
-                return Err(self.refuse(
+                return Err(self.wire.refuse(
                     ErrorCode::BadSubscription,
                     "a peer node takes no subscriptions over the wire: subscribe through a \
                      Node of your own",
                 ));
             }
-            Frame::Unsub { .. } | Frame::Pong(_) | Frame::Ack { .. } | Frame::Nack { .. } => {}
+            Frame::Unsub { .. } => {}
             Frame::Ping(t) => {
                 if self.from.is_some() && !self.ready {
                     self.ready = true;
-                    if let Some(i) = lock(&self.node.state).inbound.get_mut(&self.id) {
+                    if let Some(i) = lock(&self.node.state).inbound.get_mut(&self.wire.id) {
                         i.ready = true;
                     }
                 }
                 self.hand_over();
                 if self.stuck.is_empty() {
-                    self.send(&Frame::Pong(t));
+                    self.wire.send(&Frame::Pong(t));
                 } else {
                     self.pongs.push(t);
                 }
             }
-            Frame::Close => return Err(End::Closed),
-            Frame::Err { code, message } => {
-                tracing::debug!(
-                    conn = self.id,
-                    code = code.code(),
-                    message,
-                    "peer node: error from the other side"
-                );
-                return Err(End::Closed);
-            }
-            // A second HELLO, a server's frame, or a CONSUME (a peer keeps no streams).
-            other => {
-                let (code, why) = hayate_native::refusal(&other);
-                return Err(self.refuse(code, why));
-            }
+            // PONG, ACK, NACK, CLOSE, ERR, or one a client may not send.
+            other => return self.wire.on_other(other),
         }
         Ok(())
     }
@@ -502,9 +430,9 @@ impl PeerConn {
         if self.stuck.is_empty() {
             self.stuck_since = None;
             for t in std::mem::take(&mut self.pongs) {
-                self.send(&Frame::Pong(t));
+                self.wire.send(&Frame::Pong(t));
             }
-            self.outbox.try_flush(&mut self.scratch);
+            self.wire.flush();
         } else {
             self.stuck_since = Some(Instant::now());
         }
@@ -519,10 +447,7 @@ impl Handler for PeerConn {
         if !self.stuck.is_empty() {
             return Ok(None); // the rest waits, in order, until there is room
         }
-        let max_frame = self.max_frame;
-        self.planner
-            .decode(buf, max_frame)
-            .map_err(|e| self.refuse(e.code(), &e.to_string()))
+        self.wire.decode(buf)
     }
 
     async fn handle(&mut self, frame: Frame) -> Result<(), End> {
@@ -537,26 +462,20 @@ impl Handler for PeerConn {
 
     fn flush(&mut self) {
         self.hand_over();
-        self.outbox.try_flush(&mut self.scratch);
+        self.wire.flush();
     }
 
     fn read_limit(&mut self, buf: &mut BytesMut) -> Option<usize> {
-        if self.stuck.is_empty() {
-            self.planner.plan(buf, READ_BUF)
-        } else {
-            Some(0)
-        }
+        let held = !self.stuck.is_empty();
+        self.wire.read_limit(buf, held)
     }
 
     fn deadline(&self) -> Option<Instant> {
-        (!self.welcomed).then_some(self.handshake_until)
+        self.wire.deadline()
     }
 
     async fn on_timer(&mut self) -> Result<(), End> {
-        if self.welcomed || Instant::now() < self.handshake_until {
-            return Ok(());
-        }
-        Err(self.refuse(ErrorCode::Protocol, "no HELLO within the handshake timeout"))
+        self.wire.on_timer()
     }
 
     async fn event(&mut self) -> Result<(), End> {
@@ -571,7 +490,7 @@ impl Handler for PeerConn {
         match why {
             Stop::Eof | Stop::Shutdown => End::Closed,
             Stop::Io | Stop::WriterGone => End::Gone,
-            Stop::Memory => self.refuse(
+            Stop::Memory => self.wire.refuse(
                 ErrorCode::ServerBusy,
                 "memory budget spent: frame not read within max_block",
             ),
