@@ -1,6 +1,7 @@
 //! Hayate's JSON APIs on the bus: requests published on `$hayate/api/...` keys and their
-//! replies, which the engine answers and any client sends, over any protocol (the native
-//! client library, `hayate stream`, an MQTT or STOMP client publishing the same JSON).
+//! replies, which the engine answers. They are native-protocol PUBs (docs/protocol.md, *The
+//! stream API*; the same keys published from MQTT or STOMP are ordinary messages), sent by the
+//! client library and `hayate stream`, or by any program that writes the JSON.
 //!
 //! - [`stream`]: the stream API's bodies (stream and consumer definitions, requests, replies).
 //!
