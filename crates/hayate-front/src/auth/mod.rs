@@ -28,6 +28,41 @@ pub use access::{Access, Denied, Grant, Rule, SYS_PREFIX, inbox_guard};
 pub use hashing::HashStats;
 pub use users::{ConfigAuth, Slot, TOKEN_PREFIX, hash_password, new_token, token_digest};
 
+/// The address a source is counted under, by the login throttle's lanes and the listeners'
+/// connection rate: an IPv4 address as it is (also when it comes IPv4-mapped, `::ffff:a.b.c.d`,
+/// from a dual-stack listener), any other IPv6 address by its /64 (one host's usual allocation:
+/// a guesser or a flood cannot step through it).
+pub fn address_group(ip: std::net::IpAddr) -> std::net::IpAddr {
+    use std::net::IpAddr;
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+mod address_tests {
+    use super::address_group;
+    use std::net::IpAddr;
+
+    #[test]
+    fn sources_are_grouped_by_ipv4_address_or_ipv6_64() {
+        let g = |s: &str| address_group(s.parse::<IpAddr>().unwrap_or_else(|e| panic!("{e}")));
+        assert_eq!(g("192.0.2.7"), g("192.0.2.7"));
+        assert_ne!(g("192.0.2.7"), g("192.0.2.8"));
+        assert_eq!(g("::ffff:192.0.2.7"), g("192.0.2.7"));
+        assert_ne!(g("::ffff:192.0.2.7"), g("::ffff:192.0.2.8"));
+        assert_eq!(g("2001:db8:1:2:aaaa::1"), g("2001:db8:1:2:bbbb::2"));
+        assert_ne!(g("2001:db8:1:2::1"), g("2001:db8:1:3::1"));
+    }
+}
+
 /// Why a client was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AuthError {

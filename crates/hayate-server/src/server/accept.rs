@@ -71,18 +71,6 @@ pub(super) struct Buckets {
 /// sweep (at most once a second) forgets the refilled ones.
 pub(super) const MAX_TRACKED: usize = 65_536;
 
-/// The address a connection's rate is counted for: IPv4 as it is, IPv6 by its /64 (one
-/// host usually has a whole /64 to pick addresses from).
-pub(super) fn rate_key(ip: std::net::IpAddr) -> std::net::IpAddr {
-    match ip {
-        std::net::IpAddr::V6(v6) if v6.to_ipv4_mapped().is_none() => {
-            let s = v6.segments();
-            std::net::IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
-        }
-        other => other,
-    }
-}
-
 impl ConnRate {
     pub(super) fn new(per_sec: u32) -> ConnRate {
         ConnRate {
@@ -99,7 +87,7 @@ impl ConnRate {
         }
         let now = Instant::now();
         let full = f64::from(per_sec);
-        let ip = rate_key(ip);
+        let ip = crate::auth::address_group(ip);
         let mut b = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         if b.map.len() >= MAX_TRACKED && !b.map.contains_key(&ip) {
             if b.swept

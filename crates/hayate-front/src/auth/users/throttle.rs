@@ -10,18 +10,6 @@ const MAX_TRACKED: usize = 65_536;
 /// user name given (so that a 64 KiB name costs what a short one does).
 pub(super) type Pair = (IpAddr, [u8; 16]);
 
-/// The address a failed login is counted under for the lanes: an IPv4 address as it is, an
-/// IPv6 one by its /64 (one host's usual allocation: a guesser cannot step through it).
-fn addr_group(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => {
-            let s = v6.segments();
-            IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
-        }
-    }
-}
-
 #[derive(Debug, Default)]
 struct Failures {
     count: u32,
@@ -112,7 +100,7 @@ impl ConfigAuth {
         let mut t = self.throttle();
         let addr_failed = t
             .addrs
-            .get(&addr_group(p.0))
+            .get(&crate::auth::address_group(p.0))
             .is_some_and(|&at| now.duration_since(at) <= self.window);
         let lane = if addr_failed {
             Lane::Failed
@@ -184,7 +172,7 @@ impl ConfigAuth {
                 all.pairs.remove(&k);
             }
         }
-        let group = addr_group(p.0);
+        let group = crate::auth::address_group(p.0);
         if all.addrs.len() >= MAX_TRACKED && !all.addrs.contains_key(&group) {
             let window = self.window;
             all.addrs.retain(|_, at| now.duration_since(*at) <= window);
