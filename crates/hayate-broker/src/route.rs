@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 
 use hayate_core::{Congestion, Key, Stall};
 
+use crate::backlog::Backlog;
 use crate::broker::Broker;
 use crate::outbox::Outbox;
-use crate::queue::Backlog;
 
 /// One subscription a key's messages go to: the route table's target for the broker.
 #[derive(Debug, Clone)]

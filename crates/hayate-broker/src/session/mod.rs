@@ -12,9 +12,9 @@ use hayate_core::route::RouteCache;
 use hayate_core::{Key, KeyExpr, Qos};
 
 use crate::Batch;
+use crate::backlog::group_id;
 use crate::broker::{Broker, SubEntry, SubscribeError, remove_sub};
 use crate::outbox::{Delivery, Outbox};
-use crate::queue::group_id;
 use crate::route::{Route, Target};
 use crate::stream::Stored;
 

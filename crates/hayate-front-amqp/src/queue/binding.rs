@@ -143,16 +143,16 @@ impl Queue {
     /// Is one of the bindings clients made to an exchange `bound(exchange)` says yes to?
     /// (Without copying them.)
     pub(crate) fn bound_to(&self, bound: impl Fn(&str) -> bool) -> bool {
-        lock(&self.st)
-            .bindings
+        lock(&self.bind)
+            .list
             .iter()
             .any(|b| b.via.is_none() && bound(&b.exchange))
     }
 
     /// The bindings clients made (not routes).
     pub(crate) fn bindings(&self) -> Vec<Binding> {
-        lock(&self.st)
-            .bindings
+        lock(&self.bind)
+            .list
             .iter()
             .filter(|b| b.via.is_none())
             .cloned()
@@ -164,8 +164,8 @@ impl Queue {
         let Some((store, id)) = &self.store else {
             return Ok(());
         };
-        let defs = lock(&self.st)
-            .bindings
+        let defs = lock(&self.bind)
+            .list
             .iter()
             .filter(|b| !b.exchange.is_empty() && b.via.is_none())
             .map(|b| crate::store::BindingDef {
@@ -191,15 +191,15 @@ impl Queue {
         let Some(session) = session.as_mut() else {
             return Err("queue is being deleted".into());
         };
-        let st = lock(&self.st);
+        let st = lock(&self.bind);
         if st
-            .bindings
+            .list
             .iter()
             .any(|b| b.via.is_none() && b.exchange == exchange && b.key == key && b.args == args)
         {
             return Ok(());
         }
-        if st.bindings.iter().filter(|b| b.via.is_none()).count() >= MAX_BINDINGS {
+        if st.list.iter().filter(|b| b.via.is_none()).count() >= MAX_BINDINGS {
             return Err(format!("a queue has at most {MAX_BINDINGS} bindings"));
         }
         drop(st);
@@ -224,16 +224,16 @@ impl Queue {
         expr: hayate_core::KeyExpr,
         guard: Option<Arc<dyn hayate_broker::KeyGuard>>,
     ) -> Result<(), String> {
-        let mut st = lock(&self.st);
+        let mut st = lock(&self.bind);
         let sid = loop {
             st.next_sid = st.next_sid.wrapping_add(1).max(1);
             let sid = st.next_sid;
-            if st.bindings.binary_search_by_key(&sid, |b| b.sid).is_err() {
+            if st.list.binary_search_by_key(&sid, |b| b.sid).is_err() {
                 break sid;
             }
         };
-        let at = st.bindings.partition_point(|b| b.sid < sid);
-        st.bindings.insert(
+        let at = st.list.partition_point(|b| b.sid < sid);
+        st.list.insert(
             at,
             Binding {
                 exchange: exchange.to_string(),
@@ -254,7 +254,7 @@ impl Queue {
             ..Qos::default()
         };
         if let Err(e) = session.subscribe_guarded(sid, expr, None, qos, guard) {
-            lock(&self.st).bindings.retain(|b| b.sid != sid);
+            lock(&self.bind).list.retain(|b| b.sid != sid);
             return Err(e.to_string());
         }
         Ok(())
@@ -280,9 +280,9 @@ impl Queue {
         let mut new = Vec::new();
         let mut keep = std::collections::HashSet::new();
         {
-            let mut st = lock(&self.st);
+            let mut st = lock(&self.bind);
             let at: std::collections::HashMap<_, usize> = st
-                .bindings
+                .list
                 .iter()
                 .enumerate()
                 .filter(|(_, b)| b.via.is_some())
@@ -291,7 +291,7 @@ impl Queue {
             for r in routes {
                 match at.get(&route_id(&r.source, &r.key, &r.args)) {
                     Some(&i) => {
-                        let b = &mut st.bindings[i];
+                        let b = &mut st.list[i];
                         if b.via.as_deref() != Some(&r.paths) {
                             b.via = Some(Arc::new(r.paths.clone()));
                         }
@@ -319,17 +319,17 @@ impl Queue {
                 session, &r.source, r.kind, &r.key, r.args, paths, expr, guard,
             ) {
                 Ok(()) => {
-                    keep.insert(lock(&self.st).next_sid);
+                    keep.insert(lock(&self.bind).next_sid);
                 }
                 Err(e) => failed = failed.and(Err(e)),
             }
         }
         let gone: Vec<u32> = {
-            let mut st = lock(&self.st);
-            let (gone, kept) = std::mem::take(&mut st.bindings)
+            let mut st = lock(&self.bind);
+            let (gone, kept) = std::mem::take(&mut st.list)
                 .into_iter()
                 .partition::<Vec<_>, _>(|b| b.via.is_some() && !keep.contains(&b.sid));
-            st.bindings = kept;
+            st.list = kept;
             gone.into_iter().map(|b| b.sid).collect()
         };
         for sid in gone {
@@ -345,13 +345,13 @@ impl Queue {
 
     /// Removes a binding; false if there was none.
     pub(crate) fn unbind(&self, exchange: &str, key: &str, args: &FieldTable) -> bool {
-        let mut st = lock(&self.st);
-        let Some(i) = st.bindings.iter().position(|b| {
+        let mut st = lock(&self.bind);
+        let Some(i) = st.list.iter().position(|b| {
             b.via.is_none() && b.exchange == exchange && b.key == key && &b.args == args
         }) else {
             return false;
         };
-        let b = st.bindings.remove(i);
+        let b = st.list.remove(i);
         drop(st);
         if let Some(s) = lock(&self.session).as_mut() {
             s.unsubscribe(b.sid);
@@ -362,11 +362,11 @@ impl Queue {
     /// Removes every binding to `exchange` and route from it (it is being deleted).
     pub(crate) fn unbind_exchange(&self, exchange: &str) {
         let gone: Vec<u32> = {
-            let mut st = lock(&self.st);
-            let (gone, keep) = std::mem::take(&mut st.bindings)
+            let mut st = lock(&self.bind);
+            let (gone, keep) = std::mem::take(&mut st.list)
                 .into_iter()
                 .partition::<Vec<_>, _>(|b| b.exchange == exchange);
-            st.bindings = keep;
+            st.list = keep;
             gone.into_iter().map(|b| b.sid).collect()
         };
         if let Some(s) = lock(&self.session).as_mut() {
@@ -379,11 +379,11 @@ impl Queue {
     /// A binding's exchange (shared), its arguments for a headers exchange (the only type
     /// whose arguments a delivery needs), and a route's further hops.
     pub(super) fn binding(&self, sid: u32) -> Option<BindingView> {
-        let st = lock(&self.st);
-        st.bindings
+        let st = lock(&self.bind);
+        st.list
             .binary_search_by_key(&sid, |b| b.sid)
             .ok()
-            .map(|i| &st.bindings[i])
+            .map(|i| &st.list[i])
             .map(|b| {
                 let args = (b.kind == Kind::Headers).then(|| b.args.clone());
                 (b.exchange_s.clone(), args, b.via.clone())

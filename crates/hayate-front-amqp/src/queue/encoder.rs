@@ -1,14 +1,13 @@
 //! What a queue's broker session is given ([`QueueEncoder`]: into the queue, each publish
 //! once, [`Taken`]), and what queues did with a publish for its publisher ([`ROUTED`]).
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::Instant;
 
-use hayate_amqp::ShortStr;
 use hayate_broker::{Batch, Encoder, OutBuf};
 
-use super::{QMsg, Queue};
+use hayate_broker::queue::Via;
+
+use super::Queue;
 use crate::names;
 use crate::store::Store;
 
@@ -35,11 +34,11 @@ tokio::task_local! {
     pub(crate) static ROUTED: Routed;
 }
 
-pub(super) fn note_refused() {
+fn note_refused() {
     let _ = ROUTED.try_with(|r| r.refused.set(true));
 }
 
-pub(super) fn note_stored(store: &Arc<Store>, offset: u64) {
+fn note_stored(store: &Arc<Store>, offset: u64) {
     let _ = ROUTED.try_with(|r| r.stored.borrow_mut().push((store.clone(), offset)));
 }
 
@@ -130,48 +129,31 @@ impl Encoder for QueueEncoder {
             if self.taken.seen(publish, i, batch.len()) {
                 continue;
             }
-            // The string's buffer becomes the short string's (no second copy).
-            let routing_key = if rk.len() <= 255 {
-                ShortStr::new(bytes::Bytes::from(rk)).unwrap_or_default()
-            } else {
-                ShortStr::lit(&rk)
-            };
             let _ = ROUTED.try_with(|r| r.queued.set(true));
-            // A priority queue orders by the message's priority (the AMQP property, or a
-            // `priority` header from another protocol).
-            let priority = q.args.max_priority.map_or(0, |max| {
-                msg.headers
-                    .iter()
-                    .flatten()
-                    .find(|(k, _)| k == "priority")
-                    .and_then(|(_, v)| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok())
-                    .map_or(0, |p| p.min(u64::from(max)) as u8)
-            });
-            let expires = match (q.args.message_ttl, msg.attrs.expires) {
-                (Some(ttl), Some(at)) => Some((Instant::now() + ttl).min(at)),
-                (Some(ttl), None) => Some(Instant::now() + ttl),
-                (None, at) => at,
+            // The string's buffer becomes the subject's (no second copy); a routing key
+            // is a short string (cut at 255 bytes).
+            let subject = if rk.len() <= 255 {
+                bytes::Bytes::from(rk)
+            } else {
+                hayate_amqp::ShortStr::lit(&rk).bytes().clone()
             };
-            q.push(
-                QMsg {
-                    msg,
-                    exchange: exchange.clone(),
-                    routing_key,
-                    redelivered: false,
-                    expires,
-                    seq: 0,
-                    priority,
-                    stored: None,
-                    returns: 0,
-                },
-                false,
-            );
+            let via = Via {
+                source: exchange.bytes().clone(),
+                subject,
+            };
+            let offered = q.core.offer(q.core.item(msg, via));
+            if offered.refused {
+                note_refused();
+            }
+            if let (Some(o), Some((store, _))) = (offered.stored, &q.store) {
+                note_stored(store, o);
+            }
         }
     }
 
     fn encode_lost(&mut self, _sid: u32, count: u64, _out: &mut OutBuf) {
         if let Some(q) = self.queue.upgrade() {
-            q.dropped.fetch_add(count, Ordering::Relaxed);
+            q.note_dropped(count);
         }
     }
 }

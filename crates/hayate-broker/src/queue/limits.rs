@@ -1,0 +1,132 @@
+//! A message into a queue ([`Queue::offer`]): the queue's bounds and overflow policy, the
+//! memory budget, the store; and a message given back to its place.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use hayate_core::sync::lock;
+
+use super::{Overflow, QItem, QState, Queue, Reason, persistent};
+
+/// What a queue did with a message offered to it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Offered {
+    /// The queue took it (it may still drop it later: drop-head, TTL).
+    pub taken: bool,
+    /// The queue refused it (reject-publish, no room in the memory budget) or could not
+    /// store it: a publisher waiting for a confirmation is told no.
+    pub refused: bool,
+    /// Its record in the queue's store (a confirmation waits until it is durable).
+    pub stored: Option<u64>,
+}
+
+impl Queue {
+    /// A new message (made by [`Queue::item`]) in: room is made by the queue's bounds
+    /// (drop-head) or it is refused (reject-publish, the memory budget), a persistent one
+    /// (or any, with `persist_all`) is stored in a durable queue's store, and the queue
+    /// delivers what it can. Never blocks.
+    pub fn offer(self: &Arc<Self>, m: QItem) -> Offered {
+        let mut out = Offered::default();
+        let mut st = lock(&self.st);
+        if st.deleted {
+            return out;
+        }
+        let size = m.size();
+        let body = m.msg.payload.len();
+        let mut dead = Vec::new();
+        // Room by the queue's limits: the oldest go (drop-head), or this one is refused.
+        while !st.ready.is_empty() && self.full(&st, size, body) {
+            if self.cfg.overflow != Overflow::DropHead {
+                drop(st);
+                out.refused = true;
+                if self.cfg.overflow == Overflow::RejectPublishDeadLetter {
+                    self.dead_letter_all(vec![m], Reason::MaxLen);
+                } else {
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+                return out;
+            }
+            if let Some(old) = st.ready.pop_front() {
+                st.bytes -= old.size();
+                st.body_bytes -= old.msg.payload.len();
+                dead.push(old);
+            }
+        }
+        out.taken = true;
+        if self.cfg.max_length == Some(0) {
+            dead.push(m);
+            drop(st);
+            self.dead_letter_all(dead, Reason::MaxLen);
+            return out;
+        }
+        // And by the broker-wide budget.
+        let held = st.bytes + st.unacked_bytes;
+        if !st.charge.cover(held + size) {
+            st.charge.shrink(held);
+            drop(st);
+            out.refused = true;
+            dead.push(m);
+            self.dead_letter_all(dead, Reason::MaxLen);
+            return out;
+        }
+        let mut m = m;
+        // A persistent message entering a durable queue is written to its store first
+        // (the publisher's confirm waits until it is durable). If it cannot be, the
+        // publisher is told and the message is still delivered.
+        if let Some((store, id)) = &self.store
+            && (self.cfg.persist_all || persistent(&m.msg))
+        {
+            match store.append(*id, &m) {
+                Ok(o) => {
+                    m.stored = Some(o);
+                    out.stored = Some(o);
+                }
+                Err(e) => {
+                    tracing::error!(queue = %self.id.name, "cannot store a persistent message: {e}");
+                    out.refused = true;
+                }
+            }
+        }
+        st.bytes += size;
+        st.body_bytes += body;
+        st.next_seq += 1;
+        m.seq = st.next_seq;
+        let (priority, seq) = (m.priority, m.seq);
+        st.ready.push_back(m);
+        self.dispatch_locked(&mut st);
+        // Still here (no consumer took it at once): it may stay long, so it gets
+        // allocations of its own instead of pinning the read buffer it came in.
+        if let Some(m) = st.ready.get_mut(priority, seq) {
+            m.msg = m.msg.compact();
+        }
+        drop(st);
+        self.dead_letter_all(dead, Reason::MaxLen);
+        out
+    }
+
+    /// Would one more message of `size` (`body` bytes) pass the queue's bounds?
+    fn full(&self, st: &QState, size: usize, body: usize) -> bool {
+        self.cfg.max_length.is_some_and(|n| st.ready.len() >= n)
+            || self
+                .cfg
+                .max_body_bytes
+                .is_some_and(|b| st.body_bytes + body > b)
+            || st.bytes + size > self.cfg.max_bytes
+    }
+
+    /// A delivery given back: to its place among the ready messages (its memory is held
+    /// already: forced into the budget). Not dispatched.
+    pub(super) fn requeue_in_place(&self, m: QItem) {
+        let mut st = lock(&self.st);
+        if st.deleted {
+            drop(st);
+            self.forget(&m);
+            return;
+        }
+        st.bytes += m.size();
+        st.body_bytes += m.msg.payload.len();
+        let held = st.bytes + st.unacked_bytes;
+        st.charge.force(held);
+        st.ready.insert_in_place(m);
+    }
+}
