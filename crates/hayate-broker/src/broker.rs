@@ -137,9 +137,19 @@ pub trait KeyGuard: Send + Sync + std::fmt::Debug {
 /// What a subscription leads to (the route table holds its expression and queue group).
 #[derive(Debug)]
 pub(crate) struct SubEntry {
-    pub(crate) outbox: Arc<Outbox>,
+    pub(crate) to: To,
     pub(crate) qos: Qos,
     pub(crate) guard: Option<Arc<dyn KeyGuard>>,
+}
+
+/// A session's outbox (a subscription), or a queue (a binding, with its filter).
+#[derive(Debug)]
+pub(crate) enum To {
+    Outbox(Arc<Outbox>),
+    Queue(
+        Arc<crate::queue::Queue>,
+        Option<Arc<dyn crate::queue::BindingFilter>>,
+    ),
 }
 
 #[derive(Debug, Default)]

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hayate_broker::queue::{
-    DeadLetterer, Overflow, QItem, Queue, QueueConfig, QueueConsumer, QueueId, QueueSink, Reason,
-    Unacked, Via, give_back_all,
+    BindingFilter, DeadLetterer, Delivered, Overflow, QItem, Queue, QueueConfig, QueueConsumer,
+    QueueId, QueueSink, Reason, ToFlush, Unacked, Via, give_back_all,
 };
 use hayate_broker::{Batch, Broker, Encoder, OutBuf, Outbox};
-use hayate_core::{Key, KeyExpr, Message, Qos};
+use hayate_core::{Key, KeyExpr, Message};
 use hayate_flow::memory::Memory;
 
 /// Writes nothing.
@@ -63,21 +63,14 @@ impl QueueSink for Sink {
         &self.outbox
     }
 
-    fn deliver(
-        &self,
-        queue: &Arc<Queue>,
-        consumer: Option<&Arc<QueueConsumer>>,
-        _left: Option<u32>,
-        item: QItem,
-        no_ack: bool,
-    ) -> Option<QItem> {
+    fn deliver(&self, d: Delivered<'_>, item: QItem, _to_flush: ToFlush<'_>) -> Option<QItem> {
         self.seen.fetch_add(1, Ordering::AcqRel);
-        if no_ack {
+        if d.no_ack {
             return Some(item);
         }
         self.got.lock().unwrap().push(Unacked {
-            queue: queue.clone(),
-            consumer: consumer.cloned(),
+            queue: d.queue.clone(),
+            consumer: d.consumer.cloned(),
             item,
         });
         None
@@ -188,21 +181,6 @@ impl DeadLetterer for Loop {
     }
 }
 
-/// Offers what its session receives to a queue (as a binding does).
-struct Feed(Arc<Queue>);
-
-impl Encoder for Feed {
-    fn encode(&mut self, _sid: u32, batch: Batch<'_>, _origin: u64, _out: &mut OutBuf) {
-        for i in 0..batch.len() {
-            let m = batch.message(i);
-            self.0.offer(self.0.item(m, Via::default()));
-        }
-    }
-    fn encode_lost(&mut self, _sid: u32, count: u64, _out: &mut OutBuf) {
-        self.0.note_dropped(count);
-    }
-}
-
 #[tokio::test]
 async fn a_dead_letter_cycle_stays_bounded_and_ends_with_its_queue() {
     let broker = Broker::default();
@@ -212,13 +190,7 @@ async fn a_dead_letter_cycle_stays_bounded_and_ends_with_its_queue() {
     };
     let q = queue("q", cfg);
     q.set_dead_letterer(&broker, Arc::new(Loop));
-    let mut feed = broker.open_session(Box::new(Feed(q.clone())));
-    let qos = Qos {
-        congestion: hayate_core::Congestion::Drop,
-        ..Qos::default()
-    };
-    feed.subscribe(1, KeyExpr::new("k").unwrap(), None, qos)
-        .unwrap();
+    broker.queue_bind(&q, KeyExpr::new("k").unwrap(), None, None);
     let mut publisher = broker.open_session(Box::new(Nothing));
     for i in 0..100 {
         publisher
@@ -233,7 +205,6 @@ async fn a_dead_letter_cycle_stays_bounded_and_ends_with_its_queue() {
     }
     assert!(q.view().dead_lettered > 100);
     broker.queue_delete(&q);
-    drop(feed);
     tokio::time::sleep(Duration::from_millis(20)).await;
     let after = q.view().dead_lettered;
     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -350,4 +321,73 @@ async fn the_broker_lists_its_queues_and_an_exclusive_consumer_is_alone() {
     assert_eq!(broker.queue_delete(&q), 0);
     assert!(broker.queue(q.id()).is_none());
     assert_eq!(broker.queues().len(), 1);
+}
+
+/// Admits messages whose payload starts with its prefix, shown with its name.
+#[derive(Debug)]
+struct Prefix(&'static str);
+
+impl BindingFilter for Prefix {
+    fn admit(&self, m: &Message) -> Option<Via> {
+        m.payload.starts_with(self.0.as_bytes()).then(|| Via {
+            source: Bytes::from_static(self.0.as_bytes()),
+            subject: Bytes::new(),
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_publish_matching_several_bindings_enters_once_and_says_so() {
+    let broker = Broker::default();
+    let q = queue("q", QueueConfig::default());
+    broker.queue_bind(&q, KeyExpr::new("a/*").unwrap(), None, None);
+    broker.queue_bind(&q, KeyExpr::new("a/b").unwrap(), None, None);
+    broker.queue_bind(&q, KeyExpr::new("**").unwrap(), None, None);
+    let filtered = queue("f", QueueConfig::default());
+    let x = Arc::new(Prefix("x"));
+    let y = Arc::new(Prefix("y"));
+    broker.queue_bind(&filtered, KeyExpr::new("a/b").unwrap(), None, Some(x));
+    let bid = broker.queue_bind(&filtered, KeyExpr::new("a/b").unwrap(), None, Some(y));
+    let mut s = broker.open_session(Box::new(Nothing));
+    let (n, routed, _) = s.publish_routed(Batch::One(&msg("a/b", "x1"))).await;
+    assert_eq!((n, routed.queued, routed.refused), (2, 2, false));
+    let (n, _, _) = s.publish_routed(Batch::One(&msg("a/b", "y1"))).await;
+    assert_eq!(n, 2);
+    s.publish(Batch::One(&msg("a/b", "z1"))).await;
+    assert_eq!(q.view().depth, 3, "each once, whatever its bindings");
+    assert_eq!(filtered.view().depth, 2, "z1 passed no filter");
+    let sink = Sink::new();
+    consumer(&filtered, &sink, 0);
+    let shown: Vec<_> = sink.take().into_iter().map(|u| u.item.via.source).collect();
+    assert_eq!(shown, [Bytes::from_static(b"x"), Bytes::from_static(b"y")]);
+    assert!(broker.queue_unbind(&filtered, bid));
+    assert!(!broker.queue_unbind(&filtered, bid));
+    s.publish(Batch::One(&msg("a/b", "y2"))).await;
+    assert_eq!(filtered.view().depth, 0);
+    // A deleted queue's bindings go with it.
+    broker.queue_delete(&q);
+    let (n, routed, _) = s.publish_routed(Batch::One(&msg("a/b", "x2"))).await;
+    assert_eq!((n, routed.queued), (1, 1));
+}
+
+#[tokio::test]
+async fn a_full_queue_refuses_through_the_publish_that_reached_it() {
+    let broker = Broker::default();
+    let cfg = QueueConfig {
+        max_length: Some(1),
+        overflow: Overflow::RejectPublish,
+        ..QueueConfig::default()
+    };
+    let q = queue("q", cfg);
+    broker.queue_bind(&q, KeyExpr::new("k").unwrap(), None, None);
+    let mut s = broker.open_session(Box::new(Nothing));
+    let (_, first, _) = s.publish_routed(Batch::One(&msg("k", "1"))).await;
+    let (_, second, _) = s.publish_routed(Batch::One(&msg("k", "2"))).await;
+    assert!(!first.refused && second.refused);
+    // Many publishes: the publisher never waits, the queue holds one.
+    for i in 0..10_000 {
+        s.publish(Batch::One(&msg("k", &i.to_string()))).await;
+    }
+    assert_eq!(q.view().depth, 1);
+    assert_eq!(q.view().dropped, 10_001);
 }

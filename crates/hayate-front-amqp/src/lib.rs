@@ -561,8 +561,7 @@ impl Amqp {
         self.next.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// A new queue with its broker session, its task and (with `x-dead-letter-exchange`)
-    /// its dead-letter task. It has no binding yet, not even the default exchange's.
+    /// A new queue with its task and (with `x-dead-letter-exchange`) its dead-letter task. It has no binding yet, not even the default exchange's.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn make_queue(
         self: &Arc<Self>,
@@ -600,11 +599,7 @@ impl Amqp {
             self.broker.clone(),
             store,
         );
-        let session = self.broker.open_session(Box::new(queue::QueueEncoder {
-            queue: Arc::downgrade(&q),
-            taken: queue::Taken::default(),
-        }));
-        q.attach(session);
+        q.attach();
         q
     }
 

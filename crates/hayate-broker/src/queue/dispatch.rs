@@ -27,17 +27,26 @@ pub trait QueueSink: Send + Sync + std::fmt::Debug {
     fn outbox(&self) -> &Arc<Outbox>;
     /// Writes one delivery of `queue` to `consumer` (none: a `get`, `left` messages
     /// behind it), under the queue's lock. Keeps it (an [`Unacked`]) until settled unless
-    /// `no_ack`; gives back an item it did not keep (the queue forgets it).
-    fn deliver(
-        &self,
-        queue: &Arc<Queue>,
-        consumer: Option<&Arc<QueueConsumer>>,
-        left: Option<u32>,
-        item: QItem,
-        no_ack: bool,
-    ) -> Option<QItem>;
+    /// `no_ack`; gives back an item it did not keep (the queue forgets it). A delivery
+    /// made for a publishing session leaves its outbox in `to_flush` (see
+    /// [`Outbox::push_control_buf_in`]).
+    fn deliver(&self, d: Delivered<'_>, item: QItem, to_flush: ToFlush<'_>) -> Option<QItem>;
     /// The queue was deleted: the consumer is gone.
     fn cancelled(&self) {}
+}
+
+/// The publishing session's outboxes to flush, when a queue delivers on its behalf.
+pub type ToFlush<'a> = Option<&'a mut Vec<Arc<Outbox>>>;
+
+/// A delivery as a [`QueueSink`] is given it.
+#[derive(Debug, Clone, Copy)]
+pub struct Delivered<'a> {
+    pub queue: &'a Arc<Queue>,
+    /// The consumer it goes to (none: a get).
+    pub consumer: Option<&'a Arc<QueueConsumer>>,
+    /// A get's messages left behind it.
+    pub left: Option<u32>,
+    pub no_ack: bool,
 }
 
 /// One consumer of a queue.
@@ -105,7 +114,7 @@ impl Queue {
     /// Delivers what it can now.
     pub fn dispatch(self: &Arc<Self>) {
         let mut st = lock(&self.st);
-        self.dispatch_locked(&mut st);
+        self.dispatch_locked(&mut st, None);
     }
 
     /// The next consumer with credit whose outbox is not backed up (those that are are
@@ -131,7 +140,7 @@ impl Queue {
         None
     }
 
-    pub(super) fn dispatch_locked(self: &Arc<Self>, st: &mut QState) {
+    pub(super) fn dispatch_locked(self: &Arc<Self>, st: &mut QState, mut to_flush: ToFlush<'_>) {
         // The clock is read only if some message has an expiry.
         let mut now = None;
         // Set again below if a consumer is still skipped; the task is woken only when the
@@ -159,7 +168,13 @@ impl Queue {
             let Some(m) = st.ready.pop_front() else { break };
             st.bytes -= m.size();
             st.body_bytes -= m.msg.payload.len();
-            self.deliver(st, &c.sink, Some(&c), None, m, c.no_ack);
+            let d = Delivered {
+                queue: self,
+                consumer: Some(&c),
+                left: None,
+                no_ack: c.no_ack,
+            };
+            self.deliver(st, &c.sink, d, m, to_flush.as_deref_mut());
         }
         let held = st.bytes + st.unacked_bytes;
         st.charge.shrink(held);
@@ -171,20 +186,19 @@ impl Queue {
 
     /// Writes one delivery through `sink` (under the queue's lock).
     fn deliver(
-        self: &Arc<Self>,
+        &self,
         st: &mut QState,
         sink: &Arc<dyn QueueSink>,
-        c: Option<&Arc<QueueConsumer>>,
-        left: Option<u32>,
+        d: Delivered<'_>,
         m: QItem,
-        no_ack: bool,
+        to_flush: ToFlush<'_>,
     ) {
         let size = m.size();
-        match sink.deliver(self, c, left, m, no_ack) {
-            None if !no_ack => {
+        match sink.deliver(d, m, to_flush) {
+            None if !d.no_ack => {
                 st.unacked_bytes += size;
                 st.unacked += 1;
-                if let Some(c) = c {
+                if let Some(c) = d.consumer {
                     c.in_flight.fetch_add(1, Ordering::AcqRel);
                 }
             }
@@ -213,8 +227,13 @@ impl Queue {
         }
         let got = found.is_some();
         if let Some(m) = found {
-            let left = st.ready.len() as u32;
-            self.deliver(&mut st, sink, None, Some(left), m, no_ack);
+            let d = Delivered {
+                queue: self,
+                consumer: None,
+                left: Some(st.ready.len() as u32),
+                no_ack,
+            };
+            self.deliver(&mut st, sink, d, m, None);
         }
         let held = st.bytes + st.unacked_bytes;
         st.charge.shrink(held);
@@ -243,7 +262,7 @@ impl Queue {
         st.had_consumer = true;
         st.used = Some(Instant::now());
         added();
-        self.dispatch_locked(&mut st);
+        self.dispatch_locked(&mut st, None);
         Ok(())
     }
 
@@ -275,7 +294,7 @@ impl Queue {
         let mut st = lock(&self.st);
         st.unacked_bytes = st.unacked_bytes.saturating_sub(u.item.size());
         st.unacked = st.unacked.saturating_sub(1);
-        self.dispatch_locked(&mut st);
+        self.dispatch_locked(&mut st, None);
     }
 
     /// A delivery given back: to its place (redelivered), or dead-lettered. Not

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use hayate_core::sync::lock;
 
 use super::{Overflow, QItem, QState, Queue, Reason, persistent};
+use crate::Outbox;
 
 /// What a queue did with a message offered to it.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +27,16 @@ impl Queue {
     /// (or any, with `persist_all`) is stored in a durable queue's store, and the queue
     /// delivers what it can. Never blocks.
     pub fn offer(self: &Arc<Self>, m: QItem) -> Offered {
+        self.offer_in(m, None)
+    }
+
+    /// [`Queue::offer`] on behalf of a publishing session: deliveries to outboxes with a
+    /// sink go into `to_flush` (see [`Outbox::push_control_buf_in`]).
+    pub fn offer_in(
+        self: &Arc<Self>,
+        m: QItem,
+        to_flush: Option<&mut Vec<Arc<Outbox>>>,
+    ) -> Offered {
         let mut out = Offered::default();
         let mut st = lock(&self.st);
         if st.deleted {
@@ -93,7 +104,7 @@ impl Queue {
         m.seq = st.next_seq;
         let (priority, seq) = (m.priority, m.seq);
         st.ready.push_back(m);
-        self.dispatch_locked(&mut st);
+        self.dispatch_locked(&mut st, to_flush);
         // Still here (no consumer took it at once): it may stay long, so it gets
         // allocations of its own instead of pinning the read buffer it came in.
         if let Some(m) = st.ready.get_mut(priority, seq) {

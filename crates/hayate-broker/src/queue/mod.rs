@@ -21,8 +21,11 @@
 //! - `dispatch`: consumers ([`QueueConsumer`], [`QueueSink`]), round robin within credit,
 //!   `get`, settling and giving back ([`Unacked`], [`give_back_all`]);
 //! - `dead`: dead letters ([`Reason`], [`DeadLetterer`], the queue's dead-letter task);
+//! - `bind`: bindings in the broker's route table ([`BindingFilter`]), a publish offered
+//!   to the queues its route reaches ([`Routed`]);
 //! - `registry`: the broker's table of queues ([`QueueView`]).
 
+mod bind;
 mod dead;
 mod dispatch;
 mod limits;
@@ -39,8 +42,12 @@ use hayate_core::sync::lock;
 use hayate_flow::memory::{Charge, Memory};
 
 use crate::Outbox;
+pub(crate) use bind::QueueRoute;
+pub use bind::{BindingFilter, Routed};
 pub use dead::{DEAD_LETTER_BACKLOG, DeadLetterer, Reason};
-pub use dispatch::{OUTBOX_LIMIT, QueueConsumer, QueueSink, Unacked, give_back_all};
+pub use dispatch::{
+    Delivered, OUTBOX_LIMIT, QueueConsumer, QueueSink, ToFlush, Unacked, give_back_all,
+};
 pub use limits::Offered;
 use ready::Ready;
 pub use registry::QueueView;
@@ -180,7 +187,7 @@ pub fn persistent(m: &Message) -> bool {
 
 /// Where a durable queue keeps its messages (records appended when they enter, settled
 /// when they leave). The store's format is its own.
-pub trait QueueStore: Send + Sync {
+pub trait QueueStore: std::any::Any + Send + Sync {
     /// Appends `item`, entering queue `queue` (its number in the store); its record's
     /// offset.
     fn append(&self, queue: u64, item: &QItem) -> Result<u64, String>;
@@ -240,6 +247,11 @@ pub struct Queue {
     /// What deletes the queue when it expires (its front-end's delete, which also forgets
     /// what it keeps of the queue); the queue deletes itself without.
     on_expired: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Its bindings' keys in the route table: `(space, bid)`, `space` drawn from the
+    /// sessions' ids at the first binding.
+    space: OnceLock<u64>,
+    /// The last bid given, and those in use.
+    binds: Mutex<(u32, std::collections::BTreeSet<u32>)>,
 }
 
 impl std::fmt::Debug for Queue {
@@ -283,6 +295,8 @@ impl Queue {
             dead: OnceLock::new(),
             store,
             on_expired: OnceLock::new(),
+            space: OnceLock::new(),
+            binds: Mutex::new((0, std::collections::BTreeSet::new())),
         });
         let weak = Arc::downgrade(&q);
         tokio::spawn(async move { run(weak).await });

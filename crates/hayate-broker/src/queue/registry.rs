@@ -64,8 +64,8 @@ impl Broker {
             .cloned()
     }
 
-    /// Takes queue `q` out of the table (if it is the one there) and deletes it; the
-    /// number of messages it held.
+    /// Takes queue `q` out of the table (if it is the one there), removes its bindings and
+    /// deletes it; the number of messages it held.
     pub fn queue_delete(&self, q: &Arc<Queue>) -> u32 {
         {
             let mut t = lock(&self.shared.queues);
@@ -73,6 +73,7 @@ impl Broker {
                 t.remove(&q.id);
             }
         }
+        self.queue_unbind_all(q);
         q.delete()
     }
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use hayate_amqp::{Frame, Method, ShortStr};
-use hayate_broker::queue::{QItem, Queue, QueueConsumer, QueueSink, Unacked};
+use hayate_broker::queue::{Delivered, QItem, QueueSink, ToFlush, Unacked};
 use hayate_broker::{OutBuf, Outbox};
 use hayate_core::Message;
 use hayate_core::sync::lock;
@@ -77,11 +77,10 @@ impl Chan {
     /// missing.
     fn write(
         &self,
-        queue: &Arc<Queue>,
-        consumer: Option<(&Arc<QueueConsumer>, &ShortStr)>,
-        left: Option<u32>,
+        d: Delivered<'_>,
+        ctag: Option<&ShortStr>,
         m: QItem,
-        no_ack: bool,
+        to_flush: ToFlush<'_>,
     ) -> Option<QItem> {
         let mut cs = lock(&self.st);
         let frame_max = self.frame_max.load(Ordering::Relaxed);
@@ -94,29 +93,29 @@ impl Chan {
         };
         let exchange = ShortStr::new(m.via.source.clone()).unwrap_or_default();
         let mut tag = 0;
-        self.outbox.push_control_buf(|b: &mut OutBuf| {
+        self.outbox.push_control_buf_in(to_flush, |b: &mut OutBuf| {
             tag = self.next_tag.fetch_add(1, Ordering::AcqRel) + 1;
-            let d = Delivery {
+            let out = Delivery {
                 channel: self.channel,
-                consumer_tag: consumer.map(|c| c.1),
+                consumer_tag: ctag,
                 delivery_tag: tag,
                 redelivered: m.redelivered,
                 exchange: &exchange,
                 routing_key: &m.via.subject,
-                message_count: left,
+                message_count: d.left,
                 msg,
                 vhost_prefix: &self.vhost.prefix,
             };
-            encode_delivery(&d, frame_max, b);
+            encode_delivery(&out, frame_max, b);
         });
-        if no_ack || tag == 0 {
+        if d.no_ack || tag == 0 {
             return Some(m);
         }
         cs.unacked.insert(
             tag,
             Unacked {
-                queue: queue.clone(),
-                consumer: consumer.map(|c| c.0.clone()),
+                queue: d.queue.clone(),
+                consumer: d.consumer.cloned(),
                 item: m,
             },
         );
@@ -134,15 +133,8 @@ impl QueueSink for Chan {
         &self.outbox
     }
 
-    fn deliver(
-        &self,
-        queue: &Arc<Queue>,
-        _consumer: Option<&Arc<QueueConsumer>>,
-        left: Option<u32>,
-        item: QItem,
-        no_ack: bool,
-    ) -> Option<QItem> {
-        self.write(queue, None, left, item, no_ack)
+    fn deliver(&self, d: Delivered<'_>, item: QItem, to_flush: ToFlush<'_>) -> Option<QItem> {
+        self.write(d, None, item, to_flush)
     }
 }
 
@@ -156,16 +148,8 @@ impl QueueSink for ConsumerSink {
         &self.chan.outbox
     }
 
-    fn deliver(
-        &self,
-        queue: &Arc<Queue>,
-        consumer: Option<&Arc<QueueConsumer>>,
-        left: Option<u32>,
-        item: QItem,
-        no_ack: bool,
-    ) -> Option<QItem> {
-        let c = consumer.map(|c| (c, &self.tag));
-        self.chan.write(queue, c, left, item, no_ack)
+    fn deliver(&self, d: Delivered<'_>, item: QItem, to_flush: ToFlush<'_>) -> Option<QItem> {
+        self.chan.write(d, Some(&self.tag), item, to_flush)
     }
 
     /// The queue is deleted: basic.cancel.

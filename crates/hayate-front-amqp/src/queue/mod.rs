@@ -3,17 +3,16 @@
 //! the bindings and the routes exchange-to-exchange bindings lead to, the channels that
 //! consume ([`Chan`]) and the dead letters' exchange.
 //!
-//! Each queue has a broker [`Session`] of its own whose subscriptions are its bindings
-//! (the default exchange's binding to its own key included); the session's encoder
-//! ([`QueueEncoder`]) does not encode bytes: it offers each message it is given to the
-//! engine's queue. So a message published by any protocol on a key a binding covers enters
-//! the queue (once, however many of its bindings and routes cover it: [`Taken`]). Routes
-//! are the bindings exchange-to-exchange bindings lead to ([`Binding`],
-//! [`Queue::set_routes`]).
+//! Its bindings (the default exchange's binding to its own key included) are entries of the
+//! broker's route table, each with its filter ([`AmqpFilter`]: headers arguments, a
+//! route's hops, the exchange and routing key shown): a message published by any protocol
+//! on a key a binding covers is offered to the queue by the publishing session, once
+//! however many of its bindings and routes cover it. Routes are the bindings
+//! exchange-to-exchange bindings lead to ([`Binding`], [`Queue::set_routes`]).
 //!
-//! Locks, in order: the queue session's outbox (publishers offering) → the bindings
-//! (`Queue::bind`, a leaf while a publish looks one up) and the engine queue's state → a
-//! channel's state ([`Chan`]) → the consumer connection's outbox (a leaf).
+//! Locks, in order: a queue's bindings (bind, unbind, set_routes) → the broker's registry;
+//! a publisher (no lock) → the engine queue's state → a channel's state ([`Chan`]) → the
+//! consumer connection's outbox (a leaf).
 //!
 //! # Layout
 //! - this module: [`Queue`], an engine queue with its bindings, session and store;
@@ -23,19 +22,17 @@
 //! - `consumer`: channels as queues see them ([`Chan`]: the engine's sink, writing
 //!   basic.deliver and basic.get-ok);
 //! - `dead`: the queue's dead letters to its dead-letter exchange ([`AmqpDeadLetters`]);
-//! - `encoder`: [`QueueEncoder`], what the queue's session is given, and [`ROUTED`], what
-//!   queues did with a publish.
+//! - `filter`: what a binding lets in ([`AmqpFilter`]).
 
 mod args;
 mod binding;
 mod consumer;
 mod dead;
-mod encoder;
+mod filter;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use hayate_broker::Session;
 use hayate_broker::queue::QItem;
 use hayate_core::sync::lock;
 
@@ -44,7 +41,6 @@ pub(crate) use args::QueueArgs;
 pub(crate) use binding::{Binding, Hop, Route, route_id};
 pub(crate) use consumer::{Chan, ChanState, ConsumerSink};
 pub(crate) use dead::AmqpDeadLetters;
-pub(crate) use encoder::{QueueEncoder, ROUTED, Routed, Taken};
 
 /// Bindings per queue, at most.
 pub(crate) const MAX_BINDINGS: usize = 4096;
@@ -59,10 +55,7 @@ pub(crate) const MAX_ROUTE_COST: usize = 8192;
 /// A queue's bindings, under their lock.
 #[derive(Debug, Default)]
 struct Bindings {
-    /// Sorted by sid.
     list: Vec<Binding>,
-    /// The last sid given (see [`Queue::add_binding`]).
-    next_sid: u32,
 }
 
 /// An AMQP queue: the engine's queue ([`Queue::core`], which it derefs to) with its
@@ -76,8 +69,6 @@ pub(crate) struct Queue {
     /// The broker (its table of queues).
     broker: hayate_broker::Broker,
     bind: Mutex<Bindings>,
-    /// The broker session whose subscriptions are its bindings.
-    session: Mutex<Option<Session>>,
     /// A durable queue's store and number there (persistent messages are kept in it).
     pub(crate) store: Option<(Arc<Store>, u64)>,
     /// The cost of its routes (`super::route_cost`), counted in its vhost's too until it is
@@ -102,8 +93,7 @@ impl std::fmt::Debug for Queue {
 }
 
 impl Queue {
-    /// An AMQP queue on engine queue `core` (the caller attaches its session: see
-    /// [`Queue::attach`]).
+    /// An AMQP queue on engine queue `core`.
     pub(crate) fn new(
         vhost: Arc<super::VHost>,
         name: String,
@@ -119,7 +109,6 @@ impl Queue {
             core,
             broker,
             bind: Mutex::new(Bindings::default()),
-            session: Mutex::new(None),
             store,
             route_cost: AtomicUsize::new(0),
         })
@@ -130,9 +119,8 @@ impl Queue {
         self.core.restore(msgs);
     }
 
-    /// Gives the queue its broker session; it expires through `super::conn::delete_queue`.
-    pub(crate) fn attach(self: &Arc<Self>, session: Session) {
-        *lock(&self.session) = Some(session);
+    /// Has the queue expire through `super::conn::delete_queue`.
+    pub(crate) fn attach(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         self.core.set_on_expired(Box::new(move || {
             if let Some(q) = weak.upgrade() {
@@ -149,17 +137,13 @@ impl Queue {
     /// Marks the queue deleted (its consumers are told: basic.cancel), ends its bindings;
     /// the number of messages it held.
     pub(crate) fn delete(&self) -> u32 {
+        // Under the bindings' lock, as set_routes counts: its routes stop counting against
+        // the vhost's.
+        let mut st = lock(&self.bind);
         let n = self.broker.queue_delete(&self.core);
-        lock(&self.bind).list.clear();
-        // Dropping the session removes its subscriptions (outside the session's mutex). Its
-        // routes stop counting against the vhost's (under that mutex, as set_routes counts).
-        let session = {
-            let mut guard = lock(&self.session);
-            let cost = self.route_cost.swap(0, Ordering::AcqRel);
-            self.vhost.route_cost.fetch_sub(cost, Ordering::AcqRel);
-            guard.take()
-        };
-        drop(session);
+        st.list.clear();
+        let cost = self.route_cost.swap(0, Ordering::AcqRel);
+        self.vhost.route_cost.fetch_sub(cost, Ordering::AcqRel);
         n
     }
 }
