@@ -160,9 +160,14 @@ pub struct Stream {
 }
 
 impl Stream {
-    fn open(dir: &Path, config: StreamConfig) -> Result<Stream, StreamError> {
+    fn open(
+        root: &dyn hayate_log::Root,
+        dir: &Path,
+        config: StreamConfig,
+    ) -> Result<Stream, StreamError> {
         let (capture, log_config) = check(&config)?;
-        let log = Log::open_dir(dir, log_config).map_err(|source| StreamError::Log {
+        let rel = format!("streams/{}", config.name);
+        let log = Log::open_in(root, &rel, log_config).map_err(|source| StreamError::Log {
             name: config.name.clone(),
             source,
         })?;

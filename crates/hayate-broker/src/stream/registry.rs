@@ -74,11 +74,17 @@ impl Stored {
 }
 
 impl Broker {
-    fn streams_dir(&self) -> Result<PathBuf, StreamError> {
+    fn root(&self) -> Result<&Arc<dyn hayate_log::Root>, StreamError> {
         self.shared
             .config
-            .data_dir
+            .data
             .as_ref()
+            .ok_or(StreamError::NoDataDir)
+    }
+
+    fn streams_dir(&self) -> Result<PathBuf, StreamError> {
+        self.root()?
+            .path()
             .map(|d| d.join("streams"))
             .ok_or(StreamError::NoDataDir)
     }
@@ -115,7 +121,7 @@ impl Broker {
                     config.name
                 )));
             }
-            let s = Arc::new(Stream::open(&dir, config)?);
+            let s = Arc::new(Stream::open(&**self.root()?, &dir, config)?);
             s.load_consumers()?;
             names.push(s.name().to_owned());
             self.shared
@@ -199,7 +205,7 @@ impl Broker {
         std::fs::create_dir_all(&dir).map_err(io)?;
         let json =
             serde_json::to_vec_pretty(&config).map_err(|e| StreamError::Invalid(e.to_string()))?;
-        let s = Arc::new(Stream::open(&dir, config.clone())?);
+        let s = Arc::new(Stream::open(&**self.root()?, &dir, config.clone())?);
         write_atomically(&dir, "stream.json", &json).map_err(io)?;
         std::fs::File::open(&root)
             .and_then(|f| f.sync_all())
