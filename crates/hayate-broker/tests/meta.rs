@@ -264,6 +264,22 @@ fn a_position_beyond_a_stream_that_lost_its_tail_is_moved_back_and_saved() {
 }
 
 #[test]
+fn a_deleted_stream_stays_deleted_and_files_left_by_a_cut_deletion_go() {
+    let root = FaultyRoot::new();
+    let b = setup(&root, "always");
+    b.delete_stream("s").unwrap();
+    // A deletion cut after its records: the files are still there.
+    root.dir("streams/old", true).unwrap();
+    for mode in [CrashMode::ProcessKill, CrashMode::PowerLoss] {
+        let r = root.crash(mode);
+        let after = on_root(&r);
+        assert!(after.stream("s").is_none(), "{mode:?}");
+        assert!(after.meta().unwrap().scan("pos/").is_empty(), "{mode:?}");
+        assert!(r.list("streams").unwrap().is_empty(), "{mode:?}");
+    }
+}
+
+#[test]
 fn the_meta_log_is_compacted_and_keeps_the_last_value_of_each_key() {
     let root = FaultyRoot::new();
     let meta = Meta::open(&root).unwrap();

@@ -125,6 +125,15 @@ impl Broker {
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(s.name().to_owned(), s);
         }
+        // Directories of no stream: left by a deletion cut short (its definition went first).
+        for d in root.list("streams").unwrap_or_default() {
+            if !names.contains(&d) {
+                tracing::info!(dir = %d, "removing the files of a deleted stream");
+                if let Err(e) = root.remove_dir(&format!("streams/{d}")) {
+                    tracing::warn!(dir = %d, "cannot remove the files of a deleted stream: {e}");
+                }
+            }
+        }
         self.bump();
         Ok(names)
     }
