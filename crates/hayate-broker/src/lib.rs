@@ -33,10 +33,10 @@ pub mod stream;
 pub use broker::{
     Broker, BrokerConfig, BrokerStats, KeyGuard, SubFilter, SubscribeError, SubscriptionView,
 };
-pub use hayate_flow::{AckTracker, Batch};
-/// A session's output, acknowledgements, batches and delivery latency live in hayate-flow
+pub use hayate_flow::{Batch, Ledger};
+/// A session's output, the delivery ledger, batches and delivery latency live in hayate-flow
 /// (the client library's peer servers use them too); re-exported at their old paths.
-pub use hayate_flow::{ack, batch, latency, outbox};
+pub use hayate_flow::{batch, latency, ledger, outbox};
 pub use outbox::{Delivery, Encoder, FREE_BYTES, OutBuf, Outbox, Settle, Taken};
 pub use queue::Backlog;
 pub use session::{PublishRest, Session};

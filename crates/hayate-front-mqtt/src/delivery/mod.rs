@@ -2,7 +2,7 @@
 //!
 //! [`MqttDeliveries`] is the session's delivery state: its subscriptions' options, the topic
 //! aliases of the current connection, and its QoS 1 and 2 deliveries. Those are held by the
-//! broker's [`AckTracker`] (the window of deliveries in flight, the messages waiting behind
+//! broker's [`Ledger`] (the window of deliveries in flight, the messages waiting behind
 //! it or while the client is offline, and the bytes they hold); MQTT keeps beside it only
 //! what is its own: packet id <-> delivery id and each delivery's QoS 2 stage. It lives as
 //! long as the MQTT session (across reconnections) and is shared by
@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
-use hayate_broker::{AckTracker, OutBuf, footprint};
+use hayate_broker::{Ledger, OutBuf, footprint};
 use hayate_core::{Key, Message};
 use hayate_io::memory::{Charge, Memory};
 use hayate_mqtt::{Ack, Packet, ProtocolVersion, PublishProperties, QoS, RetainHandling};
@@ -128,7 +128,7 @@ pub(crate) struct MqttDeliveries {
     link: Option<Link>,
     next_pid: u16,
     /// QoS 1 and 2 deliveries: in flight (window) and waiting, with the bytes they hold.
-    tracker: AckTracker<Inflight>,
+    tracker: Ledger<Inflight>,
     /// Packet id -> delivery id of the deliveries in flight.
     pids: HashMap<u16, u64>,
     /// Most messages held (0: no limit).
@@ -175,7 +175,7 @@ fn held_size(q: &Queued) -> usize {
 }
 
 /// What each held delivery costs the process beyond [`held_size`], charged to the memory
-/// budget besides the tracker's own storage (`AckTracker::storage_bytes`: its ring and map
+/// budget besides the tracker's own storage (`Ledger::storage_bytes`: its ring and map
 /// slots, one `Inflight` each): the allocations of its key and payload, which
 /// `Message::compact` copies for an offline session
 /// ([`footprint::KEY_AND_PAYLOAD`]), and, in flight, its packet id's entry in `pids` (a
@@ -208,7 +208,7 @@ impl MqttDeliveries {
             subs: HashMap::new(),
             link: None,
             next_pid: 1,
-            tracker: AckTracker::new(usize::from(max_inflight)),
+            tracker: Ledger::new(usize::from(max_inflight)),
             pids: HashMap::new(),
             max_queued,
             max_queued_bytes,
@@ -258,7 +258,7 @@ impl MqttDeliveries {
                 j.push(|b| rec::queue(b, sgen, f.qid, &f.item));
                 j.push(|b| rec::pid(b, sgen, f.qid, f.pid, f.stage == Stage::Released));
             }
-            for f in self.tracker.pending() {
+            for f in self.tracker.ready() {
                 j.push(|b| rec::queue(b, sgen, f.qid, &f.item));
             }
         }
@@ -410,13 +410,13 @@ impl MqttDeliveries {
         let size = held_size(&q);
         let held = self.tracker.held_bytes();
         let sends_now = self.link.is_some()
-            && self.tracker.pending_len() == 0
+            && self.tracker.ready_len() == 0
             && self.tracker.in_flight_len() < self.window();
         if self.max_queued_bytes > 0 && held + size > self.max_queued_bytes && held > 0 {
             self.dropped += 1;
             return false;
         }
-        if !sends_now && self.max_queued > 0 && self.tracker.pending_len() >= self.max_queued {
+        if !sends_now && self.max_queued > 0 && self.tracker.ready_len() >= self.max_queued {
             self.dropped += 1;
             return false;
         }
@@ -444,7 +444,7 @@ impl MqttDeliveries {
             item: q,
             stage: Stage::Sent,
         };
-        self.tracker.push(item, size);
+        self.tracker.push(item, size, 0);
         self.fill(out);
         true
     }
@@ -471,6 +471,7 @@ impl MqttDeliveries {
                 stage,
             },
             size,
+            0,
         );
         self.pids.insert(pid, id);
         self.sync_held();
@@ -488,6 +489,7 @@ impl MqttDeliveries {
                 stage: Stage::Sent,
             },
             size,
+            0,
         );
         self.sync_held();
     }
@@ -547,7 +549,7 @@ impl MqttDeliveries {
         let held = self.tracker.held_bytes();
         self.held.store(held, Ordering::Relaxed);
         let now = (
-            (self.tracker.in_flight_len() + self.tracker.pending_len()) as u64,
+            (self.tracker.in_flight_len() + self.tracker.ready_len()) as u64,
             held as u64,
         );
         self.count_held(now);
@@ -575,7 +577,7 @@ impl MqttDeliveries {
     /// [`held_size`]) added: the held bytes, [`ITEM_COST`] per delivery and the tracker's
     /// storage. What [`MqttDeliveries::pooled`] charges the memory budget from.
     fn cost(&self, more: usize, bytes: usize) -> usize {
-        let n = self.tracker.in_flight_len() + self.tracker.pending_len() + more;
+        let n = self.tracker.in_flight_len() + self.tracker.ready_len() + more;
         self.tracker.held_bytes() + bytes + n * ITEM_COST + self.tracker.storage_bytes(more)
     }
 
@@ -658,13 +660,13 @@ impl MqttDeliveries {
                 break;
             }
             let pid = f.pid;
-            if let Some(mut f) = self.tracker.nack(id) {
+            if let Some(mut f) = self.tracker.ack(id) {
                 self.pids.remove(&pid);
                 f.pid = 0;
                 let qid = f.qid;
                 self.journal(|b, sgen| rec::pid(b, sgen, qid, 0, false));
                 let size = held_size(&f.item);
-                self.tracker.push_front(f, size);
+                self.tracker.push_front(f, size, 0);
             }
         }
         let Some(link) = &mut self.link else {
@@ -721,6 +723,6 @@ impl MqttDeliveries {
 
     /// Held deliveries, in order.
     pub(crate) fn pending(&self) -> impl Iterator<Item = &Inflight> {
-        self.tracker.pending()
+        self.tracker.ready()
     }
 }
