@@ -3,8 +3,9 @@
 //! [`MqttDeliveries`] is the session's delivery state: its subscriptions' options, the topic
 //! aliases of the current connection, and its QoS 1 and 2 deliveries. Those are held by the
 //! broker's [`Ledger`] (the window of deliveries in flight, the messages waiting behind
-//! it or while the client is offline, and the bytes they hold); MQTT keeps beside it only
-//! what is its own: packet id <-> delivery id and each delivery's QoS 2 stage. It lives as
+//! it or while the client is offline, the bytes they hold, and each delivery's QoS 2 stage
+//! in the ledger's stage byte, [`Stage`]); MQTT keeps beside it only what is its own: packet
+//! id <-> delivery id and the inbound QoS 2 packet ids not yet released. It lives as
 //! long as the MQTT session (across reconnections) and is shared by
 //! - [`MqttEncoder`], the session outbox's [`Encoder`](hayate_broker::Encoder): publishers'
 //!   tasks call it under the outbox lock for every delivery;
@@ -27,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
+use hayate_broker::ledger::Settle;
 use hayate_broker::{Ledger, OutBuf, footprint};
 use hayate_core::{Key, Message};
 use hayate_io::memory::{Charge, Memory};
@@ -72,23 +74,40 @@ pub(crate) struct Queued {
     pub(crate) sub_id: Option<u32>,
 }
 
-/// Where a delivery in flight stands.
+/// Where a delivery in flight stands: the ledger's stage byte (the journal's `P` record and
+/// the checkpoint keep it as their `released` byte).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub(crate) enum Stage {
     /// PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2).
-    Sent,
+    Sent = 0,
     /// PUBREL sent; waiting for PUBCOMP (QoS 2).
-    Released,
+    Released = 1,
 }
 
-/// A QoS 1 or 2 delivery in the tracker: its number in the session (journal records name
-/// it), its packet id (0 while it waits) and stage.
+impl Stage {
+    /// The stage of a ledger's stage byte (anything but 0 is released).
+    pub(crate) fn of(byte: u8) -> Stage {
+        if byte == 0 {
+            Stage::Sent
+        } else {
+            Stage::Released
+        }
+    }
+
+    /// The ledger's stage byte.
+    pub(crate) fn byte(self) -> u8 {
+        self as u8
+    }
+}
+
+/// A QoS 1 or 2 delivery in the ledger: its number in the session (journal records name
+/// it) and its packet id (0 while it waits); its stage is the ledger's.
 #[derive(Debug, Clone)]
 pub(crate) struct Inflight {
     pub(crate) qid: u64,
     pub(crate) pid: u16,
     pub(crate) item: Queued,
-    pub(crate) stage: Stage,
 }
 
 /// What makes a session persistent: its identity on disk, and the journal its changes go to
@@ -254,9 +273,9 @@ impl MqttDeliveries {
             for pid in &self.incoming {
                 j.push(|b| rec::incoming(b, sgen, *pid, true));
             }
-            for (_, f) in self.tracker.inflight() {
+            for (_, f, stage) in self.tracker.inflight_staged() {
                 j.push(|b| rec::queue(b, sgen, f.qid, &f.item));
-                j.push(|b| rec::pid(b, sgen, f.qid, f.pid, f.stage == Stage::Released));
+                j.push(|b| rec::pid(b, sgen, f.qid, f.pid, Stage::of(stage) == Stage::Released));
             }
             for f in self.tracker.ready() {
                 j.push(|b| rec::queue(b, sgen, f.qid, &f.item));
@@ -442,7 +461,6 @@ impl MqttDeliveries {
             qid,
             pid: 0,
             item: q,
-            stage: Stage::Sent,
         };
         self.tracker.push(item, size, 0);
         self.fill(out);
@@ -463,16 +481,9 @@ impl MqttDeliveries {
         }
         self.next_qid = self.next_qid.max(qid + 1);
         let size = held_size(&item);
-        let id = self.tracker.insert_in_flight(
-            Inflight {
-                qid,
-                pid,
-                item,
-                stage,
-            },
-            size,
-            0,
-        );
+        let id = self
+            .tracker
+            .insert_in_flight(Inflight { qid, pid, item }, size, stage.byte());
         self.pids.insert(pid, id);
         self.sync_held();
     }
@@ -481,16 +492,7 @@ impl MqttDeliveries {
     pub(crate) fn restore_pending(&mut self, qid: u64, item: Queued) {
         self.next_qid = self.next_qid.max(qid + 1);
         let size = held_size(&item);
-        self.tracker.push(
-            Inflight {
-                qid,
-                pid: 0,
-                item,
-                stage: Stage::Sent,
-            },
-            size,
-            0,
-        );
+        self.tracker.push(Inflight { qid, pid: 0, item }, size, 0);
         self.sync_held();
     }
 
@@ -594,8 +596,9 @@ impl MqttDeliveries {
     }
 
     fn stage_of(&self, pid: u16) -> Option<(QoS, Stage)> {
-        let f = self.tracker.get(*self.pids.get(&pid)?)?;
-        Some((f.item.qos, f.stage))
+        let id = *self.pids.get(&pid)?;
+        let qos = self.tracker.get(id)?.item.qos;
+        Some((qos, Stage::of(self.tracker.stage(id)?)))
     }
 
     /// PUBACK from the client; false if `pid` was not a QoS 1 delivery in flight.
@@ -616,9 +619,9 @@ impl MqttDeliveries {
             }
             Some((QoS::ExactlyOnce, _)) => {
                 if let Some(&id) = self.pids.get(&pid)
-                    && let Some(f) = self.tracker.get_mut(id)
+                    && self.tracker.set_stage(id, Stage::Released.byte())
+                    && let Some(f) = self.tracker.get(id)
                 {
-                    f.stage = Stage::Released;
                     let qid = f.qid;
                     self.journal(|b, sgen| rec::pid(b, sgen, qid, pid, true));
                 }
@@ -648,33 +651,31 @@ impl MqttDeliveries {
         self.link = Some(link);
         self.online.store(true, Ordering::Relaxed);
         // The client's new Receive Maximum may be lower than what was in flight: the
-        // excess goes back to the front of the held messages (sent again later, with new
-        // packet ids).
+        // newest deliveries still at stage Sent go back to their places among the held
+        // messages (sent again later, with new packet ids).
         let window = self.window();
         self.tracker.set_window(window);
         while self.tracker.in_flight_len() > window {
-            let Some((id, f)) = self.tracker.inflight().next_back() else {
+            let Some((id, _, stage)) = self.tracker.inflight_staged().next_back() else {
                 break;
             };
-            if f.stage == Stage::Released {
+            if Stage::of(stage) == Stage::Released {
                 break;
             }
-            let pid = f.pid;
-            if let Some(mut f) = self.tracker.ack(id) {
-                self.pids.remove(&pid);
-                f.pid = 0;
-                let qid = f.qid;
-                self.journal(|b, sgen| rec::pid(b, sgen, qid, 0, false));
-                let size = held_size(&f.item);
-                self.tracker.push_front(f, size, 0);
-            }
+            let Some(f) = self.tracker.get_mut(id) else {
+                break;
+            };
+            let (pid, qid) = (std::mem::take(&mut f.pid), f.qid);
+            self.pids.remove(&pid);
+            self.journal(|b, sgen| rec::pid(b, sgen, qid, 0, false));
+            self.tracker.settle(id, Settle::Requeue, Instant::now());
         }
         let Some(link) = &mut self.link else {
             return;
         };
         let mut unsendable = Vec::new();
-        for (_, f) in self.tracker.inflight() {
-            match f.stage {
+        for (_, f, stage) in self.tracker.inflight_staged() {
+            match Stage::of(stage) {
                 Stage::Sent => {
                     if write_queued(link, &self.empty, &f.item, f.pid, true, out) {
                         self.sent += 1;
@@ -716,9 +717,11 @@ impl MqttDeliveries {
         }
     }
 
-    /// Deliveries in flight, in order.
-    pub(crate) fn inflight(&self) -> impl Iterator<Item = &Inflight> {
-        self.tracker.inflight().map(|(_, f)| f)
+    /// Deliveries in flight with their stages, in order.
+    pub(crate) fn inflight(&self) -> impl Iterator<Item = (&Inflight, Stage)> {
+        self.tracker
+            .inflight_staged()
+            .map(|(_, f, stage)| (f, Stage::of(stage)))
     }
 
     /// Held deliveries, in order.
