@@ -25,8 +25,13 @@ pub struct BrokerConfig {
     pub max_block: Option<Duration>,
     /// Most deliveries of a session's acknowledged subscriptions in flight at once.
     pub max_unacked: usize,
-    /// Where streams keep their files (`<data_dir>/streams/<name>`); `None`: no streams.
+    /// The data directory on the local file system (front-ends keep their own files in it);
+    /// `None`: nothing is kept. [`Broker::new`] makes `data` from it when `data` is `None`.
     pub data_dir: Option<std::path::PathBuf>,
+    /// The storage root every durable log of the broker opens through (streams in
+    /// `streams/<name>`, the front-ends' logs); `None`: no streams. Tests pass a
+    /// [`hayate_log::FaultyRoot`].
+    pub data: Option<Arc<dyn hayate_log::Root>>,
     /// Most streams the broker keeps (each has files and, unless `never`, a sync thread).
     pub max_streams: usize,
     /// Most durable consumers per stream.
@@ -57,6 +62,7 @@ impl Default for BrokerConfig {
             max_block: Some(Duration::from_secs(2)),
             max_unacked: 1024,
             data_dir: None,
+            data: None,
             max_streams: 256,
             max_consumers: 1024,
             max_streams_per_user: 32,
@@ -169,6 +175,8 @@ pub(crate) struct Shared {
     /// Serialises creating and deleting streams, so that their file work runs without
     /// holding `streams` (which routing and every stream lookup read). Taken before `streams`.
     pub(crate) stream_admin: std::sync::Mutex<()>,
+    /// The meta log, opened (and older files migrated) by the first stream operation.
+    pub(crate) meta: std::sync::Mutex<Option<Arc<crate::meta::Meta>>>,
     /// Bumped (under the registry write lock) on every subscription change.
     pub(crate) generation: AtomicU64,
     pub(crate) next_session: AtomicU64,
@@ -206,12 +214,18 @@ pub enum SubscribeError {
 
 impl Broker {
     /// A broker with `config`.
-    pub fn new(config: BrokerConfig) -> Broker {
+    pub fn new(mut config: BrokerConfig) -> Broker {
+        if config.data.is_none()
+            && let Some(d) = &config.data_dir
+        {
+            config.data = Some(Arc::new(hayate_log::FsRoot(d.clone())));
+        }
         Broker {
             shared: Arc::new(Shared {
                 registry: RwLock::new(Registry::default()),
                 streams: RwLock::new(Default::default()),
                 stream_admin: std::sync::Mutex::new(()),
+                meta: std::sync::Mutex::new(None),
                 generation: AtomicU64::new(1),
                 next_session: AtomicU64::new(1),
                 config,

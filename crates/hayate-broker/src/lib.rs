@@ -30,6 +30,7 @@ mod backlog;
 mod broker;
 pub mod footprint;
 pub mod keys;
+pub mod meta;
 pub mod queue;
 mod route;
 pub mod session;
@@ -39,10 +40,10 @@ pub use backlog::Backlog;
 pub use broker::{
     Broker, BrokerConfig, BrokerStats, KeyGuard, SubFilter, SubscribeError, SubscriptionView,
 };
-pub use hayate_flow::{AckTracker, Batch};
-/// A session's output, acknowledgements, batches and delivery latency live in hayate-flow
+pub use hayate_flow::{Batch, Ledger};
+/// A session's output, the delivery ledger, batches and delivery latency live in hayate-flow
 /// (the client library's peer servers use them too); re-exported at their old paths.
-pub use hayate_flow::{ack, batch, latency, outbox};
+pub use hayate_flow::{batch, latency, ledger, outbox};
 pub use outbox::{Delivery, Encoder, FREE_BYTES, OutBuf, Outbox, Settle, Taken};
 pub use session::{PublishRest, Session};
 pub use stream::consumer::{Consumer, ConsumerConfig, ConsumerInfo, Start};

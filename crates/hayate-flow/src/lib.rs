@@ -10,7 +10,8 @@
 //!   output.
 //! - [`outgoing`]: [`outgoing::Outgoing`], a connection's output queue as its writer task
 //!   sees it (the outbox is the one implementation), and [`Taken`].
-//! - [`ack`]: [`AckTracker`], acknowledged deliveries: ids, window, pending, redelivery.
+//! - [`ledger`]: [`Ledger`], the one delivery ledger: ids, window, ready items per priority,
+//!   deliveries in flight and how they are settled (ack, requeue in place, dead letter).
 //! - [`batch`]: [`Batch`], one message or many plain messages on one key.
 //! - [`latency`]: the sampled delivery-latency histogram an outbox's probe records into.
 //! - [`sink`]: [`Sink`] (what an outbox writes to without waiting) and [`write_some`], the one
@@ -27,10 +28,10 @@
 //! Nothing here knows a protocol, a socket, TLS or shared memory: this crate depends on
 //! `hayate-core` alone among Hayate's crates.
 
-pub mod ack;
 pub mod batch;
 pub mod chunks;
 pub mod latency;
+pub mod ledger;
 pub mod memory;
 pub mod outbox;
 pub mod outgoing;
@@ -38,7 +39,7 @@ pub mod registry;
 pub mod sink;
 pub mod traffic;
 
-pub use ack::AckTracker;
 pub use batch::Batch;
+pub use ledger::Ledger;
 pub use outbox::{Delivery, Encoder, FREE_BYTES, OutBuf, Outbox, Settle, Taken};
 pub use sink::{Sink, write_some};

@@ -619,9 +619,18 @@ impl Amqp {
             if vhost.store.get().is_some() {
                 continue;
             }
-            let dir = data.join("amqp").join(store::vhost_dir(&vhost.name));
+            let vd = store::vhost_dir(&vhost.name);
+            let dir = data.join("amqp").join(&vd);
             let max = usize::try_from(self.cfg.max_message_size).unwrap_or(usize::MAX);
-            let (st, rec) = store::Store::open(&dir, fsync, max)?;
+            // The log through the broker's storage root; the definitions beside it.
+            let log = match &self.broker.config().data {
+                Some(root) => Some(
+                    root.dir(&format!("amqp/{vd}/log"), true)
+                        .map_err(|e| format!("{}/log: {e}", dir.display()))?,
+                ),
+                None => None,
+            };
+            let (st, rec) = store::Store::open_with(&dir, log, fsync, max)?;
             let (mut queues, mut messages) = (0, 0);
             {
                 let mut reg = lock(&vhost.registry);

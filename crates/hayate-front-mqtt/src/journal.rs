@@ -24,12 +24,11 @@
 //! `writer` → `buf`. `buf` is a leaf: it is taken under outbox, delivery-state, registry and
 //! retained locks, and nothing is taken under it.
 
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hayate_log::{Entry, FsyncPolicy, Log, LogConfig, ReadLimit};
+use hayate_log::{Entry, FsyncPolicy, Log, LogConfig, ReadLimit, Root};
 
 use hayate_core::sync::lock;
 
@@ -63,7 +62,7 @@ struct Writer {
 /// The MQTT journal. See the module documentation.
 #[derive(Debug)]
 pub(crate) struct Journal {
-    dir: PathBuf,
+    root: Arc<dyn Root>,
     config: LogConfig,
     fsync: FsyncPolicy,
     writer: Mutex<Writer>,
@@ -116,8 +115,12 @@ impl Durable {
 }
 
 impl Journal {
-    /// Opens (or creates) the journal in `<data_dir>/mqtt-journal` with `fsync`.
-    pub(crate) fn open(data_dir: &Path, fsync: FsyncPolicy) -> Result<Journal, hayate_log::Error> {
+    /// Opens (or creates) the journal in `<data_dir>/mqtt-journal` (through the storage
+    /// root) with `fsync`.
+    pub(crate) fn open(
+        root: Arc<dyn Root>,
+        fsync: FsyncPolicy,
+    ) -> Result<Journal, hayate_log::Error> {
         let config = LogConfig {
             // Small segments: a checkpoint can remove all but the active one.
             segment_bytes: 16 << 20,
@@ -126,10 +129,9 @@ impl Journal {
             fsync,
             ..LogConfig::default()
         };
-        let dir = data_dir.join(DIR);
-        let log = open_log(&dir, config)?;
+        let log = open_log(&*root, config)?;
         Ok(Journal {
-            dir,
+            root,
             config,
             fsync,
             writer: Mutex::new(Writer {
@@ -386,7 +388,7 @@ impl Journal {
             }
             // Closed before the directory is opened again.
             drop(w.log.take());
-            match open_log(&self.dir, self.config) {
+            match open_log(&*self.root, self.config) {
                 Ok(log) => {
                     w.log = Some(log);
                     w.failed = None;
@@ -447,8 +449,8 @@ impl Journal {
     }
 }
 
-fn open_log(dir: &Path, config: LogConfig) -> Result<Log, hayate_log::Error> {
-    let log = Log::open_dir(dir, config)?;
+fn open_log(root: &dyn Root, config: LogConfig) -> Result<Log, hayate_log::Error> {
+    let log = Log::open_in(root, DIR, config)?;
     for line in &log.recovery().repairs {
         tracing::warn!("mqtt journal: {line}");
     }
@@ -458,6 +460,7 @@ fn open_log(dir: &Path, config: LogConfig) -> Result<Log, hayate_log::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hayate_log::FsRoot;
 
     fn records(j: &Journal, from: u64) -> Vec<Vec<u8>> {
         let mut v = Vec::new();
@@ -474,7 +477,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("hayate-journal-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let policy = FsyncPolicy::Interval(Duration::from_millis(50));
-        let j = Journal::open(&dir, policy).unwrap();
+        let j = Journal::open(Arc::new(FsRoot(dir.clone())), policy).unwrap();
         assert!(matches!(j.durable(), Durable::Ready(Ok(()))));
         for i in 0..3u8 {
             j.push(|b| b.extend_from_slice(&[i; 10]));
@@ -486,7 +489,7 @@ mod tests {
         assert_eq!(p, 3);
         j.push(|b| b.push(9));
         drop(j); // no flush: the record pushed last is not written (a crash)
-        let j = Journal::open(&dir, policy).unwrap();
+        let j = Journal::open(Arc::new(FsRoot(dir.clone())), policy).unwrap();
         assert_eq!(records(&j, 0), vec![vec![0; 10], vec![1; 10], vec![2; 10]]);
         assert_eq!(records(&j, 2), vec![vec![2; 10]]);
         // A checkpoint at the end: replay from there is empty.

@@ -144,7 +144,10 @@ impl Mqtt {
                     .journal_fsync
                     .parse()
                     .unwrap_or(hayate_log::FsyncPolicy::default());
-                match Journal::open(dir, fsync) {
+                let root = broker.config().data.clone().unwrap_or_else(|| {
+                    Arc::new(hayate_log::FsRoot(dir.clone())) as Arc<dyn hayate_log::Root>
+                });
+                match Journal::open(root, fsync) {
                     Ok(j) => Some(Arc::new(j)),
                     Err(e) => {
                         tracing::error!(

@@ -33,5 +33,7 @@ pub use error::{Error, Result};
 pub use log::{Batch, Log, LogStats, ReadLimit, Removed, SegmentStats};
 pub use record::{Entry, Record};
 pub use recover::RecoveryReport;
-pub use storage::{CrashMode, FaultyStorage, FsStorage, Storage, StorageFile};
+pub use storage::{
+    CrashMode, FaultyRoot, FaultyStorage, FsRoot, FsStorage, Root, Storage, StorageFile,
+};
 pub use sync::Confirmed;

@@ -199,6 +199,12 @@ impl Log {
         Log::open(Arc::new(storage), config)
     }
 
+    /// Opens (or creates) the log in directory `rel` of `root`.
+    pub fn open_in(root: &dyn crate::storage::Root, rel: &str, config: LogConfig) -> Result<Log> {
+        let storage = root.dir(rel, true).map_err(Error::io("open"))?;
+        Log::open(storage, config)
+    }
+
     /// What opening found and repaired.
     pub fn recovery(&self) -> &RecoveryReport {
         &self.recovery

@@ -288,6 +288,7 @@ impl Server {
             max_unacked: config.limits.max_unacked as usize,
             data_dir: (!config.server.data_dir.is_empty())
                 .then(|| std::path::PathBuf::from(&config.server.data_dir)),
+            data: None,
             max_streams: config.limits.max_streams as usize,
             max_consumers: config.limits.max_consumers as usize,
             max_streams_per_user: config.limits.max_streams_per_user as usize,

@@ -450,6 +450,80 @@ async fn deliveries_in_flight_survive_a_restart_with_their_packet_ids() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A client that comes back with a smaller Receive Maximum than it had deliveries in flight
+/// (4 unacknowledged, now 2): the oldest two are sent again (DUP, same packet ids), the
+/// newest two go back to their places among the held messages, ahead of those that never
+/// went out; each message arrives once more at most, all in their order.
+#[tokio::test]
+async fn a_smaller_receive_maximum_on_reconnect_requeues_the_newest_in_place() {
+    use hayate_mqtt::{Ack, QoS as MqttQoS, Subscribe, Subscription};
+    let b = start_default().await;
+    let connect = |max: u16| {
+        let mut c = Connect::new(ProtocolVersion::V5, "shrink");
+        c.clean_start = false;
+        c.properties.session_expiry_interval = Some(300);
+        c.properties.receive_maximum = Some(max);
+        c
+    };
+    let mut r = Raw::connect(&b.mqtt, connect(4)).await;
+    r.send(&Packet::Subscribe(Subscribe::new(
+        1,
+        vec![Subscription::new("rm/#", MqttQoS::AtLeastOnce)],
+    )))
+    .await;
+    assert!(matches!(r.next().await, Some(Packet::SubAck(_))));
+    let (p, _prx, _) = client(&b.mqtt, "shrink-sender", true).await;
+    for i in 0..6 {
+        p.publish("rm/x", QoS::AtLeastOnce, false, format!("m{i}"))
+            .await
+            .unwrap();
+    }
+    let mut pids = Vec::new();
+    for i in 0..4 {
+        let Some(Packet::Publish(m)) = r.next().await else {
+            panic!("expected PUBLISH {i}")
+        };
+        assert_eq!(&m.payload[..], format!("m{i}").as_bytes());
+        pids.push(m.packet_id.unwrap());
+    }
+    // The last two reach the session (held behind the window) before it goes offline.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(r);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let mut r = Raw::connect(&b.mqtt, connect(2)).await;
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let Some(Packet::Publish(m)) = r.next().await else {
+            panic!("expected a PUBLISH sent again")
+        };
+        got.push((m.payload.clone(), m.dup, m.packet_id.unwrap()));
+    }
+    assert_eq!(
+        got,
+        vec![
+            (Bytes::from_static(b"m0"), true, pids[0]),
+            (Bytes::from_static(b"m1"), true, pids[1]),
+        ]
+    );
+    let mut order = Vec::new();
+    let mut unacked: Vec<u16> = vec![pids[0], pids[1]];
+    while order.len() < 4 {
+        r.send(&Packet::PubAck(Ack::new(unacked.remove(0)))).await;
+        let Some(Packet::Publish(m)) = r.next().await else {
+            panic!("expected the next PUBLISH")
+        };
+        assert!(!m.dup, "a requeued delivery goes out as a new PUBLISH");
+        unacked.push(m.packet_id.unwrap());
+        order.push(m.payload.clone());
+    }
+    assert_eq!(
+        order,
+        [&b"m2"[..], b"m3", b"m4", b"m5"].map(Bytes::from_static)
+    );
+    b.shutdown().await;
+}
+
 /// A message larger than the native protocol's `max_payload`, published over MQTT (whose
 /// limit is its own), is not sent to a native subscriber: its client would refuse the frame
 /// and lose its connection with every subscription. The subscription is told by a LOST, and

@@ -1,4 +1,4 @@
-//! Acknowledged delivery on an outbox: the ack tracker of the session's acknowledged
+//! Acknowledged delivery on an outbox: the ledger of the session's acknowledged
 //! subscriptions, settled by ACK / NACK and given back when the subscriber goes away.
 
 use super::{Delivery, OutBuf, Outbox, Settle, State};
@@ -102,7 +102,7 @@ impl Outbox {
         for mut d in ds.into_iter().rev() {
             d.msg.attrs.redelivered = true;
             let size = d.msg.payload.len() + d.msg.key.as_bytes().len();
-            st.acks.push_front(d, size);
+            st.acks.push_front(d, size, 0);
         }
         let st = &mut *st;
         Self::fill_window(st);
@@ -129,7 +129,7 @@ impl Outbox {
         for mut d in kept {
             d.msg.attrs.redelivered = true;
             let size = d.msg.payload.len() + d.msg.key.as_bytes().len();
-            st.acks.push(d, size);
+            st.acks.push(d, size, 0);
         }
         Self::fill_window(&mut st);
         st.settle_charge();
@@ -142,7 +142,7 @@ impl Outbox {
     /// durable consumer message supersedes: those whose stream offset is a key of `latest`
     /// with a delivery count below the one it maps to (the delivery now on its way after an
     /// ack wait ran out). One sent leaves the window and the byte count, kept stripped so
-    /// that a late ACK of its id still settles the message (`AckTracker::retire`); one not
+    /// that a late ACK of its id still settles the message (`Ledger::retire`); one not
     /// sent yet is dropped. So however often the ack wait runs out, the session holds each
     /// message once. Returns how many were superseded.
     pub fn supersede(&self, sid: u32, latest: &std::collections::HashMap<u64, u32>) -> usize {
@@ -170,7 +170,7 @@ impl Outbox {
                 d.msg.headers = None;
             });
         }
-        let dropped = st.acks.drop_pending_if(old);
+        let dropped = st.acks.drop_ready_if(old);
         if ids.is_empty() && dropped == 0 {
             return 0;
         }
@@ -181,6 +181,6 @@ impl Outbox {
     /// Deliveries of acknowledged subscriptions held (in flight and waiting).
     pub fn unacked(&self) -> usize {
         let st = self.lock();
-        st.acks.in_flight_len() + st.acks.pending_len()
+        st.acks.len()
     }
 }

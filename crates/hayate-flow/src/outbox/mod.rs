@@ -44,7 +44,7 @@ pub use writer::GATHER_GAP;
 
 use crate::Batch;
 use crate::Sink;
-use crate::ack::AckTracker;
+use crate::ledger::Ledger;
 use crate::memory::{Charge, Memory};
 /// What the writer took from the outbox.
 pub use crate::outgoing::Taken;
@@ -111,7 +111,7 @@ struct State {
     epoch: u64,
     /// Deliveries of acknowledged subscriptions not yet acknowledged, and those waiting for
     /// the window.
-    acks: AckTracker<Delivery>,
+    acks: Ledger<Delivery>,
     /// The acknowledged subscriptions (usually none: checked with one `is_empty`).
     acked: Vec<u32>,
     /// A publisher gave up waiting for room (a `Stall::Drop` subscription): further
@@ -241,7 +241,7 @@ impl Outbox {
                 closed: false,
                 sink: None,
                 epoch: 0,
-                acks: AckTracker::new(window),
+                acks: Ledger::new(window),
                 acked: Vec::new(),
                 stalled: false,
                 cut: false,

@@ -146,7 +146,7 @@ impl Outbox {
         if !st.acked.is_empty() && st.acked.contains(&sid) {
             for i in 0..batch.len() {
                 let msg = batch.message(i);
-                st.acks.push(Delivery { sid, msg }, batch.cost(i));
+                st.acks.push(Delivery { sid, msg }, batch.cost(i), 0);
             }
             Self::fill_window(st);
         } else {

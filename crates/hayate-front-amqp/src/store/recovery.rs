@@ -96,6 +96,7 @@ fn read_back(
 impl Store {
     /// Opens (or creates) the store in `dir` and reads back what it kept. Records of
     /// queues that no longer exist count as settled.
+    #[cfg(test)]
     pub(crate) fn open(
         dir: &Path,
         fsync: FsyncPolicy,
@@ -104,8 +105,9 @@ impl Store {
         Store::open_with(dir, None, fsync, max_message)
     }
 
-    /// [`Store::open`] with the log in `storage` instead of `dir/log` (tests inject faults).
-    pub(super) fn open_with(
+    /// [`Store::open`] with the log in `storage` instead of `dir/log` (the broker's storage
+    /// root gives it; tests inject faults).
+    pub(crate) fn open_with(
         dir: &Path,
         storage: Option<Arc<dyn hayate_log::Storage>>,
         fsync: FsyncPolicy,

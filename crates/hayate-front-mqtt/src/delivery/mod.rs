@@ -2,9 +2,10 @@
 //!
 //! [`MqttDeliveries`] is the session's delivery state: its subscriptions' options, the topic
 //! aliases of the current connection, and its QoS 1 and 2 deliveries. Those are held by the
-//! broker's [`AckTracker`] (the window of deliveries in flight, the messages waiting behind
-//! it or while the client is offline, and the bytes they hold); MQTT keeps beside it only
-//! what is its own: packet id <-> delivery id and each delivery's QoS 2 stage. It lives as
+//! broker's [`Ledger`] (the window of deliveries in flight, the messages waiting behind
+//! it or while the client is offline, the bytes they hold, and each delivery's QoS 2 stage
+//! in the ledger's stage byte, [`Stage`]); MQTT keeps beside it only what is its own: packet
+//! id <-> delivery id and the inbound QoS 2 packet ids not yet released. It lives as
 //! long as the MQTT session (across reconnections) and is shared by
 //! - [`MqttEncoder`], the session outbox's [`Encoder`](hayate_broker::Encoder): publishers'
 //!   tasks call it under the outbox lock for every delivery;
@@ -27,7 +28,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
-use hayate_broker::{AckTracker, OutBuf, footprint};
+use hayate_broker::ledger::Settle;
+use hayate_broker::{Ledger, OutBuf, footprint};
 use hayate_core::{Key, Message};
 use hayate_io::memory::{Charge, Memory};
 use hayate_mqtt::{Ack, Packet, ProtocolVersion, PublishProperties, QoS, RetainHandling};
@@ -72,23 +74,40 @@ pub(crate) struct Queued {
     pub(crate) sub_id: Option<u32>,
 }
 
-/// Where a delivery in flight stands.
+/// Where a delivery in flight stands: the ledger's stage byte (the journal's `P` record and
+/// the checkpoint keep it as their `released` byte).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub(crate) enum Stage {
     /// PUBLISH sent; waiting for PUBACK (QoS 1) or PUBREC (QoS 2).
-    Sent,
+    Sent = 0,
     /// PUBREL sent; waiting for PUBCOMP (QoS 2).
-    Released,
+    Released = 1,
 }
 
-/// A QoS 1 or 2 delivery in the tracker: its number in the session (journal records name
-/// it), its packet id (0 while it waits) and stage.
+impl Stage {
+    /// The stage of a ledger's stage byte (anything but 0 is released).
+    pub(crate) fn of(byte: u8) -> Stage {
+        if byte == 0 {
+            Stage::Sent
+        } else {
+            Stage::Released
+        }
+    }
+
+    /// The ledger's stage byte.
+    pub(crate) fn byte(self) -> u8 {
+        self as u8
+    }
+}
+
+/// A QoS 1 or 2 delivery in the ledger: its number in the session (journal records name
+/// it) and its packet id (0 while it waits); its stage is the ledger's.
 #[derive(Debug, Clone)]
 pub(crate) struct Inflight {
     pub(crate) qid: u64,
     pub(crate) pid: u16,
     pub(crate) item: Queued,
-    pub(crate) stage: Stage,
 }
 
 /// What makes a session persistent: its identity on disk, and the journal its changes go to
@@ -128,7 +147,7 @@ pub(crate) struct MqttDeliveries {
     link: Option<Link>,
     next_pid: u16,
     /// QoS 1 and 2 deliveries: in flight (window) and waiting, with the bytes they hold.
-    tracker: AckTracker<Inflight>,
+    tracker: Ledger<Inflight>,
     /// Packet id -> delivery id of the deliveries in flight.
     pids: HashMap<u16, u64>,
     /// Most messages held (0: no limit).
@@ -175,7 +194,7 @@ fn held_size(q: &Queued) -> usize {
 }
 
 /// What each held delivery costs the process beyond [`held_size`], charged to the memory
-/// budget besides the tracker's own storage (`AckTracker::storage_bytes`: its ring and map
+/// budget besides the tracker's own storage (`Ledger::storage_bytes`: its ring and map
 /// slots, one `Inflight` each): the allocations of its key and payload, which
 /// `Message::compact` copies for an offline session
 /// ([`footprint::KEY_AND_PAYLOAD`]), and, in flight, its packet id's entry in `pids` (a
@@ -208,7 +227,7 @@ impl MqttDeliveries {
             subs: HashMap::new(),
             link: None,
             next_pid: 1,
-            tracker: AckTracker::new(usize::from(max_inflight)),
+            tracker: Ledger::new(usize::from(max_inflight)),
             pids: HashMap::new(),
             max_queued,
             max_queued_bytes,
@@ -254,11 +273,11 @@ impl MqttDeliveries {
             for pid in &self.incoming {
                 j.push(|b| rec::incoming(b, sgen, *pid, true));
             }
-            for (_, f) in self.tracker.inflight() {
+            for (_, f, stage) in self.tracker.inflight_staged() {
                 j.push(|b| rec::queue(b, sgen, f.qid, &f.item));
-                j.push(|b| rec::pid(b, sgen, f.qid, f.pid, f.stage == Stage::Released));
+                j.push(|b| rec::pid(b, sgen, f.qid, f.pid, Stage::of(stage) == Stage::Released));
             }
-            for f in self.tracker.pending() {
+            for f in self.tracker.ready() {
                 j.push(|b| rec::queue(b, sgen, f.qid, &f.item));
             }
         }
@@ -410,13 +429,13 @@ impl MqttDeliveries {
         let size = held_size(&q);
         let held = self.tracker.held_bytes();
         let sends_now = self.link.is_some()
-            && self.tracker.pending_len() == 0
+            && self.tracker.ready_len() == 0
             && self.tracker.in_flight_len() < self.window();
         if self.max_queued_bytes > 0 && held + size > self.max_queued_bytes && held > 0 {
             self.dropped += 1;
             return false;
         }
-        if !sends_now && self.max_queued > 0 && self.tracker.pending_len() >= self.max_queued {
+        if !sends_now && self.max_queued > 0 && self.tracker.ready_len() >= self.max_queued {
             self.dropped += 1;
             return false;
         }
@@ -442,9 +461,8 @@ impl MqttDeliveries {
             qid,
             pid: 0,
             item: q,
-            stage: Stage::Sent,
         };
-        self.tracker.push(item, size);
+        self.tracker.push(item, size, 0);
         self.fill(out);
         true
     }
@@ -463,15 +481,9 @@ impl MqttDeliveries {
         }
         self.next_qid = self.next_qid.max(qid + 1);
         let size = held_size(&item);
-        let id = self.tracker.insert_in_flight(
-            Inflight {
-                qid,
-                pid,
-                item,
-                stage,
-            },
-            size,
-        );
+        let id = self
+            .tracker
+            .insert_in_flight(Inflight { qid, pid, item }, size, stage.byte());
         self.pids.insert(pid, id);
         self.sync_held();
     }
@@ -480,15 +492,7 @@ impl MqttDeliveries {
     pub(crate) fn restore_pending(&mut self, qid: u64, item: Queued) {
         self.next_qid = self.next_qid.max(qid + 1);
         let size = held_size(&item);
-        self.tracker.push(
-            Inflight {
-                qid,
-                pid: 0,
-                item,
-                stage: Stage::Sent,
-            },
-            size,
-        );
+        self.tracker.push(Inflight { qid, pid: 0, item }, size, 0);
         self.sync_held();
     }
 
@@ -547,7 +551,7 @@ impl MqttDeliveries {
         let held = self.tracker.held_bytes();
         self.held.store(held, Ordering::Relaxed);
         let now = (
-            (self.tracker.in_flight_len() + self.tracker.pending_len()) as u64,
+            (self.tracker.in_flight_len() + self.tracker.ready_len()) as u64,
             held as u64,
         );
         self.count_held(now);
@@ -575,7 +579,7 @@ impl MqttDeliveries {
     /// [`held_size`]) added: the held bytes, [`ITEM_COST`] per delivery and the tracker's
     /// storage. What [`MqttDeliveries::pooled`] charges the memory budget from.
     fn cost(&self, more: usize, bytes: usize) -> usize {
-        let n = self.tracker.in_flight_len() + self.tracker.pending_len() + more;
+        let n = self.tracker.in_flight_len() + self.tracker.ready_len() + more;
         self.tracker.held_bytes() + bytes + n * ITEM_COST + self.tracker.storage_bytes(more)
     }
 
@@ -592,8 +596,9 @@ impl MqttDeliveries {
     }
 
     fn stage_of(&self, pid: u16) -> Option<(QoS, Stage)> {
-        let f = self.tracker.get(*self.pids.get(&pid)?)?;
-        Some((f.item.qos, f.stage))
+        let id = *self.pids.get(&pid)?;
+        let qos = self.tracker.get(id)?.item.qos;
+        Some((qos, Stage::of(self.tracker.stage(id)?)))
     }
 
     /// PUBACK from the client; false if `pid` was not a QoS 1 delivery in flight.
@@ -614,9 +619,9 @@ impl MqttDeliveries {
             }
             Some((QoS::ExactlyOnce, _)) => {
                 if let Some(&id) = self.pids.get(&pid)
-                    && let Some(f) = self.tracker.get_mut(id)
+                    && self.tracker.set_stage(id, Stage::Released.byte())
+                    && let Some(f) = self.tracker.get(id)
                 {
-                    f.stage = Stage::Released;
                     let qid = f.qid;
                     self.journal(|b, sgen| rec::pid(b, sgen, qid, pid, true));
                 }
@@ -646,33 +651,31 @@ impl MqttDeliveries {
         self.link = Some(link);
         self.online.store(true, Ordering::Relaxed);
         // The client's new Receive Maximum may be lower than what was in flight: the
-        // excess goes back to the front of the held messages (sent again later, with new
-        // packet ids).
+        // newest deliveries still at stage Sent go back to their places among the held
+        // messages (sent again later, with new packet ids).
         let window = self.window();
         self.tracker.set_window(window);
         while self.tracker.in_flight_len() > window {
-            let Some((id, f)) = self.tracker.inflight().next_back() else {
+            let Some((id, _, stage)) = self.tracker.inflight_staged().next_back() else {
                 break;
             };
-            if f.stage == Stage::Released {
+            if Stage::of(stage) == Stage::Released {
                 break;
             }
-            let pid = f.pid;
-            if let Some(mut f) = self.tracker.nack(id) {
-                self.pids.remove(&pid);
-                f.pid = 0;
-                let qid = f.qid;
-                self.journal(|b, sgen| rec::pid(b, sgen, qid, 0, false));
-                let size = held_size(&f.item);
-                self.tracker.push_front(f, size);
-            }
+            let Some(f) = self.tracker.get_mut(id) else {
+                break;
+            };
+            let (pid, qid) = (std::mem::take(&mut f.pid), f.qid);
+            self.pids.remove(&pid);
+            self.journal(|b, sgen| rec::pid(b, sgen, qid, 0, false));
+            self.tracker.settle(id, Settle::Requeue, Instant::now());
         }
         let Some(link) = &mut self.link else {
             return;
         };
         let mut unsendable = Vec::new();
-        for (_, f) in self.tracker.inflight() {
-            match f.stage {
+        for (_, f, stage) in self.tracker.inflight_staged() {
+            match Stage::of(stage) {
                 Stage::Sent => {
                     if write_queued(link, &self.empty, &f.item, f.pid, true, out) {
                         self.sent += 1;
@@ -714,13 +717,15 @@ impl MqttDeliveries {
         }
     }
 
-    /// Deliveries in flight, in order.
-    pub(crate) fn inflight(&self) -> impl Iterator<Item = &Inflight> {
-        self.tracker.inflight().map(|(_, f)| f)
+    /// Deliveries in flight with their stages, in order.
+    pub(crate) fn inflight(&self) -> impl Iterator<Item = (&Inflight, Stage)> {
+        self.tracker
+            .inflight_staged()
+            .map(|(_, f, stage)| (f, Stage::of(stage)))
     }
 
     /// Held deliveries, in order.
     pub(crate) fn pending(&self) -> impl Iterator<Item = &Inflight> {
-        self.tracker.pending()
+        self.tracker.ready()
     }
 }

@@ -289,10 +289,10 @@ pub(crate) fn snapshot(mqtt: &Mqtt, replay_from: u64, next_sgen: u64) -> (Vec<u8
         }
         let n = st.inflight().count() + st.pending().count();
         b.put_u32(n as u32);
-        for f in st.inflight() {
+        for (f, stage) in st.inflight() {
             b.put_u64(f.qid);
             b.put_u16(f.pid);
-            b.put_u8(u8::from(f.stage == Stage::Released));
+            b.put_u8(u8::from(stage == Stage::Released));
             put_queued(&mut b, &f.item);
         }
         for f in st.pending() {

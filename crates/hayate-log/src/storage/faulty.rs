@@ -50,7 +50,7 @@ pub struct FaultyStorage {
     state: Arc<Mutex<State>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -128,6 +128,28 @@ impl FaultyStorage {
         let mut st = lock(&self.state);
         st.files.insert(name.to_owned(), f.clone());
         st.durable.insert(name.to_owned(), f);
+    }
+
+    /// Makes durable the names that start with `prefix` and have no `/` after it (a
+    /// directory of a [`super::FaultyRoot`]).
+    pub(crate) fn sync_names(&self, prefix: &str) {
+        let mut st = lock(&self.state);
+        let ours = |n: &String| n.strip_prefix(prefix).is_some_and(|r| !r.contains('/'));
+        st.durable.retain(|n, _| !ours(n));
+        let keep: Vec<_> = st
+            .files
+            .iter()
+            .filter(|(n, _)| ours(n))
+            .map(|(n, f)| (n.clone(), f.clone()))
+            .collect();
+        st.durable.extend(keep);
+    }
+
+    /// Removes every name that starts with `prefix`, durably.
+    pub(crate) fn remove_durably(&self, prefix: &str) {
+        let mut st = lock(&self.state);
+        st.files.retain(|n, _| !n.starts_with(prefix));
+        st.durable.retain(|n, _| !n.starts_with(prefix));
     }
 
     /// What a restarted process would find after the given crash. Faults are not carried over.

@@ -15,9 +15,11 @@ use bytes::Bytes;
 mod faulty;
 mod fs;
 pub(crate) mod map;
+mod root;
 
 pub use faulty::{CrashMode, FaultyStorage};
 pub use fs::FsStorage;
+pub use root::{FaultyRoot, FsRoot, Root};
 
 /// Replaces file `name` in `dir` durably and whole: a temporary file `name.tmp` written and
 /// fsynced, renamed over `name`, then the directory fsynced. A crash leaves the old file or
