@@ -62,6 +62,10 @@ fn routes(shared: Arc<Shared>) -> Router {
         .route("/api/groups", get(groups))
         .route("/api/subscriptions", get(subscriptions))
         .route("/api/queues", get(queues))
+        .route(
+            "/api/queues/{ns}/{*name}",
+            axum::routing::delete(delete_queue),
+        )
         .route("/api/streams", get(streams).post(create_stream))
         .route("/api/streams/{name}", get(stream).delete(delete_stream))
         .route_layer(axum::middleware::from_fn_with_state(shared.clone(), guard))
@@ -413,17 +417,41 @@ async fn groups(State(s): St) -> Response {
     axum::Json(v).into_response()
 }
 
+/// One queue as `/api/queues` and the dashboard show it (`waiting` = `depth`, the name
+/// the list had when it showed STOMP's queues only).
+pub(super) fn queue_json(q: &hayate_broker::queue::QueueView) -> Value {
+    json!({
+        "ns": q.ns, "name": q.name, "kind": q.kind, "durable": q.durable,
+        "depth": q.depth, "unacked": q.unacked, "consumers": q.consumers,
+        "dropped": q.dropped, "dead_lettered": q.dead_lettered, "bytes": q.bytes,
+        "waiting": q.depth,
+    })
+}
+
 async fn queues(State(s): St) -> Response {
-    let v: Vec<Value> = s
-        .state
-        .broker
-        .declared_queues()
-        .into_iter()
-        .map(|(name, expr, waiting, dropped)| {
-            json!({ "name": name, "expr": expr, "waiting": waiting, "dropped": dropped })
-        })
-        .collect();
+    let v: Vec<Value> = s.state.broker.queues().iter().map(queue_json).collect();
     axum::Json(v).into_response()
+}
+
+/// `DELETE /api/queues/{ns}/{name}` (`_` or an empty `ns`: the default namespace, AMQP
+/// vhost `/`, STOMP and native): the queue goes, with its messages; its consumers are
+/// cancelled.
+async fn delete_queue(State(s): St, Path((ns, name)): Path<(String, String)>) -> Response {
+    let ns = if ns == "_" { String::new() } else { ns };
+    let id = hayate_broker::queue::QueueId {
+        ns: std::sync::Arc::from(ns.as_str()),
+        name: std::sync::Arc::from(name.as_str()),
+    };
+    let Some(q) = s.state.broker.queue(&id) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("no queue {name:?} in {ns:?}"),
+        );
+    };
+    tracing::info!(ns, name, "queue deleted by the admin API");
+    // Through the front-end that keeps it, when one does (AMQP forgets it too).
+    q.delete_unused(&s.state.broker);
+    StatusCode::NO_CONTENT.into_response()
 }
 
 fn stream_view(st: &hayate_broker::Stream) -> Value {

@@ -133,7 +133,7 @@ pub(super) fn sample(s: &Shared) {
 /// Everything the dashboard shows, as one JSON document.
 fn dashboard_json(s: &Shared) -> Value {
     let conns = conn_views(s, None);
-    let queues = s.state.broker.declared_queues();
+    let mut queues = s.state.broker.queues();
     let streams: Vec<Value> = s
         .state
         .broker
@@ -157,6 +157,9 @@ fn dashboard_json(s: &Shared) -> Value {
         l["msgs_in_rate"] = json!(r.0);
         l["msgs_out_rate"] = json!(r.1);
     }
+    // The 20 deepest.
+    queues.sort_by(|a, b| b.depth.cmp(&a.depth));
+    let top_queues: Vec<Value> = queues.iter().take(20).map(super::api::queue_json).collect();
     let connections: Vec<Value> = conns
         .into_iter()
         .map(|c| serde_json::to_value(c).unwrap_or(Value::Null))
@@ -168,7 +171,8 @@ fn dashboard_json(s: &Shared) -> Value {
         "connections": connections,
         "top_keys": g.top_keys.iter().map(|(k, r)| json!({ "prefix": k, "rate": r })).collect::<Vec<_>>(),
         "streams": streams,
-        "queue_dropped": queues.iter().map(|q| q.3).sum::<u64>(),
+        "queue_dropped": queues.iter().map(|q| q.dropped).sum::<u64>(),
+        "queues": top_queues,
         "history": g.history.iter().map(|(t, i, o)| json!([t, i, o])).collect::<Vec<_>>(),
     })
 }

@@ -55,6 +55,9 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
+/// Queues `/metrics` shows one by one; the others are summed.
+const MAX_QUEUE_SERIES: usize = 1000;
+
 /// A sample's labels.
 type Labels = Vec<(&'static str, String)>;
 
@@ -121,6 +124,7 @@ impl Collector for Metrics {
         self.encode_process(e)?;
         self.encode_listeners(e)?;
         self.encode_broker(e)?;
+        self.encode_queues(e)?;
         self.encode_memory(e)?;
         self.encode_admin(e)?;
         self.encode_figures(e)?;
@@ -236,6 +240,51 @@ impl Metrics {
         )
     }
 
+    /// Every queue's depth, unacknowledged deliveries and consumers (labels `ns`, `name`):
+    /// at most [`MAX_QUEUE_SERIES`] queues (the deepest), the rest summed in one series
+    /// labelled `name="_other"`.
+    fn encode_queues(&self, e: &mut DescriptorEncoder) -> Encoded {
+        let mut qs = self.broker.queues();
+        qs.sort_by(|a, b| b.depth.cmp(&a.depth).then(b.unacked.cmp(&a.unacked)));
+        let rest = qs.split_off(qs.len().min(MAX_QUEUE_SERIES));
+        let row = |ns: &str, name: &str, v: usize| {
+            (
+                vec![("ns", ns.to_string()), ("name", name.to_string())],
+                v as f64,
+            )
+        };
+        type Field = fn(&hayate_broker::queue::QueueView) -> usize;
+        let fields: [(&str, &str, Field); 3] = [
+            (
+                "hayate_queue_depth",
+                "Messages ready in a queue (any protocol).",
+                |q| q.depth,
+            ),
+            (
+                "hayate_queue_unacked",
+                "Deliveries of a queue not yet acknowledged.",
+                |q| q.unacked,
+            ),
+            (
+                "hayate_queue_consumers",
+                "Consumers of a queue (any protocol).",
+                |q| q.consumers,
+            ),
+        ];
+        for (name, help, f) in fields {
+            let mut rows: Vec<(Labels, f64)> =
+                qs.iter().map(|q| row(&q.ns, &q.name, f(q))).collect();
+            if !rest.is_empty() {
+                rows.push(row("", "_other", rest.iter().map(f).sum()));
+            }
+            if rows.is_empty() {
+                continue;
+            }
+            gauge(e, name, help, &rows)?;
+        }
+        Ok(())
+    }
+
     /// Subscriptions, queue groups, drops, slow consumers, stalls, sessions, and the
     /// delivery latency.
     fn encode_broker(&self, e: &mut DescriptorEncoder) -> Encoded {
@@ -253,13 +302,13 @@ impl Metrics {
             &single(b.queue_groups().len() as f64),
         )?;
         let st = b.stats();
-        let queue_dropped: u64 = b.declared_queues().iter().map(|q| q.3).sum();
+        let queue_dropped: u64 = b.queues().iter().map(|q| q.dropped).sum();
         counter(
             e,
             "hayate_dropped_messages",
             "Messages dropped, by reason: outbox_full (a drop subscriber's outbox was full, \
-             or its stall policy dropped), queue_full (a declared queue without members was \
-             full), unplaced (a queue group's members all left while it was routed).",
+             or its stall policy dropped), queue_full (a queue's length limit or overflow \
+             policy: dropped or refused, any protocol), unplaced (a queue group's members all left while it was routed).",
             &[
                 (
                     vec![("reason", "outbox_full".to_string())],

@@ -1,17 +1,16 @@
 //! The broker: the registry of subscriptions (the route table: trie, subscriptions, queue
-//! groups; and declared queues) behind one lock, its generation counter, settings and
+//! groups, queues' bindings) behind one lock, its generation counter, settings and
 //! counters.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use hayate_core::route::{Sub, SubKey, Table};
 use hayate_core::{KeyExpr, Qos};
-use hayate_flow::memory::{Charge, Memory};
+use hayate_flow::memory::Memory;
 
-use crate::backlog::{Backlog, BacklogState, group_id};
 use crate::outbox::{Encoder, Outbox};
 use crate::session::Session;
 
@@ -48,8 +47,11 @@ pub struct BrokerConfig {
     pub shared_consumers: Vec<String>,
     /// Most subscriptions one session may hold (0: no limit).
     pub max_subscriptions: usize,
-    /// Most payload bytes waiting in one declared queue without members (0: no limit).
+    /// Most payload bytes an implicit queue (made by a first use: STOMP `/queue/`, native
+    /// CONSUME) holds ready (0: no limit); further messages are refused.
     pub queue_max_bytes: usize,
+    /// Most messages an implicit queue holds ready; further messages are refused.
+    pub queue_max_length: usize,
     /// The broker-wide memory budget every outbox and queue charges (shared with the
     /// server's front-ends, which charge their input and stores to it).
     pub memory: Arc<Memory>,
@@ -70,6 +72,7 @@ impl Default for BrokerConfig {
             shared_consumers: Vec::new(),
             max_subscriptions: 10_000,
             queue_max_bytes: 64 * 1024 * 1024,
+            queue_max_length: 10_000,
             memory: Memory::unlimited(),
         }
     }
@@ -163,8 +166,6 @@ pub(crate) struct Registry {
     /// Subscriptions by (session, id), their trie and their queue groups (id: name, NUL,
     /// expression) with their round-robin turns.
     pub(crate) routes: Table<SubEntry>,
-    /// Declared queues: groups whose messages wait while they have no member.
-    pub(crate) queues: HashMap<Arc<str>, (KeyExpr, Arc<Backlog>)>,
 }
 
 #[derive(Debug)]
@@ -335,54 +336,6 @@ impl Broker {
         v
     }
 
-    /// Declared queues: (name, key expression, messages waiting, dropped).
-    pub fn declared_queues(&self) -> Vec<(String, String, usize, u64)> {
-        let reg = self.read();
-        let mut v: Vec<_> = reg
-            .queues
-            .iter()
-            .map(|(id, (expr, b))| {
-                let name = id.split_once('\0').map_or(&**id, |(n, _)| n);
-                (
-                    name.to_string(),
-                    expr.as_str().to_string(),
-                    b.len(),
-                    b.dropped(),
-                )
-            })
-            .collect();
-        v.sort();
-        v
-    }
-
-    /// Declares queue group `name` on `expr`: while it has no member, matching messages
-    /// wait (at most `limit`) and go to the first member that subscribes. Idempotent;
-    /// returns the queue's backlog.
-    pub fn declare_queue(&self, name: &str, expr: &KeyExpr, limit: usize) -> Arc<Backlog> {
-        let id = group_id(name, expr);
-        let mut reg = self.write();
-        if let Some((_, b)) = reg.queues.get(id.as_str()) {
-            return b.clone();
-        }
-        let id: Arc<str> = Arc::from(id);
-        let b = Arc::new(Backlog {
-            q: std::sync::Mutex::new(BacklogState {
-                q: VecDeque::new(),
-                bytes: 0,
-                held: 0,
-                served: reg.routes.has_group(&id),
-                charge: Charge::exact(&self.shared.config.memory),
-            }),
-            id: id.clone(),
-            limit,
-            max_bytes: self.shared.config.queue_max_bytes,
-            dropped: AtomicU64::new(0),
-        });
-        reg.queues.insert(id, (expr.clone(), b.clone()));
-        self.bump();
-        b
-    }
-
     /// Opens a session whose deliveries are encoded by `encoder`.
     pub fn open_session(&self, encoder: Box<dyn Encoder>) -> Session {
         self.open_session_in(encoder, None)
@@ -437,16 +390,7 @@ impl Broker {
     }
 }
 
-/// Removes subscription `sid` of `session`; the last member of a queue group leaving closes
-/// its declared queue's backlog to deliveries (messages wait there again).
+/// Removes subscription `sid` of `session`.
 pub(crate) fn remove_sub(reg: &mut Registry, session: u64, sid: u32) {
-    let Some(removed) = reg.routes.remove((session, sid)) else {
-        return;
-    };
-    if removed.group_emptied
-        && let Some(g) = &removed.sub.group
-        && let Some((_, b)) = reg.queues.get(g)
-    {
-        b.close();
-    }
+    reg.routes.remove((session, sid));
 }

@@ -16,7 +16,6 @@
 //!   consumers with credit, limits and overflow, dead letters, the `QueueSink`,
 //!   `QueueStore` and `DeadLetterer` seams front-ends implement), and the broker's table
 //!   of them ([`Broker::queues`]).
-//! - `backlog`: [`Backlog`], the messages a declared queue group holds without members.
 //!
 //! # Ownership and locks
 //! The [`Broker`] owns the route table behind one `RwLock` and a generation counter bumped on every
@@ -26,7 +25,6 @@
 //! per batch. Lock order: index → outbox; an outbox lock is never held while taking another
 //! lock or awaiting.
 
-mod backlog;
 mod broker;
 pub mod footprint;
 pub mod keys;
@@ -36,7 +34,6 @@ mod route;
 pub mod session;
 pub mod stream;
 
-pub use backlog::Backlog;
 pub use broker::{
     Broker, BrokerConfig, BrokerStats, KeyGuard, SubFilter, SubscribeError, SubscriptionView,
 };

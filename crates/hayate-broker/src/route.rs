@@ -1,13 +1,12 @@
 //! Routes: where a key's messages go (fan-out targets, one member per queue group, the
-//! backlogs of declared queues without members), built from the registry and cached per
-//! session while the broker's generation is unchanged.
+//! queues bound to the key, the streams capturing it), built from the registry and cached
+//! per session while the broker's generation is unchanged.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use hayate_core::{Congestion, Key, Stall};
 
-use crate::backlog::Backlog;
 use crate::broker::{Broker, To};
 use crate::outbox::Outbox;
 use crate::queue::QueueRoute;
@@ -27,8 +26,6 @@ pub(crate) struct Target {
 pub(crate) struct Route {
     /// Fan-out targets, and one member per queue group (with the group's turn).
     pub(crate) to: hayate_core::route::Route<Target>,
-    /// Declared queues matching the key that have no member now.
-    pub(crate) backlogs: Vec<Arc<Backlog>>,
     /// Streams that capture the key.
     pub(crate) streams: Vec<Arc<crate::stream::Stream>>,
     /// Queues bound to the key (one entry per queue, with its matching bindings' filters).
@@ -69,15 +66,9 @@ impl Broker {
         });
         let mut route = Route {
             to,
-            backlogs: Vec::new(),
             streams: Vec::new(),
             queues,
         };
-        for (id, expr, backlog) in reg.queues.iter().map(|(id, (e, b))| (id, e, b)) {
-            if expr.matches(key) && route.to.group(id).is_none() {
-                route.backlogs.push(backlog.clone());
-            }
-        }
         for s in self
             .shared
             .streams

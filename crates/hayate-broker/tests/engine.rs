@@ -1,5 +1,5 @@
-//! The engine through the public API: queue groups, declared queues and their backlogs,
-//! requeueing, and the per-session route cache.
+//! The engine through the public API: queue groups, implicit queues (a first use's), requeueing,
+//! and the per-session route cache.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -9,7 +9,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use common::{Log, assert_pending, drain, expr, fill, key, msg, open, publish, within};
+use common::{Log, expr, key, msg, open, publish, within};
+use hayate_broker::queue::{
+    Delivered, ImplicitError, QItem, Queue, QueueConfig, QueueConsumer, QueueId, QueueSink,
+    ToFlush, Unacked, give_back_all,
+};
 use hayate_broker::{Batch, Broker, BrokerConfig, Session, SubscribeError};
 use hayate_core::Qos;
 
@@ -202,102 +206,160 @@ async fn fanout_and_group_together() {
     assert!(f_log.deliveries().iter().all(|(sid, _, _)| *sid == 9));
 }
 
-/// Messages published to a declared queue with no member wait, and go to the first member
-/// in order, before anything published after it joined.
-#[tokio::test]
-async fn backlog_drains_in_order_before_later_messages() {
-    let b = Broker::default();
-    let e = expr("jobs/*");
-    let backlog = b.declare_queue("work", &e, 100);
-    assert!(Arc::ptr_eq(&backlog, &b.declare_queue("work", &e, 5)));
-    let (mut p, _) = open(&b);
-    publish_numbered(&mut p, "jobs/a", 0..5, 0).await;
-    assert_eq!(backlog.len(), 5);
-
-    let (mut m, m_log) = open(&b);
-    m.subscribe(3, e.clone(), Some("work"), Qos::default())
-        .unwrap();
-    assert!(backlog.is_empty());
-    assert_eq!(m_log.payloads(), ["0", "1", "2", "3", "4"]);
-    publish_numbered(&mut p, "jobs/a", 5..8, 1).await;
-    assert!(backlog.is_empty());
-    let want: Vec<String> = (0..8).map(|i| i.to_string()).collect();
-    assert_eq!(m_log.payloads(), want);
-    assert!(
-        m_log
-            .deliveries()
-            .iter()
-            .all(|(sid, k, _)| *sid == 3 && k == "jobs/a")
-    );
-    assert_eq!(drain(m.outbox()).await, want.concat().as_bytes());
-
-    // When the last member leaves, messages wait again for the next one.
-    assert!(m.unsubscribe(3));
-    publish_numbered(&mut p, "jobs/b", 8..9, 0).await;
-    assert_eq!(backlog.len(), 1);
-    let (mut n, n_log) = open(&b);
-    n.subscribe(1, e, Some("work"), Qos::default()).unwrap();
-    assert_eq!(n_log.payloads(), ["8"]);
-    assert_eq!(m_log.len(), 8);
+/// A consumer of an engine queue that keeps what it is given (acknowledged later).
+#[derive(Debug)]
+struct Keep {
+    outbox: Arc<hayate_broker::Outbox>,
+    got: std::sync::Mutex<Vec<Unacked>>,
 }
 
-/// A full backlog keeps the oldest messages and counts the rest.
-#[tokio::test]
-async fn backlog_is_bounded() {
-    let b = Broker::default();
-    let e = expr("jobs/*");
-    let backlog = b.declare_queue("work", &e, 3);
-    let (mut p, _) = open(&b);
-    publish_numbered(&mut p, "jobs/a", 0..5, 0).await;
-    assert_eq!(backlog.len(), 3);
-    assert_eq!(backlog.dropped(), 2);
-    let (mut m, m_log) = open(&b);
-    m.subscribe(1, e, Some("work"), Qos::default()).unwrap();
-    assert_eq!(m_log.payloads(), ["0", "1", "2"]);
-}
-
-/// A backlog holds at most `queue_max_bytes` of payloads: what does not fit is dropped and
-/// counted, and what waits is delivered in order.
-#[tokio::test]
-async fn backlog_bytes_are_bounded() {
-    let b = Broker::new(BrokerConfig {
-        queue_max_bytes: 3,
-        ..Default::default()
-    });
-    let e = expr("jobs/*");
-    let backlog = b.declare_queue("work", &e, 100);
-    let (mut p, _) = open(&b);
-    publish_numbered(&mut p, "jobs/a", 0..5, 0).await; // payloads of 1 byte each
-    assert_eq!((backlog.len(), backlog.dropped()), (3, 2));
-    let (mut m, m_log) = open(&b);
-    m.subscribe(1, e, Some("work"), Qos::default()).unwrap();
-    assert_eq!(m_log.payloads(), ["0", "1", "2"]);
-}
-
-/// A backlog is handed over whatever the outbox budget: nothing is lost and the new member
-/// does not block.
-#[tokio::test]
-async fn backlog_ignores_the_outbox_budget() {
-    let b = Broker::new(BrokerConfig {
-        outbox_bytes: 64,
-        ..Default::default()
-    });
-    let e = expr("jobs/*");
-    let backlog = b.declare_queue("work", &e, 100);
-    let (mut p, _) = open(&b);
-    for c in ['a', 'b', 'c', 'd'] {
-        assert_eq!(publish(&mut p, "jobs/a", fill(c, 50)).await, 0);
+impl Keep {
+    fn new(b: &Broker) -> Arc<Keep> {
+        let (s, _) = open(b);
+        Arc::new(Keep {
+            outbox: s.outbox().clone(),
+            got: std::sync::Mutex::new(Vec::new()),
+        })
     }
-    let (mut m, m_log) = open(&b);
-    m.subscribe(1, e, Some("work"), Qos::BEST_EFFORT_DROP)
-        .unwrap();
-    assert!(backlog.is_empty());
-    assert_eq!(m_log.len(), 4);
-    assert_eq!(m.outbox().backlog().0, 200);
-    assert_eq!(
-        b.stats().dropped.load(std::sync::atomic::Ordering::Relaxed),
-        0
+
+    fn bodies(&self) -> Vec<String> {
+        let got = self.got.lock().unwrap();
+        got.iter()
+            .map(|u| String::from_utf8_lossy(&u.item.msg.payload).into_owned())
+            .collect()
+    }
+}
+
+impl QueueSink for Keep {
+    fn has_credit(&self, _acked: bool) -> bool {
+        true
+    }
+
+    fn outbox(&self) -> &Arc<hayate_broker::Outbox> {
+        &self.outbox
+    }
+
+    fn deliver(&self, d: Delivered<'_>, item: QItem, _to_flush: ToFlush<'_>) -> Option<QItem> {
+        self.got.lock().unwrap().push(Unacked {
+            queue: d.queue.clone(),
+            consumer: d.consumer.cloned(),
+            item,
+        });
+        None
+    }
+}
+
+/// Messages published on an implicit queue's key with no consumer wait, and go to the
+/// first consumer in order, before anything published after it came; when it leaves with
+/// them unacknowledged, they wait again for the next one, in their places. (Ported from
+/// the declared queues' backlog.)
+#[tokio::test]
+async fn an_implicit_queue_keeps_messages_for_its_consumers_in_order() {
+    let b = Broker::default();
+    let (q, made) = b.queue_implicit(&key("jobs/a")).unwrap();
+    assert!(made && !q.config().declared);
+    let (again, made) = b.queue_implicit(&key("jobs/a")).unwrap();
+    assert!(Arc::ptr_eq(&q, &again) && !made);
+    let (mut p, _) = open(&b);
+    publish_numbered(&mut p, "jobs/a", 0..5, 1).await;
+    assert_eq!(q.view().depth, 5);
+
+    let k = Keep::new(&b);
+    let c = Arc::new(QueueConsumer::new(k.clone(), false, false, 0));
+    q.add_consumer(c.clone(), || {}).unwrap();
+    assert_eq!(k.bodies(), ["0", "1", "2", "3", "4"]);
+    publish_numbered(&mut p, "jobs/a", 5..8, 1).await;
+    let want: Vec<String> = (0..8).map(|i| i.to_string()).collect();
+    assert_eq!(k.bodies(), want);
+    assert_eq!((q.view().depth, q.view().unacked), (0, 8));
+
+    // The consumer leaves: what it held goes back, in place, for the next one.
+    assert!(!q.remove_consumer(&c));
+    give_back_all(std::mem::take(&mut *k.got.lock().unwrap()), true);
+    publish_numbered(&mut p, "jobs/a", 8..9, 1).await;
+    assert_eq!((q.view().depth, q.view().unacked), (9, 0));
+    let n = Keep::new(&b);
+    q.add_consumer(
+        Arc::new(QueueConsumer::new(n.clone(), false, false, 0)),
+        || {},
+    )
+    .unwrap();
+    let want: Vec<String> = (0..9).map(|i| i.to_string()).collect();
+    assert_eq!(n.bodies(), want);
+    assert!(
+        n.got.lock().unwrap()[..8]
+            .iter()
+            .all(|u| u.item.redelivered)
     );
+}
+
+/// An implicit queue holds at most `queue_max_length` messages and `queue_max_bytes` body
+/// bytes: further ones are refused and counted; what waits is delivered in order.
+#[tokio::test]
+async fn an_implicit_queue_is_bounded() {
+    for (cfg, kept) in [
+        (
+            BrokerConfig {
+                queue_max_length: 3,
+                ..Default::default()
+            },
+            3,
+        ),
+        (
+            BrokerConfig {
+                queue_max_bytes: 2,
+                ..Default::default()
+            },
+            2,
+        ),
+    ] {
+        let b = Broker::new(cfg);
+        let (q, _) = b.queue_implicit(&key("jobs/a")).unwrap();
+        let (mut p, _) = open(&b);
+        for i in 0..5 {
+            publish(&mut p, "jobs/a", i.to_string()).await; // payloads of 1 byte each
+        }
+        assert_eq!((q.view().depth, q.dropped()), (kept, 5 - kept as u64));
+        let k = Keep::new(&b);
+        q.add_consumer(
+            Arc::new(QueueConsumer::new(k.clone(), false, false, 0)),
+            || {},
+        )
+        .unwrap();
+        let want: Vec<String> = (0..kept).map(|i| i.to_string()).collect();
+        assert_eq!(k.bodies(), want);
+    }
+}
+
+/// A queue there is what a first use finds (an explicit one included), but another
+/// connection's exclusive queue; the broker's table bounds the implicit ones.
+#[tokio::test]
+async fn queue_implicit_finds_the_queue_there() {
+    let b = Broker::default();
+    let id = |n: &str| QueueId {
+        ns: Arc::from(""),
+        name: Arc::from(n),
+    };
+    let memory = b.config().memory.clone();
+    let declared = Queue::new(id("d"), QueueConfig::default(), &memory, None);
+    b.queue_insert(&declared);
+    let (q, made) = b.queue_implicit(&key("d")).unwrap();
+    assert!(Arc::ptr_eq(&q, &declared) && !made);
+    let owned = QueueConfig {
+        owner: Some(7),
+        ..QueueConfig::default()
+    };
+    b.queue_insert(&Queue::new(id("x"), owned, &memory, None));
+    assert_eq!(
+        b.queue_implicit(&key("x")).unwrap_err(),
+        ImplicitError::Exclusive
+    );
+    // Deleted: made again.
+    b.queue_delete(&q);
+    let (again, made) = b.queue_implicit(&key("d")).unwrap();
+    assert!(made && !Arc::ptr_eq(&again, &q));
+    let names: Vec<String> = b.queues().into_iter().map(|v| v.name).collect();
+    assert_eq!(names, ["d", "x"]);
 }
 
 /// `requeue` hands a message to another member of the group, never back to the session
@@ -321,7 +383,7 @@ async fn requeue_goes_to_another_member() {
 }
 
 /// With no other member, `may_return` gives the message back to the same session; without
-/// it, it goes to the declared queue's backlog (or nowhere, when none is declared).
+/// it, it goes nowhere.
 #[tokio::test]
 async fn requeue_with_a_single_member() {
     let b = Broker::default();
@@ -337,25 +399,14 @@ async fn requeue_with_a_single_member() {
         [(5, "jobs/1".to_string(), "nack".to_string())]
     );
 
-    // Not returnable, no queue declared: nowhere to go.
+    // Not returnable: nowhere to go.
     assert!(!within(a.requeue("work", &e, &message, false)).await);
     assert_eq!(a_log.len(), 1);
-
-    // Not returnable, queue declared: waits in the backlog for the next member.
-    let backlog = b.declare_queue("work", &e, 10);
-    assert!(within(a.requeue("work", &e, &message, false)).await);
-    assert_eq!(a_log.len(), 1);
-    assert_eq!(backlog.len(), 1);
-    let (mut n, n_log) = open(&b);
-    n.subscribe(1, e, Some("work"), Qos::default()).unwrap();
-    assert_eq!(n_log.payloads(), ["nack"]);
-    assert!(backlog.is_empty());
 }
 
-/// With no member at all, a requeued message goes to the declared queue's backlog (a
-/// consumer that left with unacknowledged messages).
+/// With no member at all, a requeued message is not placed.
 #[tokio::test]
-async fn requeue_with_no_member_goes_to_the_backlog() {
+async fn requeue_with_no_member_is_not_placed() {
     let b = Broker::default();
     let e = expr("jobs/*");
     let message = msg("jobs/1", "orphan");
@@ -363,16 +414,8 @@ async fn requeue_with_no_member_goes_to_the_backlog() {
     a.subscribe(1, e.clone(), Some("work"), Qos::default())
         .unwrap();
     assert!(a.unsubscribe(1));
-    // No queue declared: not placed.
     assert!(!within(a.requeue("work", &e, &message, true)).await);
-
-    let backlog = b.declare_queue("work", &e, 10);
-    assert!(within(a.requeue("work", &e, &message, true)).await);
-    assert_eq!(backlog.len(), 1);
     assert_eq!(a_log.len(), 0);
-    let (mut n, n_log) = open(&b);
-    n.subscribe(1, e, Some("work"), Qos::default()).unwrap();
-    assert_eq!(n_log.payloads(), ["orphan"]);
 }
 
 /// The publisher's route cache follows subscription changes made by other sessions.
@@ -399,10 +442,10 @@ async fn route_cache_is_invalidated_by_subscription_changes() {
     assert_eq!(b.subscription_count(), 0);
     assert_eq!(publish(&mut p, "k", "5").await, 0);
     assert_eq!(s_log.payloads(), ["2", "4"]);
-    // Declaring a queue changes the route too.
-    let backlog = b.declare_queue("w", &expr("k"), 10);
-    assert_eq!(publish(&mut p, "k", "6").await, 0);
-    assert_eq!(backlog.len(), 1);
+    // Making a queue (its binding) changes the route too.
+    let (q, _) = b.queue_implicit(&key("k")).unwrap();
+    assert_eq!(publish(&mut p, "k", "6").await, 1);
+    assert_eq!(q.view().depth, 1);
 }
 
 /// A session's own subscription counts like any other, and ids are per session.
@@ -428,85 +471,4 @@ async fn subscription_ids_are_per_session() {
             .load(std::sync::atomic::Ordering::Relaxed),
         2
     );
-}
-
-/// A message published to a declared queue while its first member joins must reach that
-/// member. Here the publication is held up by a slow `block` fan-out subscriber on the same
-/// key, so its route (computed before the member joined, with the backlog as the queue's
-/// destination) is used after the member drained the backlog: the message lands in the
-/// backlog and waits for a *second* member, behind later messages.
-#[tokio::test]
-async fn backlog_message_in_flight_when_member_joins_is_not_stranded() {
-    let b = Broker::new(BrokerConfig {
-        outbox_bytes: 100,
-        ..Default::default()
-    });
-    let (mut slow, _) = open(&b);
-    slow.subscribe(1, expr("jobs/a"), None, Qos::default())
-        .unwrap();
-    let (mut p, _) = open(&b);
-    assert_eq!(publish(&mut p, "jobs/a", fill('x', 90)).await, 1);
-    let e = expr("jobs/*");
-    let backlog = b.declare_queue("work", &e, 100);
-
-    let first = msg("jobs/a", "first");
-    let (mut m, m_log) = open(&b);
-    {
-        let fut = p.publish(Batch::One(&first));
-        tokio::pin!(fut);
-        assert_pending(&mut fut).await; // blocked on `slow`
-        m.subscribe(1, e, Some("work"), Qos::default()).unwrap();
-        drain(slow.outbox()).await;
-        within(fut).await;
-    }
-    assert_eq!(publish(&mut p, "jobs/a", "second").await, 2);
-    assert_eq!(
-        backlog.len(),
-        0,
-        "stranded in the backlog although the queue has a member"
-    );
-    assert_eq!(m_log.payloads(), ["first", "second"]);
-}
-
-/// A message for a declared queue whose last member leaves while the publication is under
-/// way must wait in the backlog for the next member. Here the publication is held up by a
-/// slow `block` fan-out subscriber; meanwhile the only member's session is dropped. The
-/// publisher's route (computed while the member existed) still names it; its outbox is
-/// closed, so the group finds no open member: the message must go to the backlog (it was
-/// discarded, uncounted, before this was fixed).
-#[tokio::test]
-async fn queue_message_not_lost_when_last_member_leaves_mid_publication() {
-    let b = Broker::new(BrokerConfig {
-        outbox_bytes: 100,
-        ..Default::default()
-    });
-    let e = expr("jobs/*");
-    let backlog = b.declare_queue("work", &e, 100);
-    let (mut slow, _) = open(&b);
-    slow.subscribe(1, expr("jobs/a"), None, Qos::default())
-        .unwrap();
-    let (mut m, _) = open(&b);
-    m.subscribe(1, e.clone(), Some("work"), Qos::default())
-        .unwrap();
-    let (mut p, _) = open(&b);
-    assert_eq!(publish(&mut p, "jobs/a", fill('x', 90)).await, 2);
-
-    let job = msg("jobs/a", "job");
-    {
-        let fut = p.publish(Batch::One(&job));
-        tokio::pin!(fut);
-        assert_pending(&mut fut).await; // blocked on `slow`
-        drop(m); // the only member leaves
-        drain(slow.outbox()).await;
-        within(fut).await;
-    }
-    let dropped = b.stats().dropped.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(
-        backlog.len() == 1 || dropped == 1,
-        "the job vanished: backlog {}, dropped {dropped}",
-        backlog.len()
-    );
-    let (mut n, n_log) = open(&b);
-    n.subscribe(1, e, Some("work"), Qos::default()).unwrap();
-    assert_eq!(n_log.payloads(), ["job"]);
 }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use common::{drain, expr, fill, open, publish, within};
+use hayate_broker::queue::{Delivered, QItem, QueueConsumer, QueueSink, ToFlush};
 use hayate_broker::{Broker, BrokerConfig, FREE_BYTES};
 use hayate_core::Qos;
 use hayate_flow::memory::{Memory, STEP};
@@ -135,33 +136,58 @@ async fn a_block_publisher_waits_for_the_pool() {
     assert_eq!(b.stats().dropped.load(Ordering::Relaxed), 0);
 }
 
-/// A declared queue without members keeps what the pool has room for and drops the rest;
-/// handing the backlog to the first member frees its share.
+/// Counts what a queue hands it, settled as written.
+#[derive(Debug)]
+struct Count(Arc<hayate_broker::Outbox>, std::sync::atomic::AtomicUsize);
+
+impl QueueSink for Count {
+    fn has_credit(&self, _acked: bool) -> bool {
+        true
+    }
+
+    fn outbox(&self) -> &Arc<hayate_broker::Outbox> {
+        &self.0
+    }
+
+    fn deliver(&self, _d: Delivered<'_>, item: QItem, _to_flush: ToFlush<'_>) -> Option<QItem> {
+        self.1.fetch_add(1, Ordering::Relaxed);
+        Some(item)
+    }
+}
+
+/// An implicit queue without consumers keeps what the pool has room for and refuses the
+/// rest (counted); handing its messages to a consumer frees its share. (Ported from the
+/// declared queues' backlog.)
 #[tokio::test]
-async fn a_declared_queue_draws_on_the_pool() {
+async fn an_implicit_queue_draws_on_the_pool() {
     let pool = Memory::new(2 * STEP);
     let b = Broker::new(BrokerConfig {
         queue_max_bytes: 0,
+        queue_max_length: 1_000_000,
         memory: pool.clone(),
         ..Default::default()
     });
-    let e = expr("jobs/*");
-    let backlog = b.declare_queue("work", &e, 1_000_000);
+    let (q, _) = b
+        .queue_implicit(&hayate_core::Key::new("jobs/a").unwrap())
+        .unwrap();
     let (mut p, _) = open(&b);
     for _ in 0..20 {
         publish(&mut p, "jobs/a", fill('j', KB64)).await;
     }
-    let kept = backlog.len();
-    assert_eq!(
-        kept,
-        (2 * STEP) / (KB64 + "jobs/a".len()),
-        "what the pool covers"
+    let kept = q.view().depth;
+    assert!(
+        kept >= 1 && kept <= (2 * STEP) / KB64,
+        "what the pool covers: {kept}"
     );
-    assert_eq!(backlog.dropped() as usize, 20 - kept);
+    assert_eq!(q.dropped() as usize, 20 - kept);
     assert!(pool.used() <= pool.limit());
-    let (mut m, m_log) = open(&b);
-    m.subscribe(1, e, Some("work"), Qos::default()).unwrap();
-    assert_eq!(m_log.payloads().len(), kept);
-    drain(m.outbox()).await;
+    let (m, _) = open(&b);
+    let sink = Arc::new(Count(m.outbox().clone(), Default::default()));
+    q.add_consumer(
+        Arc::new(QueueConsumer::new(sink.clone(), true, false, 0)),
+        || {},
+    )
+    .unwrap();
+    assert_eq!(sink.1.load(Ordering::Relaxed), kept);
     assert_eq!(pool.used(), 0);
 }

@@ -314,7 +314,19 @@ impl Client {
     /// Unacknowledged messages go to another member when this subscription or connection
     /// ends, and again after the consumer's `ack_wait_ms`.
     pub async fn consume(&self, stream: &str, consumer: &str) -> Result<Subscription> {
-        self.inner.consume(stream, consumer)
+        self.inner.consume(stream, consumer, 0)
+    }
+
+    /// Consumes the broker's queue `name` (the one AMQP's vhost `/` and STOMP's
+    /// `/queue/<name>` name too; made, in memory, if there is none): each message goes to
+    /// one of the queue's consumers, whatever their protocol, and arrives here with
+    /// `attrs.redelivered` set when it was delivered before. At most `prefetch`
+    /// (1 to `limits.max_unacked`; 0: `limits.max_unacked`) wait unacknowledged here;
+    /// acknowledge each with [`Client::ack`] (or [`Client::ack_through`]), or put it back
+    /// in its place with [`Client::nack`] (another consumer may get it). Unacknowledged
+    /// messages go back to the queue when this subscription or connection ends.
+    pub async fn consume_queue(&self, name: &str, prefetch: u32) -> Result<Subscription> {
+        self.inner.consume("", name, prefetch)
     }
 
     /// Acknowledges `msg` and every delivery of this connection received before it.

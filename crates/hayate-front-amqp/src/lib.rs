@@ -603,6 +603,34 @@ impl Amqp {
         q
     }
 
+    /// Queue `name` of `vhost` as the broker has it without AMQP knowing it: an implicit
+    /// queue (made by a first use from STOMP's `/queue/<name>` or a native CONSUME, in the
+    /// namespace of vhost `/`). It enters the vhost's registry as it is (its settings,
+    /// messages, consumers and binding to its key kept; no AMQP argument applies), so it
+    /// is declared, consumed, bound and deleted as any; `None` when there is none.
+    pub(crate) fn adopt_implicit(&self, vhost: &Arc<VHost>, name: &str) -> Option<Arc<Queue>> {
+        let id = hayate_broker::queue::QueueId {
+            ns: Arc::from(vhost.ns()),
+            name: Arc::from(name),
+        };
+        let core = self.broker.queue(&id).filter(|q| !q.config().declared)?;
+        let mut reg = lock(&vhost.registry);
+        if let Some(q) = reg.queues.get(name).filter(|q| !q.is_deleted()) {
+            return Some(q.clone());
+        }
+        let q = Queue::new(
+            vhost.clone(),
+            name.to_string(),
+            queue::QueueArgs::default(),
+            core,
+            self.broker.clone(),
+            None,
+        );
+        q.attach();
+        reg.queues.insert(name.to_string(), q.clone());
+        Some(q)
+    }
+
     /// Opens every virtual host's store under `<data>/amqp/` and puts back what they kept:
     /// durable exchanges, durable queues with their bindings, and the persistent messages
     /// they held (marked redelivered). Without a data directory nothing is kept.

@@ -9,7 +9,7 @@ use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 
 use hayate_broker::{Batch, Broker, Delivery, Encoder, OutBuf, Outbox, Session, Settle, Stored};
-use hayate_core::{Key, Message};
+use hayate_core::{Key, KeyExpr, Message};
 use hayate_native::{HELLO_SHM, HelloAuth};
 
 use hayate_front::auth::{Authenticator, Credentials, Identity};
@@ -371,8 +371,8 @@ impl Native {
         Ok(())
     }
 
-    /// Joins consumer `name` of `stream` as subscription `sid`.
-    fn consume(&mut self, sid: u32, stream: &str, name: &str) -> Result<(), End> {
+    /// May the connection join one more consumer or queue as `sid`?
+    fn may_join(&self, sid: u32) -> Result<(), End> {
         let bad = |m: String| End::Error(ErrorCode::BadConsumer, m);
         if self.consumers.contains(sid) || self.session.has_subscription(sid) {
             return Err(bad(format!("subscription id {sid} is already in use")));
@@ -383,6 +383,53 @@ impl Native {
                 frontend::MAX_MEMBERSHIPS
             )));
         }
+        Ok(())
+    }
+
+    /// Consumes queue `name` (of the default namespace: AMQP vhost `/`'s, STOMP's
+    /// `/queue/<name>`; made implicitly if there is none) as subscription `sid`, with at
+    /// most `prefetch` unacknowledged (0: `limits.max_unacked`, and never more).
+    fn consume_queue(&mut self, sid: u32, name: &str, prefetch: u32) -> Result<(), End> {
+        let bad = |m: String| End::Error(ErrorCode::BadConsumer, m);
+        self.may_join(sid)?;
+        let key = Key::new(name).map_err(|e| bad(format!("no queue {name:?}: {e}")))?;
+        if hayate_core::is_inbox_key(name) {
+            return Err(bad(format!("no queue {name:?}: a reply inbox")));
+        }
+        // A queue's consumer serves all of its key (as a STOMP or AMQP consumer).
+        let expr = KeyExpr::new(name).map_err(|e| bad(format!("no queue {name:?}: {e}")))?;
+        if !self.identity.access.may_read_all(&expr, true) {
+            return Err(End::Error(
+                ErrorCode::NotAuthorized,
+                format!("not authorized: serve {name}"),
+            ));
+        }
+        let (queue, _) = self
+            .session
+            .broker()
+            .queue_implicit(&key)
+            .map_err(|e| bad(format!("queue {name}: {e}")))?;
+        let most = self.session.broker().config().max_unacked.max(1);
+        let prefetch = match prefetch as usize {
+            0 => most,
+            n => n.min(most),
+        };
+        if !self
+            .consumers
+            .join_queue(&self.session, sid, queue, false, prefetch)
+        {
+            return Err(bad(format!(
+                "queue {name}: deleted, or it has an exclusive consumer"
+            )));
+        }
+        self.session.mark_own_output();
+        Ok(())
+    }
+
+    /// Joins consumer `name` of `stream` as subscription `sid`.
+    fn consume(&mut self, sid: u32, stream: &str, name: &str) -> Result<(), End> {
+        let bad = |m: String| End::Error(ErrorCode::BadConsumer, m);
+        self.may_join(sid)?;
         let s = self
             .session
             .broker()
@@ -422,6 +469,13 @@ impl Handler for Native {
                     sid,
                     stream,
                     consumer,
+                    prefetch,
+                } if stream.is_empty() => return self.consume_queue(sid, &consumer, prefetch),
+                Frame::Consume {
+                    sid,
+                    stream,
+                    consumer,
+                    ..
                 } => return self.consume(sid, &stream, &consumer),
                 Frame::Unsub { sid } if self.consumers.contains(sid) => {
                     self.consumers.leave(&self.session, sid).await;

@@ -20,14 +20,16 @@
 //!   prologue ([`Serving::open`], [`Serving::attach`]), the login ([`Peer::login`]) and the
 //!   epilogue ([`Serving::close`]); and [`PublishOnly`], the encoder of a session that only
 //!   publishes.
-//! - `subs`: each connection's subscription table ([`SubTable`]) and stream-consumer
-//!   memberships ([`Memberships`]).
+//! - `subs`: each connection's subscription table ([`SubTable`]) and its memberships of
+//!   stream consumers and queues ([`Memberships`]).
+//! - [`queues`]: a connection's consumers of the engine's queues ([`queues::OutboxSink`]).
 //! - `checks`: the permission checks every front-end goes through ([`check_publish`],
 //!   [`subscribe_checked`], [`check_consume`], [`check_stream_api`]).
 
 pub mod auth;
 pub mod config;
 pub mod ops;
+pub mod queues;
 pub mod tls;
 
 mod checks;

@@ -1,5 +1,5 @@
 //! A connection's subscriptions: its protocol's names for them ([`SubTable`]) and its
-//! memberships of stream consumers ([`Memberships`]).
+//! memberships of stream consumers and queues ([`Memberships`]).
 
 /// A connection's subscriptions as its protocol names them (an MQTT filter, a STOMP
 /// subscription id), each with the broker subscription id it was given. Set the protocol's
@@ -45,16 +45,22 @@ impl SubTable {
 /// Most consumer memberships one connection may hold (each is a task).
 pub const MAX_MEMBERSHIPS: usize = 256;
 
-/// A connection's memberships of stream consumers, by broker subscription id: the task that
-/// delivers each consumer's messages into the session's outbox, and the mapping of the
-/// protocol's acknowledgements back to the consumers. Shared by every front-end that joins
-/// consumers (native CONSUME, STOMP `/queue/` on a stream).
+/// A connection's memberships of stream consumers and queues, by broker subscription id:
+/// the task that delivers each stream consumer's messages into the session's outbox (a
+/// queue writes its own, through [`crate::queues::OutboxSink`]), and the mapping of the
+/// protocol's acknowledgements back to the consumers and queues. Shared by every
+/// front-end that joins them (native CONSUME, STOMP `/queue/`).
 #[derive(Default)]
 pub struct Memberships {
     members: std::collections::HashMap<u32, Member>,
 }
 
-struct Member {
+enum Member {
+    Stream(StreamMember),
+    Queue(crate::queues::QueueMember),
+}
+
+struct StreamMember {
     consumer: std::sync::Arc<hayate_broker::Consumer>,
     task: tokio::task::JoinHandle<()>,
     claimed: hayate_broker::stream::member::Claimed,
@@ -103,21 +109,54 @@ impl Memberships {
         ));
         self.members.insert(
             sid,
-            Member {
+            Member::Stream(StreamMember {
                 consumer,
                 task,
                 claimed,
-            },
+            }),
         );
     }
 
-    /// Leaves the consumer of `sid`: its task stops (awaited: an aborted task may run on
-    /// another thread until its next await), and what it held here goes back to the
-    /// consumer for another member, at once.
+    /// Joins `queue` as subscription `sid` of `session`: acknowledged deliveries (at most
+    /// `prefetch` unacknowledged, 0: no limit), or with `auto_ack` plain ones, settled as
+    /// written. False: the queue is deleted, or has an exclusive consumer.
+    pub fn join_queue(
+        &mut self,
+        session: &hayate_broker::Session,
+        sid: u32,
+        queue: std::sync::Arc<hayate_broker::queue::Queue>,
+        auto_ack: bool,
+        prefetch: usize,
+    ) -> bool {
+        match crate::queues::QueueMember::join(session.outbox(), sid, queue, auto_ack, prefetch) {
+            Ok(m) => {
+                self.members.insert(sid, Member::Queue(m));
+                true
+            }
+            Err(()) => false,
+        }
+    }
+
+    /// The queue subscription `sid` consumes, if it is a queue membership.
+    pub fn queue_of(&self, sid: u32) -> Option<&std::sync::Arc<hayate_broker::queue::Queue>> {
+        match self.members.get(&sid) {
+            Some(Member::Queue(m)) => Some(&m.queue),
+            _ => None,
+        }
+    }
+
+    /// Leaves the consumer or queue of `sid`: a stream consumer's task stops (awaited: an
+    /// aborted task may run on another thread until its next await), and what it held here
+    /// goes back to the consumer or queue for another member, at once.
     pub async fn leave(&mut self, session: &hayate_broker::Session, sid: u32) -> bool {
         use hayate_broker::stream::member;
-        let Some(m) = self.members.remove(&sid) else {
-            return false;
+        let m = match self.members.remove(&sid) {
+            None => return false,
+            Some(Member::Queue(q)) => {
+                q.leave(session.broker(), session.outbox());
+                return true;
+            }
+            Some(Member::Stream(m)) => m,
         };
         m.task.abort();
         let _ = m.task.await;
@@ -148,23 +187,35 @@ impl Memberships {
         }
     }
 
-    /// Applies settled deliveries that belong to consumers (an ACK, or with `nack_delay` a
-    /// NACK to be delivered again after that long); returns the others.
+    /// Applies settled deliveries that belong to consumers and queues (an ACK, or with
+    /// `nack_delay` a NACK: a stream consumer delivers it again after that long, a queue
+    /// puts it back in its place at once); returns the others.
     pub fn settle(
         &self,
         settled: Vec<hayate_broker::Delivery>,
         nack_delay: Option<std::time::Duration>,
     ) -> Vec<hayate_broker::Delivery> {
         let mut rest = Vec::new();
+        let mut back = Vec::new();
         for d in settled {
             match (self.members.get(&d.sid), d.msg.attrs.stream_offset) {
-                (Some(m), Some(o)) => match nack_delay {
+                (Some(Member::Stream(m)), Some(o)) => match nack_delay {
                     None => m.consumer.ack(o),
                     Some(delay) => m.consumer.give_back(o, d.msg.attrs.deliveries, delay),
                 },
+                (Some(Member::Queue(q)), Some(_)) => {
+                    if let Some(u) = q.take(&d) {
+                        match nack_delay {
+                            None => u.queue.clone().settled(&u),
+                            Some(_) => back.push(u),
+                        }
+                    }
+                }
                 _ => rest.push(d),
             }
         }
+        // All back in place before any is delivered again (their original order).
+        hayate_broker::queue::give_back_all(back, true);
         rest
     }
 }

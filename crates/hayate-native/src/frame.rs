@@ -264,15 +264,19 @@ pub enum Frame {
         /// The message.
         msg: Message,
     },
-    /// Join a stream's durable consumer as a member: its messages arrive as MSG_ACKED on
-    /// subscription `sid`, shared with the consumer's other members.
+    /// Join a stream's durable consumer as a member (or, with an empty `stream`, consume
+    /// the broker's queue `consumer`): its messages arrive as MSG_ACKED on subscription
+    /// `sid`, shared with the consumer's (the queue's) other members.
     Consume {
         /// Client-chosen subscription id (as for SUB).
         sid: u32,
-        /// The stream.
+        /// The stream (empty: a queue).
         stream: String,
-        /// The consumer (created beforehand through the stream API).
+        /// The consumer (created beforehand through the stream API), or the queue.
         consumer: String,
+        /// A queue's most unacknowledged deliveries to this member (0: absent on the wire,
+        /// `limits.max_unacked`); ignored for a stream's consumer.
+        prefetch: u32,
     },
     /// The answer to PUB_CONFIRM.
     Confirm {

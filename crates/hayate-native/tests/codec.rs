@@ -152,11 +152,14 @@ fn frame() -> impl Strategy<Value = Frame> {
         (any::<u64>(), any::<u32>())
             .prop_map(|(delivery, delay_ms)| Frame::Nack { delivery, delay_ms }),
         (any::<u64>(), message()).prop_map(|(id, msg)| Frame::PubConfirm { id, msg }),
-        (any::<u32>(), text(20), text(20)).prop_map(|(sid, stream, consumer)| Frame::Consume {
-            sid,
-            stream,
-            consumer
-        }),
+        (any::<u32>(), text(20), text(20), any::<u32>()).prop_map(
+            |(sid, stream, consumer, prefetch)| Frame::Consume {
+                sid,
+                stream,
+                consumer,
+                prefetch
+            }
+        ),
         (
             any::<u32>(),
             any::<u64>(),

@@ -296,6 +296,7 @@ impl Server {
             shared_consumers: vec![crate::stomp::QUEUE_CONSUMER_PREFIX.to_owned()],
             max_subscriptions: config.limits.max_subscriptions,
             queue_max_bytes: usize::try_from(config.stomp.queue_max_bytes).unwrap_or(usize::MAX),
+            queue_max_length: config.stomp.queue_max_backlog,
             memory: memory.clone(),
         });
         let auth: Arc<dyn Authenticator> = match ConfigAuth::from_section(&config.auth) {

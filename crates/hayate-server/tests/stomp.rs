@@ -448,12 +448,7 @@ async fn refused_sends_and_subscriptions_declare_no_queue() {
             .body("ok"),
     )
     .await;
-    let names: Vec<String> = b
-        .broker
-        .declared_queues()
-        .into_iter()
-        .map(|q| q.0.to_string())
-        .collect();
+    let names: Vec<String> = b.broker.queues().into_iter().map(|q| q.name).collect();
     assert!(names.iter().any(|n| n.contains("mine/q")), "{names:?}");
     assert!(
         !names

@@ -269,10 +269,25 @@ pub(crate) struct PubArgs {
 #[derive(Debug, Args)]
 pub(crate) struct SubArgs {
     /// Key expression: `*` is one segment, `**` any number.
-    pub(crate) expr: String,
+    #[arg(required_unless_present = "queue")]
+    pub(crate) expr: Option<String>,
     /// Join this queue group (each message goes to one member).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "queue")]
     pub(crate) group: Option<String>,
+    /// Consume the broker's queue NAME instead (AMQP vhost `/`'s queue NAME, STOMP's
+    /// `/queue/NAME`; made in memory if there is none): each line printed is
+    /// `DELIVERY<TAB>new|redelivered<TAB>PAYLOAD`.
+    #[arg(long, value_name = "NAME", conflicts_with = "peer")]
+    pub(crate) queue: Option<String>,
+    /// With --queue: `auto` acknowledges each message once printed; `stdin` reads lines
+    /// `ack N`, `nack N` (put back in its place, for any consumer) and `ackall N`
+    /// (every delivery up to N) from standard input.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "stdin"], requires = "queue")]
+    pub(crate) ack: String,
+    /// With --queue: most messages unacknowledged at once (0: the broker's
+    /// limits.max_unacked).
+    #[arg(long, default_value_t = 0, requires = "queue")]
+    pub(crate) prefetch: u32,
     /// Exit after this many messages (0 = never).
     #[arg(long, default_value_t = 0)]
     pub(crate) count: u64,

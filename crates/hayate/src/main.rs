@@ -4,6 +4,7 @@ mod bench;
 mod cli;
 mod durable;
 mod logging;
+mod queue_sub;
 mod stream;
 mod top;
 mod user;
@@ -353,16 +354,21 @@ async fn publish(a: cli::PubArgs) -> Result<()> {
 }
 
 async fn subscribe(a: cli::SubArgs) -> Result<()> {
+    if let Some(q) = &a.queue {
+        let c = connect(&a.server, &a.auth, "hayate-sub").await?;
+        return queue_sub::run(&c, q, &a).await;
+    }
+    let expr = a.expr.clone().unwrap_or_default();
     let options = SubscribeOptions {
         group: a.group.clone(),
         qos: Default::default(),
     };
     if a.peer.peer {
         let node = hayate_client::peer::Node::start(a.peer.options(a.auth.shm)).await?;
-        let mut sub = node.subscribe_with(&a.expr, options).await?;
+        let mut sub = node.subscribe_with(&expr, options).await?;
         eprintln!(
             "subscribed to {} as peer node {:016x} on {}",
-            a.expr,
+            expr,
             node.id(),
             node.local_addr()
         );
@@ -380,7 +386,7 @@ async fn subscribe(a: cli::SubArgs) -> Result<()> {
     let c = connect(&a.server, &a.auth, "hayate-sub").await?;
     let mut sub = c
         .subscribe_with(
-            &a.expr,
+            &expr,
             SubscribeOptions {
                 group: a.group.clone(),
                 qos: Default::default(),
@@ -388,7 +394,7 @@ async fn subscribe(a: cli::SubArgs) -> Result<()> {
         )
         .await?;
     c.flush().await?;
-    eprintln!("subscribed to {}", a.expr);
+    eprintln!("subscribed to {expr}");
     let mut n = 0u64;
     while a.count == 0 || n < a.count {
         let Some(m) = sub.next().await else {

@@ -383,19 +383,11 @@ fn draw_listeners(f: &mut Frame, area: Rect, d: &Value) {
     );
 }
 
-/// The connections, busiest first (left), and each stream consumer's lag (right).
-fn draw_connections(f: &mut Frame, area: Rect, d: &Value) {
-    let mut conns: Vec<&Value> = d["connections"]
-        .as_array()
-        .map_or(Vec::new(), |v| v.iter().collect());
-    // The busiest first.
-    conns.sort_by(|a, b| {
-        let load = |c: &Value| num(&c["msgs_in_rate"]) + num(&c["msgs_out_rate"]);
-        load(b).total_cmp(&load(a))
-    });
-    let bottom = Layout::default()
-        .direction(Direction::Horizontal)
-        .constraints([Constraint::Percentage(72), Constraint::Percentage(28)])
+/// Each stream consumer's lag (above) and the deepest queues of every protocol (below).
+fn draw_side(f: &mut Frame, area: Rect, d: &Value) {
+    let side = Layout::default()
+        .direction(Direction::Vertical)
+        .constraints([Constraint::Percentage(50), Constraint::Percentage(50)])
         .split(area);
     let mut lag = Vec::new();
     for s in d["streams"].as_array().map_or(&[][..], Vec::as_slice) {
@@ -413,12 +405,52 @@ fn draw_connections(f: &mut Frame, area: Rect, d: &Value) {
     }
     table(
         f,
-        bottom[1],
+        side[0],
         " streams: consumer lag ",
         &["stream", "consumer", "lag"],
         &[12, 12, 8],
         lag.into_iter(),
     );
+    table(
+        f,
+        side[1],
+        " queues (deepest first) ",
+        &["queue", "depth", "unacked", "cons"],
+        &[14, 7, 7, 4],
+        d["queues"]
+            .as_array()
+            .map_or(&[][..], Vec::as_slice)
+            .iter()
+            .map(|q| {
+                let name = match q["ns"].as_str() {
+                    Some(ns) if !ns.is_empty() => format!("{ns}:{}", text(&q["name"])),
+                    _ => text(&q["name"]),
+                };
+                vec![
+                    name,
+                    text(&q["depth"]),
+                    text(&q["unacked"]),
+                    text(&q["consumers"]),
+                ]
+            }),
+    );
+}
+
+/// The connections, busiest first (left); streams and queues (right).
+fn draw_connections(f: &mut Frame, area: Rect, d: &Value) {
+    let mut conns: Vec<&Value> = d["connections"]
+        .as_array()
+        .map_or(Vec::new(), |v| v.iter().collect());
+    // The busiest first.
+    conns.sort_by(|a, b| {
+        let load = |c: &Value| num(&c["msgs_in_rate"]) + num(&c["msgs_out_rate"]);
+        load(b).total_cmp(&load(a))
+    });
+    let bottom = Layout::default()
+        .direction(Direction::Horizontal)
+        .constraints([Constraint::Percentage(72), Constraint::Percentage(28)])
+        .split(area);
+    draw_side(f, bottom[1], d);
     table(
         f,
         bottom[0],
@@ -491,7 +523,8 @@ mod tests {
             "connections": [{"id": 7, "protocol": "mqtt", "peer": "127.0.0.1:5000", "user": null,
                              "client_id": "probe-42", "subscriptions": 2, "outbox_bytes": 0,
                              "msgs_in_rate": 1500.0, "msgs_out_rate": 3000.0}],
-            "queue_dropped": 0
+            "queue_dropped": 0,
+            "queues": [{"ns": "", "name": "jobs", "depth": 10, "unacked": 3, "consumers": 3}]
         });
         let mut t = ratatui::Terminal::new(ratatui::backend::TestBackend::new(120, 30)).unwrap();
         t.draw(|f| draw(f, "127.0.0.1:4780", Ok(&d))).unwrap();
@@ -506,6 +539,8 @@ mod tests {
             "sensors/room1",
             "probe-42",
             "mqtt",
+            "queues",
+            "jobs",
         ] {
             assert!(screen.contains(want), "{want} missing from\n{screen}");
         }

@@ -95,22 +95,36 @@ pub struct Unacked {
 /// Gives back deliveries taken together (a nack of several, a recover, a channel closed):
 /// each goes back to its place in its queue, redelivered (`requeue`), or is
 /// dead-lettered, and only once all are back does each queue dispatch (once). So they are
-/// redelivered in their original order whatever order they come in.
+/// redelivered in their original order whatever order they come in. The consumer that gave
+/// them back is the last one its queue's round robin offers them to (a NACK reaches
+/// another consumer when one has credit).
 pub fn give_back_all(items: impl IntoIterator<Item = Unacked>, requeue: bool) {
-    let mut queues: Vec<Arc<Queue>> = Vec::new();
+    let mut queues: Vec<(Arc<Queue>, Option<Arc<QueueConsumer>>)> = Vec::new();
     for u in items {
-        if !queues.iter().any(|q| Arc::ptr_eq(q, &u.queue)) {
-            queues.push(u.queue.clone());
+        match queues.iter_mut().find(|(q, _)| Arc::ptr_eq(q, &u.queue)) {
+            Some((_, c)) => c.clone_from(&u.consumer),
+            None => queues.push((u.queue.clone(), u.consumer.clone())),
         }
         let q = u.queue.clone();
         q.take_back(u, requeue);
     }
-    for q in queues {
+    for (q, c) in queues {
+        if let Some(c) = c {
+            q.turn_after(&c);
+        }
         q.dispatch();
     }
 }
 
 impl Queue {
+    /// The round robin's next turn is the consumer after `c` (if `c` is a consumer).
+    fn turn_after(&self, c: &Arc<QueueConsumer>) {
+        let mut st = lock(&self.st);
+        if let Some(i) = st.consumers.iter().position(|o| Arc::ptr_eq(o, c)) {
+            st.next = (i + 1) % st.consumers.len();
+        }
+    }
+
     /// Delivers what it can now.
     pub fn dispatch(self: &Arc<Self>) {
         let mut st = lock(&self.st);

@@ -50,7 +50,7 @@ pub use dispatch::{
 };
 pub use limits::Offered;
 use ready::Ready;
-pub use registry::QueueView;
+pub use registry::{ImplicitError, MAX_IMPLICIT_QUEUES, QueueView};
 
 /// A queue's name: its namespace (`""`: the default one) and its name there.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -333,6 +333,18 @@ impl Queue {
     /// Sets what deletes the queue when it expires (once).
     pub fn set_on_expired(&self, f: Box<dyn Fn() + Send + Sync>) {
         let _ = self.on_expired.set(f);
+    }
+
+    /// Deletes the queue as its expiry does (through what [`Queue::set_on_expired`] set,
+    /// else out of `broker`'s table): an auto-delete queue whose last consumer left through
+    /// another front-end than the one that made it.
+    pub fn delete_unused(self: &Arc<Self>, broker: &crate::Broker) {
+        match self.on_expired.get() {
+            Some(f) => f(),
+            None => {
+                broker.queue_delete(self);
+            }
+        }
     }
 
     /// A new message for this queue: its priority (a `priority` header, at most the

@@ -1,12 +1,38 @@
-//! The broker's table of queues: every queue a front-end made, by [`QueueId`], and what
-//! [`Broker::queues`] lists of each ([`QueueView`]).
+//! The broker's table of queues: every queue a front-end made, by [`QueueId`], what
+//! [`Broker::queues`] lists of each ([`QueueView`]), and the implicit queues of the
+//! default namespace ([`Broker::queue_implicit`]).
 
 use std::sync::Arc;
 
 use hayate_core::sync::lock;
+use hayate_core::{Key, KeyExpr};
 
-use super::{Queue, QueueId};
+use super::{Overflow, Queue, QueueConfig, QueueId};
 use crate::Broker;
+
+/// Most queues the broker's table holds for [`Broker::queue_implicit`] to make one more.
+pub const MAX_IMPLICIT_QUEUES: usize = 10_000;
+
+/// Why [`Broker::queue_implicit`] made no queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImplicitError {
+    /// The table holds [`MAX_IMPLICIT_QUEUES`] queues.
+    TooMany,
+    /// The queue there is exclusive to a connection.
+    Exclusive,
+    /// The key is no expression (cannot be bound).
+    BadName(String),
+}
+
+impl std::fmt::Display for ImplicitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ImplicitError::TooMany => write!(f, "the broker holds {MAX_IMPLICIT_QUEUES} queues"),
+            ImplicitError::Exclusive => f.write_str("the queue is exclusive to a connection"),
+            ImplicitError::BadName(e) => write!(f, "not a queue name: {e}"),
+        }
+    }
+}
 
 /// One queue, as [`Broker::queues`] lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +101,54 @@ impl Broker {
         }
         self.queue_unbind_all(q);
         q.delete()
+    }
+
+    /// Queue `key` of the default namespace (`""`: AMQP vhost `/`, STOMP `/queue/<key>`,
+    /// native CONSUME), as a first use by STOMP or the native protocol finds it: the one
+    /// there (declared by AMQP or made by an earlier use), or else a new *implicit* queue
+    /// (`declared: false`, in memory, at most [`BrokerConfig::queue_max_length`] messages
+    /// and [`BrokerConfig::queue_max_bytes`] body bytes ready, reject-publish) bound to
+    /// `key` (its default binding: whatever is published on `key` enters it). An implicit
+    /// queue lives until deleted. True when it was made now.
+    ///
+    /// [`BrokerConfig::queue_max_length`]: crate::BrokerConfig::queue_max_length
+    /// [`BrokerConfig::queue_max_bytes`]: crate::BrokerConfig::queue_max_bytes
+    pub fn queue_implicit(&self, key: &Key) -> Result<(Arc<Queue>, bool), ImplicitError> {
+        let id = QueueId {
+            ns: Arc::from(""),
+            name: Arc::from(key.as_str()),
+        };
+        let found = |q: Arc<Queue>| match q.config().owner {
+            Some(_) => Err(ImplicitError::Exclusive),
+            None => Ok((q, false)),
+        };
+        if let Some(q) = self.queue(&id) {
+            return found(q);
+        }
+        let expr = KeyExpr::new(key.as_str()).map_err(|e| ImplicitError::BadName(e.to_string()))?;
+        let c = self.config();
+        let cfg = QueueConfig {
+            max_length: Some(c.queue_max_length),
+            max_body_bytes: (c.queue_max_bytes > 0).then_some(c.queue_max_bytes),
+            overflow: Overflow::RejectPublish,
+            declared: false,
+            ..QueueConfig::default()
+        };
+        let q = {
+            let mut t = lock(&self.shared.queues);
+            if let Some(q) = t.get(&id).filter(|q| !q.is_deleted()).cloned() {
+                drop(t);
+                return found(q);
+            }
+            if t.len() >= MAX_IMPLICIT_QUEUES {
+                return Err(ImplicitError::TooMany);
+            }
+            let q = Queue::new(id.clone(), cfg, &c.memory, None);
+            t.insert(id, q.clone());
+            q
+        };
+        self.queue_bind(&q, expr, None, None);
+        Ok((q, true))
     }
 
     /// Every queue, by namespace and name.

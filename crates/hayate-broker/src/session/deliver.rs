@@ -16,7 +16,6 @@ use crate::route::Target;
 impl Session {
     pub(super) async fn deliver_group(
         &mut self,
-        id: &str,
         rr: &RoundRobin,
         members: &[Target],
         batch: Batch<'_>,
@@ -48,19 +47,13 @@ impl Session {
             }
             if !done {
                 // Every member went away while this was routed (their sessions closed): what
-                // is left waits in the group's declared queue, or is counted as unplaced.
+                // is left is counted as unplaced.
                 let rest = batch.slice(i, batch.len());
-                let backlog = self.broker.read().queues.get(id).map(|(_, b)| b.clone());
-                match backlog {
-                    Some(b) => b.push(rest),
-                    None => {
-                        self.broker
-                            .shared
-                            .stats
-                            .unplaced
-                            .fetch_add(rest.len() as u64, Ordering::Relaxed);
-                    }
-                }
+                self.broker
+                    .shared
+                    .stats
+                    .unplaced
+                    .fetch_add(rest.len() as u64, Ordering::Relaxed);
                 break;
             }
             i += 1;

@@ -12,7 +12,6 @@ use hayate_core::route::RouteCache;
 use hayate_core::{Key, KeyExpr, Qos};
 
 use crate::Batch;
-use crate::backlog::group_id;
 use crate::broker::{Broker, SubEntry, SubscribeError, To, remove_sub};
 use crate::outbox::{Delivery, Outbox};
 use crate::queue::Routed;
@@ -175,33 +174,15 @@ impl Session {
                 guard: guard.clone(),
             },
         );
-        // A declared queue's waiting messages go to its first member, before anything
-        // routed after this change (still under the write lock).
-        let mut drained = false;
-        if let Some(g) = &group
-            && let Some((_, backlog)) = reg.queues.get(g)
-        {
-            for m in backlog.open() {
-                if guard.as_ref().is_some_and(|g| !g.admits(&m.key)) {
-                    continue; // not this member's to read: dropped, as a route would skip it
-                }
-                self.outbox.force_unbudgeted(sid, 0, Batch::One(&m));
-                drained = true;
-            }
-        }
         self.broker.bump();
         drop(reg);
-        if drained {
-            self.mark_own_output();
-        }
         self.subs.insert(sid, (expr, group));
         Ok(())
     }
 
     /// Gives `msg` back to queue group `group` on `expr`: it goes to another member than
-    /// this session (round-robin), to this session's own membership when it is the only
-    /// member and `may_return` (a NACK), or else to the queue's backlog (a message left
-    /// unacknowledged by a consumer that is going away). Returns whether it was placed.
+    /// this session (round-robin), or to this session's own membership when it is the only
+    /// member and `may_return` (a NACK). Returns whether it was placed.
     pub async fn requeue(
         &mut self,
         group: &str,
@@ -229,27 +210,20 @@ impl Session {
             };
             if !members.is_empty()
                 && self
-                    .deliver_group(&g.id, &g.rr, &members, Batch::One(msg), false)
+                    .deliver_group(&g.rr, &members, Batch::One(msg), false)
                     .await
                     > 0
             {
                 return true;
             }
         }
-        let backlog = self.broker.read().queues.get(id).map(|(_, b)| b.clone());
-        match backlog {
-            Some(b) => {
-                b.push(Batch::One(msg));
-                true
-            }
-            None => false,
-        }
+        false
     }
 
     /// Gives back delivery `d` of an acknowledged subscription of this session (a NACK when
     /// `nack`, or unacknowledged when the subscription or the connection ends): a queue
     /// group's message goes to another member (or back to this one on a NACK when it is the
-    /// only member, or to the queue's backlog); a fan-out message is delivered again to the
+    /// only member); a fan-out message is delivered again to the
     /// same subscription on a NACK, and dropped when the subscriber goes away. Returns
     /// whether it was placed (counted in `BrokerStats::unplaced` when not).
     pub async fn give_back(&mut self, mut d: Delivery, nack: bool) -> bool {
@@ -359,7 +333,7 @@ impl Session {
             }
         }
         delivered += self.offer_queues(&route, batch);
-        if route.to.groups.is_empty() && route.backlogs.is_empty() {
+        if route.to.groups.is_empty() {
             self.probe = None;
             return Ok(delivered);
         }
@@ -475,30 +449,11 @@ impl Session {
         delivered
     }
 
-    /// Delivers `batch` to `route`'s queue groups (one member each) and declared queues.
+    /// Delivers `batch` to `route`'s queue groups (one member each).
     async fn deliver_queues(&mut self, route: &Route, batch: Batch<'_>) -> usize {
         let mut delivered = 0;
         for g in &route.to.groups {
-            delivered += self
-                .deliver_group(&g.id, &g.rr, &g.members, batch, true)
-                .await;
-        }
-        for b in &route.backlogs {
-            if b.park(batch) {
-                continue;
-            }
-            // The queue got its first member after this route was made: deliver through a
-            // fresh route (the subscription bumped the generation), or park if it has none
-            // again by now.
-            let fresh = self.lookup(batch.key());
-            match fresh.to.group(&b.id) {
-                Some(g) => {
-                    delivered += self
-                        .deliver_group(&g.id, &g.rr, &g.members, batch, true)
-                        .await;
-                }
-                None => b.push(batch),
-            }
+            delivered += self.deliver_group(&g.rr, &g.members, batch, true).await;
         }
         delivered
     }
@@ -573,4 +528,9 @@ impl Drop for Session {
         self.subs.clear();
         self.broker.bump();
     }
+}
+
+/// The registry id of queue group `name` on `expr`.
+fn group_id(name: &str, expr: &KeyExpr) -> String {
+    format!("{name}\u{0}{}", expr.as_str())
 }

@@ -568,13 +568,20 @@ impl Inner {
         self.wait_room().await
     }
 
-    /// Joins consumer `consumer` of `stream` as a member (CONSUME).
-    pub(crate) fn consume(self: &Arc<Self>, stream: &str, consumer: &str) -> Result<Subscription> {
+    /// Joins consumer `consumer` of `stream` as a member, or with an empty `stream`
+    /// consumes queue `consumer` with at most `prefetch` unacknowledged (CONSUME).
+    pub(crate) fn consume(
+        self: &Arc<Self>,
+        stream: &str,
+        consumer: &str,
+        prefetch: u32,
+    ) -> Result<Subscription> {
         let (sid, sub) = self.new_subscription()?;
         let frame = Frame::Consume {
             sid,
             stream: stream.to_owned(),
             consumer: consumer.to_owned(),
+            prefetch,
         };
         if let Err(e) = self.queue_frame(|t| encode(&frame, t)) {
             lock(&self.subs).remove(&sid);

@@ -49,7 +49,10 @@ impl Conn<'_> {
     pub(super) fn queue(&self, name: &ShortStr) -> Result<Arc<Queue>, AmqpError> {
         let n = name.as_str().unwrap_or("");
         let q = lock(&self.vhost.registry).queues.get(n).cloned();
-        let Some(q) = q.filter(|q| !q.is_deleted()) else {
+        let q = q
+            .filter(|q| !q.is_deleted())
+            .or_else(|| self.amqp.adopt_implicit(&self.vhost, n));
+        let Some(q) = q else {
             return Err(err(
                 ReplyCode::NotFound,
                 format!("no queue '{n}' in vhost '{vh}'", vh = self.vhost.name),
@@ -192,7 +195,10 @@ impl Conn<'_> {
         }
         let args = self.declare_args(&n, arguments, f)?;
         let existing = lock(&self.vhost.registry).queues.get(&n).cloned();
-        if let Some(q) = existing.filter(|q| !q.is_deleted()) {
+        let existing = existing
+            .filter(|q| !q.is_deleted())
+            .or_else(|| self.amqp.adopt_implicit(&self.vhost, &n));
+        if let Some(q) = existing {
             self.redeclare(&q, &n, f, &args)?;
             q.touch();
             let (m, c) = q.counts();
@@ -233,9 +239,14 @@ impl Conn<'_> {
     }
 
     /// A declare of queue `q` (named `n`) that exists: what it asks must be what `q` is.
+    /// An implicit queue (made by a STOMP or native first use) takes any declare as
+    /// equivalent: it stays what it is (in memory, its limits), docs/amqp.md.
     fn redeclare(&self, q: &Queue, n: &str, f: Flags, args: &QueueArgs) -> Result<(), AmqpError> {
         if q.config().owner.is_some_and(|o| o != self.id) {
             return Err(self.locked(n));
+        }
+        if !q.config().declared {
+            return Ok(());
         }
         for (what, got, have) in [
             ("durable", f.durable, q.config().durable),

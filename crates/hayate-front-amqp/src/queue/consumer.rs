@@ -92,6 +92,13 @@ impl Chan {
             &m.msg
         };
         let exchange = ShortStr::new(m.via.source.clone()).unwrap_or_default();
+        // A message that entered through no AMQP binding (an implicit queue's binding to
+        // its key, vhost `/`) shows the default exchange and its key, as that binding would.
+        let subject = if m.via.source.is_empty() && m.via.subject.is_empty() {
+            m.msg.key.as_shared().clone()
+        } else {
+            m.via.subject.clone()
+        };
         let mut tag = 0;
         self.outbox.push_control_buf_in(to_flush, |b: &mut OutBuf| {
             tag = self.next_tag.fetch_add(1, Ordering::AcqRel) + 1;
@@ -101,7 +108,7 @@ impl Chan {
                 delivery_tag: tag,
                 redelivered: m.redelivered,
                 exchange: &exchange,
-                routing_key: &m.via.subject,
+                routing_key: &subject,
                 message_count: d.left,
                 msg,
                 vhost_prefix: &self.vhost.prefix,

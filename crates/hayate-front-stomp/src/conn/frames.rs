@@ -3,6 +3,9 @@
 //! DISCONNECT, with the destinations they name (topics, queues, temp-queues).
 
 use bytes::Bytes;
+use std::sync::Arc;
+
+use hayate_broker::queue::{ImplicitError, Queue};
 use hayate_broker::{Batch, Session, Settle};
 use hayate_core::{INBOX_PREFIX, Key, KeyExpr, Message, Qos};
 use hayate_stomp::{Command, Frame, Version};
@@ -232,25 +235,35 @@ impl Conn<'_> {
         }
     }
 
-    /// Declares queue `name` (messages wait for a consumer), once per connection. Inbox
-    /// keys are not queues.
-    fn declare(&mut self, name: &str, session: &mut Session) -> Result<(), Refusal> {
-        if name.starts_with(INBOX_PREFIX) || self.declared.contains(name) {
-            return Ok(());
+    /// Queue `name` of the broker (`""` namespace: AMQP vhost `/`'s and the native
+    /// protocol's too), made implicitly at its first use (messages wait for a consumer);
+    /// at most [`MAX_DECLARED`] names per connection. Inbox keys are no queues (`None`);
+    /// another connection's exclusive (AMQP) queue is refused to a consumer, `None` to a
+    /// publisher (its message still reaches the queue through its key).
+    fn declare(
+        &mut self,
+        name: &str,
+        consume: bool,
+        session: &mut Session,
+    ) -> Result<Option<Arc<Queue>>, Refusal> {
+        if name.starts_with(INBOX_PREFIX) {
+            return Ok(None);
         }
-        if self.declared.len() >= MAX_DECLARED {
+        if !self.declared.contains(name) && self.declared.len() >= MAX_DECLARED {
             return Err(refuse(
                 "too many queues",
                 format!("at most {MAX_DECLARED} queues declared per connection"),
             ));
         }
-        let expr = KeyExpr::new(name)
+        let key = Key::new(name)
             .map_err(|e| refuse("invalid destination", format!("/queue/{name}: {e}")))?;
-        session
-            .broker()
-            .declare_queue(name, &expr, self.stomp.cfg.queue_max_backlog);
+        let q = match session.broker().queue_implicit(&key) {
+            Ok((q, _)) => q,
+            Err(ImplicitError::Exclusive) if !consume => return Ok(None),
+            Err(e) => return Err(refuse("queue refused", format!("/queue/{name}: {e}"))),
+        };
         self.declared.insert(name.to_string());
-        Ok(())
+        Ok(Some(q))
     }
 
     /// The key of this connection's temp-queue `name`, subscribing the temp-queues first.
@@ -289,13 +302,13 @@ impl Conn<'_> {
         let key = self.send_key(dest, session)?;
         hayate_front::check_publish(&self.identity, &key, f.get("reply-to").is_some())
             .map_err(|d| refuse("access refused", d.to_string()))?;
-        // A queue is declared (messages wait for a consumer) only by a publish allowed to
-        // reach it; one whose key a stream captures is that stream's (durable), with no
-        // in-memory backlog.
+        // A queue is made (messages wait for a consumer) only by a publish allowed to reach
+        // it; one whose key a stream captures is that stream's (durable), with no queue in
+        // memory. The message enters it through its binding to its key.
         if let Some(q) = dest.strip_prefix("/queue/")
             && durable_stream(session, &key).is_none()
         {
-            self.declare(q, session)?;
+            self.declare(q, false, session)?;
         }
         let mut msg = Message::new(key, f.body.clone());
         if let Some(r) = f.get("reply-to") {
@@ -378,9 +391,12 @@ impl Conn<'_> {
             }
             let expr = KeyExpr::new(q)
                 .map_err(|e| refuse("invalid destination", format!("{dest:?}: {e}")))?;
-            // The member of a queue serves its key: checked before the queue is declared.
+            // The member of a queue serves its key: checked before the queue is made.
             self.may_serve(q, &expr, session)?;
-            self.declare(q, session)?;
+            if let Some(queue) = self.declare(q, true, session)? {
+                return self.subscribe_queue(f, queue, id, dest, ack, session);
+            }
+            // A reply inbox (`/queue/_inbox/...`): a subscription, never a queue.
             (
                 expr.clone(),
                 Kind::Queue {
@@ -435,6 +451,46 @@ impl Conn<'_> {
                 hayate_front::SubFail::Broker(e) => refuse("subscribe failed", e.to_string()),
             });
         }
+        self.subs.bind(id, sid);
+        Ok(())
+    }
+
+    /// SUBSCRIBE to `/queue/<q>` in memory: a consumer of the broker's queue `q` (`ack:auto`:
+    /// settled as written; otherwise at most `prefetch-count` unacknowledged, by default
+    /// and at most `limits.max_unacked`).
+    fn subscribe_queue(
+        &mut self,
+        f: &Frame,
+        queue: Arc<Queue>,
+        id: String,
+        dest: &str,
+        ack: AckMode,
+        session: &mut Session,
+    ) -> Result<(), Refusal> {
+        let max = session.broker().config().max_subscriptions;
+        if max > 0 && self.members.len() >= max {
+            return Err(refuse(
+                "too many subscriptions",
+                format!("at most {max} queue subscriptions (limits.max_subscriptions)"),
+            ));
+        }
+        let prefetch = prefetch(f, session.broker().config().max_unacked)?;
+        let sid = self.subs.next_sid();
+        let q = queue.name().to_string();
+        let expr = KeyExpr::new(&q)
+            .map_err(|e| refuse("invalid destination", format!("{dest:?}: {e}")))?;
+        self.track_sub(sid, &id, dest, ack, Kind::Queue { name: q, expr });
+        if !self
+            .members
+            .join_queue(session, sid, queue, ack == AckMode::Auto, prefetch)
+        {
+            lock(&self.out).subs.remove(&sid);
+            return Err(refuse(
+                "subscribe failed",
+                format!("{dest:?}: the queue is gone or has an exclusive consumer"),
+            ));
+        }
+        session.mark_own_output();
         self.subs.bind(id, sid);
         Ok(())
     }
@@ -574,6 +630,23 @@ impl Conn<'_> {
             session.give_back_all(settled, true).await;
         }
         Ok(())
+    }
+}
+
+/// A queue SUBSCRIBE's `prefetch-count`: most unacknowledged deliveries, at most `most`
+/// (`limits.max_unacked`), which is also what it is without the header or with 0.
+fn prefetch(f: &Frame, most: usize) -> Result<usize, Refusal> {
+    let most = most.max(1);
+    let Some(p) = f.get("prefetch-count") else {
+        return Ok(most);
+    };
+    match p.trim().parse::<usize>() {
+        Ok(0) => Ok(most),
+        Ok(n) => Ok(n.min(most)),
+        Err(_) => Err(refuse(
+            "invalid prefetch-count",
+            format!("prefetch-count {p:?}: a number of messages"),
+        )),
     }
 }
 

@@ -397,6 +397,11 @@ fn parse(t: u8, mut b: Body) -> Result<Frame, DecodeError> {
             sid: b.u32("sid")?,
             stream: b.str16("stream")?,
             consumer: b.str16("consumer")?,
+            prefetch: if b.b.is_empty() {
+                0
+            } else {
+                b.u32("prefetch")?
+            },
         },
         ty::CONFIRM => {
             let id = b.u64("id")?;

@@ -316,11 +316,15 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
             sid,
             stream,
             consumer,
+            prefetch,
         } => {
             let start = begin(out, ty::CONSUME);
             out.put_u32(*sid);
             put_text16(out, stream);
             put_text16(out, consumer);
+            if *prefetch > 0 {
+                out.put_u32(*prefetch);
+            }
             finish(out, start, 0);
         }
     }
