@@ -210,7 +210,8 @@ async fn fanout_and_group_together() {
 #[derive(Debug)]
 struct Keep {
     outbox: Arc<hayate_broker::Outbox>,
-    got: std::sync::Mutex<Vec<Unacked>>,
+    /// What it was given: the delivery, its body, and whether it was redelivered.
+    got: std::sync::Mutex<Vec<(Unacked, String, bool)>>,
 }
 
 impl Keep {
@@ -224,9 +225,7 @@ impl Keep {
 
     fn bodies(&self) -> Vec<String> {
         let got = self.got.lock().unwrap();
-        got.iter()
-            .map(|u| String::from_utf8_lossy(&u.item.msg.payload).into_owned())
-            .collect()
+        got.iter().map(|(_, b, _)| b.clone()).collect()
     }
 }
 
@@ -239,13 +238,15 @@ impl QueueSink for Keep {
         &self.outbox
     }
 
-    fn deliver(&self, d: Delivered<'_>, item: QItem, _to_flush: ToFlush<'_>) -> Option<QItem> {
-        self.got.lock().unwrap().push(Unacked {
+    fn deliver(&self, d: Delivered<'_>, item: &QItem, _to_flush: ToFlush<'_>) -> bool {
+        let u = Unacked {
             queue: d.queue.clone(),
             consumer: d.consumer.cloned(),
-            item,
-        });
-        None
+            id: d.id,
+        };
+        let body = String::from_utf8_lossy(&item.msg.payload).into_owned();
+        self.got.lock().unwrap().push((u, body, d.redelivered));
+        true
     }
 }
 
@@ -275,7 +276,8 @@ async fn an_implicit_queue_keeps_messages_for_its_consumers_in_order() {
 
     // The consumer leaves: what it held goes back, in place, for the next one.
     assert!(!q.remove_consumer(&c));
-    give_back_all(std::mem::take(&mut *k.got.lock().unwrap()), true);
+    let held: Vec<Unacked> = k.got.lock().unwrap().drain(..).map(|(u, _, _)| u).collect();
+    give_back_all(held, true);
     publish_numbered(&mut p, "jobs/a", 8..9, 1).await;
     assert_eq!((q.view().depth, q.view().unacked), (9, 0));
     let n = Keep::new(&b);
@@ -286,11 +288,7 @@ async fn an_implicit_queue_keeps_messages_for_its_consumers_in_order() {
     .unwrap();
     let want: Vec<String> = (0..9).map(|i| i.to_string()).collect();
     assert_eq!(n.bodies(), want);
-    assert!(
-        n.got.lock().unwrap()[..8]
-            .iter()
-            .all(|u| u.item.redelivered)
-    );
+    assert!(n.got.lock().unwrap()[..8].iter().all(|(_, _, r)| *r));
 }
 
 /// An implicit queue holds at most `queue_max_length` messages and `queue_max_bytes` body

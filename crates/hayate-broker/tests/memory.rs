@@ -149,9 +149,9 @@ impl QueueSink for Count {
         &self.0
     }
 
-    fn deliver(&self, _d: Delivered<'_>, item: QItem, _to_flush: ToFlush<'_>) -> Option<QItem> {
+    fn deliver(&self, _d: Delivered<'_>, _item: &QItem, _to_flush: ToFlush<'_>) -> bool {
         self.1.fetch_add(1, Ordering::Relaxed);
-        Some(item)
+        false
     }
 }
 

@@ -4,9 +4,8 @@
 //! protocol's delivery ids, cumulative ACKs and NACKs work as for any acknowledged
 //! subscription; [`crate::Memberships`] maps them back to the queue.
 //!
-//! An acknowledged delivery carries `attrs.stream_offset` = its number in the sink (a
-//! token, not a stream offset), by which the sink keeps it ([`Unacked`]) until it is
-//! settled: acknowledged ([`Queue::settled`]), or given back in place
+//! An acknowledged delivery carries `attrs.stream_offset` = its id in the queue's ledger
+//! (not a stream offset), by which the sink keeps it ([`Unacked`]) until it is settled: acknowledged ([`Queue::settled`]), or given back in place
 //! ([`give_back_all`]) by a NACK or when the consumer leaves.
 
 use std::collections::BTreeMap;
@@ -23,9 +22,8 @@ use hayate_core::sync::lock;
 pub struct OutboxSink {
     outbox: Arc<Outbox>,
     sid: u32,
-    /// Acknowledged deliveries not settled yet, by token (in delivery order), and the
-    /// next token.
-    held: Mutex<(u64, BTreeMap<u64, Unacked>)>,
+    /// Acknowledged deliveries not settled yet, by ledger id (in delivery order).
+    held: Mutex<BTreeMap<u64, Unacked>>,
 }
 
 impl OutboxSink {
@@ -33,18 +31,18 @@ impl OutboxSink {
         OutboxSink {
             outbox,
             sid,
-            held: Mutex::new((0, BTreeMap::new())),
+            held: Mutex::new(BTreeMap::new()),
         }
     }
 
-    /// Takes the held delivery of token `t`.
-    fn take(&self, t: u64) -> Option<Unacked> {
-        lock(&self.held).1.remove(&t)
+    /// Takes the held delivery of ledger id `id`.
+    fn take(&self, id: u64) -> Option<Unacked> {
+        lock(&self.held).remove(&id)
     }
 
     /// Takes every held delivery, in delivery order.
     fn take_all(&self) -> Vec<Unacked> {
-        std::mem::take(&mut lock(&self.held).1)
+        std::mem::take(&mut *lock(&self.held))
             .into_values()
             .collect()
     }
@@ -59,31 +57,27 @@ impl QueueSink for OutboxSink {
         &self.outbox
     }
 
-    fn deliver(&self, d: Delivered<'_>, item: QItem, _to_flush: ToFlush<'_>) -> Option<QItem> {
+    fn deliver(&self, d: Delivered<'_>, item: &QItem, _to_flush: ToFlush<'_>) -> bool {
         let mut msg = item.msg.clone();
-        msg.attrs.redelivered = item.redelivered;
+        msg.attrs.redelivered = d.redelivered;
         if d.no_ack {
             // Settled as written (what a closed outbox did not take is lost with it).
             self.outbox.force_unbudgeted(self.sid, 0, Batch::One(&msg));
-            return Some(item);
+            return false;
         }
-        let mut held = lock(&self.held);
-        held.0 += 1;
-        let token = held.0;
-        msg.attrs.stream_offset = Some(token);
-        msg.attrs.deliveries = item.returns.saturating_add(1);
+        msg.attrs.stream_offset = Some(d.id);
+        msg.attrs.deliveries = d.returns.saturating_add(1);
         // Kept even if the outbox is closed: the consumer's leaving gives it back.
-        held.1.insert(
-            token,
+        lock(&self.held).insert(
+            d.id,
             Unacked {
                 queue: d.queue.clone(),
                 consumer: d.consumer.cloned(),
-                item,
+                id: d.id,
             },
         );
-        drop(held);
         self.outbox.force_unbudgeted(self.sid, 0, Batch::One(&msg));
-        None
+        true
     }
 }
 

@@ -52,7 +52,6 @@ fn qmsg(key: &str, body: &str, persistent: bool) -> QItem {
         },
         redelivered: false,
         expires: None,
-        seq: 0,
         priority: 3,
         stored: None,
         returns: 0,
