@@ -149,8 +149,18 @@ class Native:
             if d.key == reply:
                 return json.loads(d.payload)
 
-    def consume(self, sid: int, stream: str, consumer: str) -> None:
-        self.send(CONSUME, struct.pack(">I", sid) + str16(stream) + str16(consumer))
+    def consume(self, sid: int, stream: str, consumer: str, prefetch: int = 0) -> None:
+        """CONSUME a stream's consumer, or with `stream` empty the queue `consumer` (at most
+        `prefetch` unacknowledged; 0: the broker's limits.max_unacked)."""
+        extra = struct.pack(">I", prefetch) if prefetch else b""
+        self.send(CONSUME, struct.pack(">I", sid) + str16(stream) + str16(consumer) + extra)
+
+    def nack(self, delivery: int) -> None:
+        self.send(NACK, struct.pack(">Q", delivery))
+
+    def pub(self, key: str, payload: bytes) -> None:
+        """A plain PUB (no confirm)."""
+        self.send(PUB, bytes([0]) + str16(key) + payload)
 
     def ack(self, delivery: int, cumulative: bool = False) -> None:
         self.send(ACK, struct.pack(">BQ", 1 if cumulative else 0, delivery))
