@@ -55,10 +55,23 @@ def start(tmp_path, backlog=10_000, max_unacked=1024):
 
 
 @pytest.fixture
-def broker(tmp_path):
-    proc, ports, _ = start(tmp_path)
-    yield ports
-    stop_process(proc)
+def make(tmp_path):
+    """`make(**settings)`: a broker of the test's (its ports, the binary), stopped after it."""
+    procs = []
+
+    def make_one(**kw):
+        proc, ports, binary = start(tmp_path, **kw)
+        procs.append(proc)
+        return ports, binary
+
+    yield make_one
+    for proc in procs:
+        stop_process(proc)
+
+
+@pytest.fixture
+def broker(make):
+    return make()[0]
 
 
 def api(ports, path: str = "/api/queues", method: str = "GET"):
@@ -263,125 +276,116 @@ def test_a_stomp_queue_is_the_amqp_queue_and_unacked_go_back(broker):
     conn.close()
 
 
-def test_the_cli_consumes_a_queue_and_settles_from_stdin(tmp_path):
-    proc, ports, binary = start(tmp_path)
+def test_the_cli_consumes_a_queue_and_settles_from_stdin(make):
+    ports, binary = make()
+    conn = amqp(ports)
+    ch = conn.channel()
+    ch.queue_declare(queue="cli-q")
+    for i in range(3):
+        ch.basic_publish("", "cli-q", b"c%d" % i)
+    cli = subprocess.Popen(
+        [str(binary), "sub", "--queue", "cli-q", "--ack", "stdin", "--prefetch", "1",
+         "--server", f"127.0.0.1:{ports['native protocol']}", "--shm", "off"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        conn = amqp(ports)
-        ch = conn.channel()
-        ch.queue_declare(queue="cli-q")
-        for i in range(3):
-            ch.basic_publish("", "cli-q", b"c%d" % i)
-        cli = subprocess.Popen(
-            [str(binary), "sub", "--queue", "cli-q", "--ack", "stdin", "--prefetch", "1",
-             "--server", f"127.0.0.1:{ports['native protocol']}", "--shm", "off"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        d, how, body = cli.stdout.readline().rstrip("\n").split("\t")
+        assert (how, body) == ("new", "c0")
+        cli.stdin.write(f"nack {d}\n")
+        cli.stdin.flush()
+        d, how, body = cli.stdout.readline().rstrip("\n").split("\t")
+        assert (how, body) == ("redelivered", "c0")
+        cli.stdin.write(f"ack {d}\n")
+        cli.stdin.flush()
+        d, how, body = cli.stdout.readline().rstrip("\n").split("\t")
+        assert (how, body) == ("new", "c1")
+        wait_view(ports, "cli-q", depth=1, unacked=1, consumers=1)
+    finally:
+        cli.kill()
+        cli.wait()
+    wait_view(ports, "cli-q", depth=2, unacked=0, consumers=0)
+    conn.close()
+
+
+def test_consumers_that_never_ack_hold_only_their_credit(make):
+    ports, _ = make(max_unacked=16)
+    conn = amqp(ports)
+    ch = conn.channel()
+    ch.queue_declare(queue="hog")
+    p = Pika(ports, "hog", prefetch=10)
+    s = Stomp(ports, "hog", prefetch=None)   # limits.max_unacked
+    n = Raw(ports, "hog")                      # limits.max_unacked
+    for i in range(300):
+        ch.basic_publish("", "hog", b"x" * 1000)
+    v = wait_view(ports, "hog", unacked=10 + 16 + 16, depth=300 - 42)
+    assert v["bytes"] < 2_000_000, v
+    got = {"pika": 0, "stomp": 0, "native": 0}
+    for k, c in (("pika", p), ("stomp", s), ("native", n)):
+        while c.quiet(0.3 if got[k] else 3) is not None:
+            got[k] += 1
+    assert got == {"pika": 10, "stomp": 16, "native": 16}
+    # The broker serves others meanwhile: a fresh consumer takes the rest.
+    other = Raw(ports, "hog")
+    for _ in range(258):
+        d = other.next()
+        assert d is not None
+        other.n.ack(d[0])
+    wait_view(ports, "hog", depth=0, unacked=42)
+    p.close()
+    conn.close()
+
+
+def test_a_queue_filled_past_its_bounds_from_three_protocols(make):
+    ports, _ = make(backlog=100)
+    conn = amqp(ports)
+    ch = conn.channel()
+    ch.queue_declare(queue="capped", arguments={"x-max-length": 50, "x-overflow": "reject-publish"})
+    ch.confirm_delivery()
+    st = stomp_client(ports)
+    nat = Native("127.0.0.1", ports["native protocol"])
+    errors = []
+
+    def flood(send):
         try:
-            d, how, body = cli.stdout.readline().rstrip("\n").split("\t")
-            assert (how, body) == ("new", "c0")
-            cli.stdin.write(f"nack {d}\n")
-            cli.stdin.flush()
-            d, how, body = cli.stdout.readline().rstrip("\n").split("\t")
-            assert (how, body) == ("redelivered", "c0")
-            cli.stdin.write(f"ack {d}\n")
-            cli.stdin.flush()
-            d, how, body = cli.stdout.readline().rstrip("\n").split("\t")
-            assert (how, body) == ("new", "c1")
-            wait_view(ports, "cli-q", depth=1, unacked=1, consumers=1)
-        finally:
-            cli.kill()
-            cli.wait()
-        wait_view(ports, "cli-q", depth=2, unacked=0, consumers=0)
-        conn.close()
-    finally:
-        stop_process(proc)
+            for i in range(500):
+                send(i)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
 
+    nacked = [0]
 
-def test_consumers_that_never_ack_hold_only_their_credit(tmp_path):
-    proc, ports, _ = start(tmp_path, max_unacked=16)
-    try:
-        conn = amqp(ports)
-        ch = conn.channel()
-        ch.queue_declare(queue="hog")
-        p = Pika(ports, "hog", prefetch=10)
-        s = Stomp(ports, "hog", prefetch=None)   # limits.max_unacked
-        n = Raw(ports, "hog")                      # limits.max_unacked
-        for i in range(300):
-            ch.basic_publish("", "hog", b"x" * 1000)
-        v = wait_view(ports, "hog", unacked=10 + 16 + 16, depth=300 - 42)
-        assert v["bytes"] < 2_000_000, v
-        got = {"pika": 0, "stomp": 0, "native": 0}
-        for k, c in (("pika", p), ("stomp", s), ("native", n)):
-            while c.quiet(0.3 if got[k] else 3) is not None:
-                got[k] += 1
-        assert got == {"pika": 10, "stomp": 16, "native": 16}
-        # The broker serves others meanwhile: a fresh consumer takes the rest.
-        other = Raw(ports, "hog")
-        for _ in range(258):
-            d = other.next()
-            assert d is not None
-            other.n.ack(d[0])
-        wait_view(ports, "hog", depth=0, unacked=42)
-        p.close()
-        conn.close()
-    finally:
-        stop_process(proc)
+    def amqp_send(i):
+        try:
+            ch.basic_publish("", "capped", b"a%d" % i)
+        except pika.exceptions.NackError:
+            nacked[0] += 1
 
-
-def test_a_queue_filled_past_its_bounds_from_three_protocols(tmp_path):
-    proc, ports, _ = start(tmp_path, backlog=100)
-    try:
-        conn = amqp(ports)
-        ch = conn.channel()
-        ch.queue_declare(queue="capped", arguments={"x-max-length": 50, "x-overflow": "reject-publish"})
-        ch.confirm_delivery()
-        st = stomp_client(ports)
-        nat = Native("127.0.0.1", ports["native protocol"])
-        errors = []
-
-        def flood(send):
-            try:
-                for i in range(500):
-                    send(i)
-            except Exception as e:  # noqa: BLE001
-                errors.append(e)
-
-        nacked = [0]
-
-        def amqp_send(i):
-            try:
-                ch.basic_publish("", "capped", b"a%d" % i)
-            except pika.exceptions.NackError:
-                nacked[0] += 1
-
-        # The AMQP queue and an implicit one (STOMP's first use: stomp.queue_max_backlog;
-        # made before the flood: a native PUB makes no queue).
-        st.send("/queue/implicit-capped", b"first", sync=True)
-        threads = [threading.Thread(target=flood, args=(f,)) for f in (
-            lambda i: st.send("/queue/capped", b"s%d" % i),
-            lambda i: nat.pub("capped", b"n%d" % i),
-            lambda i: st.send("/queue/implicit-capped", b"s%d" % i),
-            lambda i: nat.pub("implicit-capped", b"n%d" % i),
-        )]
-        for t in threads:
-            t.start()
-        flood(amqp_send)
-        for t in threads:
-            t.join(60)
-        st.send("/queue/capped", b"last", sync=True)
-        assert not errors, errors
-        assert nacked[0] > 0, "reject-publish: confirms turn negative"
-        v = wait_view(ports, "capped", depth=50)
-        assert v["dropped"] >= 1500 - 50, v
-        w = wait_view(ports, "implicit-capped", depth=100)
-        assert w["dropped"] == 1001 - 100, w
-        # The first in stay (reject-publish), and the broker still serves.
-        c = Raw(ports, "implicit-capped", prefetch=200)
-        assert len([c.next() for _ in range(100)]) == 100
-        assert c.quiet(0.3) is None
-        st.close()
-        conn.close()
-    finally:
-        stop_process(proc)
+    # The AMQP queue and an implicit one (STOMP's first use: stomp.queue_max_backlog;
+    # made before the flood: a native PUB makes no queue).
+    st.send("/queue/implicit-capped", b"first", sync=True)
+    threads = [threading.Thread(target=flood, args=(f,)) for f in (
+        lambda i: st.send("/queue/capped", b"s%d" % i),
+        lambda i: nat.pub("capped", b"n%d" % i),
+        lambda i: st.send("/queue/implicit-capped", b"s%d" % i),
+        lambda i: nat.pub("implicit-capped", b"n%d" % i),
+    )]
+    for t in threads:
+        t.start()
+    flood(amqp_send)
+    for t in threads:
+        t.join(60)
+    st.send("/queue/capped", b"last", sync=True)
+    assert not errors, errors
+    assert nacked[0] > 0, "reject-publish: confirms turn negative"
+    v = wait_view(ports, "capped", depth=50)
+    assert v["dropped"] >= 1500 - 50, v
+    w = wait_view(ports, "implicit-capped", depth=100)
+    assert w["dropped"] == 1001 - 100, w
+    # The first in stay (reject-publish), and the broker still serves.
+    c = Raw(ports, "implicit-capped", prefetch=200)
+    assert len([c.next() for _ in range(100)]) == 100
+    assert c.quiet(0.3) is None
+    st.close()
+    conn.close()
 
 
 def test_a_nack_storm_from_stomp(broker):

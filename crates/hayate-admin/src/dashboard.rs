@@ -158,7 +158,7 @@ fn dashboard_json(s: &Shared) -> Value {
         l["msgs_out_rate"] = json!(r.1);
     }
     // The 20 deepest.
-    queues.sort_by(|a, b| b.depth.cmp(&a.depth));
+    queues.sort_by_key(|q| std::cmp::Reverse(q.depth));
     let top_queues: Vec<Value> = queues.iter().take(20).map(super::api::queue_json).collect();
     let connections: Vec<Value> = conns
         .into_iter()

@@ -176,7 +176,7 @@ async fn an_implicit_queue_draws_on_the_pool() {
     }
     let kept = q.view().depth;
     assert!(
-        kept >= 1 && kept <= (2 * STEP) / KB64,
+        (1..=(2 * STEP) / KB64).contains(&kept),
         "what the pool covers: {kept}"
     );
     assert_eq!(q.dropped() as usize, 20 - kept);

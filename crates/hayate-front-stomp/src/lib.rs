@@ -5,11 +5,14 @@
 //! - `/topic/<expr>`: the key (SEND) or key expression (SUBSCRIBE, `*` and `**` allowed)
 //!   `<expr>`, fan-out: `/topic/a/b` is the key `a/b`, which MQTT's `a/b` and the native
 //!   protocol's `a/b` also name.
-//! - `/queue/<name>`: SEND publishes to the key `<name>`; SUBSCRIBE joins the queue group
-//!   `<name>` on that key, declared in the broker with a backlog, so messages wait (up to
-//!   `stomp.queue_max_backlog`) while the queue has no consumer. A NACKed message, or one
-//!   unacknowledged when its consumer unsubscribes or disconnects, is given back to the
-//!   queue ([`hayate_broker::Session::requeue`]): another consumer gets it.
+//! - `/queue/<name>`: the broker's queue `<name>` (AMQP's `<name>` in vhost `/`, the native
+//!   protocol's CONSUME of `<name>`), made implicitly at the first SEND or SUBSCRIBE if no
+//!   protocol has made it ([`hayate_broker::Broker::queue_implicit`]: at most
+//!   `stomp.queue_max_backlog` messages ready). SEND publishes to the key `<name>` (its
+//!   binding); SUBSCRIBE is one of its consumers ([`hayate_front::Memberships::join_queue`]).
+//!   A NACKed message, or one unacknowledged when its consumer unsubscribes or disconnects,
+//!   goes back to its place in the queue: another consumer gets it. A durable `/queue/` (a
+//!   stream captures its key) joins the stream's consumer `stomp-<name>` instead.
 //! - `/temp-queue/<name>`: a private reply queue of the connection, the key
 //!   `_inbox/<session>/<name>` (the native protocol's inbox convention). A SEND with
 //!   `reply-to:/temp-queue/<name>` goes out with `reply-to:/queue/_inbox/<session>/<name>`;
