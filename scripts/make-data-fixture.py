@@ -384,7 +384,48 @@ def consumer_line(c: dict) -> str:
             f"{st['next']} | {st['done_above_floor']} | {st['in_flight'] + st['waiting']} | {st['pending']} |")
 
 
-def manifest(rev: str, binary: Path, out: Path, m: dict) -> str:
+def intro(rev: str, binary: Path, kill: bool) -> str:
+    """MANIFEST.md's title and how the broker was run and stopped."""
+    made = f"""Written by `scripts/make-data-fixture {'--kill ' if kill else ''}{binary}` (a release build of main {rev}, the last
+release before issue 45 changes the durable format): the broker ran on an empty data
+directory with every listener on 127.0.0.1 (config: `[mqtt] journal_fsync = "always"`,
+`sys_interval_secs = 0`, `[amqp] fsync = "always"`, defaults otherwise), the content below was
+put in with acknowledgements (confirms, receipts, PUBACK/PUBCOMP, publisher confirms)"""
+    on_the_way = """It was
+stopped (SIGTERM) and started once on the way, after the streams, the STOMP queue and the
+first AMQP declarations (`fx.direct`, `fx.orders`, `fx.dead` and their bindings, folded into
+`amqp/default/definitions.json` by that start; the later ones are in `definitions.log`)."""
+    if kill:
+        return f"""# Data directory of hayate {rev}, killed with SIGKILL
+
+{made}, and
+0.5 s after the clients' last work the broker was killed with SIGKILL: nothing was saved at
+the stop. The figures in this file are what that broker reported just before. {on_the_way}
+
+The content is the same as in `data-{rev}/` (made the same way, stopped with SIGTERM); what
+the kill leaves different:
+
+- `mqtt.state` is the checkpoint taken by the clean stop on the way, before any MQTT client
+  came (30 bytes: no session, no retained message); every MQTT item below is only in
+  `mqtt-journal/` (journal ahead of the checkpoint: the broker must replay it).
+- `amqp/default/acks` and the stream consumers' positions (`consumers/*.json`) are as last
+  written while running (every 100 ms); this release does not rewrite them at a clean stop
+  either, so they are byte for byte those of `data-{rev}/`; so is `definitions.log` (folded
+  by a start, not by a stop).
+- The AMQP log and the MQTT journal differ from `data-{rev}/` only in times and ids."""
+    return f"""# Data directory of hayate {rev}
+
+{made}, and
+the broker was stopped with SIGTERM (a clean stop: MQTT checkpoint taken, consumer positions
+saved). The figures in this file are what that broker reported just before it stopped. {on_the_way}
+
+What a clean stop of this release leaves twice: the MQTT state is whole both in `mqtt.state`
+(the checkpoint taken at the stop) and in `mqtt-journal/` (every change since the start, its
+segment not yet removed), so either file alone brings it all back; `amqp/default/returns` is
+empty (no quorum queue). Every other file holds something no other file has."""
+
+
+def manifest(rev: str, binary: Path, out: Path, m: dict, kill: bool = False) -> str:
     def files() -> str:
         rows = []
         for p in sorted(out.rglob("*")):
@@ -399,27 +440,14 @@ def manifest(rev: str, binary: Path, out: Path, m: dict) -> str:
         for i, (k, p, h) in enumerate(ORDERS))
     sensors = "\n".join(f"| {i} | `{k}` | `{p.decode()}` |" for i, (k, p) in enumerate(SENSORS))
     a = m["amqp"]
-    return f"""# Data directory of hayate {rev}
-
-Written by `scripts/make-data-fixture {binary}` (a release build of main {rev}, the last
-release before issue 45 changes the durable format): the broker ran on an empty data
-directory with every listener on 127.0.0.1 (config: `[mqtt] journal_fsync = "always"`,
-`sys_interval_secs = 0`, `[amqp] fsync = "always"`, defaults otherwise), the content below was
-put in with acknowledgements (confirms, receipts, PUBACK/PUBCOMP, publisher confirms), and
-the broker was stopped with SIGTERM (a clean stop: MQTT checkpoint taken, consumer positions
-saved). The figures in this file are what that broker reported just before it stopped. It was
-stopped (SIGTERM) and started once on the way, after the streams, the STOMP queue and the
-first AMQP declarations (`fx.direct`, `fx.orders`, `fx.dead` and their bindings, folded into
-`amqp/default/definitions.json` by that start; the later ones are in `definitions.log`).
-
-What a clean stop of this release leaves twice: the MQTT state is whole both in `mqtt.state`
-(the checkpoint taken at the stop) and in `mqtt-journal/` (every change since the start, its
-segment not yet removed), so either file alone brings it all back; `amqp/default/returns` is
-empty (no quorum queue). Every other file holds something no other file has.
-
-Checked by `tests/interop/test_migration.py` (everything) and
+    checked = ("Checked by `tests/interop/test_migration.py` (everything): it copies this directory "
+               "to a temporary one\nand starts the broker of the tree on it." if kill else
+               """Checked by `tests/interop/test_migration.py` (everything) and
 `crates/hayate/tests/migration.rs` (streams and consumer positions): each copies this
-directory to a temporary one and starts the broker of the tree on it.
+directory to a temporary one and starts the broker of the tree on it.""")
+    return f"""{intro(rev, binary, kill)}
+
+{checked}
 
 ## Streams (`streams/`)
 
@@ -527,9 +555,12 @@ After a restart every message comes back marked `redelivered`, in its queue's or
 
 
 def main() -> None:
-    binary = Path(sys.argv[1] if len(sys.argv) > 1 else "/work/bin/hayate-844fe42").resolve()
+    kill = "--kill" in sys.argv[1:]
+    args = [a for a in sys.argv[1:] if a != "--kill"]
+    binary = Path(args[0] if args else "/work/bin/hayate-844fe42").resolve()
     rev = binary.name.rsplit("-", 1)[-1] if "-" in binary.name else "release"
-    out = Path(sys.argv[2]) if len(sys.argv) > 2 else REPO / f"crates/hayate/tests/fixtures/data-{rev}"
+    name = f"data-{rev}-kill" if kill else f"data-{rev}"
+    out = Path(args[1]) if len(args) > 1 else REPO / f"crates/hayate/tests/fixtures/{name}"
     tmp = Path(tempfile.mkdtemp(prefix="hayate-fixture-"))
     data = tmp / "data"
     proc, ports = start(binary, tmp, data, 1)
@@ -558,12 +589,17 @@ def main() -> None:
         for f in sorted(tmp.glob("broker-*.log")):
             print(f"--- {f.name}\n" + f.read_text(errors="replace")[-4000:], file=sys.stderr)
         raise
-    stop(proc, tmp / "broker-2.log")
-    log("broker stopped cleanly")
+    if kill:
+        proc.kill()  # SIGKILL: no checkpoint, no compaction, nothing saved at the stop
+        proc.wait()
+        log("broker killed (SIGKILL)")
+    else:
+        stop(proc, tmp / "broker-2.log")
+        log("broker stopped cleanly")
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(data, out)
-    (out / "MANIFEST.md").write_text(manifest(rev, binary, out, m))
+    (out / "MANIFEST.md").write_text(manifest(rev, binary, out, m, kill))
     shutil.rmtree(tmp)
     total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     log(f"wrote {out} ({total} bytes)")

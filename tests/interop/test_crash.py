@@ -8,6 +8,10 @@ lost), duplicates are counted and printed.
   subscriptions were SUBACKed once, before the first kill.
 - STOMP (stomp.py): a publisher SENDs to a /queue/ that a stream captures, each with a
   receipt; a client-individual subscriber then receives and acknowledges everything.
+- Every protocol at once (issue 45's crash bar; the clients are in crashall.py): AMQP
+  confirms and acks, MQTT QoS 1 and QoS 2 persistent sessions on both sides, STOMP receipts
+  and client-individual acks, native confirms and a durable consumer, all on one broker
+  killed at random moments; 0 lost and no duplicate of a settled acknowledgement.
 
 Short by default (CI): CRASH_KILLS=5. The long run is `scripts/crash-test` (CRASH_KILLS=100,
 after the native-protocol crash test). CRASH_MESSAGES (90,000) caps the messages of the whole
@@ -23,6 +27,7 @@ import pytest
 import stomp as stomppy
 from paho.mqtt.enums import CallbackAPIVersion
 
+from conftest import tail
 from helpers import unique
 
 pytestmark = pytest.mark.hayate_only
@@ -286,6 +291,62 @@ def test_stomp_receipted_sends_survive_repeated_kill_9(make_stomp_server, stomp)
             break
     lost = report("stomp client-individual", acked, got)
     assert not lost, f"{len(lost)} receipted messages lost: {lost[:10]}"
+
+
+def test_every_protocol_at_once_survives_repeated_kill_9(tmp_path):
+    """The crash bar of issue 45: one broker (fixed ports, one data directory) serves at once
+    a pika publisher with confirms to a durable AMQP queue and a pika consumer with manual
+    acks; paho QoS 1 (3.1.1) and QoS 2 (5.0) publishers and subscribers, all with persistent
+    sessions; stomp.py SENDs with receipts to a durable /queue/ (a stream captures it) read
+    with client-individual acks; a native publisher with confirms to a stream and a native
+    durable consumer acking. The broker is killed with SIGKILL at a random moment of each run
+    (CRASH_KILLS runs) and started again; the clients reconnect and send again what was not
+    confirmed. Then everything is drained. Per protocol: every confirmed message received, and
+    each duplicate has a cause (crashall.py: a resend, or a kill while it was not yet
+    acknowledged, or acknowledged less than CRASH_SETTLE seconds before)."""
+    import logging
+
+    import crashall
+    for name in ("pika", "stomp.py"):  # every kill makes them log a traceback per connection
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    b = crashall.CrashBroker(tmp_path).start()
+    workers = []
+    try:
+        books, workers = crashall.make_clients(b, unique("all"))
+        rnd = random.Random(KILLS + 2)
+        kills: list[tuple[float, float]] = []
+        for _ in range(KILLS):
+            crashall.run_and_kill(b, workers, rnd.uniform(0.4, 1.2), kills)
+        took = crashall.drain(b, workers, books)
+    except BaseException:
+        print(f"--- broker log (run {b.runs}) ---\n{tail(b.log, 60)}")
+        raise
+    finally:
+        b.kill()
+        for w in workers:
+            if isinstance(w, crashall.Paho):
+                w.close()
+    failures = [f for w in workers for f in w.failures]
+    print(f"\ncrash test all protocols: {KILLS} kills, restarts {min(b.starts):.2f}-"
+          f"{max(b.starts):.2f} s, drained in {took:.1f} s, acknowledgement settle {crashall.SETTLE} s")
+    problems = []
+    for proto, book in books.items():
+        r = book.check(kills)
+        c = r["causes"]
+        print(f"crash test {proto}: kills {KILLS}, sent {r['sent']}, confirmed {r['confirmed']}, "
+              f"received {r['received']}, lost {len(r['lost'])}, duplicates {r['duplicates']} "
+              f"(resends {r['resends']}; duplicates of resent messages {c['resent']}, received "
+              f"and not acknowledged at a kill {c['unacked']}, acknowledged less than "
+              f"{crashall.SETTLE} s before a kill {c['doubt']}, without a cause {c['bad']}; the "
+              f"oldest acknowledgement a kill undid: {r['ack_age'] * 1000:.0f} ms)")
+        assert r["confirmed"] > 0, f"{proto}: nothing was confirmed"
+        if r["lost"]:
+            problems.append(f"{proto}: {len(r['lost'])} confirmed messages lost: {r['lost'][:10]}")
+        for body, events, sends in r["bad"][:5]:
+            problems.append(f"{proto}: {body!r} delivered again after its acknowledgement settled "
+                            f"(sent {sends}x; events {events}; kills {kills})")
+    assert not failures, f"client failures before a kill: {failures[:10]}"
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])
