@@ -14,7 +14,7 @@ pub const STREAM_API: &str = "$hayate/api/stream/";
 /// Every consumer operation's key starts with this.
 pub const CONSUMER_API: &str = "$hayate/api/consumer/";
 
-/// A stream's definition, as kept in `stream.json`, given in the config file and sent by
+/// A stream's definition, as kept in the meta log (`stream/<name>`), given in the config file and sent by
 /// `hayate stream add`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

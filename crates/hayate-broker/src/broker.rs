@@ -165,6 +165,8 @@ pub(crate) struct Shared {
     /// Serialises creating and deleting streams, so that their file work runs without
     /// holding `streams` (which routing and every stream lookup read). Taken before `streams`.
     pub(crate) stream_admin: std::sync::Mutex<()>,
+    /// The meta log, opened (and older files migrated) by the first stream operation.
+    pub(crate) meta: std::sync::Mutex<Option<Arc<crate::meta::Meta>>>,
     /// Bumped (under the registry write lock) on every subscription change.
     pub(crate) generation: AtomicU64,
     pub(crate) next_session: AtomicU64,
@@ -211,6 +213,7 @@ impl Broker {
                 registry: RwLock::new(Registry::default()),
                 streams: RwLock::new(Default::default()),
                 stream_admin: std::sync::Mutex::new(()),
+                meta: std::sync::Mutex::new(None),
                 generation: AtomicU64::new(1),
                 next_session: AtomicU64::new(1),
                 config,

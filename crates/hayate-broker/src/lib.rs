@@ -24,6 +24,7 @@
 mod broker;
 pub mod footprint;
 pub mod keys;
+pub mod meta;
 mod queue;
 mod route;
 pub mod session;

@@ -203,7 +203,11 @@ async fn definitions_are_checked_and_deletion_removes_files_and_capture() {
         b.create_stream(other),
         Err(StreamError::Exists(_))
     ));
-    assert!(dir.join("streams/s/stream.json").is_file());
+    assert!(
+        b.meta().unwrap().get("stream/s").is_some(),
+        "the definition is a record of the meta log"
+    );
+    assert!(dir.join("streams/s").is_dir());
     let (mut p, _) = open(&b);
     p.publish(Batch::One(&msg("k", "1"))).await;
     let old = b.stream("s").unwrap();

@@ -1051,12 +1051,17 @@ async fn a_position_beyond_the_end_of_the_log_is_moved_back() {
         b.shutdown().await;
     }
     // Forge the crash: the consumer had seen offsets the log no longer has.
-    let file = d.0.join("streams/be/consumers/c.json");
-    let text = std::fs::read_to_string(&file).unwrap();
-    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["floor"] = 50.into();
-    v["next"] = 50.into();
-    std::fs::write(&file, v.to_string()).unwrap();
+    {
+        use hayate_broker::meta::{Meta, record};
+        let meta = Meta::open(&hayate_log::FsRoot(d.0.clone())).unwrap();
+        let pos = record::Position {
+            floor: 50,
+            next: 50,
+            ..record::Position::default()
+        };
+        meta.put_durable(&[(&record::pos_key("be", "c"), &pos.encode())])
+            .unwrap();
+    }
     let b = start(config).await;
     let c = Client::connect(&b.addr).await.unwrap();
     publish_n(&c, "be/new", 1).await;

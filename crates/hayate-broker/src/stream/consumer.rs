@@ -7,26 +7,27 @@
 //! each offset not done, and the offsets due for (re)delivery at a time (NACK with a delay,
 //! ack timeout, a member gone, a message scheduled for later).
 //!
-//! Persisted in `<stream dir>/consumers/<name>.json` (atomic replace) at most every
-//! [`PERSIST_EVERY`] while it changes. After a restart every offset in `[floor, next)` that
-//! is not done is delivered again (at least once): acknowledgements of the last moments
-//! before a crash may be lost, so duplicates are possible and counted by the delivery count.
+//! Persisted in the meta log (`crate::meta`): the definition as `consumer/<stream>/<name>`
+//! when it is made, the position as `pos/<stream>/<name>` at most every [`PERSIST_EVERY`]
+//! while it changes. After a restart every offset in `[floor, next)` that is not done is
+//! delivered again (at least once): acknowledgements of the last moments before a crash may
+//! be lost, so duplicates are possible and counted by the delivery count.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use hayate_core::KeyExpr;
-use serde::{Deserialize, Serialize};
 
 /// A consumer's definition and state as the API carries them (hayate-native's wire types).
 pub use hayate_api::stream::{ConsumerConfig, ConsumerInfo, Start};
 
 use super::{Stream, StreamError};
+use crate::meta::Meta;
+use crate::meta::record::{self, Position};
 
-/// At most this often a changing consumer writes its state file.
+/// At most this often a changing consumer saves its position.
 pub const PERSIST_EVERY: Duration = Duration::from_millis(100);
 
 /// Checks a consumer's definition; returns its parsed filter.
@@ -152,26 +153,17 @@ pub(crate) struct DeadLetterStats {
     pub(crate) dropped: AtomicU64,
 }
 
-#[derive(Serialize, Deserialize)]
-struct Saved {
-    config: ConsumerConfig,
-    floor: u64,
-    next: u64,
-    done: Vec<(u64, u64)>,
-    deliveries: Vec<(u64, u32)>,
-}
-
 /// A durable consumer. Members deliver through `stream::member`.
 #[derive(Debug)]
 pub struct Consumer {
     pub(crate) config: ConsumerConfig,
     pub(crate) filter: Option<KeyExpr>,
     pub(crate) stream: Arc<Stream>,
-    path: PathBuf,
+    meta: Arc<Meta>,
     state: Mutex<CState>,
     /// Woken on every acknowledgement, NACK, release and deletion.
     pub(crate) changed: tokio::sync::Notify,
-    /// Held while the state file is written (one writer at a time, and not across a delete).
+    /// Held while the position is saved (one writer at a time, and not across a delete).
     persisting: Mutex<()>,
     /// What became of its dead letters.
     pub(crate) dead: DeadLetterStats,
@@ -182,9 +174,11 @@ impl Consumer {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Creates a new consumer of `stream` (its state file is written now).
+    /// Creates a new consumer of `stream` (its definition and position are durable when
+    /// this returns).
     pub(crate) fn create(
         stream: Arc<Stream>,
+        meta: Arc<Meta>,
         config: ConsumerConfig,
     ) -> Result<Consumer, StreamError> {
         let filter = check(&config)?;
@@ -198,10 +192,6 @@ impl Consumer {
                 source,
             })?,
         };
-        let path = stream
-            .dir
-            .join("consumers")
-            .join(format!("{}.json", config.name));
         let c = Consumer {
             state: Mutex::new(CState {
                 floor: start,
@@ -211,7 +201,7 @@ impl Consumer {
             config,
             filter,
             stream,
-            path,
+            meta,
             changed: tokio::sync::Notify::new(),
             persisting: Mutex::new(()),
             dead: DeadLetterStats::default(),
@@ -220,23 +210,24 @@ impl Consumer {
         Ok(c)
     }
 
-    /// Opens a consumer from its state file: everything in flight before is due now.
-    pub(crate) fn load(stream: Arc<Stream>, path: PathBuf) -> Result<Consumer, StreamError> {
-        let io = |source| StreamError::Io {
-            name: stream.name().to_owned(),
-            source,
-        };
-        let text = std::fs::read(&path).map_err(io)?;
-        let s: Saved = serde_json::from_slice(&text)
-            .map_err(|e| StreamError::Invalid(format!("{}: {e}", path.display())))?;
-        let filter = check(&s.config)?;
+    /// Opens a consumer from its definition and saved position: everything in flight
+    /// before is due now. A position beyond the end of the stream is moved back to the end
+    /// and saved so (durably) before this returns.
+    pub(crate) fn load(
+        stream: Arc<Stream>,
+        meta: Arc<Meta>,
+        config: ConsumerConfig,
+        s: Position,
+    ) -> Result<Consumer, StreamError> {
+        let filter = check(&config)?;
         let start = stream.log().start_offset();
         let end = stream.log().end_offset();
         // A position beyond the end (the log lost its tail in a crash and will give those
         // offsets to new records) is brought back to the end, or new records would be
-        // skipped as done.
-        if s.floor > end || s.next > end {
-            tracing::warn!(stream = %stream.name(), consumer = %s.config.name, floor = s.floor, next = s.next, end,
+        // skipped as done; the position saved says so before anything is appended.
+        let beyond = s.floor > end || s.next > end;
+        if beyond {
+            tracing::warn!(stream = %stream.name(), consumer = %config.name, floor = s.floor, next = s.next, end,
                 "consumer position beyond the end of the log (its tail was lost): moved back to the end");
         }
         let floor = s.floor.clamp(start, end);
@@ -272,16 +263,20 @@ impl Consumer {
         }
         let floor = st.floor;
         st.floor = st.done.take_from(floor).max(floor);
-        Ok(Consumer {
-            config: s.config,
+        let c = Consumer {
+            config,
             filter,
             stream,
-            path,
+            meta,
             state: Mutex::new(st),
             changed: tokio::sync::Notify::new(),
             persisting: Mutex::new(()),
             dead: DeadLetterStats::default(),
-        })
+        };
+        if beyond {
+            c.write_state(true)?;
+        }
+        Ok(c)
     }
 
     /// The definition.
@@ -384,6 +379,16 @@ impl Consumer {
         }
     }
 
+    /// Claims what a member would deliver now, if anything: `(offset, delivery)` (tests
+    /// drive consumers without a session).
+    #[doc(hidden)]
+    pub fn claim_next(&self) -> Option<(u64, u32)> {
+        match self.step(Instant::now(), true) {
+            Step::Deliver { offset, n } => Some((offset, n)),
+            _ => None,
+        }
+    }
+
     fn claim(&self, st: &mut CState, o: u64, now: Instant) -> Step {
         let n = st.deliveries.entry(o).or_insert(0);
         *n += 1;
@@ -443,8 +448,8 @@ impl Consumer {
         st.due.insert((at, o));
     }
 
-    /// Writes the state file if it changed and the last write is older than
-    /// [`PERSIST_EVERY`].
+    /// Saves the position if it changed and the last save is older than [`PERSIST_EVERY`]
+    /// (the meta log's writer appends it within [`crate::meta::FLUSH_EVERY`]).
     pub fn persist_if_due(&self) {
         let due = {
             let st = self.lock();
@@ -455,66 +460,74 @@ impl Consumer {
         }
     }
 
-    /// Writes the state file now.
+    /// Saves the position now (appended to the meta log at once, not waiting for its
+    /// fsync).
     pub fn persist_now(&self) -> Result<(), StreamError> {
-        self.write_state(false)
+        self.write_state(false)?;
+        self.meta.flush();
+        Ok(())
     }
 
-    /// Writes the state file (atomically: a temporary file renamed over it), synced when the
-    /// stream's policy is `always` or `sync` (creation: also the directories).
-    fn write_state(&self, sync: bool) -> Result<(), StreamError> {
+    /// Saves the position: staged for the meta log's writer, or (`define`: creation, a
+    /// position moved back at start) appended with the definition and waited for.
+    fn write_state(&self, define: bool) -> Result<(), StreamError> {
         let _one = self.persisting.lock().unwrap_or_else(|p| p.into_inner());
-        let saved = {
+        let pos = {
             let mut st = self.lock();
             if st.deleted {
                 return Ok(());
             }
             st.dirty = false;
             st.last_persist = Some(Instant::now());
-            Saved {
-                config: self.config.clone(),
+            Position {
                 floor: st.floor,
                 next: st.next,
                 done: st.done.0.iter().map(|(a, b)| (*a, *b)).collect(),
                 deliveries: st.deliveries.iter().map(|(o, n)| (*o, *n)).collect(),
             }
         };
-        let io = |source| StreamError::Io {
-            name: self.stream.name().to_owned(),
-            source,
-        };
-        let json = serde_json::to_vec(&saved).map_err(|e| StreamError::Invalid(e.to_string()))?;
-        let dir = self
-            .path
-            .parent()
-            .ok_or_else(|| StreamError::Invalid("consumer path".into()))?;
-        std::fs::create_dir_all(dir).map_err(io)?;
-        let tmp = self.path.with_extension("json.tmp");
-        let fsync = sync || self.stream.config.fsync == "always";
-        let written = (|| {
-            std::fs::write(&tmp, &json)?;
-            if fsync {
-                std::fs::File::open(&tmp)?.sync_all()?;
-            }
-            std::fs::rename(&tmp, &self.path)?;
-            if sync {
-                std::fs::File::open(dir)?.sync_all()?;
-                std::fs::File::open(&self.stream.dir)?.sync_all()?;
-            }
-            Ok(())
-        })();
-        if written.is_err() {
-            self.lock().dirty = true; // try again on the next change or persist
+        let (stream, name) = (self.stream.name(), &self.config.name);
+        let pos_key = record::pos_key(stream, name);
+        if !define {
+            self.meta.stage(pos_key, pos.encode());
+            return Ok(());
         }
-        written.map_err(io)
+        let json =
+            serde_json::to_vec(&self.config).map_err(|e| StreamError::Invalid(e.to_string()))?;
+        let written = self.meta.put_durable(&[
+            (&record::consumer_key(stream, name), &json),
+            (&pos_key, &pos.encode()),
+        ]);
+        written.map_err(|source| {
+            self.lock().dirty = true; // try again on the next change or persist
+            StreamError::Log {
+                name: stream.to_owned(),
+                source,
+            }
+        })
     }
 
-    /// Marks the consumer deleted (members stop) and removes its state file.
-    pub(crate) fn delete(&self) {
-        let _one = self.persisting.lock().unwrap_or_else(|p| p.into_inner());
+    /// Marks the consumer deleted (members stop); its records are not touched (see
+    /// [`Consumer::delete`]).
+    pub(crate) fn stop(&self) {
         self.lock().deleted = true;
         self.changed.notify_waiters();
-        let _ = std::fs::remove_file(&self.path);
+    }
+
+    /// Marks the consumer deleted (members stop) and deletes its records.
+    pub(crate) fn delete(&self) -> Result<(), StreamError> {
+        let _one = self.persisting.lock().unwrap_or_else(|p| p.into_inner());
+        self.stop();
+        let (stream, name) = (self.stream.name(), &self.config.name);
+        self.meta
+            .put_durable(&[
+                (&record::consumer_key(stream, name), &[]),
+                (&record::pos_key(stream, name), &[]),
+            ])
+            .map_err(|source| StreamError::Log {
+                name: stream.to_owned(),
+                source,
+            })
     }
 }
 

@@ -3,8 +3,8 @@
 //! publisher that asks for a confirm gets it once the record is durable under the stream's
 //! fsync policy.
 //!
-//! A stream lives in `<data_dir>/streams/<name>/`: `stream.json` (its definition, written
-//! atomically) and the log's segment files.
+//! A stream's log lives in `<data_dir>/streams/<name>/` (through the broker's storage
+//! root); its definition is the meta log's record `stream/<name>` (`crate::meta`).
 
 pub mod api;
 pub mod codec;
@@ -13,7 +13,6 @@ pub mod member;
 pub(crate) mod registry;
 
 use std::ops::Range;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -151,7 +150,6 @@ pub struct Stream {
     config: StreamConfig,
     capture: Vec<KeyExpr>,
     log: Log,
-    pub(crate) dir: PathBuf,
     /// Set when the stream is deleted: appends through routes made before are refused.
     pub(crate) deleted: AtomicBool,
     /// Its durable consumers, by name.
@@ -160,11 +158,7 @@ pub struct Stream {
 }
 
 impl Stream {
-    fn open(
-        root: &dyn hayate_log::Root,
-        dir: &Path,
-        config: StreamConfig,
-    ) -> Result<Stream, StreamError> {
+    fn open(root: &dyn hayate_log::Root, config: StreamConfig) -> Result<Stream, StreamError> {
         let (capture, log_config) = check(&config)?;
         let rel = format!("streams/{}", config.name);
         let log = Log::open_in(root, &rel, log_config).map_err(|source| StreamError::Log {
@@ -179,7 +173,6 @@ impl Stream {
             config,
             capture,
             log,
-            dir: dir.to_path_buf(),
             deleted: AtomicBool::new(false),
             consumers: Default::default(),
         })
@@ -239,39 +232,6 @@ impl Stream {
                 self.log.append_batch(&entries)
             }
         }
-    }
-
-    /// Opens the consumers kept in `consumers/`.
-    pub(crate) fn load_consumers(self: &Arc<Self>) -> Result<(), StreamError> {
-        let dir = self.dir.join("consumers");
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            return Ok(());
-        };
-        let mut map = self.consumers.lock().unwrap_or_else(|p| p.into_inner());
-        for e in entries.flatten() {
-            let p = e.path();
-            match p.extension().and_then(|x| x.to_str()) {
-                Some("json") => {}
-                Some("tmp") => {
-                    let _ = std::fs::remove_file(&p); // a temporary file of an interrupted save
-                    continue;
-                }
-                _ => continue, // set aside earlier
-            }
-            // A state file that cannot be used is moved aside (the broker still starts; the
-            // consumer can be created again).
-            match consumer::Consumer::load(self.clone(), p.clone()) {
-                Ok(c) => {
-                    map.insert(c.config().name.clone(), Arc::new(c));
-                }
-                Err(e) => {
-                    let aside = p.with_extension(format!("json.bad-{}", codec::now_ms()));
-                    tracing::error!(stream = %self.name(), file = %p.display(), "consumer state unusable ({e}); moved to {}", aside.display());
-                    let _ = std::fs::rename(&p, &aside);
-                }
-            }
-        }
-        Ok(())
     }
 
     /// The consumer named `name`.

@@ -3,16 +3,16 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use hayate_log::Removed;
-use hayate_log::storage::write_atomically;
 
 use super::consumer::{Consumer, ConsumerConfig};
 use super::{Stream, StreamConfig, StreamError};
 use crate::broker::Broker;
+use crate::meta::Meta;
+use crate::meta::record::{self, Position};
 
 /// What one publish appended to streams.
 #[derive(Debug, Default)]
@@ -82,47 +82,42 @@ impl Broker {
             .ok_or(StreamError::NoDataDir)
     }
 
-    fn streams_dir(&self) -> Result<PathBuf, StreamError> {
-        self.root()?
-            .path()
-            .map(|d| d.join("streams"))
-            .ok_or(StreamError::NoDataDir)
+    /// The meta log: opened on first use, after which files of an older format are
+    /// migrated into it (`meta::migrate`).
+    pub fn meta(&self) -> Result<Arc<Meta>, StreamError> {
+        let mut m = self.shared.meta.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(meta) = &*m {
+            return Ok(meta.clone());
+        }
+        let root = self.root()?;
+        let meta = Arc::new(Meta::open(&**root).map_err(|source| StreamError::Log {
+            name: crate::meta::DIR.to_owned(),
+            source,
+        })?);
+        crate::meta::migrate::run(&meta, root.path())?;
+        *m = Some(meta.clone());
+        Ok(meta)
     }
 
-    /// Opens every stream found under the data directory (at start-up); returns their names.
+    /// Opens every stream the meta log defines, with their consumers (at start-up); returns
+    /// their names.
     pub fn open_streams(&self) -> Result<Vec<String>, StreamError> {
-        let Ok(root) = self.streams_dir() else {
+        let Ok(root) = self.root() else {
             return Ok(Vec::new());
         };
-        let io = |name: &str| {
-            let name = name.to_owned();
-            move |source| StreamError::Io { name, source }
-        };
-        if !root.exists() {
-            return Ok(Vec::new());
-        }
+        let meta = self.meta()?;
         let mut names = Vec::new();
-        let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-            .map_err(io("*"))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.join("stream.json").is_file())
-            .collect();
-        dirs.sort();
-        for dir in dirs {
-            let text =
-                std::fs::read(dir.join("stream.json")).map_err(io(&dir.display().to_string()))?;
-            let config: StreamConfig = serde_json::from_slice(&text).map_err(|e| {
-                StreamError::Invalid(format!("{}: {e}", dir.join("stream.json").display()))
-            })?;
-            if dir.file_name().and_then(|n| n.to_str()) != Some(config.name.as_str()) {
+        for (key, json) in meta.scan("stream/") {
+            let config: StreamConfig = serde_json::from_slice(&json)
+                .map_err(|e| StreamError::Invalid(format!("meta log {key}: {e}")))?;
+            if key != record::stream_key(&config.name) {
                 return Err(StreamError::Invalid(format!(
-                    "{}: names stream {}",
-                    dir.display(),
+                    "meta log {key}: names stream {}",
                     config.name
                 )));
             }
-            let s = Arc::new(Stream::open(&**self.root()?, &dir, config)?);
-            s.load_consumers()?;
+            let s = Arc::new(Stream::open(&**root, config)?);
+            self.load_consumers(&meta, &s)?;
             names.push(s.name().to_owned());
             self.shared
                 .streams
@@ -134,11 +129,48 @@ impl Broker {
         Ok(names)
     }
 
+    /// Opens the consumers of `s` the meta log defines. One that cannot be used is left out
+    /// (logged; the broker still starts and the consumer can be made again).
+    fn load_consumers(&self, meta: &Arc<Meta>, s: &Arc<Stream>) -> Result<(), StreamError> {
+        let mut map = s.consumers.lock().unwrap_or_else(|p| p.into_inner());
+        for (key, json) in meta.scan(&format!("consumer/{}/", s.name())) {
+            let config = serde_json::from_slice::<ConsumerConfig>(&json)
+                .map_err(|e| e.to_string())
+                .and_then(|c| {
+                    if key == record::consumer_key(s.name(), &c.name) && c.stream == s.name() {
+                        Ok(c)
+                    } else {
+                        Err(format!("names consumer {}/{}", c.stream, c.name))
+                    }
+                });
+            let pos = config.and_then(|c| {
+                let pos = match meta.get(&record::pos_key(s.name(), &c.name)) {
+                    Some(v) => Position::decode(&v)?,
+                    None => Position::default(),
+                };
+                Ok((c, pos))
+            });
+            let loaded = pos.and_then(|(c, pos)| {
+                Consumer::load(s.clone(), meta.clone(), c, pos).map_err(|e| e.to_string())
+            });
+            match loaded {
+                Ok(c) => {
+                    map.insert(c.config().name.clone(), Arc::new(c));
+                }
+                Err(e) => {
+                    tracing::error!(stream = %s.name(), record = %key, "consumer unusable ({e}): left out");
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Creates a stream, or returns the existing one if its definition is the same
     /// (`false`: it existed).
     pub fn create_stream(&self, config: StreamConfig) -> Result<(Arc<Stream>, bool), StreamError> {
         super::check(&config)?;
-        let root = self.streams_dir()?;
+        let root = self.root()?;
+        let meta = self.meta()?;
         // Creations and deletions one at a time; the table itself is locked only to look and
         // to insert, not across the file work (directories, fsyncs, opening the log).
         let _admin = self
@@ -193,23 +225,19 @@ impl Broker {
                 }
             }
         }
-        let dir = root.join(&config.name);
-        let io = |source| StreamError::Io {
+        let rel = format!("streams/{}", config.name);
+        // Left by a deletion that did not finish: start afresh.
+        root.remove_dir(&rel).map_err(|source| StreamError::Io {
             name: config.name.clone(),
             source,
-        };
-        if dir.exists() {
-            // Left by a deletion that did not finish: start afresh.
-            std::fs::remove_dir_all(&dir).map_err(io)?;
-        }
-        std::fs::create_dir_all(&dir).map_err(io)?;
-        let json =
-            serde_json::to_vec_pretty(&config).map_err(|e| StreamError::Invalid(e.to_string()))?;
-        let s = Arc::new(Stream::open(&**self.root()?, &dir, config.clone())?);
-        write_atomically(&dir, "stream.json", &json).map_err(io)?;
-        std::fs::File::open(&root)
-            .and_then(|f| f.sync_all())
-            .map_err(io)?;
+        })?;
+        let json = serde_json::to_vec(&config).map_err(|e| StreamError::Invalid(e.to_string()))?;
+        let s = Arc::new(Stream::open(&**root, config.clone())?);
+        meta.put_durable(&[(&record::stream_key(&config.name), &json)])
+            .map_err(|source| StreamError::Log {
+                name: config.name.clone(),
+                source,
+            })?;
         self.shared
             .streams
             .write()
@@ -237,6 +265,7 @@ impl Broker {
         caller: Option<&str>,
         check: bool,
     ) -> Result<(), StreamError> {
+        let meta = self.meta()?;
         let _admin = self
             .shared
             .stream_admin
@@ -262,16 +291,26 @@ impl Broker {
         // No file of the old log is touched after this (a stream of the same name may be
         // created in the same directory right after), whoever still holds the stream.
         s.log().discard();
-        for c in s.consumer_list() {
-            c.delete();
+        // The definitions go first, in one record batch: a crash part-way leaves files that
+        // are not a stream (removed when a stream of that name is made).
+        let consumers = s.consumer_list();
+        let mut keys = vec![record::stream_key(name)];
+        for c in &consumers {
+            c.stop();
+            keys.push(record::consumer_key(name, &c.config().name));
+            keys.push(record::pos_key(name, &c.config().name));
         }
-        // The definition goes first: a crash part-way leaves files that are not a stream.
-        let io = |source| StreamError::Io {
+        let gone: Vec<(&str, &[u8])> = keys.iter().map(|k| (k.as_str(), &[][..])).collect();
+        meta.put_durable(&gone).map_err(|source| StreamError::Log {
             name: name.to_owned(),
             source,
-        };
-        std::fs::remove_file(s.dir.join("stream.json")).map_err(io)?;
-        std::fs::remove_dir_all(&s.dir).map_err(io)?;
+        })?;
+        self.root()?
+            .remove_dir(&format!("streams/{name}"))
+            .map_err(|source| StreamError::Io {
+                name: name.to_owned(),
+                source,
+            })?;
         tracing::info!(stream = %name, "stream deleted");
         Ok(())
     }
@@ -409,7 +448,7 @@ impl Broker {
             }
         }
         let name = config.name.clone();
-        let c = Arc::new(Consumer::create(s.clone(), config)?);
+        let c = Arc::new(Consumer::create(s.clone(), self.meta()?, config)?);
         map.insert(name, c.clone());
         Ok((c, true))
     }
@@ -450,8 +489,7 @@ impl Broker {
             map.remove(name)
                 .ok_or_else(|| StreamError::NotFound(format!("{stream}/{name}")))?
         };
-        c.delete();
-        Ok(())
+        c.delete()
     }
 
     /// Applies each stream's retention now.
