@@ -123,23 +123,24 @@ impl Position {
     }
 }
 
-struct Reader<'a>(&'a [u8]);
+/// Reads big-endian fields off a record's value.
+pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
 
 impl Reader<'_> {
     fn take<const N: usize>(&mut self) -> Result<[u8; N], String> {
         let Some((a, rest)) = self.0.split_first_chunk::<N>() else {
-            return Err("position record cut short".into());
+            return Err("meta record cut short".into());
         };
         self.0 = rest;
         Ok(*a)
     }
-    fn u8(&mut self) -> Result<u8, String> {
+    pub(crate) fn u8(&mut self) -> Result<u8, String> {
         Ok(self.take::<1>()?[0])
     }
-    fn u32(&mut self) -> Result<u32, String> {
+    pub(crate) fn u32(&mut self) -> Result<u32, String> {
         Ok(u32::from_be_bytes(self.take()?))
     }
-    fn u64(&mut self) -> Result<u64, String> {
+    pub(crate) fn u64(&mut self) -> Result<u64, String> {
         Ok(u64::from_be_bytes(self.take()?))
     }
 }

@@ -67,14 +67,20 @@ pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
 const FULL_AFTER: usize = 64 << 10;
 
 /// The directory of namespace `ns`'s store under the storage root: `queues/default` for
-/// the default namespace (`""`), else `queues/ns-` and the name with every character a
-/// file name cannot hold (and `%`) as `%XX` (cut, with a hash of the whole, past 120).
+/// the default namespace (`""`), else `queues/` + [`file_name`]`("ns-", ns)`.
 pub fn dir_of(ns: &str) -> String {
     if ns.is_empty() {
         return "queues/default".into();
     }
-    let mut d = String::from("ns-");
-    for b in ns.bytes() {
+    format!("queues/{}", file_name("ns-", ns))
+}
+
+/// `prefix` and `name` with every character a file name cannot hold (and `%`) as `%XX`;
+/// past 120 bytes, cut and told apart by a hash of the whole name (FNV-1a: the same in
+/// every build).
+pub fn file_name(prefix: &str, name: &str) -> String {
+    let mut d = String::from(prefix);
+    for b in name.bytes() {
         if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.' {
             d.push(b as char);
         } else {
@@ -82,14 +88,13 @@ pub fn dir_of(ns: &str) -> String {
         }
     }
     if d.len() > 120 {
-        // FNV-1a: the same in every build.
-        let h = ns.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        let h = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
             (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
         });
         let cut: String = d.chars().take(100).collect();
         d = format!("{cut}-{h:016x}");
     }
-    format!("queues/{d}")
+    d
 }
 
 /// A record whose message a queue still holds.
@@ -383,6 +388,16 @@ impl Store {
             at
         };
         self.meta.wait(at).map_err(|e| e.to_string())
+    }
+
+    /// The front-end's own definitions whose key (under `ns/<ns>/`) starts with `prefix`.
+    pub fn defs(&self, prefix: &str) -> Vec<(String, bytes::Bytes)> {
+        let all = settled::defs_prefix(&self.ns);
+        self.meta
+            .scan(&format!("{all}{prefix}"))
+            .into_iter()
+            .map(|(k, v)| (k[all.len()..].to_owned(), v))
+            .collect()
     }
 
     /// Sets (or, with an empty value, removes) the front-end's own definitions, each under

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::meta::record::{FULL_VALUE, MORE_VALUE};
+use crate::meta::record::{FULL_VALUE, MORE_VALUE, Reader};
 
 /// A part of a name in a key: `%` and `/` as `%25` and `%2F` (so that `/` only separates).
 pub fn key_part(s: &str) -> String {
@@ -149,27 +149,6 @@ pub fn decode_returns(v: &[u8]) -> Result<HashMap<u64, u32>, String> {
         }
     }
     Ok(counts)
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Result<[u8; N], String> {
-        let Some((a, rest)) = self.0.split_first_chunk::<N>() else {
-            return Err("queue store record cut short".into());
-        };
-        self.0 = rest;
-        Ok(*a)
-    }
-    fn u8(&mut self) -> Result<u8, String> {
-        Ok(self.take::<1>()?[0])
-    }
-    fn u32(&mut self) -> Result<u32, String> {
-        Ok(u32::from_be_bytes(self.take()?))
-    }
-    fn u64(&mut self) -> Result<u64, String> {
-        Ok(u64::from_be_bytes(self.take()?))
-    }
 }
 
 /// Is `o` in one of `ranges` (sorted)? `at` is a cursor for offsets asked in order.
