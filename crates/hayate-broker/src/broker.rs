@@ -11,8 +11,8 @@ use hayate_core::route::{Sub, SubKey, Table};
 use hayate_core::{KeyExpr, Qos};
 use hayate_flow::memory::{Charge, Memory};
 
+use crate::backlog::{Backlog, BacklogState, group_id};
 use crate::outbox::{Encoder, Outbox};
-use crate::queue::{Backlog, BacklogState, group_id};
 use crate::session::Session;
 
 /// Engine settings (the server maps its config file onto these).
@@ -143,9 +143,19 @@ pub trait KeyGuard: Send + Sync + std::fmt::Debug {
 /// What a subscription leads to (the route table holds its expression and queue group).
 #[derive(Debug)]
 pub(crate) struct SubEntry {
-    pub(crate) outbox: Arc<Outbox>,
+    pub(crate) to: To,
     pub(crate) qos: Qos,
     pub(crate) guard: Option<Arc<dyn KeyGuard>>,
+}
+
+/// A session's outbox (a subscription), or a queue (a binding, with its filter).
+#[derive(Debug)]
+pub(crate) enum To {
+    Outbox(Arc<Outbox>),
+    Queue(
+        Arc<crate::queue::Queue>,
+        Option<Arc<dyn crate::queue::BindingFilter>>,
+    ),
 }
 
 #[derive(Debug, Default)]
@@ -174,6 +184,8 @@ pub(crate) struct Shared {
     pub(crate) stats: BrokerStats,
     /// Sampled messages per key prefix (admin API's top keys).
     pub(crate) keys: crate::keys::KeySampler,
+    /// Queues by namespace and name (a leaf lock).
+    pub(crate) queues: std::sync::Mutex<HashMap<crate::queue::QueueId, Arc<crate::queue::Queue>>>,
 }
 
 /// The engine. Cheap to clone: a handle to shared state.
@@ -219,6 +231,7 @@ impl Broker {
                 config,
                 stats: BrokerStats::default(),
                 keys: crate::keys::KeySampler::default(),
+                queues: std::sync::Mutex::new(HashMap::new()),
             }),
         }
     }

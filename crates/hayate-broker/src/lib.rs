@@ -12,6 +12,11 @@
 //!   with `drop` and `block` behaviour, and the [`Encoder`] seam.
 //! - [`batch`]: [`Batch`], one message or many plain messages on one key.
 //! - [`session`]: [`Broker`], [`Session`] and the per-session route cache.
+//! - [`queue`]: queues as a broker noun ([`queue::Queue`]: ready messages per priority,
+//!   consumers with credit, limits and overflow, dead letters, the `QueueSink`,
+//!   `QueueStore` and `DeadLetterer` seams front-ends implement), and the broker's table
+//!   of them ([`Broker::queues`]).
+//! - `backlog`: [`Backlog`], the messages a declared queue group holds without members.
 //!
 //! # Ownership and locks
 //! The [`Broker`] owns the route table behind one `RwLock` and a generation counter bumped on every
@@ -21,15 +26,17 @@
 //! per batch. Lock order: index → outbox; an outbox lock is never held while taking another
 //! lock or awaiting.
 
+mod backlog;
 mod broker;
 pub mod footprint;
 pub mod keys;
 pub mod meta;
-mod queue;
+pub mod queue;
 mod route;
 pub mod session;
 pub mod stream;
 
+pub use backlog::Backlog;
 pub use broker::{
     Broker, BrokerConfig, BrokerStats, KeyGuard, SubFilter, SubscribeError, SubscriptionView,
 };
@@ -38,7 +45,6 @@ pub use hayate_flow::{Batch, Ledger};
 /// (the client library's peer servers use them too); re-exported at their old paths.
 pub use hayate_flow::{batch, latency, ledger, outbox};
 pub use outbox::{Delivery, Encoder, FREE_BYTES, OutBuf, Outbox, Settle, Taken};
-pub use queue::Backlog;
 pub use session::{PublishRest, Session};
 pub use stream::consumer::{Consumer, ConsumerConfig, ConsumerInfo, Start};
 pub use stream::{Stored, Stream, StreamConfig, StreamError, StreamInfo};

@@ -7,9 +7,10 @@ use std::sync::atomic::Ordering;
 
 use hayate_core::{Congestion, Key, Stall};
 
-use crate::broker::Broker;
+use crate::backlog::Backlog;
+use crate::broker::{Broker, To};
 use crate::outbox::Outbox;
-use crate::queue::Backlog;
+use crate::queue::QueueRoute;
 
 /// One subscription a key's messages go to: the route table's target for the broker.
 #[derive(Debug, Clone)]
@@ -30,19 +31,35 @@ pub(crate) struct Route {
     pub(crate) backlogs: Vec<Arc<Backlog>>,
     /// Streams that capture the key.
     pub(crate) streams: Vec<Arc<crate::stream::Stream>>,
+    /// Queues bound to the key (one entry per queue, with its matching bindings' filters).
+    pub(crate) queues: Vec<QueueRoute>,
 }
 
 impl Broker {
     pub(crate) fn route(&self, key: &Key) -> (u64, Arc<Route>) {
         let reg = self.read();
         let generation = self.shared.generation.load(Ordering::Acquire);
+        let mut queues: Vec<QueueRoute> = Vec::new();
         let to = reg.routes.route(key, |(session, sid), s| {
             let e = &s.target;
             if e.guard.as_ref().is_some_and(|g| !g.admits(key)) {
                 return None;
             }
+            let outbox = match &e.to {
+                To::Outbox(o) => o.clone(),
+                To::Queue(q, filter) => {
+                    match queues.iter_mut().find(|r| Arc::ptr_eq(&r.queue, q)) {
+                        Some(r) => r.filters.push(filter.clone()),
+                        None => queues.push(QueueRoute {
+                            queue: q.clone(),
+                            filters: vec![filter.clone()],
+                        }),
+                    }
+                    return None;
+                }
+            };
             Some(Target {
-                outbox: e.outbox.clone(),
+                outbox,
                 session,
                 sid,
                 congestion: e.qos.effective_congestion(),
@@ -54,6 +71,7 @@ impl Broker {
             to,
             backlogs: Vec::new(),
             streams: Vec::new(),
+            queues,
         };
         for (id, expr, backlog) in reg.queues.iter().map(|(id, (e, b))| (id, e, b)) {
             if expr.matches(key) && route.to.group(id).is_none() {

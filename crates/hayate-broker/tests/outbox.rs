@@ -512,30 +512,38 @@ async fn take_beside(
     concat(&q)
 }
 
-/// An encoder that hands what it is given to another outbox as control output, as an AMQP
-/// queue hands a publish to its consumer's connection.
+/// A queue's consumer that writes each delivery's payload into its outbox, as an AMQP
+/// channel writes basic.deliver frames.
+#[derive(Debug)]
 struct Forward(Arc<hayate_broker::Outbox>);
 
-impl hayate_broker::Encoder for Forward {
-    fn encode(
-        &mut self,
-        _sid: u32,
-        batch: Batch<'_>,
-        _origin: u64,
-        _out: &mut hayate_broker::OutBuf,
-    ) {
-        batch.each(|_, payload, _| self.0.push_control_buf(|b| b.put_payload(payload)));
+impl hayate_broker::queue::QueueSink for Forward {
+    fn has_credit(&self, _acked: bool) -> bool {
+        true
     }
 
-    fn encode_lost(&mut self, _sid: u32, _count: u64, _out: &mut hayate_broker::OutBuf) {}
+    fn outbox(&self) -> &Arc<hayate_broker::Outbox> {
+        &self.0
+    }
+
+    fn deliver(
+        &self,
+        _d: hayate_broker::queue::Delivered<'_>,
+        item: &hayate_broker::queue::QItem,
+        to_flush: hayate_broker::queue::ToFlush<'_>,
+    ) -> bool {
+        self.0
+            .push_control_buf_in(to_flush, |b| b.put_payload(&item.msg.payload));
+        false
+    }
 }
 
-/// Output an encoder pushes to another outbox within a publisher's offer (an AMQP queue's
-/// delivery to its consumer) is written by the publishing session at the end of its read,
-/// like its own deliveries, and gathered with other publishers' when they come close
-/// together.
+/// What a queue delivers to its consumer's outbox within a publisher's offer is written
+/// by the publishing session at the end of its read, like its own deliveries, and
+/// gathered with other publishers' when they come close together.
 #[tokio::test(start_paused = true)]
 async fn control_output_pushed_within_an_offer_is_flushed_by_the_publisher() {
+    use hayate_broker::queue::{Queue, QueueConfig, QueueConsumer, QueueId};
     let b = Broker::default();
     let recorder = common::Recorder {
         log: common::Log::default(),
@@ -543,8 +551,16 @@ async fn control_output_pushed_within_an_offer_is_flushed_by_the_publisher() {
     let consumer = Arc::new(hayate_broker::Outbox::new(1 << 20, Box::new(recorder)));
     let sink = FakeSink::new(usize::MAX, usize::MAX);
     consumer.set_sink(sink.clone());
-    let mut queue = b.open_session(Box::new(Forward(consumer.clone())));
-    queue.subscribe(1, expr("q"), None, Qos::default()).unwrap();
+    let id = QueueId {
+        ns: Arc::from(""),
+        name: Arc::from("q"),
+    };
+    let memory = &b.config().memory;
+    let queue = Queue::new(id, QueueConfig::default(), memory, None);
+    let forward = Arc::new(Forward(consumer.clone()));
+    let c = Arc::new(QueueConsumer::new(forward, true, false, 0));
+    queue.add_consumer(c, || {}).unwrap();
+    b.queue_bind(&queue, expr("q"), None, None);
     let (mut a, _) = open(&b);
     let (mut b2, _) = open(&b);
 

@@ -5,7 +5,8 @@
 //!   `amq.fanout`, `amq.topic`, `amq.headers` and `amq.match` exist from the start. An
 //!   exchange holds nothing: publishing to it publishes to the broker on the key
 //!   [`names::publish_key`] gives, where every protocol's subscribers can see it.
-//! - Queues ([`queue::Queue`]) hold messages for their consumers; their bindings are broker
+//! - Queues ([`queue::Queue`], on the engine's `hayate_broker::queue::Queue`) hold messages
+//!   for their consumers; their bindings are broker
 //!   subscriptions on [`names::binding_expr`], so an MQTT publish on `a/b` reaches a queue
 //!   bound to `amq.topic` with `a.b` (or `a.*`, `#`).
 //! - Durable queues, durable exchanges and the persistent messages in durable queues are
@@ -15,7 +16,8 @@
 //! # Layout
 //! - this crate's root: [`Amqp`] (the front-end's shared state: exchanges, queues, settings);
 //! - `names`: exchanges and routing keys as keys;
-//! - `queue`: queues, consumers, channels' delivery state, dispatch;
+//! - `queue`: AMQP on the engine's queues (`hayate_broker::queue`): arguments, bindings,
+//!   channels as consumers' sinks, dead letters to an exchange;
 //! - `delivery`: messages ↔ frames and properties, the connection session's encoder;
 //! - `store`: what of a virtual host survives a restart;
 //! - `conn`: one connection (handshake, channels, every method).
@@ -471,6 +473,11 @@ impl VHost {
         failed
     }
 
+    /// The namespace of its queues in the broker: `""` for `/`, else its name.
+    pub(crate) fn ns(&self) -> &str {
+        if self.name == "/" { "" } else { &self.name }
+    }
+
     /// A key of this vhost as a key of the `/` mapping (what routing keys and reply-to
     /// queue names are read from).
     pub(crate) fn strip<'a>(&self, key: &'a str) -> &'a str {
@@ -554,8 +561,7 @@ impl Amqp {
         self.next.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// A new queue with its broker session, its task and (with `x-dead-letter-exchange`)
-    /// its dead-letter task. It has no binding yet, not even the default exchange's.
+    /// A new queue with its task and (with `x-dead-letter-exchange`) its dead-letter task. It has no binding yet, not even the default exchange's.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn make_queue(
         self: &Arc<Self>,
@@ -567,52 +573,33 @@ impl Amqp {
         args: queue::QueueArgs,
         store: Option<(Arc<store::Store>, u64)>,
     ) -> Arc<Queue> {
-        let dlx = args.dead_letter_exchange.clone();
-        let dlrk = args.dead_letter_routing_key.clone();
+        let max_bytes = self.cfg.queue_max_bytes as usize;
+        let cfg = args.config(durable, auto_delete, owner, max_bytes);
+        let id = hayate_broker::queue::QueueId {
+            ns: Arc::from(vhost.ns()),
+            name: Arc::from(name),
+        };
+        let kept = store
+            .as_ref()
+            .map(|(s, n)| (s.clone() as Arc<dyn hayate_broker::queue::QueueStore>, *n));
+        let core = hayate_broker::queue::Queue::new(id, cfg, &self.broker.config().memory, kept);
+        if let Some(dlx) = &args.dead_letter_exchange {
+            let dl = queue::AmqpDeadLetters {
+                vhost: vhost.clone(),
+                exchange: dlx.clone(),
+                routing_key: args.dead_letter_routing_key.clone(),
+            };
+            core.set_dead_letterer(&self.broker, Arc::new(dl));
+        }
         let q = Queue::new(
             vhost.clone(),
             name.to_string(),
-            durable,
-            auto_delete,
-            owner,
             args,
-            self.cfg.queue_max_bytes as usize,
-            &self.broker.config().memory,
+            core,
+            self.broker.clone(),
             store,
         );
-        let session = self.broker.open_session(Box::new(queue::QueueEncoder {
-            queue: Arc::downgrade(&q),
-            taken: queue::Taken::default(),
-        }));
-        q.attach(session);
-        if let Some(dlx) = dlx {
-            let amqp = self.clone();
-            let vhost = vhost.clone();
-            let name = name.to_string();
-            // The queue's own publisher of dead letters (opened at the first): a dead-letter
-            // route whose subscriber holds its publishers back holds back this queue's dead
-            // letters only, not every queue's.
-            let publisher = Arc::new(tokio::sync::Mutex::new(None));
-            q.set_dead_letters(Arc::new(move |m: queue::QMsg, why: &'static str| {
-                let (amqp, vhost, name, dlx, dlrk, publisher) = (
-                    amqp.clone(),
-                    vhost.clone(),
-                    name.clone(),
-                    dlx.clone(),
-                    dlrk.clone(),
-                    publisher.clone(),
-                );
-                Box::pin(async move {
-                    let mut session = publisher.lock().await;
-                    let dl = DeadLetter {
-                        queue: &name,
-                        exchange: &dlx,
-                        routing_key: dlrk.as_deref(),
-                    };
-                    amqp.dead_letter(&vhost, &mut session, dl, m, why).await;
-                }) as std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
-            }));
-        }
+        q.attach();
         q
     }
 
@@ -740,6 +727,7 @@ impl Amqp {
                         tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: {e}");
                     }
                 }
+                q.listed();
                 lock(&vhost.registry).queues.insert(name, q);
             }
             {
@@ -757,80 +745,6 @@ impl Amqp {
         }
         Ok(())
     }
-
-    /// Publishes a dead letter of queue `dl.queue` to its dead-letter exchange (with its
-    /// dead-letter routing key, or the message's own), with an `x-death`-like header
-    /// (`x-first-death-reason`, `x-first-death-queue`), from `publisher` (the queue's own
-    /// session, opened here at its first dead letter).
-    pub(crate) async fn dead_letter(
-        self: &Arc<Self>,
-        vhost: &VHost,
-        publisher: &mut Option<hayate_broker::Session>,
-        dl: DeadLetter<'_>,
-        m: queue::QMsg,
-        why: &'static str,
-    ) {
-        let DeadLetter {
-            queue,
-            exchange,
-            routing_key,
-        } = dl;
-        let kind = match lock(&vhost.registry).exchanges.get(exchange) {
-            Some(x) => x.kind,
-            None => return, // RabbitMQ drops dead letters to a missing exchange too.
-        };
-        let rk = routing_key.unwrap_or(m.routing_key.as_str().unwrap_or(""));
-        let Some(key) = vhost.publish_key(exchange, kind, rk) else {
-            return;
-        };
-        // `$SYS` is read-only for clients, a dead letter's routing key included.
-        if key.as_str() == hayate_front::auth::SYS_PREFIX
-            || key
-                .as_str()
-                .strip_prefix(hayate_front::auth::SYS_PREFIX)
-                .is_some_and(|r| r.starts_with('/'))
-        {
-            return;
-        }
-        let mut msg = m.msg;
-        // A cycle (a queue's dead letters coming back to it without a client rejecting
-        // them, as RabbitMQ defines it): dropped, not sent round for ever.
-        let first = msg
-            .headers
-            .iter()
-            .flatten()
-            .find(|(k, _)| k == "x-first-death-queue")
-            .map(|(_, v)| v.clone());
-        if why != queue::REJECTED && first.is_some_and(|q| q == queue.as_bytes()) {
-            return;
-        }
-        msg.key = key;
-        msg.attrs.expires = None;
-        let h = msg.headers.get_or_insert_with(Vec::new);
-        if !h.iter().any(|(k, _)| k == "x-first-death-reason") {
-            h.push((
-                "x-first-death-reason".into(),
-                bytes::Bytes::from_static(why.as_bytes()),
-            ));
-            h.push((
-                "x-first-death-queue".into(),
-                bytes::Bytes::copy_from_slice(queue.as_bytes()),
-            ));
-        }
-        let session = publisher.get_or_insert_with(|| {
-            self.broker
-                .open_session(Box::new(hayate_front::PublishOnly))
-        });
-        session.publish(hayate_broker::Batch::One(&msg)).await;
-        session.flush();
-    }
-}
-
-/// Where a queue's dead letters go: its name, its dead-letter exchange and routing key.
-pub(crate) struct DeadLetter<'a> {
-    pub(crate) queue: &'a str,
-    pub(crate) exchange: &'a str,
-    pub(crate) routing_key: Option<&'a str>,
 }
 
 /// Does a message match a headers-exchange binding's arguments (`x-match` `all`, the

@@ -83,11 +83,7 @@ impl Session {
             // Skipped like a closed member, so a queue group tries its next member.
             return Ok((0, true));
         }
-        super::PUBLISH.set((self.id, self.publishes));
-        let offer =
-            hayate_flow::outbox::within_publish(|| t.outbox.offer(t.sid, self.id, batch, own));
-        super::PUBLISH.set((0, 0));
-        self.take_flushes_of_offer();
+        let offer = t.outbox.offer(t.sid, self.id, batch, own);
         match offer {
             Offer::Closed => Ok((0, true)),
             Offer::Took(n) => {

@@ -12,9 +12,10 @@ use hayate_core::route::RouteCache;
 use hayate_core::{Key, KeyExpr, Qos};
 
 use crate::Batch;
-use crate::broker::{Broker, SubEntry, SubscribeError, remove_sub};
+use crate::backlog::group_id;
+use crate::broker::{Broker, SubEntry, SubscribeError, To, remove_sub};
 use crate::outbox::{Delivery, Outbox};
-use crate::queue::group_id;
+use crate::queue::Routed;
 use crate::route::{Route, Target};
 use crate::stream::Stored;
 
@@ -58,21 +59,9 @@ pub struct Session {
     /// When the publish being delivered reached the broker, if it is timed (the sampled
     /// one in [`crate::keys::EVERY`]; see [`crate::latency`]).
     probe: Option<std::time::Instant>,
-    /// Publishes made so far: with the session's id, what names the one being delivered
-    /// ([`current_publish`]).
-    publishes: u64,
-}
-
-thread_local! {
-    static PUBLISH: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
-}
-
-/// The publish being offered on this thread, as (publishing session, its publish count;
-/// `(0, 0)` outside an offer): for an [`crate::Encoder`] that must take one publish once
-/// even when several of its subscriptions match it (an AMQP queue with overlapping
-/// bindings). Set around each offer of a publish, so valid within `Encoder::encode`.
-pub fn current_publish() -> (u64, u64) {
-    PUBLISH.with(std::cell::Cell::get)
+    /// What the queues the publish under way reached did with it
+    /// ([`Session::publish_routed`]).
+    routed: Routed,
 }
 
 /// A fresh inbox name: 96 random bits (a fallback mixes the session id into a per-process
@@ -110,7 +99,7 @@ impl Session {
             inbox: new_inbox(id),
             sample_in: (id as u32) % crate::keys::EVERY,
             probe: None,
-            publishes: 0,
+            routed: Routed::default(),
         }
     }
 
@@ -181,7 +170,7 @@ impl Session {
             expr.clone(),
             group.as_deref(),
             SubEntry {
-                outbox: self.outbox.clone(),
+                to: To::Outbox(self.outbox.clone()),
                 qos,
                 guard: guard.clone(),
             },
@@ -345,11 +334,11 @@ impl Session {
 
     /// [`Session::publish`] without a future, for a caller that wants none on its common
     /// path: `Ok` (the deliveries made) when every subscriber took `batch` at once and no
-    /// queue group or declared queue matches its key; otherwise what is left to do, which
+    /// queue group or declared queue matches its key (queues bound to it are offered it
+    /// here: they never block); otherwise what is left to do, which
     /// the caller must finish with [`Session::publish_rest`] on the same batch (what was
     /// delivered stays delivered, in order).
     pub fn publish_now(&mut self, batch: Batch<'_>) -> Result<usize, PublishRest> {
-        self.publishes += 1;
         self.note_in(batch);
         let route = self.lookup(batch.key());
         if !route.streams.is_empty() {
@@ -369,6 +358,7 @@ impl Session {
                 }
             }
         }
+        delivered += self.offer_queues(&route, batch);
         if route.to.groups.is_empty() && route.backlogs.is_empty() {
             self.probe = None;
             return Ok(delivered);
@@ -395,6 +385,7 @@ impl Session {
             // The target whose outbox was full: the rest of the batch may wait.
             delivered += self.deliver(t, batch.slice(took, batch.len())).await.0;
             delivered += self.deliver_fanout(&route.to.fanout[at + 1..], batch).await;
+            delivered += self.offer_queues(&route, batch);
         }
         delivered += self.deliver_queues(&route, batch).await;
         self.probe = None;
@@ -405,7 +396,6 @@ impl Session {
     /// append before anything is delivered live). Await [`Stored::confirmed`] for a
     /// publisher's confirm.
     pub async fn publish_stored(&mut self, batch: Batch<'_>) -> (usize, Stored) {
-        self.publishes += 1;
         self.note_in(batch);
         let route = self.lookup(batch.key());
         let stored = if route.streams.is_empty() {
@@ -441,9 +431,35 @@ impl Session {
         self.sample_in -= 1;
     }
 
+    /// As [`Session::publish_stored`], and says what the queues the publish reached did
+    /// with it ([`Routed`]: taken, refused, stored records to wait for).
+    pub async fn publish_routed(&mut self, batch: Batch<'_>) -> (usize, Routed, Stored) {
+        self.routed = Routed::default();
+        let (n, stored) = self.publish_stored(batch).await;
+        (n, std::mem::take(&mut self.routed), stored)
+    }
+
     /// Delivers `batch` along `route` (the publish path after the streams).
     async fn deliver_route(&mut self, route: &Route, batch: Batch<'_>) -> usize {
-        self.deliver_fanout(&route.to.fanout, batch).await + self.deliver_queues(route, batch).await
+        let fanout = self.deliver_fanout(&route.to.fanout, batch).await;
+        fanout + self.offer_queues(route, batch) + self.deliver_queues(route, batch).await
+    }
+
+    /// Offers `batch` to the queues bound to its key (they never block: a full one drops,
+    /// refuses or dead-letters); the items they admitted, counted as deliveries. Their
+    /// deliveries to consumers leave with this session's [`Session::flush`].
+    fn offer_queues(&mut self, route: &Route, batch: Batch<'_>) -> usize {
+        if route.queues.is_empty() {
+            return 0;
+        }
+        let mut routed = Routed::default();
+        for r in &route.queues {
+            r.queue
+                .offer_batch(batch, &r.filters, &mut routed, &mut self.to_flush);
+        }
+        let n = routed.queued;
+        self.routed.merge(routed);
+        n
     }
 
     /// Delivers `batch` to each of `targets` (subscriptions outside queue groups).
@@ -512,12 +528,6 @@ impl Session {
         if !self.to_flush.iter().any(|o| Arc::ptr_eq(o, outbox)) {
             self.to_flush.push(outbox.clone());
         }
-    }
-
-    /// Takes over the outboxes the offer just made wrote to through an encoder
-    /// ([`hayate_flow::outbox::within_publish`]).
-    pub(super) fn take_flushes_of_offer(&mut self) {
-        hayate_flow::outbox::take_flushes_of_offer(|o| self.mark_output(&o));
     }
 
     /// Marks this session's own outbox as holding new output (control frames).

@@ -40,7 +40,6 @@ mod outgoing;
 mod writer;
 
 pub use buf::{OutBuf, ZERO_COPY_THRESHOLD};
-pub use offer::{take_flushes_of_offer, within_publish};
 pub use writer::GATHER_GAP;
 
 use crate::Batch;

@@ -10,52 +10,6 @@ use bytes::BytesMut;
 use super::{Delivery, Offer, OutBuf, Outbox, State};
 use crate::Batch;
 
-thread_local! {
-    /// The offer of a publish is under way on this thread ([`within_publish`]).
-    static OFFERING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// Outboxes an encoder wrote to during the offer under way, for the publishing session
-    /// to flush with its other deliveries ([`flush_after_offer`]).
-    static TO_FLUSH: std::cell::RefCell<Vec<Arc<Outbox>>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Runs `offer`, the offer of a publish to a subscriber's outbox (the broker's publishing
-/// session calls [`Outbox::offer`] within it): an encoder that meanwhile writes to an outbox
-/// with a sink through [`Outbox::push_control_buf`] leaves that outbox for the publishing
-/// session to flush ([`take_flushes_of_offer`]) instead of waking its writer.
-pub fn within_publish<R>(offer: impl FnOnce() -> R) -> R {
-    OFFERING.set(true);
-    let r = offer();
-    OFFERING.set(false);
-    r
-}
-
-/// Hands `each` the outboxes that encoders wrote to during the offers made on this thread
-/// since the last call ([`within_publish`]), for the publishing session to flush at the end
-/// of its read.
-pub fn take_flushes_of_offer(mut each: impl FnMut(Arc<Outbox>)) {
-    TO_FLUSH.with(|t| {
-        for o in t.borrow_mut().drain(..) {
-            each(o);
-        }
-    });
-}
-
-/// Within the offer of a publish (`Encoder::encode`), has the publishing session flush
-/// `outbox` at the end of its read, as it flushes the outboxes it delivered to itself;
-/// false outside an offer (the caller wakes the outbox's writer instead).
-fn flush_after_offer(outbox: &Arc<Outbox>) -> bool {
-    if !OFFERING.get() {
-        return false;
-    }
-    TO_FLUSH.with(|t| {
-        let mut t = t.borrow_mut();
-        if !t.iter().any(|o| Arc::ptr_eq(o, outbox)) {
-            t.push(outbox.clone());
-        }
-    });
-    true
-}
-
 impl Outbox {
     /// Queues as many items of `batch` (from the front) as fit the budget. Items that do not
     /// fit are left to the caller, who drops them ([`Outbox::count_lost`]) or waits
@@ -235,17 +189,32 @@ impl Outbox {
     }
 
     /// Appends output like [`Outbox::push_control_unbudgeted`], given the whole output
-    /// buffer (large payloads queued by reference, [`OutBuf::put_payload`]). Within the
-    /// offer of a publish (an AMQP queue delivering what a publisher routed to it) to an
-    /// outbox with a sink, the publishing session writes it at the end of its read, as it
-    /// writes its other deliveries (the broker's `Session::flush`, gathered with other
-    /// publishers' by [`Outbox::flush_from`]; see [`within_publish`]); otherwise the writer
-    /// is woken.
+    /// buffer (large payloads queued by reference, [`OutBuf::put_payload`]), and wakes the
+    /// writer.
     pub fn push_control_buf(self: &Arc<Self>, f: impl FnOnce(&mut OutBuf)) {
+        self.push_control_buf_in(None, f);
+    }
+
+    /// [`Outbox::push_control_buf`] on behalf of a publishing session (a queue delivering
+    /// what a publisher routed to it): an outbox with a sink goes into `to_flush`, the
+    /// outboxes that session writes at the end of its read as it writes its other
+    /// deliveries (the broker's `Session::flush`, gathered with other publishers' by
+    /// [`Outbox::flush_from`]), instead of waking its writer. Without `to_flush`, the
+    /// writer is woken.
+    pub fn push_control_buf_in(
+        self: &Arc<Self>,
+        to_flush: Option<&mut Vec<Arc<Outbox>>>,
+        f: impl FnOnce(&mut OutBuf),
+    ) {
         let Some(mut st) = self.append(f) else {
             return;
         };
-        if st.sink.is_some() && flush_after_offer(self) {
+        if st.sink.is_some()
+            && let Some(t) = to_flush
+        {
+            if !t.iter().any(|o| Arc::ptr_eq(o, self)) {
+                t.push(self.clone());
+            }
             return;
         }
         self.wake(&mut st);

@@ -2,7 +2,6 @@
 //! recover, and the acknowledgements (basic.ack, nack, reject) of deliveries.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
 
 use hayate_amqp::{Frame, Method, ReplyCode, ShortStr};
 use hayate_broker::Session;
@@ -17,7 +16,8 @@ use super::tx::{TxOp, tx_room};
 use super::{Conn, REPLY_SUFFIX};
 use crate::delivery::OwnConsumer;
 use crate::names::REPLY_TO_QUEUE;
-use crate::queue::{Consumer, Unacked, give_back_all};
+use crate::queue::ConsumerSink;
+use hayate_broker::queue::{QueueConsumer, Unacked, give_back_all};
 
 /// Consumers per channel, at most.
 const MAX_CONSUMERS: usize = 4096;
@@ -93,7 +93,7 @@ impl Conn<'_> {
                 let queues = channel_queues(c);
                 self.send(session, ch, Method::BasicQosOk {});
                 for q in queues {
-                    q.dispatch();
+                    q.core.dispatch();
                 }
             }
             Method::BasicConsume {
@@ -131,8 +131,8 @@ impl Conn<'_> {
             Method::BasicGet { queue, no_ack, .. } => {
                 let q = self.queue(queue)?;
                 self.may_serve(&q)?;
-                let chan = self.chan(ch)?.shared.clone();
-                if !q.get(&chan, *no_ack) {
+                let chan: Arc<dyn hayate_broker::queue::QueueSink> = self.chan(ch)?.shared.clone();
+                if !q.core.get(&chan, *no_ack) {
                     self.send(
                         session,
                         ch,
@@ -228,7 +228,7 @@ impl Conn<'_> {
         let c = self.chan(ch)?;
         // Consumers the broker cancelled (their queue deleted) are forgotten first.
         c.consumers
-            .retain(|_, r| !matches!(r, ConsumerReg::Queue(q) if q.is_deleted()));
+            .retain(|_, r| !matches!(r, ConsumerReg::Queue(q, _) if q.is_deleted()));
         if c.consumers.len() >= MAX_CONSUMERS {
             return Err(err(
                 ReplyCode::PreconditionFailed,
@@ -283,14 +283,11 @@ impl Conn<'_> {
         let q = self.queue(queue)?;
         self.may_serve(&q)?;
         let c = self.chan(ch)?;
-        let consumer = Arc::new(Consumer {
-            tag: tag.clone(),
+        let sink = Arc::new(ConsumerSink {
             chan: c.shared.clone(),
-            no_ack,
-            exclusive,
-            prefetch: c.prefetch,
-            in_flight: AtomicUsize::new(0),
+            tag: tag.clone(),
         });
+        let consumer = Arc::new(QueueConsumer::new(sink, no_ack, exclusive, c.prefetch));
         // consume-ok once the queue took the consumer, before any delivery (under the
         // queue's lock: the queue may deliver as soon as it is added).
         let outbox = session.outbox().clone();
@@ -299,7 +296,7 @@ impl Conn<'_> {
                 outbox.push_reply_unbudgeted(|o| Frame::Method(ch, ok).encode(o.tail()));
             }
         };
-        if q.add_consumer(consumer, added).is_err() {
+        if q.core.add_consumer(consumer.clone(), added).is_err() {
             return Err(err(
                 ReplyCode::AccessRefused,
                 format!(
@@ -309,7 +306,9 @@ impl Conn<'_> {
                 ),
             ));
         }
-        self.chan(ch)?.consumers.insert(tag, ConsumerReg::Queue(q));
+        self.chan(ch)?
+            .consumers
+            .insert(tag, ConsumerReg::Queue(q, consumer));
         session.mark_own_output();
         Ok(())
     }
@@ -319,14 +318,14 @@ impl Conn<'_> {
             return;
         };
         match c.consumers.remove(tag) {
-            Some(ConsumerReg::Queue(q)) if q.remove_consumer(&c.shared, tag) => {
+            Some(ConsumerReg::Queue(q, consumer)) if q.remove_consumer(&consumer) => {
                 delete_queue(&q);
             }
             Some(ConsumerReg::ReplyTo(sid)) => {
                 session.unsubscribe(sid);
                 lock(&self.own).remove(&sid);
             }
-            Some(ConsumerReg::Queue(_)) | None => {}
+            Some(ConsumerReg::Queue(..)) | None => {}
         }
     }
 

@@ -17,12 +17,13 @@ use super::frames::Later;
 use super::publish::Pending;
 use super::queue::delete_queue;
 use super::tx::{TxOp, tx_bytes};
-use crate::queue::{Chan, ChanState, Queue, give_back_all};
+use crate::queue::{Chan, ChanState, Queue};
+use hayate_broker::queue::{QueueConsumer, give_back_all};
 
 /// A consumer of a channel.
 #[derive(Debug)]
 pub(super) enum ConsumerReg {
-    Queue(Arc<Queue>),
+    Queue(Arc<Queue>, Arc<QueueConsumer>),
     /// Direct reply-to: a subscription of the connection's own session.
     ReplyTo(u32),
 }
@@ -47,7 +48,7 @@ pub(super) fn channel_queues(c: &Channel) -> Vec<Arc<Queue>> {
     c.consumers
         .values()
         .filter_map(|r| match r {
-            ConsumerReg::Queue(q) => Some(q.clone()),
+            ConsumerReg::Queue(q, _) => Some(q.clone()),
             ConsumerReg::ReplyTo(_) => None,
         })
         .collect()
@@ -72,7 +73,7 @@ impl Conn<'_> {
                 let queues = channel_queues(c);
                 self.send(session, ch, Method::ChannelFlowOk { active: *active });
                 for q in queues {
-                    q.dispatch();
+                    q.core.dispatch();
                 }
             }
             Method::ChannelFlowOk { .. } => {}
@@ -101,6 +102,7 @@ impl Conn<'_> {
                 frame_max: self.frame_max.clone(),
                 active: AtomicBool::new(true),
                 next_tag: Arc::new(AtomicU64::new(0)),
+                vhost: self.vhost.clone(),
                 st: Mutex::new(ChanState::default()),
             });
             self.channels.insert(
@@ -197,8 +199,8 @@ impl Conn<'_> {
         lock(&c.shared.st).closed = true;
         for (_, reg) in c.consumers.drain() {
             match reg {
-                ConsumerReg::Queue(q) => {
-                    if q.remove_channel(&c.shared) {
+                ConsumerReg::Queue(q, consumer) => {
+                    if q.remove_consumer(&consumer) {
                         delete_queue(&q);
                     }
                 }

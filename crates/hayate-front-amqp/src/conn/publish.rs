@@ -458,34 +458,18 @@ impl Conn<'_> {
             .get(&ch)
             .map_or((None, false), |c| (c.confirms.clone(), c.tx.is_some()));
         if routable {
-            // Queues decide what they take after the broker offered it (a headers
-            // binding's arguments, a route's hops, a key of another vhost under a `/`
-            // wildcard): a mandatory publish is routed only if a queue took it or
-            // something other than a queue was offered it.
+            // Queues decide what they take as the broker offers it (a headers binding's
+            // arguments, a route's hops, a key of another vhost under a `/` wildcard): a
+            // mandatory publish is routed if a queue took it or something else was
+            // delivered it (through a headers exchange, only a queue counts).
             if confirms.is_some() || in_tx || mandatory {
-                let (n, queued, offers, r, stored, streams) = crate::queue::ROUTED
-                    .scope(crate::queue::Routed::default(), async {
-                        let (n, streams) = session.publish_stored(Batch::One(&msg)).await;
-                        let (q, o, r, stored) = crate::queue::ROUTED.with(|r| {
-                            (
-                                r.queued.get(),
-                                r.queue_offers.get(),
-                                r.refused.get(),
-                                r.stored.take(),
-                            )
-                        });
-                        (n, q, o, r, stored, streams)
-                    })
-                    .await;
-                routed = if queued {
-                    n
-                } else if kind == Kind::Headers {
-                    // As RabbitMQ: through a headers exchange only a queue counts.
-                    0
-                } else {
-                    n.saturating_sub(offers)
-                };
-                refused = r;
+                let (n, r, streams) = session.publish_routed(Batch::One(&msg)).await;
+                routed = if kind == Kind::Headers { r.queued } else { n };
+                refused = r.refused;
+                let stored = r.stored.into_iter().filter_map(|(s, o)| {
+                    let s: std::sync::Arc<dyn std::any::Any + Send + Sync> = s;
+                    Some((s.downcast::<crate::store::Store>().ok()?, o))
+                });
                 // Durable queues' records and streams' appends, until durable.
                 for (store, o) in stored {
                     if !store.is_durable(o) {

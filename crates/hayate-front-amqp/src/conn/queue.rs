@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use hayate_amqp::{FieldTable, Frame, Method, ReplyCode, ShortStr};
+use hayate_amqp::{FieldTable, Method, ReplyCode, ShortStr};
 use hayate_broker::Session;
 use hayate_core::KeyExpr;
 use hayate_core::sync::lock;
@@ -33,17 +33,7 @@ pub(crate) fn delete_queue(q: &Arc<Queue>) -> u32 {
             reg.queues.remove(&q.name);
         }
     }
-    let (n, consumers) = q.delete();
-    for c in consumers {
-        let m = Method::BasicCancel {
-            consumer_tag: c.tag.clone(),
-            no_wait: true,
-        };
-        let ch = c.chan.channel;
-        c.chan
-            .outbox
-            .push_control_unbudgeted(|b| Frame::Method(ch, m).encode(b));
-    }
+    let n = q.delete();
     q.vhost.drop_unused_exchanges(exchanges);
     n
 }
@@ -65,7 +55,7 @@ impl Conn<'_> {
                 format!("no queue '{n}' in vhost '{vh}'", vh = self.vhost.name),
             ));
         };
-        if q.owner.is_some_and(|o| o != self.id) {
+        if q.config().owner.is_some_and(|o| o != self.id) {
             return Err(self.locked(n));
         }
         Ok(q)
@@ -244,13 +234,13 @@ impl Conn<'_> {
 
     /// A declare of queue `q` (named `n`) that exists: what it asks must be what `q` is.
     fn redeclare(&self, q: &Queue, n: &str, f: Flags, args: &QueueArgs) -> Result<(), AmqpError> {
-        if q.owner.is_some_and(|o| o != self.id) {
+        if q.config().owner.is_some_and(|o| o != self.id) {
             return Err(self.locked(n));
         }
         for (what, got, have) in [
-            ("durable", f.durable, q.durable),
-            ("exclusive", f.exclusive, q.owner.is_some()),
-            ("auto_delete", f.auto_delete, q.auto_delete),
+            ("durable", f.durable, q.config().durable),
+            ("exclusive", f.exclusive, q.config().owner.is_some()),
+            ("auto_delete", f.auto_delete, q.config().auto_delete),
         ] {
             if got != have {
                 return Err(err(
@@ -398,6 +388,7 @@ impl Conn<'_> {
                     }
                     None => {
                         reg.queues.insert(n.to_string(), q.clone());
+                        q.listed();
                         None
                     }
                 }
@@ -412,6 +403,7 @@ impl Conn<'_> {
             let mut reg = lock(&self.vhost.registry);
             if reg.queues.get(n).is_some_and(|o| Arc::ptr_eq(o, &other)) {
                 reg.queues.insert(n.to_string(), q.clone());
+                q.listed();
                 break;
             }
         }
@@ -466,7 +458,7 @@ impl Conn<'_> {
         // What a binding brings into a queue is as if published to it: binding and
         // unbinding need publish on all of the queue's key (as RabbitMQ's write on the
         // queue), but for a queue exclusive to this connection, which nobody else reaches.
-        if q.owner != Some(self.id) {
+        if q.config().owner != Some(self.id) {
             let writable = self
                 .vhost
                 .key(names::queue_key(&q.name))

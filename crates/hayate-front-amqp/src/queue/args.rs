@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use hayate_amqp::{FieldTable, FieldValue};
+use hayate_broker::queue::{Overflow, QueueConfig};
 
 /// What `x-` arguments of queue.declare set.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -105,5 +106,39 @@ impl QueueArgs {
             );
         }
         Ok(a)
+    }
+}
+
+impl QueueArgs {
+    /// The engine's configuration of a queue with these arguments and queue.declare's
+    /// flags; `max_bytes` is `amqp.queue_max_bytes`.
+    pub(crate) fn config(
+        &self,
+        durable: bool,
+        auto_delete: bool,
+        owner: Option<u64>,
+        max_bytes: usize,
+    ) -> QueueConfig {
+        QueueConfig {
+            durable,
+            auto_delete,
+            owner,
+            expires: self.expires,
+            message_ttl: self.message_ttl,
+            max_length: self.max_length,
+            max_body_bytes: self.max_length_bytes,
+            max_bytes,
+            overflow: match (self.reject_publish, self.reject_publish_dlx) {
+                (false, _) => Overflow::DropHead,
+                (true, false) => Overflow::RejectPublish,
+                (true, true) => Overflow::RejectPublishDeadLetter,
+            },
+            max_priority: self.max_priority,
+            persist_all: self.quorum,
+            count_returns: self.quorum,
+            delivery_limit: self.delivery_limit,
+            declared: true,
+            args: bytes::Bytes::new(),
+        }
     }
 }

@@ -1,19 +1,20 @@
 //! A queue's bindings: those clients made and the routes exchange-to-exchange bindings
-//! lead to ([`Binding`], [`Hop`], [`Route`]), each a subscription of the queue's session.
+//! lead to ([`Binding`], [`Hop`], [`Route`]), each an entry of the broker's route table
+//! with its filter ([`AmqpFilter`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use hayate_amqp::{FieldTable, ShortStr};
-use hayate_broker::Session;
+use hayate_core::Message;
 use hayate_core::sync::lock;
-use hayate_core::{Message, Qos};
 
-use super::{MAX_BINDINGS, Queue};
+use super::filter::AmqpFilter;
+use super::{Bindings, MAX_BINDINGS, Queue};
 use crate::names::{self, Kind};
 
 /// One binding of a queue: the exchange, its type, the binding key, its arguments, and the
-/// broker subscription that implements it.
+/// broker's route table entry that implements it (`sid`).
 ///
 /// A binding a client made has no `via`. A route (a derived binding) has: it exists because
 /// the queue is bound to an exchange that exchange-to-exchange bindings lead to from
@@ -26,7 +27,7 @@ use crate::names::{self, Kind};
 pub(crate) struct Binding {
     pub(crate) exchange: String,
     /// The exchange's name as deliveries show it (made once, shared by every delivery).
-    exchange_s: ShortStr,
+    pub(super) exchange_s: ShortStr,
     pub(crate) kind: Kind,
     pub(crate) key: String,
     pub(crate) args: FieldTable,
@@ -35,6 +36,28 @@ pub(crate) struct Binding {
     /// A client's binding: the guard of its maker's permissions (its subscription carries
     /// it too); routes into the binding check it in their last hop.
     pub(crate) guard: Option<Arc<dyn hayate_broker::KeyGuard>>,
+}
+
+impl Binding {
+    fn new(
+        exchange: &str,
+        kind: Kind,
+        key: &str,
+        args: FieldTable,
+        via: Option<Arc<Vec<Vec<Hop>>>>,
+        guard: Option<Arc<dyn hayate_broker::KeyGuard>>,
+    ) -> Binding {
+        Binding {
+            exchange: exchange.to_string(),
+            exchange_s: ShortStr::lit(exchange),
+            kind,
+            key: key.to_string(),
+            args,
+            sid: 0,
+            guard: if via.is_none() { guard } else { None },
+            via,
+        }
+    }
 }
 
 /// A binding a message must pass on its way through exchange-to-exchange bindings: that of
@@ -112,10 +135,6 @@ impl Hop {
     }
 }
 
-/// What a delivery needs of a binding: its exchange (shared), its arguments for a headers
-/// exchange, a route's paths of further hops.
-pub(super) type BindingView = (ShortStr, Option<FieldTable>, Option<Arc<Vec<Vec<Hop>>>>);
-
 /// A route to make into a queue (see [`Binding`]): the source exchange's binding (in the
 /// effective form of [`Hop`]), and the paths of hops from it, any of which lets a message
 /// in.
@@ -143,16 +162,16 @@ impl Queue {
     /// Is one of the bindings clients made to an exchange `bound(exchange)` says yes to?
     /// (Without copying them.)
     pub(crate) fn bound_to(&self, bound: impl Fn(&str) -> bool) -> bool {
-        lock(&self.st)
-            .bindings
+        lock(&self.bind)
+            .list
             .iter()
             .any(|b| b.via.is_none() && bound(&b.exchange))
     }
 
     /// The bindings clients made (not routes).
     pub(crate) fn bindings(&self) -> Vec<Binding> {
-        lock(&self.st)
-            .bindings
+        lock(&self.bind)
+            .list
             .iter()
             .filter(|b| b.via.is_none())
             .cloned()
@@ -164,8 +183,8 @@ impl Queue {
         let Some((store, id)) = &self.store else {
             return Ok(());
         };
-        let defs = lock(&self.st)
-            .bindings
+        let defs = lock(&self.bind)
+            .list
             .iter()
             .filter(|b| !b.exchange.is_empty() && b.via.is_none())
             .map(|b| crate::store::BindingDef {
@@ -177,7 +196,8 @@ impl Queue {
         store.set_bindings(&self.name, *id, defs)
     }
 
-    /// Adds a binding (a broker subscription on `expr`); an identical one is kept as is.
+    /// Adds a binding (an entry of the broker's route table on `expr`); an identical one is
+    /// kept as is.
     pub(crate) fn bind(
         &self,
         exchange: &str,
@@ -187,121 +207,79 @@ impl Queue {
         expr: hayate_core::KeyExpr,
         guard: Option<Arc<dyn hayate_broker::KeyGuard>>,
     ) -> Result<(), String> {
-        let mut session = lock(&self.session);
-        let Some(session) = session.as_mut() else {
+        let mut st = lock(&self.bind);
+        if self.core.is_deleted() {
             return Err("queue is being deleted".into());
-        };
-        let st = lock(&self.st);
+        }
         if st
-            .bindings
+            .list
             .iter()
             .any(|b| b.via.is_none() && b.exchange == exchange && b.key == key && b.args == args)
         {
             return Ok(());
         }
-        if st.bindings.iter().filter(|b| b.via.is_none()).count() >= MAX_BINDINGS {
+        if st.list.iter().filter(|b| b.via.is_none()).count() >= MAX_BINDINGS {
             return Err(format!("a queue has at most {MAX_BINDINGS} bindings"));
         }
-        drop(st);
-        self.add_binding(session, exchange, kind, key, args, None, expr, guard)
-    }
-
-    /// Adds a binding, or a route (with its paths `via`), with `session` held.
-    ///
-    /// Sids are never reused while others are in use before them: a publisher that looked
-    /// its route up before a binding went could still offer to the old sid, and must not
-    /// find another binding there. They come from a counter that wraps (skipping those in
-    /// use); `bindings` stays sorted by sid, so [`Queue::binding`] is a binary search.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn add_binding(
-        &self,
-        session: &mut Session,
-        exchange: &str,
-        kind: Kind,
-        key: &str,
-        args: FieldTable,
-        via: Option<Arc<Vec<Vec<Hop>>>>,
-        expr: hayate_core::KeyExpr,
-        guard: Option<Arc<dyn hayate_broker::KeyGuard>>,
-    ) -> Result<(), String> {
-        let mut st = lock(&self.st);
-        let sid = loop {
-            st.next_sid = st.next_sid.wrapping_add(1).max(1);
-            let sid = st.next_sid;
-            if st.bindings.binary_search_by_key(&sid, |b| b.sid).is_err() {
-                break sid;
-            }
-        };
-        let at = st.bindings.partition_point(|b| b.sid < sid);
-        st.bindings.insert(
-            at,
-            Binding {
-                exchange: exchange.to_string(),
-                exchange_s: ShortStr::lit(exchange),
-                kind,
-                key: key.to_string(),
-                args,
-                sid,
-                guard: if via.is_none() { guard.clone() } else { None },
-                via,
-            },
-        );
-        drop(st);
-        // Drop, not block: a queue past its limits drops (counted), it never holds a
-        // publisher back.
-        let qos = Qos {
-            congestion: hayate_core::Congestion::Drop,
-            ..Qos::default()
-        };
-        if let Err(e) = session.subscribe_guarded(sid, expr, None, qos, guard) {
-            lock(&self.st).bindings.retain(|b| b.sid != sid);
-            return Err(e.to_string());
-        }
+        let b = Binding::new(exchange, kind, key, args, None, guard);
+        self.add_binding(&mut st, b, expr);
         Ok(())
     }
 
-    /// The queue's routes become `routes`. A route whose subscription stays keeps it (only
-    /// its paths change, in place), new ones are subscribed before the old ones go (a
-    /// message offered to both enters once), so no message in flight is lost. Each route's
-    /// subscription is on the source's binding expression in the queue's vhost. Keeps the
-    /// queue's and the vhost's count of route cost (nothing for a queue being deleted).
-    pub(crate) fn set_routes(&self, routes: Vec<Route>) -> Result<(), String> {
-        let mut session = lock(&self.session);
-        let Some(session) = session.as_mut() else {
-            return Ok(()); // being deleted
+    /// Adds binding (or route) `b` on `expr` to the broker's route table (bindings held):
+    /// its `sid` is the broker's id of it.
+    fn add_binding(&self, st: &mut Bindings, mut b: Binding, expr: hayate_core::KeyExpr) {
+        let filter = AmqpFilter::of(&self.vhost, &b);
+        let guard = match &b.via {
+            // A route's last hop checks its binding's guard.
+            Some(_) => hayate_front::auth::inbox_guard(&expr).ok().flatten(),
+            None => b.guard.clone(),
         };
+        b.sid = self
+            .broker
+            .queue_bind(&self.core, expr, guard, Some(filter));
+        st.list.push(b);
+    }
+
+    /// The queue's routes become `routes`. A route whose entry stays keeps it (only its
+    /// paths change, in place), new ones are added before the old ones go (a message
+    /// offered to both enters once), so no message in flight is lost. Each route's entry is
+    /// on the source's binding expression in the queue's vhost. Keeps the queue's and the
+    /// vhost's count of route cost (nothing for a queue being deleted).
+    pub(crate) fn set_routes(&self, routes: Vec<Route>) -> Result<(), String> {
+        let mut st = lock(&self.bind);
+        if self.core.is_deleted() {
+            return Ok(());
+        }
         let cost = crate::route_cost(&routes);
         let old = self.route_cost.swap(cost, Ordering::AcqRel);
         self.vhost.route_cost.fetch_add(cost, Ordering::AcqRel);
         self.vhost.route_cost.fetch_sub(old, Ordering::AcqRel);
         // One lookup per route, not a scan of every binding: a change may reroute many
-        // queues.
-        // Kept subscriptions take their new paths; the rest are added.
-        let mut new = Vec::new();
+        // queues. Kept entries take their new paths; the rest are added.
+        let at: std::collections::HashMap<_, usize> = st
+            .list
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.via.is_some())
+            .map(|(i, b)| (route_id(&b.exchange, &b.key, &b.args), i))
+            .collect();
         let mut keep = std::collections::HashSet::new();
-        {
-            let mut st = lock(&self.st);
-            let at: std::collections::HashMap<_, usize> = st
-                .bindings
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| b.via.is_some())
-                .map(|(i, b)| (route_id(&b.exchange, &b.key, &b.args), i))
-                .collect();
-            for r in routes {
-                match at.get(&route_id(&r.source, &r.key, &r.args)) {
-                    Some(&i) => {
-                        let b = &mut st.bindings[i];
-                        if b.via.as_deref() != Some(&r.paths) {
-                            b.via = Some(Arc::new(r.paths.clone()));
-                        }
-                        keep.insert(b.sid);
+        let mut new = Vec::new();
+        for r in routes {
+            match at.get(&route_id(&r.source, &r.key, &r.args)) {
+                Some(&i) => {
+                    let b = &mut st.list[i];
+                    if b.via.as_deref() != Some(&r.paths) {
+                        b.via = Some(Arc::new(r.paths.clone()));
+                        let filter = AmqpFilter::of(&self.vhost, b);
+                        self.broker.queue_refilter(&self.core, b.sid, Some(filter));
                     }
-                    None => new.push(r),
+                    keep.insert(b.sid);
                 }
+                None => new.push(r),
             }
         }
-        let mut failed = Ok(());
         for r in new {
             let Some(expr) = self
                 .vhost
@@ -311,31 +289,22 @@ impl Queue {
             };
             // No reply inbox reaches a queue (the binder's permissions were checked when
             // the exchange binding was made).
-            let Ok(guard) = hayate_front::auth::inbox_guard(&expr) else {
+            if hayate_front::auth::inbox_guard(&expr).is_err() {
                 continue;
-            };
-            let paths = Some(Arc::new(r.paths));
-            match self.add_binding(
-                session, &r.source, r.kind, &r.key, r.args, paths, expr, guard,
-            ) {
-                Ok(()) => {
-                    keep.insert(lock(&self.st).next_sid);
-                }
-                Err(e) => failed = failed.and(Err(e)),
             }
+            let paths = Some(Arc::new(r.paths));
+            let b = Binding::new(&r.source, r.kind, &r.key, r.args, paths, None);
+            self.add_binding(&mut st, b, expr);
+            keep.insert(st.list.last().map_or(0, |b| b.sid));
         }
-        let gone: Vec<u32> = {
-            let mut st = lock(&self.st);
-            let (gone, kept) = std::mem::take(&mut st.bindings)
-                .into_iter()
-                .partition::<Vec<_>, _>(|b| b.via.is_some() && !keep.contains(&b.sid));
-            st.bindings = kept;
-            gone.into_iter().map(|b| b.sid).collect()
-        };
-        for sid in gone {
-            session.unsubscribe(sid);
+        let (gone, kept) = std::mem::take(&mut st.list)
+            .into_iter()
+            .partition::<Vec<_>, _>(|b| b.via.is_some() && !keep.contains(&b.sid));
+        st.list = kept;
+        for b in gone {
+            self.broker.queue_unbind(&self.core, b.sid);
         }
-        failed
+        Ok(())
     }
 
     /// The cost of its routes now.
@@ -345,49 +314,27 @@ impl Queue {
 
     /// Removes a binding; false if there was none.
     pub(crate) fn unbind(&self, exchange: &str, key: &str, args: &FieldTable) -> bool {
-        let mut st = lock(&self.st);
-        let Some(i) = st.bindings.iter().position(|b| {
+        let mut st = lock(&self.bind);
+        let Some(i) = st.list.iter().position(|b| {
             b.via.is_none() && b.exchange == exchange && b.key == key && &b.args == args
         }) else {
             return false;
         };
-        let b = st.bindings.remove(i);
-        drop(st);
-        if let Some(s) = lock(&self.session).as_mut() {
-            s.unsubscribe(b.sid);
-        }
+        let b = st.list.remove(i);
+        self.broker.queue_unbind(&self.core, b.sid);
         true
     }
 
     /// Removes every binding to `exchange` and route from it (it is being deleted).
     pub(crate) fn unbind_exchange(&self, exchange: &str) {
-        let gone: Vec<u32> = {
-            let mut st = lock(&self.st);
-            let (gone, keep) = std::mem::take(&mut st.bindings)
-                .into_iter()
-                .partition::<Vec<_>, _>(|b| b.exchange == exchange);
-            st.bindings = keep;
-            gone.into_iter().map(|b| b.sid).collect()
-        };
-        if let Some(s) = lock(&self.session).as_mut() {
-            for sid in gone {
-                s.unsubscribe(sid);
-            }
+        let mut st = lock(&self.bind);
+        let (gone, keep) = std::mem::take(&mut st.list)
+            .into_iter()
+            .partition::<Vec<_>, _>(|b| b.exchange == exchange);
+        st.list = keep;
+        for b in gone {
+            self.broker.queue_unbind(&self.core, b.sid);
         }
-    }
-
-    /// A binding's exchange (shared), its arguments for a headers exchange (the only type
-    /// whose arguments a delivery needs), and a route's further hops.
-    pub(super) fn binding(&self, sid: u32) -> Option<BindingView> {
-        let st = lock(&self.st);
-        st.bindings
-            .binary_search_by_key(&sid, |b| b.sid)
-            .ok()
-            .map(|i| &st.bindings[i])
-            .map(|b| {
-                let args = (b.kind == Kind::Headers).then(|| b.args.clone());
-                (b.exchange_s.clone(), args, b.via.clone())
-            })
     }
 }
 

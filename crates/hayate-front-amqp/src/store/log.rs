@@ -4,13 +4,12 @@
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes};
-use hayate_amqp::ShortStr;
 use hayate_broker::stream::codec;
 use hayate_core::sync::lock;
 use hayate_log::{Entry, ReadLimit, Record};
 
 use super::{Held, Store};
-use crate::queue::QMsg;
+use hayate_broker::queue::{QItem, QueueStore, Via};
 
 /// The record format this store writes (its first byte).
 const FORMAT: u8 = 1;
@@ -34,15 +33,15 @@ const COMPACT_PAUSE: Duration = Duration::from_secs(30);
 pub(super) const MOVED_EXTRA: usize = 8;
 
 /// Encodes the record of `m` in durable queue `queue`: its `headers` field.
-fn encode_head(queue: u64, m: &QMsg, meta: &[u8], out: &mut Vec<u8>) {
+fn encode_head(queue: u64, m: &QItem, meta: &[u8], out: &mut Vec<u8>) {
     out.clear();
     out.put_u8(FORMAT);
     out.put_u64(queue);
     out.put_u8(m.priority);
-    let x = m.exchange.as_bytes();
+    let x = &m.via.source[..];
     out.put_u8(x.len().min(255) as u8);
     out.put_slice(&x[..x.len().min(255)]);
-    let rk = m.routing_key.as_bytes();
+    let rk = &m.via.subject[..];
     let n = rk.len().min(u16::MAX as usize);
     out.put_u16(n as u16);
     out.put_slice(&rk[..n]);
@@ -52,7 +51,7 @@ fn encode_head(queue: u64, m: &QMsg, meta: &[u8], out: &mut Vec<u8>) {
 
 /// A record back into its queue's number, its message's id and the message (marked
 /// redelivered); `Err` says what is wrong with it.
-pub(super) fn decode_record(r: &Record) -> Result<(u64, u64, QMsg), String> {
+pub(super) fn decode_record(r: &Record) -> Result<(u64, u64, QItem), String> {
     let mut h = r.headers.clone();
     let need = |h: &Bytes, n: usize| {
         if h.remaining() < n {
@@ -87,20 +86,17 @@ pub(super) fn decode_record(r: &Record) -> Result<(u64, u64, QMsg), String> {
         value: r.value.clone(),
     };
     let msg = codec::decode(&meta).map_err(|e| e.to_string())?;
-    let short = |b: Bytes| {
-        ShortStr::new(b.clone())
-            .unwrap_or_else(|| ShortStr::lit(std::str::from_utf8(&b).unwrap_or("")))
-    };
     Ok((
         queue,
         id,
-        QMsg {
+        QItem {
             msg,
-            exchange: short(exchange),
-            routing_key: short(rk),
+            via: Via {
+                source: exchange,
+                subject: rk,
+            },
             redelivered: true,
             expires: (expires >= 0).then(|| codec::ms_to_instant(expires)),
-            seq: 0,
             priority,
             stored: Some(id),
             returns: 0,
@@ -136,7 +132,7 @@ pub(super) fn record_bytes(r: &Record) -> u64 {
 impl Store {
     /// Appends `m`, entering durable queue `queue`; returns its offset, the message's id
     /// (held from now on, until [`Store::settle`]).
-    pub(crate) fn append(&self, queue: u64, m: &QMsg) -> Result<u64, hayate_log::Error> {
+    pub(crate) fn append(&self, queue: u64, m: &QItem) -> Result<u64, hayate_log::Error> {
         thread_local! {
             /// The message's metadata and the record's head, reused: no allocation per
             /// message.
@@ -307,5 +303,24 @@ impl Store {
         };
         let c = self.log.append(&e)?;
         Ok((c, e.encoded_len() as u64))
+    }
+}
+
+/// The engine's durable queues keep their messages here (format unchanged).
+impl QueueStore for Store {
+    fn append(&self, queue: u64, item: &QItem) -> Result<u64, String> {
+        Store::append(self, queue, item).map_err(|e| e.to_string())
+    }
+
+    fn settle(&self, offset: u64) {
+        Store::settle(self, offset);
+    }
+
+    fn note_return(&self, offset: u64, returns: u32) {
+        Store::note_return(self, offset, returns);
+    }
+
+    fn remove_queue(&self, name: &str, queue: u64) -> Result<(), String> {
+        Store::remove_queue(self, name, queue)
     }
 }

@@ -12,7 +12,7 @@ use super::defs::{EdgeDef, ExchangeDef, QueueDef, read_defs};
 use super::entries::{Entries, acks_bytes, read_entries, returns_bytes};
 use super::log::{MOVED_EXTRA, decode_record, record_bytes};
 use super::{Files, Held, State, Store};
-use crate::queue::QMsg;
+use hayate_broker::queue::QItem;
 
 /// What opening a store found: the durable exchanges, and each durable queue with the
 /// messages it held.
@@ -20,11 +20,11 @@ use crate::queue::QMsg;
 pub(crate) struct Recovered {
     pub(crate) exchanges: Vec<(String, ExchangeDef)>,
     pub(crate) edges: Vec<EdgeDef>,
-    pub(crate) queues: Vec<(String, QueueDef, Vec<QMsg>)>,
+    pub(crate) queues: Vec<(String, QueueDef, Vec<QItem>)>,
 }
 
 /// Each queue's messages read back, by queue number: (message id, message).
-type QueueMsgs = HashMap<u64, Vec<(u64, QMsg)>>;
+type QueueMsgs = HashMap<u64, Vec<(u64, QItem)>>;
 
 /// Reads every record of `log` back: a record not in `acked` whose queue is in `queues` is
 /// held (into `st`, under its message's id, with its count from `returned`); the others

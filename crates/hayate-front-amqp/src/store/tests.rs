@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hayate_amqp::{FieldTable, ShortStr};
+use hayate_amqp::FieldTable;
 use hayate_core::sync::lock;
 use hayate_core::{Key, Message};
 use hayate_log::{Entry, FsyncPolicy};
@@ -16,7 +16,7 @@ use super::recovery::Recovered;
 use super::{
     BindingDef, EdgeDef, ExchangeDef, QueueDef, Store, table_hex, table_of_hex, vhost_dir,
 };
-use crate::queue::QMsg;
+use hayate_broker::queue::{QItem, Via};
 
 /// A directory of its own, removed when dropped.
 struct TmpDir(PathBuf);
@@ -38,19 +38,20 @@ fn tempdir() -> TmpDir {
     TmpDir(d)
 }
 
-fn qmsg(key: &str, body: &str, persistent: bool) -> QMsg {
+fn qmsg(key: &str, body: &str, persistent: bool) -> QItem {
     let mut msg = Message::new(Key::new(key).unwrap(), Bytes::from(body.to_string()));
     if persistent {
         msg.headers = Some(vec![("persistent".into(), Bytes::from_static(b"true"))]);
     }
     msg.correlation_id = Some(Bytes::from_static(b"c-1"));
-    QMsg {
+    QItem {
         msg,
-        exchange: ShortStr::lit("amq.topic"),
-        routing_key: ShortStr::lit("a.b"),
+        via: Via {
+            source: Bytes::from_static(b"amq.topic"),
+            subject: Bytes::from_static(b"a.b"),
+        },
         redelivered: false,
         expires: None,
-        seq: 0,
         priority: 3,
         stored: None,
         returns: 0,
@@ -101,8 +102,8 @@ fn messages_not_settled_come_back_in_order_and_settled_ones_do_not() {
     let m = &one[0];
     assert!(m.redelivered);
     assert_eq!(m.priority, 3);
-    assert_eq!(m.routing_key.as_str(), Some("a.b"));
-    assert_eq!(m.exchange.as_str(), Some("amq.topic"));
+    assert_eq!(&m.via.subject[..], b"a.b");
+    assert_eq!(&m.via.source[..], b"amq.topic");
     assert_eq!(m.msg.correlation_id.as_deref(), Some(&b"c-1"[..]));
     assert_eq!(m.msg.key.as_str(), "a/b");
     assert!(
