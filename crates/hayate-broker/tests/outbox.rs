@@ -529,13 +529,12 @@ impl hayate_broker::queue::QueueSink for Forward {
     fn deliver(
         &self,
         _d: hayate_broker::queue::Delivered<'_>,
-        item: hayate_broker::queue::QItem,
+        item: &hayate_broker::queue::QItem,
         to_flush: hayate_broker::queue::ToFlush<'_>,
-    ) -> Option<hayate_broker::queue::QItem> {
-        let payload = item.msg.payload.clone();
+    ) -> bool {
         self.0
-            .push_control_buf_in(to_flush, |b| b.put_payload(&payload));
-        Some(item)
+            .push_control_buf_in(to_flush, |b| b.put_payload(&item.msg.payload));
+        false
     }
 }
 

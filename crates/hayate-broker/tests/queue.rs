@@ -25,12 +25,20 @@ impl Encoder for Nothing {
     fn encode_lost(&mut self, _sid: u32, _count: u64, _out: &mut OutBuf) {}
 }
 
+/// A delivery a [`Sink`] kept.
+#[derive(Debug)]
+struct Got {
+    u: Unacked,
+    item: QItem,
+    redelivered: bool,
+}
+
 /// A consumer's sink that keeps what it is given.
 #[derive(Debug)]
 struct Sink {
     outbox: Arc<Outbox>,
     open: AtomicBool,
-    got: Mutex<Vec<Unacked>>,
+    got: Mutex<Vec<Got>>,
     seen: AtomicUsize,
 }
 
@@ -45,12 +53,16 @@ impl Sink {
     }
 
     fn take(&self) -> Vec<Unacked> {
+        self.take_all().into_iter().map(|g| g.u).collect()
+    }
+
+    fn take_all(&self) -> Vec<Got> {
         std::mem::take(&mut *self.got.lock().unwrap())
     }
 
     fn bodies(&self) -> Vec<String> {
         let got = self.got.lock().unwrap();
-        got.iter().map(|u| body(&u.item)).collect()
+        got.iter().map(|g| body(&g.item)).collect()
     }
 }
 
@@ -63,17 +75,22 @@ impl QueueSink for Sink {
         &self.outbox
     }
 
-    fn deliver(&self, d: Delivered<'_>, item: QItem, _to_flush: ToFlush<'_>) -> Option<QItem> {
+    fn deliver(&self, d: Delivered<'_>, item: &QItem, _to_flush: ToFlush<'_>) -> bool {
         self.seen.fetch_add(1, Ordering::AcqRel);
         if d.no_ack {
-            return Some(item);
+            return false;
         }
-        self.got.lock().unwrap().push(Unacked {
+        let u = Unacked {
             queue: d.queue.clone(),
             consumer: d.consumer.cloned(),
-            item,
+            id: d.id,
+        };
+        self.got.lock().unwrap().push(Got {
+            u,
+            item: item.clone(),
+            redelivered: d.redelivered,
         });
-        None
+        true
     }
 }
 
@@ -148,7 +165,7 @@ async fn a_nack_storm_keeps_order_and_loses_nothing() {
     }
     let v = q.view();
     assert_eq!((v.depth, v.unacked, v.dropped), (0, 10, 0));
-    assert!(sink.take().iter().all(|u| u.item.redelivered));
+    assert!(sink.take_all().iter().all(|g| g.redelivered));
     assert_eq!(q.view().unacked, 10, "taken, not settled");
 }
 
@@ -358,7 +375,11 @@ async fn a_publish_matching_several_bindings_enters_once_and_says_so() {
     assert_eq!(filtered.view().depth, 2, "z1 passed no filter");
     let sink = Sink::new();
     consumer(&filtered, &sink, 0);
-    let shown: Vec<_> = sink.take().into_iter().map(|u| u.item.via.source).collect();
+    let shown: Vec<_> = sink
+        .take_all()
+        .into_iter()
+        .map(|g| g.item.via.source)
+        .collect();
     assert_eq!(shown, [Bytes::from_static(b"x"), Bytes::from_static(b"y")]);
     assert!(broker.queue_unbind(&filtered, bid));
     assert!(!broker.queue_unbind(&filtered, bid));

@@ -1,43 +1,18 @@
-//! Dead letters: why a message left a queue unacknowledged ([`Reason`]), what a front-end
-//! makes of it ([`DeadLetterer`]), and the queue's dead-letter task, which publishes them
-//! in order from a session of its own.
+//! Dead letters: what a front-end makes of a message that left a queue unacknowledged
+//! ([`DeadLetterer`]), and the queue's dead-letter task, which publishes them in order
+//! from a session of its own.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use hayate_core::Message;
 
-use super::{QItem, Queue, QueueId};
+use super::{QItem, Queue, QueueId, Reason};
 use crate::outbox::{Encoder, OutBuf};
 use crate::{Batch, Broker};
 
 /// Dead letters waiting for their task, at most (past it they are dropped, counted).
 pub const DEAD_LETTER_BACKLOG: usize = 65_536;
-
-/// Why a message left a queue without being acknowledged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    /// A consumer rejected it without requeue.
-    Rejected,
-    /// Its TTL ran out.
-    Expired,
-    /// The queue's bounds (or the memory budget) pushed it out or refused it.
-    MaxLen,
-    /// Returned more often than the queue's delivery limit.
-    DeliveryLimit,
-}
-
-impl Reason {
-    /// Its name, as RabbitMQ's `x-death` reasons.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::Rejected => "rejected",
-            Reason::Expired => "expired",
-            Reason::MaxLen => "maxlen",
-            Reason::DeliveryLimit => "delivery_limit",
-        }
-    }
-}
 
 /// What becomes of a queue's dead letters (AMQP: a message to its dead-letter exchange
 /// with `x-first-death-*` headers; cycles and forbidden keys dropped).

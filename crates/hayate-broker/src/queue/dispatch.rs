@@ -4,12 +4,13 @@
 //! back in place or dead-lettered, [`give_back_all`]).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use hayate_core::sync::lock;
+use hayate_flow::ledger::{Claim, Outcome};
 
-use super::{QItem, QState, Queue, Reason};
+use super::{QItem, QState, Queue, Reason, Settle};
 use crate::Outbox;
 
 /// Most bytes a consumer's outbox may hold before its queue stops delivering to it.
@@ -25,12 +26,12 @@ pub trait QueueSink: Send + Sync + std::fmt::Debug {
     /// The outbox deliveries are written to (a consumer whose outbox holds more than
     /// [`OUTBOX_LIMIT`] is skipped until it drains).
     fn outbox(&self) -> &Arc<Outbox>;
-    /// Writes one delivery of `queue` to `consumer` (none: a `get`, `left` messages
-    /// behind it), under the queue's lock. Keeps it (an [`Unacked`]) until settled unless
-    /// `no_ack`; gives back an item it did not keep (the queue forgets it). A delivery
-    /// made for a publishing session leaves its outbox in `to_flush` (see
-    /// [`Outbox::push_control_buf_in`]).
-    fn deliver(&self, d: Delivered<'_>, item: QItem, to_flush: ToFlush<'_>) -> Option<QItem>;
+    /// Writes one delivery (`item` stays in the queue's ledger), under the queue's lock.
+    /// Unless `d.no_ack`, keeps `(d.queue, d.consumer, d.id)` (an [`Unacked`]) until it is
+    /// settled and says true; false when it kept nothing (its outbox closed: the queue
+    /// settles it). A delivery made for a publishing session leaves its outbox in
+    /// `to_flush` (see [`Outbox::push_control_buf_in`]).
+    fn deliver(&self, d: Delivered<'_>, item: &QItem, to_flush: ToFlush<'_>) -> bool;
     /// The queue was deleted: the consumer is gone.
     fn cancelled(&self) {}
 }
@@ -44,10 +45,19 @@ pub struct Delivered<'a> {
     pub queue: &'a Arc<Queue>,
     /// The consumer it goes to (none: a get).
     pub consumer: Option<&'a Arc<QueueConsumer>>,
+    /// Its id in the queue's ledger (0 with `no_ack`: settled as written).
+    pub id: u64,
     /// A get's messages left behind it.
     pub left: Option<u32>,
     pub no_ack: bool,
+    /// Delivered before (given back since, or read back from a store).
+    pub redelivered: bool,
+    /// Times given back, in a queue that counts them (`count_returns`; 0 otherwise).
+    pub returns: u32,
 }
+
+/// The ids of consumers (the owners of their deliveries in a queue's ledger; 0 is a get's).
+static NEXT_CONSUMER: AtomicU64 = AtomicU64::new(1);
 
 /// One consumer of a queue.
 #[derive(Debug)]
@@ -61,6 +71,8 @@ pub struct QueueConsumer {
     pub prefetch: usize,
     /// Its unacknowledged deliveries.
     pub in_flight: AtomicUsize,
+    /// Its deliveries' owner in the ledger.
+    id: u64,
 }
 
 impl QueueConsumer {
@@ -71,6 +83,7 @@ impl QueueConsumer {
             exclusive,
             prefetch,
             in_flight: AtomicUsize::new(0),
+            id: NEXT_CONSUMER.fetch_add(1, Ordering::Relaxed),
         }
     }
 
@@ -83,13 +96,14 @@ impl QueueConsumer {
     }
 }
 
-/// A delivery waiting for its acknowledgement (kept by the sink).
-#[derive(Debug)]
+/// A delivery waiting for its acknowledgement (kept by the sink; its item is in the
+/// queue's ledger under `id`).
+#[derive(Debug, Clone)]
 pub struct Unacked {
     pub queue: Arc<Queue>,
     /// The consumer it was delivered to (none: a get).
     pub consumer: Option<Arc<QueueConsumer>>,
-    pub item: QItem,
+    pub id: u64,
 }
 
 /// Gives back deliveries taken together (a nack of several, a recover, a channel closed):
@@ -140,43 +154,45 @@ impl Queue {
         None
     }
 
+    /// Takes the expired messages at the heads of the ready lists into `expired` (the
+    /// clock is read only if some head has an expiry).
+    fn expire_heads(st: &mut QState, now: &mut Option<Instant>, expired: &mut Vec<QItem>) {
+        let gone = st.ledger.expire_ready(|m| {
+            m.expires
+                .is_some_and(|at| *now.get_or_insert_with(Instant::now) >= at)
+        });
+        for m in gone {
+            st.body_bytes -= m.msg.payload.len();
+            expired.push(m);
+        }
+    }
+
     pub(super) fn dispatch_locked(self: &Arc<Self>, st: &mut QState, mut to_flush: ToFlush<'_>) {
-        // The clock is read only if some message has an expiry.
         let mut now = None;
         // Set again below if a consumer is still skipped; the task is woken only when the
         // queue starts to be stalled.
         let was_stalled = std::mem::take(&mut st.stalled);
         let mut expired = Vec::new();
-        while let Some(front) = st.ready.front() {
-            if front
-                .expires
-                .is_some_and(|at| *now.get_or_insert_with(Instant::now) >= at)
-            {
-                if let Some(m) = st.ready.pop_front() {
-                    st.bytes -= m.size();
-                    st.body_bytes -= m.msg.payload.len();
-                    expired.push(m);
-                }
-                continue;
-            }
-            if st.consumers.is_empty() {
+        loop {
+            Self::expire_heads(st, &mut now, &mut expired);
+            if st.ledger.ready_len() == 0 || st.consumers.is_empty() {
                 break;
             }
             let Some(at) = Self::pick(st) else { break };
             st.next = (at + 1) % st.consumers.len();
             let c = st.consumers[at].clone();
-            let Some(m) = st.ready.pop_front() else { break };
-            st.bytes -= m.size();
-            st.body_bytes -= m.msg.payload.len();
-            let d = Delivered {
-                queue: self,
-                consumer: Some(&c),
-                left: None,
-                no_ack: c.no_ack,
-            };
-            self.deliver(st, &c.sink, d, m, to_flush.as_deref_mut());
+            if !self.deliver(
+                st,
+                &c.sink,
+                Some(&c),
+                None,
+                c.no_ack,
+                to_flush.as_deref_mut(),
+            ) {
+                break;
+            }
         }
-        let held = st.bytes + st.unacked_bytes;
+        let held = st.ledger.held_bytes();
         st.charge.shrink(held);
         if st.stalled && !was_stalled {
             self.wake.notify_one();
@@ -184,58 +200,72 @@ impl Queue {
         self.dead_letter_all(expired, Reason::Expired);
     }
 
-    /// Writes one delivery through `sink` (under the queue's lock).
+    /// Writes the next ready message through `sink` to consumer `c` (none: a get, with
+    /// `left`) under the queue's lock; false when there was none.
     fn deliver(
-        &self,
+        self: &Arc<Self>,
         st: &mut QState,
         sink: &Arc<dyn QueueSink>,
-        d: Delivered<'_>,
-        m: QItem,
+        c: Option<&Arc<QueueConsumer>>,
+        left: Option<u32>,
+        no_ack: bool,
         to_flush: ToFlush<'_>,
-    ) {
-        let size = m.size();
-        match sink.deliver(d, m, to_flush) {
-            None if !d.no_ack => {
-                st.unacked_bytes += size;
-                st.unacked += 1;
-                if let Some(c) = d.consumer {
-                    c.in_flight.fetch_add(1, Ordering::AcqRel);
-                }
-            }
-            None => {}
-            Some(m) => self.forget(&m),
+    ) -> bool {
+        let mut d = Delivered {
+            queue: self,
+            consumer: c,
+            id: 0,
+            left,
+            no_ack,
+            redelivered: false,
+            returns: 0,
+        };
+        if no_ack {
+            // Settled as written: never in flight.
+            let Some(m) = st.ledger.pop_ready() else {
+                return false;
+            };
+            st.body_bytes -= m.msg.payload.len();
+            d.redelivered = m.redelivered;
+            d.returns = if self.cfg.count_returns { m.returns } else { 0 };
+            sink.deliver(d, &m, to_flush);
+            self.forget(&m);
+            return true;
         }
+        // No ack wait: the claim does not read the clock.
+        let owner = c.map_or(0, |c| c.id);
+        let Some(Claim::Deliver {
+            id, item, returns, ..
+        }) = st.ledger.claim(owner, self.born)
+        else {
+            return false;
+        };
+        let size = item.size();
+        st.body_bytes -= item.msg.payload.len();
+        d.id = id;
+        d.redelivered = item.redelivered;
+        d.returns = if self.cfg.count_returns { returns } else { 0 };
+        if sink.deliver(d, item, to_flush) {
+            st.unacked_bytes += size;
+            if let Some(c) = c {
+                c.in_flight.fetch_add(1, Ordering::AcqRel);
+            }
+        } else if let Some(m) = st.ledger.ack(id) {
+            self.forget(&m);
+        }
+        true
     }
 
     /// A get: the next message through `sink` (`no_ack`: settled at once); false when
     /// there is none.
     pub fn get(self: &Arc<Self>, sink: &Arc<dyn QueueSink>, no_ack: bool) -> bool {
         let mut st = lock(&self.st);
-        let now = Instant::now();
-        st.used = Some(now);
+        st.used = Some(Instant::now());
         let mut expired = Vec::new();
-        let mut found = None;
-        while let Some(m) = st.ready.pop_front() {
-            st.bytes -= m.size();
-            st.body_bytes -= m.msg.payload.len();
-            if m.expires.is_some_and(|at| now >= at) {
-                expired.push(m);
-                continue;
-            }
-            found = Some(m);
-            break;
-        }
-        let got = found.is_some();
-        if let Some(m) = found {
-            let d = Delivered {
-                queue: self,
-                consumer: None,
-                left: Some(st.ready.len() as u32),
-                no_ack,
-            };
-            self.deliver(&mut st, sink, d, m, None);
-        }
-        let held = st.bytes + st.unacked_bytes;
+        Self::expire_heads(&mut st, &mut None, &mut expired);
+        let left = st.ledger.ready_len().saturating_sub(1) as u32;
+        let got = self.deliver(&mut st, sink, None, Some(left), no_ack, None);
+        let held = st.ledger.held_bytes();
         st.charge.shrink(held);
         drop(st);
         self.dead_letter_all(expired, Reason::Expired);
@@ -285,47 +315,81 @@ impl Queue {
         gone
     }
 
-    /// An acknowledgement of one of its deliveries: it leaves for good, credit back.
-    pub fn settled(self: &Arc<Self>, u: &Unacked) {
+    /// Delivery `u` leaves flight: its bytes and its consumer's credit back; the item's
+    /// size, or `None` if it was not in flight.
+    fn land(st: &mut QState, u: &Unacked) -> Option<usize> {
+        let size = st.ledger.get(u.id)?.size();
+        st.unacked_bytes = st.unacked_bytes.saturating_sub(size);
         if let Some(c) = &u.consumer {
             c.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
-        self.forget(&u.item);
+        Some(size)
+    }
+
+    /// An acknowledgement of one of its deliveries: it leaves for good, credit back.
+    pub fn settled(self: &Arc<Self>, u: &Unacked) {
         let mut st = lock(&self.st);
-        st.unacked_bytes = st.unacked_bytes.saturating_sub(u.item.size());
-        st.unacked = st.unacked.saturating_sub(1);
+        if Self::land(&mut st, u).is_some()
+            && let Some(m) = st.ledger.ack(u.id)
+        {
+            self.forget(&m);
+        }
         self.dispatch_locked(&mut st, None);
     }
 
-    /// A delivery given back: to its place (redelivered), or dead-lettered. Not
-    /// dispatched: see [`give_back_all`].
+    /// A delivery given back: to its place (redelivered), or dead-lettered (rejected, or
+    /// past the delivery limit). Not dispatched: see [`give_back_all`].
     fn take_back(self: &Arc<Self>, u: Unacked, requeue: bool) {
-        if let Some(c) = &u.consumer {
-            c.in_flight.fetch_sub(1, Ordering::AcqRel);
+        let mut st = lock(&self.st);
+        if Self::land(&mut st, &u).is_none() {
+            return;
         }
-        {
-            let mut st = lock(&self.st);
-            st.unacked_bytes = st.unacked_bytes.saturating_sub(u.item.size());
-            st.unacked = st.unacked.saturating_sub(1);
+        // Its returns so far (shown on a dead letter of a queue that counts them), and with
+        // this one.
+        let so_far = st.ledger.flight(u.id).map_or(0, |f| f.returns);
+        let returns = so_far + 1;
+        let Some(m) = st.ledger.get_mut(u.id) else {
+            return;
+        };
+        m.redelivered = true;
+        if self.cfg.count_returns {
+            m.returns = so_far;
         }
-        let mut m = u.item;
-        if requeue && self.cfg.count_returns {
-            // Returns are counted and, past the delivery limit, the message is
-            // dead-lettered instead.
-            m.returns = m.returns.saturating_add(1);
-            if let (Some((s, _)), Some(id)) = (&self.store, m.stored) {
-                s.note_return(id, m.returns);
+        let (body, stored) = (m.msg.payload.len(), m.stored);
+        if st.deleted {
+            // Nowhere to go back to.
+            if let Some(m) = st.ledger.ack(u.id) {
+                self.forget(&m);
             }
-            if self.cfg.delivery_limit.is_some_and(|l| m.returns > l) {
-                self.dead_letter_all(vec![m], Reason::DeliveryLimit);
-                return;
-            }
+            return;
         }
-        if requeue {
-            m.redelivered = true;
-            self.requeue_in_place(m);
+        let how = if requeue {
+            Settle::Requeue
         } else {
-            self.dead_letter_all(vec![m], Reason::Rejected);
+            Settle::Reject
+        };
+        if requeue
+            && self.cfg.count_returns
+            && let (Some((s, _)), Some(id)) = (&self.store, stored)
+        {
+            // Counted in the store too (`x-delivery-count` survives a restart).
+            s.note_return(id, returns);
+        }
+        match st.ledger.settle(u.id, how, self.born) {
+            Outcome::Requeued => {
+                st.body_bytes += body;
+                let held = st.ledger.held_bytes();
+                st.charge.force(held);
+            }
+            Outcome::DeadLetter(mut m, why) => {
+                drop(st);
+                if why == Reason::DeliveryLimit {
+                    m.returns = returns;
+                }
+                self.dead_letter_all(vec![m], why);
+            }
+            Outcome::Done(m) => self.forget(&m),
+            Outcome::Delayed | Outcome::Unknown => {}
         }
     }
 }

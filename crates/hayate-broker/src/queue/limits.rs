@@ -46,7 +46,7 @@ impl Queue {
         let body = m.msg.payload.len();
         let mut dead = Vec::new();
         // Room by the queue's limits: the oldest go (drop-head), or this one is refused.
-        while !st.ready.is_empty() && self.full(&st, size, body) {
+        while st.ledger.ready_len() > 0 && self.full(&st, size, body) {
             if self.cfg.overflow != Overflow::DropHead {
                 drop(st);
                 out.refused = true;
@@ -57,8 +57,7 @@ impl Queue {
                 }
                 return out;
             }
-            if let Some(old) = st.ready.pop_front() {
-                st.bytes -= old.size();
+            if let Some(old) = st.ledger.pop_ready() {
                 st.body_bytes -= old.msg.payload.len();
                 dead.push(old);
             }
@@ -71,7 +70,7 @@ impl Queue {
             return out;
         }
         // And by the broker-wide budget.
-        let held = st.bytes + st.unacked_bytes;
+        let held = st.ledger.held_bytes();
         if !st.charge.cover(held + size) {
             st.charge.shrink(held);
             drop(st);
@@ -98,16 +97,13 @@ impl Queue {
                 }
             }
         }
-        st.bytes += size;
         st.body_bytes += body;
-        st.next_seq += 1;
-        m.seq = st.next_seq;
-        let (priority, seq) = (m.priority, m.seq);
-        st.ready.push_back(m);
+        let priority = m.priority;
+        let seq = st.ledger.push(m, size, priority);
         self.dispatch_locked(&mut st, to_flush);
         // Still here (no consumer took it at once): it may stay long, so it gets
         // allocations of its own instead of pinning the read buffer it came in.
-        if let Some(m) = st.ready.get_mut(priority, seq) {
+        if let Some(m) = st.ledger.ready_mut(priority, seq) {
             m.msg = m.msg.compact();
         }
         drop(st);
@@ -117,27 +113,13 @@ impl Queue {
 
     /// Would one more message of `size` (`body` bytes) pass the queue's bounds?
     fn full(&self, st: &QState, size: usize, body: usize) -> bool {
-        self.cfg.max_length.is_some_and(|n| st.ready.len() >= n)
+        self.cfg
+            .max_length
+            .is_some_and(|n| st.ledger.ready_len() >= n)
             || self
                 .cfg
                 .max_body_bytes
                 .is_some_and(|b| st.body_bytes + body > b)
-            || st.bytes + size > self.cfg.max_bytes
-    }
-
-    /// A delivery given back: to its place among the ready messages (its memory is held
-    /// already: forced into the budget). Not dispatched.
-    pub(super) fn requeue_in_place(&self, m: QItem) {
-        let mut st = lock(&self.st);
-        if st.deleted {
-            drop(st);
-            self.forget(&m);
-            return;
-        }
-        st.bytes += m.size();
-        st.body_bytes += m.msg.payload.len();
-        let held = st.bytes + st.unacked_bytes;
-        st.charge.force(held);
-        st.ready.insert_in_place(m);
+            || Self::ready_bytes(st) + size > self.cfg.max_bytes
     }
 }

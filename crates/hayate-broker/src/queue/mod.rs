@@ -16,7 +16,6 @@
 //! # Layout
 //! - this module: [`Queue`], its identity and configuration, counts, purge and delete, its
 //!   task (stalled consumers, expiry, x-expires);
-//! - `ready`: the ready messages, one FIFO per priority, requeue in place;
 //! - `limits`: a message in ([`Queue::offer`]): overflow, the memory budget, the store;
 //! - `dispatch`: consumers ([`QueueConsumer`], [`QueueSink`]), round robin within credit,
 //!   `get`, settling and giving back ([`Unacked`], [`give_back_all`]);
@@ -30,7 +29,6 @@ mod bind;
 mod dead;
 mod dispatch;
 mod limits;
-mod ready;
 mod registry;
 pub mod store;
 
@@ -41,17 +39,18 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use hayate_core::Message;
 use hayate_core::sync::lock;
+use hayate_flow::ledger::{Ledger, Policy};
 use hayate_flow::memory::{Charge, Memory};
 
 use crate::Outbox;
 pub(crate) use bind::QueueRoute;
 pub use bind::{BindingFilter, Routed};
-pub use dead::{DEAD_LETTER_BACKLOG, DeadLetterer, Reason};
+pub use dead::{DEAD_LETTER_BACKLOG, DeadLetterer};
 pub use dispatch::{
     Delivered, OUTBOX_LIMIT, QueueConsumer, QueueSink, ToFlush, Unacked, give_back_all,
 };
+pub use hayate_flow::ledger::{Reason, Settle};
 pub use limits::Offered;
-use ready::Ready;
 pub use registry::QueueView;
 
 /// A queue's name: its namespace (`""`: the default one) and its name there.
@@ -138,22 +137,21 @@ pub struct Via {
     pub subject: Bytes,
 }
 
-/// A message in a queue.
+/// A message in a queue (its place, deliveries and returns are the queue's ledger's).
 #[derive(Debug, Clone)]
 pub struct QItem {
     pub msg: Message,
     pub via: Via,
-    /// Delivered before (given back since).
+    /// Delivered before this process (read back from a store).
     pub redelivered: bool,
     /// When it expires (the queue's message TTL, or its own expiry).
     pub expires: Option<Instant>,
-    /// Its place in the queue (set when it enters): a message given back goes back to it.
-    pub seq: u64,
     /// Its priority in a priority queue (0 in any other).
     pub priority: u8,
     /// Its record in the queue's store, when it is kept there.
     pub stored: Option<u64>,
-    /// Times consumers gave it back (counted with `count_returns`).
+    /// Times consumers gave it back: as read back from a store, and as it leaves as a
+    /// dead letter (the ledger counts them meanwhile).
     pub returns: u32,
 }
 
@@ -161,10 +159,11 @@ impl QItem {
     /// What the message costs the process while a queue holds it (counted against
     /// `max_bytes` and charged to the memory budget; `max_body_bytes` counts the body
     /// alone): its data with their allocations (`footprint::data`), its `via`, and three
-    /// `QItem`s of slot: ready, it sits in its priority's `VecDeque`, which grows by
-    /// doubling (at most two slots per message); unacknowledged, in a front-end's
-    /// `BTreeMap` of [`Unacked`] (a `QItem` and two pointers, in nodes at least 5/11 full:
-    /// at most 2.5 slots).
+    /// `QItem`s of slot: ready, it sits in its priority's `VecDeque` of the queue's ledger
+    /// (a `QItem` and 24 bytes of place and counts), which grows by doubling (at most two
+    /// slots per message); in flight, in the ledger's `BTreeMap` (48 bytes more: owner and
+    /// deadline, in nodes at least 5/11 full: at most 2.2 slots), and the front-end keeps
+    /// an [`Unacked`] of three words.
     pub fn size(&self) -> usize {
         use crate::footprint::{ALLOC, data};
         data(&self.msg)
@@ -203,9 +202,10 @@ pub trait QueueStore: std::any::Any + Send + Sync {
 
 /// Queue state under its lock.
 struct QState {
-    ready: Ready,
-    /// What the ready messages cost ([`QItem::size`]): the memory budget, `max_bytes`.
-    bytes: usize,
+    /// Ready messages (one FIFO per priority, requeue in place) and deliveries in flight
+    /// (owner: the consumer, 0 for a get), with the quorum delivery limit as its
+    /// `max_returns`.
+    ledger: Ledger<QItem>,
     /// The ready messages' body bytes (`max_body_bytes`).
     body_bytes: usize,
     consumers: Vec<Arc<QueueConsumer>>,
@@ -218,14 +218,10 @@ struct QState {
     stalled_on: Vec<Arc<Outbox>>,
     /// A consumer existed once (auto-delete applies from then on).
     had_consumer: bool,
-    /// The place of the next message in.
-    next_seq: u64,
     /// When the queue was last used (x-expires): made, consumed from, got from.
     used: Option<Instant>,
     /// Bytes of its deliveries not yet acknowledged (still charged to the memory budget).
     unacked_bytes: usize,
-    /// Deliveries not yet acknowledged.
-    unacked: usize,
     /// Its share of the broker-wide memory budget (ready and unacknowledged).
     charge: Charge,
 }
@@ -254,6 +250,9 @@ pub struct Queue {
     space: OnceLock<u64>,
     /// The last bid given, and those in use.
     binds: Mutex<(u32, std::collections::BTreeSet<u32>)>,
+    /// When it was made: the `now` of ledger calls that do not need the clock (no ack
+    /// wait, no delay).
+    born: Instant,
 }
 
 impl std::fmt::Debug for Queue {
@@ -272,12 +271,16 @@ impl Queue {
         memory: &Arc<Memory>,
         store: Option<(Arc<dyn QueueStore>, u64)>,
     ) -> Arc<Queue> {
+        let policy = Policy {
+            ack_wait: None,
+            max_deliveries: 0,
+            max_returns: cfg.delivery_limit.filter(|_| cfg.count_returns),
+        };
         let q = Arc::new(Queue {
             id,
             cfg,
             st: Mutex::new(QState {
-                ready: Ready::default(),
-                bytes: 0,
+                ledger: Ledger::with_policy(1, policy),
                 body_bytes: 0,
                 consumers: Vec::new(),
                 next: 0,
@@ -285,10 +288,8 @@ impl Queue {
                 stalled: false,
                 stalled_on: Vec::new(),
                 had_consumer: false,
-                next_seq: 0,
                 used: Some(Instant::now()),
                 unacked_bytes: 0,
-                unacked: 0,
                 charge: Charge::exact(memory),
             }),
             dropped: AtomicU64::new(0),
@@ -299,6 +300,7 @@ impl Queue {
             on_expired: OnceLock::new(),
             space: OnceLock::new(),
             binds: Mutex::new((0, std::collections::BTreeSet::new())),
+            born: Instant::now(),
         });
         let weak = Arc::downgrade(&q);
         tokio::spawn(async move { run(weak).await });
@@ -359,7 +361,6 @@ impl Queue {
             via,
             redelivered: false,
             expires,
-            seq: 0,
             priority,
             stored: None,
             returns: 0,
@@ -378,23 +379,21 @@ impl Queue {
     pub fn restore(&self, items: Vec<QItem>) {
         let mut st = lock(&self.st);
         for mut m in items {
-            st.next_seq += 1;
-            m.seq = st.next_seq;
             if self.cfg.max_priority.is_none() {
                 m.priority = 0;
             }
-            st.bytes += m.size();
             st.body_bytes += m.msg.payload.len();
-            st.ready.push_back(m);
+            let (size, priority, returns) = (m.size(), m.priority, m.returns);
+            st.ledger.push_returned(m, size, priority, returns);
         }
-        let held = st.bytes;
+        let held = st.ledger.held_bytes();
         st.charge.force(held);
     }
 
     /// Messages ready (not delivered), and consumers.
     pub fn counts(&self) -> (u32, u32) {
         let st = lock(&self.st);
-        (st.ready.len() as u32, st.consumers.len() as u32)
+        (st.ledger.ready_len() as u32, st.consumers.len() as u32)
     }
 
     /// True once deleted.
@@ -405,23 +404,25 @@ impl Queue {
     /// Removes every ready message; how many there were.
     pub fn purge(&self) -> u32 {
         let mut st = lock(&self.st);
-        let n = st.ready.len() as u32;
+        let n = st.ledger.ready_len() as u32;
         self.forget_all(&mut st);
-        let held = st.unacked_bytes;
+        let held = st.ledger.held_bytes();
         st.charge.shrink(held);
         n
     }
 
-    /// Empties the ready messages, settling their records.
+    /// Empties the ready messages, settling their records (deliveries in flight stay
+    /// until settled).
     fn forget_all(&self, st: &mut QState) {
-        if self.store.is_some() {
-            while let Some(m) = st.ready.pop_front() {
-                self.forget(&m);
-            }
+        while let Some(m) = st.ledger.pop_ready() {
+            self.forget(&m);
         }
-        st.ready.clear();
-        st.bytes = 0;
         st.body_bytes = 0;
+    }
+
+    /// What the ready messages cost ([`QItem::size`]): `max_bytes`.
+    fn ready_bytes(st: &QState) -> usize {
+        st.ledger.held_bytes().saturating_sub(st.unacked_bytes)
     }
 
     /// Marks the queue deleted (its store forgets it) and takes its consumers (each told
@@ -430,7 +431,7 @@ impl Queue {
         let (n, consumers) = {
             let mut st = lock(&self.st);
             st.deleted = true;
-            let n = st.ready.len() as u32;
+            let n = st.ledger.ready_len() as u32;
             self.forget_all(&mut st);
             st.charge.shrink(0);
             (n, std::mem::take(&mut st.consumers))

@@ -40,12 +40,12 @@ impl Queue {
                 "memory"
             },
             durable: self.cfg.durable,
-            depth: st.ready.len(),
-            unacked: st.unacked,
+            depth: st.ledger.ready_len(),
+            unacked: st.ledger.in_flight_len(),
             consumers: st.consumers.len(),
             dropped: self.dropped(),
             dead_lettered: self.dead_lettered(),
-            bytes: st.bytes + st.unacked_bytes,
+            bytes: st.ledger.held_bytes(),
         }
     }
 }

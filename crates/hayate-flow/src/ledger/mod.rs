@@ -269,6 +269,17 @@ impl<T> Ledger<T> {
         seq
     }
 
+    /// [`Ledger::push`] of an item given back `returns` times already (read back from a
+    /// store after a restart: its returns still count against [`Policy::max_returns`]).
+    pub fn push_returned(&mut self, item: T, size: usize, priority: u8, returns: u32) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let mut e = self.entry(item, size, seq, priority);
+        e.returns = returns;
+        self.ready.push_back(e);
+        seq
+    }
+
     /// Queues `item` ahead of every item of its `priority` (a delivery given back to this
     /// receiver from elsewhere); returns its seq, below every seq given before.
     pub fn push_front(&mut self, item: T, size: usize, priority: u8) -> u64 {
@@ -598,6 +609,12 @@ impl<T> Ledger<T> {
                 e.item
             })
             .collect()
+    }
+
+    /// The ready item of `priority` with `seq` (as [`Ledger::push`] returned it), if it
+    /// is still ready.
+    pub fn ready_mut(&mut self, priority: u8, seq: u64) -> Option<&mut T> {
+        self.ready.get_mut(priority, seq).map(|e| &mut e.item)
     }
 
     /// Removes the next ready item (in delivery order): a full queue dropping its head.

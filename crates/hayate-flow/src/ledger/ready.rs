@@ -64,6 +64,17 @@ impl<T> Ready<T> {
         }
     }
 
+    /// The item of `priority` with `seq`, if it is still ready.
+    pub(super) fn get_mut(&mut self, priority: u8, seq: u64) -> Option<&mut Entry<T>> {
+        let level = if priority == 0 {
+            &mut self.base
+        } else {
+            &mut self.levels.iter_mut().find(|(p, _)| *p == priority)?.1
+        };
+        let at = level.partition_point(|x| x.seq < seq);
+        level.get_mut(at).filter(|e| e.seq == seq)
+    }
+
     /// The next in delivery order.
     pub(super) fn pop(&mut self) -> Option<Entry<T>> {
         let level = match self.levels.iter_mut().find(|(_, l)| !l.is_empty()) {

@@ -79,14 +79,14 @@ impl Chan {
         &self,
         d: Delivered<'_>,
         ctag: Option<&ShortStr>,
-        m: QItem,
+        m: &QItem,
         to_flush: ToFlush<'_>,
-    ) -> Option<QItem> {
+    ) -> bool {
         let mut cs = lock(&self.st);
         let frame_max = self.frame_max.load(Ordering::Relaxed);
         let counted;
-        let msg = if m.returns > 0 {
-            counted = with_delivery_count(&m.msg, m.returns);
+        let msg = if d.returns > 0 {
+            counted = with_delivery_count(&m.msg, d.returns);
             &counted
         } else {
             &m.msg
@@ -99,7 +99,7 @@ impl Chan {
                 channel: self.channel,
                 consumer_tag: ctag,
                 delivery_tag: tag,
-                redelivered: m.redelivered,
+                redelivered: d.redelivered,
                 exchange: &exchange,
                 routing_key: &m.via.subject,
                 message_count: d.left,
@@ -109,17 +109,17 @@ impl Chan {
             encode_delivery(&out, frame_max, b);
         });
         if d.no_ack || tag == 0 {
-            return Some(m);
+            return false;
         }
         cs.unacked.insert(
             tag,
             Unacked {
                 queue: d.queue.clone(),
                 consumer: d.consumer.cloned(),
-                item: m,
+                id: d.id,
             },
         );
-        None
+        true
     }
 }
 
@@ -133,7 +133,7 @@ impl QueueSink for Chan {
         &self.outbox
     }
 
-    fn deliver(&self, d: Delivered<'_>, item: QItem, to_flush: ToFlush<'_>) -> Option<QItem> {
+    fn deliver(&self, d: Delivered<'_>, item: &QItem, to_flush: ToFlush<'_>) -> bool {
         self.write(d, None, item, to_flush)
     }
 }
@@ -148,7 +148,7 @@ impl QueueSink for ConsumerSink {
         &self.chan.outbox
     }
 
-    fn deliver(&self, d: Delivered<'_>, item: QItem, to_flush: ToFlush<'_>) -> Option<QItem> {
+    fn deliver(&self, d: Delivered<'_>, item: &QItem, to_flush: ToFlush<'_>) -> bool {
         self.chan.write(d, Some(&self.tag), item, to_flush)
     }
 

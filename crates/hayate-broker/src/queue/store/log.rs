@@ -100,7 +100,6 @@ pub(super) fn decode_record(r: &Record) -> Result<(u64, u64, QItem), String> {
             },
             redelivered: true,
             expires: (expires >= 0).then(|| codec::ms_to_instant(expires)),
-            seq: 0,
             priority,
             stored: Some(id),
             returns: 0,

@@ -26,7 +26,6 @@ pub(super) fn qmsg(key: &str, body: &str) -> QItem {
         },
         redelivered: false,
         expires: None,
-        seq: 0,
         priority: 3,
         stored: None,
         returns: 0,
