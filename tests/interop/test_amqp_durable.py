@@ -328,6 +328,33 @@ def test_durable_queues_and_exchanges_survive_kill_9_the_others_do_not(make_dura
     assert header(dead[0][1], "x-first-death-reason") == "maxlen"
 
 
+def test_names_that_look_like_escapes_or_paths_stay_apart(make_durable_broker):
+    """Definitions are meta-log records keyed by name (`/` and `%` escaped): a client naming
+    exchanges and queues so that their keys would meet (`a/b` -> `c` against `a` -> `b/c`,
+    `q/1` against `q%2F1`) gets each kept on its own after kill -9."""
+    b = make_durable_broker()
+    ch = b.connect().channel()
+    ch.confirm_delivery()
+    for x in ("a", "a/b", "b/c", "c"):
+        ch.exchange_declare(x, "fanout", durable=True)
+    ch.exchange_bind("c", "a/b")          # a/b -> c
+    ch.exchange_bind("b/c", "a")          # a -> b/c
+    for q, x in (("q/1", "c"), ("q%2F1", "b/c")):
+        ch.queue_declare(q, durable=True)
+        ch.queue_bind(q, x)
+    ch.basic_publish("a/b", "", b"via-a/b", PERSISTENT)
+    ch.basic_publish("a", "", b"via-a", PERSISTENT)
+    b.restart("kill")
+    ch = b.connect().channel()
+    ch.confirm_delivery()
+    assert bodies(take(ch, "q/1", 1)) == [b"via-a/b"]
+    assert bodies(take(ch, "q%2F1", 1)) == [b"via-a"]
+    ch.basic_publish("a/b", "", b"again-a/b", PERSISTENT)
+    ch.basic_publish("a", "", b"again-a", PERSISTENT)
+    assert bodies(take(ch, "q/1", 1)) == [b"again-a/b"], "the edges come back as bound"
+    assert bodies(take(ch, "q%2F1", 1)) == [b"again-a"]
+
+
 def test_each_virtual_host_keeps_its_own_durable_queues(make_durable_broker):
     b = make_durable_broker(vhosts=("/", "dev"))
     root, dev = b.connect().channel(), b.connect("dev").channel()
