@@ -27,6 +27,8 @@ enum How {
 enum Op {
     Push(u8, usize),
     PushFront(u8, usize),
+    /// Priority, size, deliveries so far, delay (ms) if delayed.
+    PushDelivered(u8, usize, u32, Option<u64>),
     Ready,
     Claim(u64),
     Ack(Sel),
@@ -63,6 +65,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         5 => (0u8..3, 0usize..100).prop_map(|(p, s)| Op::Push(p, s)),
         1 => (0u8..3, 0usize..100).prop_map(|(p, s)| Op::PushFront(p, s)),
+        2 => (0u8..3, 0usize..100, 0u32..5, prop::option::of(0u64..40))
+            .prop_map(|(p, s, n, d)| Op::PushDelivered(p, s, n, d)),
         3 => Just(Op::Ready),
         4 => (0u64..3).prop_map(Op::Claim),
         3 => sel().prop_map(Op::Ack),
@@ -304,6 +308,18 @@ fn step(
             prop_assert_eq!(t.push_front(e.v, s, p), e.seq);
             m.ready.push(e);
         }
+        Op::PushDelivered(p, s, n, delay) => {
+            let seq = m.next_seq;
+            m.next_seq += 1;
+            let mut e = m.entry(s, seq, p);
+            e.deliveries = n;
+            let at = delay.map(|d| now + Duration::from_millis(d));
+            prop_assert_eq!(t.push_delivered(e.v, s, p, n, at), seq);
+            match at {
+                Some(at) => m.delayed.push((at, e)),
+                None => m.ready.push(e),
+            }
+        }
         Op::Ready => {
             let got = t.next_ready().map(|(id, &v)| (id, v));
             let want = if m.inflight.len() < m.window {
@@ -530,6 +546,16 @@ fn check(t: &Ledger<u32>, m: &Model) -> Result<(), TestCaseError> {
     delayed.sort_by_key(|d| (d.0, d.1.seq));
     let got: Vec<(Instant, u32)> = t.delayed().map(|(at, &v)| (at, v)).collect();
     let want: Vec<(Instant, u32)> = delayed.iter().map(|d| (d.0, d.1.v)).collect();
+    prop_assert_eq!(got, want);
+    // Delivery counts of everything held: in flight, ready, delayed.
+    let got: Vec<(u32, u32)> = t.deliveries().map(|(&v, n)| (v, n)).collect();
+    let want: Vec<(u32, u32)> = m
+        .inflight
+        .values()
+        .map(|f| (f.e.v, f.e.deliveries))
+        .chain(m.ordered().iter().map(|e| (e.v, e.deliveries)))
+        .chain(delayed.iter().map(|d| (d.1.v, d.1.deliveries)))
+        .collect();
     prop_assert_eq!(got, want);
     let due = m
         .inflight

@@ -10,8 +10,9 @@
 //!   subscriptions on [`names::binding_expr`], so an MQTT publish on `a/b` reaches a queue
 //!   bound to `amq.topic` with `a.b` (or `a.*`, `#`).
 //! - Durable queues, durable exchanges and the persistent messages in durable queues are
-//!   kept in a store per virtual host (`store`, under `<data>/amqp/`) and read back at
-//!   start; every queue also holds its messages in memory.
+//!   kept in the engine's queue store of the virtual host's namespace
+//!   (`hayate_broker::queue::store`: a log of the messages, definitions and settlement in
+//!   the meta log) and read back at start; every queue also holds its messages in memory.
 //!
 //! # Layout
 //! - this crate's root: [`Amqp`] (the front-end's shared state: exchanges, queues, settings);
@@ -19,14 +20,16 @@
 //! - `queue`: AMQP on the engine's queues (`hayate_broker::queue`): arguments, bindings,
 //!   channels as consumers' sinks, dead letters to an exchange;
 //! - `delivery`: messages ↔ frames and properties, the connection session's encoder;
-//! - `store`: what of a virtual host survives a restart;
+//! - `defs`: what AMQP keeps in the store of its durable definitions;
+//! - `legacy`: the one-time conversion of an earlier release's `<data>/amqp/` files;
 //! - `conn`: one connection (handshake, channels, every method).
 
 pub mod conn;
+pub(crate) mod defs;
 pub(crate) mod delivery;
+pub(crate) mod legacy;
 pub(crate) mod names;
 pub(crate) mod queue;
-pub(crate) mod store;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +37,7 @@ use std::sync::{Arc, Mutex};
 
 use hayate_amqp::{FieldTable, FieldValue};
 use hayate_broker::Broker;
+use hayate_broker::queue::store::{Recovered, RecoveredQueue, Store as QStore};
 use hayate_core::{Key, KeyExpr, Message};
 
 use hayate_core::sync::lock;
@@ -113,7 +117,7 @@ impl Registry {
                 effective.source.clone(),
                 effective.destination.clone(),
                 effective.key.clone(),
-                store::table_hex(&effective.args),
+                defs::table_hex(&effective.args),
             )) {
                 edges.push(effective);
             }
@@ -211,7 +215,7 @@ impl Topology {
             if !seen_bindings.insert((
                 last.exchange.clone(),
                 last.key.clone(),
-                store::table_hex(&last.args),
+                defs::table_hex(&last.args),
                 b.guard
                     .as_ref()
                     .map(|g| Arc::as_ptr(g) as *const () as usize),
@@ -292,7 +296,7 @@ pub(crate) struct VHost {
 
     /// Where its durable exchanges, queues and persistent messages are kept (set at
     /// start when the broker has a data directory).
-    pub(crate) store: std::sync::OnceLock<Arc<store::Store>>,
+    pub(crate) store: std::sync::OnceLock<Arc<QStore>>,
 }
 
 impl VHost {
@@ -345,8 +349,23 @@ impl VHost {
         }
     }
 
+    /// Forgets durable exchange `x` in the store: its record and the exchange-to-exchange
+    /// bindings it is an end of.
+    pub(crate) fn forget_exchange(&self, x: &str) -> Result<(), String> {
+        let Some(s) = self.store.get() else {
+            return Ok(());
+        };
+        let mut gone = vec![(defs::exchange_key(x), Vec::new())];
+        for (k, v) in s.defs("edge/") {
+            if defs::EdgeDef::decode(&v).is_ok_and(|e| e.source == x || e.destination == x) {
+                gone.push((k, Vec::new()));
+            }
+        }
+        s.put_defs(&gone)
+    }
+
     /// The store, for something durable (none without a data directory).
-    pub(crate) fn store_for(&self, durable: bool) -> Option<&Arc<store::Store>> {
+    pub(crate) fn store_for(&self, durable: bool) -> Option<&Arc<QStore>> {
         self.store.get().filter(|_| durable)
     }
 
@@ -416,9 +435,7 @@ impl VHost {
             };
             self.exchanges_changed.fetch_add(1, Ordering::AcqRel);
             tracing::debug!(vhost = %self.name, "amqp: auto-delete exchange {x:?} unused: deleted");
-            if let Some(s) = self.store_for(durable)
-                && let Err(e) = s.remove_exchange(&x)
-            {
+            if durable && let Err(e) = self.forget_exchange(&x) {
                 tracing::error!(vhost = %self.name, "amqp: auto-deleted exchange {x:?} not forgotten by its store: {e}");
             }
         }
@@ -561,20 +578,19 @@ impl Amqp {
         self.next.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// A new queue with its task and (with `x-dead-letter-exchange`) its dead-letter task. It has no binding yet, not even the default exchange's.
-    #[allow(clippy::too_many_arguments)]
+    /// A new queue with its task and (with `x-dead-letter-exchange`) its dead-letter task.
+    /// It has no binding yet, not even the default exchange's.
     pub(crate) fn make_queue(
         self: &Arc<Self>,
         vhost: &Arc<VHost>,
         name: &str,
-        durable: bool,
-        auto_delete: bool,
-        owner: Option<u64>,
+        made: Made<'_>,
         args: queue::QueueArgs,
-        store: Option<(Arc<store::Store>, u64)>,
+        store: Option<(Arc<QStore>, u64)>,
     ) -> Arc<Queue> {
         let max_bytes = self.cfg.queue_max_bytes as usize;
-        let cfg = args.config(durable, auto_delete, owner, max_bytes);
+        let mut cfg = args.config(made.durable, made.auto_delete, made.owner, max_bytes);
+        cfg.args = bytes::Bytes::from(defs::table_bytes(made.arguments));
         let id = hayate_broker::queue::QueueId {
             ns: Arc::from(vhost.ns()),
             name: Arc::from(name),
@@ -631,11 +647,13 @@ impl Amqp {
         Some(q)
     }
 
-    /// Opens every virtual host's store under `<data>/amqp/` and puts back what they kept:
-    /// durable exchanges, durable queues with their bindings, and the persistent messages
-    /// they held (marked redelivered). Without a data directory nothing is kept.
+    /// Opens every virtual host's queue store (`hayate_broker::queue::store`, through the
+    /// broker's storage root; a vhost's files of an earlier release converted first,
+    /// `legacy`) and puts back what they kept: durable exchanges, durable queues with their
+    /// bindings, and the persistent messages they held (marked redelivered). Without a data
+    /// directory nothing is kept.
     pub fn open_durable(self: &Arc<Self>) -> Result<(), String> {
-        let Some(data) = self.broker.config().data_dir.clone() else {
+        let Some(root) = self.broker.config().data.clone() else {
             return Ok(());
         };
         let fsync: hayate_log::FsyncPolicy = self
@@ -643,28 +661,43 @@ impl Amqp {
             .fsync
             .parse()
             .map_err(|e| format!("amqp.fsync: {e}"))?;
+        let meta = self.broker.meta().map_err(|e| e.to_string())?;
+        let max = usize::try_from(self.cfg.max_message_size).unwrap_or(usize::MAX);
         for vhost in self.vhosts.values() {
             if vhost.store.get().is_some() {
                 continue;
             }
-            let vd = store::vhost_dir(&vhost.name);
-            let dir = data.join("amqp").join(&vd);
-            let max = usize::try_from(self.cfg.max_message_size).unwrap_or(usize::MAX);
-            // The log through the broker's storage root; the definitions beside it.
-            let log = match &self.broker.config().data {
-                Some(root) => Some(
-                    root.dir(&format!("amqp/{vd}/log"), true)
-                        .map_err(|e| format!("{}/log: {e}", dir.display()))?,
-                ),
-                None => None,
-            };
-            let (st, rec) = store::Store::open_with(&dir, log, fsync, max)?;
-            let (mut queues, mut messages) = (0, 0);
-            {
-                let mut reg = lock(&vhost.registry);
-                for (name, x) in rec.exchanges {
-                    let Some(kind) = Kind::parse(&x.kind) else {
-                        tracing::warn!(vhost = %vhost.name, "amqp store: exchange {name:?} of unknown type {:?}: left out", x.kind);
+            if let Some(data) = root.path() {
+                legacy::migrate(data, &meta, &vhost.name, vhost.ns())?;
+            }
+            let (st, rec) = QStore::open(&*root, meta.clone(), vhost.ns(), fsync, max)?;
+            let (queues, messages) = self.restore(vhost, &st, rec);
+            st.start();
+            let _ = vhost.store.set(st);
+            tracing::info!(vhost = %vhost.name, queues, messages, "amqp: durable queues opened");
+        }
+        Ok(())
+    }
+
+    /// Puts what `vhost`'s store kept back; the queues and messages put back.
+    fn restore(
+        self: &Arc<Self>,
+        vhost: &Arc<VHost>,
+        st: &Arc<QStore>,
+        rec: Recovered,
+    ) -> (usize, usize) {
+        let (mut queues, mut messages) = (0, 0);
+        {
+            let mut reg = lock(&vhost.registry);
+            let mut edges = Vec::new();
+            for (key, value) in &rec.defs {
+                if let Some(name) = defs::exchange_of_key(key) {
+                    let x = defs::ExchangeDef::decode(value);
+                    let Some((x, kind)) = x
+                        .ok()
+                        .and_then(|x| Some((x.clone(), Kind::parse(&x.kind)?)))
+                    else {
+                        tracing::warn!(vhost = %vhost.name, "amqp store: exchange {name:?} unreadable: left out");
                         continue;
                     };
                     reg.exchanges.entry(name).or_insert(Exchange {
@@ -674,105 +707,123 @@ impl Amqp {
                         internal: x.internal,
                         builtin: false,
                     });
-                }
-                for e in rec.edges {
-                    let args = store::table_of_hex(&e.arguments);
-                    match args {
-                        Ok(args)
-                            if reg.exchanges.contains_key(&e.source)
-                                && reg.exchanges.contains_key(&e.destination) =>
-                        {
-                            reg.edges.push(Edge {
-                                source: e.source,
-                                destination: e.destination,
-                                key: e.key,
-                                args,
-                            });
-                        }
-                        _ => {
-                            tracing::warn!(vhost = %vhost.name, "amqp store: exchange binding {:?} -> {:?} left out", e.source, e.destination);
+                } else if key.starts_with("edge/") {
+                    match defs::EdgeDef::decode(value) {
+                        Ok(e) => edges.push(e),
+                        Err(e) => {
+                            tracing::warn!(vhost = %vhost.name, "amqp store: {key}: {e}: left out")
                         }
                     }
                 }
             }
-            vhost.exchanges_changed.fetch_add(1, Ordering::AcqRel);
-            for (name, def, msgs) in rec.queues {
-                let args =
-                    store::table_of_hex(&def.arguments).and_then(|t| queue::QueueArgs::parse(&t));
-                let (args, key) = match (args, vhost.key(names::queue_key(&name))) {
-                    (Ok(a), Some(k)) => (a, k),
-                    (Err(e), _) => {
-                        tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: bad arguments ({e}): left out");
-                        continue;
-                    }
-                    (_, None) => {
-                        // Refused when declared since keys refuse control characters; one
-                        // saved by an older build costs that queue, not the vhost's others.
-                        tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: its name cannot be a key: left out");
-                        continue;
-                    }
-                };
-                let Ok(expr) = KeyExpr::new(key.as_str()) else {
-                    continue;
-                };
-                messages += msgs.len();
-                queues += 1;
-                let q = self.make_queue(
-                    vhost,
-                    &name,
-                    true,
-                    def.auto_delete,
-                    None,
-                    args,
-                    Some((st.clone(), def.id)),
-                );
-                q.restore(msgs);
-                if hayate_front::auth::inbox_guard(&expr).is_err() {
-                    tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?} is a reply inbox's key: left unbound");
-                } else if let Err(e) =
-                    q.bind("", Kind::Direct, &name, FieldTable::default(), expr, None)
+            for e in edges {
+                if reg.exchanges.contains_key(&e.source)
+                    && reg.exchanges.contains_key(&e.destination)
                 {
-                    tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: {e}");
-                }
-                for b in &def.bindings {
-                    let kind = lock(&vhost.registry)
-                        .exchanges
-                        .get(&b.exchange)
-                        .map(|x| x.kind);
-                    let (Some(kind), Ok(args)) = (kind, store::table_of_hex(&b.arguments)) else {
-                        tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: binding to {:?} left out", b.exchange);
-                        continue;
-                    };
-                    let Some(expr) = vhost.expr(names::binding_expr(&b.exchange, kind, &b.key))
-                    else {
-                        continue;
-                    };
-                    // Checked when made; what it covers of reply inboxes stays out.
-                    let Ok(guard) = hayate_front::auth::inbox_guard(&expr) else {
-                        continue;
-                    };
-                    if let Err(e) = q.bind(&b.exchange, kind, &b.key, args, expr, guard) {
-                        tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: {e}");
-                    }
-                }
-                q.listed();
-                lock(&vhost.registry).queues.insert(name, q);
-            }
-            {
-                let _topology = lock(&vhost.topology);
-                let queues: Vec<_> = lock(&vhost.registry).queues.values().cloned().collect();
-                for q in queues {
-                    if let Err(e) = vhost.reroute(std::slice::from_ref(&q)) {
-                        tracing::warn!(vhost = %vhost.name, "amqp store: queue {:?}: {e}", q.name);
-                    }
+                    reg.edges.push(Edge {
+                        source: e.source,
+                        destination: e.destination,
+                        key: e.key,
+                        args: e.args,
+                    });
+                } else {
+                    tracing::warn!(vhost = %vhost.name, "amqp store: exchange binding {:?} -> {:?} left out", e.source, e.destination);
                 }
             }
-            st.start();
-            let _ = vhost.store.set(st);
-            tracing::info!(vhost = %vhost.name, queues, messages, dir = %dir.display(), "amqp: durable queues opened");
         }
-        Ok(())
+        vhost.exchanges_changed.fetch_add(1, Ordering::AcqRel);
+        for rq in rec.queues {
+            messages += rq.items.len();
+            if self.restore_queue(vhost, st, rq) {
+                queues += 1;
+            }
+        }
+        let _topology = lock(&vhost.topology);
+        let all: Vec<_> = lock(&vhost.registry).queues.values().cloned().collect();
+        for q in all {
+            if let Err(e) = vhost.reroute(std::slice::from_ref(&q)) {
+                tracing::warn!(vhost = %vhost.name, "amqp store: queue {:?}: {e}", q.name);
+            }
+        }
+        (queues, messages)
     }
+
+    /// Puts durable queue `rq` back with its messages and bindings; false if left out.
+    fn restore_queue(
+        self: &Arc<Self>,
+        vhost: &Arc<VHost>,
+        st: &Arc<QStore>,
+        rq: RecoveredQueue,
+    ) -> bool {
+        let name = rq.name;
+        let def = defs::QueueDef::decode(&rq.def);
+        let args = def
+            .as_ref()
+            .map_err(Clone::clone)
+            .and_then(|d| queue::QueueArgs::parse(&d.args));
+        let (def, args, key) = match (def, args, vhost.key(names::queue_key(&name))) {
+            (Ok(d), Ok(a), Some(k)) => (d, a, k),
+            (Err(e), _, _) | (_, Err(e), _) => {
+                tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: bad definition ({e}): left out");
+                return false;
+            }
+            (_, _, None) => {
+                // Refused when declared since keys refuse control characters; one
+                // saved by an older build costs that queue, not the vhost's others.
+                tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: its name cannot be a key: left out");
+                return false;
+            }
+        };
+        let Ok(expr) = KeyExpr::new(key.as_str()) else {
+            return false;
+        };
+        let made = Made {
+            durable: true,
+            auto_delete: def.auto_delete,
+            owner: None,
+            arguments: &def.args,
+        };
+        let q = self.make_queue(vhost, &name, made, args, Some((st.clone(), rq.id)));
+        q.restore(rq.items);
+        if hayate_front::auth::inbox_guard(&expr).is_err() {
+            tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?} is a reply inbox's key: left unbound");
+        } else if let Err(e) = q.bind("", Kind::Direct, &name, FieldTable::default(), expr, None) {
+            tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: {e}");
+        }
+        for b in def.bindings {
+            let kind = lock(&vhost.registry)
+                .exchanges
+                .get(&b.exchange)
+                .map(|x| x.kind);
+            let Some(kind) = kind else {
+                tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: binding to {:?} left out", b.exchange);
+                continue;
+            };
+            let Some(expr) = vhost.expr(names::binding_expr(&b.exchange, kind, &b.key)) else {
+                continue;
+            };
+            // Checked when made; what it covers of reply inboxes stays out.
+            let Ok(guard) = hayate_front::auth::inbox_guard(&expr) else {
+                continue;
+            };
+            if let Err(e) = q.bind(&b.exchange, kind, &b.key, b.args, expr, guard) {
+                tracing::warn!(vhost = %vhost.name, "amqp store: queue {name:?}: {e}");
+            }
+        }
+        q.listed();
+        lock(&vhost.registry).queues.insert(name, q);
+        true
+    }
+}
+
+/// How a queue is made ([`Amqp::make_queue`]).
+pub(crate) struct Made<'a> {
+    pub(crate) durable: bool,
+    pub(crate) auto_delete: bool,
+    /// Exclusive to this connection.
+    pub(crate) owner: Option<u64>,
+    /// queue.declare's arguments as given (kept with a durable queue).
+    pub(crate) arguments: &'a FieldTable,
 }
 
 /// Does a message match a headers-exchange binding's arguments (`x-match` `all`, the

@@ -1,6 +1,9 @@
-//! The MQTT journal: every change to a persistent session or to the retained messages is
-//! appended to a [`hayate_log`] log (`<data_dir>/mqtt-journal/`) before the client is told
-//! about it, so that what was acknowledged survives `kill -9` of the broker.
+//! The MQTT log, `<data_dir>/mqtt/`: every change to a persistent session or to the retained
+//! messages is appended to it (the *journal* records) before the client is told about it,
+//! so that what was acknowledged survives `kill -9` of the broker; and *checkpoints* (the
+//! whole state, `persist::checkpoint`) are appended to the same log, after which the records
+//! before the checkpoint's journal mark are removed. Every byte goes through the storage root
+//! ([`hayate_log::Root`]).
 //!
 //! # How it is used
 //! - Changes are *pushed* ([`Journal::push`]) where they are made, under the lock of what
@@ -14,11 +17,13 @@
 //!   Records nobody waits for (acknowledgements from subscribers, QoS 0 retained messages)
 //!   are written by the background task within [`FLUSH_EVERY`] or once
 //!   [`FLUSH_AT`] bytes are buffered.
-//! - A *checkpoint* (`persist::checkpoint`) writes the whole state to `mqtt.state` together
-//!   with the journal offset it covers, then removes the journal segments before that offset.
-//!   At start the checkpoint is read and the journal replayed over it from that offset.
+//! - A checkpoint: [`Journal::mark`] (the offset P the checkpoint covers up to), the state
+//!   read, [`Journal::write_checkpoint`] (one batch, synced whatever the fsync policy),
+//!   [`Journal::checkpointed`] (segments below P removed). With `mqtt.journal` off nothing is
+//!   pushed: the log holds checkpoints only.
 //!
-//! The record formats are `persist`'s; this module only buffers, writes and waits.
+//! The record formats are `persist`'s; this module only buffers, writes and waits. Records
+//! get keys for inspection (`persist::codec::key_of`); nothing reads them.
 //!
 //! # Locks
 //! `writer` → `buf`. `buf` is a leaf: it is taken under outbox, delivery-state, registry and
@@ -28,16 +33,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use std::collections::HashMap;
+
 use hayate_log::{Entry, FsyncPolicy, Log, LogConfig, ReadLimit, Root};
 
 use hayate_core::sync::lock;
+
+use crate::persist::Records;
+use crate::persist::checkpoint::Source;
+use crate::persist::codec::key_of;
 
 /// The background task writes what is buffered at least this often.
 pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(20);
 /// A push that leaves this many bytes buffered writes them at once.
 pub(crate) const FLUSH_AT: usize = 1 << 20;
-/// The journal's directory under the data directory.
-pub(crate) const DIR: &str = "mqtt-journal";
+/// The log's directory under the data directory (`mqtt-journal/` is the journal of format 1,
+/// read once by the migration).
+pub(crate) const DIR: &str = "mqtt";
 
 /// Records pushed and not yet written.
 #[derive(Debug, Default)]
@@ -57,6 +69,10 @@ struct Writer {
     /// The first write error: the log refuses writes from then on, until a checkpoint
     /// reopens it ([`Journal::mark`]).
     failed: Option<String>,
+    /// Client id of each session generation (for the records' keys).
+    names: HashMap<u64, String>,
+    /// The keys of the records being written (reused).
+    keys: Vec<u8>,
 }
 
 /// The MQTT journal. See the module documentation.
@@ -137,6 +153,8 @@ impl Journal {
             writer: Mutex::new(Writer {
                 log: Some(log),
                 failed: None,
+                names: HashMap::new(),
+                keys: Vec::new(),
             }),
             buf: Mutex::new(Pending::default()),
             pushed: AtomicU64::new(0),
@@ -149,38 +167,32 @@ impl Journal {
         })
     }
 
-    /// Every record from `from` on, in order, to `f` (at start, before any push).
-    pub(crate) fn replay(
-        &self,
-        from: u64,
-        mut f: impl FnMut(&[u8]) -> Result<(), String>,
-    ) -> Result<u64, String> {
+    /// The storage root the log is in.
+    pub(crate) fn root(&self) -> &Arc<dyn Root> {
+        &self.root
+    }
+
+    /// Reads the log (at start, before any push): the last complete checkpoint and the
+    /// journal after it.
+    pub(crate) fn load(&self) -> Result<crate::persist::checkpoint::Loaded, String> {
         let w = lock(&self.writer);
         let Some(log) = &w.log else {
-            return Err("mqtt journal: not open".into());
+            return Err("mqtt log: not open".into());
         };
-        let mut at = from.max(log.start_offset());
-        let end = log.end_offset();
-        let mut n = 0;
-        while at < end {
-            let limit = ReadLimit {
-                max_bytes: 8 << 20,
-                max_records: 100_000,
-                confirmed_only: false,
-            };
-            let batch = log
-                .read(at, limit)
-                .map_err(|e| format!("mqtt journal: read at {at}: {e}"))?;
-            if batch.records.is_empty() {
-                break;
-            }
-            for r in &batch.records {
-                f(&r.value).map_err(|e| format!("mqtt journal record {}: {e}", r.offset))?;
-                n += 1;
-            }
-            at = batch.next;
-        }
-        Ok(n)
+        crate::persist::checkpoint::load(log)
+    }
+
+    /// Removes every record (an interrupted migration is done again from the start).
+    pub(crate) fn reset(&self) -> Result<(), String> {
+        let mut w = lock(&self.writer);
+        drop(w.log.take());
+        self.root
+            .remove_dir(DIR)
+            .map_err(|e| format!("mqtt log: cannot remove: {e}"))?;
+        let log = open_log(&*self.root, self.config).map_err(|e| format!("mqtt log: {e}"))?;
+        w.log = Some(log);
+        w.failed = None;
+        Ok(())
     }
 
     /// Appends a record: `f` writes it into the buffer.
@@ -217,7 +229,13 @@ impl Journal {
                 count,
             )
         };
-        let log = match (&w.failed, &w.log) {
+        let Writer {
+            log,
+            failed,
+            names,
+            keys,
+        } = w;
+        let log = match (&*failed, &*log) {
             (None, Some(log)) => log,
             (Some(e), _) => {
                 // Nothing is written any more; the records are dropped (the state in memory
@@ -231,20 +249,7 @@ impl Journal {
         if ends.is_empty() {
             return Ok(log.end_offset());
         }
-        let now = hayate_broker::stream::codec::now_ms();
-        let mut entries = Vec::with_capacity(ends.len());
-        let mut start = 0;
-        for &end in &ends {
-            entries.push(Entry {
-                timestamp: now,
-                key: &[],
-                headers: &[],
-                value: &bytes[start..end],
-            });
-            start = end;
-        }
-        let r = log.append_batch(&entries);
-        drop(entries);
+        let r = append(log, &bytes, &ends, false, names, keys);
         let written_bytes = bytes.len() as u64;
         // The buffer goes back for the next records (no allocation per write).
         {
@@ -273,7 +278,7 @@ impl Journal {
                     "{e}; acknowledgements that need the journal fail until the next \
                      checkpoint reopens it"
                 );
-                w.failed = Some(e.clone());
+                *failed = Some(e.clone());
                 let last_good = self.ok_upto.load(Ordering::Acquire);
                 self.broken_after.fetch_min(last_good, Ordering::AcqRel);
                 Err(e)
@@ -374,9 +379,9 @@ impl Journal {
     }
 
     /// Writes what is buffered and returns the offset a checkpoint taken now covers up to.
-    /// A journal that failed is reopened first (what it had not written is dropped: the
+    /// A log that failed is reopened first (what it had not written is dropped: the
     /// checkpoint, which reads the state after this, has it).
-    pub(crate) fn mark(&self) -> u64 {
+    pub(crate) fn mark(&self) -> Result<u64, String> {
         let mut w = lock(&self.writer);
         if w.failed.is_some() || w.log.is_none() {
             {
@@ -388,24 +393,43 @@ impl Journal {
             }
             // Closed before the directory is opened again.
             drop(w.log.take());
-            match open_log(&*self.root, self.config) {
-                Ok(log) => {
-                    w.log = Some(log);
-                    w.failed = None;
-                    tracing::info!("mqtt journal: reopened");
-                }
-                Err(e) => {
-                    tracing::error!("mqtt journal: cannot reopen: {e}");
-                    // The checkpoint taken now is the whole state: nothing to replay.
-                    return super::persist::NO_JOURNAL;
-                }
-            }
+            let log = open_log(&*self.root, self.config)
+                .map_err(|e| format!("mqtt log: cannot reopen: {e}"))?;
+            w.log = Some(log);
+            w.failed = None;
+            tracing::info!("mqtt log: reopened");
         } else {
             let _ = self.flush_locked(&mut w);
         }
-        w.log
-            .as_ref()
-            .map_or(super::persist::NO_JOURNAL, Log::end_offset)
+        Ok(w.log.as_ref().map_or(0, Log::end_offset))
+    }
+
+    /// Appends a checkpoint's records (`C` … `K`) in one batch after what is buffered, and
+    /// syncs them whatever the fsync policy; returns the offset of its `C`. A failure breaks
+    /// the log as a failed journal write does (the next checkpoint reopens it).
+    pub(crate) fn write_checkpoint(&self, recs: &Records) -> Result<u64, String> {
+        let mut w = lock(&self.writer);
+        let _ = self.flush_locked(&mut w);
+        let Writer {
+            log,
+            failed,
+            names,
+            keys,
+        } = &mut *w;
+        let log = match (&*failed, &*log) {
+            (None, Some(log)) => log,
+            (Some(e), _) => return Err(e.clone()),
+            (None, None) => return Err("mqtt log: not open".into()),
+        };
+        let r = append(log, &recs.bytes, &recs.ends, true, names, keys)
+            .and_then(|range| log.sync().map(|()| range.start));
+        r.map_err(|e| {
+            let e = format!("mqtt log: checkpoint: {e}");
+            *failed = Some(e.clone());
+            let last_good = self.ok_upto.load(Ordering::Acquire);
+            self.broken_after.fetch_min(last_good, Ordering::AcqRel);
+            e
+        })
     }
 
     /// After a checkpoint covering up to `offset` is on disk: removes the segments before it,
@@ -449,6 +473,69 @@ impl Journal {
     }
 }
 
+/// Appends `bytes`, cut at `ends`, as records with their keys (`snapshot`: a checkpoint's).
+fn append(
+    log: &Log,
+    bytes: &[u8],
+    ends: &[usize],
+    snapshot: bool,
+    names: &mut HashMap<u64, String>,
+    keys: &mut Vec<u8>,
+) -> hayate_log::Result<std::ops::Range<u64>> {
+    keys.clear();
+    let mut key_ends = Vec::with_capacity(ends.len());
+    let mut start = 0;
+    for &end in ends {
+        key_of(&bytes[start..end], snapshot, names, keys);
+        key_ends.push(keys.len());
+        start = end;
+    }
+    let now = hayate_broker::stream::codec::now_ms();
+    let mut entries = Vec::with_capacity(ends.len());
+    let (mut start, mut kstart) = (0, 0);
+    for (&end, &kend) in ends.iter().zip(&key_ends) {
+        entries.push(Entry {
+            timestamp: now,
+            key: &keys[kstart..kend],
+            headers: &[],
+            value: &bytes[start..end],
+        });
+        (start, kstart) = (end, kend);
+    }
+    log.append_batch(&entries)
+}
+
+impl Source for Log {
+    fn first(&self) -> u64 {
+        self.start_offset()
+    }
+
+    fn each(&self, from: u64, f: &mut dyn FnMut(u64, &[u8]) -> bool) -> Result<(), String> {
+        let mut at = from.max(self.start_offset());
+        let end = self.end_offset();
+        while at < end {
+            let limit = ReadLimit {
+                max_bytes: 8 << 20,
+                max_records: 100_000,
+                confirmed_only: false,
+            };
+            let batch = self
+                .read(at, limit)
+                .map_err(|e| format!("mqtt log: read at {at}: {e}"))?;
+            if batch.records.is_empty() {
+                break;
+            }
+            for r in &batch.records {
+                if !f(r.offset, &r.value) {
+                    return Ok(());
+                }
+            }
+            at = batch.next;
+        }
+        Ok(())
+    }
+}
+
 fn open_log(root: &dyn Root, config: LogConfig) -> Result<Log, hayate_log::Error> {
     let log = Log::open_in(root, DIR, config)?;
     for line in &log.recovery().repairs {
@@ -462,14 +549,29 @@ mod tests {
     use super::*;
     use hayate_log::FsRoot;
 
-    fn records(j: &Journal, from: u64) -> Vec<Vec<u8>> {
+    /// Every record from `from` on, with its key.
+    fn records(j: &Journal, from: u64) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let w = lock(&j.writer);
+        let log = w.log.as_ref().unwrap();
         let mut v = Vec::new();
-        j.replay(from, |r| {
-            v.push(r.to_vec());
-            Ok(())
-        })
-        .unwrap();
+        let mut at = from;
+        while at < log.end_offset() {
+            let limit = ReadLimit {
+                max_bytes: 1 << 20,
+                max_records: 1000,
+                confirmed_only: false,
+            };
+            let b = log.read(at, limit).unwrap();
+            for r in &b.records {
+                v.push((r.key.to_vec(), r.value.to_vec()));
+            }
+            at = b.next;
+        }
         v
+    }
+
+    fn values(j: &Journal, from: u64) -> Vec<Vec<u8>> {
+        records(j, from).into_iter().map(|(_, v)| v).collect()
     }
 
     #[test]
@@ -478,6 +580,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let policy = FsyncPolicy::Interval(Duration::from_millis(50));
         let j = Journal::open(Arc::new(FsRoot(dir.clone())), policy).unwrap();
+        assert!(dir.join(DIR).is_dir());
         assert!(matches!(j.durable(), Durable::Ready(Ok(()))));
         for i in 0..3u8 {
             j.push(|b| b.extend_from_slice(&[i; 10]));
@@ -485,21 +588,80 @@ mod tests {
         assert!(j.has_buffered());
         assert!(matches!(j.durable(), Durable::Ready(Ok(()))));
         assert!(!j.has_buffered());
-        let p = j.mark();
+        let p = j.mark().unwrap();
         assert_eq!(p, 3);
         j.push(|b| b.push(9));
         drop(j); // no flush: the record pushed last is not written (a crash)
         let j = Journal::open(Arc::new(FsRoot(dir.clone())), policy).unwrap();
-        assert_eq!(records(&j, 0), vec![vec![0; 10], vec![1; 10], vec![2; 10]]);
-        assert_eq!(records(&j, 2), vec![vec![2; 10]]);
-        // A checkpoint at the end: replay from there is empty.
-        j.checkpointed(j.mark());
+        assert_eq!(values(&j, 0), vec![vec![0; 10], vec![1; 10], vec![2; 10]]);
+        assert_eq!(values(&j, 2), vec![vec![2; 10]]);
+        // A checkpoint at the end: nothing before it is needed.
+        j.checkpointed(j.mark().unwrap());
         assert_eq!(j.since_checkpoint(), 0);
-        assert!(records(&j, 3).is_empty());
+        assert!(values(&j, 3).is_empty());
         // Closed: pushes are ignored.
         j.close();
         j.push(|b| b.push(1));
         assert!(!j.has_buffered());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Records carry their keys: `s/<client>` for a session's, `m/<client>` for its
+    /// deliveries', `r/<topic>` for a retained message, `checkpoint` for `C` and `K`; a
+    /// checkpoint's session names its client for the records after it.
+    #[test]
+    fn records_are_keyed_by_client_and_topic() {
+        use crate::delivery::Queued;
+        use crate::persist::codec::{ckpt, rec};
+        use hayate_core::{Key, Message};
+        use hayate_mqtt::{ProtocolVersion, QoS};
+        let root = Arc::new(hayate_log::FaultyRoot::new());
+        let j = Journal::open(root, FsyncPolicy::Never).unwrap();
+        let q = Queued {
+            msg: Message::new(Key::new("t/1").unwrap(), "x"),
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            sub_id: None,
+        };
+        let mut m = Message::new(Key::new("a/b").unwrap(), "r");
+        m.attrs.retain = true;
+        j.push(|b| rec::open(b, "alice", 7, ProtocolVersion::V5, 60));
+        j.push(|b| rec::queue(b, 7, 1, &q));
+        j.push(|b| rec::ack(b, 7, 1));
+        j.push(|b| rec::retained(b, &m));
+        j.push(|b| rec::end(b, 7));
+        j.push(|b| rec::ack(b, 7, 2));
+        j.flush().unwrap();
+        let mut recs = Records::default();
+        recs.push(|b| ckpt::begin(b, 1, 0, 9));
+        recs.push(|b| {
+            ckpt::session_head(b, 1, "bob", 8, ProtocolVersion::V5, 10);
+            b.extend_from_slice(&[0; 12]);
+        });
+        recs.push(|b| ckpt::owner(b, "bob", "u"));
+        recs.push(|b| ckpt::end(b, 1));
+        assert_eq!(j.write_checkpoint(&recs).unwrap(), 6);
+        j.push(|b| rec::sub(b, 8, 1, &crate::persist::tests::sub("x", 1)));
+        j.flush().unwrap();
+        let keys: Vec<String> = records(&j, 0)
+            .into_iter()
+            .map(|(k, _)| String::from_utf8(k).unwrap())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "s/alice",
+                "m/alice",
+                "m/alice",
+                "r/a/b",
+                "s/alice",
+                "g/7",
+                "checkpoint",
+                "s/bob",
+                "s/bob",
+                "checkpoint",
+                "s/bob"
+            ]
+        );
     }
 }

@@ -91,6 +91,17 @@ impl Drop for MqttSession {
     }
 }
 
+/// The checkpoints' state (under its lock: one checkpoint at a time).
+#[derive(Debug, Default)]
+struct Checkpoints {
+    /// Bytes of the last checkpoint.
+    last_bytes: u64,
+    /// The next checkpoint's number.
+    number: u64,
+    /// Files of format 1 wait to be moved once a checkpoint is durable.
+    legacy: bool,
+}
+
 /// A will waiting for its delay, or for the end of its session.
 #[derive(Debug)]
 pub(crate) struct PendingWill {
@@ -110,13 +121,15 @@ pub struct Mqtt {
     data_dir: Option<PathBuf>,
     registry: Mutex<HashMap<String, Entry>>,
     pub(crate) retained: Mutex<Retained>,
-    /// The journal of persistent sessions and retained messages (with a data directory,
-    /// unless `mqtt.journal` is off).
+    /// The log of persistent sessions and retained messages (with a data directory): their
+    /// journal (unless `mqtt.journal` is off) and checkpoints.
     journal: Option<Arc<Journal>>,
+    /// Whether changes are journaled (`mqtt.journal`).
+    journaling: bool,
     /// The next generation of a persistent session (see `persist`).
     next_sgen: AtomicU64,
-    /// One checkpoint at a time; the size of the last one.
-    checkpointing: Mutex<u64>,
+    /// One checkpoint at a time; the size of the last one, the next one's number.
+    checkpointing: Mutex<Checkpoints>,
     /// Statistics.
     pub stats: MqttStats,
     next_conn: AtomicU64,
@@ -138,7 +151,7 @@ impl Mqtt {
         let data_dir =
             (!config.server.data_dir.is_empty()).then(|| PathBuf::from(&config.server.data_dir));
         let journal = match &data_dir {
-            Some(dir) if config.mqtt.journal => {
+            Some(dir) => {
                 let fsync = config
                     .mqtt
                     .journal_fsync
@@ -151,15 +164,15 @@ impl Mqtt {
                     Ok(j) => Some(Arc::new(j)),
                     Err(e) => {
                         tracing::error!(
-                            "mqtt: cannot open the journal in {}: {e}; persistent sessions \
-                             and retained messages are saved only every autosave_secs",
+                            "mqtt: cannot open the log in {}: {e}; persistent sessions and \
+                             retained messages are not saved",
                             dir.join(journal::DIR).display()
                         );
                         None
                     }
                 }
             }
-            _ => None,
+            None => None,
         };
         let mqtt = Arc::new(Mqtt {
             broker,
@@ -176,8 +189,9 @@ impl Mqtt {
                 .with_memory(&memory),
             ),
             journal,
+            journaling: config.mqtt.journal,
             next_sgen: AtomicU64::new(1),
-            checkpointing: Mutex::new(0),
+            checkpointing: Mutex::new(Checkpoints::default()),
             stats: MqttStats::default(),
             next_conn: AtomicU64::new(1),
             started: Instant::now(),
@@ -188,48 +202,49 @@ impl Mqtt {
         mqtt
     }
 
-    /// Reads the checkpoint, replays the journal over it, restores the result and takes a
-    /// new checkpoint. A checkpoint that cannot be read is moved aside (kept for
-    /// inspection); a journal record that cannot be read ends the replay there.
+    /// Reads the log (its last complete checkpoint, the journal after it), or migrates the
+    /// files of format 1 (`persist::legacy`), restores the result and takes a new checkpoint.
     fn recover(&self, dir: &std::path::Path) {
-        let mut saved = match persist::read_file(dir) {
-            Ok(s) => s,
+        let Some(j) = &self.journal else { return };
+        let root = j.root();
+        let legacy = persist::legacy::present(&**root, dir);
+        let loaded = match j.load() {
+            Ok(l) => l,
             Err(e) => {
-                let aside = dir.join(format!(
-                    "{}.bad-{}",
-                    persist::FILE,
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map(|d| d.as_secs())
-                        .unwrap_or(0)
-                ));
-                let _ = std::fs::rename(dir.join(persist::FILE), &aside);
-                tracing::warn!(
-                    "mqtt: cannot load saved state ({e}); moved it to {}",
-                    aside.display()
-                );
-                persist::Saved::default()
+                tracing::error!("mqtt: cannot read the log: {e}");
+                return;
             }
         };
-        if let Some(j) = &self.journal
-            && saved.replay_from != persist::NO_JOURNAL
-        {
-            let from = saved.replay_from;
-            // A record that passed the log's CRC but cannot be decoded (a bug, or a newer
-            // format) is skipped and counted: the records after it are still applied.
-            let mut skipped = 0u64;
-            let r = j.replay(from, |rec| {
-                if let Err(e) = saved.apply(rec) {
-                    skipped += 1;
-                    tracing::error!("mqtt: journal record skipped: {e}");
+        let migrate = legacy && !loaded.complete;
+        let saved = if migrate {
+            if loaded.any {
+                tracing::warn!("mqtt: the migration of the earlier format was cut; doing it again");
+                if let Err(e) = j.reset() {
+                    tracing::error!("{e}");
+                    return;
                 }
-                Ok(())
-            });
-            match r {
-                Ok(0) => {}
-                Ok(n) => tracing::info!("mqtt: replayed {n} journal records ({skipped} skipped)"),
-                Err(e) => tracing::error!("mqtt: journal replay stopped: {e}"),
             }
+            tracing::info!(
+                "mqtt: migrating {} and {}/",
+                persist::legacy::FILE,
+                persist::legacy::JOURNAL_DIR
+            );
+            persist::legacy::read(&**root, dir)
+        } else {
+            if loaded.replayed + loaded.skipped > 0 {
+                tracing::info!(
+                    "mqtt: replayed {} journal records ({} skipped)",
+                    loaded.replayed,
+                    loaded.skipped
+                );
+            }
+            loaded.saved
+        };
+        {
+            let mut c = lock(&self.checkpointing);
+            c.number = loaded.next_number;
+            // A move cut short is finished once a checkpoint is durable (now, below).
+            c.legacy = legacy;
         }
         self.next_sgen
             .store(saved.next_sgen.max(1), Ordering::Relaxed);
@@ -242,13 +257,13 @@ impl Mqtt {
 
     /// The journal, if persistent state is journaled.
     pub(crate) fn journal(&self) -> Option<&Arc<Journal>> {
-        self.journal.as_ref()
+        self.journal.as_ref().filter(|_| self.journaling)
     }
 
     /// Whether every change journaled so far is durable (writes the journal if needed): what
     /// an acknowledgement that promises something waits for.
     pub(crate) fn durable(&self) -> Durable {
-        match &self.journal {
+        match self.journal() {
             Some(j) => j.durable(),
             None => Durable::Ready(Ok(())),
         }
@@ -257,7 +272,7 @@ impl Mqtt {
     /// As [`Mqtt::durable`], without writing: the answer comes once the journal is written
     /// (by this connection at the end of its read: [`Mqtt::flush_journal`]).
     pub(crate) fn durable_later(&self) -> Durable {
-        match &self.journal {
+        match self.journal() {
             Some(j) => j.durable_later(),
             None => Durable::Ready(Ok(())),
         }
@@ -313,30 +328,42 @@ impl Mqtt {
         }
     }
 
-    /// Takes a checkpoint: saves persistent sessions and retained messages to the data
-    /// directory, then removes the journal segments the checkpoint covers.
+    /// Takes a checkpoint: appends persistent sessions and retained messages to the log,
+    /// then removes the segments the checkpoint covers (logged if it fails).
     pub fn save(&self) {
-        let Some(dir) = &self.data_dir else { return };
-        let mut last = lock(&self.checkpointing);
-        let from = self
-            .journal
-            .as_ref()
-            .map_or(persist::NO_JOURNAL, |j| j.mark());
+        if let Err(e) = self.checkpoint() {
+            tracing::warn!("mqtt: checkpoint not taken: {e}");
+        }
+    }
+
+    fn checkpoint(&self) -> Result<(), String> {
+        let Some(j) = &self.journal else {
+            return Ok(());
+        };
+        let mut c = lock(&self.checkpointing);
+        let p = j.mark()?;
         let next_sgen = self.next_sgen.load(Ordering::Relaxed);
-        let (bytes, s, r) = persist::snapshot(self, from, next_sgen);
-        if s + r == 0 && self.journal.is_none() && !dir.join(persist::FILE).exists() {
-            return;
-        }
-        match persist::write_file(dir, &bytes) {
-            Ok(()) => {
-                tracing::debug!("mqtt: checkpoint: {s} sessions, {r} retained");
-                *last = bytes.len() as u64;
-                if let Some(j) = &self.journal {
-                    j.checkpointed(from);
-                }
+        let (recs, s, r) = persist::checkpoint::snapshot(self, c.number, p, next_sgen);
+        j.write_checkpoint(&recs)?;
+        tracing::debug!("mqtt: checkpoint {}: {s} sessions, {r} retained", c.number);
+        c.number += 1;
+        c.last_bytes = recs.bytes.len() as u64;
+        j.checkpointed(p);
+        if c.legacy {
+            let root = j.root();
+            let dir = self
+                .data_dir
+                .as_deref()
+                .unwrap_or(std::path::Path::new("."));
+            match persist::legacy::move_files(&**root, dir) {
+                Ok(()) => c.legacy = false,
+                Err(e) => tracing::error!(
+                    "mqtt: cannot move the files of the earlier format to {}: {e}",
+                    persist::legacy::LEGACY_DIR
+                ),
             }
-            Err(e) => tracing::warn!("mqtt: cannot save state in {}: {e}", dir.display()),
         }
+        Ok(())
     }
 
     /// The last checkpoint at shutdown: later changes (sessions dropped as the process
@@ -351,7 +378,7 @@ impl Mqtt {
     /// Whether the journal grew enough since the last checkpoint to take one now.
     fn checkpoint_due(&self) -> bool {
         let Some(j) = &self.journal else { return false };
-        let last = *lock(&self.checkpointing);
+        let last = lock(&self.checkpointing).last_bytes;
         j.since_checkpoint() > persist::CHECKPOINT_AT.max(2 * last)
     }
 

@@ -244,9 +244,9 @@ async fn a_retained_publish_with_a_control_character_is_refused_and_sessions_sur
     let _ = std::fs::remove_dir_all(&d);
 }
 
-/// A checkpoint holding one entry with a key no key may be (written by a broker that let it
-/// in, or edited) is read with that entry left out: the persistent session, its queued
-/// messages and the other retained messages come back. Without the journal, so that the
+/// A checkpoint (in the MQTT log) holding one entry with a key no key may be (written by a
+/// broker that let it in, or edited) is read with that entry left out: the persistent
+/// session, its queued messages and the other retained messages come back. Without the journal, so that the
 /// checkpoint alone is the state (with it, a journal still holding every record since the
 /// first start would hide the loss; in a longer run its early segments are gone).
 #[tokio::test]
@@ -276,21 +276,19 @@ async fn a_checkpoint_with_a_bad_key_keeps_the_rest() {
     disconnect(publisher, pel).await;
     b.shutdown().await;
 
-    // A retained message on `x\u{1}` appended to the checkpoint, as docs/log-format.md
-    // says: `R`, key, payload, no reply-to, no correlation, no headers, QoS 0, retained,
-    // not UTF-8, no expiry.
-    let file = d.join("mqtt.state");
-    let mut state = std::fs::read(&file).expect("a checkpoint");
-    let mut r = BytesMut::new();
-    r.put_u8(b'R');
-    for v in [&b"x\x01"[..], b"boom"] {
-        r.put_u32(v.len() as u32);
-        r.put_slice(v);
-    }
-    r.put_slice(&[0, 0, 0, 0, 0, 0, 0, 1, 0]);
-    r.put_u64(u64::MAX);
-    state.extend_from_slice(&r);
-    std::fs::write(&file, &state).unwrap();
+    // A copy of the last checkpoint appended to the MQTT log with a retained message on
+    // `x\u{1}` in it, as docs/log-format.md says: `C` (number + 1, the same P and next
+    // generation), its records, `R` key, payload, no reply-to, no correlation, no headers,
+    // QoS 0, retained, not UTF-8, no expiry; then `K` (number + 1).
+    forge_checkpoint(&d.join("mqtt"), |r| {
+        r.put_u8(b'R');
+        for v in [&b"x\x01"[..], b"boom"] {
+            r.put_u32(v.len() as u32);
+            r.put_slice(v);
+        }
+        r.put_slice(&[0, 0, 0, 0, 0, 0, 0, 1, 0]);
+        r.put_u64(u64::MAX);
+    });
 
     let b = start(cfg).await;
     let (keeper, mut kel, present) = mqtt_client(&b.mqtt, "keeper", false).await;
@@ -303,6 +301,57 @@ async fn a_checkpoint_with_a_bad_key_keeps_the_rest() {
     disconnect(keeper, kel).await;
     b.shutdown().await;
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Appends to the MQTT log in `dir` a copy of its last complete checkpoint with one more
+/// record (`extra` writes it) before its `K`.
+fn forge_checkpoint(dir: &std::path::Path, extra: impl FnOnce(&mut BytesMut)) {
+    let log = hayate_log::Log::open_dir(dir, hayate_log::LogConfig::default()).unwrap();
+    let b = log
+        .read(
+            log.start_offset(),
+            hayate_log::ReadLimit {
+                max_bytes: 64 << 20,
+                max_records: 1 << 20,
+                confirmed_only: false,
+            },
+        )
+        .unwrap();
+    let values: Vec<&[u8]> = b.records.iter().map(|r| &r.value[..]).collect();
+    let k = values
+        .iter()
+        .rposition(|v| v[0] == b'K')
+        .expect("a checkpoint");
+    let c = values[..k].iter().rposition(|v| v[0] == b'C').unwrap();
+    let number = u64::from_be_bytes(values[c][1..9].try_into().unwrap()) + 1;
+    let mut recs: Vec<Vec<u8>> = Vec::new();
+    let mut head = values[c].to_vec();
+    head[1..9].copy_from_slice(&number.to_be_bytes());
+    recs.push(head);
+    for v in &values[c + 1..k] {
+        let mut v = v.to_vec();
+        if v[0] == b'Z' {
+            v[1..9].copy_from_slice(&number.to_be_bytes());
+        }
+        recs.push(v);
+    }
+    let mut r = BytesMut::new();
+    extra(&mut r);
+    recs.push(r.to_vec());
+    let mut end = vec![b'K'];
+    end.extend_from_slice(&number.to_be_bytes());
+    recs.push(end);
+    let entries: Vec<hayate_log::Entry<'_>> = recs
+        .iter()
+        .map(|v| hayate_log::Entry {
+            timestamp: 0,
+            key: b"",
+            headers: &[],
+            value: v,
+        })
+        .collect();
+    log.append_batch(&entries).unwrap();
+    log.close().unwrap();
 }
 
 /// MQTT topics with LF, CR, U+0001 and U+007F, by every path (a PUBLISH at 3.1.1 and 5.0, a

@@ -1237,3 +1237,63 @@ async fn ack_wait_redelivers_10000_unacknowledged_messages_again_and_again() {
     // within the ack wait sends redeliveries only).
     ack_wait_redelivers_all("aw10k", 10_000, 3_000, Some(10_000), 10_000).await;
 }
+
+/// CPU time the calling thread has used so far, in clock ticks (Linux; `None` elsewhere).
+/// The test's runtime is single-threaded: the broker's tasks (members included) run on it.
+fn thread_cpu_ticks() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state is field 3, utime 14 and stime 15 (1-based, whole line).
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// A NACK storm (every delivery NACKed at once, with no delay, again and again) costs one
+/// redelivery per NACK: the consumer holds no more than its max_in_flight, the counts of
+/// deliveries go on, and once the client stops nothing is left spinning.
+#[tokio::test]
+async fn a_nack_storm_neither_spins_nor_grows() {
+    let (config, _d) = data_dir("nackstorm");
+    let b = start(config).await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    c.streams()
+        .add(&stream("ns", "ns/*", "never"))
+        .await
+        .unwrap();
+    let mut cfg = ConsumerConfig::new("ns", "c");
+    cfg.max_in_flight = 4;
+    consumer(&c, cfg).await;
+    publish_n(&c, "ns/x", 8).await;
+    let mut sub = c.consume("ns", "c").await.unwrap();
+    let mut most: BTreeMap<u64, u32> = BTreeMap::new();
+    within(60, async {
+        for _ in 0..4000 {
+            let m = sub.next().await.unwrap();
+            let n = most.entry(m.attrs.stream_offset.unwrap()).or_default();
+            assert!(m.attrs.deliveries > *n, "counts go on: {m:?}");
+            *n = m.attrs.deliveries;
+            c.nack(&m).unwrap();
+        }
+    })
+    .await;
+    // What is given back goes out again before new records, and no more than
+    // max_in_flight messages are held.
+    assert!(most.keys().all(|&o| o < 4), "{most:?}");
+    assert_eq!(most.values().sum::<u32>(), 4000, "{most:?}");
+    let info = within(5, c.streams().consumer_info("ns", "c"))
+        .await
+        .unwrap();
+    assert!(info.state.in_flight + info.state.waiting <= 4, "{info:?}");
+    // The client stops: what it last NACKed arrives once more, then nothing moves.
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(300), sub.next()).await {}
+    if let Some(before) = thread_cpu_ticks() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let used = thread_cpu_ticks().unwrap() - before;
+        assert!(used < 20, "{used} ticks of CPU in 1 s of quiet");
+    }
+    let info = within(5, c.streams().consumer_info("ns", "c"))
+        .await
+        .unwrap();
+    assert_eq!(info.state.waiting, 0, "{info:?}");
+    assert!(info.state.in_flight <= 4, "{info:?}");
+}

@@ -16,6 +16,12 @@ use hayate_client::streams::ConsumerConfig;
 use hayate_client::{Client, Message};
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/data-844fe42");
+/// The same clients' work, the broker killed with SIGKILL instead of stopped
+/// (`scripts/make-data-fixture --kill`): positions as last written.
+const FIXTURE_KILLED: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/data-844fe42-kill"
+);
 
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
@@ -63,13 +69,22 @@ async fn consume(c: &Client, stream: &str, consumer: &str, n: usize) -> Vec<Mess
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_release_data_directory_keeps_streams_and_consumer_positions() {
+    keeps_streams_and_positions(FIXTURE, "stopped").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_killed_release_data_directory_keeps_streams_and_consumer_positions() {
+    keeps_streams_and_positions(FIXTURE_KILLED, "killed").await;
+}
+
+async fn keeps_streams_and_positions(fixture: &str, tag: &str) {
     assert!(
-        Path::new(FIXTURE).join("streams").is_dir(),
-        "no fixture at {FIXTURE} (scripts/make-data-fixture makes it)"
+        Path::new(fixture).join("streams").is_dir(),
+        "no fixture at {fixture} (scripts/make-data-fixture makes it)"
     );
-    let dir = std::env::temp_dir().join(format!("hayate-migration-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("hayate-migration-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    copy_dir(Path::new(FIXTURE), &dir);
+    copy_dir(Path::new(fixture), &dir);
     let mut args: Vec<&OsStr> = common::NATIVE_ONLY.iter().map(OsStr::new).collect();
     args.extend(["--admin", "off", "--data"].map(OsStr::new));
     args.push(dir.as_os_str());

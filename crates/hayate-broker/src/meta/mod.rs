@@ -3,8 +3,10 @@
 //! catalog (the live value of each key).
 //!
 //! - A record's key names what it describes (`stream/<name>`, `consumer/<stream>/<name>`,
-//!   `pos/<stream>/<consumer>`, `format`, `snap`; [`record`]); the last value of a key wins
-//!   and an empty value deletes it.
+//!   `pos/<stream>/<consumer>`, `format`, `snap`, and the queue stores' `ns/<ns>/…`,
+//!   `next/<ns>`, `store/<ns>`, `returns/<ns>`; [`record`]); the last value of a key wins
+//!   and an empty value deletes it, except a value that adds ([`record::MORE_VALUE`] of a
+//!   `store/` or `returns/` key), which the catalog appends to the key's value.
 //! - Definitions are appended at once ([`Meta::put`]) and their callers wait for the fsync
 //!   ([`Meta::put_durable`]) before they answer.
 //! - Positions are staged ([`Meta::stage`]): one writer thread appends whatever is staged
@@ -169,9 +171,12 @@ fn entries<'a>(records: impl Iterator<Item = (&'a str, &'a [u8])>) -> Vec<Entry<
         .collect()
 }
 
-fn apply(st: &mut State, key: &str, value: Bytes) {
+fn apply(st: &mut State, key: &str, mut value: Bytes) {
     if key == record::SNAP_KEY {
         return;
+    }
+    if let Some(all) = record::merged(key, st.live.get(key).map(|v| &v[..]), &value) {
+        value = Bytes::from(all);
     }
     if let Some(old) = st.live.remove(key) {
         st.live_bytes -= entry_len(key, &old);
@@ -279,8 +284,16 @@ impl Meta {
 
     /// Stages `value` for `key`: the writer appends it within [`FLUSH_EVERY`] (a later
     /// stage of the same key replaces it).
+    /// A value that adds ([`record::merges`], [`record::MORE_VALUE`]) is appended to
+    /// what is staged for its key instead.
     pub fn stage(&self, key: String, value: Vec<u8>) {
-        lock(&self.inner.state).pending.insert(key, value);
+        let mut st = lock(&self.inner.state);
+        let value = match record::merged(&key, st.pending.get(&key).map(|v| &v[..]), &value) {
+            Some(all) => all,
+            None => value,
+        };
+        st.pending.insert(key, value);
+        drop(st);
         self.inner.wake.notify_one();
     }
 

@@ -11,6 +11,32 @@ pub const FORMAT_KEY: &str = "format";
 /// snapshot starts; everything before it may be removed.
 pub const SNAP_KEY: &str = "snap";
 
+/// First byte of a value that replaces what its key held (every record but those below).
+pub const FULL_VALUE: u8 = 1;
+/// First byte of a value that adds to what its key held: for keys where [`merges`] says so,
+/// the catalog keeps the earlier value with this one appended (a queue store's settlement
+/// and return counts: `store/<ns>`, `returns/<ns>`), until a [`FULL_VALUE`] replaces it.
+pub const MORE_VALUE: u8 = 2;
+
+/// Does a [`MORE_VALUE`] of `key` add to its value rather than replace it?
+pub fn merges(key: &str) -> bool {
+    key.starts_with("store/") || key.starts_with("returns/")
+}
+
+/// `value` as it stands after `more` was written over it (key `key`): appended to it when
+/// `more` adds ([`merges`]), else `more` alone.
+pub fn merged(key: &str, value: Option<&[u8]>, more: &[u8]) -> Option<Vec<u8>> {
+    match value {
+        Some(v) if merges(key) && more.first() == Some(&MORE_VALUE) => {
+            let mut all = Vec::with_capacity(v.len() + more.len());
+            all.extend_from_slice(v);
+            all.extend_from_slice(more);
+            Some(all)
+        }
+        _ => None,
+    }
+}
+
 /// `stream/<name>`: the stream's [`crate::StreamConfig`] as JSON.
 pub fn stream_key(name: &str) -> String {
     format!("stream/{name}")
@@ -97,23 +123,24 @@ impl Position {
     }
 }
 
-struct Reader<'a>(&'a [u8]);
+/// Reads big-endian fields off a record's value.
+pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
 
 impl Reader<'_> {
     fn take<const N: usize>(&mut self) -> Result<[u8; N], String> {
         let Some((a, rest)) = self.0.split_first_chunk::<N>() else {
-            return Err("position record cut short".into());
+            return Err("meta record cut short".into());
         };
         self.0 = rest;
         Ok(*a)
     }
-    fn u8(&mut self) -> Result<u8, String> {
+    pub(crate) fn u8(&mut self) -> Result<u8, String> {
         Ok(self.take::<1>()?[0])
     }
-    fn u32(&mut self) -> Result<u32, String> {
+    pub(crate) fn u32(&mut self) -> Result<u32, String> {
         Ok(u32::from_be_bytes(self.take()?))
     }
-    fn u64(&mut self) -> Result<u64, String> {
+    pub(crate) fn u64(&mut self) -> Result<u64, String> {
         Ok(u64::from_be_bytes(self.take()?))
     }
 }

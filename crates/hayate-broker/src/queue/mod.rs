@@ -22,13 +22,15 @@
 //! - `dead`: dead letters ([`Reason`], [`DeadLetterer`], the queue's dead-letter task);
 //! - `bind`: bindings in the broker's route table ([`BindingFilter`]), a publish offered
 //!   to the queues its route reaches ([`Routed`]);
-//! - `registry`: the broker's table of queues ([`QueueView`]).
+//! - `registry`: the broker's table of queues ([`QueueView`]);
+//! - `store`: durable queues' messages and definitions ([`store::Store`]).
 
 mod bind;
 mod dead;
 mod dispatch;
 mod limits;
 mod registry;
+pub mod store;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};

@@ -1,11 +1,14 @@
 //! Durable consumers: a named position in a stream shared by any number of members (a work
 //! queue: each message goes to one member and is acknowledged on its own).
 //!
-//! State: `floor` (every offset below is done: acknowledged, filtered out, expired or
-//! dead-lettered), `next` (the first offset never handed out), the done offsets above the
-//! floor (as ranges), the in-flight offsets with their ack deadlines, the delivery count of
-//! each offset not done, and the offsets due for (re)delivery at a time (NACK with a delay,
-//! ack timeout, a member gone, a message scheduled for later).
+//! State: the *position* — `floor` (every offset below is done: acknowledged, filtered out,
+//! expired or dead-lettered), `next` (the first offset never handed out), the done offsets
+//! above the floor (as ranges) — and a delivery [`Ledger`] of the offsets handed out and not
+//! done: in flight to a member (its owner) with an ack-wait deadline, ready to be delivered
+//! again (the ack wait ran out, a NACK, a member gone, a restart: served before new records),
+//! or delayed (a NACK with a delay, a message scheduled for later), each with its count of
+//! deliveries (past `max_deliver`, a dead letter). New records are read from the log at
+//! `next`, not held: the ledger holds offsets only (size 0).
 //!
 //! Persisted in the meta log (`crate::meta`): the definition as `consumer/<stream>/<name>`
 //! when it is made, the position as `pos/<stream>/<name>` at most every [`PERSIST_EVERY`]
@@ -13,12 +16,14 @@
 //! delivered again (at least once): acknowledgements of the last moments before a crash may
 //! be lost, so duplicates are possible and counted by the delivery count.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use hayate_core::KeyExpr;
+use hayate_flow::Ledger;
+use hayate_flow::ledger::{Claim, Policy, Settle};
 
 /// A consumer's definition and state as the API carries them (hayate-native's wire types).
 pub use hayate_api::stream::{ConsumerConfig, ConsumerInfo, Start};
@@ -96,37 +101,89 @@ impl Ranges {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct CState {
     pub(crate) floor: u64,
     pub(crate) next: u64,
     pub(crate) done: Ranges,
-    /// Offset -> (ack deadline, which delivery of it this is).
-    pub(crate) in_flight: HashMap<u64, (Instant, u32)>,
-    /// The same deadlines ordered, so that a step finds the expired and the earliest one
-    /// without walking every message in flight.
-    deadlines: BTreeSet<(Instant, u64)>,
-    /// Deliveries so far of offsets not done.
-    pub(crate) deliveries: HashMap<u64, u32>,
-    /// (when, offset): due for delivery at that time.
-    pub(crate) due: BTreeSet<(Instant, u64)>,
+    /// The offsets handed out and not done (see the module documentation). An offset done
+    /// while it waits in it (a late acknowledgement after its ack wait ran out, retention)
+    /// is dropped when it comes up ([`CState::claim_ready`]).
+    ledger: Ledger<u64>,
+    /// Offset -> ledger id of its latest delivery, until it is done or given back (the
+    /// front-ends settle by offset and delivery count).
+    ids: HashMap<u64, u64>,
     pub(crate) dirty: bool,
     pub(crate) last_persist: Option<Instant>,
     pub(crate) deleted: bool,
 }
 
 impl CState {
-    fn fly(&mut self, o: u64, deadline: Instant, n: u32) {
-        if let Some((d, _)) = self.in_flight.insert(o, (deadline, n)) {
-            self.deadlines.remove(&(d, o));
+    fn new(floor: u64, next: u64, config: &ConsumerConfig) -> CState {
+        let policy = Policy {
+            ack_wait: Some(Duration::from_millis(config.ack_wait_ms)),
+            max_deliveries: config.max_deliver,
+            max_returns: None,
+        };
+        CState {
+            floor,
+            next,
+            done: Ranges::default(),
+            ledger: Ledger::with_policy(1, policy),
+            ids: HashMap::new(),
+            dirty: false,
+            last_persist: None,
+            deleted: false,
         }
-        self.deadlines.insert((deadline, o));
     }
 
-    fn land(&mut self, o: u64) -> Option<(Instant, u32)> {
-        let v = self.in_flight.remove(&o)?;
-        self.deadlines.remove(&(v.0, o));
-        Some(v)
+    /// Whether `o` is done (or below the floor).
+    fn settled(&self, o: u64) -> bool {
+        o < self.floor || self.done.contains(o)
+    }
+
+    /// Claims the next ready offset for `owner` (what is delivered again comes before new
+    /// records), dropping those done meanwhile.
+    fn claim_ready(&mut self, owner: u64, now: Instant) -> Option<Step> {
+        loop {
+            let (o, flight) = match self.ledger.claim(owner, now)? {
+                Claim::Deliver {
+                    id,
+                    item,
+                    deliveries,
+                    ..
+                } => (*item, Some((id, deliveries))),
+                Claim::DeadLetter(o, _) => (o, None),
+            };
+            if self.settled(o) {
+                self.ids.remove(&o);
+                if let Some((id, _)) = flight {
+                    self.ledger.ack(id);
+                }
+                continue;
+            }
+            self.dirty = true;
+            return Some(match flight {
+                Some((id, n)) => {
+                    self.ids.insert(o, id);
+                    Step::Deliver { offset: o, n }
+                }
+                None => {
+                    self.ids.remove(&o);
+                    Step::DeadLetter {
+                        offset: o,
+                        n: self.ledger.policy().max_deliveries,
+                    }
+                }
+            });
+        }
+    }
+
+    /// The latest delivery of `o`, if it is in flight as delivery `n` (any `n`: `None`).
+    fn flight(&self, o: u64, n: Option<u32>) -> Option<u64> {
+        let id = *self.ids.get(&o)?;
+        let f = self.ledger.flight(id)?;
+        n.is_none_or(|n| n == f.deliveries).then_some(id)
     }
 }
 
@@ -135,6 +192,9 @@ impl CState {
 pub(crate) enum Step {
     /// Deliver `offset` (claimed: in flight now); this is its `n`th delivery.
     Deliver { offset: u64, n: u32 },
+    /// Dead-letter `offset`, delivered `n` times (`max_deliver`): out of the ledger, to be
+    /// marked done ([`Consumer::done`]) or tried again ([`Consumer::dead_letter_later`]).
+    DeadLetter { offset: u64, n: u32 },
     /// Nothing now: wait for a change, for `until`, or for records at `tail` (none: the
     /// consumer is full, new records do not matter).
     Wait {
@@ -167,6 +227,8 @@ pub struct Consumer {
     persisting: Mutex<()>,
     /// What became of its dead letters.
     pub(crate) dead: DeadLetterStats,
+    /// The last owner number given to a member ([`Consumer::member`]).
+    members: AtomicU64,
 }
 
 impl Consumer {
@@ -193,11 +255,7 @@ impl Consumer {
             })?,
         };
         let c = Consumer {
-            state: Mutex::new(CState {
-                floor: start,
-                next: start,
-                ..CState::default()
-            }),
+            state: Mutex::new(CState::new(start, start, &config)),
             config,
             filter,
             stream,
@@ -205,6 +263,7 @@ impl Consumer {
             changed: tokio::sync::Notify::new(),
             persisting: Mutex::new(()),
             dead: DeadLetterStats::default(),
+            members: AtomicU64::new(0),
         };
         c.write_state(true)?;
         Ok(c)
@@ -231,25 +290,17 @@ impl Consumer {
                 "consumer position beyond the end of the log (its tail was lost): moved back to the end");
         }
         let floor = s.floor.clamp(start, end);
-        let mut st = CState {
-            floor,
-            next: s.next.clamp(floor, end),
-            ..CState::default()
-        };
+        let mut st = CState::new(floor, s.next.clamp(floor, end), &config);
         for (a, b) in s.done {
             let (a, b) = (a.max(st.floor), b.min(st.next));
             if a < b {
                 st.done.0.insert(a, b);
             }
         }
-        st.deliveries = s
-            .deliveries
-            .into_iter()
-            .filter(|(o, _)| *o >= st.floor && *o < st.next)
-            .collect();
+        let deliveries: HashMap<u64, u32> = s.deliveries.into_iter().collect();
         // Everything between the floor and next that is not done was in flight or waiting:
-        // due now. Walked gap by gap (the done ranges may cover most of it).
-        let now = Instant::now();
+        // ready now, in offset order, with its count of deliveries. Walked gap by gap (the
+        // done ranges may cover most of it).
         let mut at = st.floor;
         let ranges: Vec<(u64, u64)> = st.done.0.iter().map(|(a, b)| (*a, *b)).collect();
         for (a, b) in ranges
@@ -257,7 +308,8 @@ impl Consumer {
             .chain(std::iter::once((st.next, st.next)))
         {
             for o in at..a.min(st.next) {
-                st.due.insert((now, o));
+                let n = deliveries.get(&o).copied().unwrap_or(0);
+                st.ledger.push_delivered(o, 0, 0, n, None);
             }
             at = at.max(b);
         }
@@ -272,6 +324,7 @@ impl Consumer {
             changed: tokio::sync::Notify::new(),
             persisting: Mutex::new(()),
             dead: DeadLetterStats::default(),
+            members: AtomicU64::new(0),
         };
         if beyond {
             c.write_state(true)?;
@@ -290,8 +343,8 @@ impl Consumer {
         ConsumerInfo {
             floor: st.floor,
             next: st.next,
-            in_flight: st.in_flight.len() as u64,
-            waiting: st.due.len() as u64,
+            in_flight: st.ledger.in_flight_len() as u64,
+            waiting: (st.ledger.ready_len() + st.ledger.delayed_len()) as u64,
             done_above_floor: st.done.len(),
             pending: self.stream.log().end_offset().saturating_sub(st.next),
             dead_lettered: self.dead.moved.load(Ordering::Relaxed),
@@ -300,72 +353,52 @@ impl Consumer {
         }
     }
 
-    fn ack_wait(&self) -> Duration {
-        Duration::from_millis(self.config.ack_wait_ms)
+    /// A new member's owner number (what it claims is in flight to it).
+    pub(crate) fn member(&self) -> u64 {
+        self.members.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// Claims the next thing to deliver, at `now`: what is due (again) first, then, when
-    /// `take_new` (the member's session has room for more), the next new record. Ack
-    /// timeouts are looked at either way, so a member whose session is full still
-    /// redelivers what it holds when its ack wait runs out.
-    pub(crate) fn step(&self, now: Instant, take_new: bool) -> Step {
+    /// Claims the next thing to deliver, for member `owner`, at `now`: what is due (again)
+    /// first, then, when `take_new` (the member's session has room for more), the next new
+    /// record. Ack timeouts are looked at either way, so a member whose session is full
+    /// still redelivers what it holds when its ack wait runs out.
+    pub(crate) fn step(&self, owner: u64, now: Instant, take_new: bool) -> Step {
         let mut st = self.lock();
         if st.deleted {
             return Step::Stop;
         }
-        // Ack timeouts: due again now.
-        while let Some(&(d, o)) = st.deadlines.first()
-            && d <= now
-        {
-            st.land(o);
-            st.due.insert((now, o));
-        }
-        // Records removed by retention while waiting are done.
+        // Ack timeouts and delays that ran out: ready (again), each in its place.
+        st.ledger.expire(now);
+        st.ledger.promote(now);
+        // Records removed by retention while waiting are done (those the ledger holds are
+        // dropped as they come up).
         let first = self.stream.log().start_offset();
         if st.floor < first {
             st.floor = first;
             st.next = st.next.max(first);
             st.done.drop_below(first);
-            st.due.retain(|(_, o)| *o >= first);
-            st.in_flight.retain(|o, _| *o >= first);
-            st.deadlines.retain(|(_, o)| *o >= first);
-            st.deliveries.retain(|o, _| *o >= first);
             let floor = st.floor;
             st.floor = st.done.take_from(floor);
             st.dirty = true;
         }
-        // Waiting entries of offsets done meanwhile (a late ACK after an ack timeout) go.
-        while let Some(&(at, o)) = st.due.iter().next() {
-            if o >= st.floor && !st.done.contains(o) {
-                break;
-            }
-            st.due.remove(&(at, o));
+        if let Some(step) = st.claim_ready(owner, now) {
+            return step;
         }
         // What is waiting (NACKed with a delay, scheduled) counts against max_in_flight too,
         // so the consumer's state stays bounded whatever its members do.
-        let held = st.in_flight.len() + st.due.len();
-        let full = !take_new || held >= self.config.max_in_flight as usize;
-        let earliest_deadline = st.deadlines.first().map(|(d, _)| *d);
-        if let Some(&(at, o)) = st.due.iter().next()
-            && at <= now
-        {
-            st.due.remove(&(at, o));
-            return self.claim(&mut st, o, now);
-        }
+        let full = !take_new || st.ledger.len() >= self.config.max_in_flight as usize;
         if !full {
             let visible = self.stream.log().confirmed_offset();
             if st.next < visible {
                 let o = st.next;
                 st.next += 1;
-                return self.claim(&mut st, o, now);
+                st.ledger.push(o, 0, 0);
+                if let Some(step) = st.claim_ready(owner, now) {
+                    return step;
+                }
             }
         }
-        let due = st.due.iter().next().map(|(t, _)| *t);
-        let until = match (due, earliest_deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let until = match (until, st.dirty, st.last_persist) {
+        let until = match (st.ledger.next_due(), st.dirty, st.last_persist) {
             (u, true, Some(last)) => {
                 Some(u.map_or(last + PERSIST_EVERY, |u| u.min(last + PERSIST_EVERY)))
             }
@@ -380,22 +413,18 @@ impl Consumer {
     }
 
     /// Claims what a member would deliver now, if anything: `(offset, delivery)` (tests
-    /// drive consumers without a session).
+    /// drive consumers without a session). An offset due for its dead letter is put back
+    /// (nothing is claimed then).
     #[doc(hidden)]
     pub fn claim_next(&self) -> Option<(u64, u32)> {
-        match self.step(Instant::now(), true) {
+        match self.step(0, Instant::now(), true) {
             Step::Deliver { offset, n } => Some((offset, n)),
+            Step::DeadLetter { offset, n } => {
+                self.dead_letter_later(offset, n, Duration::ZERO);
+                None
+            }
             _ => None,
         }
-    }
-
-    fn claim(&self, st: &mut CState, o: u64, now: Instant) -> Step {
-        let n = st.deliveries.entry(o).or_insert(0);
-        *n += 1;
-        let n = *n;
-        st.fly(o, now + self.ack_wait(), n);
-        st.dirty = true;
-        Step::Deliver { offset: o, n }
     }
 
     /// Marks `o` done (acknowledged, filtered out, expired, dead-lettered).
@@ -408,8 +437,9 @@ impl Consumer {
     }
 
     fn finish(st: &mut CState, o: u64) {
-        st.land(o);
-        st.deliveries.remove(&o);
+        if let Some(id) = st.ids.remove(&o) {
+            st.ledger.ack(id);
+        }
         if o < st.floor || !st.done.insert(o) {
             return;
         }
@@ -429,23 +459,45 @@ impl Consumer {
     pub fn give_back(&self, o: u64, n: u32, delay: Duration) {
         {
             let mut st = self.lock();
-            if st.in_flight.get(&o).is_none_or(|(_, cur)| *cur != n) {
+            let Some(id) = st.flight(o, Some(n)) else {
                 return; // acknowledged, due again already, or delivered again since
-            }
-            st.land(o);
-            st.due.insert((Instant::now() + delay, o));
+            };
+            st.ids.remove(&o);
+            let how = match delay {
+                Duration::ZERO => Settle::Requeue,
+                d => Settle::RequeueAfter(d),
+            };
+            st.ledger.settle(id, how, Instant::now());
         }
         self.changed.notify_waiters();
     }
 
-    /// Puts `o` (claimed, not delivered) off until `at` (a message scheduled for later).
+    /// Puts `o` (claimed, not delivered) off until `at` (a message scheduled for later): its
+    /// claim is not counted as a delivery.
     pub(crate) fn defer(&self, o: u64, at: Instant) {
         let mut st = self.lock();
-        st.land(o);
-        if let Some(n) = st.deliveries.get_mut(&o) {
-            *n = n.saturating_sub(1);
+        let Some(id) = st.flight(o, None) else {
+            return;
+        };
+        let n = st.ledger.flight(id).map_or(0, |f| f.deliveries);
+        st.ids.remove(&o);
+        st.ledger.ack(id);
+        st.ledger
+            .push_delivered(o, 0, 0, n.saturating_sub(1), Some(at));
+    }
+
+    /// Puts `o` back after `delay` (from [`Step::DeadLetter`]: its dead letter could not be
+    /// kept now), delivered `n` times: it comes up as a dead letter again.
+    pub(crate) fn dead_letter_later(&self, o: u64, n: u32, delay: Duration) {
+        {
+            let mut st = self.lock();
+            if st.settled(o) {
+                return;
+            }
+            let at = (!delay.is_zero()).then(|| Instant::now() + delay);
+            st.ledger.push_delivered(o, 0, 0, n, at);
         }
-        st.due.insert((at, o));
+        self.changed.notify_waiters();
     }
 
     /// Saves the position if it changed and the last save is older than [`PERSIST_EVERY`]
@@ -483,7 +535,10 @@ impl Consumer {
                 floor: st.floor,
                 next: st.next,
                 done: st.done.0.iter().map(|(a, b)| (*a, *b)).collect(),
-                deliveries: st.deliveries.iter().map(|(o, n)| (*o, *n)).collect(),
+                deliveries: (st.ledger.deliveries())
+                    .filter(|&(&o, n)| n > 0 && !st.settled(o))
+                    .map(|(&o, n)| (o, n))
+                    .collect(),
             }
         };
         let (stream, name) = (self.stream.name(), &self.config.name);

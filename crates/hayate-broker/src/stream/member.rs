@@ -111,6 +111,7 @@ pub async fn run(
     // its window) in batches, before the member looks at its cap or waits.
     let mut redone: HashMap<u64, u32> = HashMap::new();
     let mut skipped = 0u32;
+    let owner = consumer.member();
     loop {
         consumer.persist_if_due();
         let changed = consumer.changed.notified();
@@ -125,10 +126,16 @@ pub async fn run(
         // delivery supersedes the one this session holds, so the count stays put (while a
         // batch is gathered it may look higher: new messages wait for the batch).
         let room = opts.auto_ack || outbox.unacked() < cap;
-        let step = consumer.step(Instant::now(), room);
-        let (offset, n) = match step {
+        let step = consumer.step(owner, Instant::now(), room);
+        let prepared = match step {
             Step::Stop => return,
-            Step::Deliver { offset, n } => (offset, n),
+            Step::Deliver { offset, n } => {
+                prepare(&consumer, offset, n, &mut ahead).map(|m| (offset, n, m))
+            }
+            Step::DeadLetter { offset, n } => {
+                expel(&consumer, &broker, offset, n, &mut meta, &mut ahead);
+                None
+            }
             Step::Wait { until, tail } => {
                 if !redone.is_empty() {
                     outbox.supersede(sid, &redone);
@@ -164,9 +171,9 @@ pub async fn run(
                 continue;
             }
         };
-        let Some(msg) = prepare(&consumer, &broker, offset, n, &mut meta, &mut ahead) else {
-            // Skipped (filtered out, expired, scheduled): let others run now and then, as
-            // a long run of skips never waits.
+        let Some((offset, n, msg)) = prepared else {
+            // Skipped (filtered out, expired, scheduled, dead-lettered): let others run
+            // now and then, as a long run of skips never waits.
             skipped += 1;
             if skipped.is_multiple_of(64) {
                 tokio::task::yield_now().await;
@@ -192,16 +199,15 @@ pub async fn run(
     }
 }
 
-/// Reads and checks claimed offset `offset`; `None` when it is not to be delivered now
-/// (gone, filtered out, expired, scheduled for later, dead-lettered), the consumer updated.
-fn prepare(
+/// Reads claimed offset `offset` (its message and when it was published); `None` when it
+/// is not to be delivered (gone, unreadable, filtered out, expired: done now; a failed read:
+/// `retry`).
+fn read(
     c: &Consumer,
-    broker: &Broker,
     offset: u64,
-    n: u32,
-    meta: &mut Vec<u8>,
     ahead: &mut ReadAhead,
-) -> Option<Message> {
+    retry: impl FnOnce(),
+) -> Option<(Message, i64)> {
     let rec = match ahead.get(c, offset) {
         Ok(Some(r)) => r,
         Ok(None) | Err(LogError::OffsetOutOfRange { .. }) => {
@@ -210,11 +216,11 @@ fn prepare(
         }
         Err(e) => {
             tracing::warn!(stream = %c.stream.name(), offset, "consumer read: {e}");
-            c.give_back(offset, n, Duration::from_secs(1));
+            retry();
             return None;
         }
     };
-    let mut msg = match codec::decode(&rec) {
+    let msg = match codec::decode(&rec) {
         Ok(m) => m,
         Err(e) => {
             tracing::warn!(stream = %c.stream.name(), "{e}; skipped");
@@ -237,8 +243,16 @@ fn prepare(
         c.done(offset);
         return None;
     }
+    Some((msg, rec.timestamp))
+}
+
+/// Reads and checks claimed offset `offset`; `None` when it is not to be delivered now
+/// (gone, filtered out, expired, scheduled for later), the consumer updated.
+fn prepare(c: &Consumer, offset: u64, n: u32, ahead: &mut ReadAhead) -> Option<Message> {
+    let retry = || c.give_back(offset, n, Duration::from_secs(1));
+    let (mut msg, ts) = read(c, offset, ahead, retry)?;
     if n == 1
-        && let Some(at) = deliver_at(&msg, rec.timestamp)
+        && let Some(at) = deliver_at(&msg, ts)
     {
         let wait = at.saturating_sub(codec::now_ms());
         if wait > 0 {
@@ -249,20 +263,32 @@ fn prepare(
             return None;
         }
     }
-    let max = c.config.max_deliver;
-    if max > 0 && n > max {
-        if dead_letter(c, broker, &msg, offset, n - 1, meta) {
-            c.done(offset);
-        } else {
-            // Not kept by the dead-letter stream: not dropped either; tried again later.
-            c.give_back(offset, n, Duration::from_secs(5));
-        }
-        return None;
-    }
     msg.attrs.stream_offset = Some(offset);
     msg.attrs.deliveries = n;
     msg.attrs.redelivered = n > 1;
     Some(msg)
+}
+
+/// Dead-letters offset `offset`, delivered `n` times (`max_deliver`), unless it is gone,
+/// filtered out or expired (done then); one not kept by the dead-letter stream is not
+/// dropped either: tried again later.
+fn expel(
+    c: &Consumer,
+    broker: &Broker,
+    offset: u64,
+    n: u32,
+    meta: &mut Vec<u8>,
+    ahead: &mut ReadAhead,
+) {
+    let retry = || c.dead_letter_later(offset, n, Duration::from_secs(1));
+    let Some((msg, _)) = read(c, offset, ahead, retry) else {
+        return;
+    };
+    if dead_letter(c, broker, &msg, offset, n, meta) {
+        c.done(offset);
+    } else {
+        c.dead_letter_later(offset, n, Duration::from_secs(5));
+    }
 }
 
 /// Keeps a dead letter; false when it could not be kept (to be tried again).

@@ -290,6 +290,31 @@ impl<T> Ledger<T> {
         seq
     }
 
+    /// Queues `item` as one delivered `deliveries` times already (a durable consumer's
+    /// position restored at start-up, a claim given back unsent): behind the ready items of
+    /// its `priority`, or with `at`, delayed until then ([`Ledger::promote`]); returns its
+    /// seq. The count goes on from there ([`Policy::max_deliveries`] included).
+    pub fn push_delivered(
+        &mut self,
+        item: T,
+        size: usize,
+        priority: u8,
+        deliveries: u32,
+        at: Option<Instant>,
+    ) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let mut e = self.entry(item, size, seq, priority);
+        e.deliveries = deliveries;
+        match at {
+            Some(at) => {
+                self.delayed.insert((at, seq), e);
+            }
+            None => self.ready.push_back(e),
+        }
+        seq
+    }
+
     fn fly(
         &mut self,
         mut entry: Entry<T>,
@@ -676,6 +701,16 @@ impl<T> Ledger<T> {
         for e in self.delayed.values_mut() {
             f(&mut e.item);
         }
+    }
+
+    /// Every item held with its count of deliveries so far: in flight (in id order), ready
+    /// (in delivery order), delayed (by time).
+    pub fn deliveries(&self) -> impl Iterator<Item = (&T, u32)> {
+        let flying = self.inflight.values().map(|f| &f.entry);
+        flying
+            .chain(self.ready.iter())
+            .chain(self.delayed.values())
+            .map(|e| (&e.item, e.deliveries))
     }
 
     /// Ready items, in delivery order (highest priority first, then by seq).

@@ -85,7 +85,7 @@ impl Confirms {
 /// What a publish waits for before it is confirmed (or a transaction committed): a durable
 /// queue's record, or streams' appends, to be durable.
 pub(super) enum Durable {
-    Record(Arc<crate::store::Store>, u64),
+    Record(Arc<hayate_broker::queue::store::Store>, u64),
     Streams(hayate_broker::stream::Stored),
 }
 

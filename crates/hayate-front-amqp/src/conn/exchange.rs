@@ -179,12 +179,13 @@ impl Conn<'_> {
         );
         drop(reg);
         if let Some(s) = self.vhost.store_for(durable) {
-            let def = crate::store::ExchangeDef {
+            let def = crate::defs::ExchangeDef {
                 kind: kind.name().to_string(),
                 auto_delete,
                 internal,
             };
-            s.put_exchange(n, def).map_err(|e| {
+            let kept = [(crate::defs::exchange_key(n), def.encode())];
+            s.put_defs(&kept).map_err(|e| {
                 err(
                     ReplyCode::InternalError,
                     format!("cannot keep durable exchange '{n}': {e}"),
@@ -250,20 +251,23 @@ impl Conn<'_> {
         }
         self.vhost.exchanges_changed.fetch_add(1, Ordering::AcqRel);
         for q in queues {
-            q.unbind_exchange(n);
+            // A durable queue's bindings are kept without those to the exchange.
+            if q.unbind_exchange(n)
+                && let Err(e) = q.save_bindings()
+            {
+                tracing::error!(conn = self.id, queue = %q.name, "amqp: bindings not kept: {e}");
+            }
         }
         if let Err(e) = self.vhost.reroute(&affected) {
             tracing::warn!(conn = self.id, vhost = %self.vhost.name, "amqp: routes after deleting exchange {n:?}: {e}");
         }
         self.vhost.drop_unused_exchanges(sources);
-        if let Some(s) = self.vhost.store.get() {
-            s.remove_exchange(n).map_err(|e| {
-                err(
-                    ReplyCode::InternalError,
-                    format!("cannot forget durable exchange '{n}': {e}"),
-                )
-            })?;
-        }
+        self.vhost.forget_exchange(n).map_err(|e| {
+            err(
+                ReplyCode::InternalError,
+                format!("cannot forget durable exchange '{n}': {e}"),
+            )
+        })?;
         Ok(())
     }
 
@@ -360,17 +364,14 @@ impl Conn<'_> {
         // Kept when both ends are durable, as in RabbitMQ.
         let mut kept = Ok(());
         if let Some(st) = self.vhost.store_for(sx.durable && dx.durable) {
-            let def = crate::store::EdgeDef {
+            let def = crate::defs::EdgeDef {
                 source: s.to_string(),
                 destination: d.to_string(),
                 key: key.to_string(),
-                arguments: crate::store::table_hex(arguments),
+                args: arguments.clone(),
             };
-            let written = if bind {
-                st.put_edge(def)
-            } else {
-                st.remove_edge(def)
-            };
+            let value = if bind { def.encode() } else { Vec::new() };
+            let written = st.put_defs(&[(def.key(), value)]);
             kept = written.map_err(|e| {
                 err(
                     ReplyCode::InternalError,

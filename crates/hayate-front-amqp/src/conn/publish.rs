@@ -468,7 +468,7 @@ impl Conn<'_> {
                 refused = r.refused;
                 let stored = r.stored.into_iter().filter_map(|(s, o)| {
                     let s: std::sync::Arc<dyn std::any::Any + Send + Sync> = s;
-                    Some((s.downcast::<crate::store::Store>().ok()?, o))
+                    Some((s.downcast::<hayate_broker::queue::store::Store>().ok()?, o))
                 });
                 // Durable queues' records and streams' appends, until durable.
                 for (store, o) in stored {

@@ -346,28 +346,27 @@ impl Conn<'_> {
             .vhost
             .store_for(f.durable && !f.exclusive)
             .map(|s| (s.clone(), s.new_queue_id()));
-        let q = self.amqp.make_queue(
-            &self.vhost,
-            &n,
-            f.durable,
-            f.auto_delete,
-            f.exclusive.then_some(self.id),
-            args,
-            store.clone(),
-        );
+        let made = crate::Made {
+            durable: f.durable,
+            auto_delete: f.auto_delete,
+            owner: f.exclusive.then_some(self.id),
+            arguments,
+        };
+        let q = self
+            .amqp
+            .make_queue(&self.vhost, &n, made, args, store.clone());
         q.bind("", Kind::Direct, &n, FieldTable::default(), expr, None)
             .map_err(|e| err(ReplyCode::InternalError, e))?;
         if let Some((m, c)) = self.register(&n, &q)? {
             return Ok((n, m, c));
         }
         if let Some((s, id)) = store {
-            let def = crate::store::QueueDef {
-                id,
+            let def = crate::defs::QueueDef {
                 auto_delete: f.auto_delete,
-                arguments: crate::store::table_hex(arguments),
+                args: arguments.clone(),
                 bindings: Vec::new(),
             };
-            if let Err(e) = s.put_queue(&n, def) {
+            if let Err(e) = s.put_queue(&n, id, &def.encode()) {
                 tracing::error!(queue = %n, "amqp: cannot keep a durable queue: {e}");
                 delete_queue(&q);
                 return Err(err(

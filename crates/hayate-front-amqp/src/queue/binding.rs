@@ -154,7 +154,7 @@ pub(crate) fn route_id(source: &str, key: &str, args: &FieldTable) -> (String, S
     (
         source.to_string(),
         key.to_string(),
-        crate::store::table_hex(args),
+        crate::defs::table_hex(args),
     )
 }
 
@@ -183,17 +183,23 @@ impl Queue {
         let Some((store, id)) = &self.store else {
             return Ok(());
         };
-        let defs = lock(&self.bind)
+        let bindings = lock(&self.bind)
             .list
             .iter()
             .filter(|b| !b.exchange.is_empty() && b.via.is_none())
-            .map(|b| crate::store::BindingDef {
+            .map(|b| crate::defs::BindingDef {
                 exchange: b.exchange.clone(),
                 key: b.key.clone(),
-                arguments: crate::store::table_hex(&b.args),
+                args: b.args.clone(),
             })
             .collect();
-        store.set_bindings(&self.name, *id, defs)
+        let cfg = self.core.config();
+        let def = crate::defs::QueueDef {
+            auto_delete: cfg.auto_delete,
+            args: crate::defs::table_of_bytes(&cfg.args)?,
+            bindings,
+        };
+        store.set_queue(&self.name, *id, &def.encode())
     }
 
     /// Adds a binding (an entry of the broker's route table on `expr`); an identical one is
@@ -325,16 +331,19 @@ impl Queue {
         true
     }
 
-    /// Removes every binding to `exchange` and route from it (it is being deleted).
-    pub(crate) fn unbind_exchange(&self, exchange: &str) {
+    /// Removes every binding to `exchange` and route from it (it is being deleted); true
+    /// if a binding a client made went.
+    pub(crate) fn unbind_exchange(&self, exchange: &str) -> bool {
         let mut st = lock(&self.bind);
         let (gone, keep) = std::mem::take(&mut st.list)
             .into_iter()
             .partition::<Vec<_>, _>(|b| b.exchange == exchange);
         st.list = keep;
+        let made = gone.iter().any(|b| b.via.is_none());
         for b in gone {
             self.broker.queue_unbind(&self.core, b.sid);
         }
+        made
     }
 }
 

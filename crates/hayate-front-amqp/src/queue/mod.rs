@@ -36,11 +36,11 @@ use std::sync::{Arc, Mutex};
 use hayate_broker::queue::QItem;
 use hayate_core::sync::lock;
 
-use super::store::Store;
 pub(crate) use args::QueueArgs;
 pub(crate) use binding::{Binding, Hop, Route, route_id};
 pub(crate) use consumer::{Chan, ChanState, ConsumerSink};
 pub(crate) use dead::AmqpDeadLetters;
+use hayate_broker::queue::store::Store;
 
 /// Bindings per queue, at most.
 pub(crate) const MAX_BINDINGS: usize = 4096;

@@ -160,6 +160,137 @@ pub(crate) mod rec {
     }
 }
 
+/// Checkpoint records (written by [`super::Checkpoint`], between a `C` and its `K`).
+pub(crate) mod ckpt {
+    use super::*;
+
+    /// `C` number, P (the journal offset the checkpoint covers up to), next generation.
+    pub(crate) fn begin(b: &mut Vec<u8>, number: u64, p: u64, next_sgen: u64) {
+        b.put_u8(b'C');
+        b.put_u64(number);
+        b.put_u64(p);
+        b.put_u64(next_sgen);
+    }
+    /// `K` number: the checkpoint of that number is complete.
+    pub(crate) fn end(b: &mut Vec<u8>, number: u64) {
+        b.put_u8(b'K');
+        b.put_u64(number);
+    }
+    /// `W` client, user: the owner of the session of `client` (after its `Z`).
+    pub(crate) fn owner(b: &mut Vec<u8>, client: &str, user: &str) {
+        b.put_u8(b'W');
+        put_bytes(b, client.as_bytes());
+        put_bytes(b, user.as_bytes());
+    }
+    /// The head of a `Z` record: number, then the session as the file's `S` has it (client,
+    /// generation, level, expiry; the caller writes subscriptions, packet ids, deliveries).
+    pub(crate) fn session_head(
+        b: &mut Vec<u8>,
+        number: u64,
+        client: &str,
+        sgen: u64,
+        v: ProtocolVersion,
+        expiry: u32,
+    ) {
+        b.put_u8(b'Z');
+        b.put_u64(number);
+        put_bytes(b, client.as_bytes());
+        b.put_u64(sgen);
+        b.put_u8(v.level());
+        b.put_u32(expiry);
+    }
+    /// The subscriptions and the unreleased inbound packet ids of a `Z` record.
+    pub(crate) fn subs_and_pids<'a>(
+        b: &mut Vec<u8>,
+        subs: impl ExactSizeIterator<Item = (&'a u32, &'a SubInfo)>,
+        pids: impl ExactSizeIterator<Item = &'a u16>,
+    ) {
+        b.put_u32(subs.len() as u32);
+        for (sid, s) in subs {
+            put_sub(b, *sid, s);
+        }
+        b.put_u32(pids.len() as u32);
+        for pid in pids {
+            b.put_u16(*pid);
+        }
+    }
+    /// A delivery of a `Z` record: qid, packet id (0: waiting), released, the delivery.
+    pub(crate) fn item(b: &mut Vec<u8>, qid: u64, pid: u16, released: bool, q: &Queued) {
+        b.put_u64(qid);
+        b.put_u16(pid);
+        b.put_u8(u8::from(released));
+        put_queued(b, q);
+    }
+}
+
+/// The key a record of the log is written with (for inspection: nothing reads keys):
+/// `s/<client>` for what describes a session (`O M W E S U I`, and `Z`/`W` of a checkpoint),
+/// `m/<client>` for its deliveries (`Q P A`), `r/<topic>` for a retained message (`R`),
+/// `checkpoint` for `C` and `K`. `names` maps generations to client ids (learnt from `O` and
+/// `Z`; an `E` forgets one); a generation not known is written `g/<generation>`. `snapshot`:
+/// the record is a checkpoint's (its `W` names the client, not the generation).
+pub(crate) fn key_of(
+    rec: &[u8],
+    snapshot: bool,
+    names: &mut HashMap<u64, String>,
+    out: &mut Vec<u8>,
+) {
+    let be64 = |at: usize| {
+        rec.get(at..at + 8)
+            .map(|b| u64::from_be_bytes(b.try_into().unwrap_or([0; 8])))
+    };
+    let string = |at: usize| -> Option<&[u8]> {
+        let n = u32::from_be_bytes(rec.get(at..at + 4)?.try_into().ok()?) as usize;
+        rec.get(at + 4..at + 4 + n)
+    };
+    let by_gen = |prefix: &[u8], sgen: Option<u64>, out: &mut Vec<u8>| {
+        out.extend_from_slice(prefix);
+        match sgen.and_then(|g| names.get(&g)) {
+            Some(c) => out.extend_from_slice(c.as_bytes()),
+            None => {
+                out.truncate(out.len() - prefix.len());
+                out.extend_from_slice(b"g/");
+                out.extend_from_slice(sgen.unwrap_or(0).to_string().as_bytes());
+            }
+        }
+    };
+    match rec.first() {
+        Some(b'C' | b'K') => out.extend_from_slice(b"checkpoint"),
+        Some(b'R') => {
+            out.extend_from_slice(b"r/");
+            out.extend_from_slice(string(1).unwrap_or_default());
+        }
+        Some(b'O') => {
+            let client = string(1).unwrap_or_default();
+            if let Some(g) = be64(5 + client.len()) {
+                names.insert(g, String::from_utf8_lossy(client).into_owned());
+            }
+            out.extend_from_slice(b"s/");
+            out.extend_from_slice(client);
+        }
+        Some(b'Z') => {
+            let client = string(9).unwrap_or_default();
+            if let Some(g) = be64(13 + client.len()) {
+                names.insert(g, String::from_utf8_lossy(client).into_owned());
+            }
+            out.extend_from_slice(b"s/");
+            out.extend_from_slice(client);
+        }
+        Some(b'W') if snapshot => {
+            out.extend_from_slice(b"s/");
+            out.extend_from_slice(string(1).unwrap_or_default());
+        }
+        Some(b'Q' | b'P' | b'A') => by_gen(b"m/", be64(1), out),
+        Some(b'E') => {
+            by_gen(b"s/", be64(1), out);
+            if let Some(g) = be64(1) {
+                names.remove(&g);
+            }
+        }
+        _ => by_gen(b"s/", be64(1), out),
+    }
+}
+
 // ----- decoding -----
 
 pub(super) struct Reader(pub(super) Bytes);

@@ -21,19 +21,6 @@ pub use faulty::{CrashMode, FaultyStorage};
 pub use fs::FsStorage;
 pub use root::{FaultyRoot, FsRoot, Root};
 
-/// Replaces file `name` in `dir` durably and whole: a temporary file `name.tmp` written and
-/// fsynced, renamed over `name`, then the directory fsynced. A crash leaves the old file or
-/// the new one (and perhaps the temporary, which the next write replaces).
-pub fn write_atomically(dir: &std::path::Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    use std::io::Write;
-    let tmp = dir.join(format!("{name}.tmp"));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join(name))?;
-    std::fs::File::open(dir)?.sync_all()
-}
-
 /// One open file.
 #[allow(clippy::len_without_is_empty)] // `len` is an I/O call; emptiness is not a question the log asks
 pub trait StorageFile: Send + Sync + fmt::Debug {

@@ -4,12 +4,12 @@
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes};
-use hayate_broker::stream::codec;
 use hayate_core::sync::lock;
 use hayate_log::{Entry, ReadLimit, Record};
 
 use super::{Held, Store};
-use hayate_broker::queue::{QItem, QueueStore, Via};
+use crate::queue::{QItem, QueueStore, Via};
+use crate::stream::codec;
 
 /// The record format this store writes (its first byte).
 const FORMAT: u8 = 1;
@@ -32,7 +32,10 @@ const COMPACT_PAUSE: Duration = Duration::from_secs(30);
 /// much room above the largest record [`Store::append`] accepts, so every record can move).
 pub(super) const MOVED_EXTRA: usize = 8;
 
-/// Encodes the record of `m` in durable queue `queue`: its `headers` field.
+/// Encodes the record of `m` in durable queue `queue`: its `headers` field (`u8` format,
+/// `u64` queue, `u8` priority, `u8` len + the source (an exchange), `u16` len + the
+/// subject (a routing key), `i64` expiry in ms or -1, then the message's metadata as
+/// streams store it).
 fn encode_head(queue: u64, m: &QItem, meta: &[u8], out: &mut Vec<u8>) {
     out.clear();
     out.put_u8(FORMAT);
@@ -132,7 +135,7 @@ pub(super) fn record_bytes(r: &Record) -> u64 {
 impl Store {
     /// Appends `m`, entering durable queue `queue`; returns its offset, the message's id
     /// (held from now on, until [`Store::settle`]).
-    pub(crate) fn append(&self, queue: u64, m: &QItem) -> Result<u64, hayate_log::Error> {
+    pub fn append(&self, queue: u64, m: &QItem) -> Result<u64, hayate_log::Error> {
         thread_local! {
             /// The message's metadata and the record's head, reused: no allocation per
             /// message.
@@ -184,29 +187,29 @@ impl Store {
     }
 
     /// The record at `offset` is durable under the fsync policy.
-    pub(crate) fn is_durable(&self, offset: u64) -> bool {
+    pub fn is_durable(&self, offset: u64) -> bool {
         self.log.confirmed_offset() > offset
     }
 
     /// Resolves once the record at `offset` is durable under the fsync policy; `None` when
     /// it is already.
-    pub(crate) fn confirmed(&self, offset: u64) -> Option<hayate_log::Confirmed> {
+    pub fn confirmed(&self, offset: u64) -> Option<hayate_log::Confirmed> {
         (!self.is_durable(offset)).then(|| self.log.confirmed(offset))
     }
 
     /// The message `id` (the offset [`Store::append`] gave) left its queue.
-    pub(crate) fn settle(&self, id: u64) {
+    pub fn settle(&self, id: u64) {
         let mut st = lock(&self.st);
         let offset = st.moved.remove(&id).unwrap_or(id);
         st.returns.remove(&id);
         if let Some(h) = st.live.remove(&offset) {
             st.live_bytes -= h.bytes;
-            st.acks.push(offset);
+            st.settled.push(offset);
         }
     }
 
     /// Message `id` of a quorum queue was given back: `n` times so far.
-    pub(crate) fn note_return(&self, id: u64, n: u32) {
+    pub fn note_return(&self, id: u64, n: u32) {
         let mut st = lock(&self.st);
         let at = st.moved.get(&id).copied().unwrap_or(id);
         if st.live.contains_key(&at) {
@@ -259,9 +262,9 @@ impl Store {
             let mut st = lock(&self.st);
             if let Some(why) = failed {
                 // The copies made must not outlive their message after a restart.
-                st.acks.extend(copies.iter().map(|(_, (c, _))| *c));
+                st.settled.extend(copies.iter().map(|(_, (c, _))| *c));
                 drop(st);
-                tracing::error!(dir = %self.dir.display(), "amqp store: {why}; compaction rests for {COMPACT_PAUSE:?}");
+                tracing::error!(dir = %self.dir, "queue store: {why}; compaction rests for {COMPACT_PAUSE:?}");
                 *paused = Some(Instant::now() + COMPACT_PAUSE);
                 return;
             }
@@ -271,7 +274,7 @@ impl Store {
             let floor = st.floor(self.log.end_offset());
             drop(st);
             if let Err(e) = self.log.delete_before(floor) {
-                tracing::error!(dir = %self.dir.display(), "amqp store: cannot remove segments: {e}");
+                tracing::error!(dir = %self.dir, "queue store: cannot remove segments: {e}");
                 return;
             }
         }
@@ -306,7 +309,7 @@ impl Store {
     }
 }
 
-/// The engine's durable queues keep their messages here (format unchanged).
+/// Durable queues keep their messages here.
 impl QueueStore for Store {
     fn append(&self, queue: u64, item: &QItem) -> Result<u64, String> {
         Store::append(self, queue, item).map_err(|e| e.to_string())
