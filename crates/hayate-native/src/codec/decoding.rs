@@ -83,6 +83,14 @@ impl Body {
         self.need(4, what)?;
         Ok(self.b.get_u32())
     }
+    /// A trailing `u32` a later version of the frame added: 0 when the body ends before it.
+    fn trailing_u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
+        if self.b.is_empty() {
+            Ok(0)
+        } else {
+            self.u32(what)
+        }
+    }
     fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
         self.need(8, what)?;
         Ok(self.b.get_u64())
@@ -384,7 +392,7 @@ fn parse(t: u8, mut b: Body) -> Result<Frame, DecodeError> {
         }
         ty::NACK => Frame::Nack {
             delivery: b.u64("delivery")?,
-            delay_ms: if b.b.is_empty() { 0 } else { b.u32("delay")? },
+            delay_ms: b.trailing_u32("delay")?,
         },
         ty::PUB_CONFIRM => {
             let id = b.u64("id")?;
@@ -397,11 +405,7 @@ fn parse(t: u8, mut b: Body) -> Result<Frame, DecodeError> {
             sid: b.u32("sid")?,
             stream: b.str16("stream")?,
             consumer: b.str16("consumer")?,
-            prefetch: if b.b.is_empty() {
-                0
-            } else {
-                b.u32("prefetch")?
-            },
+            prefetch: b.trailing_u32("prefetch")?,
         },
         ty::CONFIRM => {
             let id = b.u64("id")?;
