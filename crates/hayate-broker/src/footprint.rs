@@ -1,7 +1,7 @@
 //! What a message held for long really costs the process, for the memory budget.
 //!
 //! Holders that keep messages past their publish (MQTT retained messages and session queues,
-//! declared queues' backlogs, AMQP queues) charge the broker-wide budget
+//! queues) charge the broker-wide budget
 //! (`hayate_flow::memory`) for each item they hold: not only its key and payload bytes but the
 //! allocations they sit in and the holder's own slot for it. Before they did, one-byte
 //! messages were charged a dozen bytes each while each took some 500 bytes of the process:

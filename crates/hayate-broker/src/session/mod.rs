@@ -19,7 +19,7 @@ use crate::route::{Route, Target};
 use crate::stream::Stored;
 
 /// What [`Session::publish_now`] could not do without waiting: a subscriber's outbox was
-/// full, or the key's route has queue groups or declared queues. Give it to
+/// full, or the key's route has queue groups. Give it to
 /// [`Session::publish_rest`] with the same batch.
 #[must_use = "the publish is not finished: give it to Session::publish_rest"]
 #[derive(Debug)]
@@ -308,7 +308,7 @@ impl Session {
 
     /// [`Session::publish`] without a future, for a caller that wants none on its common
     /// path: `Ok` (the deliveries made) when every subscriber took `batch` at once and no
-    /// queue group or declared queue matches its key (queues bound to it are offered it
+    /// queue group matches its key (queues bound to it are offered it
     /// here: they never block); otherwise what is left to do, which
     /// the caller must finish with [`Session::publish_rest`] on the same batch (what was
     /// delivered stays delivered, in order).

@@ -107,8 +107,8 @@ impl Outbox {
         self.wake(&mut st);
     }
 
-    /// Delivers `batch` to subscription `sid` whatever the budget (a queue's backlog
-    /// handed to a new member, which must not be lost nor block the subscriber). False if
+    /// Delivers `batch` to subscription `sid` whatever the budget (a queue's delivery
+    /// to its consumer, within the consumer's credit: it must not be lost nor block the queue). False if
     /// the outbox is closed.
     pub fn force_unbudgeted(&self, sid: u32, origin: u64, batch: Batch<'_>) -> bool {
         let mut st = self.lock();

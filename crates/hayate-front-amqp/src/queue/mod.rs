@@ -15,7 +15,7 @@
 //! consumer connection's outbox (a leaf).
 //!
 //! # Layout
-//! - this module: [`Queue`], an engine queue with its bindings, session and store;
+//! - this module: [`Queue`], an engine queue with its vhost, arguments and bindings;
 //! - `args`: [`QueueArgs`], the `x-` arguments of queue.declare, and the engine's
 //!   [`QueueConfig`](hayate_broker::queue::QueueConfig) they make;
 //! - `binding`: bindings and routes ([`Binding`], [`Hop`], [`Route`]);
