@@ -299,7 +299,7 @@ impl Client {
         self.inner.settle(msg.attrs.delivery, conn::Settle::Ack)
     }
 
-    /// Gives `msg` back like [`Client::nack`]; a stream consumer delivers it again no sooner
+    /// Gives `msg` back like [`Client::nack`]; a stream consumer or a queue delivers it again no sooner
     /// than `delay` from now (up to about 49 days; longer is cut).
     pub fn nack_after(&self, msg: &Message, delay: Duration) -> Result<()> {
         let ms = u32::try_from(delay.as_millis()).unwrap_or(u32::MAX).max(1);

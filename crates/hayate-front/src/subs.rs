@@ -189,7 +189,7 @@ impl Memberships {
 
     /// Applies settled deliveries that belong to consumers and queues (an ACK, or with
     /// `nack_delay` a NACK: a stream consumer delivers it again after that long, a queue
-    /// puts it back in its place at once); returns the others.
+    /// puts it back in its place, at once or after that long); returns the others.
     pub fn settle(
         &self,
         settled: Vec<hayate_broker::Delivery>,
@@ -197,6 +197,7 @@ impl Memberships {
     ) -> Vec<hayate_broker::Delivery> {
         let mut rest = Vec::new();
         let mut back = Vec::new();
+        let mut later = Vec::new();
         for d in settled {
             match (self.members.get(&d.sid), d.msg.attrs.stream_offset) {
                 (Some(Member::Stream(m)), Some(o)) => match nack_delay {
@@ -207,7 +208,8 @@ impl Memberships {
                     if let Some(u) = q.take(&d) {
                         match nack_delay {
                             None => u.queue.clone().settled(&u),
-                            Some(_) => back.push(u),
+                            Some(delay) if delay.is_zero() => back.push(u),
+                            Some(_) => later.push(u),
                         }
                     }
                 }
@@ -216,6 +218,9 @@ impl Memberships {
         }
         // All back in place before any is delivered again (their original order).
         hayate_broker::queue::give_back_all(back, true);
+        if let Some(delay) = nack_delay {
+            hayate_broker::queue::give_back_after(later, delay);
+        }
         rest
     }
 }

@@ -113,6 +113,27 @@ pub struct Unacked {
 /// them back is the last one its queue's round robin offers them to (a NACK reaches
 /// another consumer when one has credit).
 pub fn give_back_all(items: impl IntoIterator<Item = Unacked>, requeue: bool) {
+    let how = if requeue {
+        Settle::Requeue
+    } else {
+        Settle::Reject
+    };
+    give_back(items, how);
+}
+
+/// Gives back deliveries taken together to wait `delay` (a native NACK's `delay_ms`):
+/// each is ready again, in its place and redelivered, once its time comes (the queue's
+/// task promotes it and dispatches); meanwhile it counts in the queue's bytes. A zero
+/// delay is [`give_back_all`]'s requeue.
+pub fn give_back_after(items: impl IntoIterator<Item = Unacked>, delay: std::time::Duration) {
+    if delay.is_zero() {
+        give_back(items, Settle::Requeue);
+    } else {
+        give_back(items, Settle::RequeueAfter(delay));
+    }
+}
+
+fn give_back(items: impl IntoIterator<Item = Unacked>, how: Settle) {
     let mut queues: Vec<(Arc<Queue>, Option<Arc<QueueConsumer>>)> = Vec::new();
     for u in items {
         match queues.iter_mut().find(|(q, _)| Arc::ptr_eq(q, &u.queue)) {
@@ -120,7 +141,7 @@ pub fn give_back_all(items: impl IntoIterator<Item = Unacked>, requeue: bool) {
             None => queues.push((u.queue.clone(), u.consumer.clone())),
         }
         let q = u.queue.clone();
-        q.take_back(u, requeue);
+        q.take_back(u, how);
     }
     for (q, c) in queues {
         if let Some(c) = c {
@@ -168,6 +189,23 @@ impl Queue {
         None
     }
 
+    /// Makes the delayed messages whose time has come ready again (in their places; the
+    /// clock is read only if some are delayed), their body bytes counted again.
+    pub(super) fn promote_due(st: &mut QState, now: &mut Option<Instant>) {
+        if st.ledger.delayed_len() == 0 {
+            return;
+        }
+        let now = *now.get_or_insert_with(Instant::now);
+        let body: usize = st
+            .ledger
+            .delayed()
+            .take_while(|(at, _)| *at <= now)
+            .map(|(_, m)| m.msg.payload.len())
+            .sum();
+        st.ledger.promote(now);
+        st.body_bytes += body;
+    }
+
     /// Takes the expired messages at the heads of the ready lists into `expired` (the
     /// clock is read only if some head has an expiry).
     fn expire_heads(st: &mut QState, now: &mut Option<Instant>, expired: &mut Vec<QItem>) {
@@ -187,6 +225,7 @@ impl Queue {
         // queue starts to be stalled.
         let was_stalled = std::mem::take(&mut st.stalled);
         let mut expired = Vec::new();
+        Self::promote_due(st, &mut now);
         loop {
             Self::expire_heads(st, &mut now, &mut expired);
             if st.ledger.ready_len() == 0 || st.consumers.is_empty() {
@@ -276,7 +315,9 @@ impl Queue {
         let mut st = lock(&self.st);
         st.used = Some(Instant::now());
         let mut expired = Vec::new();
-        Self::expire_heads(&mut st, &mut None, &mut expired);
+        let mut now = None;
+        Self::promote_due(&mut st, &mut now);
+        Self::expire_heads(&mut st, &mut now, &mut expired);
         let left = st.ledger.ready_len().saturating_sub(1) as u32;
         let got = self.deliver(&mut st, sink, None, Some(left), no_ack, None);
         let held = st.ledger.held_bytes();
@@ -353,7 +394,7 @@ impl Queue {
 
     /// A delivery given back: to its place (redelivered), or dead-lettered (rejected, or
     /// past the delivery limit). Not dispatched: see [`give_back_all`].
-    fn take_back(self: &Arc<Self>, u: Unacked, requeue: bool) {
+    fn take_back(self: &Arc<Self>, u: Unacked, how: Settle) {
         let mut st = lock(&self.st);
         if Self::land(&mut st, &u).is_none() {
             return;
@@ -377,19 +418,24 @@ impl Queue {
             }
             return;
         }
-        let how = if requeue {
-            Settle::Requeue
-        } else {
-            Settle::Reject
-        };
-        if requeue
+        let delayed = matches!(how, Settle::RequeueAfter(_));
+        if how != Settle::Reject
             && self.cfg.count_returns
             && let (Some((s, _)), Some(id)) = (&self.store, stored)
         {
             // Counted in the store too (`x-delivery-count` survives a restart).
             s.note_return(id, returns);
         }
-        match st.ledger.settle(u.id, how, self.born) {
+        // A delay reads the clock (its time is now + delay).
+        let now = if delayed { Instant::now() } else { self.born };
+        match st.ledger.settle(u.id, how, now) {
+            Outcome::Delayed => {
+                let held = st.ledger.held_bytes();
+                st.charge.force(held);
+                drop(st);
+                // The task sleeps until the earliest delayed item is due.
+                self.wake.notify_one();
+            }
             Outcome::Requeued => {
                 st.body_bytes += body;
                 let held = st.ledger.held_bytes();
@@ -403,7 +449,7 @@ impl Queue {
                 self.dead_letter_all(vec![m], why);
             }
             Outcome::Done(m) => self.forget(&m),
-            Outcome::Delayed | Outcome::Unknown => {}
+            Outcome::Unknown => {}
         }
     }
 }

@@ -47,7 +47,8 @@ pub(crate) use bind::QueueRoute;
 pub use bind::{BindingFilter, Routed};
 pub use dead::{DEAD_LETTER_BACKLOG, DeadLetterer};
 pub use dispatch::{
-    Delivered, OUTBOX_LIMIT, QueueConsumer, QueueSink, ToFlush, Unacked, give_back_all,
+    Delivered, OUTBOX_LIMIT, QueueConsumer, QueueSink, ToFlush, Unacked, give_back_after,
+    give_back_all,
 };
 pub use hayate_flow::ledger::{Reason, Settle};
 pub use limits::Offered;
@@ -416,6 +417,7 @@ impl Queue {
     /// Removes every ready message; how many there were.
     pub fn purge(&self) -> u32 {
         let mut st = lock(&self.st);
+        Self::promote_all(&mut st);
         let n = st.ledger.ready_len() as u32;
         self.forget_all(&mut st);
         let held = st.ledger.held_bytes();
@@ -432,6 +434,14 @@ impl Queue {
         st.body_bytes = 0;
     }
 
+    /// Makes every delayed message ready (a purge or a delete takes them too).
+    fn promote_all(st: &mut QState) {
+        let last = st.ledger.delayed().next_back().map(|(at, _)| at);
+        if let Some(at) = last {
+            Self::promote_due(st, &mut Some(at));
+        }
+    }
+
     /// What the ready messages cost ([`QItem::size`]): `max_bytes`.
     fn ready_bytes(st: &QState) -> usize {
         st.ledger.held_bytes().saturating_sub(st.unacked_bytes)
@@ -443,6 +453,7 @@ impl Queue {
         let (n, consumers) = {
             let mut st = lock(&self.st);
             st.deleted = true;
+            Self::promote_all(&mut st);
             let n = st.ledger.ready_len() as u32;
             self.forget_all(&mut st);
             st.charge.shrink(0);
@@ -495,32 +506,40 @@ async fn any_space(outboxes: &[Arc<Outbox>], max: Duration) {
     let _ = tokio::time::timeout(max, any).await;
 }
 
-/// The queue's task: looks again at stalled consumers and expired messages, and ends when
+/// The queue's task: looks again at stalled consumers, expired messages and delayed ones
+/// due (a NACK's delay), and ends when
 /// the queue is deleted (or expires: deleted then).
 async fn run(q: Weak<Queue>) {
     loop {
         let Some(queue) = q.upgrade() else { return };
         let wake = queue.wake.clone();
         let notified = wake.notified();
-        let stalled_on = {
+        let (stalled_on, due) = {
             let mut st = lock(&queue.st);
             if st.deleted {
                 return;
             }
-            if st.stalled {
+            let due = st.ledger.next_due();
+            let stalled_on = if st.stalled {
                 std::mem::take(&mut st.stalled_on)
             } else {
                 st.stalled_on.clear();
                 Vec::new()
-            }
+            };
+            (stalled_on, due)
         };
         drop(queue);
+        // Until the earliest delayed message (a NACK's delay) is due, at most 1 s.
+        let wait = due.map_or(Duration::from_secs(1), |at| {
+            at.saturating_duration_since(Instant::now())
+                .min(Duration::from_secs(1))
+        });
         if stalled_on.is_empty() {
-            let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
+            let _ = tokio::time::timeout(wait, notified).await;
         } else {
             // Until a skipped consumer's writer takes what its outbox holds (registered
             // before looking again, so the wake-up cannot be missed), or 50 ms.
-            any_space(&stalled_on, Duration::from_millis(50)).await;
+            any_space(&stalled_on, wait.min(Duration::from_millis(50))).await;
         }
         // Expired messages at the head go even without a consumer to see them; a queue
         // unused past its expiry goes.
