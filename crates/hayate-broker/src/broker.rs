@@ -187,6 +187,8 @@ pub(crate) struct Shared {
     pub(crate) keys: crate::keys::KeySampler,
     /// Queues by namespace and name (a leaf lock).
     pub(crate) queues: std::sync::Mutex<HashMap<crate::queue::QueueId, Arc<crate::queue::Queue>>>,
+    /// Most implicit queues ([`Broker::queue_implicit`]) in the table.
+    pub(crate) max_implicit: std::sync::atomic::AtomicUsize,
 }
 
 /// The engine. Cheap to clone: a handle to shared state.
@@ -233,6 +235,9 @@ impl Broker {
                 stats: BrokerStats::default(),
                 keys: crate::keys::KeySampler::default(),
                 queues: std::sync::Mutex::new(HashMap::new()),
+                max_implicit: std::sync::atomic::AtomicUsize::new(
+                    crate::queue::MAX_IMPLICIT_QUEUES,
+                ),
             }),
         }
     }

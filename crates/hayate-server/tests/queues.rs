@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{start_default, within};
 use hayate_client::{Client, Key};
+use hayate_stomp::{Command, Frame, Item, Limits, Version, decode, encode};
 
 /// A native NACK with a delay on a queue delivery: the message comes back, redelivered,
 /// no sooner than the delay, and not to anyone meanwhile.
@@ -52,4 +53,76 @@ async fn native_nack_delay_requeues_after_the_delay() {
         .find(|q| q.name == "q.delay")
         .unwrap();
     assert_eq!((q.depth, q.unacked), (0, 0));
+}
+
+/// A raw STOMP 1.2 connection: one frame out, the next frame in (heart-beats skipped).
+struct Raw(tokio::net::TcpStream, bytes::BytesMut);
+
+impl Raw {
+    async fn open(addr: &str) -> Raw {
+        let mut r = Raw(
+            tokio::net::TcpStream::connect(addr).await.unwrap(),
+            bytes::BytesMut::new(),
+        );
+        r.put(Frame::new(Command::Connect).header("accept-version", "1.2"))
+            .await;
+        assert_eq!(r.take().await.unwrap().command, Command::Connected);
+        r
+    }
+
+    async fn put(&mut self, f: Frame) {
+        use tokio::io::AsyncWriteExt;
+        let mut b = bytes::BytesMut::new();
+        encode(&f, Version::V1_2, &mut b);
+        self.0.write_all(&b).await.unwrap();
+    }
+
+    async fn take(&mut self) -> Option<Frame> {
+        use tokio::io::AsyncReadExt;
+        within(10, async {
+            loop {
+                if let Some(Item::Frame(f)) =
+                    decode(&mut self.1, Version::V1_2, &Limits::default()).unwrap()
+                {
+                    return Some(f);
+                }
+                if self.0.read_buf(&mut self.1).await.unwrap_or(0) == 0 {
+                    return None;
+                }
+            }
+        })
+        .await
+    }
+}
+
+/// One client making implicit queues past the broker's limit gets STOMP `ERROR` `too many
+/// queues` (and a native CONSUME of one more is refused), while the queues there carry on
+/// for everyone; queues a front-end declared do not count.
+#[tokio::test]
+async fn implicit_queues_past_the_limit_are_refused_others_carry_on() {
+    let b = start_default().await;
+    b.broker.set_max_implicit_queues(4);
+    let mut s = Raw::open(&b.stomp).await;
+    for i in 0..4 {
+        let f = Frame::new(Command::Send)
+            .header("destination", &format!("/queue/imp.{i}"))
+            .header("receipt", "r");
+        s.put(f).await;
+        assert_eq!(s.take().await.unwrap().command, Command::Receipt);
+    }
+    s.put(Frame::new(Command::Send).header("destination", "/queue/imp.4"))
+        .await;
+    let e = s.take().await.unwrap();
+    assert_eq!(e.command, Command::Error, "{e:?}");
+    assert_eq!(e.get("message"), Some("too many queues"));
+    // A native first use is refused too (the connection ends with ERR).
+    let n = Client::connect(&b.addr).await.unwrap();
+    let mut refused = n.consume_queue("imp.5", 0).await.unwrap();
+    assert!(within(5, refused.next()).await.is_none());
+    // The queues there carry on: imp.0 delivers its message to a new client.
+    let c = Client::connect(&b.addr).await.unwrap();
+    let mut sub = c.consume_queue("imp.0", 0).await.unwrap();
+    let m = within(5, sub.next()).await.unwrap();
+    c.ack(&m).unwrap();
+    assert_eq!(b.broker.queues().len(), 4);
 }

@@ -3,6 +3,7 @@
 //! default namespace ([`Broker::queue_implicit`]).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use hayate_core::sync::lock;
 use hayate_core::{Key, KeyExpr};
@@ -10,14 +11,17 @@ use hayate_core::{Key, KeyExpr};
 use super::{Overflow, Queue, QueueConfig, QueueId};
 use crate::Broker;
 
-/// Most queues the broker's table holds for [`Broker::queue_implicit`] to make one more.
+/// Most implicit queues ([`Broker::queue_implicit`]) the broker holds at once by default
+/// ([`Broker::set_max_implicit_queues`]). Only implicit queues count: queues a front-end
+/// declared (AMQP, which has its own `amqp.max_queues` per vhost) neither count nor are
+/// counted against that.
 pub const MAX_IMPLICIT_QUEUES: usize = 10_000;
 
 /// Why [`Broker::queue_implicit`] made no queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ImplicitError {
-    /// The table holds [`MAX_IMPLICIT_QUEUES`] queues.
-    TooMany,
+    /// The broker holds as many implicit queues as it may (the number).
+    TooMany(usize),
     /// The queue there is exclusive to a connection.
     Exclusive,
     /// The key is no expression (cannot be bound).
@@ -27,7 +31,9 @@ pub enum ImplicitError {
 impl std::fmt::Display for ImplicitError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ImplicitError::TooMany => write!(f, "the broker holds {MAX_IMPLICIT_QUEUES} queues"),
+            ImplicitError::TooMany(n) => {
+                write!(f, "too many queues: the broker holds {n} implicit queues")
+            }
             ImplicitError::Exclusive => f.write_str("the queue is exclusive to a connection"),
             ImplicitError::BadName(e) => write!(f, "not a queue name: {e}"),
         }
@@ -107,7 +113,8 @@ impl Broker {
     /// native CONSUME), as a first use by STOMP or the native protocol finds it: the one
     /// there (declared by AMQP or made by an earlier use), or else a new *implicit* queue
     /// (`declared: false`, in memory, at most [`BrokerConfig::queue_max_length`] messages
-    /// and [`BrokerConfig::queue_max_bytes`] body bytes ready, reject-publish) bound to
+    /// and [`BrokerConfig::queue_max_bytes`] body bytes ready, reject-publish; at most
+    /// [`Broker::set_max_implicit_queues`] such queues, [`ImplicitError::TooMany`]) bound to
     /// `key` (its default binding: whatever is published on `key` enters it). An implicit
     /// queue lives until deleted. True when it was made now.
     ///
@@ -140,8 +147,10 @@ impl Broker {
                 drop(t);
                 return found(q);
             }
-            if t.len() >= MAX_IMPLICIT_QUEUES {
-                return Err(ImplicitError::TooMany);
+            let most = self.shared.max_implicit.load(Ordering::Relaxed);
+            // Counted only near the limit (the table holds declared queues too).
+            if t.len() >= most && t.values().filter(|q| !q.cfg.declared).count() >= most {
+                return Err(ImplicitError::TooMany(most));
             }
             let q = Queue::new(id.clone(), cfg, &c.memory, None);
             t.insert(id, q.clone());
@@ -149,6 +158,12 @@ impl Broker {
         };
         self.queue_bind(&q, expr, None, None);
         Ok((q, true))
+    }
+
+    /// Sets the most implicit queues the broker holds at once (default
+    /// [`MAX_IMPLICIT_QUEUES`]); those there stay.
+    pub fn set_max_implicit_queues(&self, n: usize) {
+        self.shared.max_implicit.store(n, Ordering::Relaxed);
     }
 
     /// Every queue, by namespace and name.

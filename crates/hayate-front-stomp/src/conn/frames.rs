@@ -260,6 +260,9 @@ impl Conn<'_> {
         let q = match session.broker().queue_implicit(&key) {
             Ok((q, _)) => q,
             Err(ImplicitError::Exclusive) if !consume => return Ok(None),
+            Err(e @ ImplicitError::TooMany(_)) => {
+                return Err(refuse("too many queues", format!("/queue/{name}: {e}")));
+            }
             Err(e) => return Err(refuse("queue refused", format!("/queue/{name}: {e}"))),
         };
         self.declared.insert(name.to_string());
