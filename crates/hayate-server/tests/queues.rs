@@ -126,3 +126,88 @@ async fn implicit_queues_past_the_limit_are_refused_others_carry_on() {
     c.ack(&m).unwrap();
     assert_eq!(b.broker.queues().len(), 4);
 }
+
+/// A native consumer that never acknowledges holds at most its prefetch; the rest stay
+/// ready in the queue, and a second consumer gets them.
+#[tokio::test]
+async fn never_acking_consumer_is_bounded_by_its_credit() {
+    let b = start_default().await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    let mut hog = c.consume_queue("q.hog", 3).await.unwrap();
+    let p = Client::connect(&b.addr).await.unwrap();
+    let k = Key::new("q.hog").unwrap();
+    for i in 0..20 {
+        p.publish(&k, format!("m{i}")).await.unwrap();
+    }
+    for _ in 0..3 {
+        within(5, hog.next()).await.unwrap();
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), hog.next())
+            .await
+            .is_err()
+    );
+    let q = |b: &common::TestBroker| {
+        b.broker
+            .queues()
+            .into_iter()
+            .find(|q| q.name == "q.hog")
+            .unwrap()
+    };
+    assert_eq!((q(&b).depth, q(&b).unacked), (17, 3));
+    let d = Client::connect(&b.addr).await.unwrap();
+    let mut other = d.consume_queue("q.hog", 0).await.unwrap();
+    for _ in 0..17 {
+        let m = within(5, other.next()).await.unwrap();
+        d.ack(&m).unwrap();
+    }
+    within(5, async {
+        while q(&b).unacked != 3 || q(&b).depth != 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
+/// A NACK storm (every delivery given back at once, many times) neither grows the queue
+/// nor loses a message; with a delay it does not spin either.
+#[tokio::test]
+async fn nack_storm_neither_spins_nor_grows() {
+    let b = start_default().await;
+    let c = Client::connect(&b.addr).await.unwrap();
+    let mut sub = c.consume_queue("q.storm", 5).await.unwrap();
+    let p = Client::connect(&b.addr).await.unwrap();
+    let k = Key::new("q.storm").unwrap();
+    for i in 0..5 {
+        p.publish(&k, format!("m{i}")).await.unwrap();
+    }
+    for _ in 0..500 {
+        let m = within(5, sub.next()).await.unwrap();
+        c.nack(&m).unwrap();
+    }
+    let v = b
+        .broker
+        .queues()
+        .into_iter()
+        .find(|q| q.name == "q.storm")
+        .unwrap();
+    assert_eq!(v.depth + v.unacked, 5);
+    // Delayed NACKs: 5 messages given back for 200 ms come back at most once each per
+    // 200 ms (no spinning).
+    let t0 = Instant::now();
+    let mut n = 0;
+    while t0.elapsed() < Duration::from_millis(700) {
+        if let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(50), sub.next()).await {
+            n += 1;
+            c.nack_after(&m, Duration::from_millis(200)).unwrap();
+        }
+    }
+    assert!(n <= 5 * 5, "{n} deliveries in 700 ms");
+    let v = b
+        .broker
+        .queues()
+        .into_iter()
+        .find(|q| q.name == "q.storm")
+        .unwrap();
+    assert!(v.unacked + v.depth <= 5, "{v:?}");
+}
