@@ -223,6 +223,11 @@ fn write_message(
         owned.push(("ack".into(), message_id.to_string()));
     }
     if let Some(m) = msg {
+        if m.attrs.redelivered {
+            // Given before (NACKed, or left unacknowledged by a consumer that went), as
+            // RabbitMQ's STOMP adapter says it.
+            owned.push(("redelivered".into(), "true".into()));
+        }
         if let Some(r) = &m.reply_to {
             owned.push(("reply-to".into(), reply_destination(r)));
         }
@@ -236,7 +241,12 @@ fn write_message(
                     && header_name_safe(k, version)
                     && !matches!(
                         k.as_str(),
-                        "destination" | "subscription" | "message-id" | "content-length" | "ack"
+                        "destination"
+                            | "subscription"
+                            | "message-id"
+                            | "content-length"
+                            | "ack"
+                            | "redelivered"
                     )
                 {
                     owned.push((k.clone(), v.to_string()));
