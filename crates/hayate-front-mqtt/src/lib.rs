@@ -50,7 +50,7 @@ pub mod translate;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -126,6 +126,10 @@ pub struct Mqtt {
     journal: Option<Arc<Journal>>,
     /// Whether changes are journaled (`mqtt.journal`).
     journaling: bool,
+    /// Whether the saved state was read back ([`Mqtt::recover_state`]); until then nothing is
+    /// journaled and no checkpoint is taken, so that a front-end that never recovered cannot
+    /// write over the saved sessions and retained messages. True from the start without a log.
+    recovered: AtomicBool,
     /// The next generation of a persistent session (see `persist`).
     next_sgen: AtomicU64,
     /// One checkpoint at a time; the size of the last one, the next one's number.
@@ -143,9 +147,9 @@ impl std::fmt::Debug for Mqtt {
 }
 
 impl Mqtt {
-    /// The front-end for `broker` with `config`'s MQTT, auth and data settings; restores
-    /// saved sessions and retained messages from the data directory (the last checkpoint and
-    /// the journal after it), then takes a checkpoint.
+    /// The front-end for `broker` with `config`'s MQTT, auth and data settings. With a data
+    /// directory it opens its log but reads nothing: [`Mqtt::recover_state`] restores the
+    /// saved state (`Server::recover` calls it); until then the log is left as it is.
     pub fn new(broker: Broker, config: &Config, auth: Arc<dyn Authenticator>) -> Arc<Mqtt> {
         let memory = broker.config().memory.clone();
         let data_dir =
@@ -174,7 +178,8 @@ impl Mqtt {
             }
             None => None,
         };
-        let mqtt = Arc::new(Mqtt {
+        let recovered = AtomicBool::new(journal.is_none());
+        Arc::new(Mqtt {
             broker,
             cfg: config.mqtt.clone(),
             auth,
@@ -190,16 +195,33 @@ impl Mqtt {
             ),
             journal,
             journaling: config.mqtt.journal,
+            recovered,
             next_sgen: AtomicU64::new(1),
             checkpointing: Mutex::new(Checkpoints::default()),
             stats: MqttStats::default(),
             next_conn: AtomicU64::new(1),
             started: Instant::now(),
-        });
-        if let Some(dir) = &mqtt.data_dir {
-            mqtt.recover(dir);
+        })
+    }
+
+    /// Restores the saved persistent sessions and retained messages from the data directory
+    /// (the last checkpoint and the journal after it, or the files of format 1 migrated),
+    /// then takes a checkpoint; from then on changes are journaled and checkpointed. Once
+    /// only (later calls do nothing), before connections are served. A log that cannot be
+    /// read is logged and left alone: the front-end then serves without saving anything.
+    pub fn recover_state(&self) {
+        if self.is_recovered() {
+            return;
         }
-        mqtt
+        if let Some(dir) = self.data_dir.clone() {
+            self.recover(&dir);
+        }
+    }
+
+    /// Whether the saved state was restored (or there is none to restore): only then are
+    /// changes journaled and checkpoints taken.
+    pub fn is_recovered(&self) -> bool {
+        self.recovered.load(Ordering::Acquire)
     }
 
     /// Reads the log (its last complete checkpoint, the journal after it), or migrates the
@@ -211,7 +233,9 @@ impl Mqtt {
         let loaded = match j.load() {
             Ok(l) => l,
             Err(e) => {
-                tracing::error!("mqtt: cannot read the log: {e}");
+                tracing::error!(
+                    "mqtt: cannot read the log: {e}; it is left as it is and nothing is saved"
+                );
                 return;
             }
         };
@@ -248,6 +272,8 @@ impl Mqtt {
         }
         self.next_sgen
             .store(saved.next_sgen.max(1), Ordering::Relaxed);
+        // The sessions restored journal their changes from now on.
+        self.recovered.store(true, Ordering::Release);
         let (s, r) = persist::restore(self, saved);
         if s + r > 0 {
             tracing::info!("mqtt: restored {s} sessions and {r} retained messages");
@@ -255,9 +281,11 @@ impl Mqtt {
         self.save();
     }
 
-    /// The journal, if persistent state is journaled.
+    /// The journal, if persistent state is journaled (and was recovered).
     pub(crate) fn journal(&self) -> Option<&Arc<Journal>> {
-        self.journal.as_ref().filter(|_| self.journaling)
+        self.journal
+            .as_ref()
+            .filter(|_| self.journaling && self.is_recovered())
     }
 
     /// Whether every change journaled so far is durable (writes the journal if needed): what
@@ -340,6 +368,11 @@ impl Mqtt {
         let Some(j) = &self.journal else {
             return Ok(());
         };
+        if !self.is_recovered() {
+            // It would hold none of the saved state, and replace it.
+            tracing::debug!("mqtt: state not recovered: no checkpoint taken");
+            return Ok(());
+        }
         let mut c = lock(&self.checkpointing);
         let p = j.mark()?;
         let next_sgen = self.next_sgen.load(Ordering::Relaxed);

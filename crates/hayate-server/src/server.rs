@@ -220,16 +220,29 @@ impl Server {
         if let Some(addr) = config.admin.listen.first() {
             server.admin = Some(bind_tcp(addr).await?);
         }
-        server.open_streams(config)?;
+        server.recover(config)?;
         Ok(server)
     }
 
-    /// Opens the streams kept in the data directory and creates those of `config.stream`
-    /// that do not exist yet, and opens AMQP's durable queues ([`Server::bind`] does this; servers made from bound listeners
-    /// call it themselves when they use streams).
-    pub fn open_streams(&self, config: &Config) -> Result<(), crate::config::ConfigError> {
+    /// Recovers everything the data directory keeps, in this order (one path at start;
+    /// [`Server::bind`] calls it, servers made from bound listeners call it themselves):
+    ///
+    /// 1. the broker's meta log, with the one-time migration of older files into it;
+    /// 2. the streams it defines, with their consumers' positions;
+    /// 3. the streams of `config.stream` that do not exist yet;
+    /// 4. AMQP's durable exchanges, queues, bindings and persistent messages (with the
+    ///    one-time migration of its earlier files);
+    /// 5. MQTT's persistent sessions and retained messages (its own log).
+    ///
+    /// Until step 5 has run, MQTT neither journals nor checkpoints: a server never recovered
+    /// leaves MQTT's saved state as it is. Without a data directory only step 3 does
+    /// anything (in-memory streams).
+    pub fn recover(&self, config: &Config) -> Result<(), crate::config::ConfigError> {
         let bad =
             |e: hayate_broker::StreamError| crate::config::ConfigError::Invalid(e.to_string());
+        if self.broker.config().data.is_some() {
+            self.broker.meta().map_err(bad)?;
+        }
         let opened = self.broker.open_streams().map_err(bad)?;
         if !opened.is_empty() {
             tracing::info!(streams = ?opened, "streams opened");
@@ -237,11 +250,16 @@ impl Server {
         for s in &config.stream {
             self.broker.create_stream(s.clone()).map_err(bad)?;
         }
-        // AMQP's durable exchanges, queues and persistent messages.
         self.amqp.open_durable().map_err(|e| {
             crate::config::ConfigError::Invalid(format!("amqp durable queues: {e}"))
         })?;
+        self.mqtt.recover_state();
         Ok(())
+    }
+
+    /// [`Server::recover`] (its earlier name).
+    pub fn open_streams(&self, config: &Config) -> Result<(), crate::config::ConfigError> {
+        self.recover(config)
     }
 
     /// A server on an already-bound native-protocol TCP listener (tests bind

@@ -285,13 +285,9 @@ async fn will_is_published_when_the_connection_drops() {
     assert_eq!(t, "status/marker", "no will after a clean DISCONNECT");
 }
 
-#[tokio::test]
-async fn persistent_session_and_retained_survive_a_restart() {
-    let dir = std::env::temp_dir().join(format!("hayate-mqtt-restart-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut config = hayate_server::Config::default();
-    config.server.data_dir = dir.display().to_string();
-
+/// A persistent session `keeper` on `keep/#` holding five messages, and `keep/retained`
+/// retained, saved in `config`'s data directory.
+async fn persist_keeper(config: &hayate_server::Config) {
     let b = start(config.clone()).await;
     let (s, mut srx, present) = client(&b.mqtt, "keeper", false).await;
     assert!(!present);
@@ -310,8 +306,11 @@ async fn persistent_session_and_retained_survive_a_restart() {
     p.disconnect().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     b.shutdown().await;
+}
 
-    let b = start(config).await;
+/// What [`persist_keeper`] saved is there after a start with `config`.
+async fn keeper_is_back(config: &hayate_server::Config) {
+    let b = start(config.clone()).await;
     let (_s, mut srx, present) = client(&b.mqtt, "keeper", false).await;
     assert!(present, "the session survived the restart");
     let mut got = Vec::new();
@@ -331,6 +330,46 @@ async fn persistent_session_and_retained_survive_a_restart() {
     let (t, pl, _) = recv(&mut nrx).await;
     assert_eq!((t.as_str(), &pl[..]), ("keep/retained", &b"r"[..]));
     b.shutdown().await;
+}
+
+fn restart_dir(name: &str) -> (std::path::PathBuf, hayate_server::Config) {
+    let dir = std::env::temp_dir().join(format!("hayate-mqtt-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut config = hayate_server::Config::default();
+    config.server.data_dir = dir.display().to_string();
+    (dir, config)
+}
+
+#[tokio::test]
+async fn persistent_session_and_retained_survive_a_restart() {
+    let (dir, config) = restart_dir("restart");
+    persist_keeper(&config).await;
+    keeper_is_back(&config).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A server on the same data directory that never recovers (built from listeners, no
+/// `Server::recover`) and is stopped writes nothing over MQTT's saved state, not even what
+/// its own clients did (a retained message replaced, a session taken over cleanly): the next
+/// server that recovers finds the session and the retained message as they were.
+#[tokio::test]
+async fn a_server_that_never_recovered_leaves_mqtt_state_alone() {
+    let (dir, config) = restart_dir("unrecovered");
+    persist_keeper(&config).await;
+
+    let b = common::start_recovering(config.clone(), false).await;
+    let (p, _prx, _) = client(&b.mqtt, "sender", true).await;
+    p.publish("keep/retained", QoS::AtLeastOnce, true, "lost")
+        .await
+        .unwrap();
+    p.disconnect().await.unwrap();
+    let (k, _krx, present) = client(&b.mqtt, "visitor", false).await;
+    assert!(!present);
+    k.disconnect().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    b.shutdown().await;
+
+    keeper_is_back(&config).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -38,6 +38,11 @@ fn fixture(name: &str) -> PathBuf {
 
 /// A broker start and stop on `dir` (recovery, then the checkpoint at shutdown).
 fn start_stop(dir: &Path) {
+    start_stop_recovering(dir, true);
+}
+
+/// A start and stop on `dir`, with or without recovering the saved state first.
+fn start_stop_recovering(dir: &Path, recover: bool) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let broker = Broker::new(BrokerConfig {
@@ -47,6 +52,11 @@ fn start_stop(dir: &Path) {
         let mut config = Config::default();
         config.server.data_dir = dir.to_string_lossy().into_owned();
         let mqtt = Mqtt::new(broker, &config, Arc::new(ConfigAuth::deny_all()));
+        assert!(!mqtt.is_recovered());
+        if recover {
+            mqtt.recover_state();
+            assert!(mqtt.is_recovered());
+        }
         mqtt.save_final();
     });
 }
@@ -124,5 +134,23 @@ fn a_migration_cut_before_its_k_is_done_again_and_a_cut_move_finished() {
     start_stop(&d);
     assert_eq!(in_log(&d), before);
     assert!(!d.join(FILE).exists());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A front-end that never recovered takes no checkpoint at its stop: neither over the files
+/// of format 1 (not migrated, not moved) nor over the log once migrated.
+#[test]
+fn a_front_end_never_recovered_leaves_the_saved_state_alone() {
+    let d = fixture("unrecovered");
+    let before = legacy_view(&d);
+    start_stop_recovering(&d, false);
+    assert!(d.join(FILE).is_file() && d.join(JOURNAL_DIR).is_dir());
+    assert!(!d.join(LEGACY_DIR).exists());
+    start_stop(&d);
+    assert_eq!(in_log(&d), before);
+    start_stop_recovering(&d, false);
+    assert_eq!(in_log(&d), before);
+    start_stop(&d);
+    assert_eq!(in_log(&d), before);
     let _ = std::fs::remove_dir_all(&d);
 }

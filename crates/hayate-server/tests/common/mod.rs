@@ -48,7 +48,13 @@ impl Drop for TestBroker {
 
 /// A broker with native, MQTT and STOMP listeners on ephemeral ports. Unless the config names
 /// its own data directory, nothing is kept on disk.
-pub async fn start(mut config: Config) -> TestBroker {
+pub async fn start(config: Config) -> TestBroker {
+    start_recovering(config, true).await
+}
+
+/// As [`start`], without [`Server::recover`] unless `recover` (a server that never reads
+/// its data directory back).
+pub async fn start_recovering(mut config: Config, recover: bool) -> TestBroker {
     if config.server.data_dir == Config::default().server.data_dir {
         config.server.data_dir.clear();
     }
@@ -68,7 +74,9 @@ pub async fn start(mut config: Config) -> TestBroker {
         &config,
     )
     .with_admin(a);
-    server.open_streams(&config).unwrap();
+    if recover {
+        server.recover(&config).unwrap();
+    }
     let addr = server.local_addrs()[0].clone();
     let broker = server.broker().clone();
     let busy = server.busy_poll().cloned();
