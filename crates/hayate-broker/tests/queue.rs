@@ -371,6 +371,11 @@ async fn a_publish_matching_several_bindings_enters_once_and_says_so() {
     let (n, _, _) = s.publish_routed(Batch::One(&msg("a/b", "y1"))).await;
     assert_eq!(n, 2);
     s.publish(Batch::One(&msg("a/b", "z1"))).await;
+    assert_eq!(
+        s.routed_pending(),
+        (0, 0),
+        "a plain publish keeps nothing of what queues did (it would pile up for ever)"
+    );
     assert_eq!(q.view().depth, 3, "each once, whatever its bindings");
     assert_eq!(filtered.view().depth, 2, "z1 passed no filter");
     let sink = Sink::new();

@@ -61,6 +61,8 @@ pub struct Session {
     /// What the queues the publish under way reached did with it
     /// ([`Session::publish_routed`]).
     routed: Routed,
+    /// A `publish_routed` is under way: `routed` gathers.
+    routing: bool,
 }
 
 /// A fresh inbox name: 96 random bits (a fallback mixes the session id into a per-process
@@ -99,6 +101,7 @@ impl Session {
             sample_in: (id as u32) % crate::keys::EVERY,
             probe: None,
             routed: Routed::default(),
+            routing: false,
         }
     }
 
@@ -409,8 +412,17 @@ impl Session {
     /// with it ([`Routed`]: taken, refused, stored records to wait for).
     pub async fn publish_routed(&mut self, batch: Batch<'_>) -> (usize, Routed, Stored) {
         self.routed = Routed::default();
+        self.routing = true;
         let (n, stored) = self.publish_stored(batch).await;
+        self.routing = false;
         (n, std::mem::take(&mut self.routed), stored)
+    }
+
+    /// What [`Session::publish_routed`] is gathering (empty between its calls: a plain
+    /// publish keeps nothing). For tests.
+    #[doc(hidden)]
+    pub fn routed_pending(&self) -> (usize, usize) {
+        (self.routed.queued, self.routed.stored.len())
     }
 
     /// Delivers `batch` along `route` (the publish path after the streams).
@@ -432,7 +444,11 @@ impl Session {
                 .offer_batch(batch, &r.filters, &mut routed, &mut self.to_flush);
         }
         let n = routed.queued;
-        self.routed.merge(routed);
+        // Only a publish that asked (`publish_routed`) keeps what queues did: a plain
+        // publish's store records would otherwise pile up for the session's life.
+        if self.routing {
+            self.routed.merge(routed);
+        }
         n
     }
 
