@@ -440,12 +440,6 @@ impl Queue {
                 st.body_bytes += body;
                 let held = st.ledger.held_bytes();
                 st.charge.force(held);
-                if st.ledger.ready_len() == 1 {
-                    // The first ready item of an empty queue: its idle task looks at
-                    // the head (its TTL) again from now on.
-                    drop(st);
-                    self.wake.notify_one();
-                }
             }
             Outcome::DeadLetter(mut m, why) => {
                 drop(st);
