@@ -29,10 +29,13 @@ fuzz_target!(|data: &[u8]| {
 
                 let mut again = BytesMut::new();
                 encode(&frame, &mut again);
-                // One frame has two legal encodings: NACK's `delay_ms` may be absent or an
-                // explicit 0 (docs/protocol.md); the encoder writes the short one.
-                let explicit_zero_delay = matches!(frame, Frame::Nack { delay_ms: 0, .. })
-                    && consumed == again.len() + 4;
+                // Two frames have two legal encodings: NACK's `delay_ms` and CONSUME's
+                // `prefetch` may be absent or an explicit 0 (docs/protocol.md); the encoder
+                // writes the short one.
+                let explicit_zero_delay = matches!(
+                    frame,
+                    Frame::Nack { delay_ms: 0, .. } | Frame::Consume { prefetch: 0, .. }
+                ) && consumed == again.len() + 4;
                 if !explicit_zero_delay {
                     assert_eq!(&again[..], &data[at..at + consumed], "re-encoding differs");
                 }
