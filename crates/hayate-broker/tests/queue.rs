@@ -417,31 +417,3 @@ async fn a_full_queue_refuses_through_the_publish_that_reached_it() {
     assert_eq!(q.view().depth, 1);
     assert_eq!(q.view().dropped, 10_001);
 }
-
-#[tokio::test]
-async fn an_idle_queue_task_sleeps_and_a_waiting_message_still_expires() {
-    // Many idle queues (implicit ones up to the limit) must cost no wake-ups.
-    let q = queue("idle", QueueConfig::default());
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(
-        q.task_rounds() <= 1,
-        "an idle queue's task woke {} times",
-        q.task_rounds()
-    );
-    // A message with a TTL and no consumer: its arrival wakes the task, which expires it.
-    let cfg = QueueConfig {
-        message_ttl: Some(Duration::from_millis(50)),
-        ..QueueConfig::default()
-    };
-    let q = queue("ttl", cfg);
-    offer(&q, "gone");
-    let deadline = std::time::Instant::now() + Duration::from_secs(3);
-    while q.view().depth > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the message never expired"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(q.view().dropped, 1);
-}

@@ -103,20 +103,10 @@ impl Queue {
         self.dispatch_locked(&mut st, to_flush);
         // Still here (no consumer took it at once): it may stay long, so it gets
         // allocations of its own instead of pinning the read buffer it came in.
-        let stayed = match st.ledger.ready_mut(priority, seq) {
-            Some(m) => {
-                m.msg = m.msg.compact();
-                true
-            }
-            None => false,
-        };
-        // The first item waiting in an empty queue: its task, asleep while nothing was
-        // ready, looks at the head again (its TTL) from now on.
-        let first = stayed && st.ledger.ready_len() == 1;
-        drop(st);
-        if first {
-            self.wake.notify_one();
+        if let Some(m) = st.ledger.ready_mut(priority, seq) {
+            m.msg = m.msg.compact();
         }
+        drop(st);
         self.dead_letter_all(dead, Reason::MaxLen);
         out
     }

@@ -239,8 +239,6 @@ pub struct Queue {
     dead_lettered: AtomicU64,
     /// Wakes the queue's task (a stalled consumer to look at again, expiry).
     wake: Arc<tokio::sync::Notify>,
-    /// Rounds its task made (for tests: an idle queue's task sleeps until woken).
-    rounds: AtomicU64,
     /// The queue of its dead-letter task, when it has a [`DeadLetterer`].
     dead: OnceLock<tokio::sync::mpsc::Sender<(QItem, Reason)>>,
     /// A durable queue's store and number there.
@@ -298,7 +296,6 @@ impl Queue {
             dropped: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
             wake: Arc::new(tokio::sync::Notify::new()),
-            rounds: AtomicU64::new(0),
             dead: OnceLock::new(),
             store,
             on_expired: OnceLock::new(),
@@ -483,12 +480,6 @@ impl Queue {
         st.consumers.is_empty() && st.used.is_some_and(|u| u.elapsed() >= ttl)
     }
 
-    /// Rounds the queue's task has made (tests: an idle queue's task sleeps).
-    #[doc(hidden)]
-    pub fn task_rounds(&self) -> u64 {
-        self.rounds.load(Ordering::Relaxed)
-    }
-
     /// Marks the queue used now (`expires` counts from here).
     pub fn touch(&self) {
         lock(&self.st).used = Some(Instant::now());
@@ -521,13 +512,9 @@ async fn any_space(outboxes: &[Arc<Outbox>], max: Duration) {
 async fn run(q: Weak<Queue>) {
     loop {
         let Some(queue) = q.upgrade() else { return };
-        queue.rounds.fetch_add(1, Ordering::Relaxed);
         let wake = queue.wake.clone();
         let notified = wake.notified();
-        // Nothing ready (no head to expire), no idle expiry: nothing to look at until
-        // something wakes the task (an item staying in an empty queue, a delayed give-back,
-        // a stalled consumer, a delete). So many idle queues cost no wake-ups.
-        let (stalled_on, due, idle) = {
+        let (stalled_on, due) = {
             let mut st = lock(&queue.st);
             if st.deleted {
                 return;
@@ -539,8 +526,7 @@ async fn run(q: Weak<Queue>) {
                 st.stalled_on.clear();
                 Vec::new()
             };
-            let idle = st.ledger.ready_len() == 0 && queue.cfg.expires.is_none();
-            (stalled_on, due, idle)
+            (stalled_on, due)
         };
         drop(queue);
         // Until the earliest delayed message (a NACK's delay) is due, at most 1 s.
@@ -548,9 +534,7 @@ async fn run(q: Weak<Queue>) {
             at.saturating_duration_since(Instant::now())
                 .min(Duration::from_secs(1))
         });
-        if stalled_on.is_empty() && idle && due.is_none() {
-            notified.await;
-        } else if stalled_on.is_empty() {
+        if stalled_on.is_empty() {
             let _ = tokio::time::timeout(wait, notified).await;
         } else {
             // Until a skipped consumer's writer takes what its outbox holds (registered
