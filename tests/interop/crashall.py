@@ -17,6 +17,7 @@ settled: a violation."""
 
 from __future__ import annotations
 
+import abc
 import collections
 import itertools
 import os
@@ -176,7 +177,7 @@ def redeliveries(events: list[tuple[str, float]], kills: list[tuple[float, float
 
 # -- clients -----------------------------------------------------------------------------------
 
-class Worker:
+class Worker(abc.ABC):
     """One client. `session` runs it on one run of the broker until its connection breaks or
     `stop` is set; an exception raised before the kill is a failure of the test."""
 
@@ -194,8 +195,9 @@ class Worker:
             if not killed.is_set():
                 self.failures.append(f"{self.name} (session {self.sessions}): {e!r}")
 
+    @abc.abstractmethod
     def session(self, ports: dict, stop: threading.Event, final: bool) -> None:
-        raise NotImplementedError
+        """Each protocol's own."""
 
 
 class Publisher(Worker):
@@ -220,15 +222,17 @@ class Publisher(Worker):
 class OneByOne(Publisher):
     """A publisher that waits for each message's confirm before the next one."""
 
+    @abc.abstractmethod
     def open(self, ports: dict):
-        raise NotImplementedError
+        """Each protocol's own."""
 
+    @abc.abstractmethod
     def publish(self, conn, body: bytes) -> None:
         """Sends `body` and returns once it is confirmed (raises if it is refused)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def close(self, conn) -> None:
-        raise NotImplementedError
+        """Each protocol's own."""
 
     def session(self, ports, stop, final):
         conn = self.open(ports)
